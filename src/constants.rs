@@ -1,0 +1,77 @@
+//! Every limit and tuning constant of the engine, in one place.
+//!
+//! Limits that a user may tighten are defaults for [`crate::EngineBuilder`]; the `_LIMIT`
+//! constants are hard ceilings that the builder refuses to exceed.
+
+use std::time::Duration;
+
+/// Default longest key, in bytes. Stripe allows 255; idempotency keys are usually UUIDs.
+pub(crate) const KEY_LEN_MAX_DEFAULT: usize = 255;
+/// Hard ceiling for the key length a builder may configure.
+pub(crate) const KEY_LEN_LIMIT: usize = 4096;
+
+/// Default largest stored response, in bytes.
+pub(crate) const RESPONSE_LEN_MAX_DEFAULT: usize = 1 << 20;
+/// Hard ceiling for a response: redb values stay far below its 3 GiB value limit, and one
+/// response can never dominate a group commit.
+pub(crate) const RESPONSE_LEN_LIMIT: usize = 64 << 20;
+
+/// Default largest checkpoint payload, in bytes.
+pub(crate) const CHECKPOINT_LEN_MAX_DEFAULT: usize = 64 << 10;
+/// Hard ceiling for a checkpoint payload.
+pub(crate) const CHECKPOINT_LEN_LIMIT: usize = 16 << 20;
+
+/// Default number of keys that may be InFlight at once.
+pub(crate) const INFLIGHT_MAX_DEFAULT: usize = 1 << 20;
+
+/// Default capacity of the writer queue, in operations.
+pub(crate) const QUEUE_DEPTH_DEFAULT: usize = 16 << 10;
+/// Smallest writer queue a builder may configure: the claim headroom below needs room.
+pub(crate) const QUEUE_DEPTH_MIN: usize = 16;
+/// Hard ceiling for the writer queue.
+pub(crate) const QUEUE_DEPTH_LIMIT: usize = 1 << 20;
+/// Fraction (1/N) of the writer queue kept free of new claims, so that holders can still
+/// complete or release when claims have filled the rest.
+pub(crate) const QUEUE_CLAIM_HEADROOM_DIVISOR: usize = 8;
+
+/// Most operations the writer puts in one redb transaction.
+pub(crate) const BATCH_OPS_MAX: usize = 8192;
+
+/// Default number of index stripes (a power of two).
+pub(crate) const STRIPES_DEFAULT: usize = 256;
+/// Hard ceiling for the number of stripes.
+pub(crate) const STRIPES_LIMIT: usize = 1 << 16;
+
+/// Tokens reserved ahead in the durable high-water mark. Every issued token is below the
+/// durable mark, so a crash can never make a token repeat. Must exceed `QUEUE_DEPTH_LIMIT`
+/// so that one commit always covers every token queued behind it.
+pub(crate) const TOKEN_RESERVE: u64 = 1 << 22;
+
+/// Default lease of a claim.
+pub(crate) const LEASE_DEFAULT: Duration = Duration::from_secs(30);
+/// Default retention of a completed record.
+pub(crate) const RETENTION_DEFAULT: Duration = Duration::from_secs(24 * 3600);
+/// Default most a `Buffered` acknowledgement may wait before it is durable.
+pub(crate) const BUFFERED_DELAY_DEFAULT: Duration = Duration::from_millis(10);
+/// Default time `run` waits for another holder of the same key before giving up.
+pub(crate) const WAIT_DEFAULT: Duration = Duration::from_secs(60);
+/// Retry hint given while a completion is written but not yet durable.
+pub(crate) const RETRY_AFTER_UNPUBLISHED: Duration = Duration::from_millis(1);
+/// Longest real-time slice a waiter sleeps before it looks at the clock again. A waiter is
+/// woken by every state change of its stripe; the slice only bounds the cost of a clock
+/// that cannot notify (wall-clock jumps, foreign clocks).
+pub(crate) const WAIT_SLICE_MAX: Duration = Duration::from_millis(250);
+
+/// How often a caller waiting for an acknowledgement checks that the writer still runs. Acks
+/// arrive by message; the poll only ends waits for operations that raced `close`.
+pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
+/// Shortest real-time slice a waiter sleeps, so that a tiny retry hint never spins.
+pub(crate) const WAIT_SLICE_MIN: Duration = Duration::from_millis(1);
+
+/// redb page cache for the engine's file.
+pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
+
+/// Version of the record encoding. Bumped on any incompatible change.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Marks a redb file as an idemkv file.
+pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x01";

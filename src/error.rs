@@ -1,0 +1,278 @@
+//! Errors, one enum per operation. Each variant says what happened and what the caller can do.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A limit that refused a call before anything was queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Limit {
+    /// Too many keys are InFlight at once ([`crate::EngineBuilder::inflight_max`]).
+    InFlightClaims,
+    /// The background writer's queue is full ([`crate::EngineBuilder::queue_depth`]).
+    WriterQueue,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Limit::InFlightClaims => f.write_str("in-flight claim limit"),
+            Limit::WriterQueue => f.write_str("writer queue depth"),
+        }
+    }
+}
+
+/// Why [`crate::Engine::open`] or [`crate::EngineBuilder::open`] failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// Another process (or another engine in this process) has the file open. redb allows
+    /// one writer per file; close the other one first.
+    AlreadyOpen {
+        /// The file that is locked.
+        path: PathBuf,
+    },
+    /// The file is a redb file but not an idemkv file, or an idemkv file of a newer format.
+    /// Nothing was changed; point the engine at its own file.
+    Foreign {
+        /// What was found instead of an idemkv file.
+        detail: String,
+    },
+    /// The file is damaged: redb refused it, or a record failed its checksum. Nothing was
+    /// changed; restore it from a backup, or move it aside to start empty.
+    Corrupted {
+        /// What was wrong and where.
+        detail: String,
+    },
+    /// The operating system refused to open, read or write the file.
+    Io(std::io::Error),
+    /// A builder setting is out of range.
+    InvalidConfig {
+        /// Which setting and why.
+        detail: String,
+    },
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::AlreadyOpen { path } => write!(
+                f,
+                "{} is already open in another process or engine (one writer per file)",
+                path.display()
+            ),
+            OpenError::Foreign { detail } => write!(f, "not an idemkv file: {detail}"),
+            OpenError::Corrupted { detail } => write!(f, "the file is corrupted: {detail}"),
+            OpenError::Io(e) => write!(f, "I/O error while opening: {e}"),
+            OpenError::InvalidConfig { detail } => write!(f, "invalid configuration: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why a claim ([`crate::Engine::claim`], [`crate::Engine::claim_or_wait`]) or a read
+/// ([`crate::Engine::get`]) failed. No state changed unless the variant says so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimError {
+    /// The key is longer than the configured maximum. Hash or shorten it.
+    KeyTooLong {
+        /// Length of the key given.
+        len: usize,
+        /// Longest key accepted.
+        max: usize,
+    },
+    /// The key is empty. Empty keys are refused because they are almost always a bug.
+    KeyEmpty,
+    /// The key is known with a different request fingerprint: the same idempotency key was
+    /// reused for a different request (HTTP would answer 422). Do not retry with this key.
+    FingerprintMismatch,
+    /// A limit refused the claim before anything was queued. Retry later.
+    Overloaded(Limit),
+    /// Every token up to `u64::MAX` has been issued; tokens never wrap. Start a new file.
+    TokensExhausted,
+    /// A storage failure stopped the engine; it acknowledges nothing more. Reopen it.
+    Poisoned(Arc<str>),
+    /// The claim was queued but its write was not confirmed before the engine failed. After
+    /// a reopen the key is either Absent or InFlight (taken over at once); nothing ran yet.
+    OutcomeUnknown(Arc<str>),
+    /// The engine was closed.
+    Closed,
+}
+
+impl fmt::Display for ClaimError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClaimError::KeyTooLong { len, max } => {
+                write!(f, "key of {len} bytes exceeds the maximum of {max}")
+            }
+            ClaimError::KeyEmpty => f.write_str("empty key"),
+            ClaimError::FingerprintMismatch => {
+                f.write_str("the key was used before with a different request fingerprint")
+            }
+            ClaimError::Overloaded(limit) => write!(f, "overloaded: {limit} reached; retry later"),
+            ClaimError::TokensExhausted => f.write_str("fencing tokens exhausted"),
+            ClaimError::Poisoned(why) => write!(f, "engine poisoned by a storage failure: {why}"),
+            ClaimError::OutcomeUnknown(why) => {
+                write!(
+                    f,
+                    "outcome unknown, the engine failed before confirming: {why}"
+                )
+            }
+            ClaimError::Closed => f.write_str("engine closed"),
+        }
+    }
+}
+
+impl std::error::Error for ClaimError {}
+
+/// Why a lease operation ([`crate::Lease::complete`], `release`, `extend`, `set_checkpoint`,
+/// or the token forms on [`crate::Engine`]) failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The token no longer owns the key: its lease was taken over by a newer token, or the
+    /// key was released, completed by another token, or expired. Nothing changed; the work
+    /// done under this token must not be reported as the key's outcome.
+    LeaseLost,
+    /// The response is larger than the configured maximum. The lease is still held.
+    ResponseTooLarge {
+        /// Length of the response given.
+        len: usize,
+        /// Largest response accepted.
+        max: usize,
+    },
+    /// The checkpoint payload is larger than the configured maximum. The lease is still held.
+    CheckpointTooLarge {
+        /// Length of the payload given.
+        len: usize,
+        /// Largest payload accepted.
+        max: usize,
+    },
+    /// The key is longer than the configured maximum (token forms only).
+    KeyTooLong {
+        /// Length of the key given.
+        len: usize,
+        /// Longest key accepted.
+        max: usize,
+    },
+    /// The writer queue is full; nothing changed and the lease is still held. Retry.
+    Overloaded(Limit),
+    /// A storage failure stopped the engine; it acknowledges nothing more. Reopen it.
+    Poisoned(Arc<str>),
+    /// The change was applied in memory and queued, but the engine failed before it was
+    /// confirmed durable. After a reopen it may or may not be there.
+    OutcomeUnknown(Arc<str>),
+    /// The engine was closed.
+    Closed,
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseError::LeaseLost => f.write_str("lease lost: a newer token owns the key"),
+            LeaseError::ResponseTooLarge { len, max } => {
+                write!(f, "response of {len} bytes exceeds the maximum of {max}")
+            }
+            LeaseError::CheckpointTooLarge { len, max } => {
+                write!(f, "checkpoint of {len} bytes exceeds the maximum of {max}")
+            }
+            LeaseError::KeyTooLong { len, max } => {
+                write!(f, "key of {len} bytes exceeds the maximum of {max}")
+            }
+            LeaseError::Overloaded(limit) => write!(f, "overloaded: {limit} reached; retry"),
+            LeaseError::Poisoned(why) => write!(f, "engine poisoned by a storage failure: {why}"),
+            LeaseError::OutcomeUnknown(why) => {
+                write!(
+                    f,
+                    "outcome unknown, the engine failed before confirming: {why}"
+                )
+            }
+            LeaseError::Closed => f.write_str("engine closed"),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+/// Why [`crate::Engine::flush`] or [`crate::Engine::close`] failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FlushError {
+    /// A storage failure stopped the engine; acknowledged `Immediate` calls are durable,
+    /// later `Buffered` ones may not be. Reopen it.
+    Poisoned(Arc<str>),
+    /// The engine was closed.
+    Closed,
+}
+
+impl fmt::Display for FlushError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FlushError::Poisoned(why) => write!(f, "engine poisoned by a storage failure: {why}"),
+            FlushError::Closed => f.write_str("engine closed"),
+        }
+    }
+}
+
+impl std::error::Error for FlushError {}
+
+/// Why [`crate::Engine::run`] or [`crate::Engine::run_typed`] did not produce an outcome.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RunError<E> {
+    /// The claim failed (see [`ClaimError`]); the handler did not run.
+    Claim(ClaimError),
+    /// The handler ran but its result could not be stored (see [`LeaseError`]).
+    Lease(LeaseError),
+    /// The handler returned an error; the claim was released so that a retry can run.
+    Handler(E),
+    /// Another holder still had the key when the wait ran out. Retry after the hint.
+    StillInProgress {
+        /// When the holder's lease ends, as far as the engine knows.
+        retry_after: Duration,
+    },
+    /// A typed response could not be encoded or decoded (see [`crate::Engine::run_typed`]).
+    Codec(String),
+}
+
+impl<E: fmt::Display> fmt::Display for RunError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::Claim(e) => write!(f, "claim failed: {e}"),
+            RunError::Lease(e) => write!(f, "storing the response failed: {e}"),
+            RunError::Handler(e) => write!(f, "handler failed: {e}"),
+            RunError::StillInProgress { retry_after } => {
+                write!(
+                    f,
+                    "still in progress elsewhere; retry after {retry_after:?}"
+                )
+            }
+            RunError::Codec(e) => write!(f, "typed response codec: {e}"),
+        }
+    }
+}
+
+impl<E: fmt::Debug + fmt::Display> std::error::Error for RunError<E> {}
+
+impl<E> From<ClaimError> for RunError<E> {
+    fn from(e: ClaimError) -> Self {
+        RunError::Claim(e)
+    }
+}
+
+impl<E> From<LeaseError> for RunError<E> {
+    fn from(e: LeaseError) -> Self {
+        RunError::Lease(e)
+    }
+}

@@ -1,0 +1,219 @@
+//! What a claim returns: the lease of a winner, the stored response of a replay, or the
+//! "in progress" answer of a loser.
+
+use crate::codec::Checkpoint;
+use crate::engine::Engine;
+use crate::error::LeaseError;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The answer to a claim.
+#[derive(Debug)]
+#[must_use = "an Acquired lease is released when dropped; complete it"]
+pub enum Claim {
+    /// The caller owns the key: do the work, then [`Lease::complete`] it.
+    Acquired(Lease),
+    /// Another holder's lease is live (or its completion is not yet durable).
+    InProgress(Busy),
+    /// The key was completed: here is the stored response.
+    Completed(Stored),
+}
+
+/// The exclusive right to act for one key, fenced by a token. Dropping a lease that was
+/// neither completed nor released releases it (a retryable failure).
+pub struct Lease {
+    pub(crate) engine: Engine,
+    pub(crate) key: Box<[u8]>,
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    pub(crate) checkpoint: Option<Checkpoint>,
+    pub(crate) settled: bool,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("token", &self.token)
+            .field("attempt", &self.attempt)
+            .finish()
+    }
+}
+
+impl Lease {
+    /// The fencing token: strictly larger than every token issued before it. Pass it to
+    /// downstream systems so they can refuse writes from a superseded holder.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// 1 for a fresh claim; one more for each takeover of the key.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The key this lease is for.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The checkpoint a previous holder saved, if this claim took over its key.
+    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoint.as_ref()
+    }
+
+    /// Stores `response` as the key's outcome. Under `Immediate` it returns once durable.
+    pub fn complete(mut self, response: &[u8]) -> Result<(), LeaseError> {
+        self.settled = true;
+        self.engine
+            .complete_shared(&self.key, self.token, Arc::from(response))
+            .map(drop)
+    }
+
+    /// Like [`Lease::complete`], returning the stored bytes (shared, not copied).
+    pub(crate) fn complete_arc(mut self, response: Arc<[u8]>) -> Result<Arc<[u8]>, LeaseError> {
+        self.settled = true;
+        self.engine.complete_shared(&self.key, self.token, response)
+    }
+
+    /// Gives the key up after a retryable failure: it becomes Absent, and the next claim
+    /// (or a waiting caller) acquires it. Returns whether this lease still owned the key.
+    pub fn release(mut self) -> Result<bool, LeaseError> {
+        self.settled = true;
+        self.engine.release(&self.key, self.token)
+    }
+
+    /// Sets the lease to end `lease` from now (zero and very large values are valid).
+    pub fn extend(&self, lease: Duration) -> Result<(), LeaseError> {
+        self.engine.extend(&self.key, self.token, lease)
+    }
+
+    /// Saves progress so that a takeover after a crash or expiry can resume from it.
+    pub fn set_checkpoint(&mut self, phase: u32, data: &[u8]) -> Result<(), LeaseError> {
+        self.engine.checkpoint(&self.key, self.token, phase, data)?;
+        self.checkpoint = Some(Checkpoint::new(phase, data));
+        Ok(())
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.engine.release_on_drop(&self.key, self.token);
+        }
+    }
+}
+
+/// The answer to a loser while the winner still works.
+#[derive(Debug, Clone)]
+pub struct Busy {
+    pub(crate) retry_after: Duration,
+    pub(crate) attempt: u32,
+}
+
+impl Busy {
+    /// How long until the holder's lease ends (or a short time, if its completion is being
+    /// made durable). Retry then, or use `claim_or_wait`.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
+    /// The holder's attempt number.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+/// A completed key's stored response.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub(crate) response: Arc<[u8]>,
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+}
+
+impl Stored {
+    /// The response bytes the winner stored.
+    pub fn response(&self) -> &[u8] {
+        &self.response
+    }
+
+    /// The token of the claim that completed the key.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The attempt that completed the key.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+/// What [`Engine::run`] hands back to every caller of a key: the same bytes, and whether
+/// they are a replay of someone else's run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub(crate) response: Arc<[u8]>,
+    pub(crate) replayed: bool,
+    pub(crate) token: u64,
+}
+
+impl Outcome {
+    /// The response bytes, identical for every caller of the key.
+    pub fn response(&self) -> &[u8] {
+        &self.response
+    }
+
+    /// False for the caller whose handler ran; true for everyone who got its result.
+    pub fn replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// The token of the claim whose handler produced the response.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+}
+
+/// What [`Engine::run_typed`] hands back: the value, and whether it is a replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TypedOutcome<T> {
+    /// The handler's value (decoded from storage for a replay).
+    pub value: T,
+    /// False for the caller whose handler ran.
+    pub replayed: bool,
+}
+
+/// A key's visible state, as [`Engine::get`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyState {
+    /// A holder owns the key.
+    InFlight {
+        /// Its token.
+        token: u64,
+        /// Its attempt.
+        attempt: u32,
+        /// Time left on its lease (zero: it can be taken over).
+        lease_remaining: Duration,
+        /// The latest checkpoint saved for the key.
+        checkpoint: Option<Checkpoint>,
+    },
+    /// A completion is written but not yet durable; it is not replayed until it is.
+    Completing {
+        /// The completing token.
+        token: u64,
+    },
+    /// The key is completed.
+    Completed {
+        /// The completing token.
+        token: u64,
+        /// The completing attempt.
+        attempt: u32,
+        /// The stored response.
+        response: Arc<[u8]>,
+        /// Wall-clock end of retention, since the UNIX epoch.
+        expires_at: Duration,
+    },
+}

@@ -1,0 +1,51 @@
+//! # idemkv — an embedded idempotency engine
+//!
+//! Idempotency checks that *look the key up, then act* break when two copies of a message
+//! arrive at once: both see "not found", both act. idemkv makes the check and the write one
+//! atomic compare-and-set. A lock-striped in-memory index decides every claim; an embedded
+//! [redb](https://docs.rs/redb) file makes the decisions durable through a background
+//! group-commit writer.
+//!
+//! Each key follows one state machine: **Absent** → **InFlight** (a lease and a fencing
+//! token) → **Completed** (the stored response) → Absent again after its retention.
+//!
+//! ```
+//! use idemkv::{ClaimOptions, Durability, Engine};
+//! # fn charge_card() -> Vec<u8> { b"charged".to_vec() }
+//! let engine = Engine::builder().durability(Durability::None).open()?;
+//! let opts = ClaimOptions::default().payload(b"{\"order\":42}");
+//! // However many copies of the message arrive at once, the card is charged once, and every
+//! // copy gets the same response.
+//! let out = engine.run(b"order-42", &opts, |_lease| Ok::<_, std::io::Error>(charge_card()))?;
+//! assert_eq!(out.response(), b"charged");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! See `docs/design.md` for the contract, the invariants and the durability modes.
+
+#![deny(clippy::unwrap_used, clippy::expect_used)]
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+#![warn(missing_docs)]
+
+mod clock;
+mod codec;
+mod constants;
+mod engine;
+mod error;
+mod index;
+mod lease;
+mod options;
+mod stats;
+mod storage;
+mod sync;
+mod token;
+mod writer;
+
+pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
+pub use crate::codec::Checkpoint;
+pub use crate::engine::Engine;
+pub use crate::error::{ClaimError, FlushError, LeaseError, Limit, OpenError, RunError};
+pub use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
+pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::stats::Stats;
+pub use redb;

@@ -1,0 +1,283 @@
+//! Configuration: durability modes, claim options and the engine builder.
+
+use crate::clock::{Clock, SystemClock};
+use crate::codec::fnv1a64;
+use crate::constants::*;
+use crate::error::OpenError;
+use crate::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What an acknowledged call promises about surviving a crash.
+///
+/// In every mode, another caller never sees a completion that the mode could still lose:
+/// a loser replays a response only once it is as durable as the mode promises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// A call returns only after its record is fsynced, in a group commit shared with every
+    /// concurrent call. Nothing acknowledged is lost by a crash or power loss.
+    Immediate,
+    /// A call returns at once; its record is fsynced within `max_delay` (one group commit per
+    /// interval). A crash loses at most the calls of the last `max_delay`. Another caller sees
+    /// a completion only after it is fsynced, so nothing lost was ever replayed.
+    Buffered {
+        /// Longest time between an acknowledgement and its fsync.
+        max_delay: Duration,
+    },
+    /// Memory only: no file, nothing survives the process.
+    None,
+}
+
+impl Durability {
+    /// `Buffered` with the default delay (10 ms).
+    pub fn buffered() -> Self {
+        Durability::Buffered {
+            max_delay: BUFFERED_DELAY_DEFAULT,
+        }
+    }
+}
+
+/// What recovery does with the InFlight records a previous process left behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Recovery {
+    /// Their owner is dead (redb locks the file to one process): the next claim takes them
+    /// over at once, attempt + 1, checkpoint kept.
+    #[default]
+    TakeOver,
+    /// Honour the persisted lease deadline, capped at the configured lease (a wall-clock jump
+    /// must not keep a dead claim alive longer than one lease).
+    HonourLeases,
+}
+
+/// Per-call options for [`crate::Engine::claim`] and friends.
+///
+/// ```
+/// use idemkv::ClaimOptions;
+/// use std::time::Duration;
+/// let opts = ClaimOptions::default()
+///     .payload(b"{\"amount\":42}")
+///     .lease(Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ClaimOptions {
+    pub(crate) fingerprint: Option<u64>,
+    pub(crate) lease: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+}
+
+impl ClaimOptions {
+    /// A request fingerprint (a hash of the payload). A claim whose fingerprint differs from
+    /// the stored one is refused with `FingerprintMismatch`. Without one, no check is made.
+    pub fn fingerprint(mut self, fingerprint: u64) -> Self {
+        self.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// Fingerprints the request payload with a stable 64-bit hash.
+    pub fn payload(self, payload: &[u8]) -> Self {
+        self.fingerprint(fnv1a64(payload))
+    }
+
+    /// Lease for this claim instead of the engine's default. Zero is valid (the claim can be
+    /// taken over at once); very large values saturate.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// How long `run` and `claim_or_wait` wait for another holder before giving up.
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = Some(wait);
+        self
+    }
+}
+
+/// Builds an [`crate::Engine`]. `Engine::open(path)` is `Engine::builder().path(path).open()`.
+///
+/// ```no_run
+/// use idemkv::{Durability, Engine};
+/// use std::time::Duration;
+/// let engine = Engine::builder()
+///     .path("idem.redb")
+///     .durability(Durability::Immediate)
+///     .lease(Duration::from_secs(30))
+///     .retention(Duration::from_secs(24 * 3600))
+///     .open()?;
+/// # Ok::<(), idemkv::OpenError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct EngineBuilder {
+    pub(crate) path: Option<PathBuf>,
+    pub(crate) durability: Durability,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) recovery: Recovery,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) key_len_max: usize,
+    pub(crate) response_len_max: usize,
+    pub(crate) checkpoint_len_max: usize,
+    pub(crate) inflight_max: usize,
+    pub(crate) queue_depth: usize,
+    pub(crate) stripes: usize,
+    pub(crate) verify_on_open: bool,
+    pub(crate) backend: Option<BackendSlot>,
+}
+
+/// A custom redb storage backend handed to the builder (fault injection, tests).
+pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn redb::StorageBackend>>>>);
+
+impl Clone for BackendSlot {
+    fn clone(&self) -> Self {
+        BackendSlot(self.0.clone())
+    }
+}
+
+impl std::fmt::Debug for BackendSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BackendSlot")
+    }
+}
+
+impl Default for EngineBuilder {
+    fn default() -> Self {
+        Self {
+            path: None,
+            durability: Durability::Immediate,
+            lease: LEASE_DEFAULT,
+            retention: RETENTION_DEFAULT,
+            recovery: Recovery::TakeOver,
+            clock: Arc::new(SystemClock::new()),
+            key_len_max: KEY_LEN_MAX_DEFAULT,
+            response_len_max: RESPONSE_LEN_MAX_DEFAULT,
+            checkpoint_len_max: CHECKPOINT_LEN_MAX_DEFAULT,
+            inflight_max: INFLIGHT_MAX_DEFAULT,
+            queue_depth: QUEUE_DEPTH_DEFAULT,
+            stripes: STRIPES_DEFAULT,
+            verify_on_open: false,
+            backend: None,
+        }
+    }
+}
+
+impl EngineBuilder {
+    /// The redb file. Required unless durability is [`Durability::None`].
+    pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.path = Some(path.into());
+        self
+    }
+
+    /// The durability mode (default `Immediate`).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Default lease of a claim (default 30 s). Zero and very large values are valid.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long a completed key is remembered (default 24 h). After it, the key is new again.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// What to do with InFlight records found on open (default: take over at once).
+    pub fn recovery(mut self, recovery: Recovery) -> Self {
+        self.recovery = recovery;
+        self
+    }
+
+    /// The time source (default: the system clock). Tests pass a [`crate::MockClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Longest key accepted, in bytes (default 255, at most 4096).
+    pub fn key_len_max(mut self, max: usize) -> Self {
+        self.key_len_max = max;
+        self
+    }
+
+    /// Largest response accepted, in bytes (default 1 MiB, at most 64 MiB).
+    pub fn response_len_max(mut self, max: usize) -> Self {
+        self.response_len_max = max;
+        self
+    }
+
+    /// Largest checkpoint payload accepted, in bytes (default 64 KiB, at most 16 MiB).
+    pub fn checkpoint_len_max(mut self, max: usize) -> Self {
+        self.checkpoint_len_max = max;
+        self
+    }
+
+    /// Most keys InFlight at once (default 1 Mi); past it claims get `Overloaded`.
+    pub fn inflight_max(mut self, max: usize) -> Self {
+        self.inflight_max = max;
+        self
+    }
+
+    /// Capacity of the writer queue, in operations (default 16 Ki, from 16 to 1 Mi). New
+    /// claims may use seven eighths of it; the rest is kept for completions and releases.
+    pub fn queue_depth(mut self, depth: usize) -> Self {
+        self.queue_depth = depth;
+        self
+    }
+
+    /// Number of index stripes, a power of two (default 256).
+    pub fn stripes(mut self, stripes: usize) -> Self {
+        self.stripes = stripes;
+        self
+    }
+
+    /// Verify every page checksum of the redb file on open (slower open; default off). Every
+    /// record is checksummed and verified on open either way.
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.verify_on_open = verify;
+        self
+    }
+
+    /// Stores the database in a custom redb [`redb::StorageBackend`] instead of a file at
+    /// `path` (which is then only used in messages). Used for fault injection.
+    pub fn backend(mut self, backend: impl redb::StorageBackend) -> Self {
+        self.backend = Some(BackendSlot(Arc::new(Mutex::new(Some(Box::new(backend))))));
+        self
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), OpenError> {
+        let bad = |detail: String| Err(OpenError::InvalidConfig { detail });
+        if self.key_len_max == 0 || self.key_len_max > KEY_LEN_LIMIT {
+            return bad(format!("key_len_max must be 1..={KEY_LEN_LIMIT}"));
+        }
+        if self.response_len_max > RESPONSE_LEN_LIMIT {
+            return bad(format!(
+                "response_len_max must be at most {RESPONSE_LEN_LIMIT}"
+            ));
+        }
+        if self.checkpoint_len_max > CHECKPOINT_LEN_LIMIT {
+            return bad(format!(
+                "checkpoint_len_max must be at most {CHECKPOINT_LEN_LIMIT}"
+            ));
+        }
+        if self.inflight_max == 0 {
+            return bad("inflight_max must be at least 1".into());
+        }
+        if !(QUEUE_DEPTH_MIN..=QUEUE_DEPTH_LIMIT).contains(&self.queue_depth) {
+            return bad(format!(
+                "queue_depth must be {QUEUE_DEPTH_MIN}..={QUEUE_DEPTH_LIMIT}"
+            ));
+        }
+        if !self.stripes.is_power_of_two() || self.stripes > STRIPES_LIMIT {
+            return bad(format!(
+                "stripes must be a power of two up to {STRIPES_LIMIT}"
+            ));
+        }
+        if self.durability != Durability::None && self.path.is_none() && self.backend.is_none() {
+            return bad("a path is required unless durability is None".into());
+        }
+        Ok(())
+    }
+}

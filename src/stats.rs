@@ -1,0 +1,76 @@
+//! Counters reported by [`crate::Engine::stats`].
+
+use crate::sync::{AtomicU64, Ordering};
+
+/// A snapshot of the engine's counters. Counts since open unless noted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Keys InFlight now.
+    pub inflight: u64,
+    /// Keys Completed now (including not yet expired-and-swept ones).
+    pub completed: u64,
+    /// Claims answered (any outcome).
+    pub claims: u64,
+    /// Claims that acquired a lease (new or takeover).
+    pub acquired: u64,
+    /// Claims that took over an expired or dead lease.
+    pub takeovers: u64,
+    /// Claims answered with a stored response.
+    pub replays: u64,
+    /// Claims answered with InProgress.
+    pub in_progress: u64,
+    /// Claims refused for a fingerprint mismatch.
+    pub fingerprint_mismatches: u64,
+    /// Completions accepted.
+    pub completions: u64,
+    /// Leases released.
+    pub releases: u64,
+    /// Lease operations refused with LeaseLost.
+    pub leases_lost: u64,
+    /// Times a caller slept waiting for another holder.
+    pub waits: u64,
+    /// Calls refused by a limit.
+    pub overloaded: u64,
+    /// Group commits made by the writer.
+    pub commits: u64,
+    /// Operations written by those commits.
+    pub committed_ops: u64,
+    /// Largest number of operations in one commit.
+    pub batch_max: u64,
+    /// Operations waiting in the writer queue now.
+    pub queue_depth: u64,
+    /// The next fencing token to be issued.
+    pub token_next: u64,
+    /// Whether a storage failure has poisoned the engine.
+    pub poisoned: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) claims: AtomicU64,
+    pub(crate) acquired: AtomicU64,
+    pub(crate) takeovers: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    pub(crate) in_progress: AtomicU64,
+    pub(crate) fingerprint_mismatches: AtomicU64,
+    pub(crate) completions: AtomicU64,
+    pub(crate) releases: AtomicU64,
+    pub(crate) leases_lost: AtomicU64,
+    pub(crate) waits: AtomicU64,
+    pub(crate) overloaded: AtomicU64,
+    pub(crate) commits: AtomicU64,
+    pub(crate) committed_ops: AtomicU64,
+    pub(crate) batch_max: AtomicU64,
+    pub(crate) inflight: AtomicU64,
+    pub(crate) completed: AtomicU64,
+}
+
+/// Adds one to a counter. Relaxed: counters order nothing.
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) fn read(c: &AtomicU64) -> u64 {
+    c.load(Ordering::Relaxed)
+}

@@ -1,0 +1,296 @@
+//! The redb file: opening, recovery scans and group commits. Only the writer thread and
+//! `Engine::open` call into this module.
+//!
+//! Layout: one table keyed by fencing token (`u64`) holding each key's latest record, and a
+//! small meta table (format marker, token high-water mark). Tokens are issued in time order,
+//! so inserts land at the right edge of the B-tree and expiry deletes from the left edge,
+//! several times cheaper than inserting random client keys (see docs/design.md).
+
+use crate::codec::{self, DecodeError, Record};
+use crate::constants::{FORMAT_MAGIC, REDB_CACHE_BYTES};
+use crate::error::OpenError;
+use crate::options::EngineBuilder;
+use redb::{
+    Database, DatabaseError, ReadableDatabase, ReadableTable, StorageBackend, TableDefinition,
+    TableHandle,
+};
+use std::fmt;
+use std::io::Read;
+use std::ops::Bound;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_records");
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemkv_meta");
+const META_FORMAT: &str = "format";
+const META_TOKEN_HWM: &str = "token_hwm";
+
+/// redb's file magic, to tell a foreign file from a damaged redb file.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// One change to the records table, in queue order.
+#[derive(Debug)]
+pub(crate) enum Write {
+    /// Store `value` under `token`, removing the key's previous record at `old`.
+    Put {
+        token: u64,
+        old: Option<u64>,
+        value: Vec<u8>,
+    },
+    /// Remove the record under `token`.
+    Delete { token: u64 },
+}
+
+pub(crate) struct Store {
+    db: Database,
+    path: PathBuf,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// Forwards to a boxed backend, because redb takes backends by value.
+#[derive(Debug)]
+struct Boxed(Box<dyn StorageBackend>);
+
+impl StorageBackend for Boxed {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.0.close()
+    }
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.0.try_lock_range(s, e)
+    }
+    fn try_lock_shared_range(
+        &self,
+        s: Bound<u64>,
+        e: Bound<u64>,
+    ) -> Result<bool, redb::BackendError> {
+        self.0.try_lock_shared_range(s, e)
+    }
+    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.0.lock_range(s, e)
+    }
+    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.0.lock_shared_range(s, e)
+    }
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
+        self.0.unlock_range(s, e)
+    }
+    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
+        self.0.query_lock_range(s, e)
+    }
+}
+
+/// Runs `f`, turning a panic inside redb (possible on a damaged file) into an error.
+pub(crate) fn contain<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
+        let msg = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        format!("{what}: redb panicked: {msg}")
+    })
+}
+
+fn open_error(path: &Path, e: DatabaseError) -> OpenError {
+    match e {
+        DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
+            path: path.to_path_buf(),
+        },
+        DatabaseError::UpgradeRequired(v) => OpenError::Foreign {
+            detail: format!("redb file format {v} needs an upgrade this build cannot do"),
+        },
+        DatabaseError::Storage(redb::StorageError::Io(io)) => OpenError::Io(io),
+        other => OpenError::Corrupted {
+            detail: other.to_string(),
+        },
+    }
+}
+
+fn storage_error(e: impl fmt::Display) -> OpenError {
+    OpenError::Corrupted {
+        detail: e.to_string(),
+    }
+}
+
+/// Refuses a non-empty file that does not start with redb's magic: it is not ours.
+fn check_foreign(path: &Path) -> Result<(), OpenError> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(OpenError::Io(e)),
+    };
+    let mut head = [0u8; REDB_MAGIC.len()];
+    let mut filled = 0;
+    while filled < head.len() {
+        match file.read(&mut head[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(OpenError::Io(e)),
+        }
+    }
+    if filled == 0 {
+        return Ok(());
+    }
+    if filled < head.len() || head != REDB_MAGIC {
+        return Err(OpenError::Foreign {
+            detail: format!("{} is not a redb file", path.display()),
+        });
+    }
+    Ok(())
+}
+
+impl Store {
+    /// Opens (or creates) the file and checks that it is an idemkv file of this format.
+    pub(crate) fn open(b: &EngineBuilder) -> Result<Store, OpenError> {
+        let path = b.path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
+        let mut builder = Database::builder();
+        builder.set_cache_size(REDB_CACHE_BYTES);
+        builder.set_check_integrity_on_open(b.verify_on_open);
+        let backend = b.backend.as_ref().and_then(|slot| slot.0.lock().take());
+        let db = match backend {
+            Some(backend) => contain("open", || builder.create_with_backend(Boxed(backend))),
+            None => {
+                check_foreign(&path)?;
+                contain("open", || builder.create(&path))
+            }
+        }
+        .map_err(|detail| OpenError::Corrupted { detail })?
+        .map_err(|e| open_error(&path, e))?;
+        let store = Store { db, path };
+        contain("format check", || store.check_format())
+            .map_err(|detail| OpenError::Corrupted { detail })??;
+        Ok(store)
+    }
+
+    fn check_format(&self) -> Result<(), OpenError> {
+        let mut txn = self.db.begin_write().map_err(storage_error)?;
+        txn.set_two_phase_commit(true);
+        {
+            let names: Vec<String> = txn
+                .list_tables()
+                .map_err(storage_error)?
+                .map(|t| t.name().to_string())
+                .collect();
+            let ours = [META.name(), RECORDS.name()];
+            if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
+                return Err(OpenError::Foreign {
+                    detail: format!("redb file holds a foreign table {other:?}"),
+                });
+            }
+            let mut meta = txn.open_table(META).map_err(storage_error)?;
+            let format = meta
+                .get(META_FORMAT)
+                .map_err(storage_error)?
+                .map(|v| v.value().to_vec());
+            match format {
+                Some(f) if f == FORMAT_MAGIC => {}
+                Some(f) => {
+                    return Err(OpenError::Foreign {
+                        detail: format!("unknown idemkv format marker {f:02x?}"),
+                    })
+                }
+                None if names.iter().any(|n| n == RECORDS.name()) => {
+                    return Err(OpenError::Corrupted {
+                        detail: "records without a format marker".into(),
+                    })
+                }
+                None => {
+                    meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
+                        .map_err(storage_error)?;
+                }
+            }
+            txn.open_table(RECORDS).map_err(storage_error)?;
+        }
+        txn.commit().map_err(storage_error)?;
+        Ok(())
+    }
+
+    /// The durable token high-water mark: every token ever issued is below it.
+    pub(crate) fn token_hwm(&self) -> Result<u64, OpenError> {
+        let txn = self.db.begin_read().map_err(storage_error)?;
+        let meta = txn.open_table(META).map_err(storage_error)?;
+        let Some(v) = meta.get(META_TOKEN_HWM).map_err(storage_error)? else {
+            return Ok(0);
+        };
+        let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
+            detail: "token high-water mark is not 8 bytes".into(),
+        })?;
+        Ok(u64::from_le_bytes(bytes))
+    }
+
+    /// Calls `f` with every record in token order; stops at the first error `f` returns.
+    pub(crate) fn scan<E>(
+        &self,
+        mut f: impl FnMut(u64, Result<Record, DecodeError>) -> Result<(), E>,
+    ) -> Result<Result<(), E>, OpenError> {
+        let txn = self.db.begin_read().map_err(storage_error)?;
+        let table = txn.open_table(RECORDS).map_err(storage_error)?;
+        for entry in table.iter().map_err(storage_error)? {
+            let (k, v) = entry.map_err(storage_error)?;
+            let token = k.value();
+            if let Err(e) = f(token, codec::decode(token, v.value())) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Applies `writes` in order and raises the token mark to `hwm`, in one fsynced commit.
+    pub(crate) fn commit(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), String> {
+        contain("commit", || self.commit_inner(writes, hwm))?
+    }
+
+    fn commit_inner(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), String> {
+        let mut txn = self.db.begin_write().map_err(|e| e.to_string())?;
+        // Keys and responses come from clients: two-phase commit keeps a torn write from
+        // ever being mistaken for a valid commit.
+        txn.set_two_phase_commit(true);
+        txn.set_durability(redb::Durability::Immediate)
+            .map_err(|e| e.to_string())?;
+        {
+            let mut table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            for w in writes {
+                match w {
+                    Write::Put { token, old, value } => {
+                        if let Some(old) = old {
+                            table.remove(*old).map_err(|e| e.to_string())?;
+                        }
+                        table
+                            .insert(*token, value.as_slice())
+                            .map_err(|e| e.to_string())?;
+                    }
+                    Write::Delete { token } => {
+                        table.remove(*token).map_err(|e| e.to_string())?;
+                    }
+                }
+            }
+            if let Some(hwm) = hwm {
+                let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
+                meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        txn.commit().map_err(|e| e.to_string())
+    }
+}

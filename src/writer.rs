@@ -1,0 +1,214 @@
+//! The background writer: drains the queue, commits everything pending in one redb write
+//! transaction (group commit), then publishes and acknowledges.
+//!
+//! Architecture invariant: the writer never holds a stripe lock during I/O. It takes stripe
+//! locks only after a commit, to publish completions.
+//! Architecture invariant: a failed commit poisons the engine before any caller learns of it,
+//! so nothing after the failure is acknowledged.
+
+use crate::codec::{self, Record};
+use crate::constants::{ACK_POLL, BATCH_OPS_MAX};
+use crate::engine::Shared;
+use crate::index::SlotState;
+use crate::options::Durability;
+use crate::stats::bump;
+use crate::storage::{Store, Write};
+use crate::sync::{Arc, Ordering};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use std::time::Instant;
+
+/// Tells one waiting caller how its write ended.
+pub(crate) type Ack = Sender<Result<(), Arc<str>>>;
+
+/// One queued operation. Operations of one key are queued under its stripe lock, so they
+/// reach the writer in the order their state changes happened.
+pub(crate) enum Op {
+    /// Store `record` under `token`, removing the key's previous record at `old`.
+    Put {
+        token: u64,
+        old: Option<u64>,
+        record: Record,
+        /// After the commit, mark the key's completion with this token as visible.
+        publish: Option<Box<[u8]>>,
+        ack: Option<Ack>,
+    },
+    /// Remove the record under `token`.
+    Delete { token: u64, ack: Option<Ack> },
+    /// Commit everything queued before it (flush, token reservation).
+    Barrier { ack: Ack },
+    /// Commit what is queued and stop.
+    Shutdown,
+}
+
+pub(crate) fn spawn(
+    shared: Arc<Shared>,
+    store: Store,
+    rx: Receiver<Op>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("idemkv-writer".into())
+        .spawn(move || Writer { shared, store, rx }.run())
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    store: Store,
+    rx: Receiver<Op>,
+}
+
+impl Writer {
+    fn run(self) {
+        let mut batch: Vec<Op> = Vec::with_capacity(BATCH_OPS_MAX);
+        loop {
+            let Ok(first) = self.rx.recv() else {
+                self.shared.set_writer_stopped();
+                return;
+            };
+            batch.push(first);
+            self.gather(&mut batch);
+            let stop = batch.iter().any(|op| matches!(op, Op::Shutdown));
+            self.commit(&mut batch);
+            if stop {
+                self.shared.set_writer_stopped();
+                return;
+            }
+        }
+    }
+
+    /// Adds to `batch` what is queued now (`Immediate`) or arrives within the delay
+    /// (`Buffered`), up to the batch limit; a barrier or shutdown ends the batch at once.
+    fn gather(&self, batch: &mut Vec<Op>) {
+        let urgent = |op: &Op| matches!(op, Op::Barrier { .. } | Op::Shutdown);
+        if batch.last().is_some_and(urgent) {
+            return;
+        }
+        let deadline = match self.shared.cfg.durability {
+            Durability::Buffered { max_delay } => Instant::now().checked_add(max_delay),
+            _ => None,
+        };
+        while batch.len() < BATCH_OPS_MAX {
+            let next = match deadline {
+                Some(deadline) => match self.rx.recv_deadline(deadline) {
+                    Ok(op) => op,
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
+                },
+                None => match self.rx.try_recv() {
+                    Ok(op) => op,
+                    Err(_) => return,
+                },
+            };
+            let end = urgent(&next);
+            batch.push(next);
+            if end {
+                return;
+            }
+        }
+    }
+
+    fn commit(&self, batch: &mut Vec<Op>) {
+        let result = match self.shared.poison_reason() {
+            Some(why) => Err(why),
+            None => self.write(batch),
+        };
+        if result.is_ok() {
+            self.publish(batch);
+        }
+        for op in batch.drain(..) {
+            let ack = match op {
+                Op::Put { ack, .. } | Op::Delete { ack, .. } => ack,
+                Op::Barrier { ack } => Some(ack),
+                Op::Shutdown => None,
+            };
+            if let Some(ack) = ack {
+                // A caller that stopped waiting has dropped its receiver; nothing to tell.
+                let _ = ack.send(result.clone());
+            }
+        }
+    }
+
+    fn write(&self, batch: &[Op]) -> Result<(), Arc<str>> {
+        let writes: Vec<Write> = batch
+            .iter()
+            .filter_map(|op| match op {
+                Op::Put {
+                    token, old, record, ..
+                } => Some(Write::Put {
+                    token: *token,
+                    old: *old,
+                    value: codec::encode(*token, record),
+                }),
+                Op::Delete { token, .. } => Some(Write::Delete { token: *token }),
+                Op::Barrier { .. } | Op::Shutdown => None,
+            })
+            .collect();
+        // Read after the batch was received: every token in it is below `next`, so this
+        // mark covers them all.
+        let hwm = self.shared.tokens.reserve_target();
+        if writes.is_empty() && hwm.is_none() {
+            return Ok(());
+        }
+        match self.store.commit(&writes, hwm) {
+            Ok(()) => {
+                if let Some(hwm) = hwm {
+                    self.shared.tokens.raise_limit(hwm);
+                }
+                let c = &self.shared.counters;
+                bump(&c.commits);
+                c.committed_ops
+                    .fetch_add(writes.len() as u64, Ordering::Relaxed);
+                c.batch_max
+                    .fetch_max(writes.len() as u64, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(why) => Err(self.shared.poison(why)),
+        }
+    }
+
+    /// Makes committed completions visible and wakes their waiters.
+    fn publish(&self, batch: &[Op]) {
+        for op in batch {
+            let Op::Put {
+                token,
+                publish: Some(key),
+                ..
+            } = op
+            else {
+                continue;
+            };
+            let (mut map, changed) = self.shared.index.lock(key);
+            if let Some(slot) = map.get_mut(key) {
+                if slot.token == *token {
+                    if let SlotState::Completed { published, .. } = &mut slot.state {
+                        *published = true;
+                    }
+                }
+            }
+            drop(map);
+            changed.notify_all();
+        }
+    }
+}
+
+/// A receiver for one acknowledgement.
+pub(crate) fn ack_pair() -> (Ack, Receiver<Result<(), Arc<str>>>) {
+    crossbeam_channel::bounded(1)
+}
+
+/// Waits for an acknowledgement; a writer that stopped first counts as a failure.
+pub(crate) fn wait_ack(
+    shared: &Shared,
+    rx: &Receiver<Result<(), Arc<str>>>,
+) -> Result<(), Arc<str>> {
+    let stopped = || Arc::from("the engine closed before confirming");
+    loop {
+        match rx.recv_timeout(ACK_POLL) {
+            Ok(result) => return result,
+            Err(RecvTimeoutError::Disconnected) => return Err(stopped()),
+            // An operation that raced `close` may sit in the queue after the writer left.
+            Err(RecvTimeoutError::Timeout) if shared.writer_stopped() => {
+                return rx.try_recv().unwrap_or_else(|_| Err(stopped()));
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+    }
+}
