@@ -45,7 +45,7 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) tokens: Tokens,
     pub(crate) counters: Counters,
-    tx: Option<Sender<Op>>,
+    pub(crate) tx: Option<Sender<Op>>,
     poisoned: AtomicBool,
     poison_why: Mutex<Option<Arc<str>>>,
     closed: AtomicBool,
@@ -86,7 +86,7 @@ impl Shared {
 }
 
 /// Why an operation could not be queued.
-enum SendRefused {
+pub(crate) enum SendRefused {
     Full,
     Closed,
 }
@@ -401,7 +401,7 @@ impl Engine {
         Ok(())
     }
 
-    fn check_open(&self) -> Result<(), ClaimError> {
+    pub(crate) fn check_open(&self) -> Result<(), ClaimError> {
         let s = self.shared();
         if let Some(why) = s.poison_reason() {
             return Err(ClaimError::Poisoned(why));
@@ -425,7 +425,7 @@ impl Engine {
 
     /// Queues `op` for the writer. Called under the key's stripe lock, which keeps each
     /// key's operations in order; never blocks. `claim` ops must leave the headroom free.
-    fn send(&self, op: Op, claim: bool) -> Result<(), SendRefused> {
+    pub(crate) fn send(&self, op: Op, claim: bool) -> Result<(), SendRefused> {
         let s = self.shared();
         let Some(tx) = &s.tx else { return Ok(()) };
         if s.is_closed() {

@@ -27,6 +27,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 #![warn(missing_docs)]
 
+mod admin;
 mod clock;
 mod codec;
 mod constants;
@@ -41,6 +42,7 @@ mod sync;
 mod token;
 mod writer;
 
+pub use crate::admin::{ImportError, RecordInfo, RecordInfoState};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;

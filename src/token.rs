@@ -51,6 +51,18 @@ impl Tokens {
         }
     }
 
+    /// Moves the counter past an imported `token`; false if that would pass `u64::MAX`.
+    /// The next commit raises the durable mark above it (see `reserve_target`).
+    pub(crate) fn advance_to(&self, token: u64) -> bool {
+        match token.checked_add(1) {
+            Some(next) if next < u64::MAX => {
+                self.next.fetch_max(next, Ordering::AcqRel);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The next token that would be issued; every issued token is below it.
     pub(crate) fn next(&self) -> u64 {
         self.next.load(Ordering::Acquire)
