@@ -14,7 +14,7 @@ use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 use crate::stats::{bump, read, Counters, Stats};
 use crate::storage::{Store, Write};
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering, Weak};
+use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering, Weak};
 use crate::token::{Shortage, Tokens};
 use crate::writer::{self, ack_pair, wait_ack, Op};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -453,7 +453,7 @@ impl Engine {
     /// The state machine's claim transition. Runs under the stripe lock.
     fn claim_step(
         &self,
-        map: &mut Map,
+        map: &mut MutexGuard<'_, Map>,
         key: &[u8],
         opts: &ClaimOptions,
     ) -> Result<Step, ClaimError> {
@@ -545,6 +545,12 @@ impl Engine {
             old_token.is_none_or(|old| old < token),
             "tokens must increase per key"
         );
+        // Test-only sabotage: open a check-then-act window, the bug this crate exists to
+        // prevent, so that the checkers can show they catch it (docs/testing.md).
+        #[cfg(feature = "sabotage-check-then-act")]
+        if old_token.is_none() {
+            MutexGuard::unlocked(map, std::thread::yield_now);
+        }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let slot = Slot {
             token,
@@ -823,7 +829,12 @@ impl Engine {
         let now = s.time.mono_ns();
         let Some(slot) = map
             .get_mut(key)
-            .filter(|slot| slot.token == token && !slot.is_expired(now))
+            // The `sabotage-no-fencing` test feature skips the token comparison, to show
+            // that the checkers catch a missing fence.
+            .filter(|slot| {
+                (slot.token == token || cfg!(feature = "sabotage-no-fencing"))
+                    && !slot.is_expired(now)
+            })
         else {
             bump(&c.leases_lost);
             return Err(LeaseError::LeaseLost);
