@@ -50,6 +50,19 @@ pub(crate) struct Shared {
     poison_why: Mutex<Option<Arc<str>>>,
     closed: AtomicBool,
     writer_stopped: AtomicBool,
+    /// The active test-only sabotage (a `Sabotage` as u8; 0 is none).
+    #[cfg(feature = "testkit")]
+    pub(crate) sabotage: crate::sync::AtomicU8,
+}
+
+/// Bugs a test can switch on, to prove that the checkers catch them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testkit"), allow(dead_code))]
+pub(crate) enum Sabotage {
+    /// Claims look the key up, drop the lock, then insert: check-then-act.
+    CheckThenAct = 1,
+    /// `complete` does not compare tokens.
+    NoFencing = 2,
 }
 
 impl Shared {
@@ -212,6 +225,8 @@ impl EngineBuilder {
             poison_why: Mutex::new(None),
             closed: AtomicBool::new(false),
             writer_stopped: AtomicBool::new(false),
+            #[cfg(feature = "testkit")]
+            sabotage: crate::sync::AtomicU8::new(0),
         });
         let writer = match (store, rx) {
             (Some(store), Some(rx)) => {
@@ -382,6 +397,20 @@ impl Engine {
         &self.inner.shared
     }
 
+    /// Whether a test has switched this sabotage on (always false without `testkit`).
+    #[inline]
+    fn sabotaged(&self, which: Sabotage) -> bool {
+        #[cfg(feature = "testkit")]
+        {
+            self.shared().sabotage.load(Ordering::Relaxed) == which as u8
+        }
+        #[cfg(not(feature = "testkit"))]
+        {
+            let _ = which;
+            false
+        }
+    }
+
     /// The durability mode this engine was opened with.
     pub fn durability(&self) -> Durability {
         self.shared().cfg.durability
@@ -547,8 +576,7 @@ impl Engine {
         );
         // Test-only sabotage: open a check-then-act window, the bug this crate exists to
         // prevent, so that the checkers can show they catch it (docs/testing.md).
-        #[cfg(feature = "sabotage-check-then-act")]
-        if old_token.is_none() {
+        if old_token.is_none() && self.sabotaged(Sabotage::CheckThenAct) {
             MutexGuard::unlocked(map, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
@@ -829,10 +857,10 @@ impl Engine {
         let now = s.time.mono_ns();
         let Some(slot) = map
             .get_mut(key)
-            // The `sabotage-no-fencing` test feature skips the token comparison, to show
-            // that the checkers catch a missing fence.
+            // Test-only sabotage skips the token comparison, to show that the checkers
+            // catch a missing fence.
             .filter(|slot| {
-                (slot.token == token || cfg!(feature = "sabotage-no-fencing"))
+                (slot.token == token || self.sabotaged(Sabotage::NoFencing))
                     && !slot.is_expired(now)
             })
         else {

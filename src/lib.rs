@@ -39,6 +39,8 @@ mod options;
 mod stats;
 mod storage;
 mod sync;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 mod token;
 mod writer;
 
