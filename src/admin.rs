@@ -3,9 +3,9 @@
 
 use crate::codec::{Blob, Checkpoint, Record, RecordState};
 use crate::engine::Engine;
-use crate::error::{ClaimError, Limit};
-use crate::index::{Slot, SlotState};
-use crate::stats::bump;
+use crate::error::{ClaimError, LeaseError, Limit};
+use crate::index::{Extra, Slot};
+use crate::lease::KeyState;
 use crate::sync::{Arc, Ordering};
 use crate::writer::{wait_ack, Op};
 use serde::{Deserialize, Serialize};
@@ -97,109 +97,125 @@ impl fmt::Display for ImportError {
 
 impl std::error::Error for ImportError {}
 
-fn info(key: &[u8], slot: &Slot, now_ns: u64, now_wall_ms: u64) -> RecordInfo {
-    let state = match &slot.state {
-        SlotState::InFlight {
-            deadline_ns,
-            checkpoint,
-        } => RecordInfoState::InFlight {
-            lease_deadline_ms: now_wall_ms
-                .saturating_add(deadline_ns.saturating_sub(now_ns) / 1_000_000),
-            checkpoint: checkpoint
-                .as_deref()
-                .map(|c| (c.phase(), c.data().to_vec())),
-        },
-        SlotState::Completed {
-            response,
-            expires_wall_ms,
-            published,
-            ..
-        } => RecordInfoState::Completed {
-            response: response.to_vec(),
-            expires_at_ms: *expires_wall_ms,
-            published: *published,
-        },
-    };
-    RecordInfo {
-        key: key.to_vec(),
-        token: slot.token,
-        fingerprint: slot.fingerprint,
-        attempt: slot.attempt,
-        state,
-    }
+/// How an imported record enters the index.
+enum Import {
+    InFlight { left_ns: u64 },
+    Completed { left_ns: u64 },
 }
 
 impl Engine {
-    /// Every live (unexpired) record, in token order. Takes each stripe lock once, briefly.
+    /// Every live (unexpired) record, in token order. Takes each stripe lock once, briefly;
+    /// a durable engine reads completed responses from the file afterwards.
     pub fn records(&self) -> Vec<RecordInfo> {
         let s = self.shared();
         let mut out = Vec::new();
+        let mut from_file = Vec::new();
         for stripe in s.index.stripes() {
-            let map = stripe.map.lock();
+            let shard = stripe.map.lock();
             let now = s.time.mono_ns();
             let wall = s.time.wall_ms();
-            out.extend(
-                map.iter()
-                    .filter(|(_, slot)| !slot.is_expired(now))
-                    .map(|(key, slot)| info(key, slot, now, wall)),
-            );
+            for (key, slot) in shard.iter().filter(|(_, slot)| !slot.is_expired(now)) {
+                let extra = shard.extra(slot);
+                let state = if slot.is_inflight() {
+                    RecordInfoState::InFlight {
+                        lease_deadline_ms: wall
+                            .saturating_add(slot.deadline_ns.saturating_sub(now) / 1_000_000),
+                        checkpoint: extra
+                            .and_then(|e| e.checkpoint.as_ref())
+                            .map(|c| (c.phase(), c.data().to_vec())),
+                    }
+                } else if let Some(response) = extra.and_then(|e| e.response.as_ref()) {
+                    RecordInfoState::Completed {
+                        response: response.to_vec(),
+                        expires_at_ms: extra.map_or(0, |e| e.expires_wall_ms),
+                        published: slot.is_published(),
+                    }
+                } else {
+                    if slot.is_published() {
+                        from_file.push(out.len());
+                    }
+                    RecordInfoState::Completed {
+                        response: Vec::new(),
+                        expires_at_ms: 0,
+                        published: slot.is_published(),
+                    }
+                };
+                out.push(RecordInfo {
+                    key: key.to_vec(),
+                    token: slot.token,
+                    fingerprint: extra.and_then(|e| e.fingerprint),
+                    attempt: slot.attempt,
+                    state,
+                });
+            }
         }
+        let mut gone = Vec::new();
+        for i in from_file {
+            let r = &mut out[i];
+            match self.read_completed(&r.key, r.token, None) {
+                Ok(Some((stored, expires_at_ms))) => {
+                    r.state = RecordInfoState::Completed {
+                        response: stored.response.to_vec(),
+                        expires_at_ms,
+                        published: true,
+                    };
+                    r.fingerprint = self.stored_fingerprint(r.token);
+                }
+                // Expired and swept since the walk, or unreadable: not a live record.
+                _ => gone.push(r.token),
+            }
+        }
+        out.retain(|r| !gone.contains(&r.token));
         out.sort_by_key(|r| r.token);
         out
+    }
+
+    fn stored_fingerprint(&self, token: u64) -> Option<u64> {
+        let store = self.shared().store()?;
+        match store.get(token) {
+            Ok(Some(Ok(record))) => record.fingerprint,
+            _ => None,
+        }
     }
 
     /// Releases `key` whatever its token, if it is InFlight: the operator's remedy for a
     /// claim stuck behind a long lease. Returns the record as it was before the release.
     pub fn force_release(&self, key: &[u8]) -> Result<Option<RecordInfo>, ClaimError> {
-        let before = {
-            let s = self.shared();
-            let map = s.index.lock(key).0;
-            let now = s.time.mono_ns();
-            match map.get(key) {
-                Some(slot) if slot.is_inflight() => info(key, slot, now, s.time.wall_ms()),
-                _ => return Ok(None),
+        self.check_key(key)?;
+        let before = match self.get(key)? {
+            Some(KeyState::InFlight {
+                token,
+                attempt,
+                lease_remaining,
+                checkpoint,
+            }) => {
+                let wall = self.shared().time.wall_ms();
+                RecordInfo {
+                    key: key.to_vec(),
+                    token,
+                    fingerprint: None,
+                    attempt,
+                    state: RecordInfoState::InFlight {
+                        lease_deadline_ms: wall.saturating_add(
+                            lease_remaining.as_millis().try_into().unwrap_or(u64::MAX),
+                        ),
+                        checkpoint: checkpoint.map(|c| (c.phase(), c.data().to_vec())),
+                    },
+                }
             }
+            _ => return Ok(None),
         };
         match self.release(key, before.token) {
             Ok(true) => Ok(Some(before)),
             // The holder finished or released in between: nothing to force.
             Ok(false) => Ok(None),
             Err(e) => Err(match e {
-                crate::LeaseError::Poisoned(why) => ClaimError::Poisoned(why),
-                crate::LeaseError::OutcomeUnknown(why) => ClaimError::OutcomeUnknown(why),
-                crate::LeaseError::Overloaded(limit) => ClaimError::Overloaded(limit),
+                LeaseError::Poisoned(why) => ClaimError::Poisoned(why),
+                LeaseError::OutcomeUnknown(why) => ClaimError::OutcomeUnknown(why),
+                LeaseError::Overloaded(limit) => ClaimError::Overloaded(limit),
                 _ => ClaimError::Closed,
             }),
         }
-    }
-
-    /// Removes every expired record from memory and queues its deletion from the file.
-    /// Returns how many were removed. Expired records are already Absent to every call;
-    /// this reclaims their space. Stops early (returning what it did) if the writer queue
-    /// fills up.
-    pub fn sweep_now(&self) -> Result<u64, ClaimError> {
-        self.check_open()?;
-        let s = self.shared();
-        let mut removed = 0u64;
-        for stripe in s.index.stripes() {
-            let mut map = stripe.map.lock();
-            let now = s.time.mono_ns();
-            let expired: Vec<(Box<[u8]>, u64)> = map
-                .iter()
-                .filter(|(_, slot)| slot.is_expired(now))
-                .map(|(k, slot)| (k.clone(), slot.token))
-                .collect();
-            for (key, token) in expired {
-                if self.send(Op::Delete { token, ack: None }, false).is_err() {
-                    bump(&s.counters.overloaded);
-                    return Ok(removed);
-                }
-                map.remove(&key);
-                s.counters.completed.fetch_sub(1, Ordering::Relaxed);
-                removed += 1;
-            }
-        }
-        Ok(removed)
     }
 
     /// Adds a record exported from another engine (see [`Engine::records`]), durably under
@@ -216,10 +232,67 @@ impl Engine {
             )));
         }
         let key = record.key.as_slice();
-        let (mut map, changed) = s.index.lock(key);
-        let now = s.time.mono_ns();
         let wall = s.time.wall_ms();
-        let old = match map.get(key) {
+        let (slot_of, state, extra) = match &record.state {
+            RecordInfoState::InFlight {
+                lease_deadline_ms,
+                checkpoint,
+            } => {
+                let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
+                let left_ns = lease_deadline_ms
+                    .saturating_sub(wall)
+                    .saturating_mul(1_000_000);
+                let extra = Extra {
+                    fingerprint: record.fingerprint,
+                    checkpoint: checkpoint.clone(),
+                    ..Extra::default()
+                };
+                let state = RecordState::InFlight {
+                    lease_deadline_wall_ms: *lease_deadline_ms,
+                    attempt: record.attempt,
+                    checkpoint,
+                };
+                (Import::InFlight { left_ns }, state, extra)
+            }
+            RecordInfoState::Completed {
+                published: false, ..
+            } => return Err(ImportError::Invalid("a completion not yet durable".into())),
+            RecordInfoState::Completed { expires_at_ms, .. } if *expires_at_ms <= wall => {
+                // Already past its retention: there is nothing to bring back.
+                return Ok(());
+            }
+            RecordInfoState::Completed {
+                response,
+                expires_at_ms,
+                ..
+            } => {
+                if response.len() > s.cfg.response_len_max {
+                    return Err(ImportError::Invalid("response too large".into()));
+                }
+                let response: Arc<[u8]> = Arc::from(response.as_slice());
+                let left_ns = (expires_at_ms - wall).saturating_mul(1_000_000);
+                let extra = if s.tx.is_none() {
+                    Extra {
+                        fingerprint: record.fingerprint,
+                        response: Some(response.clone()),
+                        expires_wall_ms: *expires_at_ms,
+                        ..Extra::default()
+                    }
+                } else {
+                    Extra::default()
+                };
+                let state = RecordState::Completed {
+                    attempt: record.attempt,
+                    completed_wall_ms: wall,
+                    expires_wall_ms: *expires_at_ms,
+                    response: Blob(response),
+                };
+                (Import::Completed { left_ns }, state, extra)
+            }
+        };
+        let (mut shard, changed) = s.index.lock(key);
+        let now = s.time.mono_ns();
+        let old = match shard.get(key) {
             Some(slot) if !slot.is_expired(now) => return Err(ImportError::KeyExists),
             Some(slot) => Some(slot.token),
             None => None,
@@ -231,65 +304,10 @@ impl Engine {
                 min,
             });
         }
-        let (slot, state) = match &record.state {
-            RecordInfoState::InFlight {
-                lease_deadline_ms,
-                checkpoint,
-            } => {
-                let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
-                let left_ns = lease_deadline_ms
-                    .saturating_sub(wall)
-                    .saturating_mul(1_000_000);
-                (
-                    SlotState::InFlight {
-                        deadline_ns: now.saturating_add(left_ns),
-                        checkpoint: checkpoint.clone().map(Box::new),
-                    },
-                    RecordState::InFlight {
-                        lease_deadline_wall_ms: *lease_deadline_ms,
-                        attempt: record.attempt,
-                        checkpoint,
-                    },
-                )
-            }
-            RecordInfoState::Completed {
-                published: false, ..
-            } => return Err(ImportError::Invalid("a completion not yet durable".into())),
-            RecordInfoState::Completed {
-                response,
-                expires_at_ms,
-                ..
-            } => {
-                if response.len() > s.cfg.response_len_max {
-                    return Err(ImportError::Invalid("response too large".into()));
-                }
-                let response: Arc<[u8]> = Arc::from(response.as_slice());
-                let left_ns = expires_at_ms.saturating_sub(wall).saturating_mul(1_000_000);
-                (
-                    SlotState::Completed {
-                        response: response.clone(),
-                        expires_ns: now.saturating_add(left_ns),
-                        expires_wall_ms: *expires_at_ms,
-                        published: true,
-                    },
-                    RecordState::Completed {
-                        response: Blob(response),
-                        attempt: record.attempt,
-                        completed_wall_ms: wall,
-                        expires_wall_ms: *expires_at_ms,
-                    },
-                )
-            }
-        };
-        if let RecordInfoState::Completed { expires_at_ms, .. } = &record.state {
-            if *expires_at_ms <= wall {
-                // Already past its retention: importing it would resurrect nothing useful.
-                return Ok(());
-            }
-        }
         if !s.tokens.advance_to(record.token) {
             return Err(ImportError::Engine(ClaimError::TokensExhausted));
         }
+        let durable = s.tx.is_some();
         let (ack, rx) = crate::writer::ack_pair();
         let op = Op::Put {
             token: record.token,
@@ -299,30 +317,35 @@ impl Engine {
                 fingerprint: record.fingerprint,
                 state,
             },
-            publish: None,
+            publish: Some(Box::from(key)),
             ack: Some(ack),
         };
         self.send(op, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
-        let new = Slot {
-            token: record.token,
-            fingerprint: record.fingerprint,
-            attempt: record.attempt,
-            state: slot,
+        let slot = match slot_of {
+            Import::InFlight { left_ns } => {
+                s.counters.inflight.fetch_add(1, Ordering::Relaxed);
+                Slot::inflight(record.token, now.saturating_add(left_ns), record.attempt)
+            }
+            // A durable import is shown once the writer has committed and published it.
+            Import::Completed { left_ns } => {
+                s.counters.completed.fetch_add(1, Ordering::Relaxed);
+                Slot::completed(
+                    record.token,
+                    now.saturating_add(left_ns),
+                    record.attempt,
+                    !durable,
+                )
+            }
         };
-        if let Some(old_slot) = map.insert(Box::from(key), new) {
+        if old.is_some() {
             // Only an expired completion can be replaced here.
-            debug_assert!(!old_slot.is_inflight());
             s.counters.completed.fetch_sub(1, Ordering::Relaxed);
         }
-        if record.state_name() == "inflight" {
-            s.counters.inflight.fetch_add(1, Ordering::Relaxed);
-        } else {
-            s.counters.completed.fetch_add(1, Ordering::Relaxed);
-        }
-        drop(map);
+        shard.put(key, slot, extra);
+        drop(shard);
         changed.notify_all();
-        if s.tx.is_some() {
+        if durable {
             wait_ack(s, &rx).map_err(|why| ImportError::Engine(ClaimError::OutcomeUnknown(why)))?;
         }
         Ok(())

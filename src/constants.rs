@@ -68,6 +68,22 @@ pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
 /// Shortest real-time slice a waiter sleeps, so that a tiny retry hint never spins.
 pub(crate) const WAIT_SLICE_MIN: Duration = Duration::from_millis(1);
 
+/// Default time between two background sweeps.
+pub(crate) const SWEEP_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
+/// Most keys the sweeper removes per stripe-lock hold: bounds how long a claim can wait
+/// behind it (a few tens of microseconds).
+pub(crate) const SWEEP_STRIPE_BATCH: usize = 256;
+/// Work the background sweeper does before it pauses for `SWEEP_PAUSE`.
+pub(crate) const SWEEP_STEP_BUDGET: Duration = Duration::from_millis(2);
+/// The background sweeper's pause between steps, and while the writer queue is busy.
+pub(crate) const SWEEP_PAUSE: Duration = Duration::from_millis(1);
+
+/// Default most keys held (InFlight plus Completed); past it new keys get `Overloaded`.
+pub(crate) const KEYS_MAX_DEFAULT: usize = 64 << 20;
+
+/// Threads that scan the file on open (the machine class has two cores).
+pub(crate) const RECOVERY_THREADS_MAX: u64 = 2;
+
 /// redb page cache for the engine's file.
 pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 

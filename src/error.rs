@@ -13,6 +13,8 @@ pub enum Limit {
     InFlightClaims,
     /// The background writer's queue is full ([`crate::EngineBuilder::queue_depth`]).
     WriterQueue,
+    /// Too many keys are held in memory ([`crate::EngineBuilder::keys_max`]).
+    Keys,
 }
 
 impl fmt::Display for Limit {
@@ -20,6 +22,7 @@ impl fmt::Display for Limit {
         match self {
             Limit::InFlightClaims => f.write_str("in-flight claim limit"),
             Limit::WriterQueue => f.write_str("writer queue depth"),
+            Limit::Keys => f.write_str("key budget"),
         }
     }
 }
@@ -106,6 +109,9 @@ pub enum ClaimError {
     /// The claim was queued but its write was not confirmed before the engine failed. After
     /// a reopen the key is either Absent or InFlight (taken over at once); nothing ran yet.
     OutcomeUnknown(Arc<str>),
+    /// A stored record failed its checksum or does not match its key: it is not replayed.
+    /// Stop the engine and verify the file (`idemkv verify`).
+    Corrupted(Arc<str>),
     /// The engine was closed.
     Closed,
 }
@@ -129,6 +135,7 @@ impl fmt::Display for ClaimError {
                     "outcome unknown, the engine failed before confirming: {why}"
                 )
             }
+            ClaimError::Corrupted(why) => write!(f, "stored record is corrupted: {why}"),
             ClaimError::Closed => f.write_str("engine closed"),
         }
     }

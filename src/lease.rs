@@ -67,14 +67,13 @@ impl Lease {
     pub fn complete(mut self, response: &[u8]) -> Result<(), LeaseError> {
         self.settled = true;
         self.engine
-            .complete_shared(&self.key, self.token, Arc::from(response))
-            .map(drop)
+            .complete_arc(&self.key, self.token, Arc::from(response))
     }
 
     /// Like [`Lease::complete`], returning the stored bytes (shared, not copied).
-    pub(crate) fn complete_arc(mut self, response: Arc<[u8]>) -> Result<Arc<[u8]>, LeaseError> {
+    pub(crate) fn complete_arc(mut self, response: Arc<[u8]>) -> Result<(), LeaseError> {
         self.settled = true;
-        self.engine.complete_shared(&self.key, self.token, response)
+        self.engine.complete_arc(&self.key, self.token, response)
     }
 
     /// Gives the key up after a retryable failure: it becomes Absent, and the next claim

@@ -28,16 +28,20 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod claim;
 mod clock;
 mod codec;
 mod constants;
 mod engine;
 mod error;
+mod holder;
 mod index;
 mod lease;
 mod options;
+mod recovery;
 mod stats;
 mod storage;
+mod sweep;
 mod sync;
 #[cfg(feature = "testkit")]
 pub mod testkit;

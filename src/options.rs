@@ -120,6 +120,8 @@ pub struct EngineBuilder {
     pub(crate) queue_depth: usize,
     pub(crate) stripes: usize,
     pub(crate) verify_on_open: bool,
+    pub(crate) keys_max: usize,
+    pub(crate) sweep_interval: Option<Duration>,
     pub(crate) backend: Option<BackendSlot>,
 }
 
@@ -154,6 +156,8 @@ impl Default for EngineBuilder {
             queue_depth: QUEUE_DEPTH_DEFAULT,
             stripes: STRIPES_DEFAULT,
             verify_on_open: false,
+            keys_max: KEYS_MAX_DEFAULT,
+            sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
             backend: None,
         }
     }
@@ -227,6 +231,22 @@ impl EngineBuilder {
         self
     }
 
+    /// Most keys held at once, InFlight plus Completed (default 64 Mi). A claim of a new key
+    /// past it gets `Overloaded(Limit::Keys)` after the keys past their retention are
+    /// reclaimed; an unexpired record or a live lease is never dropped to make room.
+    pub fn keys_max(mut self, max: usize) -> Self {
+        self.keys_max = max;
+        self
+    }
+
+    /// Time between background sweeps that reclaim expired keys (default 1 s); `None`
+    /// turns the background sweeper off (expired keys are still Absent to every call, and
+    /// [`crate::Engine::sweep_now`] reclaims them on demand).
+    pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
     /// Number of index stripes, a power of two (default 256).
     pub fn stripes(mut self, stripes: usize) -> Self {
         self.stripes = stripes;
@@ -261,6 +281,9 @@ impl EngineBuilder {
             return bad(format!(
                 "checkpoint_len_max must be at most {CHECKPOINT_LEN_LIMIT}"
             ));
+        }
+        if self.keys_max == 0 {
+            return bad("keys_max must be at least 1".into());
         }
         if self.inflight_max == 0 {
             return bad("inflight_max must be at least 1".into());

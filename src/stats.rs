@@ -8,8 +8,14 @@ use crate::sync::{AtomicU64, Ordering};
 pub struct Stats {
     /// Keys InFlight now.
     pub inflight: u64,
-    /// Keys Completed now (including not yet expired-and-swept ones).
+    /// Keys Completed now and within their retention.
     pub completed: u64,
+    /// Keys past their retention (Absent to every call) not yet reclaimed by the sweeper.
+    pub expired_unswept: u64,
+    /// Keys reclaimed by the sweeper since open.
+    pub expirations: u64,
+    /// Bytes held by the in-memory index: table buckets at capacity, keys and side data.
+    pub index_bytes: u64,
     /// Claims answered (any outcome).
     pub claims: u64,
     /// Claims that acquired a lease (new or takeover).
@@ -64,6 +70,7 @@ pub(crate) struct Counters {
     pub(crate) batch_max: AtomicU64,
     pub(crate) inflight: AtomicU64,
     pub(crate) completed: AtomicU64,
+    pub(crate) expirations: AtomicU64,
 }
 
 /// Adds one to a counter. Relaxed: counters order nothing.

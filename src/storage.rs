@@ -11,8 +11,8 @@ use crate::constants::{FORMAT_MAGIC, REDB_CACHE_BYTES};
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
 use redb::{
-    Database, DatabaseError, ReadableDatabase, ReadableTable, StorageBackend, TableDefinition,
-    TableHandle,
+    Database, DatabaseError, ReadableDatabase, ReadableTable, ReadableTableMetadata,
+    StorageBackend, TableDefinition, TableHandle,
 };
 use std::fmt;
 use std::io::Read;
@@ -239,21 +239,52 @@ impl Store {
         Ok(u64::from_le_bytes(bytes))
     }
 
-    /// Calls `f` with every record in token order; stops at the first error `f` returns.
+    /// Number of records in the file (for sizing the index before a scan).
+    pub(crate) fn len(&self) -> Result<u64, OpenError> {
+        let txn = self.db.begin_read().map_err(storage_error)?;
+        let table = txn.open_table(RECORDS).map_err(storage_error)?;
+        table.len().map_err(storage_error)
+    }
+
+    /// Calls `f` with the raw value of every record whose token is in `range`, in token
+    /// order; stops at the first error `f` returns.
     pub(crate) fn scan<E>(
         &self,
-        mut f: impl FnMut(u64, Result<Record, DecodeError>) -> Result<(), E>,
+        range: std::ops::Range<u64>,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<Result<(), E>, OpenError> {
         let txn = self.db.begin_read().map_err(storage_error)?;
         let table = txn.open_table(RECORDS).map_err(storage_error)?;
-        for entry in table.iter().map_err(storage_error)? {
+        for entry in table.range(range).map_err(storage_error)? {
             let (k, v) = entry.map_err(storage_error)?;
-            let token = k.value();
-            if let Err(e) = f(token, codec::decode(token, v.value())) {
+            if let Err(e) = f(k.value(), v.value()) {
                 return Ok(Err(e));
             }
         }
         Ok(Ok(()))
+    }
+
+    /// The first and last token stored, if any.
+    pub(crate) fn token_bounds(&self) -> Result<Option<(u64, u64)>, OpenError> {
+        let txn = self.db.begin_read().map_err(storage_error)?;
+        let table = txn.open_table(RECORDS).map_err(storage_error)?;
+        let first = table
+            .first()
+            .map_err(storage_error)?
+            .map(|(k, _)| k.value());
+        let last = table.last().map_err(storage_error)?.map(|(k, _)| k.value());
+        Ok(first.zip(last))
+    }
+
+    /// Reads and verifies the record stored under `token`. `Ok(None)`: no such record.
+    /// `Err`: redb failed (the caller poisons the engine).
+    pub(crate) fn get(&self, token: u64) -> Result<Option<Result<Record, DecodeError>>, String> {
+        contain("read", || {
+            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            let value = table.get(token).map_err(|e| e.to_string())?;
+            Ok(value.map(|v| codec::decode(token, v.value())))
+        })?
     }
 
     /// Applies `writes` in order and raises the token mark to `hwm`, in one fsynced commit.

@@ -1,8 +1,486 @@
 //! The only module that names lock and atomic types. A model-checking build swaps these for
-//! shuttle's or loom's in one place.
+//! shuttle's in one place.
+//!
+//! Without the `shuttle` feature these are plain re-exports of parking_lot and std.
+//!
+//! With the `shuttle` feature, every lock, condition variable and atomic decides when it is
+//! created: inside a shuttle execution it is shuttle's (every acquire, release, notify and
+//! atomic access becomes a scheduling point the model checker controls), anywhere else it is
+//! parking_lot's or std's. So one build runs both the model tests (`tests/shuttle_model.rs`,
+//! the `concurrent_claims` fuzz target) and every ordinary test, and an engine opened inside
+//! `shuttle::check_*` (with `Durability::None`: the writer thread and its crossbeam channel
+//! are not modelled) runs entirely under the scheduler. The API keeps parking_lot's shape:
+//! `Mutex::lock() -> MutexGuard`, `MutexGuard::unlocked`, `Condvar::wait_for(&mut guard, d)`,
+//! `Condvar::notify_all`.
 
-pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
-#[cfg(feature = "testkit")]
-pub(crate) use std::sync::atomic::AtomicU8;
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+pub(crate) use std::sync::atomic::Ordering;
 pub(crate) use std::sync::{Arc, Weak};
+
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+#[cfg(all(feature = "testkit", not(feature = "shuttle")))]
+pub(crate) use std::sync::atomic::AtomicU8;
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
+
+#[cfg(feature = "shuttle")]
+pub(crate) use self::model::{AtomicBool, AtomicU64, AtomicU8, Condvar, Mutex, MutexGuard, RwLock};
+
+#[cfg(feature = "shuttle")]
+#[allow(dead_code)]
+mod model {
+    use std::fmt;
+    use std::ops::{Deref, DerefMut};
+    use std::sync::atomic::Ordering;
+    use std::sync::PoisonError;
+    use std::time::Duration;
+
+    /// True when called from a task of a running shuttle execution.
+    pub(crate) fn in_shuttle() -> bool {
+        shuttle::current::try_get_current_task().is_some()
+    }
+
+    /// A mutex that is shuttle's inside a shuttle execution, parking_lot's elsewhere.
+    pub(crate) enum Mutex<T> {
+        Real(parking_lot::Mutex<T>),
+        Model(shuttle::sync::Mutex<T>),
+    }
+
+    enum Guard<'a, T> {
+        Real(parking_lot::MutexGuard<'a, T>),
+        Model(shuttle::sync::MutexGuard<'a, T>),
+    }
+
+    /// The guard of [`Mutex`]; `inner` is `None` only inside [`MutexGuard::unlocked`] and
+    /// [`Condvar::wait_for`].
+    pub(crate) struct MutexGuard<'a, T> {
+        lock: &'a Mutex<T>,
+        inner: Option<Guard<'a, T>>,
+    }
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            if in_shuttle() {
+                Mutex::Model(shuttle::sync::Mutex::new(value))
+            } else {
+                Mutex::Real(parking_lot::Mutex::new(value))
+            }
+        }
+
+        fn raw(&self) -> Guard<'_, T> {
+            match self {
+                Mutex::Real(m) => Guard::Real(m.lock()),
+                // A panicking holder already failed the execution; keep going with the data.
+                Mutex::Model(m) => Guard::Model(m.lock().unwrap_or_else(PoisonError::into_inner)),
+            }
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            MutexGuard {
+                lock: self,
+                inner: Some(self.raw()),
+            }
+        }
+
+        pub(crate) fn into_inner(self) -> T {
+            match self {
+                Mutex::Real(m) => m.into_inner(),
+                Mutex::Model(m) => m.into_inner().unwrap_or_else(PoisonError::into_inner),
+            }
+        }
+
+        pub(crate) fn get_mut(&mut self) -> &mut T {
+            match self {
+                Mutex::Real(m) => m.get_mut(),
+                Mutex::Model(m) => m.get_mut().unwrap_or_else(PoisonError::into_inner),
+            }
+        }
+    }
+
+    impl<T: Default> Default for Mutex<T> {
+        fn default() -> Self {
+            Mutex::new(T::default())
+        }
+    }
+
+    impl<T> fmt::Debug for Mutex<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("Mutex { .. }")
+        }
+    }
+
+    impl<'a, T> MutexGuard<'a, T> {
+        /// Releases the lock while `f` runs, then takes it again (parking_lot's `unlocked`).
+        pub(crate) fn unlocked<F: FnOnce() -> U, U>(s: &mut Self, f: F) -> U {
+            s.inner = None;
+            let out = f();
+            s.inner = Some(s.lock.raw());
+            out
+        }
+    }
+
+    impl<T> Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            match &self.inner {
+                Some(Guard::Real(g)) => g,
+                Some(Guard::Model(g)) => g,
+                None => unreachable!("a MutexGuard is only empty inside unlocked/wait_for"),
+            }
+        }
+    }
+
+    impl<T> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            match &mut self.inner {
+                Some(Guard::Real(g)) => g,
+                Some(Guard::Model(g)) => g,
+                None => unreachable!("a MutexGuard is only empty inside unlocked/wait_for"),
+            }
+        }
+    }
+
+    /// A condition variable that is shuttle's inside a shuttle execution.
+    pub(crate) enum Condvar {
+        Real(parking_lot::Condvar),
+        Model(shuttle::sync::Condvar),
+    }
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            if in_shuttle() {
+                Condvar::Model(shuttle::sync::Condvar::new())
+            } else {
+                Condvar::Real(parking_lot::Condvar::new())
+            }
+        }
+
+        /// Wakes every waiter.
+        pub(crate) fn notify_all(&self) -> usize {
+            match self {
+                Condvar::Real(c) => c.notify_all(),
+                Condvar::Model(c) => {
+                    c.notify_all();
+                    0
+                }
+            }
+        }
+
+        /// Wakes one waiter.
+        pub(crate) fn notify_one(&self) -> bool {
+            match self {
+                Condvar::Real(c) => c.notify_one(),
+                Condvar::Model(c) => {
+                    c.notify_one();
+                    false
+                }
+            }
+        }
+
+        /// Sleeps until notified or `timeout` passes; returns whether it timed out. Shuttle does
+        /// not model time: under it the wait ends only by a notification (a waiter nobody
+        /// wakes is reported as a deadlock, which is what a lost wake-up is).
+        pub(crate) fn wait_for<T>(&self, guard: &mut MutexGuard<'_, T>, timeout: Duration) -> bool {
+            match (self, guard.inner.take()) {
+                (Condvar::Real(c), Some(Guard::Real(mut g))) => {
+                    let timed_out = c.wait_for(&mut g, timeout).timed_out();
+                    guard.inner = Some(Guard::Real(g));
+                    timed_out
+                }
+                (Condvar::Model(c), Some(Guard::Model(g))) => {
+                    let g = c.wait(g).unwrap_or_else(PoisonError::into_inner);
+                    guard.inner = Some(Guard::Model(g));
+                    false
+                }
+                // A lock and a condition variable from different worlds (created inside and
+                // outside an execution): a spurious wake-up, which every waiter tolerates.
+                (_, inner) => {
+                    drop(inner);
+                    guard.inner = Some(guard.lock.raw());
+                    false
+                }
+            }
+        }
+    }
+
+    impl Default for Condvar {
+        fn default() -> Self {
+            Condvar::new()
+        }
+    }
+
+    impl fmt::Debug for Condvar {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("Condvar { .. }")
+        }
+    }
+
+    /// A reader-writer lock that is shuttle's inside a shuttle execution.
+    pub(crate) enum RwLock<T> {
+        Real(parking_lot::RwLock<T>),
+        Model(shuttle::sync::RwLock<T>),
+    }
+
+    enum ReadInner<'a, T> {
+        Real(parking_lot::RwLockReadGuard<'a, T>),
+        Model(shuttle::sync::RwLockReadGuard<'a, T>),
+    }
+
+    enum WriteInner<'a, T> {
+        Real(parking_lot::RwLockWriteGuard<'a, T>),
+        Model(shuttle::sync::RwLockWriteGuard<'a, T>),
+    }
+
+    /// Shared access to a [`RwLock`].
+    pub(crate) struct RwLockReadGuard<'a, T>(ReadInner<'a, T>);
+    /// Exclusive access to a [`RwLock`].
+    pub(crate) struct RwLockWriteGuard<'a, T>(WriteInner<'a, T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            if in_shuttle() {
+                RwLock::Model(shuttle::sync::RwLock::new(value))
+            } else {
+                RwLock::Real(parking_lot::RwLock::new(value))
+            }
+        }
+
+        pub(crate) fn read(&self) -> RwLockReadGuard<'_, T> {
+            RwLockReadGuard(match self {
+                RwLock::Real(l) => ReadInner::Real(l.read()),
+                RwLock::Model(l) => {
+                    ReadInner::Model(l.read().unwrap_or_else(PoisonError::into_inner))
+                }
+            })
+        }
+
+        pub(crate) fn write(&self) -> RwLockWriteGuard<'_, T> {
+            RwLockWriteGuard(match self {
+                RwLock::Real(l) => WriteInner::Real(l.write()),
+                RwLock::Model(l) => {
+                    WriteInner::Model(l.write().unwrap_or_else(PoisonError::into_inner))
+                }
+            })
+        }
+    }
+
+    impl<T: Default> Default for RwLock<T> {
+        fn default() -> Self {
+            RwLock::new(T::default())
+        }
+    }
+
+    impl<T> fmt::Debug for RwLock<T> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("RwLock { .. }")
+        }
+    }
+
+    impl<T> Deref for RwLockReadGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            match &self.0 {
+                ReadInner::Real(g) => g,
+                ReadInner::Model(g) => g,
+            }
+        }
+    }
+
+    impl<T> Deref for RwLockWriteGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            match &self.0 {
+                WriteInner::Real(g) => g,
+                WriteInner::Model(g) => g,
+            }
+        }
+    }
+
+    impl<T> DerefMut for RwLockWriteGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            match &mut self.0 {
+                WriteInner::Real(g) => g,
+                WriteInner::Model(g) => g,
+            }
+        }
+    }
+
+    macro_rules! atomic_int {
+        ($name:ident, $int:ty) => {
+            /// An atomic integer that is shuttle's inside a shuttle execution, std's elsewhere.
+            pub(crate) enum $name {
+                Real(std::sync::atomic::$name),
+                Model(shuttle::sync::atomic::$name),
+            }
+
+            impl $name {
+                pub(crate) fn new(v: $int) -> Self {
+                    if in_shuttle() {
+                        $name::Model(shuttle::sync::atomic::$name::new(v))
+                    } else {
+                        $name::Real(std::sync::atomic::$name::new(v))
+                    }
+                }
+                pub(crate) fn load(&self, o: Ordering) -> $int {
+                    match self {
+                        $name::Real(a) => a.load(o),
+                        $name::Model(a) => a.load(o),
+                    }
+                }
+                pub(crate) fn store(&self, v: $int, o: Ordering) {
+                    match self {
+                        $name::Real(a) => a.store(v, o),
+                        $name::Model(a) => a.store(v, o),
+                    }
+                }
+                pub(crate) fn swap(&self, v: $int, o: Ordering) -> $int {
+                    match self {
+                        $name::Real(a) => a.swap(v, o),
+                        $name::Model(a) => a.swap(v, o),
+                    }
+                }
+                pub(crate) fn fetch_add(&self, v: $int, o: Ordering) -> $int {
+                    match self {
+                        $name::Real(a) => a.fetch_add(v, o),
+                        $name::Model(a) => a.fetch_add(v, o),
+                    }
+                }
+                pub(crate) fn fetch_sub(&self, v: $int, o: Ordering) -> $int {
+                    match self {
+                        $name::Real(a) => a.fetch_sub(v, o),
+                        $name::Model(a) => a.fetch_sub(v, o),
+                    }
+                }
+                pub(crate) fn fetch_max(&self, v: $int, o: Ordering) -> $int {
+                    match self {
+                        $name::Real(a) => a.fetch_max(v, o),
+                        $name::Model(a) => a.fetch_max(v, o),
+                    }
+                }
+                pub(crate) fn fetch_min(&self, v: $int, o: Ordering) -> $int {
+                    match self {
+                        $name::Real(a) => a.fetch_min(v, o),
+                        $name::Model(a) => a.fetch_min(v, o),
+                    }
+                }
+                pub(crate) fn compare_exchange(
+                    &self,
+                    current: $int,
+                    new: $int,
+                    success: Ordering,
+                    failure: Ordering,
+                ) -> Result<$int, $int> {
+                    match self {
+                        $name::Real(a) => a.compare_exchange(current, new, success, failure),
+                        $name::Model(a) => a.compare_exchange(current, new, success, failure),
+                    }
+                }
+                pub(crate) fn compare_exchange_weak(
+                    &self,
+                    current: $int,
+                    new: $int,
+                    success: Ordering,
+                    failure: Ordering,
+                ) -> Result<$int, $int> {
+                    match self {
+                        $name::Real(a) => a.compare_exchange_weak(current, new, success, failure),
+                        $name::Model(a) => a.compare_exchange_weak(current, new, success, failure),
+                    }
+                }
+                pub(crate) fn fetch_update<F>(
+                    &self,
+                    set: Ordering,
+                    fetch: Ordering,
+                    f: F,
+                ) -> Result<$int, $int>
+                where
+                    F: FnMut($int) -> Option<$int>,
+                {
+                    match self {
+                        $name::Real(a) => a.fetch_update(set, fetch, f),
+                        $name::Model(a) => a.fetch_update(set, fetch, f),
+                    }
+                }
+            }
+
+            impl Default for $name {
+                fn default() -> Self {
+                    $name::new(0)
+                }
+            }
+
+            impl fmt::Debug for $name {
+                fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                    match self {
+                        $name::Real(a) => fmt::Debug::fmt(a, f),
+                        $name::Model(a) => fmt::Debug::fmt(a, f),
+                    }
+                }
+            }
+        };
+    }
+
+    atomic_int!(AtomicU64, u64);
+    atomic_int!(AtomicU8, u8);
+
+    /// An atomic bool that is shuttle's inside a shuttle execution, std's elsewhere.
+    pub(crate) enum AtomicBool {
+        Real(std::sync::atomic::AtomicBool),
+        Model(shuttle::sync::atomic::AtomicBool),
+    }
+
+    impl AtomicBool {
+        pub(crate) fn new(v: bool) -> Self {
+            if in_shuttle() {
+                AtomicBool::Model(shuttle::sync::atomic::AtomicBool::new(v))
+            } else {
+                AtomicBool::Real(std::sync::atomic::AtomicBool::new(v))
+            }
+        }
+        pub(crate) fn load(&self, o: Ordering) -> bool {
+            match self {
+                AtomicBool::Real(a) => a.load(o),
+                AtomicBool::Model(a) => a.load(o),
+            }
+        }
+        pub(crate) fn store(&self, v: bool, o: Ordering) {
+            match self {
+                AtomicBool::Real(a) => a.store(v, o),
+                AtomicBool::Model(a) => a.store(v, o),
+            }
+        }
+        pub(crate) fn swap(&self, v: bool, o: Ordering) -> bool {
+            match self {
+                AtomicBool::Real(a) => a.swap(v, o),
+                AtomicBool::Model(a) => a.swap(v, o),
+            }
+        }
+        pub(crate) fn compare_exchange(
+            &self,
+            current: bool,
+            new: bool,
+            success: Ordering,
+            failure: Ordering,
+        ) -> Result<bool, bool> {
+            match self {
+                AtomicBool::Real(a) => a.compare_exchange(current, new, success, failure),
+                AtomicBool::Model(a) => a.compare_exchange(current, new, success, failure),
+            }
+        }
+    }
+
+    impl Default for AtomicBool {
+        fn default() -> Self {
+            AtomicBool::new(false)
+        }
+    }
+
+    impl fmt::Debug for AtomicBool {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            match self {
+                AtomicBool::Real(a) => fmt::Debug::fmt(a, f),
+                AtomicBool::Model(a) => fmt::Debug::fmt(a, f),
+            }
+        }
+    }
+}

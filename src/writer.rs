@@ -9,7 +9,6 @@
 use crate::codec::{self, Record};
 use crate::constants::{ACK_POLL, BATCH_OPS_MAX};
 use crate::engine::Shared;
-use crate::index::SlotState;
 use crate::options::Durability;
 use crate::stats::bump;
 use crate::storage::{Store, Write};
@@ -42,7 +41,7 @@ pub(crate) enum Op {
 
 pub(crate) fn spawn(
     shared: Arc<Shared>,
-    store: Store,
+    store: Arc<Store>,
     rx: Receiver<Op>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -52,7 +51,7 @@ pub(crate) fn spawn(
 
 struct Writer {
     shared: Arc<Shared>,
-    store: Store,
+    store: Arc<Store>,
     rx: Receiver<Op>,
 }
 
@@ -175,15 +174,13 @@ impl Writer {
             else {
                 continue;
             };
-            let (mut map, changed) = self.shared.index.lock(key);
-            if let Some(slot) = map.get_mut(key) {
-                if slot.token == *token {
-                    if let SlotState::Completed { published, .. } = &mut slot.state {
-                        *published = true;
-                    }
+            let (mut shard, changed) = self.shared.index.lock(key);
+            shard.update(key, |slot| {
+                if slot.token == *token && !slot.is_inflight() {
+                    slot.publish();
                 }
-            }
-            drop(map);
+            });
+            drop(shard);
             changed.notify_all();
         }
     }

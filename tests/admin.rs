@@ -8,6 +8,8 @@ fn open(path: &std::path::Path, clock: &MockClock) -> Engine {
         .path(path)
         .clock(clock.clone())
         .retention(Duration::from_secs(3600))
+        // Sweeps happen when the test says so.
+        .sweep_interval(None)
         .open()
         .unwrap()
 }

@@ -1,0 +1,248 @@
+//! What a lease holder does: complete, release, extend, checkpoint. Every call compares the
+//! caller's token with the key's current token under the stripe lock (fencing), so a
+//! superseded holder can never overwrite a newer state.
+
+use crate::claim::inflight_record;
+use crate::clock::duration_ns;
+use crate::codec::{Blob, Checkpoint, Record, RecordState};
+use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
+use crate::error::{FlushError, LeaseError, Limit};
+use crate::index::{Extra, Slot};
+use crate::stats::bump;
+use crate::sync::{Arc, Ordering};
+use crate::writer::{wait_ack, Op};
+use std::time::Duration;
+
+fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
+    match r {
+        SendRefused::Full => {
+            bump(&engine.shared().counters.overloaded);
+            LeaseError::Overloaded(Limit::WriterQueue)
+        }
+        SendRefused::Closed => LeaseError::Closed,
+    }
+}
+
+impl Engine {
+    /// Completes `key` for `token` with `response` (see [`crate::Lease::complete`]). A repeat
+    /// with the same token succeeds without change; any other token gets `LeaseLost`.
+    pub fn complete(&self, key: &[u8], token: u64, response: &[u8]) -> Result<(), LeaseError> {
+        self.complete_arc(key, token, Arc::from(response))
+    }
+
+    pub(crate) fn complete_arc(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
+        self.check_lease_call(key)?;
+        let s = self.shared();
+        let c = &s.counters;
+        let max = s.cfg.response_len_max;
+        if response.len() > max {
+            return Err(LeaseError::ResponseTooLarge {
+                len: response.len(),
+                max,
+            });
+        }
+        let (mut shard, changed) = s.index.lock(key);
+        let now = s.time.mono_ns();
+        // Test-only sabotage skips the token comparison, to show that the checkers catch a
+        // missing fence.
+        let fenced = |slot: &Slot| slot.token == token || self.sabotaged(Sabotage::NoFencing);
+        let Some(slot) = shard
+            .get(key)
+            .filter(|slot| fenced(slot) && !slot.is_expired(now))
+        else {
+            bump(&c.leases_lost);
+            return Err(LeaseError::LeaseLost);
+        };
+        if !slot.is_inflight() {
+            // A repeat: the first completion stands. It is settled once all queued is.
+            let published = slot.is_published();
+            drop(shard);
+            if !published {
+                s.flush().map_err(|e| match e {
+                    FlushError::Poisoned(why) => LeaseError::OutcomeUnknown(why),
+                    FlushError::Closed => LeaseError::Closed,
+                })?;
+            }
+            return Ok(());
+        }
+        let fingerprint = shard.extra(&slot).and_then(|e| e.fingerprint);
+        let wall = s.time.wall_ms();
+        let expires_wall_ms = wall.saturating_add(crate::clock::duration_ms(s.cfg.retention));
+        let in_memory = s.tx.is_none();
+        let (ack, ack_rx) = self.ack_for_mode();
+        if !in_memory {
+            let op = Op::Put {
+                token: slot.token,
+                old: None,
+                record: Record {
+                    key: Blob(Arc::from(key)),
+                    fingerprint,
+                    state: RecordState::Completed {
+                        attempt: slot.attempt,
+                        completed_wall_ms: wall,
+                        expires_wall_ms,
+                        response: Blob(response.clone()),
+                    },
+                },
+                publish: Some(Box::from(key)),
+                ack,
+            };
+            self.send(op, false).map_err(|r| refused(self, r))?;
+        }
+        let expires_ns = now.saturating_add(duration_ns(s.cfg.retention));
+        // A durable engine keeps the response only in the file; a memory-only one keeps it
+        // beside the slot, and its completion is published at once.
+        let extra = if in_memory {
+            Extra {
+                fingerprint,
+                response: Some(response),
+                expires_wall_ms,
+                ..Extra::default()
+            }
+        } else {
+            Extra::default()
+        };
+        shard.put(
+            key,
+            Slot::completed(slot.token, expires_ns, slot.attempt, in_memory),
+            extra,
+        );
+        c.inflight.fetch_sub(1, Ordering::AcqRel);
+        c.completed.fetch_add(1, Ordering::Relaxed);
+        bump(&c.completions);
+        drop(shard);
+        if in_memory {
+            changed.notify_all();
+        }
+        if let Some(rx) = ack_rx {
+            wait_ack(s, &rx).map_err(LeaseError::OutcomeUnknown)?;
+        }
+        Ok(())
+    }
+
+    /// Releases `key` if `token` still owns it as InFlight; returns whether it did. A
+    /// released key is Absent: the next claim (or a waiting caller) acquires it.
+    pub fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        self.check_lease_call(key)?;
+        let (released, ack) = self.release_locked(key, token, true)?;
+        if let Some(rx) = ack {
+            wait_ack(self.shared(), &rx).map_err(LeaseError::OutcomeUnknown)?;
+        }
+        Ok(released)
+    }
+
+    /// Release from `Drop`: never waits, never fails loudly. If the queue is full the lease
+    /// stays and expires on its own, which is equally safe.
+    pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
+        if self.check_open().is_ok() {
+            let _ = self.release_locked(key, token, false);
+        }
+    }
+
+    fn release_locked(
+        &self,
+        key: &[u8],
+        token: u64,
+        want_ack: bool,
+    ) -> Result<(bool, Option<AckRx>), LeaseError> {
+        let s = self.shared();
+        let (mut shard, changed) = s.index.lock(key);
+        match shard.get(key) {
+            Some(slot) if slot.token == token && slot.is_inflight() => {}
+            _ => return Ok((false, None)),
+        }
+        let (ack, ack_rx) = if want_ack {
+            self.ack_for_mode()
+        } else {
+            (None, None)
+        };
+        self.send(Op::Delete { token, ack }, false)
+            .map_err(|r| refused(self, r))?;
+        shard.remove(key);
+        s.counters.inflight.fetch_sub(1, Ordering::AcqRel);
+        bump(&s.counters.releases);
+        drop(shard);
+        changed.notify_all();
+        Ok((true, ack_rx))
+    }
+
+    /// Applies `change` to the InFlight slot owned by `token` and persists it.
+    fn update_inflight(
+        &self,
+        key: &[u8],
+        token: u64,
+        change: impl FnOnce(&mut Slot, &mut Extra, u64),
+    ) -> Result<(), LeaseError> {
+        self.check_lease_call(key)?;
+        let s = self.shared();
+        let (mut shard, _) = s.index.lock(key);
+        let now = s.time.mono_ns();
+        let Some(mut slot) = shard
+            .get(key)
+            .filter(|slot| slot.token == token && slot.is_inflight())
+        else {
+            bump(&s.counters.leases_lost);
+            return Err(LeaseError::LeaseLost);
+        };
+        let mut extra = shard.extra(&slot).cloned().unwrap_or_default();
+        change(&mut slot, &mut extra, now);
+        let (ack, ack_rx) = self.ack_for_mode();
+        if s.tx.is_some() {
+            let left_ms = slot.deadline_ns.saturating_sub(now) / 1_000_000;
+            let deadline_wall = s.time.wall_ms().saturating_add(left_ms);
+            let record = inflight_record(
+                key,
+                extra.fingerprint,
+                slot.attempt,
+                extra.checkpoint.clone(),
+                deadline_wall,
+            );
+            let op = Op::Put {
+                token,
+                old: None,
+                record,
+                publish: None,
+                ack,
+            };
+            self.send(op, false).map_err(|r| refused(self, r))?;
+        }
+        shard.put(key, slot, extra);
+        drop(shard);
+        if let Some(rx) = ack_rx {
+            wait_ack(s, &rx).map_err(LeaseError::OutcomeUnknown)?;
+        }
+        Ok(())
+    }
+
+    /// Sets the lease of `token` on `key` to end `lease` from now.
+    pub fn extend(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
+        self.update_inflight(key, token, |slot, _, now| {
+            slot.deadline_ns = now.saturating_add(duration_ns(lease));
+        })
+    }
+
+    /// Saves a checkpoint for `token` on `key`; a takeover receives it.
+    pub fn checkpoint(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+    ) -> Result<(), LeaseError> {
+        let max = self.shared().cfg.checkpoint_len_max;
+        if data.len() > max {
+            return Err(LeaseError::CheckpointTooLarge {
+                len: data.len(),
+                max,
+            });
+        }
+        self.update_inflight(key, token, |_, extra, _| {
+            extra.checkpoint = Some(Checkpoint::new(phase, data));
+        })
+    }
+}

@@ -1,0 +1,202 @@
+//! Rebuilding the index from the file on open.
+//!
+//! Every record is checksummed in full, but only its head is decoded: responses stay in the
+//! file. Expired completions are deleted, InFlight records of the dead process are made
+//! ready for takeover, and the token mark is made durable above every token the file has
+//! seen before the engine serves anything.
+
+use crate::clock::{duration_ns, Time};
+use crate::codec::{self, HeadState};
+use crate::constants::{RECOVERY_THREADS_MAX, TOKEN_RESERVE};
+use crate::error::OpenError;
+use crate::index::{Extra, Index, Slot};
+use crate::options::{EngineBuilder, Recovery};
+use crate::stats::Counters;
+use crate::storage::{Store, Write};
+use crate::sync::{Mutex, Ordering};
+
+/// What one scan thread found besides the slots it inserted.
+#[derive(Default)]
+struct Found {
+    stale: Vec<u64>,
+    max_token: u64,
+}
+
+/// Loads every record into the index and makes the token mark durable above every token
+/// the file has seen. Returns the first token to issue.
+pub(crate) fn recover(
+    store: &Store,
+    b: &EngineBuilder,
+    index: &Index,
+    time: &Time,
+    counters: &Counters,
+) -> Result<u64, OpenError> {
+    let now_ns = time.mono_ns();
+    let now_wall = time.wall_ms();
+    let records = store.len()?;
+    let per_stripe = usize::try_from(records / index.len() as u64).unwrap_or(usize::MAX);
+    for stripe in index.stripes() {
+        // A little over the average: stripes fill unevenly.
+        stripe
+            .map
+            .lock()
+            .reserve(per_stripe.saturating_add(per_stripe / 8));
+    }
+    let found = Mutex::new(Found::default());
+    if let Some((first, last)) = store.token_bounds()? {
+        // Split the token range so both cores decode and insert; stripes are locked per
+        // insert, so the threads only meet on a stripe at a time.
+        let threads = if records > 65_536 {
+            RECOVERY_THREADS_MAX
+        } else {
+            1
+        };
+        let span = (last - first) / threads + 1;
+        let results: Vec<Result<(), OpenError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|i| {
+                    let start = first.saturating_add(span.saturating_mul(i));
+                    let end = if i + 1 == threads {
+                        last.saturating_add(1).max(start)
+                    } else {
+                        start.saturating_add(span)
+                    };
+                    let found = &found;
+                    scope.spawn(move || {
+                        scan_range(
+                            store,
+                            b,
+                            index,
+                            counters,
+                            start..end,
+                            now_ns,
+                            now_wall,
+                            found,
+                        )
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(OpenError::Corrupted {
+                            detail: "recovery thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        for r in results {
+            r?;
+        }
+    }
+    let found = found.into_inner();
+    let hwm = store.token_hwm()?;
+    let next = hwm.max(found.max_token.saturating_add(1)).max(1);
+    let writes: Vec<Write> = found
+        .stale
+        .into_iter()
+        .map(|token| Write::Delete { token })
+        .collect();
+    store
+        .commit(&writes, Some(next.saturating_add(TOKEN_RESERVE)))
+        .map_err(|detail| OpenError::Corrupted { detail })?;
+    Ok(next)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scan_range(
+    store: &Store,
+    b: &EngineBuilder,
+    index: &Index,
+    counters: &Counters,
+    range: std::ops::Range<u64>,
+    now_ns: u64,
+    now_wall: u64,
+    found: &Mutex<Found>,
+) -> Result<(), OpenError> {
+    let mut local = Found::default();
+    let (mut inflight, mut completed) = (0u64, 0u64);
+    let scanned = store.scan(range, |token, bytes| {
+        let head = codec::decode_head(token, bytes).map_err(|e| OpenError::Corrupted {
+            detail: format!("record under token {token}: {e}"),
+        })?;
+        local.max_token = local.max_token.max(token);
+        let key = &head.key.0[..];
+        let (slot, extra) = match head.state {
+            HeadState::Completed {
+                expires_wall_ms, ..
+            } if expires_wall_ms <= now_wall => {
+                local.stale.push(token);
+                return Ok(());
+            }
+            HeadState::Completed {
+                attempt,
+                expires_wall_ms,
+                ..
+            } => {
+                let left_ns = (expires_wall_ms - now_wall).saturating_mul(1_000_000);
+                let slot = Slot::completed(token, now_ns.saturating_add(left_ns), attempt, true);
+                (slot, Extra::default())
+            }
+            HeadState::InFlight {
+                lease_deadline_wall_ms,
+                attempt,
+                checkpoint,
+            } => {
+                let deadline_ns = match b.recovery {
+                    // The owner is dead: redb locks the file to one process.
+                    Recovery::TakeOver => now_ns,
+                    Recovery::HonourLeases => {
+                        let left_ns = lease_deadline_wall_ms
+                            .saturating_sub(now_wall)
+                            .saturating_mul(1_000_000)
+                            .min(duration_ns(b.lease));
+                        now_ns.saturating_add(left_ns)
+                    }
+                };
+                let extra = Extra {
+                    fingerprint: head.fingerprint,
+                    checkpoint,
+                    ..Extra::default()
+                };
+                (Slot::inflight(token, deadline_ns, attempt), extra)
+            }
+        };
+        let mut shard = index.stripe(key).map.lock();
+        match shard.get(key) {
+            // Two records of one key are never committed together; keep the newer if a
+            // damaged history left both.
+            Some(existing) if existing.token > token => {
+                local.stale.push(token);
+                return Ok(());
+            }
+            Some(existing) => {
+                local.stale.push(existing.token);
+                if existing.is_inflight() {
+                    inflight = inflight.wrapping_sub(1);
+                } else {
+                    completed = completed.wrapping_sub(1);
+                }
+            }
+            None => {}
+        }
+        if slot.is_inflight() {
+            inflight = inflight.wrapping_add(1);
+        } else {
+            completed = completed.wrapping_add(1);
+        }
+        shard.put(key, slot, extra);
+        Ok(())
+    })?;
+    scanned?;
+    // The per-thread counts can go below zero transiently (a duplicate found by the other
+    // thread), so they are added as wrapping deltas.
+    counters.inflight.fetch_add(inflight, Ordering::Relaxed);
+    counters.completed.fetch_add(completed, Ordering::Relaxed);
+    let mut found = found.lock();
+    found.stale.append(&mut local.stale);
+    found.max_token = found.max_token.max(local.max_token);
+    Ok(())
+}
