@@ -36,6 +36,8 @@ enum Step {
         token: u64,
     },
     NeedTokens,
+    /// The key budget is full: reclaim expired keys everywhere, then look again.
+    NeedRoom,
 }
 
 /// The InFlight record persisted for a lease.
@@ -92,6 +94,7 @@ impl Engine {
                         return Ok(Step::Busy(Busy {
                             retry_after: RETRY_AFTER_UNPUBLISHED,
                             attempt: slot.attempt,
+                            completing: true,
                         }));
                     }
                     return Ok(match extra.and_then(|e| e.response.clone()) {
@@ -111,6 +114,7 @@ impl Engine {
                     return Ok(Step::Busy(Busy {
                         retry_after: Duration::from_nanos(slot.deadline_ns - now),
                         attempt: slot.attempt,
+                        completing: false,
                     }));
                 }
                 takeover = true;
@@ -119,8 +123,8 @@ impl Engine {
                 fingerprint = fingerprint.or(stored_fp);
             }
         }
-        if current.is_none() {
-            self.admit_new_key(shard, now)?;
+        if current.is_none() && !self.admit_new_key(shard, now) {
+            return Ok(Step::NeedRoom);
         }
         // A takeover keeps the key InFlight, so only a new claim counts against the limit.
         if !takeover
@@ -207,21 +211,17 @@ impl Engine {
         })
     }
 
-    /// Refuses a new key past the `keys_max` budget, after reclaiming what this stripe holds
-    /// past its retention. Never drops an unexpired record or a live lease.
-    fn admit_new_key(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> Result<(), ClaimError> {
+    /// Whether a new key fits the `keys_max` budget, after reclaiming what this stripe holds
+    /// past its retention. An unexpired record or a live lease is never dropped for room.
+    fn admit_new_key(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
         let s = self.shared();
         let c = &s.counters;
         let keys = || c.inflight.load(Ordering::Relaxed) + c.completed.load(Ordering::Relaxed);
         if keys() < s.cfg.keys_max {
-            return Ok(());
+            return true;
         }
         crate::sweep::sweep_shard(s, shard, now, SWEEP_STRIPE_BATCH);
-        if keys() < s.cfg.keys_max {
-            return Ok(());
-        }
-        bump(&c.overloaded);
-        Err(ClaimError::Overloaded(Limit::Keys))
+        keys() < s.cfg.keys_max
     }
 
     /// Turns a decision into the caller's answer: waits for durability under `Immediate`,
@@ -266,6 +266,15 @@ impl Engine {
                     FlushError::Poisoned(why) => ClaimError::Poisoned(why),
                     FlushError::Closed => ClaimError::Closed,
                 })?;
+                Ok(None)
+            }
+            Step::NeedRoom => {
+                // Reclaim every expired key (not under any stripe lock), then look again;
+                // if that freed nothing the budget is truly full.
+                if crate::sweep::sweep_all(self.shared()) == 0 {
+                    bump(&self.shared().counters.overloaded);
+                    return Err(ClaimError::Overloaded(Limit::Keys));
+                }
                 Ok(None)
             }
         }
@@ -377,8 +386,14 @@ impl Engine {
                     if now >= deadline {
                         break step;
                     }
-                    let slice = busy
-                        .retry_after
+                    // A completing holder's publication wakes us; only a lease deadline is
+                    // worth a timed wake-up.
+                    let hint = if busy.completing {
+                        WAIT_SLICE_MAX
+                    } else {
+                        busy.retry_after
+                    };
+                    let slice = hint
                         .min(Duration::from_nanos(deadline - now))
                         .clamp(WAIT_SLICE_MIN, WAIT_SLICE_MAX);
                     bump(&s.counters.waits);

@@ -152,7 +152,8 @@ pub enum LeaseError {
     /// key was released, completed by another token, or expired. Nothing changed; the work
     /// done under this token must not be reported as the key's outcome.
     LeaseLost,
-    /// The response is larger than the configured maximum. The lease is still held.
+    /// The response is larger than the configured maximum. Nothing was stored; a consumed
+    /// [`crate::Lease`] releases the key as it drops, so a retry can run.
     ResponseTooLarge {
         /// Length of the response given.
         len: usize,
@@ -173,7 +174,8 @@ pub enum LeaseError {
         /// Longest key accepted.
         max: usize,
     },
-    /// The writer queue is full; nothing changed and the lease is still held. Retry.
+    /// The writer queue is full; nothing changed. Through the token forms the lease is still
+    /// held (retry); a consumed [`crate::Lease`] releases the key as it drops.
     Overloaded(Limit),
     /// A storage failure stopped the engine; it acknowledges nothing more. Reopen it.
     Poisoned(Arc<str>),

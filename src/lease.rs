@@ -64,16 +64,22 @@ impl Lease {
     }
 
     /// Stores `response` as the key's outcome. Under `Immediate` it returns once durable.
-    pub fn complete(mut self, response: &[u8]) -> Result<(), LeaseError> {
-        self.settled = true;
-        self.engine
-            .complete_arc(&self.key, self.token, Arc::from(response))
+    ///
+    /// If the response is refused before anything changed (`ResponseTooLarge`,
+    /// `Overloaded`), the lease is released as it drops, so that a retry can run.
+    pub fn complete(self, response: &[u8]) -> Result<(), LeaseError> {
+        self.complete_arc(Arc::from(response))
     }
 
-    /// Like [`Lease::complete`], returning the stored bytes (shared, not copied).
+    /// Like [`Lease::complete`], sharing the caller's bytes.
     pub(crate) fn complete_arc(mut self, response: Arc<[u8]>) -> Result<(), LeaseError> {
-        self.settled = true;
-        self.engine.complete_arc(&self.key, self.token, response)
+        let result = self.engine.complete_arc(&self.key, self.token, response);
+        // Refused before any change: the key is still ours, and dropping releases it.
+        self.settled = !matches!(
+            result,
+            Err(LeaseError::ResponseTooLarge { .. } | LeaseError::Overloaded(_))
+        );
+        result
     }
 
     /// Gives the key up after a retryable failure: it becomes Absent, and the next claim
@@ -109,6 +115,8 @@ impl Drop for Lease {
 pub struct Busy {
     pub(crate) retry_after: Duration,
     pub(crate) attempt: u32,
+    /// The holder has completed; the engine is making it durable and will wake waiters.
+    pub(crate) completing: bool,
 }
 
 impl Busy {

@@ -151,12 +151,17 @@ fn sweep_pass(s: &Shared, pace: Pace) -> u64 {
     removed
 }
 
+/// Reclaims every expired key now; returns how many.
+pub(crate) fn sweep_all(s: &Shared) -> u64 {
+    sweep_pass(s, Pace::Now)
+}
+
 impl Engine {
     /// Reclaims every key past its retention now, from memory and (through the writer) from
     /// the file; returns how many. Expired keys are already Absent to every call: this only
     /// gives their space back, as the background sweeper does on its own.
     pub fn sweep_now(&self) -> Result<u64, ClaimError> {
         self.check_open()?;
-        Ok(sweep_pass(self.shared(), Pace::Now))
+        Ok(sweep_all(self.shared()))
     }
 }
