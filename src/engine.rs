@@ -233,7 +233,11 @@ impl EngineBuilder {
             (Tokens::new(1, u64::MAX), None)
         } else {
             let store = Store::open(&self)?;
-            let next = crate::recovery::recover(&store, &self, &index, &time, &counters)?;
+            // A damaged file can make redb panic mid-scan: contain it as corruption.
+            let next = crate::storage::contain("recovery", || {
+                crate::recovery::recover(&store, &self, &index, &time, &counters)
+            })
+            .map_err(|detail| OpenError::Corrupted { detail })??;
             let limit = next.saturating_add(TOKEN_RESERVE);
             (Tokens::new(next, limit), Some(Arc::new(store)))
         };
