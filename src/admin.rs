@@ -279,7 +279,11 @@ impl Engine {
                         ..Extra::default()
                     }
                 } else {
-                    Extra::default()
+                    // Until the writer publishes it, the fingerprint is checked from here.
+                    Extra {
+                        fingerprint: record.fingerprint,
+                        ..Extra::default()
+                    }
                 };
                 let state = RecordState::Completed {
                     attempt: record.attempt,

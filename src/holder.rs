@@ -95,17 +95,14 @@ impl Engine {
             self.send(op, false).map_err(|r| refused(self, r))?;
         }
         let expires_ns = now.saturating_add(duration_ns(s.cfg.retention));
-        // A durable engine keeps the response only in the file; a memory-only one keeps it
-        // beside the slot, and its completion is published at once.
-        let extra = if in_memory {
-            Extra {
-                fingerprint,
-                response: Some(response),
-                expires_wall_ms,
-                ..Extra::default()
-            }
-        } else {
-            Extra::default()
+        // A durable engine keeps the response only in the file, and the fingerprint beside
+        // the slot until the completion is published (so a mismatch is refused meanwhile);
+        // a memory-only one keeps both, and its completion is published at once.
+        let extra = Extra {
+            fingerprint,
+            response: in_memory.then_some(response),
+            expires_wall_ms,
+            ..Extra::default()
         };
         shard.put(
             key,

@@ -64,11 +64,6 @@ impl Slot {
         self.flags & HAS_EXTRA != 0
     }
 
-    pub(crate) fn publish(&mut self) {
-        debug_assert!(!self.is_inflight());
-        self.flags |= PUBLISHED;
-    }
-
     /// True when retention has run out at `now_ns`: the key is Absent to every call. A live
     /// lease never expires this way; only completed keys do.
     pub(crate) fn is_expired(&self, now_ns: u64) -> bool {
@@ -147,13 +142,19 @@ impl Shard {
         }
     }
 
-    /// Updates the slot in place, keeping its side data; the token must not change.
-    pub(crate) fn update(&mut self, key: &[u8], f: impl FnOnce(&mut Slot)) {
-        if let Some(slot) = self.slots.get_mut(key) {
-            let token = slot.token;
-            f(slot);
-            debug_assert_eq!(slot.token, token, "update must keep the token");
+    /// Marks the completion of `key` by `token` durable, dropping its side data (the file
+    /// holds all of it now). Does nothing if the key has moved on.
+    pub(crate) fn publish(&mut self, key: &[u8], token: u64) {
+        let Some(slot) = self.slots.get_mut(key) else {
+            return;
+        };
+        if slot.token != token || slot.is_inflight() {
+            return;
         }
+        slot.flags |= PUBLISHED;
+        let old = *slot;
+        slot.flags &= !HAS_EXTRA;
+        self.drop_extra(&old);
     }
 
     /// Removes the key and its side data; returns the slot it had.

@@ -175,11 +175,7 @@ impl Writer {
                 continue;
             };
             let (mut shard, changed) = self.shared.index.lock(key);
-            shard.update(key, |slot| {
-                if slot.token == *token && !slot.is_inflight() {
-                    slot.publish();
-                }
-            });
+            shard.publish(key, *token);
             drop(shard);
             changed.notify_all();
         }

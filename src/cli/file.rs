@@ -1,0 +1,173 @@
+//! Opening an idemkv file for the operator subcommands, with one-line errors for the usual
+//! failures (missing, locked by a running service, corrupted, foreign), and temporary
+//! directories for the commands that make their own file (`demo`, `bench`).
+//!
+//! Two ways to open a file:
+//!
+//! - [`How::Live`]: the real clock, as a service would open it. Recovery reclaims the
+//!   completions past their retention (that is what a service does on open too).
+//! - [`How::Snapshot`]: a clock frozen at the UNIX epoch, with leases honoured and uncapped.
+//!   Recovery then keeps every record and deletes nothing, and every deadline the engine
+//!   reports back is the one persisted in the file, to the millisecond: the engine reports
+//!   `wall + (deadline_mono - now_mono)`, which with both readings frozen at zero is exactly
+//!   the persisted wall deadline. The commands compare those deadlines with the real time
+//!   themselves. Only calls that persist no time may run on a snapshot: reads,
+//!   `force_release` (which writes a deletion) and closing. Claims, completions and imports
+//!   stamp wall times into the file and must use [`How::Live`].
+//!
+//! Either way, opening writes to the file: redb's format check and the engine's durable
+//! token mark (every open reserves a block of fencing tokens above the previous one).
+
+use crate::cli::error::CliError;
+use idemkv::{Clock, Engine, OpenError, Recovery};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The largest key, response and checkpoint any engine accepts (the builder's upper
+/// limits), so that a file written with raised limits is still readable and importable.
+const KEY_LEN_LIMIT: usize = 4096;
+const RESPONSE_LEN_LIMIT: usize = 64 << 20;
+const CHECKPOINT_LEN_LIMIT: usize = 16 << 20;
+
+/// How a subcommand opens the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum How {
+    /// The real clock; the file must exist.
+    Live,
+    /// The real clock; a missing or empty file is created (import).
+    LiveCreate,
+    /// The frozen clock (see the module docs); the file must exist.
+    Snapshot,
+    /// [`How::Snapshot`], and redb checks every page checksum on open.
+    SnapshotVerified,
+}
+
+/// A clock stopped at the UNIX epoch (both readings zero).
+#[derive(Debug)]
+struct Frozen;
+
+impl Clock for Frozen {
+    fn monotonic(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn wall(&self) -> Duration {
+        Duration::ZERO
+    }
+}
+
+/// Wall-clock milliseconds since the UNIX epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Checks that `path` is an existing, non-empty regular file, without creating anything.
+pub(crate) fn check_exists(path: &Path) -> Result<(), CliError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(CliError::usage(format!(
+            "{} is a directory, not an idemkv file",
+            path.display()
+        ))),
+        Ok(m) if m.len() == 0 => Err(CliError::usage(format!(
+            "{} is empty: not an idemkv file",
+            path.display()
+        ))),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(CliError::usage(format!(
+            "{}: no such file (nothing was created; check the path)",
+            path.display()
+        ))),
+        Err(e) => Err(CliError::io(format!("cannot read {}", path.display()), e)),
+    }
+}
+
+/// Opens the idemkv file at `path` with the sweeper off and `Immediate` durability.
+pub(crate) fn open(path: &Path, how: How) -> Result<Engine, CliError> {
+    if how != How::LiveCreate {
+        check_exists(path)?;
+    }
+    let mut b = Engine::builder()
+        .path(path)
+        .sweep_interval(None)
+        .key_len_max(KEY_LEN_LIMIT)
+        .response_len_max(RESPONSE_LEN_LIMIT)
+        .checkpoint_len_max(CHECKPOINT_LEN_LIMIT);
+    if matches!(how, How::Snapshot | How::SnapshotVerified) {
+        b = b
+            .clock(Frozen)
+            .recovery(Recovery::HonourLeases)
+            .lease(Duration::MAX);
+    }
+    if how == How::SnapshotVerified {
+        b = b.verify_on_open(true);
+    }
+    b.open().map_err(|e| open_error(path, e))
+}
+
+/// The one-line message for a failed open (exit code 2).
+pub(crate) fn open_error(path: &Path, e: OpenError) -> CliError {
+    let p = path.display();
+    match e {
+        OpenError::AlreadyOpen { .. } => CliError::usage(format!(
+            "{p} is locked: another process has it open (a running service?); stop it first, \
+             one process at a time can open an idemkv file"
+        )),
+        OpenError::Foreign { detail } => {
+            CliError::usage(format!("{p} is not an idemkv file: {detail}"))
+        }
+        OpenError::Corrupted { detail } => CliError::usage(format!(
+            "{p} is corrupted: {detail}; restore it from a backup or move it aside"
+        )),
+        OpenError::Io(e) => CliError::io(format!("cannot open {p}"), e),
+        other => CliError::io(format!("cannot open {p}"), other),
+    }
+}
+
+/// Closes the engine, making everything durable; a failure is an error of the command.
+pub(crate) fn close(engine: Engine, path: &Path) -> Result<(), CliError> {
+    engine
+        .close()
+        .map_err(|e| CliError::io(format!("closing {}", path.display()), e))
+}
+
+/// A directory made for one run and removed when dropped, unless kept.
+#[derive(Debug)]
+pub(crate) struct TempDir {
+    pub(crate) path: PathBuf,
+    keep: bool,
+}
+
+impl TempDir {
+    /// Creates `<base>/<prefix>-<pid>-<unique>`.
+    pub(crate) fn create(base: &Path, prefix: &str, keep: bool) -> std::io::Result<TempDir> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let mut last = None;
+        for _ in 0..16 {
+            let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+            let unique = nanos.rotate_left(seq.wrapping_mul(7)) ^ seq.wrapping_mul(0x9E37_79B9);
+            let path = base.join(format!("{prefix}-{}-{unique:08x}", std::process::id()));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(TempDir { path, keep }),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no unique name found")))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if !self.keep {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
