@@ -29,20 +29,30 @@ impl Serialize for Blob {
 
 impl<'de> Deserialize<'de> for Blob {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct BlobVisitor;
-        impl<'de> Visitor<'de> for BlobVisitor {
-            type Value = Blob;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("bytes")
-            }
-            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Blob, E> {
-                Ok(Blob(Arc::from(v)))
-            }
-            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Blob, E> {
-                Ok(Blob(Arc::from(v)))
-            }
-        }
-        d.deserialize_byte_buf(BlobVisitor)
+        d.deserialize_byte_buf(BytesVisitor::<Arc<[u8]>>::default())
+            .map(Blob)
+    }
+}
+
+/// Reads one length-prefixed byte blob into any owned byte container.
+struct BytesVisitor<T>(std::marker::PhantomData<T>);
+
+impl<T> Default for BytesVisitor<T> {
+    fn default() -> Self {
+        Self(std::marker::PhantomData)
+    }
+}
+
+impl<'de, T: for<'a> From<&'a [u8]> + From<Vec<u8>>> Visitor<'de> for BytesVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("bytes")
+    }
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<T, E> {
+        Ok(T::from(v))
+    }
+    fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<T, E> {
+        Ok(T::from(v))
     }
 }
 
@@ -128,20 +138,8 @@ pub(crate) struct KeyBuf(pub(crate) Box<[u8]>);
 
 impl<'de> Deserialize<'de> for KeyBuf {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = KeyBuf;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("key bytes")
-            }
-            fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<KeyBuf, E> {
-                Ok(KeyBuf(Box::from(v)))
-            }
-            fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<KeyBuf, E> {
-                Ok(KeyBuf(v.into_boxed_slice()))
-            }
-        }
-        d.deserialize_byte_buf(KeyVisitor)
+        d.deserialize_byte_buf(BytesVisitor::<Box<[u8]>>::default())
+            .map(KeyBuf)
     }
 }
 
