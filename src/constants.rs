@@ -81,6 +81,9 @@ pub(crate) const SWEEP_PAUSE: Duration = Duration::from_millis(1);
 /// Default most keys held (InFlight plus Completed); past it new keys get `Overloaded`.
 pub(crate) const KEYS_MAX_DEFAULT: usize = 64 << 20;
 
+/// Most records recovery pre-sizes the index for; a larger (or damaged) count just grows.
+pub(crate) const RECOVERY_PRESIZE_MAX: u64 = 1 << 24;
+
 /// Threads that scan the file on open (the machine class has two cores).
 pub(crate) const RECOVERY_THREADS_MAX: u64 = 2;
 

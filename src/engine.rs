@@ -9,7 +9,7 @@ use crate::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::index::Index;
 use crate::options::{Durability, EngineBuilder};
 use crate::stats::{read, Counters, Stats};
-use crate::storage::Store;
+use crate::storage::{Closing, Store};
 use crate::sweep::Sweeper;
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, RwLock, Weak};
 use crate::token::Tokens;
@@ -43,7 +43,7 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) tx: Option<Sender<Op>>,
     /// The file, for replay reads. Emptied by `close`, so the file is released with it.
-    store: RwLock<Option<Arc<Store>>>,
+    store: RwLock<Option<Arc<Closing>>>,
     poisoned: AtomicBool,
     poison_why: Mutex<Option<Arc<str>>>,
     closed: AtomicBool,
@@ -96,7 +96,7 @@ impl Shared {
         self.closed.load(Ordering::Acquire)
     }
 
-    pub(crate) fn store(&self) -> Option<Arc<Store>> {
+    pub(crate) fn store(&self) -> Option<Arc<Closing>> {
         self.store.read().clone()
     }
 

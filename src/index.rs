@@ -215,8 +215,9 @@ impl Shard {
         self.slots.iter().map(|(k, s)| (&**k, s))
     }
 
-    pub(crate) fn reserve(&mut self, additional: usize) {
-        self.slots.reserve(additional);
+    /// Pre-sizes the table; a failed reservation only means growing later.
+    pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
+        self.slots.try_reserve(additional).is_ok()
     }
 
     /// Bytes this shard holds: table buckets at their capacity plus heap allocations.

@@ -7,7 +7,7 @@
 
 use crate::clock::{duration_ns, Time};
 use crate::codec::{self, HeadState};
-use crate::constants::{RECOVERY_THREADS_MAX, TOKEN_RESERVE};
+use crate::constants::{RECOVERY_PRESIZE_MAX, RECOVERY_THREADS_MAX, TOKEN_RESERVE};
 use crate::error::OpenError;
 use crate::index::{Extra, Index, Slot};
 use crate::options::{EngineBuilder, Recovery};
@@ -20,6 +20,7 @@ use crate::sync::{Mutex, Ordering};
 struct Found {
     stale: Vec<u64>,
     max_token: u64,
+    scanned: u64,
 }
 
 /// Loads every record into the index and makes the token mark durable above every token
@@ -34,13 +35,16 @@ pub(crate) fn recover(
     let now_ns = time.mono_ns();
     let now_wall = time.wall_ms();
     let records = store.len()?;
-    let per_stripe = usize::try_from(records / index.len() as u64).unwrap_or(usize::MAX);
+    // The stored count sizes the tables, but a damaged count must not ask for terabytes:
+    // cap it, and let a failed reservation just mean growing as the scan goes.
+    let hint = records.min(RECOVERY_PRESIZE_MAX) / index.len() as u64;
+    let per_stripe = usize::try_from(hint).unwrap_or(0);
     for stripe in index.stripes() {
         // A little over the average: stripes fill unevenly.
-        stripe
+        let _ = stripe
             .map
             .lock()
-            .reserve(per_stripe.saturating_add(per_stripe / 8));
+            .try_reserve(per_stripe.saturating_add(per_stripe / 8));
     }
     let found = Mutex::new(Found::default());
     if let Some((first, last)) = store.token_bounds()? {
@@ -92,6 +96,16 @@ pub(crate) fn recover(
         }
     }
     let found = found.into_inner();
+    // A damaged key can end a range scan early without any checksum failing: every record
+    // the table counts must have been seen.
+    if found.scanned != records {
+        return Err(OpenError::Corrupted {
+            detail: format!(
+                "the records table counts {records} records but a scan found {}",
+                found.scanned
+            ),
+        });
+    }
     let hwm = store.token_hwm()?;
     let next = hwm.max(found.max_token.saturating_add(1)).max(1);
     let writes: Vec<Write> = found
@@ -190,7 +204,7 @@ fn scan_range(
         shard.put(key, slot, extra);
         Ok(())
     })?;
-    scanned?;
+    local.scanned = scanned?;
     // The per-thread counts can go below zero transiently (a duplicate found by the other
     // thread), so they are added as wrapping deltas.
     counters.inflight.fetch_add(inflight, Ordering::Relaxed);
@@ -198,5 +212,6 @@ fn scan_range(
     let mut found = found.lock();
     found.stale.append(&mut local.stale);
     found.max_token = found.max_token.max(local.max_token);
+    found.scanned += local.scanned;
     Ok(())
 }

@@ -46,6 +46,34 @@ pub(crate) struct Store {
     path: PathBuf,
 }
 
+/// Holds a [`Store`] and closes it with panics contained: after redb panicked on a damaged
+/// page its internal locks are poisoned, and dropping the database would panic again.
+pub(crate) struct Closing(Option<Store>);
+
+impl Closing {
+    pub(crate) fn new(store: Store) -> Self {
+        Self(Some(store))
+    }
+}
+
+impl std::ops::Deref for Closing {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        // Only `drop` takes the store out.
+        match &self.0 {
+            Some(store) => store,
+            None => unreachable!("a Closing store is present until dropped"),
+        }
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        let store = self.0.take();
+        let _ = contain("close", move || drop(store));
+    }
+}
+
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store").field("path", &self.path).finish()
@@ -119,6 +147,14 @@ fn open_error(path: &Path, e: DatabaseError) -> OpenError {
         DatabaseError::UpgradeRequired(v) => OpenError::Foreign {
             detail: format!("redb file format {v} needs an upgrade this build cannot do"),
         },
+        // A read past the end of the file means its own pointers are damaged.
+        DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            OpenError::Corrupted {
+                detail: format!("the file points past its end ({io})"),
+            }
+        }
         DatabaseError::Storage(redb::StorageError::Io(io)) => OpenError::Io(io),
         other => OpenError::Corrupted {
             detail: other.to_string(),
@@ -162,7 +198,7 @@ fn check_foreign(path: &Path) -> Result<(), OpenError> {
 
 impl Store {
     /// Opens (or creates) the file and checks that it is an idemkv file of this format.
-    pub(crate) fn open(b: &EngineBuilder) -> Result<Store, OpenError> {
+    pub(crate) fn open(b: &EngineBuilder) -> Result<Closing, OpenError> {
         let path = b.path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
         let mut builder = Database::builder();
         builder.set_cache_size(REDB_CACHE_BYTES);
@@ -177,7 +213,7 @@ impl Store {
         }
         .map_err(|detail| OpenError::Corrupted { detail })?
         .map_err(|e| open_error(&path, e))?;
-        let store = Store { db, path };
+        let store = Closing::new(Store { db, path });
         contain("format check", || store.check_format())
             .map_err(|detail| OpenError::Corrupted { detail })??;
         Ok(store)
@@ -247,21 +283,32 @@ impl Store {
     }
 
     /// Calls `f` with the raw value of every record whose token is in `range`, in token
-    /// order; stops at the first error `f` returns.
+    /// order; stops at the first error `f` returns. Returns how many records it visited.
+    /// Keys that do not strictly increase mean a damaged tree: `Corrupted`.
     pub(crate) fn scan<E>(
         &self,
         range: std::ops::Range<u64>,
         mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
-    ) -> Result<Result<(), E>, OpenError> {
+    ) -> Result<Result<u64, E>, OpenError> {
         let txn = self.db.begin_read().map_err(storage_error)?;
         let table = txn.open_table(RECORDS).map_err(storage_error)?;
+        let mut seen = 0u64;
+        let mut last: Option<u64> = None;
         for entry in table.range(range).map_err(storage_error)? {
             let (k, v) = entry.map_err(storage_error)?;
-            if let Err(e) = f(k.value(), v.value()) {
+            let token = k.value();
+            if last.is_some_and(|l| l >= token) {
+                return Err(OpenError::Corrupted {
+                    detail: format!("record keys out of order at token {token}"),
+                });
+            }
+            last = Some(token);
+            seen += 1;
+            if let Err(e) = f(token, v.value()) {
                 return Ok(Err(e));
             }
         }
-        Ok(Ok(()))
+        Ok(Ok(seen))
     }
 
     /// The first and last token stored, if any.

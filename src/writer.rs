@@ -11,7 +11,7 @@ use crate::constants::{ACK_POLL, BATCH_OPS_MAX};
 use crate::engine::Shared;
 use crate::options::Durability;
 use crate::stats::bump;
-use crate::storage::{Store, Write};
+use crate::storage::{Closing, Write};
 use crate::sync::{Arc, Ordering};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
@@ -41,7 +41,7 @@ pub(crate) enum Op {
 
 pub(crate) fn spawn(
     shared: Arc<Shared>,
-    store: Arc<Store>,
+    store: Arc<Closing>,
     rx: Receiver<Op>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
@@ -51,7 +51,7 @@ pub(crate) fn spawn(
 
 struct Writer {
     shared: Arc<Shared>,
-    store: Arc<Store>,
+    store: Arc<Closing>,
     rx: Receiver<Op>,
 }
 

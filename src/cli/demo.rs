@@ -11,6 +11,7 @@
 mod workload;
 
 use crate::cli::error::{CliError, EXIT_VIOLATION};
+use crate::cli::file::TempDir;
 use crate::cli::output::{self, count, duration, Table};
 use idemkv::{ClaimError, ClaimOptions, Durability, Engine, LeaseError, RunError, Stats};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -92,9 +93,9 @@ enum SabotageArg {
     NoFencing,
 }
 
-/// `--durability`.
+/// `--durability` (of `demo` and `bench`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum DurabilityArg {
+pub(crate) enum DurabilityArg {
     /// Every claim and completion is fsynced (in group commits) before it returns
     Immediate,
     /// Returns at once; fsynced within 10 ms
@@ -104,7 +105,7 @@ enum DurabilityArg {
 }
 
 impl DurabilityArg {
-    fn mode(self) -> Durability {
+    pub(crate) fn mode(self) -> Durability {
         match self {
             DurabilityArg::Immediate => Durability::Immediate,
             DurabilityArg::Buffered => Durability::buffered(),
@@ -112,7 +113,7 @@ impl DurabilityArg {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             DurabilityArg::Immediate => "immediate",
             DurabilityArg::Buffered => "buffered",
@@ -159,7 +160,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
         Engine::builder().durability(Durability::None).open()
     } else {
         let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-        let dir = TempDir::create(&base, args.keep_file)
+        let dir = TempDir::create(&base, "idemkv-demo", args.keep_file)
             .map_err(|e| CliError::io(format!("creating a directory in {}", base.display()), e))?;
         let path = dir.path.join("demo.redb");
         temp = Some(dir);
@@ -217,41 +218,6 @@ fn random_seed() -> u64 {
 }
 
 /// A directory of our own for the demo's file, removed on drop unless kept.
-struct TempDir {
-    path: PathBuf,
-    keep: bool,
-}
-
-impl TempDir {
-    fn create(base: &Path, keep: bool) -> std::io::Result<TempDir> {
-        let mut rng = workload::Rng::new(random_seed() ^ 0x5eed);
-        let mut last = None;
-        for _ in 0..16 {
-            let name = format!(
-                "idemkv-demo-{}-{:08x}",
-                std::process::id(),
-                rng.next_u64() as u32
-            );
-            let path = base.join(name);
-            match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(TempDir { path, keep }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| std::io::Error::other("no unique name found")))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
-}
-
-/// The handler under test.
 enum Mode<'e> {
     /// Check a processed-set, work, charge, then record: the race.
     Naive(Mutex<HashSet<u32>>),

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 /// Everything went as it should.
 pub(crate) const EXIT_OK: u8 = 0;
-/// idemkv broke its contract (the demo saw a side effect run twice).
+/// The command ran and its answer is "no": idemkv broke its contract (the demo saw a side
+/// effect run twice), `verify` found damage, `get` found no record, `release` found no claim
+/// to release, `import` refused some records.
 pub(crate) const EXIT_VIOLATION: u8 = 1;
 /// Bad usage, or an I/O or engine error that stopped the command.
 pub(crate) const EXIT_ERROR: u8 = 2;
@@ -41,6 +43,27 @@ impl CliError {
             code: EXIT_VIOLATION,
             message: message.into(),
         }
+    }
+
+    /// The command ran and its answer is "no" (exit 1), with the reason.
+    pub(crate) fn negative(message: impl Into<String>) -> Self {
+        CliError {
+            code: EXIT_VIOLATION,
+            message: message.into(),
+        }
+    }
+
+    /// Exit with `code` and print nothing more: the command's output already said why.
+    pub(crate) fn silent(code: u8) -> Self {
+        CliError {
+            code,
+            message: String::new(),
+        }
+    }
+
+    /// Whether there is a message to print.
+    pub(crate) fn is_silent(&self) -> bool {
+        self.message.is_empty()
     }
 
     pub(crate) fn exit_code(&self) -> ExitCode {

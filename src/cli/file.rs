@@ -90,6 +90,11 @@ pub(crate) fn open(path: &Path, how: How) -> Result<Engine, CliError> {
     if how != How::LiveCreate {
         check_exists(path)?;
     }
+    open_unchecked(path, how).map_err(|e| open_error(path, e))
+}
+
+/// [`open`] without the existence check, returning the engine's own error.
+pub(crate) fn open_unchecked(path: &Path, how: How) -> Result<Engine, OpenError> {
     let mut b = Engine::builder()
         .path(path)
         .sweep_interval(None)
@@ -105,7 +110,7 @@ pub(crate) fn open(path: &Path, how: How) -> Result<Engine, CliError> {
     if how == How::SnapshotVerified {
         b = b.verify_on_open(true);
     }
-    b.open().map_err(|e| open_error(path, e))
+    b.open()
 }
 
 /// The one-line message for a failed open (exit code 2).
@@ -116,6 +121,9 @@ pub(crate) fn open_error(path: &Path, e: OpenError) -> CliError {
             "{p} is locked: another process has it open (a running service?); stop it first, \
              one process at a time can open an idemkv file"
         )),
+        OpenError::Foreign { detail } if detail.contains(&p.to_string()) => {
+            CliError::usage(format!("not an idemkv file: {detail}"))
+        }
         OpenError::Foreign { detail } => {
             CliError::usage(format!("{p} is not an idemkv file: {detail}"))
         }

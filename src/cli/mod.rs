@@ -1,20 +1,51 @@
 //! The `idemkv` command line: argument parsing, dispatch to one module per subcommand, and
 //! the mapping of failures to one-line messages and exit codes.
 //!
+//! Shared helpers: `error.rs` (exit codes), `output.rs` (tables, numbers), `file.rs`
+//! (opening a user's file, with one-line errors), `records.rs` (hex, keys, times, the
+//! export line).
+//!
 //! Adding a subcommand: a module `src/cli/<name>.rs` with a `clap::Args` struct and a
 //! `run(&Args) -> Result<(), CliError>`, a variant in [`Command`], and a line in [`dispatch`].
 
+mod bench;
 mod demo;
 pub(crate) mod error;
+mod export;
+pub(crate) mod file;
+mod get;
+mod import;
+mod inspect;
 pub(crate) mod output;
+mod records;
+mod release;
+mod stats;
+mod sweep;
+mod verify;
 
 use clap::{Parser, Subcommand};
 use error::{CliError, EXIT_ERROR, EXIT_OK};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
-/// idemkv: an embedded idempotency engine. This tool demonstrates the race it closes.
+/// idemkv: an embedded idempotency engine. This tool demonstrates the race it closes and
+/// looks inside an idemkv file.
+///
+/// Exit codes: 0 ok; 1 the command ran and its answer is no (see each command's help);
+/// 2 usage, I/O or file error (missing, locked by a running service, corrupted, foreign).
 #[derive(Debug, Parser)]
-#[command(name = "idemkv", version, about, long_about = None, propagate_version = true)]
+#[command(
+    name = "idemkv",
+    version,
+    about,
+    long_about = None,
+    propagate_version = true,
+    after_help = "Exit codes: 0 ok; 1 the command ran and its answer is no (idemkv broke its \
+                  contract in the demo, verify found damage, get found no record, release found \
+                  nothing to release, import refused records); 2 usage, I/O or file error \
+                  (missing, locked by a running service, corrupted, not an idemkv file)."
+)]
 pub(crate) struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,12 +63,100 @@ enum Command {
     ///
     /// Exit codes: 0 ok, 1 idemkv let a side effect run twice, 2 usage or I/O error.
     Demo(demo::DemoArgs),
+
+    /// Print the counters of an idemkv file: keys per state, index memory, next token
+    ///
+    /// Opens the file as a service would (which reclaims completions past their retention)
+    /// with the background sweeper off. Exit codes: 0 ok, 2 error.
+    Stats(stats::StatsArgs),
+
+    /// List the records of an idemkv file, filtered by key prefix, state and deadline
+    ///
+    /// Shows each record's key (escaped if binary), state, fencing token, attempt,
+    /// fingerprint, deadline (end of the lease or of retention) and time left, checkpoint
+    /// and response size. Records are listed as persisted: nothing is reclaimed or taken
+    /// over. Exit codes: 0 ok, 2 error.
+    Inspect(inspect::InspectArgs),
+
+    /// Show one key's state and stored response
+    ///
+    /// Exit codes: 0 the key has a live record, 1 it is absent (or past its retention),
+    /// 2 error.
+    Get(get::GetArgs),
+
+    /// Check an idemkv file: redb page checksums, record checksums, responses, consistency
+    ///
+    /// Checks every redb page checksum, every record's checksum, reads every response back,
+    /// and checks that tokens are unique and below the next token and keys unique. Nothing
+    /// is reclaimed or taken over.
+    ///
+    /// Exit codes: 0 clean, 1 damaged (the reason on stderr), 2 could not verify (missing,
+    /// locked, not an idemkv file, I/O error).
+    Verify(verify::VerifyArgs),
+
+    /// Force-release a stuck claim: the key becomes absent, and the record before is printed
+    ///
+    /// For a claim whose holder died with a long lease. The next claim of the key starts
+    /// afresh (attempt 1, no checkpoint). A completed key is never released. Exit codes:
+    /// 0 released, 1 nothing to release (absent or completed), 2 error.
+    Release(release::ReleaseArgs),
+
+    /// Reclaim every completion past its retention now, and print how many
+    ///
+    /// Exit codes: 0 ok, 2 error.
+    Sweep(sweep::SweepArgs),
+
+    /// Write every live record as JSON lines, in token order, for backup and migration
+    ///
+    /// One JSON object per line: key (hex) and key_text, token, fingerprint (16 hex digits
+    /// or null), attempt, state; then response (hex) and expires_at_ms for a completed
+    /// record, or lease_deadline_ms and checkpoint ({phase, data (hex)} or null) for an
+    /// inflight one. `idemkv import` reads it back exactly. Exit codes: 0 ok, 2 error.
+    Export(export::ExportArgs),
+
+    /// Add the records of an export to a fresh idemkv file (created if missing)
+    ///
+    /// Fencing tokens are kept: records are imported in token order, and only into a file
+    /// that has issued no token at or above the smallest imported one. Every line is parsed
+    /// first; a malformed line imports nothing. Exit codes: 0 all imported, 1 some records
+    /// refused (listed by line number), 2 error.
+    Import(import::ImportArgs),
+
+    /// A quick throughput run: threads claim and complete distinct keys, with a progress bar
+    ///
+    /// Prints operations per second and latency percentiles. Exit codes: 0 ok, 2 error.
+    Bench(bench::BenchArgs),
 }
 
 fn dispatch(cli: &Cli) -> Result<(), CliError> {
     match &cli.command {
         Command::Demo(args) => demo::run(args),
+        Command::Stats(args) => stats::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Get(args) => get::run(args),
+        Command::Verify(args) => verify::run(args),
+        Command::Release(args) => release::run(args),
+        Command::Sweep(args) => sweep::run(args),
+        Command::Export(args) => export::run(args),
+        Command::Import(args) => import::run(args),
+        Command::Bench(args) => bench::run(args),
     }
+}
+
+/// Set by the subcommands that open a user's file: the library turns a panic inside redb on
+/// a damaged file into an error (`OpenError::Corrupted`), so the hook must not print it as
+/// an internal error. A panic that does reach `main` is still printed there, once.
+static QUIET_PANICS: AtomicBool = AtomicBool::new(false);
+static LAST_PANIC: Mutex<Option<String>> = Mutex::new(None);
+
+/// Panics are recorded, not printed, from now on (see [`QUIET_PANICS`]).
+pub(crate) fn quiet_panics() {
+    QUIET_PANICS.store(true, Ordering::Relaxed);
+}
+
+/// The message of the latest panic, if any.
+pub(crate) fn last_panic() -> Option<String> {
+    LAST_PANIC.lock().ok().and_then(|last| last.clone())
 }
 
 /// Parses the arguments, runs the subcommand, and turns the result into an exit code.
@@ -54,7 +173,13 @@ pub(crate) fn main() -> ExitCode {
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        eprintln!("idemkv: internal error: {}{at}", one_line(&what));
+        let line = format!("{}{at}", one_line(&what));
+        if !QUIET_PANICS.load(Ordering::Relaxed) {
+            eprintln!("idemkv: internal error: {line}");
+        }
+        if let Ok(mut last) = LAST_PANIC.lock() {
+            *last = Some(line);
+        }
     }));
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -63,10 +188,18 @@ pub(crate) fn main() -> ExitCode {
     match std::panic::catch_unwind(|| dispatch(&cli)) {
         Ok(Ok(())) => ExitCode::from(EXIT_OK),
         Ok(Err(e)) => {
-            eprintln!("idemkv: error: {e}");
+            if !e.is_silent() {
+                eprintln!("idemkv: error: {e}");
+            }
             e.exit_code()
         }
-        Err(_) => ExitCode::from(EXIT_ERROR),
+        Err(_) => {
+            if QUIET_PANICS.load(Ordering::Relaxed) {
+                let what = last_panic().unwrap_or_else(|| "unknown panic".into());
+                eprintln!("idemkv: internal error: {what}");
+            }
+            ExitCode::from(EXIT_ERROR)
+        }
     }
 }
 

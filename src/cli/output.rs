@@ -5,17 +5,26 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Duration;
 
-/// A text table: a header row, then rows; the first column is left-aligned, the others right.
+/// A text table: a header row, then rows; the first column is left-aligned, the others
+/// right unless [`Table::left_align`] says otherwise.
 #[derive(Debug, Default)]
 pub(crate) struct Table {
     rows: Vec<Vec<String>>,
+    left: Vec<usize>,
 }
 
 impl Table {
     pub(crate) fn new(header: &[&str]) -> Self {
         Table {
             rows: vec![header.iter().map(|s| s.to_string()).collect()],
+            left: vec![0],
         }
+    }
+
+    /// Left-aligns these columns too (text rather than numbers).
+    pub(crate) fn left_align(mut self, cols: &[usize]) -> Self {
+        self.left.extend_from_slice(cols);
+        self
     }
 
     pub(crate) fn row(&mut self, cells: Vec<String>) {
@@ -38,10 +47,11 @@ impl Table {
         for (i, row) in self.rows.iter().enumerate() {
             let mut line = String::new();
             for (c, cell) in row.iter().enumerate() {
-                if c == 0 {
-                    let _ = write!(line, "{cell:<w$}", w = widths[c]);
+                let gap = if c == 0 { "" } else { "  " };
+                if self.left.contains(&c) {
+                    let _ = write!(line, "{gap}{cell:<w$}", w = widths[c]);
                 } else {
-                    let _ = write!(line, "  {cell:>w$}", w = widths[c]);
+                    let _ = write!(line, "{gap}{cell:>w$}", w = widths[c]);
                 }
             }
             out.push_str(line.trim_end());
@@ -119,5 +129,11 @@ mod tests {
         let mut t = Table::new(&["", "a", "bb"]);
         t.row(vec!["row".into(), "1".into(), "22".into()]);
         assert_eq!(t.render(), "     a  bb\n----------\nrow  1  22\n");
+        let mut t = Table::new(&["k", "state", "n"]).left_align(&[1]);
+        t.row(vec!["key".into(), "ok".into(), "10".into()]);
+        assert_eq!(
+            t.render(),
+            "k    state   n\n--------------\nkey  ok     10\n"
+        );
     }
 }

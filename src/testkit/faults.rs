@@ -183,7 +183,11 @@ pub fn run(
                     model.advance(d);
                     continue;
                 }
-                Call::Flush | Call::Restart { .. } => match engine.flush() {
+                Call::Flush | Call::Restart { .. } => match engine
+                    .sweep_now()
+                    .map_err(|e| e.to_string())
+                    .and_then(|_| engine.flush().map_err(|e| e.to_string()))
+                {
                     Ok(()) => {
                         floor = views.len() - 1;
                         model.flushed();

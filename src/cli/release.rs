@@ -1,0 +1,131 @@
+//! `idemkv release FILE KEY`: force-releases a stuck claim (an InFlight record), whatever
+//! its token, and prints the record as it was.
+//!
+//! The key becomes Absent: the next claim starts afresh (attempt 1, no checkpoint) instead
+//! of taking the old claim over. Exit codes: 0 released, 1 nothing to release (the key is
+//! absent or completed), 2 an error.
+//!
+//! The file is opened as a snapshot (see `file.rs`): a release writes only the deletion of
+//! the record, no time, and the record printed carries its exact persisted lease deadline.
+
+use crate::cli::error::{CliError, EXIT_VIOLATION};
+use crate::cli::file::{self, How};
+use crate::cli::get::key_arg;
+use crate::cli::output;
+use crate::cli::records::{self, printable};
+use idemkv::{KeyState, RecordInfoState};
+use serde_json::json;
+use std::path::PathBuf;
+
+/// Options of `idemkv release`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ReleaseArgs {
+    /// The idemkv file (never created)
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+
+    /// The key of the stuck claim, as text (or as hex with --hex)
+    #[arg(value_name = "KEY")]
+    key: String,
+
+    /// KEY is hex (for binary keys)
+    #[arg(long)]
+    hex: bool,
+
+    /// Print one JSON object instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
+    crate::cli::quiet_panics();
+    let key = key_arg(&args.key, args.hex)?;
+    let shown = printable(&key);
+    let engine = file::open(&args.file, How::Snapshot)?;
+    let released = engine.force_release(&key);
+    // Why there was nothing to release, for the message.
+    let now_state = match &released {
+        Ok(None) => engine.get(&key).ok().flatten(),
+        _ => None,
+    };
+    file::close(engine, &args.file)?;
+    let released = released.map_err(|e| CliError::io(format!("releasing {shown}"), e))?;
+    let now = file::now_ms();
+
+    let Some(before) = released else {
+        let why = match &now_state {
+            None => "it is absent (never claimed, released, or reclaimed)".to_string(),
+            Some(KeyState::Completed { expires_at, .. })
+                if (expires_at.as_millis() as u64) <= now =>
+            {
+                "it is completed and past its retention (Absent to every call)".to_string()
+            }
+            Some(KeyState::Completed { token, .. }) => {
+                format!("it is completed (token {token}); a release never drops a completion")
+            }
+            Some(_) => "it is not in flight".to_string(),
+        };
+        if args.json {
+            let out = json!({ "key": records::hex(&key), "released": false, "reason": why });
+            output::print(&format!("{out}\n"))?;
+        } else {
+            output::print(&format!("nothing to release: {shown}: {why}\n"))?;
+        }
+        return Err(CliError::silent(EXIT_VIOLATION));
+    };
+
+    if args.json {
+        // `force_release` does not report the fingerprint, so the record is not shown as an
+        // export line (which would say `null`).
+        let mut record = json!({
+            "state": "inflight",
+            "token": before.token,
+            "attempt": before.attempt,
+        });
+        if let RecordInfoState::InFlight {
+            lease_deadline_ms,
+            checkpoint,
+        } = &before.state
+        {
+            record["lease_deadline_ms"] = json!(lease_deadline_ms);
+            record["checkpoint"] = match checkpoint {
+                Some((phase, data)) => json!({ "phase": phase, "data": records::hex(data) }),
+                None => serde_json::Value::Null,
+            };
+        }
+        let out = json!({ "key": records::hex(&key), "released": true, "before": record });
+        return output::print(&format!("{out}\n"));
+    }
+    let mut out = format!("released {shown}: it is now absent; the next claim starts afresh\n");
+    out.push_str("the record before:\n");
+    let mut line = |k: &str, v: String| out.push_str(&format!("  {k:<11} {v}\n"));
+    line("state", "inflight".into());
+    line("token", before.token.to_string());
+    line("attempt", before.attempt.to_string());
+    if let RecordInfoState::InFlight {
+        lease_deadline_ms,
+        checkpoint,
+    } = &before.state
+    {
+        line(
+            "lease ends",
+            format!(
+                "{} ({})",
+                records::utc(*lease_deadline_ms, true),
+                records::left(*lease_deadline_ms, now)
+            ),
+        );
+        line(
+            "checkpoint",
+            match checkpoint {
+                None => "none (discarded with the claim)".into(),
+                Some((phase, data)) => format!(
+                    "phase {phase}, {} bytes (discarded with the claim): {}",
+                    data.len(),
+                    records::truncate(&printable(data), 120)
+                ),
+            },
+        );
+    }
+    output::print(&out)
+}
