@@ -222,6 +222,17 @@ impl Engine {
     /// `Immediate`. Records must be imported in token order into an engine whose next token
     /// is not above theirs (a fresh file), so fencing is preserved.
     pub fn import(&self, record: &RecordInfo) -> Result<(), ImportError> {
+        self.import_inner(record, true)
+    }
+
+    /// [`Engine::import`] without waiting for the record's commit: imports share group
+    /// commits, and [`Engine::flush`] makes everything imported so far durable. For bulk
+    /// restores, where one fsync per record would take hours.
+    pub fn import_queued(&self, record: &RecordInfo) -> Result<(), ImportError> {
+        self.import_inner(record, false)
+    }
+
+    fn import_inner(&self, record: &RecordInfo, wait: bool) -> Result<(), ImportError> {
         self.check_open().map_err(ImportError::Engine)?;
         let s = self.shared();
         if record.key.is_empty() || record.key.len() > s.cfg.key_len_max {
@@ -312,7 +323,12 @@ impl Engine {
             return Err(ImportError::Engine(ClaimError::TokensExhausted));
         }
         let durable = s.tx.is_some();
-        let (ack, rx) = crate::writer::ack_pair();
+        let (ack, rx) = if wait && s.tx.is_some() {
+            let (ack, rx) = crate::writer::ack_pair();
+            (Some(ack), Some(rx))
+        } else {
+            (None, None)
+        };
         let op = Op::Put {
             token: record.token,
             old,
@@ -322,7 +338,7 @@ impl Engine {
                 state,
             },
             publish: Some(Box::from(key)),
-            ack: Some(ack),
+            ack,
         };
         self.send(op, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
@@ -349,7 +365,7 @@ impl Engine {
         shard.put(key, slot, extra);
         drop(shard);
         changed.notify_all();
-        if durable {
+        if let Some(rx) = rx {
             wait_ack(s, &rx).map_err(|why| ImportError::Engine(ClaimError::OutcomeUnknown(why)))?;
         }
         Ok(())

@@ -14,7 +14,7 @@ use crate::cli::error::CliError;
 use crate::cli::file::{self, How};
 use crate::cli::output::{self, count};
 use crate::cli::records::{printable, RecordLine};
-use idemkv::{RecordInfo, RecordInfoState};
+use idemkv::{ClaimError, ImportError, RecordInfo, RecordInfoState};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 use std::io::Read;
@@ -110,7 +110,15 @@ pub(crate) fn run(args: &ImportArgs) -> Result<(), CliError> {
                 continue;
             }
         }
-        match engine.import(r) {
+        // Imports share group commits; a full writer queue is drained and the record retried.
+        let mut result = engine.import_queued(r);
+        if matches!(result, Err(ImportError::Engine(ClaimError::Overloaded(_)))) {
+            engine
+                .flush()
+                .map_err(|e| CliError::io(format!("importing into {}", args.file.display()), e))?;
+            result = engine.import_queued(r);
+        }
+        match result {
             Ok(()) if matches!(r.state, RecordInfoState::InFlight { .. }) => inflight += 1,
             Ok(()) => completed += 1,
             Err(e) => refused.push(format!(
