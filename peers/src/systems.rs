@@ -1,0 +1,557 @@
+//! The systems under test, each doing claim → side effect → complete its own idiomatic way.
+
+use crate::workload::{Delivery, Peer};
+use idemkv::redb::{self, ReadableTable, TableDefinition};
+use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, LeaseError};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Lease of an in-flight claim, where the system has one.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// How long a completed key is remembered, where the system expires keys.
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+
+/// Sleeps after a refusal for back-pressure: 100 µs, doubling per refusal of the same call
+/// up to 2 ms. (A fixed 100 µs left 64 retrying workers waking so often that they took
+/// most of the 2 cores from the writer they were waiting for.)
+fn backoff(refusals: &mut u32) {
+    let us = (100u64 << (*refusals).min(5)).min(2000);
+    *refusals += 1;
+    std::thread::sleep(Duration::from_micros(us));
+}
+
+// ---------------------------------------------------------------------------------------
+// idemkv
+
+/// idemkv in one durability mode.
+pub struct Idem {
+    engine: Engine,
+    opts: ClaimOptions,
+    retries: AtomicU64,
+}
+
+impl Idem {
+    /// Opens an engine on a new file in `dir` (no file for `None`).
+    pub fn open(dir: &Path, durability: Durability) -> Result<Self, String> {
+        let mut b = Engine::builder()
+            .durability(durability)
+            .lease(LEASE)
+            .retention(RETENTION);
+        if durability != Durability::None {
+            b = b.path(dir.join("idemkv.redb"));
+        }
+        let engine = b.open().map_err(|e| format!("idemkv open: {e}"))?;
+        Ok(Idem {
+            engine,
+            opts: ClaimOptions::default(),
+            retries: AtomicU64::new(0),
+        })
+    }
+
+    /// The writer's group commits, as a table note (none for `None`).
+    pub fn commit_note(&self) -> Option<String> {
+        let s = self.engine.stats();
+        (s.commits > 0).then(|| {
+            format!(
+                "{} group commits, {:.1} writes each on average, {} at most",
+                s.commits,
+                s.committed_ops as f64 / s.commits as f64,
+                s.batch_max
+            )
+        })
+    }
+
+    /// Flushes and closes the engine (after the timed part).
+    pub fn close(&self) -> Result<(), String> {
+        self.engine
+            .close()
+            .map_err(|e| format!("idemkv close: {e}"))
+    }
+}
+
+impl Peer for Idem {
+    type Conn = ();
+
+    fn connect(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn deliver(
+        &self,
+        _: &mut (),
+        key: &[u8],
+        response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String> {
+        let mut refusals = 0;
+        loop {
+            match self.engine.claim(key, &self.opts) {
+                Ok(Claim::Acquired(lease)) => {
+                    effect();
+                    let token = lease.token();
+                    let mut done = lease.complete(response);
+                    while let Err(LeaseError::Overloaded(_)) = done {
+                        self.retries.fetch_add(1, Ordering::Relaxed);
+                        backoff(&mut refusals);
+                        done = self.engine.complete(key, token, response);
+                    }
+                    return done
+                        .map(|()| Delivery::Executed)
+                        .map_err(|e| format!("complete: {e}"));
+                }
+                Ok(Claim::InProgress(_)) | Ok(Claim::Completed(_)) => {
+                    return Ok(Delivery::Duplicate)
+                }
+                Err(ClaimError::Overloaded(_)) => {
+                    self.retries.fetch_add(1, Ordering::Relaxed);
+                    backoff(&mut refusals);
+                }
+                Err(e) => return Err(format!("claim: {e}")),
+            }
+        }
+    }
+
+    fn retries(&self) -> u64 {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// `Buffered` acknowledges before writing: the run is not over until the writer has
+    /// caught up, so the flush is timed (sustained throughput, not the burst the queue
+    /// absorbs).
+    fn drain(&self) -> Result<(), String> {
+        self.engine
+            .flush()
+            .map_err(|e| format!("idemkv flush: {e}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// redb used naively
+
+const TABLE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idem");
+
+/// redb with one write transaction per claim (check, then insert) and one per completion,
+/// each committed with redb's default `Durability::Immediate`.
+pub struct RedbNaive {
+    db: redb::Database,
+}
+
+impl RedbNaive {
+    /// Creates a new file in `dir` with the table.
+    pub fn open(dir: &Path) -> Result<Self, String> {
+        let db = redb::Database::create(dir.join("naive.redb")).map_err(|e| e.to_string())?;
+        let tx = db.begin_write().map_err(|e| e.to_string())?;
+        tx.open_table(TABLE).map_err(|e| e.to_string())?;
+        tx.commit().map_err(|e| e.to_string())?;
+        Ok(RedbNaive { db })
+    }
+}
+
+impl Peer for RedbNaive {
+    type Conn = ();
+
+    fn connect(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn deliver(
+        &self,
+        _: &mut (),
+        key: &[u8],
+        response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String> {
+        let e = |e: &dyn std::fmt::Display| format!("redb: {e}");
+        let tx = self.db.begin_write().map_err(|x| e(&x))?;
+        let won = {
+            let mut table = tx.open_table(TABLE).map_err(|x| e(&x))?;
+            let exists = table.get(key).map_err(|x| e(&x))?.is_some();
+            if !exists {
+                table.insert(key, &b"in-flight"[..]).map_err(|x| e(&x))?;
+            }
+            !exists
+        };
+        if !won {
+            tx.abort().map_err(|x| e(&x))?;
+            return Ok(Delivery::Duplicate);
+        }
+        tx.commit().map_err(|x| e(&x))?;
+        effect();
+        let tx = self.db.begin_write().map_err(|x| e(&x))?;
+        {
+            let mut table = tx.open_table(TABLE).map_err(|x| e(&x))?;
+            table.insert(key, response).map_err(|x| e(&x))?;
+        }
+        tx.commit().map_err(|x| e(&x))?;
+        Ok(Delivery::Executed)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// SQLite (rusqlite, WAL)
+
+/// SQLite in WAL mode, a connection per worker.
+pub struct Sqlite {
+    path: PathBuf,
+    synchronous: &'static str,
+    check_then_act: bool,
+}
+
+/// SQLite's busy handler: a writer that finds the write lock taken yields a few times, then
+/// sleeps 25 µs doubling up to 2 ms, and gives up after about 30 s. Tried on this machine
+/// against a fixed 50 µs sleep (64 pollers thrash the 2 cores: SQLite FULL fell to
+/// ~80 deliveries/s) and against `busy_timeout` (1, 2, 5 … 100 ms sleeps: long stalls,
+/// p99 near 2 s); this backoff gave SQLite its best throughput.
+fn sqlite_busy(attempt: i32) -> bool {
+    if attempt >= 15_000 {
+        return false;
+    }
+    if attempt < 4 {
+        std::thread::yield_now();
+    } else {
+        let us = (25u64 << (attempt - 4).min(7)).min(2000);
+        std::thread::sleep(Duration::from_micros(us));
+    }
+    true
+}
+
+impl Sqlite {
+    /// Creates the database file in `dir` with the table, in WAL mode. `synchronous` is
+    /// `FULL` or `NORMAL`. `check_then_act` selects the racy baseline.
+    pub fn open(
+        dir: &Path,
+        name: &str,
+        synchronous: &'static str,
+        check_then_act: bool,
+    ) -> Result<Self, String> {
+        let path = dir.join(name);
+        let conn = rusqlite::Connection::open(&path).map_err(|e| e.to_string())?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL;
+             CREATE TABLE IF NOT EXISTS idem (
+                 key TEXT PRIMARY KEY,
+                 response BLOB
+             ) WITHOUT ROWID;",
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Sqlite {
+            path,
+            synchronous,
+            check_then_act,
+        })
+    }
+}
+
+impl Peer for Sqlite {
+    type Conn = rusqlite::Connection;
+
+    fn connect(&self) -> Result<rusqlite::Connection, String> {
+        let conn = rusqlite::Connection::open(&self.path).map_err(|e| e.to_string())?;
+        conn.busy_handler(Some(sqlite_busy))
+            .map_err(|e| e.to_string())?;
+        conn.execute_batch(&format!("PRAGMA synchronous = {};", self.synchronous))
+            .map_err(|e| e.to_string())?;
+        Ok(conn)
+    }
+
+    fn deliver(
+        &self,
+        conn: &mut rusqlite::Connection,
+        key: &[u8],
+        response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String> {
+        let e = |e: rusqlite::Error| format!("sqlite: {e}");
+        let key = std::str::from_utf8(key).map_err(|x| x.to_string())?;
+        if self.check_then_act {
+            // The bug this crate exists to prevent: look, then act, then record.
+            let exists = conn
+                .prepare_cached("SELECT 1 FROM idem WHERE key = ?1")
+                .map_err(e)?
+                .exists([key])
+                .map_err(e)?;
+            if exists {
+                return Ok(Delivery::Duplicate);
+            }
+            effect();
+            conn.prepare_cached(
+                "INSERT INTO idem (key, response) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET response = excluded.response",
+            )
+            .map_err(e)?
+            .execute(rusqlite::params![key, response])
+            .map_err(e)?;
+            return Ok(Delivery::Executed);
+        }
+        let inserted = conn
+            .prepare_cached("INSERT INTO idem (key) VALUES (?1) ON CONFLICT DO NOTHING")
+            .map_err(e)?
+            .execute([key])
+            .map_err(e)?;
+        if inserted == 0 {
+            return Ok(Delivery::Duplicate);
+        }
+        effect();
+        conn.prepare_cached("UPDATE idem SET response = ?2 WHERE key = ?1")
+            .map_err(e)?
+            .execute(rusqlite::params![key, response])
+            .map_err(e)?;
+        Ok(Delivery::Executed)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL
+
+/// PostgreSQL on loopback, a connection per worker, autocommit statements.
+pub struct Pg {
+    conninfo: String,
+    synchronous_commit: bool,
+}
+
+impl Pg {
+    /// Creates (or empties) the table and checkpoints, so each run starts alike.
+    pub fn setup(conninfo: &str, synchronous_commit: bool) -> Result<Self, String> {
+        let mut c = postgres::Client::connect(conninfo, postgres::NoTls)
+            .map_err(|e| format!("postgres connect: {e}"))?;
+        c.batch_execute(
+            "CREATE TABLE IF NOT EXISTS idem (key text PRIMARY KEY, response bytea);
+             TRUNCATE idem;
+             CHECKPOINT;",
+        )
+        .map_err(|e| format!("postgres setup: {e}"))?;
+        Ok(Pg {
+            conninfo: conninfo.to_string(),
+            synchronous_commit,
+        })
+    }
+
+    /// The server's version string.
+    pub fn version(conninfo: &str) -> Result<String, String> {
+        let mut c = postgres::Client::connect(conninfo, postgres::NoTls)
+            .map_err(|e| format!("postgres connect: {e}"))?;
+        let row = c
+            .query_one("SHOW server_version", &[])
+            .map_err(|e| e.to_string())?;
+        Ok(row.get::<_, String>(0))
+    }
+}
+
+/// One worker's connection and its prepared statements.
+pub struct PgConn {
+    client: postgres::Client,
+    claim: postgres::Statement,
+    complete: postgres::Statement,
+}
+
+impl Peer for Pg {
+    type Conn = PgConn;
+
+    fn connect(&self) -> Result<PgConn, String> {
+        let e = |e: postgres::Error| format!("postgres: {e}");
+        let mut client = postgres::Client::connect(&self.conninfo, postgres::NoTls).map_err(e)?;
+        client
+            .batch_execute(if self.synchronous_commit {
+                "SET synchronous_commit = on"
+            } else {
+                "SET synchronous_commit = off"
+            })
+            .map_err(e)?;
+        let claim = client
+            .prepare("INSERT INTO idem (key) VALUES ($1) ON CONFLICT DO NOTHING")
+            .map_err(e)?;
+        let complete = client
+            .prepare("UPDATE idem SET response = $2 WHERE key = $1")
+            .map_err(e)?;
+        Ok(PgConn {
+            client,
+            claim,
+            complete,
+        })
+    }
+
+    fn deliver(
+        &self,
+        c: &mut PgConn,
+        key: &[u8],
+        response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String> {
+        let e = |e: postgres::Error| format!("postgres: {e}");
+        let key = std::str::from_utf8(key).map_err(|x| x.to_string())?;
+        let inserted = c.client.execute(&c.claim, &[&key]).map_err(e)?;
+        if inserted == 0 {
+            return Ok(Delivery::Duplicate);
+        }
+        effect();
+        c.client
+            .execute(&c.complete, &[&key, &response])
+            .map_err(e)?;
+        Ok(Delivery::Executed)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis
+
+/// Redis persistence settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisPersistence {
+    /// `appendonly yes`, `appendfsync always`.
+    Always,
+    /// `appendonly yes`, `appendfsync everysec`.
+    EverySec,
+    /// `appendonly no` (and no RDB snapshots: the server is started with `save ""`).
+    Off,
+}
+
+/// Redis on loopback, one connection per worker, no pipelining.
+pub struct Redis {
+    client: redis::Client,
+}
+
+impl Redis {
+    /// Sets the persistence mode on the running server, empties it, and waits until any
+    /// AOF rewrite that the switch started is over.
+    pub fn setup(url: &str, mode: RedisPersistence) -> Result<Self, String> {
+        let e = |e: redis::RedisError| format!("redis: {e}");
+        let client = redis::Client::open(url).map_err(e)?;
+        let mut c = client.get_connection().map_err(e)?;
+        let config = |c: &mut redis::Connection, k: &str, v: &str| -> Result<(), String> {
+            redis::cmd("CONFIG")
+                .arg("SET")
+                .arg(k)
+                .arg(v)
+                .query::<()>(c)
+                .map_err(e)
+        };
+        config(&mut c, "appendonly", "no")?;
+        redis::cmd("FLUSHALL").query::<()>(&mut c).map_err(e)?;
+        match mode {
+            RedisPersistence::Always => config(&mut c, "appendfsync", "always")?,
+            RedisPersistence::EverySec => config(&mut c, "appendfsync", "everysec")?,
+            RedisPersistence::Off => {}
+        }
+        if mode != RedisPersistence::Off {
+            config(&mut c, "appendonly", "yes")?;
+        }
+        for _ in 0..500 {
+            let info: String = redis::cmd("INFO")
+                .arg("persistence")
+                .query(&mut c)
+                .map_err(e)?;
+            let busy = info.lines().any(|l| {
+                l.trim() == "aof_rewrite_in_progress:1" || l.trim() == "aof_rewrite_scheduled:1"
+            });
+            if !busy {
+                return Ok(Redis { client });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err("redis: the AOF rewrite after switching persistence did not end".into())
+    }
+
+    /// The server's version.
+    pub fn version(url: &str) -> Result<String, String> {
+        let e = |e: redis::RedisError| format!("redis: {e}");
+        let client = redis::Client::open(url).map_err(e)?;
+        let mut c = client.get_connection().map_err(e)?;
+        let info: String = redis::cmd("INFO").arg("server").query(&mut c).map_err(e)?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?")
+            .trim()
+            .to_string())
+    }
+}
+
+impl Peer for Redis {
+    type Conn = redis::Connection;
+
+    fn connect(&self) -> Result<redis::Connection, String> {
+        self.client
+            .get_connection()
+            .map_err(|e| format!("redis: {e}"))
+    }
+
+    fn deliver(
+        &self,
+        c: &mut redis::Connection,
+        key: &[u8],
+        response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String> {
+        let e = |e: redis::RedisError| format!("redis: {e}");
+        let won: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg("in-flight")
+            .arg("NX")
+            .arg("PX")
+            .arg(LEASE.as_millis() as u64)
+            .query(c)
+            .map_err(e)?;
+        if won.is_none() {
+            return Ok(Delivery::Duplicate);
+        }
+        effect();
+        redis::cmd("SET")
+            .arg(key)
+            .arg(response)
+            .arg("XX")
+            .arg("PX")
+            .arg(RETENTION.as_millis() as u64)
+            .query::<()>(c)
+            .map_err(e)?;
+        Ok(Delivery::Executed)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// moka
+
+/// moka's concurrent cache, in memory only. An empty value marks a key in flight.
+pub struct Moka {
+    cache: moka::sync::Cache<Box<[u8]>, Arc<[u8]>>,
+}
+
+impl Moka {
+    /// A cache large enough for the whole run, with the retention as its time to live.
+    pub fn new() -> Self {
+        Moka {
+            cache: moka::sync::Cache::builder()
+                .max_capacity(10_000_000)
+                .time_to_live(RETENTION)
+                .build(),
+        }
+    }
+}
+
+impl Peer for Moka {
+    type Conn = ();
+
+    fn connect(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    fn deliver(
+        &self,
+        _: &mut (),
+        key: &[u8],
+        response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String> {
+        let entry = self
+            .cache
+            .entry(Box::from(key))
+            .or_insert_with(|| Arc::from(&[][..]));
+        if !entry.is_fresh() {
+            return Ok(Delivery::Duplicate);
+        }
+        effect();
+        self.cache.insert(Box::from(key), Arc::from(response));
+        Ok(Delivery::Executed)
+    }
+}

@@ -1,0 +1,303 @@
+//! The one workload every system runs: N distinct keys, each delivered D times, by C
+//! concurrent workers. A delivery claims its key; the winner runs the side effect and then
+//! completes the key with its response; every other delivery of the key is a duplicate.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// What one delivery turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// This delivery won the claim, ran the side effect and completed the key.
+    Executed,
+    /// Another delivery owns (or owned) the key: nothing ran.
+    Duplicate,
+}
+
+/// A system under test. `deliver` must call `effect` exactly when its claim won.
+pub trait Peer: Sync {
+    /// Per-worker state: a connection, or nothing for an embedded system.
+    type Conn: Send;
+    /// Opens one worker's connection (not timed).
+    fn connect(&self) -> Result<Self::Conn, String>;
+    /// Handles one delivery of `key`: claim, and if won, `effect()` then complete with
+    /// `response`.
+    fn deliver(
+        &self,
+        conn: &mut Self::Conn,
+        key: &[u8],
+        response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String>;
+    /// How many times a call was refused for back-pressure and retried (idemkv's bounded
+    /// writer queue); 0 for systems that block instead.
+    fn retries(&self) -> u64 {
+        0
+    }
+    /// Called once after the last delivery, inside the timed part: whatever the system still
+    /// owes for the deliveries it acknowledged (idemkv `Buffered`: writing them to the file).
+    fn drain(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The workload's shape.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Distinct keys.
+    pub n: usize,
+    /// Deliveries of each key.
+    pub d: usize,
+    /// Concurrent workers.
+    pub c: usize,
+    /// A run stops taking new deliveries after this long; the numbers then cover what it
+    /// finished.
+    pub time_limit: Duration,
+    /// The response each winner stores.
+    pub response: Vec<u8>,
+}
+
+/// What one run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Measured {
+    /// Deliveries handled (all of N×D unless the time limit stopped the run).
+    pub deliveries: u64,
+    /// Deliveries that won and completed.
+    pub executed: u64,
+    /// Deliveries answered as duplicates.
+    pub duplicates: u64,
+    /// Deliveries that failed with an error (counted, not retried).
+    pub errors: u64,
+    /// The first error seen, if any.
+    pub first_error: Option<String>,
+    /// Keys whose side effect ran more than once.
+    pub double_keys: u64,
+    /// Side-effect runs beyond the first, over all keys.
+    pub extra_runs: u64,
+    /// Keys whose side effect ran at least once.
+    pub keys_run: u64,
+    /// Wall time from the start signal to the last worker's last delivery.
+    pub elapsed: Duration,
+    /// True if the time limit cut the run short.
+    pub cut_short: bool,
+    /// Latency of a winning delivery (claim + side effect + complete), median, in ns.
+    pub p50_ns: u64,
+    /// Same, 99th percentile.
+    pub p99_ns: u64,
+    /// Latency of a duplicate delivery (one claim answered "taken"), median, in ns.
+    pub dup_p50_ns: u64,
+    /// Same, 99th percentile.
+    pub dup_p99_ns: u64,
+    /// Retries after back-pressure.
+    pub retries: u64,
+    /// Throughput of every round (filled in by the caller when it keeps the best round).
+    pub round_rates: Vec<f64>,
+    /// Keys run more than once, summed over all rounds.
+    pub double_keys_all: u64,
+    /// Extra side-effect runs, summed over all rounds.
+    pub extra_runs_all: u64,
+    /// Errors, summed over all rounds.
+    pub errors_all: u64,
+    /// Rounds that failed to run at all.
+    pub rounds_failed: usize,
+    /// Anything the system reports about itself (idemkv: its group commits).
+    pub note: Option<String>,
+}
+
+impl Measured {
+    /// Deliveries per second.
+    pub fn throughput(&self) -> f64 {
+        self.deliveries as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// Completed keys (claim + complete pairs) per second.
+    pub fn completes_per_sec(&self) -> f64 {
+        self.executed as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// The key of index `k`: `order-` and eight digits, built without allocating.
+pub fn key_of(k: usize) -> [u8; 14] {
+    let mut key = *b"order-00000000";
+    let mut v = k;
+    for i in (6..14).rev() {
+        key[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+    }
+    key
+}
+
+/// Nearest-rank percentile of a sorted slice.
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = ((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+struct WorkerOut {
+    lat: Vec<u64>,
+    win_lat: Vec<u64>,
+    dup_lat: Vec<u64>,
+    executed: u64,
+    duplicates: u64,
+    errors: u64,
+    first_error: Option<String>,
+    end: Instant,
+}
+
+/// Runs the workload against `peer`. Deliveries are handed out in order from one shared
+/// counter, and the D copies of a key are adjacent in that order, so they reach different
+/// workers at nearly the same instant: the concurrent-duplicate case that breaks
+/// check-then-act code.
+pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
+    let total = w.n * w.d;
+    let effects: Vec<AtomicU32> = (0..w.n).map(|_| AtomicU32::new(0)).collect();
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let ready = Barrier::new(w.c + 1);
+    let go = Barrier::new(w.c + 1);
+    let connect_failed = AtomicBool::new(false);
+    let (start, outs) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..w.c)
+            .map(|_| {
+                let (effects, next, stop, ready, go, connect_failed) =
+                    (&effects, &next, &stop, &ready, &go, &connect_failed);
+                std::thread::Builder::new()
+                    .stack_size(256 * 1024)
+                    .spawn_scoped(s, move || -> Result<WorkerOut, String> {
+                        let conn = peer.connect();
+                        if conn.is_err() {
+                            connect_failed.store(true, Ordering::SeqCst);
+                        }
+                        ready.wait();
+                        go.wait();
+                        let mut conn = conn?;
+                        let mut out = WorkerOut {
+                            lat: Vec::with_capacity(total / w.c + 16),
+                            win_lat: Vec::with_capacity(total / w.c / w.d.max(1) + 16),
+                            dup_lat: Vec::with_capacity(total / w.c + 16),
+                            executed: 0,
+                            duplicates: 0,
+                            errors: 0,
+                            first_error: None,
+                            end: Instant::now(),
+                        };
+                        if connect_failed.load(Ordering::SeqCst) {
+                            return Ok(out);
+                        }
+                        loop {
+                            if stop.load(Ordering::Relaxed) {
+                                break;
+                            }
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            if i >= total {
+                                break;
+                            }
+                            let k = i / w.d;
+                            let key = key_of(k);
+                            let effect = || {
+                                effects[k].fetch_add(1, Ordering::Relaxed);
+                            };
+                            let t = Instant::now();
+                            let r = peer.deliver(&mut conn, &key, &w.response, &effect);
+                            let ns = t.elapsed().as_nanos() as u64;
+                            out.lat.push(ns);
+                            match r {
+                                Ok(Delivery::Executed) => {
+                                    out.executed += 1;
+                                    out.win_lat.push(ns);
+                                }
+                                Ok(Delivery::Duplicate) => {
+                                    out.duplicates += 1;
+                                    out.dup_lat.push(ns);
+                                }
+                                Err(e) => {
+                                    out.errors += 1;
+                                    if out.first_error.is_none() {
+                                        out.first_error = Some(e);
+                                    }
+                                }
+                            }
+                        }
+                        out.end = Instant::now();
+                        Ok(out)
+                    })
+                    .expect("spawn a worker")
+            })
+            .collect();
+        ready.wait();
+        let start = Instant::now();
+        go.wait();
+        while !handles.iter().all(|h| h.is_finished()) {
+            if start.elapsed() >= w.time_limit {
+                stop.store(true, Ordering::Relaxed);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let outs: Vec<Result<WorkerOut, String>> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err("a worker panicked".into())))
+            .collect();
+        (start, outs)
+    });
+    let drained = peer.drain().map(|()| Instant::now());
+    let mut m = Measured::default();
+    let mut lat = Vec::with_capacity(total);
+    let mut win_lat = Vec::with_capacity(w.n);
+    let mut dup_lat = Vec::with_capacity(total);
+    let mut end = start;
+    for out in outs {
+        let out = out.map_err(|e| format!("worker failed: {e}"))?;
+        lat.extend_from_slice(&out.lat);
+        win_lat.extend_from_slice(&out.win_lat);
+        dup_lat.extend_from_slice(&out.dup_lat);
+        m.executed += out.executed;
+        m.duplicates += out.duplicates;
+        m.errors += out.errors;
+        if m.first_error.is_none() {
+            m.first_error = out.first_error;
+        }
+        end = end.max(out.end);
+    }
+    end = end.max(drained?);
+    m.deliveries = lat.len() as u64;
+    m.cut_short = m.deliveries < total as u64;
+    m.elapsed = end.duration_since(start);
+    win_lat.sort_unstable();
+    dup_lat.sort_unstable();
+    m.p50_ns = percentile(&win_lat, 0.50);
+    m.p99_ns = percentile(&win_lat, 0.99);
+    m.dup_p50_ns = percentile(&dup_lat, 0.50);
+    m.dup_p99_ns = percentile(&dup_lat, 0.99);
+    for e in &effects {
+        let runs = e.load(Ordering::Relaxed) as u64;
+        if runs >= 1 {
+            m.keys_run += 1;
+        }
+        if runs > 1 {
+            m.double_keys += 1;
+            m.extra_runs += runs - 1;
+        }
+    }
+    m.retries = peer.retries();
+    Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_percentiles() {
+        assert_eq!(&key_of(42), b"order-00000042");
+        assert_eq!(&key_of(12345678), b"order-12345678");
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!(percentile(&v, 0.5), 50);
+        assert_eq!(percentile(&v, 0.99), 99);
+        assert_eq!(percentile(&v, 1.0), 100);
+        assert_eq!(percentile(&[], 0.5), 0);
+    }
+}
