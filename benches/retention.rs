@@ -36,7 +36,9 @@ fn claim_complete(engine: &Engine, key: &[u8], opts: &ClaimOptions) {
     loop {
         match engine.claim(key, opts) {
             Ok(Claim::Acquired(lease)) => {
-                lease.complete(b"a typical 32-byte stored response").expect("complete");
+                lease
+                    .complete(b"a typical 32-byte stored response")
+                    .expect("complete");
                 return;
             }
             Ok(other) => panic!("fresh key answered {other:?}"),
@@ -173,7 +175,11 @@ fn retention(c: &mut Criterion) {
 fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
         .map_or(0, |pages| pages * 4096)
 }
 
