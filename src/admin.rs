@@ -134,9 +134,10 @@ impl Engine {
                     if slot.is_published() {
                         from_file.push(out.len());
                     }
+                    // Not yet durable: the response is only in the file once published.
                     RecordInfoState::Completed {
                         response: Vec::new(),
-                        expires_at_ms: 0,
+                        expires_at_ms: extra.map_or(0, |e| e.expires_wall_ms),
                         published: slot.is_published(),
                     }
                 };

@@ -78,13 +78,17 @@ pub(crate) struct Extra {
     pub(crate) checkpoint: Option<Checkpoint>,
     /// The response of a completed key in a memory-only engine.
     pub(crate) response: Option<Arc<[u8]>>,
-    /// Wall-clock end of retention of a memory-only completion, for reports.
+    /// Wall-clock end of retention of a completion whose record is not in the file (memory
+    /// only, or not yet published), for reports.
     pub(crate) expires_wall_ms: u64,
 }
 
 impl Extra {
     fn is_empty(&self) -> bool {
-        self.fingerprint.is_none() && self.checkpoint.is_none() && self.response.is_none()
+        self.fingerprint.is_none()
+            && self.checkpoint.is_none()
+            && self.response.is_none()
+            && self.expires_wall_ms == 0
     }
 
     fn heap_bytes(&self) -> usize {

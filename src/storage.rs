@@ -188,10 +188,76 @@ fn check_foreign(path: &Path) -> Result<(), OpenError> {
     if filled == 0 {
         return Ok(());
     }
+    if head.iter().all(|&b| b == 0) {
+        return reset_file_if_blank(path);
+    }
     if filled < head.len() || head != REDB_MAGIC {
         return Err(OpenError::Foreign {
             detail: format!("{} is not a redb file", path.display()),
         });
+    }
+    Ok(())
+}
+
+/// Largest file that may be a creation cut short by a crash (redb's initial layout is a
+/// few MiB at most).
+const BLANK_FILE_LEN_MAX: u64 = 64 << 20;
+/// redb's header: the magic, a god byte, padding, then the page size (u32 LE) at 12.
+const REDB_HEADER_PREFIX: usize = 64;
+const REDB_PAGE_SIZE_OFFSET: usize = 12;
+const REDB_PAGE_SIZE: u32 = 4096;
+
+/// True if `head` (the file's first bytes) is a redb creation that a crash cut short. redb
+/// sizes the file and writes its header without the magic, syncs, and only then writes the
+/// magic (`page_manager.rs`, "crash safe"): a file whose magic is still zero never held a
+/// commit, so nothing acknowledged can be in it. The header must be blank or carry redb's
+/// page size, so that a foreign file that happens to start with zeros is not taken for one.
+fn is_unfinished_creation(head: &[u8]) -> bool {
+    if head.len() < REDB_HEADER_PREFIX || head[..REDB_MAGIC.len()].iter().any(|&b| b != 0) {
+        return false;
+    }
+    let header = &head[..REDB_HEADER_PREFIX];
+    let page_size = u32::from_le_bytes([
+        header[REDB_PAGE_SIZE_OFFSET],
+        header[REDB_PAGE_SIZE_OFFSET + 1],
+        header[REDB_PAGE_SIZE_OFFSET + 2],
+        header[REDB_PAGE_SIZE_OFFSET + 3],
+    ]);
+    header.iter().all(|&b| b == 0) || page_size == REDB_PAGE_SIZE
+}
+
+fn reset_file_if_blank(path: &Path) -> Result<(), OpenError> {
+    let foreign = || OpenError::Foreign {
+        detail: format!("{} is not a redb file", path.display()),
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(OpenError::Io)?;
+    let len = file.metadata().map_err(OpenError::Io)?.len();
+    let mut head = [0u8; REDB_HEADER_PREFIX];
+    if len > BLANK_FILE_LEN_MAX || file.read_exact(&mut head).is_err() {
+        return Err(foreign());
+    }
+    if !is_unfinished_creation(&head) {
+        return Err(foreign());
+    }
+    file.set_len(0).map_err(OpenError::Io)?;
+    file.sync_all().map_err(OpenError::Io)
+}
+
+/// The backend form of [`reset_file_if_blank`]; anything else is left for redb to judge.
+fn reset_backend_if_blank(backend: &dyn StorageBackend) -> Result<(), OpenError> {
+    let len = backend.len().map_err(OpenError::Io)?;
+    if len < REDB_HEADER_PREFIX as u64 || len > BLANK_FILE_LEN_MAX {
+        return Ok(());
+    }
+    let mut head = [0u8; REDB_HEADER_PREFIX];
+    backend.read(0, &mut head).map_err(OpenError::Io)?;
+    if is_unfinished_creation(&head) {
+        backend.set_len(0).map_err(OpenError::Io)?;
+        backend.sync_data().map_err(OpenError::Io)?;
     }
     Ok(())
 }
@@ -205,7 +271,10 @@ impl Store {
         builder.set_check_integrity_on_open(b.verify_on_open);
         let backend = b.backend.as_ref().and_then(|slot| slot.0.lock().take());
         let db = match backend {
-            Some(backend) => contain("open", || builder.create_with_backend(Boxed(backend))),
+            Some(backend) => {
+                reset_backend_if_blank(&*backend)?;
+                contain("open", || builder.create_with_backend(Boxed(backend)))
+            }
             None => {
                 check_foreign(&path)?;
                 contain("open", || builder.create(&path))
