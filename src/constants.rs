@@ -34,6 +34,10 @@ pub(crate) const QUEUE_DEPTH_LIMIT: usize = 1 << 20;
 /// complete or release when claims have filled the rest.
 pub(crate) const QUEUE_CLAIM_HEADROOM_DIVISOR: usize = 8;
 
+/// Times a holder's call (complete, release, extend, checkpoint) drains a full writer
+/// queue and tries again before it reports `Overloaded`.
+pub(crate) const HOLDER_QUEUE_RETRIES: u32 = 8;
+
 /// Most operations the writer puts in one redb transaction.
 pub(crate) const BATCH_OPS_MAX: usize = 8192;
 

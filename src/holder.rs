@@ -5,6 +5,7 @@
 use crate::claim::inflight_record;
 use crate::clock::duration_ns;
 use crate::codec::{Blob, Checkpoint, Record, RecordState};
+use crate::constants::HOLDER_QUEUE_RETRIES;
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
 use crate::error::{FlushError, LeaseError, Limit};
 use crate::index::{Extra, Slot};
@@ -36,6 +37,32 @@ impl Engine {
         token: u64,
         response: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
+        self.with_room(|| self.try_complete(key, token, response.clone()))
+    }
+
+    /// Runs a holder's call, draining the writer queue and trying again while it is full:
+    /// a holder finishing its work must not be turned away by claims (which are refused
+    /// earlier, at seven eighths of the queue).
+    fn with_room<T>(
+        &self,
+        mut call: impl FnMut() -> Result<T, LeaseError>,
+    ) -> Result<T, LeaseError> {
+        let mut tries = 0;
+        loop {
+            match call() {
+                Err(LeaseError::Overloaded(Limit::WriterQueue)) if tries < HOLDER_QUEUE_RETRIES => {
+                    tries += 1;
+                    self.shared().flush().map_err(|e| match e {
+                        FlushError::Poisoned(why) => LeaseError::Poisoned(why),
+                        FlushError::Closed => LeaseError::Closed,
+                    })?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn try_complete(&self, key: &[u8], token: u64, response: Arc<[u8]>) -> Result<(), LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
         let c = &s.counters;
@@ -126,7 +153,7 @@ impl Engine {
     /// released key is Absent: the next claim (or a waiting caller) acquires it.
     pub fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         self.check_lease_call(key)?;
-        let (released, ack) = self.release_locked(key, token, true)?;
+        let (released, ack) = self.with_room(|| self.release_locked(key, token, true))?;
         if let Some(rx) = ack {
             wait_ack(self.shared(), &rx).map_err(LeaseError::OutcomeUnknown)?;
         }
@@ -218,8 +245,10 @@ impl Engine {
 
     /// Sets the lease of `token` on `key` to end `lease` from now.
     pub fn extend(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
-        self.update_inflight(key, token, |slot, _, now| {
-            slot.deadline_ns = now.saturating_add(duration_ns(lease));
+        self.with_room(|| {
+            self.update_inflight(key, token, |slot, _, now| {
+                slot.deadline_ns = now.saturating_add(duration_ns(lease));
+            })
         })
     }
 
@@ -238,8 +267,10 @@ impl Engine {
                 max,
             });
         }
-        self.update_inflight(key, token, |_, extra, _| {
-            extra.checkpoint = Some(Checkpoint::new(phase, data));
+        self.with_room(|| {
+            self.update_inflight(key, token, |_, extra, _| {
+                extra.checkpoint = Some(Checkpoint::new(phase, data));
+            })
         })
     }
 }

@@ -13,7 +13,7 @@ use crate::codec::Checkpoint;
 use crate::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 const INFLIGHT: u8 = 1;
 const PUBLISHED: u8 = 2;
@@ -97,10 +97,32 @@ impl Extra {
     }
 }
 
+/// Hashes the side table's tokens. Tokens are issued by the engine, never chosen by
+/// clients, so a keyed hash buys nothing there; a Fibonacci multiply spreads sequential
+/// tokens over the table's control bits.
+#[derive(Default)]
+pub(crate) struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// One stripe's maps. Every method keeps `slots`, `extras` and the byte count consistent.
 pub(crate) struct Shard {
     slots: HashMap<Box<[u8]>, Slot, RandomState>,
-    extras: HashMap<u64, Extra, RandomState>,
+    extras: HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
     /// Heap bytes of keys and extras, for the memory estimate.
     heap_bytes: usize,
 }
@@ -108,8 +130,8 @@ pub(crate) struct Shard {
 impl Shard {
     fn new(hasher: RandomState) -> Self {
         Self {
-            slots: HashMap::with_hasher(hasher.clone()),
-            extras: HashMap::with_hasher(hasher),
+            slots: HashMap::with_hasher(hasher),
+            extras: HashMap::default(),
             heap_bytes: 0,
         }
     }
@@ -128,21 +150,26 @@ impl Shard {
 
     /// Sets the key's slot and side data, replacing whatever it had (and its side data).
     pub(crate) fn put(&mut self, key: &[u8], mut slot: Slot, extra: Extra) {
-        if let Some(old) = self.slots.get(key).copied() {
-            self.drop_extra(&old);
-        }
+        let has_extra = !extra.is_empty();
         slot.flags &= !HAS_EXTRA;
-        if !extra.is_empty() {
+        if has_extra {
             slot.flags |= HAS_EXTRA;
-            self.heap_bytes += extra.heap_bytes();
-            self.extras.insert(slot.token, extra);
         }
-        match self.slots.get_mut(key) {
-            Some(existing) => *existing = slot,
+        // One lookup when the key exists (every transition but a first claim).
+        let old = match self.slots.get_mut(key) {
+            Some(existing) => Some(std::mem::replace(existing, slot)),
             None => {
                 self.heap_bytes += key.len();
                 self.slots.insert(Box::from(key), slot);
+                None
             }
+        };
+        if let Some(old) = old {
+            self.drop_extra(&old);
+        }
+        if has_extra {
+            self.heap_bytes += extra.heap_bytes();
+            self.extras.insert(slot.token, extra);
         }
     }
 

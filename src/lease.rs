@@ -65,8 +65,10 @@ impl Lease {
 
     /// Stores `response` as the key's outcome. Under `Immediate` it returns once durable.
     ///
-    /// If the response is refused before anything changed (`ResponseTooLarge`,
-    /// `Overloaded`), the lease is released as it drops, so that a retry can run.
+    /// A full writer queue is drained and the completion retried, so this fails only when
+    /// the lease was lost or the engine stopped. If the response is refused before anything
+    /// changed (`ResponseTooLarge`, or a queue that stayed full), the lease is released as
+    /// it drops, so that a retry can run.
     pub fn complete(self, response: &[u8]) -> Result<(), LeaseError> {
         self.complete_arc(Arc::from(response))
     }

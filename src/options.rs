@@ -122,6 +122,7 @@ pub struct EngineBuilder {
     pub(crate) verify_on_open: bool,
     pub(crate) keys_max: usize,
     pub(crate) sweep_interval: Option<Duration>,
+    pub(crate) two_phase_commit: bool,
     pub(crate) backend: Option<BackendSlot>,
 }
 
@@ -158,6 +159,7 @@ impl Default for EngineBuilder {
             verify_on_open: false,
             keys_max: KEYS_MAX_DEFAULT,
             sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
+            two_phase_commit: true,
             backend: None,
         }
     }
@@ -244,6 +246,15 @@ impl EngineBuilder {
     /// [`crate::Engine::sweep_now`] reclaims them on demand).
     pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
         self.sweep_interval = interval;
+        self
+    }
+
+    /// redb two-phase commit for every group commit (default on). Keys and responses come
+    /// from clients; with one-phase commit redb trusts a checksum to tell a torn commit
+    /// from a valid one, which crafted bytes could defeat. Off, each commit costs one fsync
+    /// instead of two (measured: 283 µs against 384 µs for a one-insert commit here).
+    pub fn two_phase_commit(mut self, enabled: bool) -> Self {
+        self.two_phase_commit = enabled;
         self
     }
 

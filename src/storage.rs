@@ -44,6 +44,7 @@ pub(crate) enum Write {
 pub(crate) struct Store {
     db: Database,
     path: PathBuf,
+    two_phase_commit: bool,
 }
 
 /// Holds a [`Store`] and closes it with panics contained: after redb panicked on a damaged
@@ -282,7 +283,11 @@ impl Store {
         }
         .map_err(|detail| OpenError::Corrupted { detail })?
         .map_err(|e| open_error(&path, e))?;
-        let store = Closing::new(Store { db, path });
+        let store = Closing::new(Store {
+            db,
+            path,
+            two_phase_commit: b.two_phase_commit,
+        });
         contain("format check", || store.check_format())
             .map_err(|detail| OpenError::Corrupted { detail })??;
         Ok(store)
@@ -411,8 +416,8 @@ impl Store {
     fn commit_inner(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), String> {
         let mut txn = self.db.begin_write().map_err(|e| e.to_string())?;
         // Keys and responses come from clients: two-phase commit keeps a torn write from
-        // ever being mistaken for a valid commit.
-        txn.set_two_phase_commit(true);
+        // ever being mistaken for a valid commit (see `EngineBuilder::two_phase_commit`).
+        txn.set_two_phase_commit(self.two_phase_commit);
         txn.set_durability(redb::Durability::Immediate)
             .map_err(|e| e.to_string())?;
         {

@@ -996,7 +996,7 @@ fn second_open_of_one_path_is_refused() {
 // ---------------------------------------------------------------------------------------
 
 #[test]
-fn stalled_writer_overloads_claims_but_not_completions() {
+fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
     const DEPTH: usize = 16;
     let backend = FaultyBackend::memory();
     let engine = Engine::builder()
@@ -1035,38 +1035,32 @@ fn stalled_writer_overloads_claims_but_not_completions() {
         Ok(Claim::Completed(_))
     ));
 
-    // Holders still complete in the headroom, until the queue is full.
+    // Holders complete in the headroom at once; past it, a completion drains the queue and
+    // tries again, so it waits for the writer instead of failing.
     let mut completed = Vec::new();
-    let mut stuck = Vec::new();
-    for lease in leases.drain(..) {
-        let (key, token) = (lease.key().to_vec(), lease.token());
-        match lease.complete(&response_for(&show(&key))) {
-            Ok(()) => completed.push(key),
-            Err(LeaseError::Overloaded(Limit::WriterQueue)) => stuck.push((key, token)),
-            Err(e) => panic!("complete {}: {e:?}", show(&key)),
-        }
+    for lease in leases.drain(..DEPTH / 8) {
+        let key = lease.key().to_vec();
+        lease.complete(&response_for(&show(&key))).unwrap();
+        completed.push(key);
     }
-    assert_eq!(completed.len(), DEPTH / 8, "the headroom took completions");
-    // A refused completion leaves the lease held: nobody else can claim the key.
-    let (key, _) = &stuck[0];
+    let waiting: Vec<Vec<u8>> = leases.iter().map(|l| l.key().to_vec()).collect();
+    let finisher = std::thread::spawn(move || {
+        for lease in leases {
+            let key = lease.key().to_vec();
+            lease.complete(&response_for(&show(&key))).unwrap();
+        }
+    });
+    // While the writer is stalled, a waiting holder still owns its key.
     assert!(matches!(
-        engine.claim(key, &opts()),
+        engine.claim(&waiting[0], &opts()),
         Ok(Claim::InProgress(_))
-    ));
-    assert!(matches!(
-        engine.get(key).unwrap(),
-        Some(KeyState::InFlight { .. })
     ));
 
     drop(gate); // the writer drains
+    finisher.join().unwrap();
+    completed.extend(waiting);
     engine.flush().unwrap();
     assert_eq!(engine.stats().queue_depth, 0);
-    for (key, token) in &stuck {
-        engine
-            .complete(key, *token, &response_for(&show(key)))
-            .unwrap();
-        completed.push(key.clone());
-    }
     let lease = acquire(&engine, refused.as_bytes());
     lease.complete(&response_for(&refused)).unwrap();
     completed.push(refused.into_bytes());

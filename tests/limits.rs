@@ -716,7 +716,7 @@ impl redb::StorageBackend for GatedBackend {
 }
 
 #[test]
-fn full_writer_queue_refuses_claims_but_keeps_headroom_for_holders() {
+fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
     let gate = Gate::default();
     let engine = Engine::builder()
         .backend(GatedBackend {
@@ -749,23 +749,26 @@ fn full_writer_queue_refuses_claims_but_keeps_headroom_for_holders() {
     held.remove(0).complete(b"done").unwrap();
     assert_eq!(held.remove(0).release(), Ok(true));
     assert_eq!(engine.stats().queue_depth, 16);
-    // Now even a holder is refused, with the key left as it was.
+    // Past the headroom a holder's completion waits for room (it drains the queue and
+    // tries again) instead of failing; meanwhile the key stays as it was.
     let l = held.remove(0);
     let token = l.token();
-    assert_eq!(
-        engine.complete(l.key(), token, b"x"),
-        Err(LeaseError::Overloaded(Limit::WriterQueue))
-    );
+    let key = l.key().to_vec();
+    let waiter = {
+        let engine = engine.clone();
+        let key = key.clone();
+        std::thread::spawn(move || engine.complete(&key, token, b"after"))
+    };
     assert!(matches!(
-        engine.get(l.key()).unwrap(),
+        engine.get(&key).unwrap(),
         Some(KeyState::InFlight { token: t, .. }) if t == token
     ));
 
     gate.open();
+    assert_eq!(waiter.join().unwrap(), Ok(()));
+    drop(l); // settled through the token form; the drop's release finds a completion
     engine.flush().unwrap();
     assert_eq!(engine.stats().queue_depth, 0);
-    l.complete(b"after").unwrap();
-    engine.flush().unwrap();
     assert_eq!(
         completed(engine.claim(&2u32.to_be_bytes(), &opts)).response(),
         b"after"

@@ -425,6 +425,19 @@ mod under_shuttle {
         }
     }
 
+    type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Sync + Send + 'static>;
+
+    /// Puts a panic hook back when dropped.
+    struct RestoreHook(Option<Hook>);
+
+    impl Drop for RestoreHook {
+        fn drop(&mut self) {
+            if let Some(hook) = self.0.take() {
+                std::panic::set_hook(hook);
+            }
+        }
+    }
+
     /// Runs `scenario` once under shuttle, scheduled by `schedule`, against an engine with
     /// `bug` switched on, and checks the history. A panic inside the run (a deadlock, a
     /// failed assertion in the engine) propagates; an incorrect history is an `Err`.
@@ -443,6 +456,9 @@ mod under_shuttle {
         config.max_steps = shuttle::MaxSteps::FailAfter(200_000);
         config.silence_warnings = true;
         let runner = shuttle::Runner::new(ByteScheduler::new(schedule), config);
+        // Shuttle installs a panic hook of its own; put the caller's back afterwards, so that
+        // a panic outside an execution (a violation reported by the caller) prints normally.
+        let _restore = RestoreHook(Some(std::panic::take_hook()));
         runner.run(move || {
             let clock = MockClock::new();
             // One stripe (the stripe hash is seeded at random, which would make a replay

@@ -2,7 +2,7 @@
 //! a checker can prove it catches the bug; the machinery of the fuzz targets and model tests
 //! (operation types, the sequential spec, a history recorder and a linearizability checker,
 //! a simulated disk that fails or loses power at any I/O); and helpers for users' own tests
-//! ([`duplicates`]: run duplicate deliveries of one message at once and count the side
+//! ([`duplicates()`]: run duplicate deliveries of one message at once and count the side
 //! effects). `docs/testing.md` explains each part.
 
 use crate::engine::{Engine, Sabotage};
