@@ -41,6 +41,15 @@ pub(crate) enum Write {
     Delete { token: u64 },
 }
 
+impl Write {
+    /// The record this write creates, replaces or removes.
+    pub(crate) fn token(&self) -> u64 {
+        match self {
+            Write::Put { token, .. } | Write::Delete { token } => *token,
+        }
+    }
+}
+
 pub(crate) struct Store {
     db: Database,
     path: PathBuf,

@@ -126,7 +126,7 @@ impl Writer {
     }
 
     fn write(&self, batch: &[Op]) -> Result<(), Arc<str>> {
-        let writes: Vec<Write> = batch
+        let mut writes: Vec<Write> = batch
             .iter()
             .filter_map(|op| match op {
                 Op::Put {
@@ -140,6 +140,12 @@ impl Writer {
                 Op::Barrier { .. } | Op::Shutdown => None,
             })
             .collect();
+        // Token order makes the B-tree work sequential: claims already arrive nearly in
+        // order, and the sweeper's deletions come stripe by stripe, scattered over the tree.
+        // The sort is stable, so the writes of one token keep their queue order; writes of
+        // different tokens touch different records (an `old` removal only deletes a token
+        // that no later write recreates), so reordering them changes nothing committed.
+        writes.sort_by_key(Write::token);
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
         let hwm = self.shared.tokens.reserve_target();
