@@ -259,3 +259,106 @@ fn the_background_sweeper_reclaims_on_its_own() {
     }
     assert_eq!(engine.stats().completed, 0);
 }
+
+mod common;
+use common::FaultyBackend;
+
+/// Opens an engine on `backend` at `clock`'s time, in `Buffered` mode, sweeping on demand.
+fn open_on(backend: &FaultyBackend, clock: &MockClock) -> Result<Engine, OpenError> {
+    Engine::builder()
+        .backend(backend.clone())
+        .clock(clock.clone())
+        .retention(RETENTION)
+        .durability(Durability::buffered())
+        .sweep_interval(None)
+        .open()
+}
+
+/// The state every power-loss run starts from: 300 old keys, 50 young ones, all durable,
+/// at the instant the young ones were completed.
+fn sweep_base() -> Vec<u8> {
+    let backend = FaultyBackend::memory();
+    let clock = MockClock::new();
+    let engine = open_on(&backend, &clock).unwrap();
+    for i in 0..300 {
+        complete(&engine, &format!("old-{i}"), b"old");
+    }
+    clock.advance(RETENTION / 2);
+    for i in 0..50 {
+        complete(&engine, &format!("young-{i}"), b"young");
+    }
+    engine.close().unwrap();
+    backend.durable_image()
+}
+
+/// A clock at the base's instant: the old keys' retention ends in half a retention.
+fn sweep_clock() -> MockClock {
+    let clock = MockClock::new();
+    clock.advance(RETENTION / 2);
+    clock
+}
+
+#[test]
+fn power_loss_at_every_write_and_sync_of_a_sweep_neither_resurrects_nor_loses() {
+    let base = sweep_base();
+    // A clean run counts the I/O the sweep makes.
+    let clock = sweep_clock();
+    let backend = FaultyBackend::from_image(&base);
+    let engine = open_on(&backend, &clock).unwrap();
+    let (writes0, syncs0) = (backend.writes(), backend.syncs());
+    clock.advance(RETENTION / 2 + Duration::from_secs(1));
+    assert_eq!(engine.sweep_now().unwrap(), 300);
+    engine.flush().unwrap();
+    let (writes, syncs) = (backend.writes() - writes0, backend.syncs() - syncs0);
+    engine.close().unwrap();
+    assert!(
+        writes > 0 && syncs > 0,
+        "the sweep wrote through the writer"
+    );
+
+    let faults = (1..=writes)
+        .map(|n| (true, n))
+        .chain((1..=syncs).map(|n| (false, n)));
+    for (is_write, n) in faults {
+        let clock = sweep_clock();
+        let backend = FaultyBackend::from_image(&base);
+        let engine = open_on(&backend, &clock).unwrap();
+        backend.set_sticky(true);
+        if is_write {
+            backend.fail_write_in(n);
+        } else {
+            backend.fail_sync_in(n);
+        }
+        clock.advance(RETENTION / 2 + Duration::from_secs(1));
+        // The sweep and its commits stop at the failure; the engine is poisoned.
+        let _ = engine.sweep_now();
+        let _ = engine.flush();
+        let _ = engine.close();
+        drop(engine);
+        // Power comes back with what was synced, or with every write that reached the disk.
+        for image in [backend.durable_image(), backend.crash_image(|_| true)] {
+            let reopened =
+                open_on(&FaultyBackend::from_image(&image), &clock).unwrap_or_else(|e| {
+                    panic!(
+                        "fault at {} {n}: reopen: {e}",
+                        if is_write { "write" } else { "sync" }
+                    )
+                });
+            for i in (0..300).step_by(7) {
+                assert_eq!(
+                    replay(&reopened, &format!("old-{i}")),
+                    None,
+                    "resurrected old-{i}"
+                );
+            }
+            for i in 0..50 {
+                assert_eq!(
+                    replay(&reopened, &format!("young-{i}")).as_deref(),
+                    Some(&b"young"[..]),
+                    "lost young-{i} (fault at write? {is_write}, n {n})"
+                );
+            }
+            reopened.close().unwrap();
+        }
+    }
+}
