@@ -122,12 +122,13 @@ impl Engine {
             self.send(op, false).map_err(|r| refused(self, r))?;
         }
         let expires_ns = now.saturating_add(duration_ns(s.cfg.retention));
-        // A durable engine keeps the response only in the file, and the fingerprint beside
-        // the slot until the completion is published (so a mismatch is refused meanwhile);
-        // a memory-only one keeps both, and its completion is published at once.
+        // The response and fingerprint stay beside the slot until the completion is
+        // published: a mismatch is refused and `records` can report it meanwhile. Then a
+        // durable engine drops them (the file holds them); a memory-only one keeps them,
+        // and its completion is published at once.
         let extra = Extra {
             fingerprint,
-            response: in_memory.then_some(response),
+            response: Some(response),
             expires_wall_ms,
             ..Extra::default()
         };

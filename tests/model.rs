@@ -323,3 +323,28 @@ fn records_show_the_retention_of_a_completion_not_yet_durable() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A fixed finding (docs/testing.md): `Engine::records()` listed a completion that was not
+/// yet durable with an empty response. Found by the `ops_model` fuzz target.
+#[test]
+fn records_show_the_response_of_a_completion_not_yet_durable() {
+    use idemkv::testkit::disk::SimDisk;
+    use idemkv::{Claim, ClaimOptions, RecordInfoState};
+    let engine = Engine::builder()
+        .path("x.redb")
+        .backend(SimDisk::new())
+        .durability(Durability::Buffered {
+            max_delay: Duration::from_secs(3600),
+        })
+        .open()
+        .expect("open");
+    match engine.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
+        other => panic!("{other:?}"),
+    }
+    let records = engine.records();
+    match &records[0].state {
+        RecordInfoState::Completed { response, .. } => assert_eq!(response, b"r", "{records:?}"),
+        other => panic!("{other:?}"),
+    }
+}

@@ -412,13 +412,10 @@ impl Model {
                         published: p,
                     },
                 ) => {
-                    // Open finding (docs/testing.md): a completion not yet durable is
-                    // listed with an empty response.
-                    let listed_fully = *p || super::spec::strict();
                     r.token == *token
                         && r.fingerprint == *fingerprint
                         && r.attempt == *attempt
-                        && (resp == response || !listed_fully)
+                        && resp == response
                         && expires_at_ms == expires_wall_ms
                         && (*p || !*published)
                 }

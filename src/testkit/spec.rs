@@ -253,14 +253,6 @@ pub fn ns(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Whether open findings (docs/testing.md, "Findings") count as failures: set the
-/// environment variable `IDEMKV_STRICT=1`. By default they are tolerated, narrowly, so that
-/// the suites stay green while the findings are open.
-pub fn strict() -> bool {
-    static STRICT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *STRICT.get_or_init(|| std::env::var_os("IDEMKV_STRICT").is_some_and(|v| v != "0"))
-}
-
 /// Why a result is not one the contract allows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch(pub String);
