@@ -1,9 +1,11 @@
 //! Every limit refuses with its typed error before anything changes, in every durability
 //! mode; invalid builder settings are refused at open; a closed engine refuses everything.
 
+mod common;
+use common::FaultyBackend;
 use idemkv::*;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex};
+
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
@@ -650,90 +652,22 @@ fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 // Writer queue: a disk that holds its fsync lets the queue fill deterministically.
 // ---------------------------------------------------------------------------------------
 
-#[derive(Debug, Default)]
-struct GateState {
-    closed: bool,
-    blocked: usize,
-}
-
-#[derive(Debug, Clone, Default)]
-struct Gate(Arc<(Mutex<GateState>, Condvar)>);
-
-impl Gate {
-    fn close(&self) {
-        self.0 .0.lock().unwrap().closed = true;
-    }
-    fn open(&self) {
-        self.0 .0.lock().unwrap().closed = false;
-        self.0 .1.notify_all();
-    }
-    fn blocked(&self) -> usize {
-        self.0 .0.lock().unwrap().blocked
-    }
-    fn pass(&self) {
-        let mut state = self.0 .0.lock().unwrap();
-        if state.closed {
-            state.blocked += 1;
-            while state.closed {
-                state = self.0 .1.wait(state).unwrap();
-            }
-            state.blocked -= 1;
-        }
-    }
-}
-
-struct OpenOnDrop(Gate);
-
-impl Drop for OpenOnDrop {
-    fn drop(&mut self) {
-        self.0.open();
-    }
-}
-
-#[derive(Debug)]
-struct GatedBackend {
-    inner: redb::backends::InMemoryBackend,
-    gate: Gate,
-}
-
-impl redb::StorageBackend for GatedBackend {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.gate.pass();
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.inner.write(offset, data)
-    }
-}
-
 #[test]
 fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
-    let gate = Gate::default();
+    let backend = FaultyBackend::memory();
     let engine = Engine::builder()
-        .backend(GatedBackend {
-            inner: redb::backends::InMemoryBackend::new(),
-            gate: gate.clone(),
-        })
+        .backend(backend.clone())
         .durability(Durability::buffered())
         .clock(MockClock::new())
         .queue_depth(16) // claims may use 14 places; 2 are kept for holders
         .open()
         .unwrap();
-    let _open_on_drop = OpenOnDrop(gate.clone());
     let opts = ClaimOptions::default();
 
-    gate.close();
+    // Holds every fsync until dropped (also when the test fails).
+    let gate = backend.close_gate();
     let first = acquired(engine.claim(b"first", &opts));
-    wait_until("the writer to stall in fsync", || gate.blocked() > 0);
+    backend.wait_blocked();
 
     let mut held = Vec::new();
     for i in 0..14u32 {
@@ -764,7 +698,7 @@ fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
         Some(KeyState::InFlight { token: t, .. }) if t == token
     ));
 
-    gate.open();
+    drop(gate);
     assert_eq!(waiter.join().unwrap(), Ok(()));
     drop(l); // settled through the token form; the drop's release finds a completion
     engine.flush().unwrap();

@@ -5,11 +5,13 @@
 //! bounded polls for a condition another thread must reach (a waiter going to sleep, a
 //! completion being queued), never for a duration to elapse.
 
+mod common;
+use common::FaultyBackend;
 use idemkv::*;
 use serde::{Deserialize, Serialize};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
@@ -321,89 +323,17 @@ fn buffered_completion_is_visible_after_flush() {
 // being written and being durable.
 // ---------------------------------------------------------------------------------------
 
-#[derive(Debug, Default)]
-struct GateState {
-    closed: bool,
-    blocked: usize,
-}
-
-#[derive(Debug, Clone, Default)]
-struct Gate(Arc<(Mutex<GateState>, Condvar)>);
-
-impl Gate {
-    fn close(&self) {
-        self.0 .0.lock().unwrap().closed = true;
-    }
-
-    fn open(&self) {
-        self.0 .0.lock().unwrap().closed = false;
-        self.0 .1.notify_all();
-    }
-
-    fn blocked(&self) -> usize {
-        self.0 .0.lock().unwrap().blocked
-    }
-
-    fn pass(&self) {
-        let mut state = self.0 .0.lock().unwrap();
-        if state.closed {
-            state.blocked += 1;
-            while state.closed {
-                state = self.0 .1.wait(state).unwrap();
-            }
-            state.blocked -= 1;
-        }
-    }
-}
-
-/// Opens the gate when dropped, so that a failing test never leaves the writer stuck.
-struct OpenOnDrop(Gate);
-
-impl Drop for OpenOnDrop {
-    fn drop(&mut self) {
-        self.0.open();
-    }
-}
-
-#[derive(Debug)]
-struct GatedBackend {
-    inner: redb::backends::InMemoryBackend,
-    gate: Gate,
-}
-
-impl redb::StorageBackend for GatedBackend {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.inner.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.inner.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.inner.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.gate.pass();
-        self.inner.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.inner.write(offset, data)
-    }
-}
-
-fn gated_engine(mode: Durability, clock: &MockClock) -> (Engine, Gate) {
-    let gate = Gate::default();
+fn gated_engine(mode: Durability, clock: &MockClock) -> (Engine, FaultyBackend) {
+    let backend = FaultyBackend::memory();
     let engine = Engine::builder()
-        .backend(GatedBackend {
-            inner: redb::backends::InMemoryBackend::new(),
-            gate: gate.clone(),
-        })
+        .backend(backend.clone())
         .durability(mode)
         .clock(clock.clone())
         .lease(LEASE)
         .retention(RETENTION)
         .open()
         .unwrap();
-    (engine, gate)
+    (engine, backend)
 }
 
 /// Invariant 5, deterministic: while the disk holds the completion's fsync, no other caller
@@ -412,13 +342,13 @@ fn gated_engine(mode: Durability, clock: &MockClock) -> (Engine, Gate) {
 fn completion_is_invisible_until_its_commit_is_durable() {
     for mode in [Durability::buffered(), Durability::Immediate] {
         let clock = MockClock::new();
-        let (engine, gate) = gated_engine(mode, &clock);
-        let _open_on_drop = OpenOnDrop(gate.clone());
+        let (engine, backend) = gated_engine(mode, &clock);
         let opts = ClaimOptions::default();
         let lease = acquired(engine.claim(b"k", &opts).unwrap());
         let token = lease.token();
         engine.flush().unwrap();
-        gate.close();
+        // Holds every fsync until dropped (also when the test fails).
+        let gate = backend.close_gate();
         std::thread::scope(|s| {
             // Under Immediate, `complete` blocks until durable; under Buffered it returns at once.
             let completer = s.spawn(move || lease.complete(b"resp"));
@@ -437,10 +367,10 @@ fn completion_is_invisible_until_its_commit_is_durable() {
             clock.advance(LEASE * 2);
             in_progress(engine.claim(b"k", &opts).unwrap());
             if mode == Durability::Immediate {
-                wait_until("the writer to reach fsync", || gate.blocked() > 0);
+                backend.wait_blocked();
                 assert!(!completer.is_finished(), "Immediate acked before fsync");
             }
-            gate.open();
+            drop(gate);
             assert_eq!(join_soon(&engine, completer), Ok(()));
         });
         engine.flush().unwrap();
@@ -457,20 +387,19 @@ fn completion_is_invisible_until_its_commit_is_durable() {
 fn fingerprint_mismatch_is_refused_while_the_completion_is_made_durable() {
     for mode in [Durability::buffered(), Durability::Immediate] {
         let clock = MockClock::new();
-        let (engine, gate) = gated_engine(mode, &clock);
-        let _open_on_drop = OpenOnDrop(gate.clone());
+        let (engine, backend) = gated_engine(mode, &clock);
         let a = ClaimOptions::default().payload(b"amount=42");
         let b = ClaimOptions::default().payload(b"amount=43");
         let lease = acquired(engine.claim(b"k", &a).unwrap());
         engine.flush().unwrap();
-        gate.close();
+        let gate = backend.close_gate();
         let during = std::thread::scope(|s| {
             let completer = s.spawn(move || lease.complete(b"charged 42"));
             wait_until("the completion to be queued", || {
                 matches!(engine.get(b"k").unwrap(), Some(KeyState::Completing { .. }))
             });
             let during = engine.claim(b"k", &b).map(|c| format!("{c:?}"));
-            gate.open();
+            drop(gate);
             assert_eq!(join_soon(&engine, completer), Ok(()));
             during
         });
