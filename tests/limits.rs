@@ -2,22 +2,14 @@
 //! mode; invalid builder settings are refused at open; a closed engine refuses everything.
 
 mod common;
-use common::FaultyBackend;
+use common::{modes, wait_until, FaultyBackend};
 use idemkv::*;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tempfile::TempDir;
 
 const LEASE: Duration = Duration::from_secs(30);
-
-fn modes() -> [Durability; 3] {
-    [
-        Durability::None,
-        Durability::buffered(),
-        Durability::Immediate,
-    ]
-}
 
 struct Env {
     engine: Engine,
@@ -637,15 +629,6 @@ fn close_wakes_waiters_with_closed() {
             drop(lease);
         },
     );
-}
-
-#[track_caller]
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < give_up, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_micros(200));
-    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@
 //! Every test runs under `Durability::Immediate` and `Durability::Buffered` (with a `flush`
 //! before closing), with an injected `MockClock` that keeps running across the restart.
 
+mod common;
+use common::{acquired, completed, in_progress};
 use idemkv::*;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -69,30 +71,6 @@ fn each_file_mode(f: impl Fn(&Site)) {
             eprintln!("--> failed in durability mode {mode:?}");
             resume_unwind(panic);
         }
-    }
-}
-
-#[track_caller]
-fn acquired(claim: Claim) -> Lease {
-    match claim {
-        Claim::Acquired(lease) => lease,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
-#[track_caller]
-fn in_progress(claim: Claim) -> Busy {
-    match claim {
-        Claim::InProgress(busy) => busy,
-        other => panic!("expected InProgress, got {other:?}"),
-    }
-}
-
-#[track_caller]
-fn completed(claim: Claim) -> Stored {
-    match claim {
-        Claim::Completed(stored) => stored,
-        other => panic!("expected Completed, got {other:?}"),
     }
 }
 

@@ -6,7 +6,7 @@
 //! completion being queued), never for a duration to elapse.
 
 mod common;
-use common::FaultyBackend;
+use common::{acquired, completed, in_progress, modes, wait_until, FaultyBackend};
 use idemkv::*;
 use serde::{Deserialize, Serialize};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
@@ -18,14 +18,6 @@ use tempfile::TempDir;
 const LEASE: Duration = Duration::from_secs(30);
 const RETENTION: Duration = Duration::from_secs(3600);
 const NS: Duration = Duration::from_nanos(1);
-
-fn modes() -> [Durability; 3] {
-    [
-        Durability::None,
-        Durability::buffered(),
-        Durability::Immediate,
-    ]
-}
 
 /// One engine under test. Fields drop in order: the engine first, then its file's directory.
 struct Env {
@@ -84,40 +76,6 @@ fn each_mode_with(tune: impl Fn(EngineBuilder) -> EngineBuilder, f: impl Fn(&Env
             eprintln!("--> failed in durability mode {mode:?}");
             resume_unwind(panic);
         }
-    }
-}
-
-#[track_caller]
-fn acquired(claim: Claim) -> Lease {
-    match claim {
-        Claim::Acquired(lease) => lease,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
-#[track_caller]
-fn in_progress(claim: Claim) -> Busy {
-    match claim {
-        Claim::InProgress(busy) => busy,
-        other => panic!("expected InProgress, got {other:?}"),
-    }
-}
-
-#[track_caller]
-fn completed(claim: Claim) -> Stored {
-    match claim {
-        Claim::Completed(stored) => stored,
-        other => panic!("expected Completed, got {other:?}"),
-    }
-}
-
-/// Waits (in real time, bounded) until `cond` holds: for another thread to reach a point.
-#[track_caller]
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let give_up = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < give_up, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_micros(200));
     }
 }
 

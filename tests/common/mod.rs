@@ -334,3 +334,53 @@ impl StorageBackend for FaultyBackend {
         self.0.backend.query_lock_range(a, b)
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Assertions shared by the suites: unwrap a claim into the answer the test expects.
+// ---------------------------------------------------------------------------------------
+
+/// The three durability modes, for tests that run in each.
+pub fn modes() -> [idemkv::Durability; 3] {
+    [
+        idemkv::Durability::None,
+        idemkv::Durability::buffered(),
+        idemkv::Durability::Immediate,
+    ]
+}
+
+#[track_caller]
+pub fn acquired(claim: idemkv::Claim) -> idemkv::Lease {
+    match claim {
+        idemkv::Claim::Acquired(lease) => lease,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn in_progress(claim: idemkv::Claim) -> idemkv::Busy {
+    match claim {
+        idemkv::Claim::InProgress(busy) => busy,
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+}
+
+#[track_caller]
+pub fn completed(claim: idemkv::Claim) -> idemkv::Stored {
+    match claim {
+        idemkv::Claim::Completed(stored) => stored,
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+/// Waits (in real time, bounded) until `cond` holds: for another thread to reach a point.
+#[track_caller]
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
