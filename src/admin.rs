@@ -150,33 +150,27 @@ impl Engine {
                 });
             }
         }
-        let mut gone = Vec::new();
+        let mut gone = std::collections::HashSet::new();
         for i in from_file {
             let r = &mut out[i];
             match self.read_completed(&r.key, r.token, None) {
-                Ok(Some((stored, expires_at_ms))) => {
+                Ok(Some(read)) => {
                     r.state = RecordInfoState::Completed {
-                        response: stored.response.to_vec(),
-                        expires_at_ms,
+                        response: read.stored.response.to_vec(),
+                        expires_at_ms: read.expires_wall_ms,
                         published: true,
                     };
-                    r.fingerprint = self.stored_fingerprint(r.token);
+                    r.fingerprint = read.fingerprint;
                 }
                 // Expired and swept since the walk, or unreadable: not a live record.
-                _ => gone.push(r.token),
+                _ => {
+                    gone.insert(r.token);
+                }
             }
         }
         out.retain(|r| !gone.contains(&r.token));
         out.sort_by_key(|r| r.token);
         out
-    }
-
-    fn stored_fingerprint(&self, token: u64) -> Option<u64> {
-        let store = self.shared().store()?;
-        match store.get(token) {
-            Ok(Some(Ok(record))) => record.fingerprint,
-            _ => None,
-        }
     }
 
     /// Releases `key` whatever its token, if it is InFlight: the operator's remedy for a
@@ -341,7 +335,8 @@ impl Engine {
             publish: Some(Box::from(key)),
             ack,
         };
-        self.send(op, false)
+        self.shared()
+            .send(op, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
         let slot = match slot_of {
             Import::InFlight { left_ns } => {

@@ -40,6 +40,13 @@ enum Step {
     NeedRoom,
 }
 
+/// A completion read back from the file, verified.
+pub(crate) struct FromFile {
+    pub(crate) stored: Stored,
+    pub(crate) expires_wall_ms: u64,
+    pub(crate) fingerprint: Option<u64>,
+}
+
 /// The InFlight record persisted for a lease.
 pub(crate) fn inflight_record(
     key: &[u8],
@@ -178,7 +185,7 @@ impl Engine {
                 publish: None,
                 ack,
             };
-            if let Err(refused) = self.send(op, true) {
+            if let Err(refused) = self.shared().send(op, true) {
                 undo();
                 return Err(match refused {
                     SendRefused::Full => {
@@ -259,7 +266,7 @@ impl Engine {
                 if read.is_some() {
                     bump(&self.shared().counters.replays);
                 }
-                Ok(read.map(|(stored, _)| Claim::Completed(stored)))
+                Ok(read.map(|r| Claim::Completed(r.stored)))
             }
             Step::NeedTokens => {
                 self.shared().flush().map_err(|e| match e {
@@ -287,7 +294,7 @@ impl Engine {
         key: &[u8],
         token: u64,
         fingerprint: Option<u64>,
-    ) -> Result<Option<(Stored, u64)>, ClaimError> {
+    ) -> Result<Option<FromFile>, ClaimError> {
         let s = self.shared();
         let store = s.store().ok_or(ClaimError::Closed)?;
         let record = match store.get(token) {
@@ -323,12 +330,15 @@ impl Engine {
                 return Err(ClaimError::FingerprintMismatch);
             }
         }
-        let stored = Stored {
-            response: response.0,
-            token,
-            attempt,
-        };
-        Ok(Some((stored, expires_wall_ms)))
+        Ok(Some(FromFile {
+            stored: Stored {
+                response: response.0,
+                token,
+                attempt,
+            },
+            expires_wall_ms,
+            fingerprint: record.fingerprint,
+        }))
     }
 
     /// Claims `key` without waiting: the atomic check-and-write at the heart of idemkv.
@@ -531,12 +541,12 @@ impl Engine {
                 }
                 slot.token
             };
-            if let Some((stored, expires_wall_ms)) = self.read_completed(key, token, None)? {
+            if let Some(read) = self.read_completed(key, token, None)? {
                 return Ok(Some(KeyState::Completed {
-                    token: stored.token,
-                    attempt: stored.attempt,
-                    response: stored.response,
-                    expires_at: Duration::from_millis(expires_wall_ms),
+                    token: read.stored.token,
+                    attempt: read.stored.attempt,
+                    response: read.stored.response,
+                    expires_at: Duration::from_millis(read.expires_wall_ms),
                 }));
             }
         }

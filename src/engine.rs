@@ -377,11 +377,6 @@ impl Engine {
         }
     }
 
-    /// Queues `op` for the writer (see [`Shared::send`]).
-    pub(crate) fn send(&self, op: Op, claim: bool) -> Result<(), SendRefused> {
-        self.shared().send(op, claim)
-    }
-
     /// An acknowledgement channel if the mode makes callers wait for durability.
     pub(crate) fn ack_for_mode(&self) -> (Option<writer::Ack>, Option<AckRx>) {
         if self.durability() == Durability::Immediate {

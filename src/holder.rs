@@ -119,7 +119,9 @@ impl Engine {
                 publish: Some(Box::from(key)),
                 ack,
             };
-            self.send(op, false).map_err(|r| refused(self, r))?;
+            self.shared()
+                .send(op, false)
+                .map_err(|r| refused(self, r))?;
         }
         let expires_ns = now.saturating_add(duration_ns(s.cfg.retention));
         // The response and fingerprint stay beside the slot until the completion is
@@ -186,7 +188,8 @@ impl Engine {
         } else {
             (None, None)
         };
-        self.send(Op::Delete { token, ack }, false)
+        self.shared()
+            .send(Op::Delete { token, ack }, false)
             .map_err(|r| refused(self, r))?;
         shard.remove(key);
         s.counters.inflight.fetch_sub(1, Ordering::AcqRel);
@@ -234,7 +237,9 @@ impl Engine {
                 publish: None,
                 ack,
             };
-            self.send(op, false).map_err(|r| refused(self, r))?;
+            self.shared()
+                .send(op, false)
+                .map_err(|r| refused(self, r))?;
         }
         shard.put(key, slot, extra);
         drop(shard);
