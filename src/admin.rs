@@ -332,7 +332,7 @@ impl Engine {
                 fingerprint: record.fingerprint,
                 state,
             },
-            publish: Some(Box::from(key)),
+            publish: true,
             ack,
         };
         self.shared()

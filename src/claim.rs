@@ -182,7 +182,7 @@ impl Engine {
                     checkpoint.clone(),
                     deadline_wall,
                 ),
-                publish: None,
+                publish: false,
                 ack,
             };
             if let Err(refused) = self.shared().send(op, true) {

@@ -116,7 +116,7 @@ impl Engine {
                         response: Blob(response.clone()),
                     },
                 },
-                publish: Some(Box::from(key)),
+                publish: true,
                 ack,
             };
             self.shared()
@@ -234,7 +234,7 @@ impl Engine {
                 token,
                 old: None,
                 record,
-                publish: None,
+                publish: false,
                 ack,
             };
             self.shared()

@@ -27,8 +27,9 @@ pub(crate) enum Op {
         token: u64,
         old: Option<u64>,
         record: Record,
-        /// After the commit, mark the key's completion with this token as visible.
-        publish: Option<Box<[u8]>>,
+        /// After the commit, mark the key's completion with this token as visible (the key
+        /// is the record's own).
+        publish: bool,
         ack: Option<Ack>,
     },
     /// Remove the record under `token`.
@@ -174,12 +175,14 @@ impl Writer {
         for op in batch {
             let Op::Put {
                 token,
-                publish: Some(key),
+                record,
+                publish: true,
                 ..
             } = op
             else {
                 continue;
             };
+            let key = &record.key.0[..];
             let (mut shard, changed) = self.shared.index.lock(key);
             shard.publish(key, *token);
             drop(shard);
