@@ -216,7 +216,9 @@ impl fmt::Display for LeaseError {
             LeaseError::KeyTooLong { len, max } => {
                 write!(f, "key of {len} bytes exceeds the maximum of {max}")
             }
-            LeaseError::Overloaded(limit) => write!(f, "overloaded: {limit} reached; retry"),
+            LeaseError::Overloaded(limit) => {
+                write!(f, "overloaded: {limit} reached for the whole lease")
+            }
             LeaseError::Poisoned(why) => write!(f, "engine poisoned by a storage failure: {why}"),
             LeaseError::OutcomeUnknown(why) => {
                 write!(

@@ -70,12 +70,14 @@ impl Engine {
         loop {
             match call() {
                 Err(LeaseError::Overloaded(Limit::WriterQueue)) => {
-                    let Some(deadline) = self.lease_deadline_ns(key, token) else {
-                        // The key moved on since the call looked; the next call says how.
-                        continue;
-                    };
-                    if !self.shared().wait_for_room(deadline) {
-                        return Err(LeaseError::Overloaded(Limit::WriterQueue));
+                    match self.lease_deadline_ns(key, token) {
+                        Some(deadline) => {
+                            if !self.shared().wait_for_room(deadline) {
+                                return Err(LeaseError::Overloaded(Limit::WriterQueue));
+                            }
+                        }
+                        // The key moved on since the call looked: one more call says how.
+                        None => return call(),
                     }
                 }
                 other => return other,
