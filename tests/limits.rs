@@ -678,8 +678,8 @@ fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
     held.remove(0).complete(b"done").unwrap();
     assert_eq!(held.remove(0).release(), Ok(true));
     assert_eq!(engine.stats().queue_depth, 16);
-    // Past the headroom a holder's completion waits for room (it drains the queue and
-    // tries again) instead of failing; meanwhile the key stays as it was.
+    // Past the headroom a holder's completion waits for room (while its lease lasts)
+    // instead of failing; meanwhile the key stays as it was.
     let l = held.remove(0);
     let token = l.token();
     let key = l.key().to_vec();
