@@ -8,7 +8,7 @@ use crate::clock::{duration_ms, duration_ns};
 use crate::codec::{self, Blob, Checkpoint, Record, RecordState};
 use crate::constants::*;
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
-use crate::error::{ClaimError, FlushError, Limit, RunError};
+use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
 use crate::index::{Extra, Shard, Slot};
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 use crate::options::ClaimOptions;
@@ -38,6 +38,32 @@ enum Step {
     NeedTokens,
     /// The key budget is full: reclaim expired keys everywhere, then look again.
     NeedRoom,
+}
+
+/// Why a decision could not be turned into an answer and the call must look at its key
+/// again. Every kind follows progress made by others, and a call looks at most
+/// `CLAIM_LOOKS_MAX` times, so no claim loops forever.
+#[derive(Clone, Copy)]
+enum Again {
+    /// Tokens were reserved (a flush committed a new high-water mark).
+    Tokens,
+    /// Expired keys were reclaimed to make room under the key budget.
+    Room,
+    /// The stored record changed (expired and swept) before it could be read.
+    Record,
+}
+
+impl Again {
+    /// The answer once a call has looked `CLAIM_LOOKS_MAX` times.
+    fn exhausted(self, engine: &Engine) -> ClaimError {
+        match self {
+            Again::Room => {
+                bump(&engine.shared().counters.overloaded);
+                ClaimError::Overloaded(Limit::Keys)
+            }
+            Again::Tokens | Again::Record => ClaimError::Contended,
+        }
+    }
 }
 
 /// A completion read back from the file, verified.
@@ -192,6 +218,7 @@ impl Engine {
                         bump(&c.overloaded);
                         ClaimError::Overloaded(Limit::WriterQueue)
                     }
+                    SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
                     SendRefused::Closed => ClaimError::Closed,
                 });
             }
@@ -232,14 +259,13 @@ impl Engine {
     }
 
     /// Turns a decision into the caller's answer: waits for durability under `Immediate`,
-    /// reads a stored response from the file. `None`: look again (tokens were reserved, or
-    /// the record changed before it could be read).
+    /// reads a stored response from the file. `Err(Again)`: look again.
     fn finish(
         &self,
         key: &[u8],
         opts: &ClaimOptions,
         step: Step,
-    ) -> Result<Option<Claim>, ClaimError> {
+    ) -> Result<Result<Claim, Again>, ClaimError> {
         match step {
             Step::Acquired {
                 token,
@@ -250,7 +276,7 @@ impl Engine {
                 if let Some(rx) = ack {
                     wait_ack(self.shared(), &rx).map_err(ClaimError::OutcomeUnknown)?;
                 }
-                Ok(Some(Claim::Acquired(Lease {
+                Ok(Ok(Claim::Acquired(Lease {
                     engine: self.clone(),
                     key: Box::from(key),
                     token,
@@ -259,36 +285,60 @@ impl Engine {
                     settled: false,
                 })))
             }
-            Step::Busy(busy) => Ok(Some(Claim::InProgress(busy))),
-            Step::Replay(stored) => Ok(Some(Claim::Completed(stored))),
+            Step::Busy(busy) => Ok(Ok(Claim::InProgress(busy))),
+            Step::Replay(stored) => Ok(Ok(Claim::Completed(stored))),
             Step::ReplayFromFile { token } => {
-                let read = self.read_completed(key, token, opts.fingerprint)?;
-                if read.is_some() {
-                    bump(&self.shared().counters.replays);
+                match self.read_completed(key, token, opts.fingerprint)? {
+                    Some(read) => {
+                        bump(&self.shared().counters.replays);
+                        Ok(Ok(Claim::Completed(read.stored)))
+                    }
+                    None => Ok(Err(Again::Record)),
                 }
-                Ok(read.map(|r| Claim::Completed(r.stored)))
             }
             Step::NeedTokens => {
                 self.shared().flush().map_err(|e| match e {
                     FlushError::Poisoned(why) => ClaimError::Poisoned(why),
                     FlushError::Closed => ClaimError::Closed,
                 })?;
-                Ok(None)
+                Ok(Err(Again::Tokens))
             }
             Step::NeedRoom => {
                 // Reclaim every expired key (not under any stripe lock), then look again;
-                // if that freed nothing the budget is truly full.
-                if crate::sweep::sweep_all(self.shared()) == 0 {
+                // if that freed nothing the budget is truly full. A sweep cut short by a
+                // close or a poison says so.
+                let freed = crate::sweep::sweep_all(self.shared());
+                self.check_open()?;
+                if freed == 0 {
                     bump(&self.shared().counters.overloaded);
                     return Err(ClaimError::Overloaded(Limit::Keys));
                 }
-                Ok(None)
+                Ok(Err(Again::Room))
             }
         }
     }
 
+    /// A `Corrupted` answer for a replay or read, counted.
+    fn corrupted(&self, detail: String) -> ClaimError {
+        bump(&self.shared().counters.corrupt_reads);
+        ClaimError::Corrupted(Arc::from(detail))
+    }
+
+    /// Whether `key` still names `token` as its completion. Asked under the stripe lock after
+    /// the record under `token` was found missing: a completion's record leaves the file only
+    /// after its slot left the index (expiry, takeover, release), so a slot that still names
+    /// the token means the file lost a record the index holds.
+    fn still_completed_under(&self, key: &[u8], token: u64) -> bool {
+        let (shard, _) = self.shared().index.lock(key);
+        shard
+            .get(key)
+            .is_some_and(|slot| slot.token == token && !slot.is_inflight())
+    }
+
     /// Reads the completion stored under `token` for `key` and checks its fingerprint.
-    /// `Ok(None)`: the record is gone (expired and swept since the slot was seen).
+    /// `Ok(None)`: the record is gone because the key moved on (expired and swept since the
+    /// slot was seen); look again. A record missing while the key still names it is
+    /// `Corrupted`, never a reason to look again: that read could never succeed.
     pub(crate) fn read_completed(
         &self,
         key: &[u8],
@@ -299,11 +349,15 @@ impl Engine {
         let store = s.store().ok_or(ClaimError::Closed)?;
         let record = match store.get(token) {
             Ok(Some(Ok(record))) => record,
+            Ok(None) if self.still_completed_under(key, token) => {
+                return Err(self.corrupted(format!(
+                    "the record under token {token} is missing from the file, but the index \
+                     still names it as the key's completion"
+                )))
+            }
             Ok(None) => return Ok(None),
             Ok(Some(Err(e))) => {
-                return Err(ClaimError::Corrupted(Arc::from(format!(
-                    "record under token {token}: {e}"
-                ))))
+                return Err(self.corrupted(format!("record under token {token}: {e}")))
             }
             // redb refuses further writes after an I/O error; stop acknowledging now.
             Err(why) => return Err(ClaimError::Poisoned(s.poison(why))),
@@ -315,14 +369,12 @@ impl Engine {
             ..
         } = record.state
         else {
-            return Err(ClaimError::Corrupted(Arc::from(format!(
-                "record under token {token} is not a completion"
-            ))));
+            return Err(self.corrupted(format!("record under token {token} is not a completion")));
         };
         if *record.key.0 != *key {
-            return Err(ClaimError::Corrupted(Arc::from(format!(
-                "record under token {token} belongs to another key"
-            ))));
+            return Err(
+                self.corrupted(format!("record under token {token} belongs to another key"))
+            );
         }
         if let (Some(asked), Some(stored)) = (fingerprint, record.fingerprint) {
             if asked != stored {
@@ -354,13 +406,20 @@ impl Engine {
         self.check_key(key)?;
         self.check_open()?;
         bump(&self.shared().counters.claims);
+        let mut looks = 0;
         loop {
             let step = {
                 let (mut shard, _) = self.shared().index.lock(key);
                 self.claim_step(&mut shard, key, opts)?
             };
-            if let Some(claim) = self.finish(key, opts, step)? {
-                return Ok(claim);
+            match self.finish(key, opts, step)? {
+                Ok(claim) => return Ok(claim),
+                Err(again) => {
+                    looks += 1;
+                    if looks >= CLAIM_LOOKS_MAX {
+                        return Err(again.exhausted(self));
+                    }
+                }
             }
         }
     }
@@ -377,6 +436,7 @@ impl Engine {
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
         let deadline = s.time.mono_ns().saturating_add(duration_ns(wait));
         let mut waited = false;
+        let mut looks = 0;
         loop {
             let step = {
                 let (mut shard, changed) = s.index.lock(key);
@@ -411,16 +471,33 @@ impl Engine {
                     changed.wait_for(&mut shard, slice);
                 }
             };
-            if let Some(claim) = self.finish(key, opts, step)? {
-                return Ok(claim);
+            match self.finish(key, opts, step)? {
+                Ok(claim) => return Ok(claim),
+                Err(again) => {
+                    looks += 1;
+                    if looks >= CLAIM_LOOKS_MAX {
+                        return Err(again.exhausted(self));
+                    }
+                }
             }
         }
     }
 
     /// Runs `handler` at most once per key: the winner runs it and stores its bytes; every
-    /// concurrent or later caller waits and receives the same bytes with `replayed` set. If
-    /// the handler fails, its claim is released and the error returned; a waiting caller
-    /// then runs the handler itself.
+    /// concurrent or later caller waits and receives the same bytes with `replayed` set.
+    ///
+    /// What the other callers see depends on how the winner's run ends:
+    ///
+    /// - **Stored**: they receive its bytes (`replayed`).
+    /// - **The handler failed** ([`RunError::Handler`]): the claim is released, and a waiting
+    ///   caller acquires the key at once and runs its own handler.
+    /// - **The handler ran but the engine refused its result** ([`RunError::NotStored`]: a
+    ///   response over `response_len_max`, or a writer queue that stayed full for the whole
+    ///   lease): the key is *not* released, because the work is done. It stays InFlight under
+    ///   the winner's token until the lease ends, so the others keep waiting (and get
+    ///   [`RunError::StillInProgress`] if their wait runs out first); the first caller after the
+    ///   lease ended takes the key over with attempt + 1 and runs its handler.
+    /// - **The lease was lost or the engine stopped** ([`RunError::Lease`]).
     ///
     /// ```
     /// use idemkv::{ClaimOptions, Durability, Engine};
@@ -444,7 +521,9 @@ impl Engine {
                 match handler(&lease) {
                     Ok(bytes) => {
                         let response: Arc<[u8]> = Arc::from(bytes);
-                        lease.complete_arc(response.clone())?;
+                        lease
+                            .complete_arc(response.clone())
+                            .map_err(|e| self.not_stored(key, token, e))?;
                         Ok(Outcome {
                             response,
                             replayed: false,
@@ -470,8 +549,27 @@ impl Engine {
         }
     }
 
+    /// Sorts a refused completion after the handler ran: the engine's own refusals (the key
+    /// stays held, see [`RunError::NotStored`]) from a lost lease or a stopped engine.
+    fn not_stored<E>(&self, key: &[u8], token: u64, e: LeaseError) -> RunError<E> {
+        let reason = match e {
+            LeaseError::ResponseTooLarge { len, max } => {
+                NotStoredReason::ResponseTooLarge { len, max }
+            }
+            LeaseError::Overloaded(_) => NotStoredReason::QueueFull,
+            other => return RunError::Lease(other),
+        };
+        RunError::NotStored {
+            reason,
+            token,
+            retry_after: self.lease_remaining(key, token),
+        }
+    }
+
     /// [`Engine::run`] for a typed response, stored with serde + bincode. Every caller gets an
-    /// equal value; a replay decodes the winner's stored bytes.
+    /// equal value; a replay decodes the winner's stored bytes. A value that cannot be encoded
+    /// (or whose encoding is too large) is work done but not stored: [`RunError::NotStored`],
+    /// and the key stays held until the lease ends, as for [`Engine::run`].
     pub fn run_typed<T, E>(
         &self,
         key: &[u8],
@@ -484,8 +582,21 @@ impl Engine {
         match self.claim_or_wait(key, opts)? {
             Claim::Acquired(lease) => match handler(&lease) {
                 Ok(value) => {
-                    let bytes = codec::encode_value(&value).map_err(RunError::Codec)?;
-                    lease.complete_arc(Arc::from(bytes))?;
+                    let token = lease.token();
+                    let bytes = match codec::encode_value(&value) {
+                        Ok(bytes) => bytes,
+                        Err(e) => {
+                            lease.keep_until_lease_ends();
+                            return Err(RunError::NotStored {
+                                reason: NotStoredReason::Encode(e),
+                                token,
+                                retry_after: self.lease_remaining(key, token),
+                            });
+                        }
+                    };
+                    lease
+                        .complete_arc(Arc::from(bytes))
+                        .map_err(|e| self.not_stored(key, token, e))?;
                     Ok(TypedOutcome {
                         value,
                         replayed: false,
@@ -507,12 +618,15 @@ impl Engine {
     }
 
     /// The key's visible state, or `None` if it is Absent (never claimed, released, or past
-    /// its retention). A durable engine reads a completed key's response from the file.
+    /// its retention). A durable engine reads a completed key's response from the file; a
+    /// record missing from the file while the key still names it is `Corrupted`.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
         self.check_key(key)?;
         self.check_open()?;
         let s = self.shared();
-        loop {
+        // Each look after the first follows a completion that expired and was swept while
+        // its record was being read; a missing record the key still names is `Corrupted`.
+        for _ in 0..CLAIM_LOOKS_MAX {
             let token = {
                 let (shard, _) = s.index.lock(key);
                 let now = s.time.mono_ns();
@@ -550,5 +664,34 @@ impl Engine {
                 }));
             }
         }
+        Err(ClaimError::Contended)
+    }
+
+    /// Test builds only: deletes the record of `key`'s current token from the file while the
+    /// index keeps naming it, as a storage fault that lost a committed write would, so that
+    /// a test can show a replay is refused with `Corrupted` instead of retried forever.
+    /// Returns whether the key had a record to lose; the deletion is committed on return.
+    #[cfg(feature = "testkit")]
+    pub fn lose_record(&self, key: &[u8]) -> Result<bool, FlushError> {
+        let s = self.shared();
+        {
+            let (shard, _) = s.index.lock(key);
+            let Some(slot) = shard.get(key) else {
+                return Ok(false);
+            };
+            if s.send(
+                Op::Delete {
+                    token: slot.token,
+                    ack: None,
+                },
+                false,
+            )
+            .is_err()
+            {
+                return Err(FlushError::Closed);
+            }
+        }
+        s.flush()?;
+        Ok(true)
     }
 }

@@ -34,9 +34,11 @@ pub(crate) const QUEUE_DEPTH_LIMIT: usize = 1 << 20;
 /// complete or release when claims have filled the rest.
 pub(crate) const QUEUE_CLAIM_HEADROOM_DIVISOR: usize = 8;
 
-/// Times a holder's call (complete, release, extend, checkpoint) drains a full writer
-/// queue and tries again before it reports `Overloaded`.
-pub(crate) const HOLDER_QUEUE_RETRIES: u32 = 8;
+/// Most times one claim or `get` looks at its key again after a race it cannot win by
+/// waiting (tokens being reserved, room being made, a stored record replaced before it could
+/// be read). Each look follows real progress by others, so this is never reached in
+/// practice; it only guarantees that no call loops forever.
+pub(crate) const CLAIM_LOOKS_MAX: u32 = 64;
 
 /// Most operations the writer puts in one redb transaction.
 pub(crate) const BATCH_OPS_MAX: usize = 8192;

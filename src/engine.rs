@@ -11,7 +11,7 @@ use crate::options::{Durability, EngineBuilder};
 use crate::stats::{read, Counters, Stats};
 use crate::storage::{Closing, Store};
 use crate::sweep::Sweeper;
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering, RwLock, Weak};
+use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, RwLock, Weak};
 use crate::token::Tokens;
 use crate::writer::{self, ack_pair, wait_ack, Op};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
@@ -49,9 +49,17 @@ pub(crate) struct Shared {
     closed: AtomicBool,
     writer_stopped: AtomicBool,
     pub(crate) sweeper: Sweeper,
+    /// Holders waiting for room in a full writer queue sleep here. Notified when the writer
+    /// takes a batch off the queue, and on poison, close and clock jumps. Never taken while a
+    /// stripe lock is held.
+    room: Mutex<()>,
+    room_changed: Condvar,
     /// The active test-only sabotage (a `Sabotage` as u8; 0 is none).
     #[cfg(feature = "testkit")]
     pub(crate) sabotage: crate::sync::AtomicU8,
+    /// Test-only: the writer panics at its next batch (see `Engine::panic_writer_at_next_batch`).
+    #[cfg(feature = "testkit")]
+    pub(crate) writer_panic: AtomicBool,
 }
 
 /// Bugs a test can switch on, to prove that the checkers catch them.
@@ -73,7 +81,36 @@ impl Shared {
         };
         self.poisoned.store(true, Ordering::Release);
         self.index.wake_all();
+        self.notify_room();
         why
+    }
+
+    /// Wakes every holder waiting for room in the writer queue. Taking the lock orders the
+    /// wake after any waiter's check of the queue.
+    pub(crate) fn notify_room(&self) {
+        drop(self.room.lock());
+        self.room_changed.notify_all();
+    }
+
+    /// Waits until the writer queue has room, `deadline_ns` (monotonic) passes, or the engine
+    /// stops. Returns false only when the deadline passed first. Called without any stripe
+    /// lock; wakes on the writer taking a batch, a clock jump, poison or close.
+    pub(crate) fn wait_for_room(&self, deadline_ns: u64) -> bool {
+        let Some(tx) = &self.tx else { return true };
+        let mut room = self.room.lock();
+        loop {
+            if self.poison_reason().is_some() || self.is_closed() || !tx.is_full() {
+                return true;
+            }
+            // Read under the room lock: a clock jump after this read notifies us.
+            let now = self.time.mono_ns();
+            if now >= deadline_ns {
+                return false;
+            }
+            let left = std::time::Duration::from_nanos(deadline_ns - now);
+            self.room_changed
+                .wait_for(&mut room, left.clamp(WAIT_SLICE_MIN, WAIT_SLICE_MAX));
+        }
     }
 
     pub(crate) fn poison_reason(&self) -> Option<Arc<str>> {
@@ -102,8 +139,15 @@ impl Shared {
 
     /// Queues `op` for the writer. Called under the key's stripe lock, which keeps each
     /// key's operations in order; never blocks. `claim` ops must leave the headroom free.
+    ///
+    /// The poison check here, under the stripe lock at the point of no return, is what keeps
+    /// a call that passed `check_open` just before a poison from being acknowledged: every
+    /// transition that queues a write is refused once the engine is poisoned.
     pub(crate) fn send(&self, op: Op, claim: bool) -> Result<(), SendRefused> {
         let Some(tx) = &self.tx else { return Ok(()) };
+        if let Some(why) = self.poison_reason() {
+            return Err(SendRefused::Poisoned(why));
+        }
         if self.is_closed() {
             return Err(SendRefused::Closed);
         }
@@ -113,7 +157,11 @@ impl Shared {
         match tx.try_send(op) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(SendRefused::Full),
-            Err(TrySendError::Disconnected(_)) => Err(SendRefused::Closed),
+            // A writer that died of a panic poisoned the engine before dropping the queue.
+            Err(TrySendError::Disconnected(_)) => Err(match self.poison_reason() {
+                Some(why) => SendRefused::Poisoned(why),
+                None => SendRefused::Closed,
+            }),
         }
     }
 
@@ -127,18 +175,19 @@ impl Shared {
         }
         let Some(tx) = &self.tx else { return Ok(()) };
         let (ack, rx) = ack_pair();
-        tx.send(Op::Barrier { ack })
-            .map_err(|_| FlushError::Closed)?;
-        wait_ack(self, &rx).map_err(|why| match self.poison_reason() {
-            Some(_) => FlushError::Poisoned(why),
+        let stopped = || match self.poison_reason() {
+            Some(why) => FlushError::Poisoned(why),
             None => FlushError::Closed,
-        })
+        };
+        tx.send(Op::Barrier { ack }).map_err(|_| stopped())?;
+        wait_ack(self, &rx).map_err(|_| stopped())
     }
 }
 
 /// Why an operation could not be queued.
 pub(crate) enum SendRefused {
     Full,
+    Poisoned(Arc<str>),
     Closed,
 }
 
@@ -214,6 +263,7 @@ fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushEr
         shared.set_writer_stopped();
         shared.store.write().take();
         shared.index.wake_all();
+        shared.notify_room();
     }
     match shared.poison_reason() {
         Some(why) => Err(FlushError::Poisoned(why)),
@@ -272,8 +322,12 @@ impl EngineBuilder {
             closed: AtomicBool::new(false),
             writer_stopped: AtomicBool::new(false),
             sweeper: Sweeper::new(self.sweep_interval),
+            room: Mutex::new(()),
+            room_changed: Condvar::new(),
             #[cfg(feature = "testkit")]
             sabotage: crate::sync::AtomicU8::new(0),
+            #[cfg(feature = "testkit")]
+            writer_panic: AtomicBool::new(false),
         });
         let mut threads = Threads::default();
         if let (Some(store), Some(rx)) = (store, rx) {
@@ -300,6 +354,7 @@ fn subscribe_clock(b: &EngineBuilder, shared: &Arc<Shared>) -> Arc<ClockListener
     let listener: Arc<ClockListener> = Arc::new(move || {
         if let Some(shared) = weak.upgrade() {
             shared.index.wake_all();
+            shared.notify_room();
             shared.sweeper.nudge();
         }
     });
@@ -415,6 +470,7 @@ impl Engine {
             replays: read(&c.replays),
             in_progress: read(&c.in_progress),
             fingerprint_mismatches: read(&c.fingerprint_mismatches),
+            corrupt_reads: read(&c.corrupt_reads),
             completions: read(&c.completions),
             releases: read(&c.releases),
             leases_lost: read(&c.leases_lost),
@@ -438,5 +494,13 @@ impl Engine {
     /// file and refuses further calls. Idempotent; also done when the last handle drops.
     pub fn close(&self) -> Result<(), FlushError> {
         close_shared(&self.inner.shared, &self.inner.threads)
+    }
+
+    /// Test builds only: makes the writer thread panic at its next batch, before writing it,
+    /// as a bug in the writer would. The engine must poison itself and fail every pending
+    /// acknowledgement (`docs/design.md`, "How a commit can fail").
+    #[cfg(feature = "testkit")]
+    pub fn panic_writer_at_next_batch(&self) {
+        self.shared().writer_panic.store(true, Ordering::Release);
     }
 }

@@ -109,9 +109,14 @@ pub enum ClaimError {
     /// The claim was queued but its write was not confirmed before the engine failed. After
     /// a reopen the key is either Absent or InFlight (taken over at once); nothing ran yet.
     OutcomeUnknown(Arc<str>),
-    /// A stored record failed its checksum or does not match its key: it is not replayed.
+    /// A stored record failed its checksum, does not match its key, or is missing although
+    /// the index still names it (the file lost a write): it is not replayed, and the call
+    /// does not retry a read that cannot succeed. Counted in [`crate::Stats::corrupt_reads`].
     /// Stop the engine and verify the file (`idemkv verify`).
     Corrupted(Arc<str>),
+    /// The call had to look at its key again too many times in a row (the token reservation
+    /// or the key's stored record changed under it each time). Nothing changed; retry.
+    Contended,
     /// The engine was closed.
     Closed,
 }
@@ -136,6 +141,9 @@ impl fmt::Display for ClaimError {
                 )
             }
             ClaimError::Corrupted(why) => write!(f, "stored record is corrupted: {why}"),
+            ClaimError::Contended => {
+                f.write_str("the key kept changing while the call looked at it; retry")
+            }
             ClaimError::Closed => f.write_str("engine closed"),
         }
     }
@@ -152,8 +160,14 @@ pub enum LeaseError {
     /// key was released, completed by another token, or expired. Nothing changed; the work
     /// done under this token must not be reported as the key's outcome.
     LeaseLost,
-    /// The response is larger than the configured maximum. Nothing was stored; a consumed
-    /// [`crate::Lease`] releases the key as it drops, so a retry can run.
+    /// The response is larger than the configured maximum, so it can never be stored.
+    /// Nothing changed and the key is **not** released (also not by a consumed
+    /// [`crate::Lease`]): the work is done, and handing the key to the next caller at once
+    /// would run it again. The key stays InFlight under this token until its lease ends:
+    /// other callers see `InProgress` (waiters keep waiting), and the first claim after the
+    /// lease ended takes the key over (attempt + 1). Until then the holder may still
+    /// [`crate::Engine::complete`] with a response that fits, or [`crate::Engine::release`]
+    /// the key on purpose, with its token.
     ResponseTooLarge {
         /// Length of the response given.
         len: usize,
@@ -174,8 +188,11 @@ pub enum LeaseError {
         /// Longest key accepted.
         max: usize,
     },
-    /// The writer queue is full; nothing changed. Through the token forms the lease is still
-    /// held (retry); a consumed [`crate::Lease`] releases the key as it drops.
+    /// The writer queue stayed full until the lease ended. A holder's call (`complete`,
+    /// `release`, `extend`, `checkpoint`) waits for room in the queue while its lease lasts
+    /// (on the engine's clock) instead of failing; this is what it reports if the lease
+    /// ended first. Nothing changed and the key is not released: it stays InFlight under this
+    /// token with its lease over, so the next claim takes it over (attempt + 1).
     Overloaded(Limit),
     /// A storage failure stopped the engine; it acknowledges nothing more. Reopen it.
     Poisoned(Arc<str>),
@@ -199,7 +216,9 @@ impl fmt::Display for LeaseError {
             LeaseError::KeyTooLong { len, max } => {
                 write!(f, "key of {len} bytes exceeds the maximum of {max}")
             }
-            LeaseError::Overloaded(limit) => write!(f, "overloaded: {limit} reached; retry"),
+            LeaseError::Overloaded(limit) => {
+                write!(f, "overloaded: {limit} reached for the whole lease")
+            }
             LeaseError::Poisoned(why) => write!(f, "engine poisoned by a storage failure: {why}"),
             LeaseError::OutcomeUnknown(why) => {
                 write!(
@@ -236,22 +255,74 @@ impl fmt::Display for FlushError {
 
 impl std::error::Error for FlushError {}
 
+/// Why the result of a handler that ran could not be stored (see [`RunError::NotStored`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotStoredReason {
+    /// The response is larger than [`crate::EngineBuilder::response_len_max`]; it can never
+    /// be stored.
+    ResponseTooLarge {
+        /// Length of the response the handler returned.
+        len: usize,
+        /// Largest response accepted.
+        max: usize,
+    },
+    /// The writer queue stayed full until the lease ended.
+    QueueFull,
+    /// [`crate::Engine::run_typed`]: the handler's value could not be encoded.
+    Encode(String),
+}
+
+impl fmt::Display for NotStoredReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotStoredReason::ResponseTooLarge { len, max } => {
+                write!(f, "response of {len} bytes exceeds the maximum of {max}")
+            }
+            NotStoredReason::QueueFull => {
+                f.write_str("the writer queue stayed full until the lease ended")
+            }
+            NotStoredReason::Encode(e) => write!(f, "the value could not be encoded: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for NotStoredReason {}
+
 /// Why [`crate::Engine::run`] or [`crate::Engine::run_typed`] did not produce an outcome.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RunError<E> {
     /// The claim failed (see [`ClaimError`]); the handler did not run.
     Claim(ClaimError),
-    /// The handler ran but its result could not be stored (see [`LeaseError`]).
+    /// The handler ran, but its result could not be stored because the lease was lost (a
+    /// newer token took the key over after the lease ended) or the engine stopped (see
+    /// [`LeaseError`]).
     Lease(LeaseError),
-    /// The handler returned an error; the claim was released so that a retry can run.
+    /// The handler ran and its work is done, but the engine refused to store its result
+    /// (`reason`). The key is **not** released, so the engine's own limit never turns into
+    /// a second run: it stays InFlight under `token` until the lease ends, `retry_after`
+    /// from now. Until then every other caller gets `InProgress` (`run`:
+    /// [`RunError::StillInProgress`] once its wait runs out); after it, the next claim takes
+    /// the key over (attempt + 1) and runs the handler again. Fix the cause (a response that
+    /// fits) before that; [`crate::Engine::release`] with `token` gives the key up at once.
+    NotStored {
+        /// Why the result could not be stored.
+        reason: NotStoredReason,
+        /// The token the handler ran under; it still owns the key.
+        token: u64,
+        /// Time until the lease ends and the key can be taken over (zero if it has ended).
+        retry_after: Duration,
+    },
+    /// The handler returned an error; the claim was released so that a retry (a waiting
+    /// caller, or the next one) can run it at once.
     Handler(E),
     /// Another holder still had the key when the wait ran out. Retry after the hint.
     StillInProgress {
         /// When the holder's lease ends, as far as the engine knows.
         retry_after: Duration,
     },
-    /// A typed response could not be encoded or decoded (see [`crate::Engine::run_typed`]).
+    /// A replayed typed response could not be decoded (see [`crate::Engine::run_typed`]).
     Codec(String),
 }
 
@@ -260,6 +331,15 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
         match self {
             RunError::Claim(e) => write!(f, "claim failed: {e}"),
             RunError::Lease(e) => write!(f, "storing the response failed: {e}"),
+            RunError::NotStored {
+                reason,
+                token,
+                retry_after,
+            } => write!(
+                f,
+                "the handler ran but its result was not stored ({reason}); token {token} \
+                 keeps the key for {retry_after:?}"
+            ),
             RunError::Handler(e) => write!(f, "handler failed: {e}"),
             RunError::StillInProgress { retry_after } => {
                 write!(
@@ -272,7 +352,16 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
     }
 }
 
-impl<E: fmt::Debug + fmt::Display> std::error::Error for RunError<E> {}
+impl<E: fmt::Debug + fmt::Display> std::error::Error for RunError<E> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            RunError::Claim(e) => Some(e),
+            RunError::Lease(e) => Some(e),
+            RunError::NotStored { reason, .. } => Some(reason),
+            _ => None,
+        }
+    }
+}
 
 impl<E> From<ClaimError> for RunError<E> {
     fn from(e: ClaimError) -> Self {

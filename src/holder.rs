@@ -1,11 +1,15 @@
 //! What a lease holder does: complete, release, extend, checkpoint. Every call compares the
 //! caller's token with the key's current token under the stripe lock (fencing), so a
 //! superseded holder can never overwrite a newer state.
+//!
+//! A holder whose work is done is never turned away by the engine's own limits in a way that
+//! hands the key to the next caller: a full writer queue is waited out while the lease lasts,
+//! and a refused completion leaves the key InFlight under the holder's token until its lease
+//! ends. Only an explicit release, or the end of the lease, lets another caller run the work.
 
 use crate::claim::inflight_record;
 use crate::clock::duration_ns;
 use crate::codec::{Blob, Checkpoint, Record, RecordState};
-use crate::constants::HOLDER_QUEUE_RETRIES;
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
 use crate::error::{FlushError, LeaseError, Limit};
 use crate::index::{Extra, Slot};
@@ -20,6 +24,7 @@ fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
             bump(&engine.shared().counters.overloaded);
             LeaseError::Overloaded(Limit::WriterQueue)
         }
+        SendRefused::Poisoned(why) => LeaseError::Poisoned(why),
         SendRefused::Closed => LeaseError::Closed,
     }
 }
@@ -27,6 +32,13 @@ fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
 impl Engine {
     /// Completes `key` for `token` with `response` (see [`crate::Lease::complete`]). A repeat
     /// with the same token succeeds without change; any other token gets `LeaseLost`.
+    ///
+    /// While the writer queue is full the call waits for room as long as the lease lasts. If
+    /// it is refused (`ResponseTooLarge`, or `Overloaded` because the lease ended while the
+    /// queue stayed full) nothing changed: the key stays InFlight under `token` until its
+    /// lease ends, so other callers see `InProgress` and only a claim after the lease ended
+    /// takes it over. Within the lease, a completion that fits or a [`Engine::release`] still
+    /// settles it.
     pub fn complete(&self, key: &[u8], token: u64, response: &[u8]) -> Result<(), LeaseError> {
         self.complete_arc(key, token, Arc::from(response))
     }
@@ -37,29 +49,58 @@ impl Engine {
         token: u64,
         response: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
-        self.with_room(|| self.try_complete(key, token, response.clone()))
+        self.with_room(key, token, || {
+            self.try_complete(key, token, response.clone())
+        })
     }
 
-    /// Runs a holder's call, draining the writer queue and trying again while it is full:
-    /// a holder finishing its work must not be turned away by claims (which are refused
-    /// earlier, at seven eighths of the queue).
+    /// Runs a holder's call for `token` on `key`, waiting for room while the writer queue is
+    /// full: a holder whose work is done must not be turned away (claims are refused
+    /// earlier, at seven eighths of the queue, so the rest is the holders' headroom). The
+    /// wait blocks outside the stripe lock and ends when the queue has room or the lease
+    /// ends on the engine's clock; in the second case the call reports `Overloaded` and the
+    /// key is left as it is, InFlight under `token` with its lease over: not released, so
+    /// only a takeover (which the lease's end allows) runs the work again.
     fn with_room<T>(
         &self,
+        key: &[u8],
+        token: u64,
         mut call: impl FnMut() -> Result<T, LeaseError>,
     ) -> Result<T, LeaseError> {
-        let mut tries = 0;
         loop {
             match call() {
-                Err(LeaseError::Overloaded(Limit::WriterQueue)) if tries < HOLDER_QUEUE_RETRIES => {
-                    tries += 1;
-                    self.shared().flush().map_err(|e| match e {
-                        FlushError::Poisoned(why) => LeaseError::Poisoned(why),
-                        FlushError::Closed => LeaseError::Closed,
-                    })?;
+                Err(LeaseError::Overloaded(Limit::WriterQueue)) => {
+                    match self.lease_deadline_ns(key, token) {
+                        Some(deadline) => {
+                            if !self.shared().wait_for_room(deadline) {
+                                return Err(LeaseError::Overloaded(Limit::WriterQueue));
+                            }
+                        }
+                        // The key moved on since the call looked: one more call says how.
+                        None => return call(),
+                    }
                 }
                 other => return other,
             }
         }
+    }
+
+    /// The monotonic end of the lease of `token` on `key`, if `token` holds it InFlight.
+    pub(crate) fn lease_deadline_ns(&self, key: &[u8], token: u64) -> Option<u64> {
+        let (shard, _) = self.shared().index.lock(key);
+        shard
+            .get(key)
+            .filter(|slot| slot.token == token && slot.is_inflight())
+            .map(|slot| slot.deadline_ns)
+    }
+
+    /// Time left on the lease of `token` on `key` (zero if it ended or `token` lost it).
+    pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
+        let now = self.shared().time.mono_ns();
+        self.lease_deadline_ns(key, token)
+            .map_or(Duration::ZERO, |d| {
+                Duration::from_nanos(d.saturating_sub(now))
+            })
     }
 
     fn try_complete(&self, key: &[u8], token: u64, response: Arc<[u8]>) -> Result<(), LeaseError> {
@@ -153,10 +194,12 @@ impl Engine {
     }
 
     /// Releases `key` if `token` still owns it as InFlight; returns whether it did. A
-    /// released key is Absent: the next claim (or a waiting caller) acquires it.
+    /// released key is Absent: the next claim (or a waiting caller) acquires it. A full
+    /// writer queue is waited out as long as the lease lasts (see [`Engine::complete`]).
     pub fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         self.check_lease_call(key)?;
-        let (released, ack) = self.with_room(|| self.release_locked(key, token, true))?;
+        let (released, ack) =
+            self.with_room(key, token, || self.release_locked(key, token, true))?;
         if let Some(rx) = ack {
             wait_ack(self.shared(), &rx).map_err(LeaseError::OutcomeUnknown)?;
         }
@@ -251,7 +294,7 @@ impl Engine {
 
     /// Sets the lease of `token` on `key` to end `lease` from now.
     pub fn extend(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
-        self.with_room(|| {
+        self.with_room(key, token, || {
             self.update_inflight(key, token, |slot, _, now| {
                 slot.deadline_ns = now.saturating_add(duration_ns(lease));
             })
@@ -273,7 +316,7 @@ impl Engine {
                 max,
             });
         }
-        self.with_room(|| {
+        self.with_room(key, token, || {
             self.update_inflight(key, token, |_, extra, _| {
                 extra.checkpoint = Some(Checkpoint::new(phase, data));
             })

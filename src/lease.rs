@@ -20,8 +20,11 @@ pub enum Claim {
     Completed(Stored),
 }
 
-/// The exclusive right to act for one key, fenced by a token. Dropping a lease that was
-/// neither completed nor released releases it (a retryable failure).
+/// The exclusive right to act for one key, fenced by a token. Dropping a lease on which
+/// neither `complete` nor `release` was called releases it (a retryable failure: the work
+/// was abandoned, e.g. the handler panicked), so the next caller can run it at once. Once
+/// `complete` was called the lease never releases the key, even if the completion was
+/// refused (see [`Lease::complete`]).
 pub struct Lease {
     pub(crate) engine: Engine,
     pub(crate) key: Box<[u8]>,
@@ -65,23 +68,29 @@ impl Lease {
 
     /// Stores `response` as the key's outcome. Under `Immediate` it returns once durable.
     ///
-    /// A full writer queue is drained and the completion retried, so this fails only when
-    /// the lease was lost or the engine stopped. If the response is refused before anything
-    /// changed (`ResponseTooLarge`, or a queue that stayed full), the lease is released as
-    /// it drops, so that a retry can run.
+    /// While the writer queue is full the call waits for room as long as the lease lasts.
+    /// Whatever the result, the consumed lease does **not** release the key: the work is
+    /// done, and releasing would let a waiting caller run it again. If the engine refused
+    /// the response (`ResponseTooLarge`, or `Overloaded` because the queue stayed full until
+    /// the lease ended), the key stays InFlight under [`Lease::token`] until the lease ends:
+    /// other callers see `InProgress` until then, and the first claim after it takes the key
+    /// over (attempt + 1). Within the lease [`crate::Engine::complete`] (a response that
+    /// fits) or [`crate::Engine::release`] with the token still settle it.
     pub fn complete(self, response: &[u8]) -> Result<(), LeaseError> {
         self.complete_arc(Arc::from(response))
     }
 
     /// Like [`Lease::complete`], sharing the caller's bytes.
     pub(crate) fn complete_arc(mut self, response: Arc<[u8]>) -> Result<(), LeaseError> {
-        let result = self.engine.complete_arc(&self.key, self.token, response);
-        // Refused before any change: the key is still ours, and dropping releases it.
-        self.settled = !matches!(
-            result,
-            Err(LeaseError::ResponseTooLarge { .. } | LeaseError::Overloaded(_))
-        );
-        result
+        // Settled whatever happens: a refused completion keeps the key until the lease ends.
+        self.settled = true;
+        self.engine.complete_arc(&self.key, self.token, response)
+    }
+
+    /// Lets the lease go without releasing the key: it stays InFlight under this token until
+    /// the lease ends (work done that could not be stored).
+    pub(crate) fn keep_until_lease_ends(mut self) {
+        self.settled = true;
     }
 
     /// Gives the key up after a retryable failure: it becomes Absent, and the next claim

@@ -126,8 +126,25 @@ pub struct EngineBuilder {
     pub(crate) backend: Option<BackendSlot>,
 }
 
-/// A custom redb storage backend handed to the builder (fault injection, tests).
+/// A custom redb storage backend handed to the builder (fault injection, tests). Clones of
+/// the builder share the slot; the first open takes the backend out of it.
 pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn redb::StorageBackend>>>>);
+
+impl BackendSlot {
+    /// Takes the backend for an open. A second open of the same backend (through a clone of
+    /// the builder) is refused: it must never fall back to a file named after the
+    /// placeholder path, nor share one backend between two databases.
+    pub(crate) fn take(&self) -> Result<Box<dyn redb::StorageBackend>, OpenError> {
+        self.0
+            .lock()
+            .take()
+            .ok_or_else(|| OpenError::InvalidConfig {
+                detail: "the storage backend was already used by an earlier open (a clone of \
+                     this builder); give each open its own backend"
+                    .into(),
+            })
+    }
+}
 
 impl Clone for BackendSlot {
     fn clone(&self) -> Self {
@@ -272,7 +289,9 @@ impl EngineBuilder {
     }
 
     /// Stores the database in a custom redb [`redb::StorageBackend`] instead of a file at
-    /// `path` (which is then only used in messages). Used for fault injection.
+    /// `path` (which is then only used in messages). Used for fault injection. A backend
+    /// serves one open: clones of this builder share it, and opening a second time is refused
+    /// with [`OpenError::InvalidConfig`] without touching any file.
     pub fn backend(mut self, backend: impl redb::StorageBackend) -> Self {
         self.backend = Some(BackendSlot(Arc::new(Mutex::new(Some(Box::new(backend))))));
         self

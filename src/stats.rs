@@ -28,6 +28,9 @@ pub struct Stats {
     pub in_progress: u64,
     /// Claims refused for a fingerprint mismatch.
     pub fingerprint_mismatches: u64,
+    /// Replays and reads refused with `Corrupted`: a stored record failed its checks, or was
+    /// missing although the index named it.
+    pub corrupt_reads: u64,
     /// Completions accepted.
     pub completions: u64,
     /// Leases released.
@@ -60,6 +63,7 @@ pub(crate) struct Counters {
     pub(crate) replays: AtomicU64,
     pub(crate) in_progress: AtomicU64,
     pub(crate) fingerprint_mismatches: AtomicU64,
+    pub(crate) corrupt_reads: AtomicU64,
     pub(crate) completions: AtomicU64,
     pub(crate) releases: AtomicU64,
     pub(crate) leases_lost: AtomicU64,

@@ -279,7 +279,7 @@ impl Store {
         let mut builder = Database::builder();
         builder.set_cache_size(REDB_CACHE_BYTES);
         builder.set_check_integrity_on_open(b.verify_on_open);
-        let backend = b.backend.as_ref().and_then(|slot| slot.0.lock().take());
+        let backend = b.backend.as_ref().map(|slot| slot.take()).transpose()?;
         let db = match backend {
             Some(backend) => {
                 reset_backend_if_blank(&*backend)?;

@@ -119,7 +119,9 @@ fn sweep_pass(s: &Shared, pace: Pace) -> u64 {
     let mut step_start = Instant::now();
     for stripe in s.index.stripes() {
         loop {
-            if s.poison_reason().is_some() || (pace == Pace::Background && s.is_closed()) {
+            // A close or poison refuses every deletion from now on: stop, whatever the pace
+            // (otherwise each refused send looks like "more to do" and the pass spins).
+            if s.poison_reason().is_some() || s.is_closed() {
                 return removed;
             }
             if queue_busy(s) {
@@ -159,9 +161,12 @@ pub(crate) fn sweep_all(s: &Shared) -> u64 {
 impl Engine {
     /// Reclaims every key past its retention now, from memory and (through the writer) from
     /// the file; returns how many. Expired keys are already Absent to every call: this only
-    /// gives their space back, as the background sweeper does on its own.
+    /// gives their space back, as the background sweeper does on its own. A close or a
+    /// poison during the sweep ends it early with `Closed` or `Poisoned`.
     pub fn sweep_now(&self) -> Result<u64, ClaimError> {
         self.check_open()?;
-        Ok(sweep_all(self.shared()))
+        let removed = sweep_all(self.shared());
+        self.check_open()?;
+        Ok(removed)
     }
 }

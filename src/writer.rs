@@ -4,7 +4,8 @@
 //! Architecture invariant: the writer never holds a stripe lock during I/O. It takes stripe
 //! locks only after a commit, to publish completions.
 //! Architecture invariant: a failed commit poisons the engine before any caller learns of it,
-//! so nothing after the failure is acknowledged.
+//! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
+//! failed commit: it poisons the engine as it unwinds and fails every pending acknowledgement.
 
 use crate::codec::{self, Record};
 use crate::constants::{ACK_POLL, BATCH_OPS_MAX};
@@ -56,18 +57,60 @@ struct Writer {
     rx: Receiver<Op>,
 }
 
+/// The writer's batch, and what happens to it if the writer thread panics: the engine is
+/// poisoned first (so nothing more is acknowledged and waiters wake), then every operation
+/// of the batch and of the queue is acknowledged with the failure. Without this a panic
+/// would leave the engine reporting `Closed` and callers waiting on acknowledgements and
+/// publications that never come.
+struct Batch<'a> {
+    writer: &'a Writer,
+    ops: Vec<Op>,
+}
+
+impl Drop for Batch<'_> {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        let shared = &self.writer.shared;
+        let why = shared.poison("the writer thread panicked".to_string());
+        let queued = std::iter::from_fn(|| self.writer.rx.try_recv().ok());
+        for op in self.ops.drain(..).chain(queued) {
+            if let Some(ack) = op.into_ack() {
+                let _ = ack.send(Err(why.clone()));
+            }
+        }
+        shared.set_writer_stopped();
+    }
+}
+
+impl Op {
+    fn into_ack(self) -> Option<Ack> {
+        match self {
+            Op::Put { ack, .. } | Op::Delete { ack, .. } => ack,
+            Op::Barrier { ack } => Some(ack),
+            Op::Shutdown => None,
+        }
+    }
+}
+
 impl Writer {
     fn run(self) {
-        let mut batch: Vec<Op> = Vec::with_capacity(BATCH_OPS_MAX);
+        let mut batch = Batch {
+            writer: &self,
+            ops: Vec::with_capacity(BATCH_OPS_MAX),
+        };
         loop {
             let Ok(first) = self.rx.recv() else {
                 self.shared.set_writer_stopped();
                 return;
             };
-            batch.push(first);
-            self.gather(&mut batch);
-            let stop = batch.iter().any(|op| matches!(op, Op::Shutdown));
-            self.commit(&mut batch);
+            batch.ops.push(first);
+            self.gather(&mut batch.ops);
+            // Holders waiting for room in a full queue can go on.
+            self.shared.notify_room();
+            let stop = batch.ops.iter().any(|op| matches!(op, Op::Shutdown));
+            self.commit(&mut batch.ops);
             if stop {
                 self.shared.set_writer_stopped();
                 return;
@@ -106,6 +149,10 @@ impl Writer {
     }
 
     fn commit(&self, batch: &mut Vec<Op>) {
+        #[cfg(feature = "testkit")]
+        if self.shared.writer_panic.swap(false, Ordering::AcqRel) {
+            panic!("testkit: the writer panics on purpose");
+        }
         let result = match self.shared.poison_reason() {
             Some(why) => Err(why),
             None => self.write(batch),
@@ -114,12 +161,7 @@ impl Writer {
             self.publish(batch);
         }
         for op in batch.drain(..) {
-            let ack = match op {
-                Op::Put { ack, .. } | Op::Delete { ack, .. } => ack,
-                Op::Barrier { ack } => Some(ack),
-                Op::Shutdown => None,
-            };
-            if let Some(ack) = ack {
+            if let Some(ack) = op.into_ack() {
                 // A caller that stopped waiting has dropped its receiver; nothing to tell.
                 let _ = ack.send(result.clone());
             }
@@ -201,7 +243,12 @@ pub(crate) fn wait_ack(
     shared: &Shared,
     rx: &Receiver<Result<(), Arc<str>>>,
 ) -> Result<(), Arc<str>> {
-    let stopped = || Arc::from("the engine closed before confirming");
+    // A writer that died poisoned the engine first: report why.
+    let stopped = || {
+        shared
+            .poison_reason()
+            .unwrap_or_else(|| Arc::from("the engine closed before confirming"))
+    };
     loop {
         match rx.recv_timeout(ACK_POLL) {
             Ok(result) => return result,

@@ -1035,8 +1035,8 @@ fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
         Ok(Claim::Completed(_))
     ));
 
-    // Holders complete in the headroom at once; past it, a completion drains the queue and
-    // tries again, so it waits for the writer instead of failing.
+    // Holders complete in the headroom at once; past it, a completion waits for room in
+    // the queue (while its lease lasts) instead of failing.
     let mut completed = Vec::new();
     for lease in leases.drain(..DEPTH / 8) {
         let key = lease.key().to_vec();

@@ -251,45 +251,57 @@ fn response_too_large_is_refused_and_the_lease_stays_usable() {
             assert_eq!(completed(e.claim(b"k")).response(), &[9u8; 100][..]);
 
             // Through `Lease::complete`, which consumes the lease: nothing is stored, and the
-            // refused lease releases the key as it drops, so that a retry can run.
+            // key is not released (the work is done): it stays InFlight under the token until
+            // the lease ends, and the token form can still settle it meanwhile.
             let lease = acquired(e.claim(b"j"));
             let token = lease.token();
             assert_eq!(lease.complete(&[0u8; 101]), Err(refused.clone()));
-            assert_eq!(e.engine.get(b"j").unwrap(), None);
-            assert_eq!(e.engine.stats().inflight, 0);
-            assert_eq!(
-                e.engine.complete(b"j", token, b"small"),
-                Err(LeaseError::LeaseLost)
-            );
-            let retry = acquired(e.claim(b"j"));
-            assert!(retry.token() > token);
-            assert_eq!(retry.attempt(), 1);
-            retry.complete(b"small").unwrap();
+            assert!(matches!(
+                e.engine.get(b"j").unwrap(),
+                Some(KeyState::InFlight { token: t, lease_remaining, .. })
+                    if t == token && lease_remaining == LEASE
+            ));
+            assert!(matches!(e.claim(b"j"), Ok(Claim::InProgress(_))));
+            e.engine.complete(b"j", token, b"small").unwrap();
             e.engine.flush().unwrap();
-            assert_eq!(completed(e.claim(b"j")).response(), b"small");
+            let s = completed(e.claim(b"j"));
+            assert_eq!((s.response(), s.token()), (&b"small"[..], token));
 
-            // Through `run`: the typed error, nothing stored, and the next run runs.
-            match e.engine.run(b"r", &ClaimOptions::default(), |_| {
+            // Through `run`: `NotStored`, nothing stored, the key still held by the run's
+            // token; the next run after the lease ended takes it over.
+            let (token, retry_after) = match e.engine.run(b"r", &ClaimOptions::default(), |_| {
                 Ok::<_, ()>(vec![1; 101])
             }) {
-                Err(RunError::Lease(err)) => assert_eq!(err, refused),
-                other => panic!("expected ResponseTooLarge, got {other:?}"),
-            }
-            assert_eq!(e.engine.get(b"r").unwrap(), None);
+                Err(RunError::NotStored {
+                    reason: NotStoredReason::ResponseTooLarge { len: 101, max: 100 },
+                    token,
+                    retry_after,
+                }) => (token, retry_after),
+                other => panic!("expected NotStored(ResponseTooLarge), got {other:?}"),
+            };
+            assert_eq!(retry_after, LEASE);
+            assert!(matches!(
+                e.engine.get(b"r").unwrap(),
+                Some(KeyState::InFlight { token: t, .. }) if t == token
+            ));
+            e.clock.advance(LEASE);
             let out = e
                 .engine
-                .run(b"r", &ClaimOptions::default(), |_| {
+                .run(b"r", &ClaimOptions::default(), |lease| {
+                    assert_eq!(lease.attempt(), 2, "a takeover after the lease ended");
                     Ok::<_, ()>(vec![1; 100])
                 })
                 .unwrap();
             assert!(!out.replayed());
+            assert!(out.token() > token);
             match e.engine.run_typed(b"t", &ClaimOptions::default(), |_| {
                 Ok::<_, ()>(vec![0u64; 100])
             }) {
-                Err(RunError::Lease(LeaseError::ResponseTooLarge { max: 100, len })) => {
-                    assert!(len > 100)
-                }
-                other => panic!("expected ResponseTooLarge, got {other:?}"),
+                Err(RunError::NotStored {
+                    reason: NotStoredReason::ResponseTooLarge { max: 100, len },
+                    ..
+                }) => assert!(len > 100),
+                other => panic!("expected NotStored(ResponseTooLarge), got {other:?}"),
             }
         },
     );
@@ -666,8 +678,8 @@ fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
     held.remove(0).complete(b"done").unwrap();
     assert_eq!(held.remove(0).release(), Ok(true));
     assert_eq!(engine.stats().queue_depth, 16);
-    // Past the headroom a holder's completion waits for room (it drains the queue and
-    // tries again) instead of failing; meanwhile the key stays as it was.
+    // Past the headroom a holder's completion waits for room (while its lease lasts)
+    // instead of failing; meanwhile the key stays as it was.
     let l = held.remove(0);
     let token = l.token();
     let key = l.key().to_vec();
