@@ -52,9 +52,14 @@ pub(crate) struct Shared {
     /// The active test-only sabotage (a `Sabotage` as u8; 0 is none).
     #[cfg(feature = "testkit")]
     pub(crate) sabotage: crate::sync::AtomicU8,
+    /// Lets a test hold the writer before its next commit (`testkit::HeldCommits`).
+    #[cfg(feature = "testkit")]
+    pub(crate) commit_gate: crate::testkit::CommitGate,
 }
 
-/// Bugs a test can switch on, to prove that the checkers catch them.
+/// Bugs a test can switch on, to prove that the checkers catch them. Each one breaks a
+/// promise the engine makes (docs/testing.md, "Teeth"); without the `testkit` feature none
+/// can be switched on and every check of one compiles to `false`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
 pub(crate) enum Sabotage {
@@ -62,6 +67,32 @@ pub(crate) enum Sabotage {
     CheckThenAct = 1,
     /// `complete` does not compare tokens.
     NoFencing = 2,
+    /// The writer acknowledges a batch before its commit returns.
+    AckBeforeCommit = 3,
+    /// The writer publishes a batch's completions before its commit returns.
+    PublishBeforeCommit = 4,
+    /// Commits never write the token high-water mark (the engine believes they did).
+    SkipTokenHwm = 5,
+    /// A write that replaces a key's record leaves the previous record in the file.
+    DropOldRemoval = 6,
+    /// A replay decodes the stored record without checking its checksum.
+    SkipReplayChecksum = 7,
+}
+
+impl Shared {
+    /// Whether a test has switched this sabotage on (always false without `testkit`).
+    #[inline]
+    pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
+        #[cfg(feature = "testkit")]
+        {
+            self.sabotage.load(Ordering::Relaxed) == which as u8
+        }
+        #[cfg(not(feature = "testkit"))]
+        {
+            let _ = which;
+            false
+        }
+    }
 }
 
 impl Shared {
@@ -273,7 +304,9 @@ impl EngineBuilder {
             writer_stopped: AtomicBool::new(false),
             sweeper: Sweeper::new(self.sweep_interval),
             #[cfg(feature = "testkit")]
-            sabotage: crate::sync::AtomicU8::new(0),
+            sabotage: crate::sync::AtomicU8::new(self.sabotage),
+            #[cfg(feature = "testkit")]
+            commit_gate: crate::testkit::CommitGate::default(),
         });
         let mut threads = Threads::default();
         if let (Some(store), Some(rx)) = (store, rx) {
@@ -325,15 +358,7 @@ impl Engine {
     /// Whether a test has switched this sabotage on (always false without `testkit`).
     #[inline]
     pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
-        #[cfg(feature = "testkit")]
-        {
-            self.shared().sabotage.load(Ordering::Relaxed) == which as u8
-        }
-        #[cfg(not(feature = "testkit"))]
-        {
-            let _ = which;
-            false
-        }
+        self.shared().sabotaged(which)
     }
 
     /// The durability mode this engine was opened with.

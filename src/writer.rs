@@ -8,7 +8,7 @@
 
 use crate::codec::{self, Record};
 use crate::constants::{ACK_POLL, BATCH_OPS_MAX};
-use crate::engine::Shared;
+use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
 use crate::stats::bump;
 use crate::storage::{Closing, Write};
@@ -38,6 +38,17 @@ pub(crate) enum Op {
     Barrier { ack: Ack },
     /// Commit what is queued and stop.
     Shutdown,
+}
+
+impl Op {
+    /// Where the outcome of this operation is reported, if anyone waits for it.
+    fn ack(&self) -> Option<&Ack> {
+        match self {
+            Op::Put { ack, .. } | Op::Delete { ack, .. } => ack.as_ref(),
+            Op::Barrier { ack } => Some(ack),
+            Op::Shutdown => None,
+        }
+    }
 }
 
 pub(crate) fn spawn(
@@ -106,11 +117,27 @@ impl Writer {
     }
 
     fn commit(&self, batch: &mut Vec<Op>) {
+        // Test-only sabotages: acknowledge or publish before the commit returns, so that the
+        // durability checks can show they catch a writer that breaks this order.
+        let ack_early = self.shared.sabotaged(Sabotage::AckBeforeCommit);
+        let publish_early = self.shared.sabotaged(Sabotage::PublishBeforeCommit);
+        if ack_early {
+            for op in batch.iter() {
+                if let Some(ack) = op.ack() {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+        }
+        if publish_early {
+            self.publish(batch);
+        }
+        #[cfg(feature = "testkit")]
+        self.shared.commit_gate.pass();
         let result = match self.shared.poison_reason() {
             Some(why) => Err(why),
             None => self.write(batch),
         };
-        if result.is_ok() {
+        if result.is_ok() && !publish_early {
             self.publish(batch);
         }
         for op in batch.drain(..) {
@@ -119,7 +146,7 @@ impl Writer {
                 Op::Barrier { ack } => Some(ack),
                 Op::Shutdown => None,
             };
-            if let Some(ack) = ack {
+            if let Some(ack) = ack.filter(|_| !ack_early) {
                 // A caller that stopped waiting has dropped its receiver; nothing to tell.
                 let _ = ack.send(result.clone());
             }
@@ -134,7 +161,8 @@ impl Writer {
                     token, old, record, ..
                 } => Some(Write::Put {
                     token: *token,
-                    old: *old,
+                    // Test-only sabotage: leave the replaced record in the file.
+                    old: old.filter(|_| !self.shared.sabotaged(Sabotage::DropOldRemoval)),
                     value: codec::encode(*token, record),
                 }),
                 Op::Delete { token, .. } => Some(Write::Delete { token: *token }),
