@@ -58,13 +58,13 @@ fn ops_model_corpus_replays_clean() {
 #[test]
 fn storage_faults_random_cases() {
     arbtest::arbtest(|u| {
-        let case: FaultCase = u.arbitrary()?;
+        let case = faults::dense_case(u)?;
         if let Err(e) = faults::run_case(&case) {
             panic!("{case:?}\n{e}");
         }
         Ok(())
     })
-    .size_max(512)
+    .size_max(1024)
     .budget_ms(3_000);
 }
 
