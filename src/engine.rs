@@ -11,10 +11,10 @@ use crate::options::{Durability, EngineBuilder};
 use crate::stats::{read, Counters, Stats};
 use crate::storage::{Closing, Store};
 use crate::sweep::Sweeper;
+use crate::sync::channel::{Receiver, Sender, TrySendError};
 use crate::sync::{Arc, AtomicBool, Mutex, Ordering, RwLock, Weak};
 use crate::token::Tokens;
 use crate::writer::{self, ack_pair, wait_ack, Op};
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -206,7 +206,7 @@ struct Inner {
 
 #[derive(Default)]
 struct Threads {
-    writer: Option<JoinHandle<()>>,
+    writer: Option<crate::sync::JoinHandle<()>>,
     sweeper: Option<JoinHandle<()>>,
 }
 
@@ -285,7 +285,7 @@ impl EngineBuilder {
         };
         let (tx, rx) = match store {
             Some(_) => {
-                let (tx, rx) = crossbeam_channel::bounded(self.queue_depth);
+                let (tx, rx) = crate::sync::channel::bounded(self.queue_depth);
                 (Some(tx), Some(rx))
             }
             None => (None, None),

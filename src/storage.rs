@@ -484,7 +484,11 @@ impl Store {
 
     /// Rewrites the raw value under `token` with `damage`, in a commit of its own (redb
     /// orders it with the writer's). Returns false if there is no such record.
-    pub(crate) fn damage(&self, token: u64, damage: impl FnOnce(&mut Vec<u8>)) -> Result<bool, String> {
+    pub(crate) fn damage(
+        &self,
+        token: u64,
+        damage: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<bool, String> {
         let txn = self.db.begin_write().map_err(|e| e.to_string())?;
         {
             let mut table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;

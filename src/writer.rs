@@ -12,8 +12,8 @@ use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
 use crate::stats::bump;
 use crate::storage::{Closing, Write};
+use crate::sync::channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use crate::sync::{Arc, Ordering};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
 
 /// Tells one waiting caller how its write ended.
@@ -55,10 +55,8 @@ pub(crate) fn spawn(
     shared: Arc<Shared>,
     store: Arc<Closing>,
     rx: Receiver<Op>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("idemkv-writer".into())
-        .spawn(move || Writer { shared, store, rx }.run())
+) -> std::io::Result<crate::sync::JoinHandle<()>> {
+    crate::sync::spawn("idemkv-writer", move || Writer { shared, store, rx }.run())
 }
 
 struct Writer {
@@ -221,7 +219,7 @@ impl Writer {
 
 /// A receiver for one acknowledgement.
 pub(crate) fn ack_pair() -> (Ack, Receiver<Result<(), Arc<str>>>) {
-    crossbeam_channel::bounded(1)
+    bounded(1)
 }
 
 /// Waits for an acknowledgement; a writer that stopped first counts as a failure.

@@ -663,7 +663,9 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
         Ok(Claim::Acquired(_)) => {}
         other => return Err(format!("claim after the reopen: {other:?}")),
     }
-    reopened.close().map_err(|e| format!("close after the reopen: {e}"))
+    reopened
+        .close()
+        .map_err(|e| format!("close after the reopen: {e}"))
 }
 
 /// The response [`damaged_response`] stores, and what the damage turns it into: the same

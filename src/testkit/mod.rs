@@ -112,6 +112,51 @@ impl Engine {
     }
 }
 
+/// A record as the engine's file holds it now: committed, so a crash now keeps it (commits
+/// are fsynced before they become visible). See [`Engine::committed_record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CommittedRecord {
+    /// An InFlight record.
+    InFlight {
+        /// The key.
+        key: Vec<u8>,
+        /// The attempt.
+        attempt: u32,
+    },
+    /// A completion.
+    Completed {
+        /// The key.
+        key: Vec<u8>,
+        /// The stored response.
+        response: Vec<u8>,
+    },
+}
+
+impl Engine {
+    /// The committed record under `token` (`None`: there is none, or the engine has no
+    /// file), read and verified as a replay reads it. Test builds only.
+    pub fn committed_record(&self, token: u64) -> Result<Option<CommittedRecord>, String> {
+        let Some(store) = self.shared().store() else {
+            return Ok(None);
+        };
+        let Some(record) = store.get(token)? else {
+            return Ok(None);
+        };
+        let record = record.map_err(|e| format!("record under token {token}: {e}"))?;
+        let key = record.key.0.to_vec();
+        Ok(Some(match record.state {
+            crate::codec::RecordState::InFlight { attempt, .. } => {
+                CommittedRecord::InFlight { key, attempt }
+            }
+            crate::codec::RecordState::Completed { response, .. } => CommittedRecord::Completed {
+                key,
+                response: response.0.to_vec(),
+            },
+        }))
+    }
+}
+
 impl EngineBuilder {
     /// Opens the engine with a deliberate bug switched on from the start, so that it also
     /// acts during the open (the first commit writes the token mark). Test builds only.
