@@ -37,22 +37,36 @@ fn concurrent_claims_random_scripts_and_schedules() {
     .budget_ms(5_000);
 }
 
+/// Inputs of the committed corpus the replay must run, at least: about nine tenths of the
+/// 66 files `fuzz/corpus/concurrent_claims` holds, so that a corpus that went missing or
+/// stopped decoding fails the test instead of passing it empty.
+const CORPUS_REPLAYED_MIN: usize = 60;
+
 #[test]
 fn concurrent_claims_corpus_replays_clean() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/concurrent_claims");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let bytes = std::fs::read(e.path()).expect("read corpus file");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let (mut replayed, mut undecodable) = (0, Vec::new());
+    for e in entries {
+        let path = e.expect("corpus entry").path();
+        let bytes = std::fs::read(&path).expect("read corpus file");
+        // Decoded as the fuzz target decodes it (which skips what does not decode).
         let mut u = Unstructured::new(&bytes);
         let Ok(scenario) = Scenario::from_bytes(&mut u) else {
+            undecodable.push(path);
             continue;
         };
         if let Err(why) = check_under_shuttle(&scenario, u.take_rest(), Bug::None) {
-            panic!("{}: {why}", e.path().display());
+            panic!("{}: {why}", path.display());
         }
+        replayed += 1;
     }
+    assert!(
+        replayed >= CORPUS_REPLAYED_MIN,
+        "{}: {replayed} inputs replayed, at least {CORPUS_REPLAYED_MIN} expected; \
+         undecodable: {undecodable:?}",
+        dir.display()
+    );
 }
 
 fn engine() -> Engine {
