@@ -91,7 +91,8 @@ impl Engine {
 
     /// Holds the writer before its next commit until the returned guard is dropped: the
     /// window between a call queueing its write and the write being durable, made as long
-    /// as a test needs. Test builds only.
+    /// as a test needs. Drop the guard before closing the engine (`close` waits for the
+    /// writer). Test builds only.
     pub fn hold_commits(&self) -> HeldCommits {
         self.shared().commit_gate.close();
         HeldCommits(self.clone())
