@@ -347,7 +347,16 @@ impl Engine {
     ) -> Result<Option<FromFile>, ClaimError> {
         let s = self.shared();
         let store = s.store().ok_or(ClaimError::Closed)?;
-        let record = match store.get(token) {
+        // Test-only sabotage: trust the stored bytes without their checksum, so that the
+        // corruption checks can show they catch a replay of damaged bytes.
+        #[cfg(feature = "testkit")]
+        let read = match self.sabotaged(Sabotage::SkipReplayChecksum) {
+            true => store.get_unverified(token),
+            false => store.get(token),
+        };
+        #[cfg(not(feature = "testkit"))]
+        let read = store.get(token);
+        let record = match read {
             Ok(Some(Ok(record))) => record,
             Ok(None) if self.still_completed_under(key, token) => {
                 return Err(self.corrupted(format!(

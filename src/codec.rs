@@ -225,6 +225,19 @@ pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
     Ok(record)
 }
 
+/// Decodes a value without checking its checksum or version: the testing kit's sabotage of
+/// a replay, which the corruption checks must catch.
+#[cfg(feature = "testkit")]
+pub(crate) fn decode_unverified(bytes: &[u8]) -> Result<Record, DecodeError> {
+    if bytes.len() < HEADER_LEN + TRAILER_LEN {
+        return Err(DecodeError::TooShort(bytes.len()));
+    }
+    let body = &bytes[HEADER_LEN..bytes.len() - TRAILER_LEN];
+    bincode::serde::decode_from_slice(body, config())
+        .map(|(record, _)| record)
+        .map_err(|e| DecodeError::Body(e.to_string()))
+}
+
 /// Verifies a whole value but decodes only its head (recovery skips responses).
 pub(crate) fn decode_head(token: u64, bytes: &[u8]) -> Result<RecordHead, DecodeError> {
     let body = verify(token, bytes)?;

@@ -11,10 +11,10 @@ use crate::options::{Durability, EngineBuilder};
 use crate::stats::{read, Counters, Stats};
 use crate::storage::{Closing, Store};
 use crate::sweep::Sweeper;
+use crate::sync::channel::{Receiver, Sender, TrySendError};
 use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, RwLock, Weak};
 use crate::token::Tokens;
 use crate::writer::{self, ack_pair, wait_ack, Op};
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -60,9 +60,14 @@ pub(crate) struct Shared {
     /// Test-only: the writer panics at its next batch (see `Engine::panic_writer_at_next_batch`).
     #[cfg(feature = "testkit")]
     pub(crate) writer_panic: AtomicBool,
+    /// Lets a test hold the writer before its next commit (`testkit::HeldCommits`).
+    #[cfg(feature = "testkit")]
+    pub(crate) commit_gate: crate::testkit::CommitGate,
 }
 
-/// Bugs a test can switch on, to prove that the checkers catch them.
+/// Bugs a test can switch on, to prove that the checkers catch them. Each one breaks a
+/// promise the engine makes (docs/testing.md, "Teeth"); without the `testkit` feature none
+/// can be switched on and every check of one compiles to `false`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[cfg_attr(not(feature = "testkit"), allow(dead_code))]
 pub(crate) enum Sabotage {
@@ -70,6 +75,32 @@ pub(crate) enum Sabotage {
     CheckThenAct = 1,
     /// `complete` does not compare tokens.
     NoFencing = 2,
+    /// The writer acknowledges a batch before its commit returns.
+    AckBeforeCommit = 3,
+    /// The writer publishes a batch's completions before its commit returns.
+    PublishBeforeCommit = 4,
+    /// Commits never write the token high-water mark (the engine believes they did).
+    SkipTokenHwm = 5,
+    /// A write that replaces a key's record leaves the previous record in the file.
+    DropOldRemoval = 6,
+    /// A replay decodes the stored record without checking its checksum.
+    SkipReplayChecksum = 7,
+}
+
+impl Shared {
+    /// Whether a test has switched this sabotage on (always false without `testkit`).
+    #[inline]
+    pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
+        #[cfg(feature = "testkit")]
+        {
+            self.sabotage.load(Ordering::Relaxed) == which as u8
+        }
+        #[cfg(not(feature = "testkit"))]
+        {
+            let _ = which;
+            false
+        }
+    }
 }
 
 impl Shared {
@@ -224,7 +255,7 @@ struct Inner {
 
 #[derive(Default)]
 struct Threads {
-    writer: Option<JoinHandle<()>>,
+    writer: Option<crate::sync::JoinHandle<()>>,
     sweeper: Option<JoinHandle<()>>,
 }
 
@@ -304,7 +335,7 @@ impl EngineBuilder {
         };
         let (tx, rx) = match store {
             Some(_) => {
-                let (tx, rx) = crossbeam_channel::bounded(self.queue_depth);
+                let (tx, rx) = crate::sync::channel::bounded(self.queue_depth);
                 (Some(tx), Some(rx))
             }
             None => (None, None),
@@ -325,9 +356,11 @@ impl EngineBuilder {
             room: Mutex::new(()),
             room_changed: Condvar::new(),
             #[cfg(feature = "testkit")]
-            sabotage: crate::sync::AtomicU8::new(0),
+            sabotage: crate::sync::AtomicU8::new(self.sabotage),
             #[cfg(feature = "testkit")]
             writer_panic: AtomicBool::new(false),
+            #[cfg(feature = "testkit")]
+            commit_gate: crate::testkit::CommitGate::default(),
         });
         let mut threads = Threads::default();
         if let (Some(store), Some(rx)) = (store, rx) {
@@ -380,15 +413,7 @@ impl Engine {
     /// Whether a test has switched this sabotage on (always false without `testkit`).
     #[inline]
     pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
-        #[cfg(feature = "testkit")]
-        {
-            self.shared().sabotage.load(Ordering::Relaxed) == which as u8
-        }
-        #[cfg(not(feature = "testkit"))]
-        {
-            let _ = which;
-            false
-        }
+        self.shared().sabotaged(which)
     }
 
     /// The durability mode this engine was opened with.

@@ -124,6 +124,10 @@ pub struct EngineBuilder {
     pub(crate) sweep_interval: Option<Duration>,
     pub(crate) two_phase_commit: bool,
     pub(crate) backend: Option<BackendSlot>,
+    /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): test builds only,
+    /// see `testkit::Bug`.
+    #[cfg(feature = "testkit")]
+    pub(crate) sabotage: u8,
 }
 
 /// A custom redb storage backend handed to the builder (fault injection, tests). Clones of
@@ -178,6 +182,8 @@ impl Default for EngineBuilder {
             sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
             two_phase_commit: true,
             backend: None,
+            #[cfg(feature = "testkit")]
+            sabotage: 0,
         }
     }
 }

@@ -54,6 +54,9 @@ pub(crate) struct Store {
     db: Database,
     path: PathBuf,
     two_phase_commit: bool,
+    /// Test-only sabotage, armed on the builder: commits leave the token mark out.
+    #[cfg(feature = "testkit")]
+    skip_token_hwm: bool,
 }
 
 /// Holds a [`Store`] and closes it with panics contained: after redb panicked on a damaged
@@ -296,6 +299,8 @@ impl Store {
             db,
             path,
             two_phase_commit: b.two_phase_commit,
+            #[cfg(feature = "testkit")]
+            skip_token_hwm: b.sabotage == crate::engine::Sabotage::SkipTokenHwm as u8,
         });
         contain("format check", || store.check_format())
             .map_err(|detail| OpenError::Corrupted { detail })??;
@@ -446,6 +451,10 @@ impl Store {
                     }
                 }
             }
+            // Test-only sabotage: the mark never reaches the file, so that the checks can
+            // show they catch tokens reissued after a crash.
+            #[cfg(feature = "testkit")]
+            let hwm = hwm.filter(|_| !self.skip_token_hwm);
             if let Some(hwm) = hwm {
                 let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
                 meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())
@@ -453,5 +462,49 @@ impl Store {
             }
         }
         txn.commit().map_err(|e| e.to_string())
+    }
+}
+
+/// Raw access to stored values, for the testing kit only: a replay that skips the checksum
+/// (a sabotage) and damage to a stored value that bypasses the encoder (bit rot).
+#[cfg(feature = "testkit")]
+impl Store {
+    /// Reads the record under `token` and decodes it without checking its checksum.
+    pub(crate) fn get_unverified(
+        &self,
+        token: u64,
+    ) -> Result<Option<Result<Record, DecodeError>>, String> {
+        contain("read", || {
+            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            let value = table.get(token).map_err(|e| e.to_string())?;
+            Ok(value.map(|v| codec::decode_unverified(v.value())))
+        })?
+    }
+
+    /// Rewrites the raw value under `token` with `damage`, in a commit of its own (redb
+    /// orders it with the writer's). Returns false if there is no such record.
+    pub(crate) fn damage(
+        &self,
+        token: u64,
+        damage: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<bool, String> {
+        let txn = self.db.begin_write().map_err(|e| e.to_string())?;
+        {
+            let mut table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            let Some(mut value) = table
+                .get(token)
+                .map_err(|e| e.to_string())?
+                .map(|v| v.value().to_vec())
+            else {
+                return Ok(false);
+            };
+            damage(&mut value);
+            table
+                .insert(token, value.as_slice())
+                .map_err(|e| e.to_string())?;
+        }
+        txn.commit().map_err(|e| e.to_string())?;
+        Ok(true)
     }
 }

@@ -1,20 +1,41 @@
-//! The only module that names lock and atomic types. A model-checking build swaps these for
-//! shuttle's in one place.
+//! The only module that names lock, atomic, channel and thread types. A model-checking build
+//! swaps these for shuttle's in one place.
 //!
-//! Without the `shuttle` feature these are plain re-exports of parking_lot and std.
+//! Without the `shuttle` feature these are plain re-exports of parking_lot, crossbeam and std.
 //!
-//! With the `shuttle` feature, every lock, condition variable and atomic decides when it is
-//! created: inside a shuttle execution it is shuttle's (every acquire, release, notify and
-//! atomic access becomes a scheduling point the model checker controls), anywhere else it is
-//! parking_lot's or std's. So one build runs both the model tests (`tests/shuttle_model.rs`,
-//! the `concurrent_claims` fuzz target) and every ordinary test, and an engine opened inside
-//! `shuttle::check_*` (with `Durability::None`: the writer thread and its crossbeam channel
-//! are not modelled) runs entirely under the scheduler. The API keeps parking_lot's shape:
-//! `Mutex::lock() -> MutexGuard`, `MutexGuard::unlocked`, `Condvar::wait_for(&mut guard, d)`,
-//! `Condvar::notify_all`.
+//! With the `shuttle` feature, every lock, condition variable, atomic, channel and the
+//! writer's thread decides when it is created: inside a shuttle execution it is shuttle's
+//! (every acquire, release, notify, send, receive and atomic access becomes a scheduling
+//! point the model checker controls), anywhere else it is parking_lot's, crossbeam's or
+//! std's. So one build runs both the model tests (`tests/shuttle_model.rs`, the
+//! `concurrent_claims` fuzz target) and every ordinary test, and an engine opened inside
+//! `shuttle::check_*` runs entirely under the scheduler, its writer thread included (the
+//! store's own I/O is synchronous, so each redb call is one step of the model). The API
+//! keeps parking_lot's and crossbeam's shape: `Mutex::lock() -> MutexGuard`,
+//! `MutexGuard::unlocked`, `Condvar::wait_for(&mut guard, d)`, `Condvar::notify_all`,
+//! `channel::bounded`, `Sender::try_send`, `Receiver::recv_deadline`.
 
 pub(crate) use std::sync::atomic::Ordering;
 pub(crate) use std::sync::{Arc, Weak};
+
+/// The writer's queue and its acknowledgements: crossbeam's bounded channels.
+#[cfg(not(feature = "shuttle"))]
+pub(crate) mod channel {
+    pub(crate) use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
+}
+
+#[cfg(not(feature = "shuttle"))]
+pub(crate) use std::thread::JoinHandle;
+
+/// Starts a named thread (the writer).
+#[cfg(not(feature = "shuttle"))]
+pub(crate) fn spawn<F, T>(name: &str, f: F) -> std::io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    std::thread::Builder::new().name(name.into()).spawn(f)
+}
 
 #[cfg(not(feature = "shuttle"))]
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
@@ -24,7 +45,9 @@ pub(crate) use std::sync::atomic::AtomicU8;
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
 
 #[cfg(feature = "shuttle")]
-pub(crate) use self::model::{AtomicBool, AtomicU64, AtomicU8, Condvar, Mutex, MutexGuard, RwLock};
+pub(crate) use self::model::{
+    channel, spawn, AtomicBool, AtomicU64, AtomicU8, Condvar, JoinHandle, Mutex, MutexGuard, RwLock,
+};
 
 #[cfg(feature = "shuttle")]
 #[allow(dead_code)]
@@ -480,6 +503,185 @@ mod model {
             match self {
                 AtomicBool::Real(a) => fmt::Debug::fmt(a, f),
                 AtomicBool::Model(a) => fmt::Debug::fmt(a, f),
+            }
+        }
+    }
+
+    /// A thread that is shuttle's when spawned inside a shuttle execution.
+    pub(crate) enum JoinHandle<T> {
+        Real(std::thread::JoinHandle<T>),
+        Model(shuttle::thread::JoinHandle<T>),
+    }
+
+    impl<T> JoinHandle<T> {
+        pub(crate) fn join(self) -> std::thread::Result<T> {
+            match self {
+                JoinHandle::Real(h) => h.join(),
+                JoinHandle::Model(h) => h.join(),
+            }
+        }
+    }
+
+    /// Starts a named thread: a shuttle task inside a shuttle execution.
+    pub(crate) fn spawn<F, T>(name: &str, f: F) -> std::io::Result<JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        if in_shuttle() {
+            shuttle::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map(JoinHandle::Model)
+        } else {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map(JoinHandle::Real)
+        }
+    }
+
+    /// Bounded channels that are shuttle's inside a shuttle execution, crossbeam's elsewhere,
+    /// with the part of crossbeam's API the engine uses. Shuttle does not model time: a
+    /// receive with a timeout waits for a message (or every sender gone), and one with a
+    /// deadline finds the deadline passed unless a message is already queued.
+    pub(crate) mod channel {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+
+        pub(crate) use crossbeam_channel::{
+            RecvError, RecvTimeoutError, SendError, TryRecvError, TrySendError,
+        };
+        use shuttle::sync::mpsc;
+
+        /// Sending half; `len` counts queued messages in the model.
+        pub(crate) enum Sender<T> {
+            Real(crossbeam_channel::Sender<T>),
+            Model(mpsc::SyncSender<T>, Arc<AtomicUsize>, usize),
+        }
+
+        /// Receiving half.
+        pub(crate) enum Receiver<T> {
+            Real(crossbeam_channel::Receiver<T>),
+            Model(mpsc::Receiver<T>, Arc<AtomicUsize>),
+        }
+
+        pub(crate) fn bounded<T>(cap: usize) -> (Sender<T>, Receiver<T>) {
+            if super::in_shuttle() {
+                let (tx, rx) = mpsc::sync_channel(cap);
+                let queued = Arc::new(AtomicUsize::new(0));
+                (
+                    Sender::Model(tx, queued.clone(), cap),
+                    Receiver::Model(rx, queued),
+                )
+            } else {
+                let (tx, rx) = crossbeam_channel::bounded(cap);
+                (Sender::Real(tx), Receiver::Real(rx))
+            }
+        }
+
+        impl<T> Clone for Sender<T> {
+            fn clone(&self) -> Self {
+                match self {
+                    Sender::Real(tx) => Sender::Real(tx.clone()),
+                    Sender::Model(tx, queued, cap) => Sender::Model(tx.clone(), queued.clone(), *cap),
+                }
+            }
+        }
+
+        impl<T> Sender<T> {
+            pub(crate) fn send(&self, t: T) -> Result<(), SendError<T>> {
+                match self {
+                    Sender::Real(tx) => tx.send(t),
+                    Sender::Model(tx, queued, _) => {
+                        queued.fetch_add(1, Ordering::SeqCst);
+                        tx.send(t).map_err(|e| {
+                            queued.fetch_sub(1, Ordering::SeqCst);
+                            SendError(e.0)
+                        })
+                    }
+                }
+            }
+
+            pub(crate) fn try_send(&self, t: T) -> Result<(), TrySendError<T>> {
+                match self {
+                    Sender::Real(tx) => tx.try_send(t),
+                    Sender::Model(tx, queued, _) => {
+                        queued.fetch_add(1, Ordering::SeqCst);
+                        tx.try_send(t).map_err(|e| {
+                            queued.fetch_sub(1, Ordering::SeqCst);
+                            match e {
+                                mpsc::TrySendError::Full(t) => TrySendError::Full(t),
+                                mpsc::TrySendError::Disconnected(t) => {
+                                    TrySendError::Disconnected(t)
+                                }
+                            }
+                        })
+                    }
+                }
+            }
+
+            pub(crate) fn len(&self) -> usize {
+                match self {
+                    Sender::Real(tx) => tx.len(),
+                    Sender::Model(_, queued, _) => queued.load(Ordering::SeqCst),
+                }
+            }
+
+            pub(crate) fn is_full(&self) -> bool {
+                match self {
+                    Sender::Real(tx) => tx.is_full(),
+                    Sender::Model(_, queued, cap) => queued.load(Ordering::SeqCst) >= *cap,
+                }
+            }
+        }
+
+        impl<T> Receiver<T> {
+            fn took(queued: &AtomicUsize) {
+                queued.fetch_sub(1, Ordering::SeqCst);
+            }
+
+            pub(crate) fn recv(&self) -> Result<T, RecvError> {
+                match self {
+                    Receiver::Real(rx) => rx.recv(),
+                    Receiver::Model(rx, queued) => {
+                        let t = rx.recv().map_err(|_| RecvError)?;
+                        Self::took(queued);
+                        Ok(t)
+                    }
+                }
+            }
+
+            pub(crate) fn try_recv(&self) -> Result<T, TryRecvError> {
+                match self {
+                    Receiver::Real(rx) => rx.try_recv(),
+                    Receiver::Model(rx, queued) => {
+                        let t = rx.try_recv().map_err(|e| match e {
+                            mpsc::TryRecvError::Empty => TryRecvError::Empty,
+                            mpsc::TryRecvError::Disconnected => TryRecvError::Disconnected,
+                        })?;
+                        Self::took(queued);
+                        Ok(t)
+                    }
+                }
+            }
+
+            pub(crate) fn recv_timeout(&self, timeout: Duration) -> Result<T, RecvTimeoutError> {
+                match self {
+                    Receiver::Real(rx) => rx.recv_timeout(timeout),
+                    Receiver::Model(..) => self.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                }
+            }
+
+            pub(crate) fn recv_deadline(&self, deadline: Instant) -> Result<T, RecvTimeoutError> {
+                match self {
+                    Receiver::Real(rx) => rx.recv_deadline(deadline),
+                    Receiver::Model(..) => self.try_recv().map_err(|e| match e {
+                        TryRecvError::Empty => RecvTimeoutError::Timeout,
+                        TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                    }),
+                }
             }
         }
     }

@@ -9,12 +9,12 @@
 
 use crate::codec::{self, Record};
 use crate::constants::{ACK_POLL, BATCH_OPS_MAX};
-use crate::engine::Shared;
+use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
 use crate::stats::bump;
 use crate::storage::{Closing, Write};
+use crate::sync::channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use crate::sync::{Arc, Ordering};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use std::time::Instant;
 
 /// Tells one waiting caller how its write ended.
@@ -41,14 +41,23 @@ pub(crate) enum Op {
     Shutdown,
 }
 
+impl Op {
+    /// Where the outcome of this operation is reported, if anyone waits for it.
+    fn ack(&self) -> Option<&Ack> {
+        match self {
+            Op::Put { ack, .. } | Op::Delete { ack, .. } => ack.as_ref(),
+            Op::Barrier { ack } => Some(ack),
+            Op::Shutdown => None,
+        }
+    }
+}
+
 pub(crate) fn spawn(
     shared: Arc<Shared>,
     store: Arc<Closing>,
     rx: Receiver<Op>,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name("idemkv-writer".into())
-        .spawn(move || Writer { shared, store, rx }.run())
+) -> std::io::Result<crate::sync::JoinHandle<()>> {
+    crate::sync::spawn("idemkv-writer", move || Writer { shared, store, rx }.run())
 }
 
 struct Writer {
@@ -153,15 +162,31 @@ impl Writer {
         if self.shared.writer_panic.swap(false, Ordering::AcqRel) {
             panic!("testkit: the writer panics on purpose");
         }
+        // Test-only sabotages: acknowledge or publish before the commit returns, so that the
+        // durability checks can show they catch a writer that breaks this order.
+        let ack_early = self.shared.sabotaged(Sabotage::AckBeforeCommit);
+        let publish_early = self.shared.sabotaged(Sabotage::PublishBeforeCommit);
+        if ack_early {
+            for op in batch.iter() {
+                if let Some(ack) = op.ack() {
+                    let _ = ack.send(Ok(()));
+                }
+            }
+        }
+        if publish_early {
+            self.publish(batch);
+        }
+        #[cfg(feature = "testkit")]
+        self.shared.commit_gate.pass();
         let result = match self.shared.poison_reason() {
             Some(why) => Err(why),
             None => self.write(batch),
         };
-        if result.is_ok() {
+        if result.is_ok() && !publish_early {
             self.publish(batch);
         }
         for op in batch.drain(..) {
-            if let Some(ack) = op.into_ack() {
+            if let Some(ack) = op.into_ack().filter(|_| !ack_early) {
                 // A caller that stopped waiting has dropped its receiver; nothing to tell.
                 let _ = ack.send(result.clone());
             }
@@ -176,7 +201,8 @@ impl Writer {
                     token, old, record, ..
                 } => Some(Write::Put {
                     token: *token,
-                    old: *old,
+                    // Test-only sabotage: leave the replaced record in the file.
+                    old: old.filter(|_| !self.shared.sabotaged(Sabotage::DropOldRemoval)),
                     value: codec::encode(*token, record),
                 }),
                 Op::Delete { token, .. } => Some(Write::Delete { token: *token }),
@@ -235,7 +261,7 @@ impl Writer {
 
 /// A receiver for one acknowledgement.
 pub(crate) fn ack_pair() -> (Ack, Receiver<Result<(), Arc<str>>>) {
-    crossbeam_channel::bounded(1)
+    bounded(1)
 }
 
 /// Waits for an acknowledgement; a writer that stopped first counts as a failure.

@@ -734,17 +734,19 @@ fn churn(mode: Durability, ticker: bool) {
                             }
                             Err(e) => panic!("{key}: complete of token {token}: {e}"),
                         }
-                    } else if ticker && roll < 5 {
+                    } else if ticker && (roll < 5 || n == 1) {
                         // Stall past the lease: deadline <= start + lease, so from then on
-                        // the lease is certainly over.
+                        // the lease is certainly over. The first holder of every key stalls,
+                        // so every run sees takeovers and late completions refused.
                         acq.end = certain_end;
                         let over = start + lease_ns;
                         while mono(clock) < over {
                             thread::yield_now();
                         }
-                        // Give the others time to take the key over, then report late.
-                        let mut superseded = false;
-                        for _ in 0..2_000 {
+                        // Wait until another thread takes the key over (every other thread
+                        // claims it until it is completed, which only a holder can do), then
+                        // report late.
+                        loop {
                             match engine.get(key.as_bytes()).expect("get") {
                                 Some(KeyState::InFlight { token: t, .. }) if t == token => {
                                     thread::yield_now();
@@ -753,27 +755,19 @@ fn churn(mode: Durability, ticker: bool) {
                                 | Some(KeyState::Completed { token: t, .. })
                                 | Some(KeyState::InFlight { token: t, .. }) => {
                                     assert!(t > token, "{key}: state of older token {t}");
-                                    superseded = true;
                                     break;
                                 }
-                                None => {
-                                    superseded = true;
-                                    break;
-                                }
+                                None => break,
                                 Some(other) => panic!("{key}: {other:?}"),
                             }
                         }
-                        if superseded {
-                            let late = response_for(&key, token, tid);
-                            assert_eq!(
-                                held.complete(&late),
-                                Err(LeaseError::LeaseLost),
-                                "{key}: late complete of superseded token {token} accepted"
-                            );
-                            late_lost.fetch_add(1, SeqCst);
-                        } else {
-                            acq.released = Some(held.release().expect("release"));
-                        }
+                        let late = response_for(&key, token, tid);
+                        assert_eq!(
+                            held.complete(&late),
+                            Err(LeaseError::LeaseLost),
+                            "{key}: late complete of superseded token {token} accepted"
+                        );
+                        late_lost.fetch_add(1, SeqCst);
                         None
                     } else {
                         // A retryable failure: give the key back.
@@ -871,10 +865,16 @@ fn churn(mode: Durability, ticker: bool) {
     }
     let stats = fx.engine.stats();
     if ticker {
-        assert!(stats.takeovers > 0, "no lease was ever taken over");
+        // The first holder of each key stalls until another takes the key over.
         assert!(
-            late_lost.load(SeqCst) > 0,
-            "no late complete was ever refused"
+            stats.takeovers >= keys as u64,
+            "{} takeovers for {keys} keys",
+            stats.takeovers
+        );
+        assert!(
+            late_lost.load(SeqCst) >= keys as u64,
+            "{} late completes refused for {keys} keys",
+            late_lost.load(SeqCst)
         );
     } else {
         assert_eq!(stats.takeovers, 0);

@@ -17,6 +17,8 @@
 
 #![cfg(unix)]
 
+use idemkv::testkit::concurrent::bug_from_name;
+use idemkv::testkit::Bug;
 use idemkv::*;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -29,10 +31,14 @@ use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "IDEMKV_CRASH_CHILD";
 const START_ENV: &str = "IDEMKV_CRASH_START";
+/// A sabotage name (`idemkv::testkit::concurrent::bug_from_name`) the child arms.
+const SABOTAGE_ENV: &str = "IDEMKV_CRASH_SABOTAGE";
 const TEST_NAME: &str = "kill_9_loses_nothing_acknowledged";
 /// Worker threads in the child: concurrent claims share group commits.
 const CHILD_THREADS: u64 = 3;
 const ROUNDS: usize = 8;
+/// Kills a sabotaged build must be caught within (teeth below).
+const TEETH_ROUNDS: usize = 24;
 /// Starts every protocol line. The test harness prints `test <name> ... ` without a newline
 /// before the test runs, so a line is parsed from the marker on, wherever it starts.
 const MARK: &str = "@idemkv-crash@ ";
@@ -87,6 +93,7 @@ fn child(path: &Path) -> ! {
     let engine = Engine::builder()
         .path(path)
         .durability(Durability::Immediate)
+        .sabotage(bug_from_env())
         .open()
         .expect("child open");
     let workers: Vec<_> = (0..CHILD_THREADS)
@@ -190,14 +197,23 @@ fn parse_line(line: &str, log: &mut RoundLog) {
     log.lines += 1;
 }
 
-/// Runs one child, kills it after `delay` once it has printed something, and returns what
-/// it printed.
-fn run_child(path: &Path, start: u64, delay: Duration) -> RoundLog {
+/// The sabotage the child (and the parent's engine) arms: none unless a teeth test asks.
+fn bug_from_env() -> Bug {
+    match std::env::var(SABOTAGE_ENV) {
+        Ok(name) => bug_from_name(&name).unwrap_or_else(|| panic!("{SABOTAGE_ENV}={name:?}")),
+        Err(_) => Bug::None,
+    }
+}
+
+/// Runs one child, kills it `delay` after its first acknowledged completion, and returns
+/// what it printed.
+fn run_child(path: &Path, start: u64, delay: Duration, bug: &str) -> RoundLog {
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, path)
         .env(START_ENV, start.to_string())
+        .env(SABOTAGE_ENV, bug)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -220,7 +236,9 @@ fn run_child(path: &Path, start: u64, delay: Duration) -> RoundLog {
                 Ok(_) => {
                     let line = String::from_utf8_lossy(&buf);
                     parse_line(line.trim_end(), &mut log);
-                    if log.lines > 0 && !signalled {
+                    // The kill is timed from the first acknowledged completion, so that every
+                    // round has one to check.
+                    if !log.acks.is_empty() && !signalled {
                         signalled = true;
                         let _ = first_tx.send(());
                     }
@@ -244,7 +262,10 @@ fn run_child(path: &Path, start: u64, delay: Duration) -> RoundLog {
     let status = child.wait().expect("wait");
     let log = reader.join().expect("reader thread");
     let err = err_reader.join().expect("stderr thread");
-    assert!(printed, "the child printed nothing; stderr:\n{err}");
+    assert!(
+        printed,
+        "the child acknowledged no completion within 15 s; stderr:\n{err}"
+    );
     assert!(
         exited_early.is_none() && status.signal() == Some(9),
         "the child was not killed but ended by itself ({status:?}); stderr:\n{err}"
@@ -262,18 +283,20 @@ struct Known {
     max_key: u64,
 }
 
-fn open_parent(path: &Path) -> Engine {
+fn open_parent(path: &Path, bug: Bug) -> Engine {
     Engine::builder()
         .path(path)
         .durability(Durability::Immediate)
         .verify_on_open(true)
+        .sabotage(bug)
         .open()
         .unwrap_or_else(|e| panic!("reopen after kill: {e}"))
 }
 
-/// Checks the file after a kill; completes whatever the child left InFlight.
-fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known) {
-    let engine = open_parent(path);
+/// Checks the file after a kill; completes whatever the child left InFlight. The parent's
+/// engine has the child's `bug` too: it is the same build.
+fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known, bug: Bug) {
+    let engine = open_parent(path, bug);
     let floor = known.token_floor;
     // Tokens issued in this round are above everything seen before it.
     for (&n, &(token, attempt)) in &log.tokens {
@@ -403,13 +426,13 @@ fn kill_9_loses_nothing_acknowledged() {
     let mut acks = 0;
     for round in 0..ROUNDS {
         let delay = Duration::from_millis(20 + rng.next() % 281);
-        let log = run_child(&path, known.max_key + 1, delay);
+        let log = run_child(&path, known.max_key + 1, delay, "none");
         acks += log.acks.len();
-        check_after_kill(&path, round, &log, &mut known);
+        check_after_kill(&path, round, &log, &mut known, Bug::None);
     }
     assert!(acks > 0, "no completion was ever acknowledged");
     // A last look, with nothing killed in between: all of it is still there.
-    let engine = open_parent(&path);
+    let engine = open_parent(&path, Bug::None);
     for (&n, &token) in &known.completed {
         match engine.claim(key_name(n).as_bytes(), &ClaimOptions::default()) {
             Ok(Claim::Completed(stored)) => {
@@ -424,4 +447,53 @@ fn kill_9_loses_nothing_acknowledged() {
         known.completed.len(),
         started.elapsed()
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Teeth: the same rounds against a sabotaged build must fail a check within `TEETH_ROUNDS`
+// kills.
+// The kill moment is real time, so which round catches the bug varies: a kill catches
+// acknowledging before the commit when it lands inside the commit of an acknowledged write
+// (about one kill in two here, so 24 rounds miss it with odds below one in a million), and
+// a missing token mark when a claim's token was issued but not yet written (every kill).
+// ---------------------------------------------------------------------------------------
+
+/// Runs rounds with `bug` armed until a check fails; returns the round that caught it.
+fn crash_rounds_catch(bug: &str) -> Option<usize> {
+    let armed = bug_from_name(bug).expect("sabotage name");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("crash.redb");
+    let mut rng = Rng(0x7EE7_4C4A);
+    let mut known = Known::default();
+    for round in 0..TEETH_ROUNDS {
+        let delay = Duration::from_millis(20 + rng.next() % 281);
+        let log = run_child(&path, known.max_key + 1, delay, bug);
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            check_after_kill(&path, round, &log, &mut known, armed)
+        }));
+        if checked.is_err() {
+            return Some(round);
+        }
+    }
+    None
+}
+
+#[test]
+fn kill_9_catches_ack_before_commit() {
+    let caught = crash_rounds_catch("ack-before-commit");
+    assert!(
+        caught.is_some(),
+        "acknowledging before the commit survived {TEETH_ROUNDS} kills"
+    );
+    eprintln!("ack-before-commit caught in round {caught:?}");
+}
+
+#[test]
+fn kill_9_catches_a_missing_token_mark() {
+    let caught = crash_rounds_catch("skip-token-hwm");
+    assert!(
+        caught.is_some(),
+        "a missing token mark survived {TEETH_ROUNDS} kills"
+    );
+    eprintln!("skip-token-hwm caught in round {caught:?}");
 }

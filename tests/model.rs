@@ -13,21 +13,54 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-/// Files of a committed corpus (empty if the directory is missing).
+/// Inputs of each committed corpus that the replays below must run, at least: about nine
+/// tenths of what `fuzz/corpus/` holds (66 or 67 files per target), so that a corpus that
+/// went missing or stopped decoding fails the test instead of passing it empty.
+const CORPUS_REPLAYED_MIN: usize = 60;
+
+/// Files of a committed corpus, sorted by name.
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("fuzz/corpus")
         .join(target);
-    let mut out = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(&dir) {
-        for e in entries.flatten() {
-            if let Ok(bytes) = std::fs::read(e.path()) {
-                out.push((e.file_name().to_string_lossy().into_owned(), bytes));
-            }
-        }
-    }
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut out: Vec<(String, Vec<u8>)> = entries
+        .map(|e| {
+            let e = e.expect("corpus entry");
+            let bytes = std::fs::read(e.path()).expect("read corpus file");
+            (e.file_name().to_string_lossy().into_owned(), bytes)
+        })
+        .collect();
     out.sort();
     out
+}
+
+/// Replays every input of `target`'s corpus that decodes as the fuzz target decodes it
+/// (`arbitrary_take_rest`, as libfuzzer-sys does for a typed target), and checks that at
+/// least [`CORPUS_REPLAYED_MIN`] did.
+fn replay_corpus<T: for<'a> arbtest::arbitrary::Arbitrary<'a>>(
+    target: &str,
+    check: impl Fn(&T) -> Result<(), String>,
+) {
+    let mut replayed = 0;
+    let mut undecodable = Vec::new();
+    for (name, bytes) in corpus(target) {
+        let u = arbtest::arbitrary::Unstructured::new(&bytes);
+        match T::arbitrary_take_rest(u) {
+            Ok(case) => {
+                if let Err(e) = check(&case) {
+                    panic!("fuzz/corpus/{target}/{name}: {e}");
+                }
+                replayed += 1;
+            }
+            Err(_) => undecodable.push(name),
+        }
+    }
+    assert!(
+        replayed >= CORPUS_REPLAYED_MIN,
+        "fuzz/corpus/{target}: {replayed} inputs replayed, at least {CORPUS_REPLAYED_MIN} \
+         expected; undecodable: {undecodable:?}"
+    );
 }
 
 #[test]
@@ -45,39 +78,27 @@ fn ops_model_random_cases() {
 
 #[test]
 fn ops_model_corpus_replays_clean() {
-    for (name, bytes) in corpus("ops_model") {
-        let mut u = arbtest::arbitrary::Unstructured::new(&bytes);
-        if let Ok(case) = u.arbitrary::<OpsCase>() {
-            if let Err(e) = ops::run_case_all_modes(&case) {
-                panic!("fuzz/corpus/ops_model/{name}: {e}");
-            }
-        }
-    }
+    replay_corpus::<OpsCase>("ops_model", |case| {
+        ops::run_case_all_modes(case).map_err(|e| e.to_string())
+    });
 }
 
 #[test]
 fn storage_faults_random_cases() {
     arbtest::arbtest(|u| {
-        let case: FaultCase = u.arbitrary()?;
+        let case = faults::dense_case(u)?;
         if let Err(e) = faults::run_case(&case) {
             panic!("{case:?}\n{e}");
         }
         Ok(())
     })
-    .size_max(512)
+    .size_max(1024)
     .budget_ms(3_000);
 }
 
 #[test]
 fn storage_faults_corpus_replays_clean() {
-    for (name, bytes) in corpus("storage_faults") {
-        let mut u = arbtest::arbitrary::Unstructured::new(&bytes);
-        if let Ok(case) = u.arbitrary::<FaultCase>() {
-            if let Err(e) = faults::run_case(&case) {
-                panic!("fuzz/corpus/storage_faults/{name}: {e}");
-            }
-        }
-    }
+    replay_corpus::<FaultCase>("storage_faults", |case| faults::run_case(case).map(drop));
 }
 
 /// Power loss (synced bytes only, and with every unsynced write) and a failing call at

@@ -6,18 +6,22 @@
 //! - The claim critical section of the real engine (`Durability::None`, every lock and atomic
 //!   a shuttle one): one winner among racing claims, and waiters that all get the winner's
 //!   bytes, under PCT and random schedules.
-//! - The acknowledge-after-commit handoff, as a standalone model of the protocol (the real
-//!   writer thread blocks on crossbeam, which shuttle cannot schedule): a caller queues its
-//!   operation under the key's lock, the writer commits, publishes under the lock, then
-//!   acknowledges. Checked: an acknowledged write is durable (invariant 4) and no caller is
-//!   shown a completion that is not durable (invariant 5); and two broken orders of the same
-//!   protocol are shown to be caught.
+//! - The real writer (`src/writer.rs`: gather, commit, publish, acknowledge) of an engine on
+//!   a simulated disk, its thread, queue and acknowledgements all shuttle's (`src/sync.rs`),
+//!   redb running on memory: three `run` callers and a `get` caller of one key, under PCT
+//!   and random schedules from fixed seeds. Checked: an acknowledged write is committed
+//!   (invariant 4), no caller is shown a completion that is not committed (invariant 5),
+//!   one handler run and the same bytes for all; and the writer sabotaged to acknowledge or
+//!   to publish before its commit returns is shown to be caught. (This replaces a separate
+//!   model of the protocol, which a regression in the real writer could not fail.)
 #![cfg(feature = "shuttle")]
 
 use arbtest::arbitrary::Unstructured;
 use idemkv::testkit::concurrent::{check_under_shuttle, Scenario};
-use idemkv::testkit::Bug;
-use idemkv::{Claim, ClaimOptions, Durability, Engine};
+use idemkv::testkit::disk::SimDisk;
+use idemkv::testkit::{Bug, CommittedRecord};
+use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
+use shuttle::scheduler::PctScheduler;
 use std::path::Path;
 use std::time::Duration;
 
@@ -35,22 +39,36 @@ fn concurrent_claims_random_scripts_and_schedules() {
     .budget_ms(5_000);
 }
 
+/// Inputs of the committed corpus the replay must run, at least: about nine tenths of the
+/// 66 files `fuzz/corpus/concurrent_claims` holds, so that a corpus that went missing or
+/// stopped decoding fails the test instead of passing it empty.
+const CORPUS_REPLAYED_MIN: usize = 60;
+
 #[test]
 fn concurrent_claims_corpus_replays_clean() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/concurrent_claims");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return;
-    };
-    for e in entries.flatten() {
-        let bytes = std::fs::read(e.path()).expect("read corpus file");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let (mut replayed, mut undecodable) = (0, Vec::new());
+    for e in entries {
+        let path = e.expect("corpus entry").path();
+        let bytes = std::fs::read(&path).expect("read corpus file");
+        // Decoded as the fuzz target decodes it (which skips what does not decode).
         let mut u = Unstructured::new(&bytes);
         let Ok(scenario) = Scenario::from_bytes(&mut u) else {
+            undecodable.push(path);
             continue;
         };
         if let Err(why) = check_under_shuttle(&scenario, u.take_rest(), Bug::None) {
-            panic!("{}: {why}", e.path().display());
+            panic!("{}: {why}", path.display());
         }
+        replayed += 1;
     }
+    assert!(
+        replayed >= CORPUS_REPLAYED_MIN,
+        "{}: {replayed} inputs replayed, at least {CORPUS_REPLAYED_MIN} expected; \
+         undecodable: {undecodable:?}",
+        dir.display()
+    );
 }
 
 fn engine() -> Engine {
@@ -172,187 +190,170 @@ fn claim_or_wait_losers_get_the_winners_bytes_random() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The acknowledge-after-commit handoff, as a model of the protocol.
+// The real writer (src/writer.rs) under the scheduler: gather, commit, publish, acknowledge.
 // ---------------------------------------------------------------------------------------
 
-mod handoff {
-    use shuttle::sync::mpsc::{channel, Receiver, Sender};
-    use shuttle::sync::{Arc, Condvar, Mutex};
+/// An engine on a simulated disk: redb runs on memory, its I/O is synchronous, so each
+/// redb call is one step of the model; the writer thread, its queue and the acknowledgement
+/// channels are shuttle's. (Under `Buffered` the writer's wait for more operations is
+/// modelled as a delay that has already passed.)
+fn durable_engine(mode: Durability, bug: Bug) -> Engine {
+    let engine = Engine::builder()
+        .path("shuttle.redb")
+        .backend(SimDisk::new())
+        .durability(mode)
+        .stripes(1)
+        .sweep_interval(None)
+        .open()
+        .expect("open");
+    engine.sabotage(bug);
+    engine
+}
 
-    /// Which order the writer uses; only `Correct` is the engine's.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Order {
-        /// Commit, then publish under the lock, then acknowledge (the engine).
-        Correct,
-        /// Publish before the commit is durable (breaks invariant 5).
-        PublishBeforeCommit,
-        /// Acknowledge before the commit is durable (breaks invariant 4).
-        AckBeforeCommit,
-    }
+/// The committed record under `token`, which a crash now would keep.
+fn committed(engine: &Engine, token: u64) -> Option<CommittedRecord> {
+    engine.committed_record(token).expect("read the file")
+}
 
-    #[derive(Debug, Clone, PartialEq, Eq)]
-    enum Slot {
-        InFlight(u64),
-        Completed {
-            token: u64,
-            response: u8,
-            published: bool,
-        },
-    }
-
-    struct Op {
-        token: u64,
-        response: u8,
-        ack: Sender<()>,
-    }
-
-    struct Model {
-        slot: Mutex<Slot>,
-        changed: Condvar,
-        /// What a crash now would keep: the committed (token, response) records.
-        durable: Mutex<Vec<(u64, u8)>>,
-    }
-
-    fn writer(m: Arc<Model>, rx: Receiver<Op>, order: Order) {
-        while let Ok(first) = rx.recv() {
-            // Group commit: take everything queued.
-            let mut batch = vec![first];
-            while let Ok(op) = rx.try_recv() {
-                batch.push(op);
-            }
-            let publish = |m: &Model, batch: &[Op]| {
-                for op in batch {
-                    let mut slot = m.slot.lock().unwrap();
-                    if let Slot::Completed {
-                        token, published, ..
-                    } = &mut *slot
-                    {
-                        if *token == op.token {
-                            *published = true;
-                        }
-                    }
-                    drop(slot);
-                    m.changed.notify_all();
-                }
-            };
-            if order == Order::PublishBeforeCommit {
-                publish(&m, &batch);
-            }
-            if order == Order::AckBeforeCommit {
-                for op in &batch {
-                    let _ = op.ack.send(());
-                }
-            }
-            {
-                let mut durable = m.durable.lock().unwrap();
-                for op in &batch {
-                    durable.push((op.token, op.response));
-                }
-            }
-            if order != Order::PublishBeforeCommit {
-                publish(&m, &batch);
-            }
-            if order != Order::AckBeforeCommit {
-                for op in &batch {
-                    let _ = op.ack.send(());
-                }
-            }
-        }
-    }
-
-    /// One holder completes `token` with `response` while two callers wait for the key.
-    pub fn run(order: Order) {
-        let m = Arc::new(Model {
-            slot: Mutex::new(Slot::InFlight(7)),
-            changed: Condvar::new(),
-            durable: Mutex::new(Vec::new()),
-        });
-        let (tx, rx) = channel::<Op>();
-        let w = {
-            let m = m.clone();
-            shuttle::thread::spawn(move || writer(m, rx, order))
-        };
-        let holder = {
-            let m = m.clone();
+/// Three `run` callers of one key on the real writer, and a fourth caller that looks at
+/// the key with `get`. Checked at every schedule:
+/// - `Immediate`: an acknowledged claim is committed when the handler starts, and an
+///   acknowledged completion is committed when `run` returns it (invariant 4);
+/// - a caller is shown only a completion that is committed (invariant 5), by `run` and by
+///   `get`;
+/// - one handler run, every caller the same bytes, one of them not replayed.
+fn real_writer_handoff(mode: Durability, bug: Bug) {
+    let immediate = mode == Durability::Immediate;
+    let engine = durable_engine(mode, bug);
+    let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
+    let handles: Vec<_> = (0..3u8)
+        .map(|i| {
+            let (engine, runs) = (engine.clone(), runs.clone());
             shuttle::thread::spawn(move || {
-                let (ack, acked) = channel();
-                {
-                    // Under the key's lock: change the state and queue the write, in one step.
-                    let mut slot = m.slot.lock().unwrap();
-                    assert_eq!(*slot, Slot::InFlight(7));
-                    *slot = Slot::Completed {
-                        token: 7,
-                        response: 42,
-                        published: false,
-                    };
-                    tx.send(Op {
-                        token: 7,
-                        response: 42,
-                        ack,
+                let opts = ClaimOptions::default().wait(Duration::from_secs(3600));
+                let out = engine
+                    .run(b"k", &opts, |lease| {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        assert!(
+                            !immediate
+                                || matches!(
+                                    committed(&engine, lease.token()),
+                                    Some(CommittedRecord::InFlight { .. })
+                                ),
+                            "the claim of token {} was acknowledged before it was committed",
+                            lease.token()
+                        );
+                        Ok::<_, String>(vec![i; 4])
                     })
-                    .unwrap();
+                    .unwrap_or_else(|e| panic!("run: {e}"));
+                let on_file = committed(&engine, out.token());
+                let expected = Some(CommittedRecord::Completed {
+                    key: b"k".to_vec(),
+                    response: out.response().to_vec(),
+                });
+                if out.replayed() {
+                    assert_eq!(
+                        on_file, expected,
+                        "replayed a completion that is not committed"
+                    );
+                } else if immediate {
+                    assert_eq!(
+                        on_file, expected,
+                        "acknowledged a completion that is not committed"
+                    );
                 }
-                acked.recv().unwrap();
-                // Invariant 4: an acknowledged completion survives a crash now.
-                assert!(
-                    m.durable.lock().unwrap().contains(&(7, 42)),
-                    "acknowledged before it was durable"
-                );
+                (out.response().to_vec(), out.replayed())
             })
-        };
-        let waiters: Vec<_> = (0..2)
-            .map(|_| {
-                let m = m.clone();
-                shuttle::thread::spawn(move || {
-                    let mut slot = m.slot.lock().unwrap();
-                    loop {
-                        match &*slot {
-                            Slot::Completed {
-                                token,
-                                response,
-                                published: true,
-                            } => {
-                                // Invariant 5: what a caller is shown survives a crash now.
-                                assert!(
-                                    m.durable.lock().unwrap().contains(&(*token, *response)),
-                                    "replayed a completion that a crash could still erase"
-                                );
-                                return *response;
-                            }
-                            _ => slot = m.changed.wait(slot).unwrap(),
-                        }
-                    }
-                })
-            })
-            .collect();
-        holder.join().unwrap();
-        for h in waiters {
-            assert_eq!(h.join().unwrap(), 42);
-        }
-        drop(m.slot.lock().unwrap());
-        // The holder's sender is gone: the writer ends.
-        w.join().unwrap();
+        })
+        .collect();
+    let observer = {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || {
+            for _ in 0..3 {
+                match engine.get(b"k").unwrap_or_else(|e| panic!("get: {e}")) {
+                    Some(KeyState::Completed {
+                        token, response, ..
+                    }) => assert_eq!(
+                        committed(&engine, token),
+                        Some(CommittedRecord::Completed {
+                            key: b"k".to_vec(),
+                            response: response.to_vec(),
+                        }),
+                        "get showed a completion that is not committed"
+                    ),
+                    None | Some(_) => shuttle::thread::yield_now(),
+                }
+            }
+        })
+    };
+    let outs: Vec<(Vec<u8>, bool)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("join"))
+        .collect();
+    observer.join().expect("observer");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(outs.iter().all(|(r, _)| *r == outs[0].0), "{outs:?}");
+    assert_eq!(
+        outs.iter().filter(|(_, replayed)| !replayed).count(),
+        1,
+        "{outs:?}"
+    );
+    engine.close().expect("close");
+}
+
+/// Fixed seeds: the schedules, and so the result, are the same on every run.
+const PCT_SEED: u64 = 0x1DE3_5EED;
+const RANDOM_SEED: u64 = 0x5EED_1DE3;
+/// Schedules tried per scheduler.
+const REAL_WRITER_SCHEDULES: usize = 300;
+
+fn check_real_writer(mode: Durability, bug: Bug) {
+    shuttle::Runner::new(
+        PctScheduler::new_from_seed(PCT_SEED, 3, REAL_WRITER_SCHEDULES),
+        shuttle::Config::default(),
+    )
+    .run(move || real_writer_handoff(mode, bug));
+    shuttle::check_random_with_seed(
+        move || real_writer_handoff(mode, bug),
+        RANDOM_SEED,
+        REAL_WRITER_SCHEDULES,
+    );
+}
+
+fn buffered() -> Durability {
+    Durability::Buffered {
+        max_delay: Duration::from_millis(1),
     }
 }
 
 #[test]
-fn handoff_acknowledges_after_commit_and_publishes_only_durable_completions() {
-    shuttle::check_pct(|| handoff::run(handoff::Order::Correct), 3_000, 3);
-    shuttle::check_random(|| handoff::run(handoff::Order::Correct), 3_000);
+fn real_writer_acknowledges_and_publishes_only_committed_writes() {
+    check_real_writer(Durability::Immediate, Bug::None);
 }
 
 #[test]
-fn handoff_model_catches_publish_before_commit() {
-    let r = std::panic::catch_unwind(|| {
-        shuttle::check_random(|| handoff::run(handoff::Order::PublishBeforeCommit), 3_000)
-    });
-    assert!(r.is_err(), "publishing before the commit went unnoticed");
+fn real_writer_buffered_publishes_only_committed_writes() {
+    check_real_writer(buffered(), Bug::None);
+}
+
+fn caught(mode: Durability, bug: Bug) -> bool {
+    std::panic::catch_unwind(|| check_real_writer(mode, bug)).is_err()
 }
 
 #[test]
-fn handoff_model_catches_ack_before_commit() {
-    let r = std::panic::catch_unwind(|| {
-        shuttle::check_random(|| handoff::run(handoff::Order::AckBeforeCommit), 3_000)
-    });
-    assert!(r.is_err(), "acknowledging before the commit went unnoticed");
+fn real_writer_model_catches_ack_before_commit() {
+    assert!(
+        caught(Durability::Immediate, Bug::AckBeforeCommit),
+        "acknowledging before the commit went unnoticed"
+    );
+}
+
+#[test]
+fn real_writer_model_catches_publish_before_commit() {
+    for mode in [Durability::Immediate, buffered()] {
+        assert!(
+            caught(mode, Bug::PublishBeforeCommit),
+            "{mode:?}: publishing before the commit went unnoticed"
+        );
+    }
 }

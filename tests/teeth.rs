@@ -63,6 +63,158 @@ fn stress_passes_without_a_bug() {
     assert!(report.violation.is_none(), "{:?}", report.violation);
 }
 
+// ---------------------------------------------------------------------------------------
+// Durability: each sabotage of the write path is caught by the durability checks, within a
+// fixed, deterministic budget; the same checks pass on the engine as shipped.
+// ---------------------------------------------------------------------------------------
+
+mod durability {
+    use super::*;
+    use arbtest::arbitrary::Unstructured;
+    use idemkv::testkit::faults::{self, FaultCase};
+    use idemkv::testkit::stress::SplitMix;
+    use std::time::Instant;
+
+    /// Seeded `storage_faults` cases (seeds 0..N) a bug must be caught within. The slowest
+    /// to show is a kept old record: it needs a takeover whose new record is then removed.
+    const CASES: u64 = 300;
+
+    fn buffered() -> Durability {
+        Durability::Buffered {
+            max_delay: Duration::from_millis(1),
+        }
+    }
+
+    /// The case of seed `seed`: a full workload drawn from splitmix64 bytes.
+    fn case(seed: u64) -> Option<FaultCase> {
+        let bytes = SplitMix(seed).bytes(1024);
+        faults::dense_case(&mut Unstructured::new(&bytes)).ok()
+    }
+
+    /// Runs the cases of seeds `0..CASES` with `bug`; the first that fails, with how many ran.
+    fn first_failing_case(bug: Bug) -> Option<(u64, usize, String)> {
+        let mut ran = 0;
+        for seed in 0..CASES {
+            let Some(case) = case(seed) else { continue };
+            ran += 1;
+            if let Err(why) = faults::run_case_with(&case, bug) {
+                return Some((seed, ran, why));
+            }
+        }
+        None
+    }
+
+    fn first_lines(why: &str) -> String {
+        why.lines().take(6).collect::<Vec<_>>().join("\n")
+    }
+
+    fn caught_by_cases(bug: Bug) {
+        let start = Instant::now();
+        match first_failing_case(bug) {
+            Some((seed, ran, why)) => println!(
+                "{bug:?} caught by storage_faults at case seed {seed} ({ran} cases, {:?}):\n{}",
+                start.elapsed(),
+                first_lines(&why)
+            ),
+            None => panic!("{bug:?} was NOT caught by {CASES} storage_faults cases"),
+        }
+    }
+
+    fn caught_by_sweep(bug: Bug) {
+        let start = Instant::now();
+        match faults::exhaustive_with(Durability::Immediate, &faults::small_workload(), bug) {
+            Err(why) => println!(
+                "{bug:?} caught by the exhaustive sweep in {:?}:\n{}",
+                start.elapsed(),
+                first_lines(&why)
+            ),
+            Ok(cov) => panic!("{bug:?} was NOT caught by the exhaustive sweep ({cov:?})"),
+        }
+    }
+
+    #[test]
+    fn storage_faults_cases_pass_without_a_bug() {
+        if let Some((seed, _, why)) = first_failing_case(Bug::None) {
+            panic!("case seed {seed}: {why}");
+        }
+    }
+
+    #[test]
+    fn storage_faults_cases_catch_ack_before_commit() {
+        caught_by_cases(Bug::AckBeforeCommit);
+    }
+
+    #[test]
+    fn storage_faults_cases_catch_a_missing_token_mark() {
+        caught_by_cases(Bug::SkipTokenHwm);
+    }
+
+    #[test]
+    fn storage_faults_cases_catch_a_kept_old_record() {
+        caught_by_cases(Bug::DropOldRemoval);
+    }
+
+    #[test]
+    fn exhaustive_sweep_catches_ack_before_commit() {
+        caught_by_sweep(Bug::AckBeforeCommit);
+    }
+
+    #[test]
+    fn exhaustive_sweep_catches_a_missing_token_mark() {
+        caught_by_sweep(Bug::SkipTokenHwm);
+    }
+
+    #[test]
+    fn exhaustive_sweep_catches_a_kept_old_record() {
+        caught_by_sweep(Bug::DropOldRemoval);
+    }
+
+    #[test]
+    fn held_commit_passes_without_a_bug() {
+        for mode in [buffered(), Durability::Immediate] {
+            faults::held_commit(mode, Bug::None).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    fn caught_by_held_commit(bug: Bug) {
+        for mode in [buffered(), Durability::Immediate] {
+            match faults::held_commit(mode, bug) {
+                Err(why) => println!("{bug:?} ({mode:?}) caught by held_commit:\n{why}"),
+                Ok(()) => panic!("{bug:?} ({mode:?}) was NOT caught by held_commit"),
+            }
+        }
+    }
+
+    #[test]
+    fn held_commit_catches_publish_before_commit() {
+        caught_by_held_commit(Bug::PublishBeforeCommit);
+    }
+
+    #[test]
+    fn held_commit_catches_a_missing_token_mark() {
+        caught_by_held_commit(Bug::SkipTokenHwm);
+    }
+
+    /// A stored response damaged in the file while the engine runs is refused, never
+    /// replayed, by `claim`, `claim_or_wait`, `run` and `get`.
+    #[test]
+    fn damaged_response_is_refused_on_every_replay() {
+        for mode in [buffered(), Durability::Immediate] {
+            faults::damaged_response(mode, Bug::None).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+
+    #[test]
+    fn damaged_response_catches_a_replay_without_checksum() {
+        for mode in [buffered(), Durability::Immediate] {
+            match faults::damaged_response(mode, Bug::SkipReplayChecksum) {
+                Err(why) => println!("SkipReplayChecksum ({mode:?}) caught:\n{why}"),
+                Ok(()) => panic!("{mode:?}: a replay without its checksum was NOT caught"),
+            }
+        }
+    }
+}
+
 #[cfg(feature = "shuttle")]
 mod under_shuttle {
     use super::*;

@@ -1,13 +1,23 @@
 //! A workload on a simulated disk that fails or loses power at the Nth I/O (write, set_len,
 //! sync), then a reopen: every acknowledged record present, nothing never submitted, at most
 //! the in-doubt batch differs, tokens never go backwards. See docs/testing.md.
+//! `IDEMKV_SABOTAGE=<name>` arms a deliberate bug (`concurrent::bug_from_name`), such as
+//! `ack-before-commit`, `skip-token-hwm` or `drop-old-removal`.
 #![no_main]
 
+use idemkv::testkit::concurrent;
 use idemkv::testkit::faults::{self, FaultCase};
+use idemkv::testkit::Bug;
 use libfuzzer_sys::fuzz_target;
+use std::sync::OnceLock;
+
+fn bug() -> Bug {
+    static BUG: OnceLock<Bug> = OnceLock::new();
+    *BUG.get_or_init(concurrent::bug_from_env)
+}
 
 fuzz_target!(|case: FaultCase| {
-    if let Err(failure) = faults::run_case(&case) {
+    if let Err(failure) = faults::run_case_with(&case, bug()) {
         panic!("storage_faults: {failure}\ncase: {case:?}");
     }
 });

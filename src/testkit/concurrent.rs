@@ -320,13 +320,19 @@ pub fn check_events(mode: Durability, init: &KeySpec, events: &[Event]) -> Resul
     history::check(&spec_config(mode), init, events).map_err(|v| v.0)
 }
 
-/// Parses a sabotage name (`none`, `check-then-act`, `no-fencing`), as the fuzz targets read
-/// it from `IDEMKV_SABOTAGE`.
+/// Parses a sabotage name (`none`, `check-then-act`, `no-fencing`, `ack-before-commit`,
+/// `publish-before-commit`, `skip-token-hwm`, `drop-old-removal`, `skip-replay-checksum`),
+/// as the fuzz targets read it from `IDEMKV_SABOTAGE`.
 pub fn bug_from_name(name: &str) -> Option<Bug> {
     match name {
         "" | "none" => Some(Bug::None),
         "check-then-act" | "CheckThenAct" => Some(Bug::CheckThenAct),
         "no-fencing" | "NoFencing" => Some(Bug::NoFencing),
+        "ack-before-commit" | "AckBeforeCommit" => Some(Bug::AckBeforeCommit),
+        "publish-before-commit" | "PublishBeforeCommit" => Some(Bug::PublishBeforeCommit),
+        "skip-token-hwm" | "SkipTokenHwm" => Some(Bug::SkipTokenHwm),
+        "drop-old-removal" | "DropOldRemoval" => Some(Bug::DropOldRemoval),
+        "skip-replay-checksum" | "SkipReplayChecksum" => Some(Bug::SkipReplayChecksum),
         _ => None,
     }
 }
@@ -336,7 +342,7 @@ pub fn bug_from_env() -> Bug {
     match std::env::var("IDEMKV_SABOTAGE") {
         Ok(name) => match bug_from_name(&name) {
             Some(bug) => bug,
-            None => panic!("IDEMKV_SABOTAGE={name:?}: expected none, check-then-act or no-fencing"),
+            None => panic!("IDEMKV_SABOTAGE={name:?}: not a sabotage name (see bug_from_name)"),
         },
         Err(_) => Bug::None,
     }

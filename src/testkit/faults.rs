@@ -15,6 +15,7 @@
 use super::disk::{Fault, SimDisk};
 use super::ops::{self, call, Call, Model, Op};
 use super::spec::{KeyModel, KeyOp, KeyRet};
+use super::Bug;
 use crate::{
     Claim, ClaimError, ClaimOptions, Durability, LeaseError, MockClock, RecordInfo, RecordInfoState,
 };
@@ -151,7 +152,19 @@ pub fn run(
     mode: Durability,
     ops_in: &[Op],
     fault: Option<Fault>,
+    keep: impl FnMut(usize) -> bool,
+) -> Result<FaultRun, String> {
+    run_with(mode, ops_in, fault, keep, Bug::None)
+}
+
+/// [`run`] with `bug` armed in the engine that runs the workload (the reopened engine is
+/// sound): for showing that these checks catch it.
+pub fn run_with(
+    mode: Durability,
+    ops_in: &[Op],
+    fault: Option<Fault>,
     mut keep: impl FnMut(usize) -> bool,
+    bug: Bug,
 ) -> Result<FaultRun, String> {
     let clock = MockClock::new();
     let disk = SimDisk::new();
@@ -165,7 +178,7 @@ pub fn run(
     let mut parked = Vec::new();
     let mut token_next = 1u64;
     let mut log: Vec<String> = Vec::new();
-    let opened = ops::builder(mode, &clock, Some(&disk)).open();
+    let opened = ops::builder(mode, &clock, Some(&disk)).sabotage(bug).open();
     if let Ok(engine) = &opened {
         for op in ops_in.iter().take(OPS_MAX) {
             token_next = token_next.max(engine.stats().token_next);
@@ -366,8 +379,30 @@ pub fn run(
     })
 }
 
+/// A case of [`OPS_MAX`] operations with its fault among the first 256 I/Os, drawn from
+/// `u`. Random bytes decoded as the fuzz target decodes them give workloads of one or two
+/// operations (each element of a list costs a coin flip); this gives seeded tests full ones.
+pub fn dense_case(u: &mut arbitrary::Unstructured<'_>) -> arbitrary::Result<FaultCase> {
+    let immediate = u.arbitrary()?;
+    let ops = (0..OPS_MAX)
+        .map(|_| u.arbitrary())
+        .collect::<arbitrary::Result<Vec<Op>>>()?;
+    Ok(FaultCase {
+        immediate,
+        ops,
+        at: u.int_in_range(0..=255)?,
+        power_loss: u.arbitrary()?,
+        keep: u.arbitrary()?,
+    })
+}
+
 /// Runs a fuzzed case.
 pub fn run_case(case: &FaultCase) -> Result<FaultRun, String> {
+    run_case_with(case, Bug::None)
+}
+
+/// Runs a fuzzed case with `bug` armed (see [`run_with`]).
+pub fn run_case_with(case: &FaultCase, bug: Bug) -> Result<FaultRun, String> {
     let mode = if case.immediate {
         Durability::Immediate
     } else {
@@ -383,9 +418,13 @@ pub fn run_case(case: &FaultCase) -> Result<FaultRun, String> {
         Fault::Error { at }
     };
     let keep = case.keep;
-    run(mode, &case.ops, Some(fault), |i| {
-        keep & (1 << (i % 64)) != 0
-    })
+    run_with(
+        mode,
+        &case.ops,
+        Some(fault),
+        |i| keep & (1 << (i % 64)) != 0,
+        bug,
+    )
 }
 
 /// What [`exhaustive`] covered.
@@ -400,7 +439,13 @@ pub struct Coverage {
 /// Power loss (synced bytes only; every unsynced write too) and a failing call, at every
 /// I/O point of `ops` in `mode`.
 pub fn exhaustive(mode: Durability, ops_in: &[Op]) -> Result<Coverage, String> {
-    let base = run(mode, ops_in, None, |_| false)?;
+    exhaustive_with(mode, ops_in, Bug::None)
+}
+
+/// [`exhaustive`] with `bug` armed (see [`run_with`]); stops at the first failing run.
+pub fn exhaustive_with(mode: Durability, ops_in: &[Op], bug: Bug) -> Result<Coverage, String> {
+    let base = run_with(mode, ops_in, None, |_| false, bug)
+        .map_err(|e| format!("{mode:?}, without a fault: {e}"))?;
     let mut cov = Coverage {
         io_points: base.ios,
         runs: 1,
@@ -419,7 +464,7 @@ pub fn exhaustive(mode: Durability, ops_in: &[Op]) -> Result<Coverage, String> {
             ),
             ("failing call", Fault::Error { at }, false),
         ] {
-            run(mode, ops_in, Some(fault), |_| keep_all)
+            run_with(mode, ops_in, Some(fault), |_| keep_all, bug)
                 .map_err(|e| format!("{mode:?}, {name} at I/O {at} of {}: {e}", base.ios))?;
             cov.runs += 1;
         }
@@ -428,7 +473,8 @@ pub fn exhaustive(mode: Durability, ops_in: &[Op]) -> Result<Coverage, String> {
 }
 
 /// A small workload touching every kind of write: claims, a checkpoint, an extend, a
-/// completion, a release, a takeover after the lease ran out, and a flush.
+/// completion, a takeover after the lease ran out, a takeover of a zero lease that is then
+/// released (its first record must be gone with it), and a flush.
 pub fn small_workload() -> Vec<Op> {
     use super::ops::{AdvanceSel, BytesSel, FpSel, KeySel, LeaseSel, TokenSel};
     vec![
@@ -470,6 +516,12 @@ pub fn small_workload() -> Vec<Op> {
         Op::Claim {
             key: KeySel(2),
             fingerprint: FpSel(0),
+            lease: LeaseSel(1),
+            wait: false,
+        },
+        Op::Claim {
+            key: KeySel(2),
+            fingerprint: FpSel(0),
             lease: LeaseSel(0),
             wait: false,
         },
@@ -485,4 +537,231 @@ pub fn small_workload() -> Vec<Op> {
         Op::Get { key: KeySel(1) },
         Op::Flush,
     ]
+}
+
+/// Real time a [`held_commit`] run waits for the engine's threads at most (a safety net:
+/// every wait ends as soon as its condition holds).
+const HELD_WAIT_MAX: Duration = Duration::from_secs(10);
+
+/// Invariants 4 and 5 at the moment they are most at risk: the writer is held before the
+/// commit of a completion (`Engine::hold_commits`) while a caller waits for it (`Immediate`)
+/// or has returned (`Buffered`), and a claim of a new key has issued a token that is not
+/// durable yet. Meanwhile `get` and `claim` of the completed key must answer that it is
+/// still being made durable (`Completing`, `InProgress`), and under `Immediate` the
+/// completing caller must still be waiting. Then the power goes: the file is reopened from
+/// the disk's durable image, and what a caller was shown or acknowledged must be in it, and
+/// the first token issued after the reopen must be above every token issued before.
+/// `bug` is armed from the open on.
+pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
+    let clock = MockClock::new();
+    let disk = SimDisk::new();
+    let engine = ops::builder(mode, &clock, Some(&disk))
+        .inflight_max(16)
+        .sabotage(bug)
+        .open()
+        .map_err(|e| format!("open: {e}"))?;
+    let long = ClaimOptions::default().lease(Duration::from_secs(3600));
+    let lease = match engine.claim(b"a", &long) {
+        Ok(Claim::Acquired(lease)) => lease,
+        other => return Err(format!("claim of a new key: {other:?}")),
+    };
+    let token_a = lease.token();
+    engine.flush().map_err(|e| format!("flush: {e}"))?;
+    let response: &[u8] = b"resp-a";
+    let held = engine.hold_commits();
+    let result = std::thread::scope(|s| {
+        let completer = s.spawn(move || lease.complete(response));
+        if !held.wait_until_held(HELD_WAIT_MAX) {
+            return Err("the completion's commit never reached the writer".to_string());
+        }
+        let claimer = s.spawn(|| engine.claim(b"b", &long));
+        let queued = |e: &crate::Engine| matches!(e.get(b"b"), Ok(Some(_)));
+        let deadline = std::time::Instant::now() + HELD_WAIT_MAX;
+        while !queued(&engine) {
+            if std::time::Instant::now() > deadline {
+                return Err("the claim of a new key was never queued".to_string());
+            }
+            std::thread::yield_now();
+        }
+        let token_next = engine.stats().token_next;
+        let mut shown = None;
+        let mut wrong = Vec::new();
+        match engine.get(b"a") {
+            Ok(Some(crate::KeyState::Completing { token })) if token == token_a => {}
+            Ok(Some(crate::KeyState::Completed { response, .. })) => {
+                shown = Some(response.to_vec());
+            }
+            other => wrong.push(format!("get: {other:?}")),
+        }
+        match engine.claim(b"a", &ClaimOptions::default()) {
+            Ok(Claim::InProgress(busy)) if busy.completing => {}
+            Ok(Claim::Completed(stored)) => shown = Some(stored.response().to_vec()),
+            other => wrong.push(format!("claim: {other:?}")),
+        }
+        // Only `Immediate` promises that a returned `complete` is durable.
+        let acked = mode == Durability::Immediate && completer.is_finished();
+        // The power goes now: the held commit has not begun.
+        let image = disk.durable_image();
+        drop(held);
+        let completed = completer
+            .join()
+            .map_err(|_| "the completing thread panicked".to_string())?;
+        let claimed = claimer
+            .join()
+            .map_err(|_| "the claiming thread panicked".to_string())?;
+        Ok((image, token_next, shown, wrong, acked, completed, claimed))
+    });
+    let (image, token_next, shown, wrong, acked, completed, claimed) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // Release a writer still held, so that the engine can close.
+            let _ = engine.close();
+            return Err(e);
+        }
+    };
+    engine.close().map_err(|e| format!("close: {e}"))?;
+    if !wrong.is_empty() {
+        return Err(format!(
+            "{mode:?}: while the completion's commit was held (not durable), callers of its \
+             key were answered {wrong:?}; expected Completing / InProgress (completing)"
+        ));
+    }
+    completed.map_err(|e| format!("complete: {e}"))?;
+    if !matches!(claimed, Ok(Claim::Acquired(_))) {
+        return Err(format!("claim of a new key: {claimed:?}"));
+    }
+    let reopened = ops::builder(mode, &clock, Some(&SimDisk::from_image(image)))
+        .inflight_max(16)
+        .open()
+        .map_err(|e| format!("reopen after the power loss: {e}"))?;
+    let found = view_of_records(&reopened.records())?;
+    let durable = matches!(
+        found.get(&b"a"[..]),
+        Some(DurableRec { token, state: Err((r, _)), .. }) if *token == token_a && r == response
+    );
+    if acked && !durable {
+        return Err(format!(
+            "{mode:?}: `complete` returned Ok while its commit was held, and the power loss \
+             lost it: the file holds {found:?}"
+        ));
+    }
+    if let Some(bytes) = shown.filter(|_| !durable) {
+        return Err(format!(
+            "{mode:?}: a caller was shown the completion {bytes:?} while its commit was held, \
+             and the power loss lost it: the file holds {found:?}"
+        ));
+    }
+    match reopened.claim(b"fresh-after-reopen", &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) if lease.token() < token_next => {
+            return Err(format!(
+                "{mode:?}: token {} issued after the reopen, but tokens up to {} were issued \
+                 before the power loss",
+                lease.token(),
+                token_next - 1
+            ))
+        }
+        Ok(Claim::Acquired(_)) => {}
+        other => return Err(format!("claim after the reopen: {other:?}")),
+    }
+    reopened
+        .close()
+        .map_err(|e| format!("close after the reopen: {e}"))
+}
+
+/// The response [`damaged_response`] stores, and what the damage turns it into: the same
+/// length, so that the record still decodes and only its checksum tells.
+const INTACT: &[u8] = b"receipt #1234: charged 19.99 EUR";
+const ROTTEN: &[u8] = b"receipt #1234: charged 99.99 EUR";
+
+/// A stored response damaged in the file after it was written, while the engine runs
+/// (bypassing the encoder, as bit rot would): every way of reading it back — `claim`,
+/// `claim_or_wait`, `run` (whose handler must not run) and `get` — must be refused with
+/// `Corrupted`, and none may return the damaged bytes. `bug` is armed from the open on.
+pub fn damaged_response(mode: Durability, bug: Bug) -> Result<(), String> {
+    let clock = MockClock::new();
+    let disk = SimDisk::new();
+    let engine = ops::builder(mode, &clock, Some(&disk))
+        .response_len_max(INTACT.len())
+        .sabotage(bug)
+        .open()
+        .map_err(|e| format!("open: {e}"))?;
+    let outcome = engine
+        .run(b"k", &ClaimOptions::default(), |_| {
+            Ok::<_, String>(INTACT.to_vec())
+        })
+        .map_err(|e| format!("run: {e}"))?;
+    engine.flush().map_err(|e| format!("flush: {e}"))?;
+    let mut found = false;
+    let damaged = engine
+        .damage_stored_value(outcome.token(), |value| {
+            if let Some(at) = value.windows(INTACT.len()).position(|w| w == INTACT) {
+                value[at..at + ROTTEN.len()].copy_from_slice(ROTTEN);
+                found = true;
+            }
+        })
+        .map_err(|e| format!("damage: {e}"))?;
+    if !damaged || !found {
+        return Err(format!(
+            "the stored value under token {} does not hold the response",
+            outcome.token()
+        ));
+    }
+    let corrupted = |r: &Result<String, ClaimError>| matches!(r, Err(ClaimError::Corrupted(_)));
+    let opts = ClaimOptions::default().wait(Duration::ZERO);
+    let show = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut handler_ran = false;
+    let answers: Vec<(&str, Result<String, ClaimError>)> = vec![
+        (
+            "claim",
+            engine.claim(b"k", &opts).map(|c| match c {
+                Claim::Completed(s) => show(s.response()),
+                other => format!("{other:?}"),
+            }),
+        ),
+        (
+            "claim_or_wait",
+            engine.claim_or_wait(b"k", &opts).map(|c| match c {
+                Claim::Completed(s) => show(s.response()),
+                other => format!("{other:?}"),
+            }),
+        ),
+        (
+            "run",
+            match engine.run(b"k", &opts, |_| {
+                handler_ran = true;
+                Ok::<_, String>(b"ran again".to_vec())
+            }) {
+                Ok(out) => Ok(show(out.response())),
+                Err(crate::RunError::Claim(e)) => Err(e),
+                Err(e) => Ok(format!("run error {e}")),
+            },
+        ),
+        (
+            "get",
+            engine.get(b"k").map(|state| match state {
+                Some(crate::KeyState::Completed { response, .. }) => show(&response),
+                other => format!("{other:?}"),
+            }),
+        ),
+    ];
+    let _ = engine.close();
+    let wrong: Vec<String> = answers
+        .iter()
+        .filter(|(_, r)| !corrupted(r))
+        .map(|(call, r)| format!("{call} -> {r:?}"))
+        .collect();
+    if handler_ran || !wrong.is_empty() {
+        return Err(format!(
+            "{mode:?}: the stored response was damaged in the file (\"{}\" -> \"{}\"); every \
+             read of it must be refused with Corrupted, but: {wrong:?}{}",
+            show(INTACT),
+            show(ROTTEN),
+            if handler_ran {
+                " and run's handler ran again"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
 }
