@@ -585,7 +585,9 @@ mod model {
             fn clone(&self) -> Self {
                 match self {
                     Sender::Real(tx) => Sender::Real(tx.clone()),
-                    Sender::Model(tx, queued, cap) => Sender::Model(tx.clone(), queued.clone(), *cap),
+                    Sender::Model(tx, queued, cap) => {
+                        Sender::Model(tx.clone(), queued.clone(), *cap)
+                    }
                 }
             }
         }

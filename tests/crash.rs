@@ -1,7 +1,7 @@
 //! A real crash test: the test binary runs itself as a child process that claims and
 //! completes keys under `Durability::Immediate`, and the parent kills it with SIGKILL at a
 //! random moment, several rounds in a row. After each kill the parent reopens the file and
-//! checks invariants 2 and 4 of the brief:
+//! checks invariants 2 and 4 of docs/design.md:
 //!
 //! - every completion the child acknowledged (its `complete` returned Ok) is there, with its
 //!   bytes and token;

@@ -286,7 +286,7 @@ fn power_loss_during_file_creation_leaves_an_openable_file() {
 
 /// A fixed finding (docs/testing.md): under `Buffered`, while a completion was not yet
 /// durable, a claim with a different fingerprint got `InProgress` instead of
-/// `FingerprintMismatch` (BRIEF §3: refused "whatever the state").
+/// `FingerprintMismatch` (docs/design.md: refused "whatever the state").
 #[test]
 fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
     use idemkv::testkit::disk::SimDisk;

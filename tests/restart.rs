@@ -56,7 +56,7 @@ impl Site {
         self.builder().open().unwrap()
     }
 
-    /// What the brief asks of a clean shutdown: flush (Buffered), then close.
+    /// What a clean shutdown is documented to be: flush (Buffered), then close.
     fn shut(&self, engine: Engine) {
         engine.flush().unwrap();
         engine.close().unwrap();

@@ -1,4 +1,4 @@
-//! The per-key state machine of BRIEF §3, one test per transition, each run in every
+//! The per-key state machine of docs/design.md, one test per transition, each run in every
 //! durability mode (`None`, `Buffered`, `Immediate`) with an injected `MockClock`.
 //!
 //! Time never passes by itself here: tests move the mock clock. The only real-time waits are
@@ -338,7 +338,7 @@ fn completion_is_invisible_until_its_commit_is_durable() {
     }
 }
 
-/// BRIEF §3: a claim whose fingerprint differs from the stored one is refused "whatever
+/// docs/design.md: a claim whose fingerprint differs from the stored one is refused "whatever
 /// the state" — including while the completion is being made durable (`Completing`). The
 /// fingerprint is known then: it is in the queued record.
 #[test]

@@ -1,5 +1,5 @@
 //! Duplicate deliveries for users' own tests: run your handler as N concurrent copies of the
-//! same message against an engine, the way BRIEF §1's duplicates arrive, and count how many
+//! same message against an engine, the way duplicates arrive in production, and count how many
 //! times its side effect ran.
 //!
 //! ```

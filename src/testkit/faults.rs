@@ -1,5 +1,5 @@
 //! `storage_faults`: a workload against an engine on a [`SimDisk`] that fails or loses power
-//! at its Nth I/O, then a reopen and the checks of BRIEF §3 invariants 2, 4 and 5:
+//! at its Nth I/O, then a reopen and the checks of invariants 2, 4 and 5 of docs/design.md:
 //!
 //! - the reopened file holds exactly the records of some prefix of the submitted writes
 //!   (nothing never submitted appears, and writes are never reordered);

@@ -3,7 +3,7 @@
 //! A [`Recorder`] stamps every call's invocation and return from one global counter (a
 //! `SeqCst` fetch-add, taken just before the call and just after it returns), so "`a`
 //! returned before `b` was invoked" in the record implies it in real time. [`check`] then
-//! verifies the two properties BRIEF §3 makes global:
+//! verifies the two properties the contract makes global (docs/design.md):
 //!
 //! - per key, the history is linearizable against [`KeySpec`] (one winner, fencing,
 //!   losers see the winner's bytes, visibility);

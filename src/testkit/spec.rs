@@ -1,4 +1,4 @@
-//! The sequential specification of one key: BRIEF §3's state machine as a function from
+//! The sequential specification of one key: the state machine of docs/design.md as a function from
 //! (state, operation, observed result) to the next state, or a reason the result is wrong.
 //!
 //! The engine chooses some things the spec cannot predict (the value of a new token, the
