@@ -52,7 +52,9 @@ pub use crate::admin::{ImportError, RecordInfo, RecordInfoState};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;
-pub use crate::error::{ClaimError, FlushError, LeaseError, Limit, OpenError, RunError};
+pub use crate::error::{
+    ClaimError, FlushError, LeaseError, Limit, OpenError, OpenErrorKind, RunError,
+};
 pub use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::stats::Stats;
