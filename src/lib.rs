@@ -38,6 +38,7 @@ mod holder;
 mod index;
 mod lease;
 mod options;
+mod reader;
 mod recovery;
 mod stats;
 mod storage;
@@ -57,5 +58,6 @@ pub use crate::error::{
 };
 pub use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;
 pub use redb;
