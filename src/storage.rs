@@ -7,9 +7,7 @@
 //! several times cheaper than inserting random client keys (see docs/design.md).
 
 use crate::codec::{self, DecodeError, Record};
-use crate::constants::{
-    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, READER_CACHE_BYTES, REDB_CACHE_BYTES,
-};
+use crate::constants::{CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, READER_CACHE_BYTES, REDB_CACHE_BYTES};
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
 use crate::sync::{Arc, Mutex};
@@ -287,7 +285,10 @@ fn inspect(backend: &dyn StorageBackend, what: &Path) -> Result<Head, OpenError>
              redb's ({len} bytes)"
         )));
     }
-    Ok(Head::Foreign(format!("{} is not a redb file", what.display())))
+    Ok(Head::Foreign(format!(
+        "{} is not a redb file",
+        what.display()
+    )))
 }
 
 /// The proof that a storage never held a commit. redb creates a database in this order
@@ -311,9 +312,7 @@ fn reference_creation() -> Result<Vec<u8>, OpenError> {
     let mut builder = Database::builder();
     builder.set_cache_size(READER_CACHE_BYTES);
     let created = contain("reference creation", || {
-        builder
-            .create_with_backend(recorder.clone())
-            .map(drop)
+        builder.create_with_backend(recorder.clone()).map(drop)
     })
     .map_err(panicked)?;
     created.map_err(|e| open_error(Path::new("<memory>"), e))?;
@@ -490,7 +489,14 @@ impl Store {
         let backend = file_backend(file, &path)?;
         match contain("open", || inspect(&backend, &path)).map_err(panicked)?? {
             Head::Redb => {}
+            // Without the rename, files are created in place: recognised by content.
+            #[cfg(not(unix))]
+            Head::CutShort => {
+                backend.set_len(0).map_err(OpenError::Io)?;
+                backend.sync_data().map_err(OpenError::Io)?;
+            }
             // Only a completed creation is ever renamed into place (see `create`).
+            #[cfg(unix)]
             Head::CutShort => {
                 return Err(OpenError::HeaderDamaged {
                     path,
@@ -722,7 +728,11 @@ impl Store {
 
     /// [`Store::commit`] during open: a failure is a typed open error (a full disk is not
     /// damage).
-    pub(crate) fn commit_on_open(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), OpenError> {
+    pub(crate) fn commit_on_open(
+        &self,
+        writes: &[Write],
+        hwm: Option<u64>,
+    ) -> Result<(), OpenError> {
         contain("commit", || self.commit_inner(writes, hwm))
             .map_err(panicked)?
             .map_err(|e| open_error(&self.path, e))
@@ -733,8 +743,7 @@ impl Store {
         // Keys and responses come from clients: two-phase commit keeps a torn write from
         // ever being mistaken for a valid commit (see `EngineBuilder::two_phase_commit`).
         txn.set_two_phase_commit(self.two_phase_commit);
-        txn.set_durability(redb::Durability::Immediate)
-            ?;
+        txn.set_durability(redb::Durability::Immediate)?;
         {
             let mut table = txn.open_table(RECORDS)?;
             for w in writes {
@@ -743,9 +752,7 @@ impl Store {
                         if let Some(old) = old {
                             table.remove(*old)?;
                         }
-                        table
-                            .insert(*token, value.as_slice())
-                            ?;
+                        table.insert(*token, value.as_slice())?;
                     }
                     Write::Delete { token } => {
                         table.remove(*token)?;
@@ -754,8 +761,7 @@ impl Store {
             }
             if let Some(hwm) = hwm {
                 let mut meta = txn.open_table(META)?;
-                meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())
-                    ?;
+                meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())?;
             }
         }
         Ok(txn.commit()?)
@@ -1186,11 +1192,7 @@ impl StorageBackend for Overlay {
     fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
         self.base.try_lock_shared_range(s, e)
     }
-    fn try_lock_shared_range(
-        &self,
-        s: Bound<u64>,
-        e: Bound<u64>,
-    ) -> Result<bool, BackendError> {
+    fn try_lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
         self.base.try_lock_shared_range(s, e)
     }
     fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {

@@ -280,7 +280,11 @@ fn stats_prints_counts_per_state() {
     assert_eq!(line("keys in flight").as_deref(), Some("3"), "{text}");
     // Read-only: the three old completions are shown as expired, not reclaimed.
     assert_eq!(line("keys completed").as_deref(), Some("4"), "{text}");
-    assert_eq!(line("expired, not yet swept").as_deref(), Some("3"), "{text}");
+    assert_eq!(
+        line("expired, not yet swept").as_deref(),
+        Some("3"),
+        "{text}"
+    );
     let out = on(&file, &["stats"], &["--json"]);
     assert_exit(&out, 0);
     let json = stdout(&out);
@@ -771,7 +775,11 @@ fn read_only_commands_change_nothing() {
             }
         }
         let out = on(path, &["inspect"], &["--json"]);
-        assert!(stdout(&out).contains("\"records_in_file\":7"), "{}", show(&out));
+        assert!(
+            stdout(&out).contains("\"records_in_file\":7"),
+            "{}",
+            show(&out)
+        );
     }
 }
 
@@ -811,13 +819,21 @@ fn read_only_commands_follow_a_live_engine() {
     assert_eq!(out.stdout, b"live response");
     let out = on(&file, &["get", "live-2"], &["--json"]);
     assert_exit(&out, 1);
-    assert!(stdout(&out).contains("\"state\":\"absent\""), "{}", show(&out));
+    assert!(
+        stdout(&out).contains("\"state\":\"absent\""),
+        "{}",
+        show(&out)
+    );
     let out = on(&file, &["stats"], &["--json"]);
     assert_exit(&out, 0);
     assert!(stdout(&out).contains("\"live\":true"), "{}", show(&out));
     // The open recovered the file: the old completions are gone, the stuck claim kept.
     assert!(stdout(&out).contains("\"completed\":5"), "{}", show(&out));
-    assert!(stdout(&out).contains("\"expired_unswept\":0"), "{}", show(&out));
+    assert!(
+        stdout(&out).contains("\"expired_unswept\":0"),
+        "{}",
+        show(&out)
+    );
     let out = on(&file, &["inspect"], &[]);
     assert_exit(&out, 0);
     assert!(stdout(&out).contains("live-1"), "{}", show(&out));
@@ -826,7 +842,11 @@ fn read_only_commands_follow_a_live_engine() {
     assert!(stdout(&out).contains("not checked"), "{}", show(&out));
     let out = on(&file, &["export"], &[]);
     assert_exit(&out, 0);
-    assert!(stdout(&out).contains("\"key_text\":\"live-1\""), "{}", show(&out));
+    assert!(
+        stdout(&out).contains("\"key_text\":\"live-1\""),
+        "{}",
+        show(&out)
+    );
     assert!(!stdout(&out).contains("live-2"), "{}", show(&out));
     // The readers wrote nothing; the engine did not commit meanwhile either.
     assert!(fingerprint_of(&file) == before, "a reader changed the file");
@@ -849,9 +869,16 @@ fn export_output_is_owner_only() {
     // An existing output with a wide mode is replaced by an owner-only one.
     std::fs::write(&out_path, b"old").expect("write");
     std::fs::set_permissions(&out_path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
-    let out = on(&file, &["export"], &["-o", out_path.to_str().expect("utf-8")]);
+    let out = on(
+        &file,
+        &["export"],
+        &["-o", out_path.to_str().expect("utf-8")],
+    );
     assert_exit(&out, 0);
-    let mode = std::fs::metadata(&out_path).expect("metadata").permissions().mode();
+    let mode = std::fs::metadata(&out_path)
+        .expect("metadata")
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o600, "export mode {mode:o}");
 }
 

@@ -92,7 +92,9 @@ fn a_damaged_header_is_refused_and_the_file_left_unchanged() {
         ("first 64 bytes zeroed", &|b| b[..64].fill(0)),
         ("first 4 KiB zeroed", &|b| b[..4096].fill(0)),
         ("magic zeroed", &|b| b[..9].fill(0)),
-        ("magic torn", &|b| b[..4].copy_from_slice(&[0xde, 0xad, 0xbe, 0xef])),
+        ("magic torn", &|b| {
+            b[..4].copy_from_slice(&[0xde, 0xad, 0xbe, 0xef])
+        }),
     ];
     for (what, damage) in damages {
         let mut bytes = original.clone();
@@ -115,7 +117,11 @@ fn a_damaged_header_is_refused_and_the_file_left_unchanged() {
         let b = FaultyBackend::from_image(&bytes);
         expect_header_damaged(open_backend(&b), what);
         assert!(b.live_image() == bytes, "{what}: the backend was changed");
-        assert_eq!(b.writes() + b.set_lens(), 0, "{what}: the backend was written");
+        assert_eq!(
+            b.writes() + b.set_lens(),
+            0,
+            "{what}: the backend was written"
+        );
         // The operator's reader says the same.
         match FileReader::open(&path) {
             Err(OpenError::HeaderDamaged { .. }) => {}
@@ -140,11 +146,17 @@ fn creation_cut_short() -> Vec<u8> {
     let disk = SimDisk::new();
     // I/O 1 sizes the file, 2 writes the header without the magic, 3 syncs it.
     disk.set_fault(Some(Fault::PowerLoss { at: 3 }));
-    let r = Engine::builder().path("x.redb").backend(disk.clone()).open();
+    let r = Engine::builder()
+        .path("x.redb")
+        .backend(disk.clone())
+        .open();
     assert!(r.is_err(), "the power loss stops the open");
     let image = disk.crash_image(|_| true);
     assert!(image.len() > 4096 && image[..9].iter().all(|&b| b == 0));
-    assert!(image[9..320].iter().any(|&b| b != 0), "the header was written");
+    assert!(
+        image[9..320].iter().any(|&b| b != 0),
+        "the header was written"
+    );
     image
 }
 
@@ -199,11 +211,23 @@ fn io_errors_during_open_are_reported_as_io() {
             None => FaultyBackend::memory(),
             Some(image) => FaultyBackend::from_image(image),
         };
-        let what = if base.is_some() { "existing file" } else { "creation" };
+        let what = if base.is_some() {
+            "existing file"
+        } else {
+            "creation"
+        };
         // ENOSPC at each write of the open in turn, then EIO at each sync.
         for (sync, kind, io_kind) in [
-            (false, OpenErrorKind::DiskFull, std::io::ErrorKind::StorageFull),
-            (true, OpenErrorKind::Io, std::io::Error::from_raw_os_error(5).kind()),
+            (
+                false,
+                OpenErrorKind::DiskFull,
+                std::io::ErrorKind::StorageFull,
+            ),
+            (
+                true,
+                OpenErrorKind::Io,
+                std::io::Error::from_raw_os_error(5).kind(),
+            ),
         ] {
             let mut failed = 0;
             for n in 1..200 {
@@ -283,7 +307,11 @@ fn a_directory_without_write_permission_is_permission_denied() {
 // ---------------------------------------------------------------------------------------
 
 fn temporary(path: &Path) -> std::path::PathBuf {
-    let name = path.file_name().expect("name").to_string_lossy().into_owned();
+    let name = path
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
     path.with_file_name(format!(".{name}.idemkv-creating"))
 }
 
@@ -333,7 +361,11 @@ fn new_files_are_owner_only_unless_configured() {
         .expect("open")
         .close()
         .expect("close");
-    assert_eq!(mode(&shared), 0o660, "the umask does not narrow the chosen mode");
+    assert_eq!(
+        mode(&shared),
+        0o660,
+        "the umask does not narrow the chosen mode"
+    );
 
     // An existing file's mode is the operator's: left alone.
     std::fs::set_permissions(&default, std::fs::Permissions::from_mode(0o644)).expect("chmod");
@@ -341,9 +373,111 @@ fn new_files_are_owner_only_unless_configured() {
     assert_eq!(mode(&default), 0o644);
 
     for bad in [0o400, 0o200, 0o10600] {
-        match Engine::builder().path(dir.path().join("bad.redb")).file_mode(bad).open() {
+        match Engine::builder()
+            .path(dir.path().join("bad.redb"))
+            .file_mode(bad)
+            .open()
+        {
             Err(OpenError::InvalidConfig { .. }) => {}
             other => panic!("{bad:o}: {other:?}"),
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Damaged table definitions
+// ---------------------------------------------------------------------------------------
+
+/// What one open of a damaged image did: refused (with the error), or opened and served
+/// every key's exact bytes; anything else is a problem.
+fn open_and_read_all(image: Vec<u8>, keys: usize) -> Result<String, String> {
+    let engine = match Engine::builder()
+        .path("damaged.redb")
+        .backend(SimDisk::from_image(image))
+        .clock(MockClock::new())
+        .sweep_interval(None)
+        .open()
+    {
+        Ok(engine) => engine,
+        Err(e) => {
+            return match e.kind() {
+                OpenErrorKind::Corrupted
+                | OpenErrorKind::Foreign
+                | OpenErrorKind::HeaderDamaged => Ok(format!("refused {:?}", e.kind())),
+                _ => Err(format!("refused as {:?}, not as damage: {e}", e.kind())),
+            }
+        }
+    };
+    for i in 0..keys {
+        let key = format!("k{i:05}");
+        match engine.get(key.as_bytes()) {
+            Ok(Some(KeyState::Completed { response: r, .. })) if r[..] == response(i)[..] => {}
+            other => return Err(format!("opened, but {key} gave {other:?}")),
+        }
+    }
+    let _ = engine.close();
+    Ok("served".into())
+}
+
+/// Flips one bit of every byte of the table definitions (the table tree's leaf: both
+/// tables' names, entry counts, root pages and checksums, key and value types) of a closed
+/// file with 2,000 completions. Every flip must be refused at open or leave every key
+/// served with its exact bytes; an open that accepts damage and then fails or spins on
+/// each read is the failure this guards against. Each open runs on its own thread with a
+/// deadline, so a spin fails the test instead of hanging it.
+#[test]
+fn damaged_table_definitions_are_refused_at_open_or_harmless() {
+    const KEYS: usize = 2000;
+    let disk = SimDisk::new();
+    let engine = Engine::builder()
+        .path("fixture.redb")
+        .backend(disk.clone())
+        .clock(MockClock::new())
+        .open()
+        .expect("open");
+    complete(&engine, KEYS);
+    engine.close().expect("close");
+    drop(engine);
+    let original = disk.live_image();
+
+    // The table tree's leaves: a leaf page (type 1) of two entries naming both tables. Its
+    // header is the type, a reserved byte, the entry count (u16), then the end offsets of
+    // the two keys and the two values (u32 each); the last one ends the definitions.
+    let mut damage = Vec::new();
+    for (p, page) in original.chunks(4096).enumerate() {
+        let names = |n: &[u8]| page.windows(n.len()).any(|w| w == n);
+        if page[0] == 1 && page[2..4] == [2, 0] && names(b"idemkv_records") && names(b"idemkv_meta")
+        {
+            let end = u32::from_le_bytes([page[16], page[17], page[18], page[19]]) as usize;
+            assert!((64..=512).contains(&end), "definitions end at {end}");
+            damage.extend((0..end).map(|o| (p * 4096 + o, 1u8 << (o % 8))));
+        }
+    }
+    assert!(damage.len() >= 100, "table definitions not found");
+    let mut outcomes = std::collections::BTreeMap::<String, usize>::new();
+    let mut problems = Vec::new();
+    for &(pos, mask) in &damage {
+        let mut image = original.clone();
+        image[pos] ^= mask;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let r = std::panic::catch_unwind(|| open_and_read_all(image, KEYS))
+                .unwrap_or_else(|_| Err("a panic escaped".into()));
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(Ok(outcome)) => *outcomes.entry(outcome).or_default() += 1,
+            Ok(Err(problem)) => problems.push(format!("offset {pos} xor {mask:#04x}: {problem}")),
+            Err(_) => problems.push(format!("offset {pos} xor {mask:#04x}: no answer in 20 s")),
+        }
+    }
+    eprintln!(
+        "table definition damage over {} flips: {outcomes:?}",
+        damage.len()
+    );
+    assert!(problems.is_empty(), "{problems:#?}");
+    assert!(
+        outcomes.keys().any(|k| k.starts_with("refused")),
+        "no flip was refused: the damage missed the definitions"
+    );
 }

@@ -118,7 +118,9 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let file = options.open(&tmp)?;
         // The umask may have narrowed the mode, and a leftover partial file keeps its own.
         #[cfg(unix)]
-        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(EXPORT_FILE_MODE))?;
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+            EXPORT_FILE_MODE,
+        ))?;
         let mut out = BufWriter::new(file);
         out.write_all(bytes)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
