@@ -88,7 +88,8 @@ fn a_damaged_header_is_refused_and_the_file_left_unchanged() {
     let dir = tempfile::tempdir().expect("tempdir");
     let good = dir.path().join("good.redb");
     let original = fixture(&good, 500, Durability::Immediate);
-    let damages: [(&str, &dyn Fn(&mut Vec<u8>)); 4] = [
+    type Damage<'a> = (&'a str, &'a dyn Fn(&mut Vec<u8>));
+    let damages: [Damage; 4] = [
         ("first 64 bytes zeroed", &|b| b[..64].fill(0)),
         ("first 4 KiB zeroed", &|b| b[..4096].fill(0)),
         ("magic zeroed", &|b| b[..9].fill(0)),
