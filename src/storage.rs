@@ -10,7 +10,7 @@ use crate::codec::{self, DecodeError, Record};
 use crate::constants::{CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, READER_CACHE_BYTES, REDB_CACHE_BYTES};
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, RwLock};
 use redb::backends::FileBackend;
 use redb::{
     BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
@@ -55,6 +55,11 @@ impl Write {
 }
 
 pub(crate) struct Store {
+    /// A read transaction on the last commit, replaced by every commit before the writer
+    /// publishes anything of it: replays read through it instead of starting a read
+    /// transaction each (which, with live readers, costs several lock syscalls). Declared
+    /// before `db` so that it is dropped first.
+    snapshot: RwLock<Option<Arc<ReadTransaction>>>,
     db: Database,
     path: PathBuf,
     two_phase_commit: bool,
@@ -454,6 +459,7 @@ impl Store {
     /// new one.
     fn finish(b: &EngineBuilder, db: Database, path: PathBuf) -> Result<Closing, OpenError> {
         let store = Closing::new(Store {
+            snapshot: RwLock::new(None),
             db,
             path,
             two_phase_commit: b.two_phase_commit,
@@ -714,7 +720,11 @@ impl Store {
     /// `Err`: redb failed (the caller poisons the engine).
     pub(crate) fn get(&self, token: u64) -> Result<Option<Result<Record, DecodeError>>, String> {
         contain("read", || {
-            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            let cached = self.snapshot.read().clone();
+            let txn = match cached {
+                Some(txn) => txn,
+                None => Arc::new(self.db.begin_read().map_err(|e| e.to_string())?),
+            };
             let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
             let value = table.get(token).map_err(|e| e.to_string())?;
             Ok(value.map(|v| codec::decode(token, v.value())))
@@ -764,7 +774,13 @@ impl Store {
                 meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())?;
             }
         }
-        Ok(txn.commit()?)
+        txn.commit()?;
+        // (A failed commit returned above and left the previous snapshot, which holds every
+        // record published so far: the writer poisons the engine before it publishes more.
+        // Without a snapshot, replays start their own read transactions.)
+        let fresh = self.db.begin_read().ok().map(Arc::new);
+        *self.snapshot.write() = fresh;
+        Ok(())
     }
 }
 
