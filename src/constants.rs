@@ -93,6 +93,17 @@ pub(crate) const RECOVERY_PRESIZE_MAX: u64 = 1 << 24;
 /// Threads that scan the file on open (the machine class has two cores).
 pub(crate) const RECOVERY_THREADS_MAX: u64 = 2;
 
+/// Permission bits of a file the engine creates: it holds every stored response, so only
+/// its owner may read it.
+pub(crate) const FILE_MODE_DEFAULT: u32 = 0o600;
+
+/// Times an open that creates a file starts over because another process placed a file at
+/// the path meanwhile (each start over then opens that file).
+pub(crate) const CREATE_ATTEMPTS_MAX: u32 = 4;
+
+/// redb page cache of a read-only handle (operator commands scan the file once).
+pub(crate) const READER_CACHE_BYTES: usize = 16 << 20;
+
 /// redb page cache for the engine's file.
 pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 

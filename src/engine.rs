@@ -319,6 +319,9 @@ impl EngineBuilder {
                 crate::recovery::recover(&store, &self, &index, &time, &counters)
             })
             .map_err(|detail| OpenError::Corrupted { detail })??;
+            // Every replay opens the tables again: a table tree that only decodes in the
+            // write path must be refused now, not on each read.
+            store.check_tables()?;
             let limit = next.saturating_add(TOKEN_RESERVE);
             (Tokens::new(next, limit), Some(Arc::new(store)))
         };

@@ -27,7 +27,9 @@ impl fmt::Display for Limit {
     }
 }
 
-/// Why [`crate::Engine::open`] or [`crate::EngineBuilder::open`] failed.
+/// Why [`crate::Engine::open`], [`crate::EngineBuilder::open`] or [`crate::FileReader`]
+/// failed. [`OpenError::kind`] names the kind of failure for a caller that acts on it; the
+/// message says what was found and what the operator can do.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum OpenError {
@@ -43,19 +45,90 @@ pub enum OpenError {
         /// What was found instead of an idemkv file.
         detail: String,
     },
-    /// The file is damaged: redb refused it, or a record failed its checksum. Nothing was
-    /// changed; restore it from a backup, or move it aside to start empty.
+    /// The file is damaged: redb refused it, a table definition does not decode, or a record
+    /// failed its checksum. Nothing was changed; restore it from a backup, or move it aside
+    /// to start empty.
     Corrupted {
         /// What was wrong and where.
         detail: String,
     },
-    /// The operating system refused to open, read or write the file.
+    /// The file's header (its first page) is damaged: redb's magic is missing or broken, so
+    /// the file cannot be read, yet it is not empty and did not come from a creation cut
+    /// short. It is never started afresh (its records would be lost and every duplicate of
+    /// them would run again). Nothing was changed; restore it from a backup.
+    HeaderDamaged {
+        /// The file.
+        path: PathBuf,
+        /// What was found in the header and past it.
+        detail: String,
+    },
+    /// The operating system refused to open, read, write or sync the file. [`OpenError::kind`]
+    /// tells a full disk and a refused permission from other I/O errors; the `io::Error` is
+    /// the [`std::error::Error::source`]. The file was not judged damaged.
     Io(std::io::Error),
     /// A builder setting is out of range.
     InvalidConfig {
         /// Which setting and why.
         detail: String,
     },
+}
+
+/// The kind of an [`OpenError`], for a caller that acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OpenErrorKind {
+    /// [`OpenError::AlreadyOpen`]: stop the other process first.
+    AlreadyOpen,
+    /// [`OpenError::Foreign`]: not an idemkv file.
+    Foreign,
+    /// [`OpenError::Corrupted`]: damaged; restore from a backup.
+    Corrupted,
+    /// [`OpenError::HeaderDamaged`]: the header is damaged; restore from a backup.
+    HeaderDamaged,
+    /// An [`OpenError::Io`] because the disk (or the quota) is full: free space and retry.
+    DiskFull,
+    /// An [`OpenError::Io`] because the OS refused access (file mode, owner, a read-only
+    /// file system): fix the permissions and retry.
+    PermissionDenied,
+    /// Any other [`OpenError::Io`]: check the device, then retry.
+    Io,
+    /// [`OpenError::InvalidConfig`]: fix the builder settings.
+    InvalidConfig,
+}
+
+impl OpenError {
+    /// The kind of failure: what a caller can do about it.
+    pub fn kind(&self) -> OpenErrorKind {
+        match self {
+            OpenError::AlreadyOpen { .. } => OpenErrorKind::AlreadyOpen,
+            OpenError::Foreign { .. } => OpenErrorKind::Foreign,
+            OpenError::Corrupted { .. } => OpenErrorKind::Corrupted,
+            OpenError::HeaderDamaged { .. } => OpenErrorKind::HeaderDamaged,
+            OpenError::Io(e) => io_kind(e),
+            OpenError::InvalidConfig { .. } => OpenErrorKind::InvalidConfig,
+        }
+    }
+}
+
+/// ENOSPC and EDQUOT (Linux and the BSDs number EDQUOT differently).
+fn is_disk_full(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(e.kind(), ErrorKind::StorageFull | ErrorKind::QuotaExceeded)
+        || matches!(e.raw_os_error(), Some(28))
+}
+
+fn io_kind(e: &std::io::Error) -> OpenErrorKind {
+    use std::io::ErrorKind;
+    if is_disk_full(e) {
+        OpenErrorKind::DiskFull
+    } else if matches!(
+        e.kind(),
+        ErrorKind::PermissionDenied | ErrorKind::ReadOnlyFilesystem
+    ) {
+        OpenErrorKind::PermissionDenied
+    } else {
+        OpenErrorKind::Io
+    }
 }
 
 impl fmt::Display for OpenError {
@@ -68,7 +141,29 @@ impl fmt::Display for OpenError {
             ),
             OpenError::Foreign { detail } => write!(f, "not an idemkv file: {detail}"),
             OpenError::Corrupted { detail } => write!(f, "the file is corrupted: {detail}"),
-            OpenError::Io(e) => write!(f, "I/O error while opening: {e}"),
+            OpenError::HeaderDamaged { path, detail } => write!(
+                f,
+                "the header of {} is damaged: {detail}; nothing was changed: restore the file \
+                 from a backup (do not delete it to start afresh: its records would be lost)",
+                path.display()
+            ),
+            OpenError::Io(e) => match io_kind(e) {
+                OpenErrorKind::DiskFull => write!(
+                    f,
+                    "the disk is full while opening: {e}; free space and open again (nothing \
+                     acknowledged was lost)"
+                ),
+                OpenErrorKind::PermissionDenied => write!(
+                    f,
+                    "permission denied while opening: {e}; the process needs read and write \
+                     access to the file and its directory"
+                ),
+                _ => write!(
+                    f,
+                    "I/O error while opening: {e}; the file was not found damaged: check the \
+                     device, then open again"
+                ),
+            },
             OpenError::InvalidConfig { detail } => write!(f, "invalid configuration: {detail}"),
         }
     }

@@ -38,6 +38,7 @@ mod holder;
 mod index;
 mod lease;
 mod options;
+mod reader;
 mod recovery;
 mod stats;
 mod storage;
@@ -53,9 +54,10 @@ pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;
 pub use crate::error::{
-    ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, RunError,
+    ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
 };
 pub use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;
 pub use redb;

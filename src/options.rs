@@ -123,6 +123,8 @@ pub struct EngineBuilder {
     pub(crate) keys_max: usize,
     pub(crate) sweep_interval: Option<Duration>,
     pub(crate) two_phase_commit: bool,
+    /// Permission bits of a file the engine creates (unix).
+    pub(crate) file_mode: u32,
     pub(crate) backend: Option<BackendSlot>,
     /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): test builds only,
     /// see `testkit::Bug`.
@@ -181,6 +183,7 @@ impl Default for EngineBuilder {
             keys_max: KEYS_MAX_DEFAULT,
             sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
             two_phase_commit: true,
+            file_mode: FILE_MODE_DEFAULT,
             backend: None,
             #[cfg(feature = "testkit")]
             sabotage: 0,
@@ -281,6 +284,16 @@ impl EngineBuilder {
         self
     }
 
+    /// Permission bits of a file the engine creates (default `0o600`: owner read and write
+    /// only, because the file holds every stored response). Applied as given, whatever the
+    /// process umask; must include owner read and write. An existing file's mode is never
+    /// changed. Unix only: elsewhere a new file gets the directory's default access rules.
+    #[cfg(unix)]
+    pub fn file_mode(mut self, mode: u32) -> Self {
+        self.file_mode = mode;
+        self
+    }
+
     /// Number of index stripes, a power of two (default 256).
     pub fn stripes(mut self, stripes: usize) -> Self {
         self.stripes = stripes;
@@ -332,6 +345,12 @@ impl EngineBuilder {
         if !self.stripes.is_power_of_two() || self.stripes > STRIPES_LIMIT {
             return bad(format!(
                 "stripes must be a power of two up to {STRIPES_LIMIT}"
+            ));
+        }
+        if self.file_mode & !0o7777 != 0 || self.file_mode & 0o600 != 0o600 {
+            return bad(format!(
+                "file_mode {:#o} must be permission bits that include owner read and write (0o600)",
+                self.file_mode
             ));
         }
         if self.durability != Durability::None && self.path.is_none() && self.backend.is_none() {

@@ -113,9 +113,7 @@ pub(crate) fn recover(
         .into_iter()
         .map(|token| Write::Delete { token })
         .collect();
-    store
-        .commit(&writes, Some(next.saturating_add(TOKEN_RESERVE)))
-        .map_err(|detail| OpenError::Corrupted { detail })?;
+    store.commit_on_open(&writes, Some(next.saturating_add(TOKEN_RESERVE)))?;
     Ok(next)
 }
 

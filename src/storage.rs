@@ -7,15 +7,19 @@
 //! several times cheaper than inserting random client keys (see docs/design.md).
 
 use crate::codec::{self, DecodeError, Record};
-use crate::constants::{FORMAT_MAGIC, REDB_CACHE_BYTES};
+use crate::constants::{CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, READER_CACHE_BYTES, REDB_CACHE_BYTES};
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
+use crate::sync::{Arc, Mutex, RwLock};
+use redb::backends::FileBackend;
 use redb::{
-    Database, DatabaseError, ReadableDatabase, ReadableTable, ReadableTableMetadata,
-    StorageBackend, TableDefinition, TableHandle,
+    BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
+    ReadableTable, ReadableTableMetadata, StorageBackend, TableDefinition, TableHandle,
 };
+use std::collections::HashMap;
 use std::fmt;
-use std::io::Read;
+use std::fs::File;
+use std::io;
 use std::ops::Bound;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -51,6 +55,11 @@ impl Write {
 }
 
 pub(crate) struct Store {
+    /// A read transaction on the last commit, replaced by every commit before the writer
+    /// publishes anything of it: replays read through it instead of starting a read
+    /// transaction each (which, with live readers, costs several lock syscalls). Declared
+    /// before `db` so that it is dropped first.
+    snapshot: RwLock<Option<Arc<ReadTransaction>>>,
     db: Database,
     path: PathBuf,
     two_phase_commit: bool,
@@ -152,168 +161,474 @@ pub(crate) fn contain<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String>
     })
 }
 
-fn open_error(path: &Path, e: DatabaseError) -> OpenError {
+/// A panic inside redb while it read the file: the file is damaged.
+fn panicked(detail: String) -> OpenError {
+    OpenError::Corrupted { detail }
+}
+
+/// An I/O error as an open reports it. A read past the end means the file's own pointers
+/// are damaged; every other error is the operating system's, reported as it is.
+fn io_open_error(io: io::Error) -> OpenError {
+    if io.kind() == io::ErrorKind::UnexpectedEof {
+        OpenError::Corrupted {
+            detail: format!("the file points past its end ({io})"),
+        }
+    } else {
+        OpenError::Io(io)
+    }
+}
+
+fn backend_io(e: BackendError) -> io::Error {
     match e {
-        DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
-            path: path.to_path_buf(),
-        },
-        DatabaseError::UpgradeRequired(v) => OpenError::Foreign {
-            detail: format!("redb file format {v} needs an upgrade this build cannot do"),
-        },
-        // A read past the end of the file means its own pointers are damaged.
-        DatabaseError::Storage(redb::StorageError::Io(io))
-            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
-        {
-            OpenError::Corrupted {
-                detail: format!("the file points past its end ({io})"),
+        BackendError::Io(io) => io,
+        BackendError::Other(other) => io::Error::other(other),
+        BackendError::Unsupported => io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the storage backend does not support this operation",
+        ),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// Maps any redb error met while opening or reading the file: I/O stays I/O (with the
+/// `io::Error` as its source), a lock held elsewhere is `AlreadyOpen`, and only what redb
+/// found wrong in the file itself is `Corrupted`.
+pub(crate) fn open_error(path: &Path, e: impl Into<redb::Error>) -> OpenError {
+    match e.into() {
+        redb::Error::DatabaseAlreadyOpen | redb::Error::LockProtocolMismatch => {
+            OpenError::AlreadyOpen {
+                path: path.to_path_buf(),
             }
         }
-        DatabaseError::Storage(redb::StorageError::Io(io)) => OpenError::Io(io),
+        redb::Error::UpgradeRequired(v) => OpenError::Foreign {
+            detail: format!("redb file format {v} needs an upgrade this build cannot do"),
+        },
+        // redb refuses a file without its magic this way; the checks before it make that a
+        // file that changed under the open.
+        redb::Error::Io(io) if io.kind() == io::ErrorKind::InvalidData => OpenError::Foreign {
+            detail: format!("{}: {io}", path.display()),
+        },
+        redb::Error::Io(io) => io_open_error(io),
+        redb::Error::PreviousIo => OpenError::Io(io::Error::other(
+            "an earlier I/O error on this file stopped redb",
+        )),
+        redb::Error::Backend(other) => OpenError::Io(io::Error::other(other)),
+        redb::Error::Unsupported => OpenError::Io(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the storage backend does not support an operation redb needs",
+        )),
+        e @ (redb::Error::TableTypeMismatch { .. }
+        | redb::Error::TableIsMultimap(_)
+        | redb::Error::TableIsNotMultimap(_)
+        | redb::Error::TypeDefinitionChanged { .. }
+        | redb::Error::TableDoesNotExist(_)) => OpenError::Corrupted {
+            detail: format!("a table definition of the file does not decode: {e}"),
+        },
         other => OpenError::Corrupted {
             detail: other.to_string(),
         },
     }
 }
 
-fn storage_error(e: impl fmt::Display) -> OpenError {
-    OpenError::Corrupted {
-        detail: e.to_string(),
-    }
+/// What the first bytes of a file say about it.
+#[derive(Debug)]
+enum Head {
+    /// Nothing in it.
+    Empty,
+    /// redb's magic: for redb to open.
+    Redb,
+    /// A creation that a crash or an I/O error cut short before redb wrote its magic. It
+    /// provably never held a commit (see [`creation_cut_short`]).
+    CutShort,
+    /// Not openable, but not provably a creation cut short: it may have held commits.
+    Damaged(String),
+    /// Not a redb file.
+    Foreign(String),
 }
 
-/// Refuses a non-empty file that does not start with redb's magic: it is not ours.
-fn check_foreign(path: &Path) -> Result<(), OpenError> {
-    let mut file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(OpenError::Io(e)),
-    };
-    let mut head = [0u8; REDB_MAGIC.len()];
-    let mut filled = 0;
-    while filled < head.len() {
-        match file.read(&mut head[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(OpenError::Io(e)),
-        }
-    }
-    if filled == 0 {
-        return Ok(());
-    }
-    if head.iter().all(|&b| b == 0) {
-        return reset_file_if_blank(path);
-    }
-    if filled < head.len() || head != REDB_MAGIC {
-        return Err(OpenError::Foreign {
-            detail: format!("{} is not a redb file", path.display()),
-        });
-    }
-    Ok(())
-}
-
-/// Largest file that may be a creation cut short by a crash (redb's initial layout is a
-/// few MiB at most).
-const BLANK_FILE_LEN_MAX: u64 = 64 << 20;
-/// redb's header: the magic, a god byte, padding, then the page size (u32 LE) at 12.
-const REDB_HEADER_PREFIX: usize = 64;
+/// redb's header: the magic, a god byte, padding, then the page size (u32 LE) at 12; the
+/// two commit slots end at byte 320.
+const REDB_HEADER_LEN: u64 = 320;
 const REDB_PAGE_SIZE_OFFSET: usize = 12;
 const REDB_PAGE_SIZE: u32 = 4096;
 
-/// True if `head` (the file's first bytes) is a redb creation that a crash cut short. redb
-/// sizes the file and writes its header without the magic, syncs, and only then writes the
-/// magic (`page_manager.rs`, "crash safe"): a file whose magic is still zero never held a
-/// commit, so nothing acknowledged can be in it. The header must be blank or carry redb's
-/// page size, so that a foreign file that happens to start with zeros is not taken for one.
-fn is_unfinished_creation(head: &[u8]) -> bool {
-    if head.len() < REDB_HEADER_PREFIX || head[..REDB_MAGIC.len()].iter().any(|&b| b != 0) {
-        return false;
-    }
-    let header = &head[..REDB_HEADER_PREFIX];
-    let page_size = u32::from_le_bytes([
-        header[REDB_PAGE_SIZE_OFFSET],
-        header[REDB_PAGE_SIZE_OFFSET + 1],
-        header[REDB_PAGE_SIZE_OFFSET + 2],
-        header[REDB_PAGE_SIZE_OFFSET + 3],
-    ]);
-    header.iter().all(|&b| b == 0) || page_size == REDB_PAGE_SIZE
-}
-
-fn reset_file_if_blank(path: &Path) -> Result<(), OpenError> {
-    let foreign = || OpenError::Foreign {
-        detail: format!("{} is not a redb file", path.display()),
-    };
-    let mut file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .map_err(OpenError::Io)?;
-    let len = file.metadata().map_err(OpenError::Io)?.len();
-    let mut head = [0u8; REDB_HEADER_PREFIX];
-    if len > BLANK_FILE_LEN_MAX || file.read_exact(&mut head).is_err() {
-        return Err(foreign());
-    }
-    if !is_unfinished_creation(&head) {
-        return Err(foreign());
-    }
-    file.set_len(0).map_err(OpenError::Io)?;
-    file.sync_all().map_err(OpenError::Io)
-}
-
-/// The backend form of [`reset_file_if_blank`]; anything else is left for redb to judge.
-fn reset_backend_if_blank(backend: &dyn StorageBackend) -> Result<(), OpenError> {
+/// Reads the head of the storage and classifies it. Reads the whole storage only when it is
+/// small enough to be a creation cut short.
+fn inspect(backend: &dyn StorageBackend, what: &Path) -> Result<Head, OpenError> {
     let len = backend.len().map_err(OpenError::Io)?;
-    if len < REDB_HEADER_PREFIX as u64 || len > BLANK_FILE_LEN_MAX {
-        return Ok(());
+    if len == 0 {
+        return Ok(Head::Empty);
     }
-    let mut head = [0u8; REDB_HEADER_PREFIX];
-    backend.read(0, &mut head).map_err(OpenError::Io)?;
-    if is_unfinished_creation(&head) {
-        backend.set_len(0).map_err(OpenError::Io)?;
-        backend.sync_data().map_err(OpenError::Io)?;
+    let mut head = vec![0u8; len.min(REDB_HEADER_LEN) as usize];
+    backend.read(0, &mut head).map_err(io_open_error)?;
+    if head.starts_with(&REDB_MAGIC) {
+        return Ok(Head::Redb);
     }
-    Ok(())
+    let magic = &head[..head.len().min(REDB_MAGIC.len())];
+    if magic.iter().all(|&b| b == 0) {
+        let reference = reference_creation()?;
+        if len <= reference.len() as u64 {
+            let mut image = vec![0u8; len as usize];
+            backend.read(0, &mut image).map_err(io_open_error)?;
+            if creation_cut_short(&image, &reference) {
+                return Ok(Head::CutShort);
+            }
+            return Ok(Head::Damaged(format!(
+                "redb's magic (bytes 0..9) is zero, and the file ({len} bytes) holds bytes that \
+                 redb's creation never writes before its magic: it held data"
+            )));
+        }
+        return Ok(Head::Damaged(format!(
+            "redb's magic (bytes 0..9) is zero, and the file ({len} bytes) is longer than any \
+             creation cut short leaves ({} bytes): it held data",
+            reference.len()
+        )));
+    }
+    let page_size = head
+        .get(REDB_PAGE_SIZE_OFFSET..REDB_PAGE_SIZE_OFFSET + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    if page_size == Some(REDB_PAGE_SIZE) {
+        return Ok(Head::Damaged(format!(
+            "redb's magic is damaged (found {magic:02x?}) in a header that is otherwise \
+             redb's ({len} bytes)"
+        )));
+    }
+    Ok(Head::Foreign(format!(
+        "{} is not a redb file",
+        what.display()
+    )))
+}
+
+/// The proof that a storage never held a commit. redb creates a database in this order
+/// (redb 4.6, `TransactionalMemory::new`): size the storage to its initial layout (zeros),
+/// write the 320-byte header *without* the magic, sync, then write the header again *with*
+/// the magic, sync; only after that can anything be committed, and every commit writes the
+/// header with its magic. So a storage whose magic is zero and which equals a prefix of the
+/// image redb leaves at its first sync (or is all zeros, no longer than it) was cut short
+/// before redb finished its creation: it never held a commit. `reference` is that image,
+/// made by running redb's own creation in memory (so the proof follows the linked redb).
+fn creation_cut_short(image: &[u8], reference: &[u8]) -> bool {
+    image.len() <= reference.len()
+        && image.iter().take(REDB_MAGIC.len()).all(|&b| b == 0)
+        && (image.iter().all(|&b| b == 0) || image == &reference[..image.len()])
+}
+
+/// Runs redb's creation on an in-memory backend and returns the image as of its first sync:
+/// the initial layout with the header not yet carrying the magic.
+fn reference_creation() -> Result<Vec<u8>, OpenError> {
+    let recorder = Recorder::default();
+    let mut builder = Database::builder();
+    builder.set_cache_size(READER_CACHE_BYTES);
+    let created = contain("reference creation", || {
+        builder.create_with_backend(recorder.clone()).map(drop)
+    })
+    .map_err(panicked)?;
+    created.map_err(|e| open_error(Path::new("<memory>"), e))?;
+    let first = recorder.0.lock().first_sync.take();
+    first.ok_or_else(|| OpenError::Corrupted {
+        detail: "redb's creation did not sync before writing its magic".into(),
+    })
+}
+
+#[derive(Debug, Default)]
+struct RecorderState {
+    image: Vec<u8>,
+    first_sync: Option<Vec<u8>>,
+}
+
+/// An in-memory backend that keeps its image as of the first `sync_data`.
+#[derive(Debug, Default, Clone)]
+struct Recorder(Arc<Mutex<RecorderState>>);
+
+impl StorageBackend for Recorder {
+    fn len(&self) -> Result<u64, io::Error> {
+        Ok(self.0.lock().image.len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        let s = self.0.lock();
+        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        let src = s
+            .image
+            .get(start..start.saturating_add(out.len()))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"))?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        self.0.lock().image.resize(len, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> Result<(), io::Error> {
+        let mut s = self.0.lock();
+        if s.first_sync.is_none() {
+            s.first_sync = Some(s.image.clone());
+        }
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        let mut s = self.0.lock();
+        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        let end = start.saturating_add(data.len());
+        if s.image.len() < end {
+            s.image.resize(end, 0);
+        }
+        s.image[start..end].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+/// The error for a head that is not redb's, or `Ok` for one the open may go on with.
+fn refuse(head: Head, path: &Path) -> Result<Head, OpenError> {
+    match head {
+        Head::Damaged(detail) => Err(OpenError::HeaderDamaged {
+            path: path.to_path_buf(),
+            detail,
+        }),
+        Head::Foreign(detail) => Err(OpenError::Foreign { detail }),
+        other => Ok(other),
+    }
+}
+
+/// The concurrency mode of the engine's own handle on a file at a path. `SingleWriter`
+/// lets read-only handles of other processes (the operator commands) follow the live file;
+/// it needs byte-range locks and two-phase commit (with one-phase commit a reader could
+/// follow a commit whose pages are not yet flushed), so elsewhere the file is locked whole.
+fn writer_mode(b: &EngineBuilder) -> ConcurrencyMode {
+    if cfg!(any(target_os = "linux", target_vendor = "apple", windows)) && b.two_phase_commit {
+        ConcurrencyMode::SingleWriter
+    } else {
+        ConcurrencyMode::ExclusiveWriter
+    }
+}
+
+fn redb_builder(b: &EngineBuilder, mode: ConcurrencyMode) -> redb::Builder {
+    let mut builder = Database::builder();
+    builder.set_cache_size(REDB_CACHE_BYTES);
+    builder.set_check_integrity_on_open(b.verify_on_open);
+    builder.set_concurrency_mode(mode);
+    builder
+}
+
+fn file_backend(file: File, path: &Path) -> Result<FileBackend, OpenError> {
+    #[allow(clippy::useless_conversion)]
+    FileBackend::new(file).map_err(|e| open_error(path, e))
+}
+
+/// Refuses a path that is a directory, before anything is created beside it.
+fn not_a_directory(path: &Path) -> OpenError {
+    OpenError::Io(io::Error::new(
+        io::ErrorKind::IsADirectory,
+        format!("{} is a directory, not a file", path.display()),
+    ))
 }
 
 impl Store {
     /// Opens (or creates) the file and checks that it is an idemkv file of this format.
+    ///
+    /// A file at a path is created under a temporary name beside it and renamed into place
+    /// only once redb has created it and the format marker is committed, so a file at the
+    /// path has always finished its creation: one without redb's magic is damaged and is
+    /// refused. A custom backend cannot be renamed: its storage is started afresh only when
+    /// its content proves a creation cut short ([`creation_cut_short`]).
     pub(crate) fn open(b: &EngineBuilder) -> Result<Closing, OpenError> {
         let path = b.path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
-        let mut builder = Database::builder();
-        builder.set_cache_size(REDB_CACHE_BYTES);
-        builder.set_check_integrity_on_open(b.verify_on_open);
         let backend = b.backend.as_ref().map(|slot| slot.take()).transpose()?;
-        let db = match backend {
-            Some(backend) => {
-                reset_backend_if_blank(&*backend)?;
-                contain("open", || builder.create_with_backend(Boxed(backend)))
-            }
-            None => {
-                check_foreign(&path)?;
-                contain("open", || builder.create(&path))
-            }
+        match backend {
+            Some(backend) => Self::open_backend(b, backend, path),
+            None => Self::open_path(b, path),
         }
-        .map_err(|detail| OpenError::Corrupted { detail })?
-        .map_err(|e| open_error(&path, e))?;
+    }
+
+    fn open_backend(
+        b: &EngineBuilder,
+        backend: Box<dyn StorageBackend>,
+        path: PathBuf,
+    ) -> Result<Closing, OpenError> {
+        let head = contain("open", || inspect(&*backend, &path)).map_err(panicked)??;
+        if let Head::CutShort = refuse(head, &path)? {
+            backend.set_len(0).map_err(OpenError::Io)?;
+            backend.sync_data().map_err(OpenError::Io)?;
+        }
+        // A custom backend may have no byte-range locks: lock it whole.
+        let builder = redb_builder(b, ConcurrencyMode::ExclusiveWriter);
+        let db = contain("open", || builder.create_with_backend(Boxed(backend)))
+            .map_err(panicked)?
+            .map_err(|e| open_error(&path, e))?;
+        Self::finish(b, db, path)
+    }
+
+    /// Checks the format of a freshly opened database, committing the format marker into a
+    /// new one.
+    fn finish(b: &EngineBuilder, db: Database, path: PathBuf) -> Result<Closing, OpenError> {
         let store = Closing::new(Store {
+            snapshot: RwLock::new(None),
             db,
             path,
             two_phase_commit: b.two_phase_commit,
             #[cfg(feature = "testkit")]
             skip_token_hwm: b.sabotage == crate::engine::Sabotage::SkipTokenHwm as u8,
         });
-        contain("format check", || store.check_format())
-            .map_err(|detail| OpenError::Corrupted { detail })??;
+        contain("format check", || store.check_format()).map_err(panicked)??;
         Ok(store)
     }
 
+    fn open_path(b: &EngineBuilder, path: PathBuf) -> Result<Closing, OpenError> {
+        for _ in 0..CREATE_ATTEMPTS_MAX {
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_dir() => return Err(not_a_directory(&path)),
+                Ok(m) if m.len() > 0 => return Self::open_existing(b, path),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(OpenError::Io(e)),
+            }
+            if let Some(store) = Self::create(b, &path)? {
+                return Ok(store);
+            }
+        }
+        // Each attempt found a file placed by another process meanwhile and that file gone
+        // again before it could be opened.
+        Err(OpenError::AlreadyOpen { path })
+    }
+
+    fn open_existing(b: &EngineBuilder, path: PathBuf) -> Result<Closing, OpenError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(OpenError::Io)?;
+        let backend = file_backend(file, &path)?;
+        match contain("open", || inspect(&backend, &path)).map_err(panicked)?? {
+            Head::Redb => {}
+            // Without the rename, files are created in place: recognised by content.
+            #[cfg(not(unix))]
+            Head::CutShort => {
+                backend.set_len(0).map_err(OpenError::Io)?;
+                backend.sync_data().map_err(OpenError::Io)?;
+            }
+            // Only a completed creation is ever renamed into place (see `create`).
+            #[cfg(unix)]
+            Head::CutShort => {
+                return Err(OpenError::HeaderDamaged {
+                    path,
+                    detail: "redb's magic is zero; the rest is what a creation cut short \
+                             leaves, so the file holds no records, but no idemkv creation \
+                             leaves such a file at its path: remove it only if you know \
+                             where it came from"
+                        .into(),
+                })
+            }
+            head => {
+                refuse(head, &path)?;
+            }
+        }
+        #[cfg(unix)]
+        remove_leftover(&creating_path(&path));
+        let builder = redb_builder(b, writer_mode(b));
+        let db = contain("open", || builder.create_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(&path, e))?;
+        Self::finish(b, db, path)
+    }
+
+    /// Creates the file at `path` under a temporary name beside it, commits the format
+    /// marker, and renames it into place. `None`: another process placed a file at the path
+    /// meanwhile (the caller opens that one).
+    #[cfg(unix)]
+    fn create(b: &EngineBuilder, path: &Path) -> Result<Option<Closing>, OpenError> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let tmp = creating_path(path);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(b.file_mode)
+            .open(&tmp)
+            .map_err(OpenError::Io)?;
+        let probe = file.try_clone().map_err(OpenError::Io)?;
+        let backend = file_backend(file, path)?;
+        // A leftover temporary file never held a commit of any caller (nothing is committed
+        // before the rename but the format marker), so it is reset; but only by the holder
+        // of its lock, since another process may be creating in it right now.
+        let whole = (Bound::Unbounded, Bound::Unbounded);
+        match backend.try_lock_range(whole.0, whole.1) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(OpenError::AlreadyOpen {
+                    path: path.to_path_buf(),
+                })
+            }
+            // Without locks one creator at a time is the caller's promise, as for redb.
+            Err(BackendError::Unsupported) => {}
+            Err(e) => return Err(OpenError::Io(backend_io(e))),
+        }
+        // The name may have been renamed into place since it was opened here: then this
+        // handle is the real file, which must not be reset.
+        if !same_file(&probe, &tmp)? {
+            let _ = backend.unlock_range(whole.0, whole.1);
+            return Ok(None);
+        }
+        let reset = (|| {
+            backend.set_len(0)?;
+            probe.set_permissions(std::fs::Permissions::from_mode(b.file_mode))?;
+            backend.sync_data()
+        })();
+        // redb takes its own locks; a creator that slips in between finds the file empty
+        // and then loses to redb's lock.
+        let _ = backend.unlock_range(whole.0, whole.1);
+        reset.map_err(OpenError::Io)?;
+        let builder = redb_builder(b, writer_mode(b));
+        let db = contain("create", || builder.create_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        let mut store = Self::finish(b, db, tmp.clone())?;
+        // Every creator holds redb's lock on the temporary file from here to the rename, so
+        // this look at the path and the rename are one step for them.
+        match std::fs::metadata(path) {
+            Ok(m) if m.len() > 0 => {
+                drop(store);
+                let _ = std::fs::remove_file(&tmp);
+                return Ok(None);
+            }
+            Ok(m) if m.is_dir() => return Err(not_a_directory(path)),
+            _ => {}
+        }
+        std::fs::rename(&tmp, path).map_err(OpenError::Io)?;
+        sync_dir(path).map_err(OpenError::Io)?;
+        if let Some(s) = store.0.as_mut() {
+            s.path = path.to_path_buf();
+        }
+        Ok(Some(store))
+    }
+
+    /// Without rename-safe locking, creates in place: a creation cut short is recognised by
+    /// its content, as for a custom backend.
+    #[cfg(not(unix))]
+    fn create(b: &EngineBuilder, path: &Path) -> Result<Option<Closing>, OpenError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(OpenError::Io)?;
+        let backend = file_backend(file, path)?;
+        let builder = redb_builder(b, writer_mode(b));
+        let db = contain("create", || builder.create_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        Self::finish(b, db, path.to_path_buf()).map(Some)
+    }
+
     fn check_format(&self) -> Result<(), OpenError> {
-        let mut txn = self.db.begin_write().map_err(storage_error)?;
+        let err = |e: redb::Error| open_error(&self.path, e);
+        let mut txn = self.db.begin_write().map_err(|e| err(e.into()))?;
         txn.set_two_phase_commit(true);
         {
             let names: Vec<String> = txn
                 .list_tables()
-                .map_err(storage_error)?
+                .map_err(|e| err(e.into()))?
                 .map(|t| t.name().to_string())
                 .collect();
             let ours = [META.name(), RECORDS.name()];
@@ -322,10 +637,10 @@ impl Store {
                     detail: format!("redb file holds a foreign table {other:?}"),
                 });
             }
-            let mut meta = txn.open_table(META).map_err(storage_error)?;
+            let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
             let format = meta
                 .get(META_FORMAT)
-                .map_err(storage_error)?
+                .map_err(|e| err(e.into()))?
                 .map(|v| v.value().to_vec());
             match format {
                 Some(f) if f == FORMAT_MAGIC => {}
@@ -341,33 +656,42 @@ impl Store {
                 }
                 None => {
                     meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
-                        .map_err(storage_error)?;
+                        .map_err(|e| err(e.into()))?;
                 }
             }
-            txn.open_table(RECORDS).map_err(storage_error)?;
+            txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
         }
-        txn.commit().map_err(storage_error)?;
+        txn.commit().map_err(|e| err(e.into()))?;
         Ok(())
+    }
+
+    /// Checks that both tables open and their definitions decode in a read transaction, as
+    /// every replay will open them: a file whose table tree is damaged is refused at open
+    /// instead of failing each read later.
+    pub(crate) fn check_tables(&self) -> Result<(), OpenError> {
+        contain("table check", || {
+            let txn = self.begin_read()?;
+            check_tables(&txn, &self.path)
+        })
+        .map_err(panicked)?
+    }
+
+    fn begin_read(&self) -> Result<ReadTransaction, OpenError> {
+        self.db.begin_read().map_err(|e| open_error(&self.path, e))
     }
 
     /// The durable token high-water mark: every token ever issued is below it.
     pub(crate) fn token_hwm(&self) -> Result<u64, OpenError> {
-        let txn = self.db.begin_read().map_err(storage_error)?;
-        let meta = txn.open_table(META).map_err(storage_error)?;
-        let Some(v) = meta.get(META_TOKEN_HWM).map_err(storage_error)? else {
-            return Ok(0);
-        };
-        let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
-            detail: "token high-water mark is not 8 bytes".into(),
-        })?;
-        Ok(u64::from_le_bytes(bytes))
+        token_hwm(&self.begin_read()?, &self.path)
     }
 
     /// Number of records in the file (for sizing the index before a scan).
     pub(crate) fn len(&self) -> Result<u64, OpenError> {
-        let txn = self.db.begin_read().map_err(storage_error)?;
-        let table = txn.open_table(RECORDS).map_err(storage_error)?;
-        table.len().map_err(storage_error)
+        let txn = self.begin_read()?;
+        let table = txn
+            .open_table(RECORDS)
+            .map_err(|e| open_error(&self.path, e))?;
+        table.len().map_err(|e| open_error(&self.path, e))
     }
 
     /// Calls `f` with the raw value of every record whose token is in `range`, in token
@@ -376,38 +700,24 @@ impl Store {
     pub(crate) fn scan<E>(
         &self,
         range: std::ops::Range<u64>,
-        mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+        f: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<Result<u64, E>, OpenError> {
-        let txn = self.db.begin_read().map_err(storage_error)?;
-        let table = txn.open_table(RECORDS).map_err(storage_error)?;
-        let mut seen = 0u64;
-        let mut last: Option<u64> = None;
-        for entry in table.range(range).map_err(storage_error)? {
-            let (k, v) = entry.map_err(storage_error)?;
-            let token = k.value();
-            if last.is_some_and(|l| l >= token) {
-                return Err(OpenError::Corrupted {
-                    detail: format!("record keys out of order at token {token}"),
-                });
-            }
-            last = Some(token);
-            seen += 1;
-            if let Err(e) = f(token, v.value()) {
-                return Ok(Err(e));
-            }
-        }
-        Ok(Ok(seen))
+        scan(&self.begin_read()?, &self.path, range, f)
     }
 
     /// The first and last token stored, if any.
     pub(crate) fn token_bounds(&self) -> Result<Option<(u64, u64)>, OpenError> {
-        let txn = self.db.begin_read().map_err(storage_error)?;
-        let table = txn.open_table(RECORDS).map_err(storage_error)?;
+        let err = |e: redb::Error| open_error(&self.path, e);
+        let txn = self.begin_read()?;
+        let table = txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
         let first = table
             .first()
-            .map_err(storage_error)?
+            .map_err(|e| err(e.into()))?
             .map(|(k, _)| k.value());
-        let last = table.last().map_err(storage_error)?.map(|(k, _)| k.value());
+        let last = table
+            .last()
+            .map_err(|e| err(e.into()))?
+            .map(|(k, _)| k.value());
         Ok(first.zip(last))
     }
 
@@ -415,7 +725,11 @@ impl Store {
     /// `Err`: redb failed (the caller poisons the engine).
     pub(crate) fn get(&self, token: u64) -> Result<Option<Result<Record, DecodeError>>, String> {
         contain("read", || {
-            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            let cached = self.snapshot.read().clone();
+            let txn = match cached {
+                Some(txn) => txn,
+                None => Arc::new(self.db.begin_read().map_err(|e| e.to_string())?),
+            };
             let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
             let value = table.get(token).map_err(|e| e.to_string())?;
             Ok(value.map(|v| codec::decode(token, v.value())))
@@ -424,30 +738,39 @@ impl Store {
 
     /// Applies `writes` in order and raises the token mark to `hwm`, in one fsynced commit.
     pub(crate) fn commit(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), String> {
-        contain("commit", || self.commit_inner(writes, hwm))?
+        contain("commit", || self.commit_inner(writes, hwm))?.map_err(|e| e.to_string())
     }
 
-    fn commit_inner(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), String> {
-        let mut txn = self.db.begin_write().map_err(|e| e.to_string())?;
+    /// [`Store::commit`] during open: a failure is a typed open error (a full disk is not
+    /// damage).
+    pub(crate) fn commit_on_open(
+        &self,
+        writes: &[Write],
+        hwm: Option<u64>,
+    ) -> Result<(), OpenError> {
+        contain("commit", || self.commit_inner(writes, hwm))
+            .map_err(panicked)?
+            .map_err(|e| open_error(&self.path, e))
+    }
+
+    fn commit_inner(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), redb::Error> {
+        let mut txn = self.db.begin_write()?;
         // Keys and responses come from clients: two-phase commit keeps a torn write from
         // ever being mistaken for a valid commit (see `EngineBuilder::two_phase_commit`).
         txn.set_two_phase_commit(self.two_phase_commit);
-        txn.set_durability(redb::Durability::Immediate)
-            .map_err(|e| e.to_string())?;
+        txn.set_durability(redb::Durability::Immediate)?;
         {
-            let mut table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            let mut table = txn.open_table(RECORDS)?;
             for w in writes {
                 match w {
                     Write::Put { token, old, value } => {
                         if let Some(old) = old {
-                            table.remove(*old).map_err(|e| e.to_string())?;
+                            table.remove(*old)?;
                         }
-                        table
-                            .insert(*token, value.as_slice())
-                            .map_err(|e| e.to_string())?;
+                        table.insert(*token, value.as_slice())?;
                     }
                     Write::Delete { token } => {
-                        table.remove(*token).map_err(|e| e.to_string())?;
+                        table.remove(*token)?;
                     }
                 }
             }
@@ -456,12 +779,458 @@ impl Store {
             #[cfg(feature = "testkit")]
             let hwm = hwm.filter(|_| !self.skip_token_hwm);
             if let Some(hwm) = hwm {
-                let mut meta = txn.open_table(META).map_err(|e| e.to_string())?;
-                meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())
-                    .map_err(|e| e.to_string())?;
+                let mut meta = txn.open_table(META)?;
+                meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())?;
             }
         }
-        txn.commit().map_err(|e| e.to_string())
+        txn.commit()?;
+        // (A failed commit returned above and left the previous snapshot, which holds every
+        // record published so far: the writer poisons the engine before it publishes more.
+        // Without a snapshot, replays start their own read transactions.)
+        let fresh = self.db.begin_read().ok().map(Arc::new);
+        *self.snapshot.write() = fresh;
+        Ok(())
+    }
+}
+
+/// The durable token high-water mark in `txn`'s snapshot (0 if none was ever written).
+fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenError> {
+    let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
+    let Some(v) = meta.get(META_TOKEN_HWM).map_err(|e| open_error(path, e))? else {
+        return Ok(0);
+    };
+    let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
+        detail: "token high-water mark is not 8 bytes".into(),
+    })?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// See [`Store::scan`].
+fn scan<E>(
+    txn: &ReadTransaction,
+    path: &Path,
+    range: std::ops::Range<u64>,
+    mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<Result<u64, E>, OpenError> {
+    let table = txn.open_table(RECORDS).map_err(|e| open_error(path, e))?;
+    let mut seen = 0u64;
+    let mut last: Option<u64> = None;
+    for entry in table.range(range).map_err(|e| open_error(path, e))? {
+        let (k, v) = entry.map_err(|e| open_error(path, e))?;
+        let token = k.value();
+        if last.is_some_and(|l| l >= token) {
+            return Err(OpenError::Corrupted {
+                detail: format!("record keys out of order at token {token}"),
+            });
+        }
+        last = Some(token);
+        seen += 1;
+        if let Err(e) = f(token, v.value()) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(seen))
+}
+
+/// Opens both tables in `txn` and reads through their definitions: the format marker, the
+/// mark, the record count and both ends of the records tree.
+fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<(), OpenError> {
+    let damaged = |e: redb::Error| match open_error(path, e) {
+        OpenError::Corrupted { detail } => OpenError::Corrupted {
+            detail: format!("the table definitions do not decode: {detail}"),
+        },
+        other => other,
+    };
+    let meta = txn.open_table(META).map_err(|e| damaged(e.into()))?;
+    match meta.get(META_FORMAT).map_err(|e| damaged(e.into()))? {
+        Some(v) if v.value() == FORMAT_MAGIC.as_slice() => {}
+        Some(v) => {
+            return Err(OpenError::Foreign {
+                detail: format!("unknown idemkv format marker {:02x?}", v.value()),
+            })
+        }
+        None => {
+            return Err(OpenError::Foreign {
+                detail: format!("{} has no idemkv format marker", path.display()),
+            })
+        }
+    }
+    token_hwm(txn, path)?;
+    let records = txn.open_table(RECORDS).map_err(|e| damaged(e.into()))?;
+    let len = records.len().map_err(|e| damaged(e.into()))?;
+    let first = records.first().map_err(|e| damaged(e.into()))?.is_some();
+    let last = records.last().map_err(|e| damaged(e.into()))?.is_some();
+    if (len > 0) != first || first != last {
+        return Err(OpenError::Corrupted {
+            detail: format!("the records table counts {len} records but its tree disagrees"),
+        });
+    }
+    Ok(())
+}
+
+/// The temporary name a file is created under, beside `path`.
+#[cfg(unix)]
+fn creating_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.idemkv-creating"))
+}
+
+/// Whether the open `file` is the file at `path`.
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> Result<bool, OpenError> {
+    use std::os::unix::fs::MetadataExt;
+    let open = file.metadata().map_err(OpenError::Io)?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(open.dev() == named.dev() && open.ino() == named.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(OpenError::Io(e)),
+    }
+}
+
+/// Makes a rename in `path`'s directory durable.
+#[cfg(unix)]
+fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+/// Removes a temporary file a creation left behind (it never held a commit of any caller),
+/// unless a creator holds it right now. Best effort: a failure leaves it for later.
+#[cfg(unix)]
+fn remove_leftover(tmp: &Path) {
+    let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(tmp) else {
+        return;
+    };
+    let Ok(probe) = file.try_clone() else { return };
+    #[allow(clippy::useless_conversion)]
+    let Ok(backend) = FileBackend::new(file) else {
+        return;
+    };
+    if let Ok(true) = backend.try_lock_range(Bound::Unbounded, Bound::Unbounded) {
+        if let Ok(true) = same_file(&probe, tmp) {
+            let _ = std::fs::remove_file(tmp);
+        }
+        let _ = backend.unlock_range(Bound::Unbounded, Bound::Unbounded);
+    }
+}
+
+/// A read-only handle on an idemkv file, for the operator commands: nothing it does changes
+/// a byte of the file (or its modification time).
+///
+/// - When no writer has the file open, it is opened through [`Overlay`]: redb works as a
+///   writer would, so it can recover a file that was not closed cleanly and verify every
+///   page checksum, but its writes stay in memory. Its locks are shared: a service cannot
+///   start while the handle is open, and other readers can.
+/// - When a writer has it open (in `SingleWriter` mode), it is opened as a redb read-only
+///   handle that follows the writer's commits: it sees the last committed transaction.
+pub(crate) struct ReadOnlyStore {
+    /// Present until dropped.
+    db: Option<ReadDb>,
+    path: PathBuf,
+    verified: bool,
+}
+
+enum ReadDb {
+    Snapshot(Database),
+    Live(ReadOnlyDatabase),
+}
+
+impl fmt::Debug for ReadOnlyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadOnlyStore")
+            .field("path", &self.path)
+            .field("live", &self.is_live())
+            .finish()
+    }
+}
+
+impl Drop for ReadOnlyStore {
+    fn drop(&mut self) {
+        // A redb panic on a damaged page leaves its locks poisoned: contain the close.
+        let db = self.db.take();
+        let _ = contain("close", move || drop(db));
+    }
+}
+
+impl ReadOnlyStore {
+    /// Opens the file at `path` read-only. `verify`: check every redb page checksum (only
+    /// possible when no writer has the file open; see [`ReadOnlyStore::verified`]).
+    pub(crate) fn open(path: &Path, verify: bool) -> Result<ReadOnlyStore, OpenError> {
+        // A writer can close between the two attempts below; a second round then finds it
+        // gone.
+        let mut last = None;
+        for _ in 0..2 {
+            match Self::open_snapshot(path, verify) {
+                Err(OpenError::AlreadyOpen { .. }) => {}
+                other => return other,
+            }
+            match Self::open_live(path) {
+                Err(e @ OpenError::Corrupted { .. }) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or_else(|| OpenError::AlreadyOpen {
+            path: path.to_path_buf(),
+        }))
+    }
+
+    fn open_file(path: &Path) -> Result<FileBackend, OpenError> {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_dir() => return Err(not_a_directory(path)),
+            _ => {}
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .open(path)
+            .map_err(OpenError::Io)?;
+        let backend = file_backend(file, path)?;
+        match contain("open", || inspect(&backend, path)).map_err(panicked)?? {
+            Head::Redb => Ok(backend),
+            Head::Empty => Err(OpenError::Foreign {
+                detail: format!("{} is empty", path.display()),
+            }),
+            Head::CutShort => Err(OpenError::HeaderDamaged {
+                path: path.to_path_buf(),
+                detail: "redb's magic is zero; the rest is what a creation cut short leaves: \
+                         the file holds no records"
+                    .into(),
+            }),
+            head => refuse(head, path).map(|_| backend),
+        }
+    }
+
+    fn open_snapshot(path: &Path, verify: bool) -> Result<ReadOnlyStore, OpenError> {
+        let overlay = Overlay::new(Self::open_file(path)?)?;
+        let mut builder = Database::builder();
+        builder.set_cache_size(READER_CACHE_BYTES);
+        builder.set_check_integrity_on_open(verify);
+        let db = contain("open", || builder.create_with_backend(overlay))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        Self::checked(ReadDb::Snapshot(db), path, verify)
+    }
+
+    fn open_live(path: &Path) -> Result<ReadOnlyStore, OpenError> {
+        let backend = Self::open_file(path)?;
+        let mut builder = Database::builder();
+        builder.set_cache_size(READER_CACHE_BYTES);
+        builder.set_concurrency_mode(ConcurrencyMode::SingleWriter);
+        let db = contain("open", || builder.open_read_only_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        Self::checked(ReadDb::Live(db), path, false)
+    }
+
+    fn checked(db: ReadDb, path: &Path, verified: bool) -> Result<ReadOnlyStore, OpenError> {
+        let store = ReadOnlyStore {
+            db: Some(db),
+            path: path.to_path_buf(),
+            verified,
+        };
+        contain("format check", || {
+            let txn = store.begin_read()?;
+            let names: Vec<String> = txn
+                .list_tables()
+                .map_err(|e| open_error(path, e))?
+                .map(|t| t.name().to_string())
+                .collect();
+            let ours = [META.name(), RECORDS.name()];
+            if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
+                return Err(OpenError::Foreign {
+                    detail: format!("redb file holds a foreign table {other:?}"),
+                });
+            }
+            if !names.iter().any(|n| n == META.name()) {
+                return Err(OpenError::Foreign {
+                    detail: format!("{} holds no idemkv tables", path.display()),
+                });
+            }
+            check_tables(&txn, path)
+        })
+        .map_err(panicked)??;
+        Ok(store)
+    }
+
+    /// Whether a writer has the file open: what this handle reads is the writer's last
+    /// commit at the time of each read.
+    pub(crate) fn is_live(&self) -> bool {
+        matches!(self.db, Some(ReadDb::Live(_)))
+    }
+
+    /// Whether every redb page checksum was verified on open.
+    pub(crate) fn verified(&self) -> bool {
+        self.verified
+    }
+
+    /// A read transaction: one consistent snapshot of the file.
+    pub(crate) fn begin_read(&self) -> Result<ReadTransaction, OpenError> {
+        let txn = match &self.db {
+            Some(ReadDb::Snapshot(db)) => db.begin_read(),
+            Some(ReadDb::Live(db)) => db.begin_read(),
+            None => unreachable!("a ReadOnlyStore holds its database until dropped"),
+        };
+        txn.map_err(|e| open_error(&self.path, e))
+    }
+
+    /// The token mark in `txn`.
+    pub(crate) fn token_hwm(&self, txn: &ReadTransaction) -> Result<u64, OpenError> {
+        token_hwm(txn, &self.path)
+    }
+
+    /// Calls `f` with every record in `txn`, in token order (see [`Store::scan`]).
+    pub(crate) fn scan<E>(
+        &self,
+        txn: &ReadTransaction,
+        f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<Result<u64, E>, OpenError> {
+        contain("scan", || scan(txn, &self.path, 0..u64::MAX, f)).map_err(panicked)?
+    }
+}
+
+/// Size of the pages [`Overlay`] keeps its writes in.
+const OVERLAY_PAGE_BYTES: u64 = 4096;
+
+#[derive(Debug)]
+struct OverlayState {
+    len: u64,
+    /// Bytes of the file still visible under the overlay (a shrink hides the rest).
+    base_len: u64,
+    pages: HashMap<u64, Box<[u8]>>,
+}
+
+/// A copy-on-write view of a file: reads see the file under every write made through the
+/// view, writes stay in memory, syncs do nothing. Lock requests become shared locks on the
+/// file, so the view excludes writers and admits other readers. redb can then recover and
+/// verify a file as a writer does without changing a byte of it.
+#[derive(Debug)]
+struct Overlay {
+    base: FileBackend,
+    state: Mutex<OverlayState>,
+}
+
+impl Overlay {
+    fn new(base: FileBackend) -> Result<Self, OpenError> {
+        let len = base.len().map_err(OpenError::Io)?;
+        Ok(Overlay {
+            base,
+            state: Mutex::new(OverlayState {
+                len,
+                base_len: len,
+                pages: HashMap::new(),
+            }),
+        })
+    }
+
+    /// The file's bytes at `offset` as far as they are visible, zeros past that.
+    fn read_base(&self, s: &OverlayState, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let visible = s.base_len.saturating_sub(offset).min(out.len() as u64) as usize;
+        if visible > 0 {
+            self.base.read(offset, &mut out[..visible])?;
+        }
+        out[visible..].fill(0);
+        Ok(())
+    }
+}
+
+impl StorageBackend for Overlay {
+    fn len(&self) -> Result<u64, io::Error> {
+        Ok(self.state.lock().len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        let s = self.state.lock();
+        let end = offset.saturating_add(out.len() as u64);
+        if end > s.len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end",
+            ));
+        }
+        self.read_base(&s, offset, out)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        for page in offset / OVERLAY_PAGE_BYTES..=(end - 1) / OVERLAY_PAGE_BYTES {
+            let Some(data) = s.pages.get(&page) else {
+                continue;
+            };
+            let page_start = page * OVERLAY_PAGE_BYTES;
+            let from = offset.max(page_start);
+            let to = end.min(page_start + OVERLAY_PAGE_BYTES);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        let mut s = self.state.lock();
+        if len < s.len {
+            s.pages.retain(|&p, _| p * OVERLAY_PAGE_BYTES < len);
+            let cut = (len % OVERLAY_PAGE_BYTES) as usize;
+            if let Some(page) = s.pages.get_mut(&(len / OVERLAY_PAGE_BYTES)) {
+                page[cut..].fill(0);
+            }
+            s.base_len = s.base_len.min(len);
+        }
+        s.len = len;
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        let mut s = self.state.lock();
+        let end = offset.saturating_add(data.len() as u64);
+        if data.is_empty() {
+            return Ok(());
+        }
+        for page in offset / OVERLAY_PAGE_BYTES..=(end - 1) / OVERLAY_PAGE_BYTES {
+            let page_start = page * OVERLAY_PAGE_BYTES;
+            if !s.pages.contains_key(&page) {
+                let mut fresh = vec![0u8; OVERLAY_PAGE_BYTES as usize].into_boxed_slice();
+                self.read_base(&s, page_start, &mut fresh)?;
+                s.pages.insert(page, fresh);
+            }
+            let from = offset.max(page_start);
+            let to = end.min(page_start + OVERLAY_PAGE_BYTES);
+            if let Some(target) = s.pages.get_mut(&page) {
+                target[(from - page_start) as usize..(to - page_start) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            }
+        }
+        s.len = s.len.max(end);
+        Ok(())
+    }
+
+    fn close(&self) -> Result<(), io::Error> {
+        self.base.close()
+    }
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.base.try_lock_shared_range(s, e)
+    }
+    fn try_lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.base.try_lock_shared_range(s, e)
+    }
+    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        self.base.lock_shared_range(s, e)
+    }
+    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        self.base.lock_shared_range(s, e)
+    }
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        self.base.unlock_range(s, e)
+    }
+    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.base.query_lock_range(s, e)
     }
 }
 
@@ -505,6 +1274,9 @@ impl Store {
                 .map_err(|e| e.to_string())?;
         }
         txn.commit().map_err(|e| e.to_string())?;
+        // Replays read through the snapshot of the writer's last commit: renew it, as the
+        // writer would, so the damage is what the next replay reads.
+        *self.snapshot.write() = self.db.begin_read().ok().map(Arc::new);
         Ok(true)
     }
 }

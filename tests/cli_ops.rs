@@ -278,18 +278,24 @@ fn stats_prints_counts_per_state() {
             .map(str::to_string)
     };
     assert_eq!(line("keys in flight").as_deref(), Some("3"), "{text}");
-    // A service reclaims the three old completions on open; so does stats.
+    // Read-only: the three old completions are shown as expired, not reclaimed.
     assert_eq!(line("keys completed").as_deref(), Some("4"), "{text}");
+    assert_eq!(
+        line("expired, not yet swept").as_deref(),
+        Some("3"),
+        "{text}"
+    );
     let out = on(&file, &["stats"], &["--json"]);
     assert_exit(&out, 0);
     let json = stdout(&out);
     for field in [
         "\"inflight\":3",
         "\"completed\":4",
-        "\"expired_unswept\":0",
-        "\"index_bytes\":",
+        "\"expired_unswept\":3",
+        "\"records\":10",
         "\"token_next\":",
-        "\"poisoned\":false",
+        "\"token_hwm\":",
+        "\"live\":false",
     ] {
         assert!(json.contains(field), "{field} in {json}");
     }
@@ -702,11 +708,11 @@ fn a_missing_file_is_an_error_and_is_not_created() {
 }
 
 #[test]
-fn a_file_open_in_another_process_is_an_error() {
+fn a_file_open_in_another_process_is_an_error_for_the_commands_that_change_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = sample(dir.path());
     let holder = Engine::open(&file).expect("open");
-    for cmd in FILE_COMMANDS.iter().chain([&["import"][..]].iter()) {
+    for cmd in [&["release", "order-1"][..], &["sweep"], &["import"]] {
         let out = if cmd[0] == "import" {
             idemkv_stdin(&["import", file.to_str().expect("utf-8")], b"")
         } else {
@@ -716,7 +722,164 @@ fn a_file_open_in_another_process_is_an_error() {
     }
     holder.close().expect("close");
     // Once it is closed, the file opens.
-    assert_exit(&on(&file, &["stats"], &[]), 0);
+    assert_exit(&on(&file, &["sweep"], &[]), 0);
+}
+
+/// Bytes and modification time of a file.
+fn fingerprint_of(path: &Path) -> (Vec<u8>, SystemTime) {
+    let bytes = std::fs::read(path).expect("read");
+    let mtime = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .expect("mtime");
+    (bytes, mtime)
+}
+
+/// The commands that only look at a file.
+const READ_COMMANDS: [&[&str]; 6] = [
+    &["stats"],
+    &["inspect"],
+    &["get", "order-0"],
+    &["get", "old-0"],
+    &["verify"],
+    &["export"],
+];
+
+#[test]
+fn read_only_commands_change_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = sample(dir.path());
+    // A copy of a file taken while an engine had it open: what a crash leaves (not closed
+    // cleanly). The commands recover it in memory only. (The engine's open reclaims the
+    // three old completions: 7 records remain.)
+    let crashed = dir.path().join("crashed.redb");
+    {
+        let e = Engine::open(&file).expect("open");
+        std::fs::copy(&file, &crashed).expect("copy");
+        e.close().expect("close");
+    }
+    for path in [&file, &crashed] {
+        let before = fingerprint_of(path);
+        for cmd in READ_COMMANDS {
+            for extra in [&[][..], &["--json"][..]] {
+                if cmd[0] == "export" && !extra.is_empty() {
+                    continue;
+                }
+                let out = on(path, cmd, extra);
+                let expected = if cmd == ["get", "old-0"] { 1 } else { 0 };
+                assert_exit(&out, expected);
+                assert!(
+                    fingerprint_of(path) == before,
+                    "{cmd:?} {extra:?} changed {}",
+                    path.display()
+                );
+            }
+        }
+        let out = on(path, &["inspect"], &["--json"]);
+        assert!(
+            stdout(&out).contains("\"records_in_file\":7"),
+            "{}",
+            show(&out)
+        );
+    }
+}
+
+#[test]
+fn read_only_commands_follow_a_live_engine() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = sample(dir.path());
+    let engine = Engine::builder()
+        .path(&file)
+        .durability(idemkv::Durability::Buffered {
+            max_delay: Duration::from_secs(3600),
+        })
+        .sweep_interval(None)
+        .open()
+        .expect("open");
+    // Committed while the engine runs: visible to a reader at once.
+    let Claim::Acquired(lease) = engine
+        .claim(b"live-1", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("a fresh key is acquired")
+    };
+    lease.complete(b"live response").expect("complete");
+    engine.flush().expect("flush");
+    // Acknowledged under Buffered but not committed yet: invisible to a reader.
+    let Claim::Acquired(lease) = engine
+        .claim(b"live-2", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("a fresh key is acquired")
+    };
+    lease.complete(b"not yet durable").expect("complete");
+    let before = fingerprint_of(&file);
+
+    let out = on(&file, &["get", "live-1"], &["--raw"]);
+    assert_exit(&out, 0);
+    assert_eq!(out.stdout, b"live response");
+    let out = on(&file, &["get", "live-2"], &["--json"]);
+    assert_exit(&out, 1);
+    assert!(
+        stdout(&out).contains("\"state\":\"absent\""),
+        "{}",
+        show(&out)
+    );
+    let out = on(&file, &["stats"], &["--json"]);
+    assert_exit(&out, 0);
+    assert!(stdout(&out).contains("\"live\":true"), "{}", show(&out));
+    // The open recovered the file: the old completions are gone, the stuck claim kept.
+    assert!(stdout(&out).contains("\"completed\":5"), "{}", show(&out));
+    assert!(
+        stdout(&out).contains("\"expired_unswept\":0"),
+        "{}",
+        show(&out)
+    );
+    let out = on(&file, &["inspect"], &[]);
+    assert_exit(&out, 0);
+    assert!(stdout(&out).contains("live-1"), "{}", show(&out));
+    let out = on(&file, &["verify"], &[]);
+    assert_exit(&out, 0);
+    assert!(stdout(&out).contains("not checked"), "{}", show(&out));
+    let out = on(&file, &["export"], &[]);
+    assert_exit(&out, 0);
+    assert!(
+        stdout(&out).contains("\"key_text\":\"live-1\""),
+        "{}",
+        show(&out)
+    );
+    assert!(!stdout(&out).contains("live-2"), "{}", show(&out));
+    // The readers wrote nothing; the engine did not commit meanwhile either.
+    assert!(fingerprint_of(&file) == before, "a reader changed the file");
+
+    // Once committed, the reader sees it.
+    engine.flush().expect("flush");
+    let out = on(&file, &["get", "live-2"], &["--raw"]);
+    assert_exit(&out, 0);
+    assert_eq!(out.stdout, b"not yet durable");
+    engine.close().expect("close");
+}
+
+#[cfg(unix)]
+#[test]
+fn export_output_is_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = sample(dir.path());
+    let out_path = dir.path().join("backup.jsonl");
+    // An existing output with a wide mode is replaced by an owner-only one.
+    std::fs::write(&out_path, b"old").expect("write");
+    std::fs::set_permissions(&out_path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = on(
+        &file,
+        &["export"],
+        &["-o", out_path.to_str().expect("utf-8")],
+    );
+    assert_exit(&out, 0);
+    let mode = std::fs::metadata(&out_path)
+        .expect("metadata")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "export mode {mode:o}");
 }
 
 #[test]

@@ -704,6 +704,7 @@ fn corrupted_file_is_refused_or_never_replays_wrong_bytes() {
                         let kind = match e {
                             OpenError::Corrupted { .. } => "Corrupted",
                             OpenError::Foreign { .. } => "Foreign",
+                            OpenError::HeaderDamaged { .. } => "HeaderDamaged",
                             OpenError::Io(_) => "Io",
                             _ => "other",
                         };

@@ -21,7 +21,7 @@ use idemkv::testkit::concurrent::{check_under_shuttle, Scenario};
 use idemkv::testkit::disk::SimDisk;
 use idemkv::testkit::{Bug, CommittedRecord};
 use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
-use shuttle::scheduler::PctScheduler;
+use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use std::path::Path;
 use std::time::Duration;
 
@@ -307,17 +307,26 @@ const RANDOM_SEED: u64 = 0x5EED_1DE3;
 /// Schedules tried per scheduler.
 const REAL_WRITER_SCHEDULES: usize = 300;
 
+/// Shuttle runs each thread on a stack of its own; redb's open and commit paths need more
+/// than its 32 KiB default.
+const REAL_WRITER_STACK_BYTES: usize = 4 << 20;
+
 fn check_real_writer(mode: Durability, bug: Bug) {
+    let config = || {
+        let mut config = shuttle::Config::default();
+        config.stack_size = REAL_WRITER_STACK_BYTES;
+        config
+    };
     shuttle::Runner::new(
         PctScheduler::new_from_seed(PCT_SEED, 3, REAL_WRITER_SCHEDULES),
-        shuttle::Config::default(),
+        config(),
     )
     .run(move || real_writer_handoff(mode, bug));
-    shuttle::check_random_with_seed(
-        move || real_writer_handoff(mode, bug),
-        RANDOM_SEED,
-        REAL_WRITER_SCHEDULES,
-    );
+    shuttle::Runner::new(
+        RandomScheduler::new_from_seed(RANDOM_SEED, REAL_WRITER_SCHEDULES),
+        config(),
+    )
+    .run(move || real_writer_handoff(mode, bug));
 }
 
 fn buffered() -> Durability {

@@ -1,12 +1,14 @@
 //! `idemkv export FILE [-o OUT]`: every live record as JSON lines (see `records.rs` for the
 //! format), in token order, for backup and migration; `idemkv import` reads them back.
 //!
-//! The file is opened as a snapshot (see `file.rs`), so InFlight records keep their exact
-//! persisted lease deadlines and nothing is taken over. Completions past their retention
-//! are Absent to every call and are left out (the summary counts them).
+//! The file is read without being changed (see `file.rs`; a running service's file gives
+//! its last commit), so InFlight records keep their exact persisted lease deadlines and
+//! nothing is taken over. Completions past their retention are Absent to every call and
+//! are left out (the summary counts them). The output file is created owner-only (0600 on
+//! unix): it holds every stored response.
 
 use crate::cli::error::CliError;
-use crate::cli::file::{self, How};
+use crate::cli::file;
 use crate::cli::output::count;
 use crate::cli::records::{state_name, RecordLine};
 use idemkv::RecordInfoState;
@@ -35,9 +37,10 @@ pub(crate) fn run(args: &ExportArgs) -> Result<(), CliError> {
             )));
         }
     }
-    let engine = file::open(&args.file, How::Snapshot)?;
-    let records = engine.records();
-    file::close(engine, &args.file)?;
+    let records = file::read(&args.file, false)?
+        .snapshot()
+        .map_err(|e| file::open_error(&args.file, e))?
+        .records;
 
     let now = file::now_ms();
     let mut text = String::new();
@@ -95,6 +98,10 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// Permission bits of an export: it holds every stored response, like the idemkv file.
+#[cfg(unix)]
+const EXPORT_FILE_MODE: u32 = 0o600;
+
 /// Writes `bytes` to a temporary file beside `path`, syncs it, and renames it over `path`,
 /// so a reader never sees a half-written backup.
 fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -104,7 +111,17 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .unwrap_or_else(|| "export".into());
     let tmp = path.with_file_name(format!(".{name}.partial-{}", std::process::id()));
     let result = (|| {
-        let mut out = BufWriter::new(std::fs::File::create(&tmp)?);
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, EXPORT_FILE_MODE);
+        let file = options.open(&tmp)?;
+        // The umask may have narrowed the mode, and a leftover partial file keeps its own.
+        #[cfg(unix)]
+        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(
+            EXPORT_FILE_MODE,
+        ))?;
+        let mut out = BufWriter::new(file);
         out.write_all(bytes)?;
         let file = out.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;

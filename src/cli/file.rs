@@ -1,25 +1,27 @@
 //! Opening an idemkv file for the operator subcommands, with one-line errors for the usual
-//! failures (missing, locked by a running service, corrupted, foreign), and temporary
+//! failures (missing, locked by a running service, corrupted, foreign, I/O), and temporary
 //! directories for the commands that make their own file (`demo`, `bench`).
 //!
-//! Two ways to open a file:
+//! The commands that only look (`stats`, `inspect`, `get`, `verify`, `export`) use
+//! [`read`]: an [`idemkv::FileReader`], which never changes a byte of the file and works on
+//! the file of a running service (it sees the service's last commit). The commands that
+//! change the file (`release`, `sweep`, `import`) open an engine, as a service would:
 //!
-//! - [`How::Live`]: the real clock, as a service would open it. Recovery reclaims the
-//!   completions past their retention (that is what a service does on open too).
+//! - [`How::Live`]: the real clock. Recovery reclaims the completions past their retention
+//!   (that is what a service does on open too).
 //! - [`How::Snapshot`]: a clock frozen at the UNIX epoch, with leases honoured and uncapped.
 //!   Recovery then keeps every record and deletes nothing, and every deadline the engine
 //!   reports back is the one persisted in the file, to the millisecond: the engine reports
 //!   `wall + (deadline_mono - now_mono)`, which with both readings frozen at zero is exactly
-//!   the persisted wall deadline. The commands compare those deadlines with the real time
-//!   themselves. Only calls that persist no time may run on a snapshot: reads,
-//!   `force_release` (which writes a deletion) and closing. Claims, completions and imports
-//!   stamp wall times into the file and must use [`How::Live`].
+//!   the persisted wall deadline. Only calls that persist no time may run on a snapshot:
+//!   reads, `force_release` (which writes a deletion) and closing. Claims, completions and
+//!   imports stamp wall times into the file and must use [`How::Live`].
 //!
-//! Either way, opening writes to the file: redb's format check and the engine's durable
-//! token mark (every open reserves a block of fencing tokens above the previous one).
+//! An engine's open writes to the file (redb's recovery, the engine's durable token mark);
+//! a reader's does not.
 
 use crate::cli::error::CliError;
-use idemkv::{Clock, Engine, OpenError, Recovery};
+use idemkv::{Clock, Engine, FileReader, OpenError, OpenErrorKind, Recovery};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -39,8 +41,6 @@ pub(crate) enum How {
     LiveCreate,
     /// The frozen clock (see the module docs); the file must exist.
     Snapshot,
-    /// [`How::Snapshot`], and redb checks every page checksum on open.
-    SnapshotVerified,
 }
 
 /// A clock stopped at the UNIX epoch (both readings zero).
@@ -101,16 +101,29 @@ pub(crate) fn open_unchecked(path: &Path, how: How) -> Result<Engine, OpenError>
         .key_len_max(KEY_LEN_LIMIT)
         .response_len_max(RESPONSE_LEN_LIMIT)
         .checkpoint_len_max(CHECKPOINT_LEN_LIMIT);
-    if matches!(how, How::Snapshot | How::SnapshotVerified) {
+    if how == How::Snapshot {
         b = b
             .clock(Frozen)
             .recovery(Recovery::HonourLeases)
             .lease(Duration::MAX);
     }
-    if how == How::SnapshotVerified {
-        b = b.verify_on_open(true);
-    }
     b.open()
+}
+
+/// Opens the idemkv file at `path` read-only (see the module docs); `verify`: check every
+/// redb page checksum too, when no service has the file open.
+pub(crate) fn read(path: &Path, verify: bool) -> Result<FileReader, CliError> {
+    check_exists(path)?;
+    read_unchecked(path, verify).map_err(|e| open_error(path, e))
+}
+
+/// [`read`] without the existence check, returning the reader's own error.
+pub(crate) fn read_unchecked(path: &Path, verify: bool) -> Result<FileReader, OpenError> {
+    if verify {
+        FileReader::open_verified(path)
+    } else {
+        FileReader::open(path)
+    }
 }
 
 /// The one-line message for a failed open (exit code 2).
@@ -119,7 +132,7 @@ pub(crate) fn open_error(path: &Path, e: OpenError) -> CliError {
     match e {
         OpenError::AlreadyOpen { .. } => CliError::usage(format!(
             "{p} is locked: another process has it open (a running service?); stop it first, \
-             one process at a time can open an idemkv file"
+             one process at a time can change an idemkv file"
         )),
         OpenError::Foreign { detail } if detail.contains(&p.to_string()) => {
             CliError::usage(format!("not an idemkv file: {detail}"))
@@ -130,7 +143,15 @@ pub(crate) fn open_error(path: &Path, e: OpenError) -> CliError {
         OpenError::Corrupted { detail } => CliError::usage(format!(
             "{p} is corrupted: {detail}; restore it from a backup or move it aside"
         )),
-        OpenError::Io(e) => CliError::io(format!("cannot open {p}"), e),
+        e @ OpenError::HeaderDamaged { .. } => CliError::usage(format!("{p} is corrupted: {e}")),
+        e @ OpenError::Io(_) => {
+            let what = match e.kind() {
+                OpenErrorKind::DiskFull => "disk full",
+                OpenErrorKind::PermissionDenied => "permission denied",
+                _ => "I/O error",
+            };
+            CliError::io(format!("cannot open {p} ({what})"), e)
+        }
         other => CliError::io(format!("cannot open {p}"), other),
     }
 }

@@ -1,13 +1,14 @@
 //! `idemkv get FILE KEY`: one key's state and stored response.
 //!
+//! Read-only: the file is not changed (a running service's file shows its last commit).
 //! Exit codes: 0 the key has a live record (inflight or completed), 1 it is Absent (never
 //! claimed, released, or past its retention), 2 an error.
 
 use crate::cli::error::{CliError, EXIT_VIOLATION};
-use crate::cli::file::{self, How};
+use crate::cli::file;
 use crate::cli::output;
-use crate::cli::records::{self, hex, printable, unhex};
-use idemkv::KeyState;
+use crate::cli::records::{self, hex, printable, state_name, unhex};
+use idemkv::{RecordInfo, RecordInfoState};
 use serde_json::json;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -52,21 +53,23 @@ pub(crate) fn key_arg(key: &str, is_hex: bool) -> Result<Vec<u8>, CliError> {
 pub(crate) fn run(args: &GetArgs) -> Result<(), CliError> {
     crate::cli::quiet_panics();
     let key = key_arg(&args.key, args.hex)?;
-    let engine = file::open(&args.file, How::Snapshot)?;
-    let state = engine
+    let reader = file::read(&args.file, false)?;
+    let record = reader
         .get(&key)
-        .map_err(|e| CliError::io(format!("reading {}", printable(&key)), e));
-    file::close(engine, &args.file)?;
-    let state = state?;
+        .map_err(|e| CliError::io(format!("reading {}", printable(&key)), e))?;
+    drop(reader);
     let now = file::now_ms();
-    // The snapshot keeps completions past their retention; to a service they are Absent.
-    let expired = matches!(&state, Some(KeyState::Completed { expires_at, .. })
-        if ms(expires_at) <= now);
-    let live = state.is_some() && !expired;
+    // The file keeps completions past their retention until a sweep; to a service they are
+    // Absent.
+    let expired = matches!(&record, Some(r) if state_name(r, now) == "expired");
+    let live = record.is_some() && !expired;
 
     if args.raw {
-        return match &state {
-            Some(KeyState::Completed { response, .. }) if !expired => {
+        return match &record {
+            Some(RecordInfo {
+                state: RecordInfoState::Completed { response, .. },
+                ..
+            }) if !expired => {
                 let mut out = std::io::stdout().lock();
                 match out.write_all(response).and_then(|()| out.flush()) {
                     Ok(()) => Ok(()),
@@ -76,14 +79,14 @@ pub(crate) fn run(args: &GetArgs) -> Result<(), CliError> {
             _ => Err(CliError::negative(format!(
                 "{} has no response: it is {}",
                 printable(&key),
-                name(&state, expired)
+                name(&record, now)
             ))),
         };
     }
     if args.json {
-        output::print(&format!("{}\n", to_json(&key, &state, expired, now)))?;
+        output::print(&format!("{}\n", to_json(&key, &record, now)))?;
     } else {
-        output::print(&text(&key, &state, expired, now))?;
+        output::print(&text(&key, &record, now))?;
     }
     if live {
         Ok(())
@@ -92,99 +95,89 @@ pub(crate) fn run(args: &GetArgs) -> Result<(), CliError> {
     }
 }
 
-fn ms(d: &std::time::Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
-fn name(state: &Option<KeyState>, expired: bool) -> &'static str {
-    match state {
+fn name(record: &Option<RecordInfo>, now: u64) -> &'static str {
+    match record {
         None => "absent",
-        Some(KeyState::InFlight { .. }) => "inflight",
-        Some(KeyState::Completing { .. }) => "completing",
-        Some(KeyState::Completed { .. }) if expired => "expired",
-        Some(KeyState::Completed { .. }) => "completed",
-        Some(_) => "unknown",
+        Some(r) => state_name(r, now),
     }
 }
 
-fn text(key: &[u8], state: &Option<KeyState>, expired: bool, now: u64) -> String {
+fn text(key: &[u8], record: &Option<RecordInfo>, now: u64) -> String {
     let mut lines: Vec<(&str, String)> = vec![("key", printable(key))];
-    match state {
+    match record {
         None => lines.push((
             "state",
             "absent (never claimed, released, or reclaimed after its retention)".into(),
         )),
-        Some(KeyState::InFlight {
-            token,
-            attempt,
-            lease_remaining,
-            checkpoint,
-        }) => {
-            let deadline = ms(lease_remaining);
-            lines.push(("state", "inflight (claimed, not completed)".into()));
-            lines.push(("token", token.to_string()));
-            lines.push(("attempt", attempt.to_string()));
-            lines.push((
-                "lease ends",
-                format!(
-                    "{} ({})",
-                    records::utc(deadline, true),
-                    records::left(deadline, now)
-                ),
-            ));
-            lines.push((
-                "checkpoint",
-                match checkpoint {
-                    None => "none".into(),
-                    Some(c) => format!(
-                        "phase {}, {} bytes: {}",
-                        c.phase(),
-                        c.data().len(),
-                        records::truncate(&printable(c.data()), 200)
+        Some(r) => match &r.state {
+            RecordInfoState::InFlight {
+                lease_deadline_ms,
+                checkpoint,
+            } => {
+                let deadline = *lease_deadline_ms;
+                lines.push(("state", "inflight (claimed, not completed)".into()));
+                lines.push(("token", r.token.to_string()));
+                lines.push(("attempt", r.attempt.to_string()));
+                lines.push((
+                    "lease ends",
+                    format!(
+                        "{} ({})",
+                        records::utc(deadline, true),
+                        records::left(deadline, now)
                     ),
-                },
-            ));
-        }
-        Some(KeyState::Completed {
-            token,
-            attempt,
-            response,
-            expires_at,
-        }) => {
-            let expires = ms(expires_at);
-            lines.push((
-                "state",
-                if expired {
-                    "expired (past its retention: Absent to every call; the next sweep or open \
-                     reclaims it)"
-                        .into()
-                } else {
-                    "completed".into()
-                },
-            ));
-            lines.push(("token", token.to_string()));
-            lines.push(("attempt", attempt.to_string()));
-            lines.push((
-                "expires",
-                format!(
-                    "{} ({})",
-                    records::utc(expires, true),
-                    records::left(expires, now)
-                ),
-            ));
-            lines.push(("response", format!("{} bytes", response.len())));
-        }
-        Some(KeyState::Completing { token }) => {
-            lines.push(("state", "completing (not yet durable)".into()));
-            lines.push(("token", token.to_string()));
-        }
-        Some(_) => lines.push(("state", "unknown".into())),
+                ));
+                lines.push((
+                    "checkpoint",
+                    match checkpoint {
+                        None => "none".into(),
+                        Some((phase, data)) => format!(
+                            "phase {phase}, {} bytes: {}",
+                            data.len(),
+                            records::truncate(&printable(data), 200)
+                        ),
+                    },
+                ));
+            }
+            RecordInfoState::Completed {
+                response,
+                expires_at_ms,
+                ..
+            } => {
+                let expires = *expires_at_ms;
+                lines.push((
+                    "state",
+                    if expires <= now {
+                        "expired (past its retention: Absent to every call; the next sweep or \
+                         open reclaims it)"
+                            .into()
+                    } else {
+                        "completed".into()
+                    },
+                ));
+                lines.push(("token", r.token.to_string()));
+                lines.push(("attempt", r.attempt.to_string()));
+                lines.push((
+                    "expires",
+                    format!(
+                        "{} ({})",
+                        records::utc(expires, true),
+                        records::left(expires, now)
+                    ),
+                ));
+                lines.push(("response", format!("{} bytes", response.len())));
+            }
+            _ => lines.push(("state", "unknown".into())),
+        },
     }
     let mut out = String::new();
     for (k, v) in lines {
         out.push_str(&format!("{k:<11} {v}\n"));
     }
-    if let Some(KeyState::Completed { response, .. }) = state {
+    if let Some(RecordInfo {
+        state: RecordInfoState::Completed { response, .. },
+        ..
+    }) = record
+    {
         out.push('\n');
         out.push_str(&printable(response));
         out.push('\n');
@@ -192,44 +185,38 @@ fn text(key: &[u8], state: &Option<KeyState>, expired: bool, now: u64) -> String
     out
 }
 
-fn to_json(key: &[u8], state: &Option<KeyState>, expired: bool, now: u64) -> serde_json::Value {
+fn to_json(key: &[u8], record: &Option<RecordInfo>, now: u64) -> serde_json::Value {
     let mut v = json!({
         "key": hex(key),
         "key_text": String::from_utf8_lossy(key),
-        "state": name(state, expired),
+        "state": name(record, now),
     });
-    match state {
-        Some(KeyState::InFlight {
-            token,
-            attempt,
-            lease_remaining,
+    let Some(r) = record else { return v };
+    v["token"] = json!(r.token);
+    v["attempt"] = json!(r.attempt);
+    v["fingerprint"] = json!(records::fingerprint(r.fingerprint));
+    match &r.state {
+        RecordInfoState::InFlight {
+            lease_deadline_ms,
             checkpoint,
-        }) => {
-            let deadline = ms(lease_remaining);
-            v["token"] = json!(token);
-            v["attempt"] = json!(attempt);
-            v["lease_deadline_ms"] = json!(deadline);
-            v["left_ms"] = json!(records::signed_left_ms(deadline, now));
+        } => {
+            v["lease_deadline_ms"] = json!(lease_deadline_ms);
+            v["left_ms"] = json!(records::signed_left_ms(*lease_deadline_ms, now));
             v["checkpoint"] = match checkpoint {
-                Some(c) => json!({ "phase": c.phase(), "data": hex(c.data()) }),
+                Some((phase, data)) => json!({ "phase": phase, "data": hex(data) }),
                 None => serde_json::Value::Null,
             };
         }
-        Some(KeyState::Completed {
-            token,
-            attempt,
+        RecordInfoState::Completed {
             response,
-            expires_at,
-        }) => {
-            let expires = ms(expires_at);
-            v["token"] = json!(token);
-            v["attempt"] = json!(attempt);
-            v["expires_at_ms"] = json!(expires);
-            v["left_ms"] = json!(records::signed_left_ms(expires, now));
+            expires_at_ms,
+            ..
+        } => {
+            v["expires_at_ms"] = json!(expires_at_ms);
+            v["left_ms"] = json!(records::signed_left_ms(*expires_at_ms, now));
             v["response"] = json!(hex(response));
             v["response_text"] = json!(String::from_utf8_lossy(response));
         }
-        Some(KeyState::Completing { token }) => v["token"] = json!(token),
         _ => {}
     }
     v

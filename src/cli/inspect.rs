@@ -1,12 +1,12 @@
 //! `idemkv inspect FILE`: lists the records of a file, filtered by key prefix, state and
 //! deadline, as a table or JSON.
 //!
-//! The file is opened as a snapshot (see `file.rs`): every record is listed as persisted,
-//! including completions past their retention that no sweep has reclaimed yet (state
-//! `expired`), with their exact deadlines.
+//! The file is read without being changed (see `file.rs`; a running service's file shows
+//! its last commit): every record is listed as persisted, including completions past their
+//! retention that no sweep has reclaimed yet (state `expired`), with their exact deadlines.
 
 use crate::cli::error::CliError;
-use crate::cli::file::{self, How};
+use crate::cli::file;
 use crate::cli::output::{self, count, Table};
 use crate::cli::records::{self, deadline_ms, printable, state_name, truncate, unhex};
 use idemkv::{RecordInfo, RecordInfoState};
@@ -81,9 +81,10 @@ pub(crate) fn run(args: &InspectArgs) -> Result<(), CliError> {
             Some(unhex(p).map_err(|e| CliError::usage(format!("--prefix is not hex: {e}")))?)
         }
     };
-    let engine = file::open(&args.file, How::Snapshot)?;
-    let all = engine.records();
-    file::close(engine, &args.file)?;
+    let all = file::read(&args.file, false)?
+        .snapshot()
+        .map_err(|e| file::open_error(&args.file, e))?
+        .records;
 
     let now = file::now_ms();
     let horizon = args

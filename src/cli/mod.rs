@@ -64,31 +64,33 @@ enum Command {
     /// Exit codes: 0 ok, 1 idemkv let a side effect run twice, 2 usage or I/O error.
     Demo(demo::DemoArgs),
 
-    /// Print the counters of an idemkv file: keys per state, index memory, next token
+    /// Print what an idemkv file holds: keys per state, file size, next token
     ///
-    /// Opens the file as a service would (which reclaims completions past their retention)
-    /// with the background sweeper off. Exit codes: 0 ok, 2 error.
+    /// Read-only: nothing in the file changes, and the file of a running service can be read
+    /// (its last commit is shown). Exit codes: 0 ok, 2 error.
     Stats(stats::StatsArgs),
 
     /// List the records of an idemkv file, filtered by key prefix, state and deadline
     ///
     /// Shows each record's key (escaped if binary), state, fencing token, attempt,
     /// fingerprint, deadline (end of the lease or of retention) and time left, checkpoint
-    /// and response size. Records are listed as persisted: nothing is reclaimed or taken
-    /// over. Exit codes: 0 ok, 2 error.
+    /// and response size. Records are listed as persisted; read-only: nothing in the file
+    /// changes, and a running service's file shows its last commit. Exit codes: 0 ok,
+    /// 2 error.
     Inspect(inspect::InspectArgs),
 
     /// Show one key's state and stored response
     ///
-    /// Exit codes: 0 the key has a live record, 1 it is absent (or past its retention),
+    /// Read-only: nothing in the file changes, and a running service's file shows its last
+    /// commit. Exit codes: 0 the key has a live record, 1 it is absent (or past its retention),
     /// 2 error.
     Get(get::GetArgs),
 
     /// Check an idemkv file: redb page checksums, record checksums, responses, consistency
     ///
-    /// Checks every redb page checksum, every record's checksum, reads every response back,
-    /// and checks that tokens are unique and below the next token and keys unique. Nothing
-    /// is reclaimed or taken over.
+    /// Checks every redb page checksum (when no service has the file open), every record's
+    /// checksum, reads every response back, and checks that tokens are unique and below the
+    /// durable token mark and keys unique. Read-only: nothing in the file changes.
     ///
     /// Exit codes: 0 clean, 1 damaged (the reason on stderr), 2 could not verify (missing,
     /// locked, not an idemkv file, I/O error).
@@ -111,7 +113,8 @@ enum Command {
     /// One JSON object per line: key (hex) and key_text, token, fingerprint (16 hex digits
     /// or null), attempt, state; then response (hex) and expires_at_ms for a completed
     /// record, or lease_deadline_ms and checkpoint ({phase, data (hex)} or null) for an
-    /// inflight one. `idemkv import` reads it back exactly. Exit codes: 0 ok, 2 error.
+    /// inflight one. `idemkv import` reads it back exactly. Read-only; the output file is
+    /// created owner-only (0600). Exit codes: 0 ok, 2 error.
     Export(export::ExportArgs),
 
     /// Add the records of an export to a fresh idemkv file (created if missing)

@@ -1,16 +1,17 @@
-//! `idemkv stats FILE`: the engine's counters for a file, as a table or JSON.
+//! `idemkv stats FILE`: what a file holds, as a table or JSON. Read-only: the file is not
+//! changed, and a running service's file can be read (its last commit is shown).
 
 use crate::cli::error::CliError;
-use crate::cli::file::{self, How};
+use crate::cli::file;
 use crate::cli::output::{self, count, Table};
-use idemkv::Stats;
+use crate::cli::records::state_name;
 use serde_json::json;
 use std::path::PathBuf;
 
 /// Options of `idemkv stats`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct StatsArgs {
-    /// The idemkv file (never created)
+    /// The idemkv file (never created, never changed)
     #[arg(value_name = "FILE")]
     file: PathBuf,
 
@@ -19,38 +20,71 @@ pub(crate) struct StatsArgs {
     json: bool,
 }
 
+/// What `stats` shows.
+struct Counts {
+    inflight: u64,
+    completed: u64,
+    expired: u64,
+    records: u64,
+    token_hwm: u64,
+    token_next: u64,
+    live: bool,
+    file_bytes: Option<u64>,
+}
+
 pub(crate) fn run(args: &StatsArgs) -> Result<(), CliError> {
     crate::cli::quiet_panics();
-    let engine = file::open(&args.file, How::Live)?;
-    let stats = engine.stats();
-    file::close(engine, &args.file)?;
-    let file_bytes = std::fs::metadata(&args.file).map(|m| m.len()).ok();
+    let reader = file::read(&args.file, false)?;
+    let snapshot = reader
+        .snapshot()
+        .map_err(|e| file::open_error(&args.file, e))?;
+    let now = file::now_ms();
+    let mut c = Counts {
+        inflight: 0,
+        completed: 0,
+        expired: 0,
+        records: snapshot.records.len() as u64,
+        token_hwm: snapshot.token_hwm,
+        token_next: snapshot.token_next,
+        live: reader.is_live(),
+        file_bytes: std::fs::metadata(&args.file).map(|m| m.len()).ok(),
+    };
+    drop(reader);
+    for r in &snapshot.records {
+        match state_name(r, now) {
+            "inflight" => c.inflight += 1,
+            "expired" => c.expired += 1,
+            _ => c.completed += 1,
+        }
+    }
     if args.json {
-        output::print(&format!("{}\n", to_json(&stats, file_bytes)))
+        output::print(&format!("{}\n", to_json(args, &c)))
     } else {
-        output::print(&text(args, &stats, file_bytes))
+        output::print(&text(args, &c))
     }
 }
 
-fn text(args: &StatsArgs, s: &Stats, file_bytes: Option<u64>) -> String {
+fn text(args: &StatsArgs, c: &Counts) -> String {
     let mut t = Table::new(&["", "value"]);
     let mut row = |name: &str, value: String| t.row(vec![name.to_string(), value]);
-    row("keys in flight", count(s.inflight));
-    row("keys completed", count(s.completed));
-    row("expired, not yet swept", count(s.expired_unswept));
-    row(
-        "keys total",
-        count(s.inflight + s.completed + s.expired_unswept),
-    );
-    row("index memory", bytes(s.index_bytes));
-    if let Some(b) = file_bytes {
+    row("keys in flight", count(c.inflight));
+    row("keys completed", count(c.completed));
+    row("expired, not yet swept", count(c.expired));
+    row("keys total", count(c.records));
+    if let Some(b) = c.file_bytes {
         row("file size", bytes(b));
     }
-    row("next fencing token", count(s.token_next));
-    row("poisoned", if s.poisoned { "yes" } else { "no" }.into());
+    row("next fencing token", count(c.token_next));
+    row("token high-water mark", count(c.token_hwm));
+    let source = if c.live {
+        "the last commit of the service that has the file open (what it has not committed \
+         yet is not shown)"
+    } else {
+        "the file as persisted (no service has it open)"
+    };
     format!(
-        "idemkv stats: {}\n\n{}\nActivity counters (claims, replays, commits, ...) count since open: zero for \
-         a file opened here.\n--json prints every field.\n",
+        "idemkv stats: {}\n\n{}\nShown: {source}. Nothing was changed; a service reclaims \
+         the expired completions on its next sweep or open.\n--json prints every field.\n",
         args.file.display(),
         t.render()
     )
@@ -74,30 +108,16 @@ pub(crate) fn bytes(n: u64) -> String {
     format!("{v:.1} {unit} ({} bytes)", count(n))
 }
 
-fn to_json(s: &Stats, file_bytes: Option<u64>) -> serde_json::Value {
+fn to_json(args: &StatsArgs, c: &Counts) -> serde_json::Value {
     json!({
-        "inflight": s.inflight,
-        "completed": s.completed,
-        "expired_unswept": s.expired_unswept,
-        "expirations": s.expirations,
-        "index_bytes": s.index_bytes,
-        "file_bytes": file_bytes,
-        "claims": s.claims,
-        "acquired": s.acquired,
-        "takeovers": s.takeovers,
-        "replays": s.replays,
-        "in_progress": s.in_progress,
-        "fingerprint_mismatches": s.fingerprint_mismatches,
-        "completions": s.completions,
-        "releases": s.releases,
-        "leases_lost": s.leases_lost,
-        "waits": s.waits,
-        "overloaded": s.overloaded,
-        "commits": s.commits,
-        "committed_ops": s.committed_ops,
-        "batch_max": s.batch_max,
-        "queue_depth": s.queue_depth,
-        "token_next": s.token_next,
-        "poisoned": s.poisoned,
+        "file": args.file.display().to_string(),
+        "inflight": c.inflight,
+        "completed": c.completed,
+        "expired_unswept": c.expired,
+        "records": c.records,
+        "file_bytes": c.file_bytes,
+        "token_next": c.token_next,
+        "token_hwm": c.token_hwm,
+        "live": c.live,
     })
 }

@@ -26,12 +26,11 @@ pub(crate) struct SweepArgs {
 
 pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
     crate::cli::quiet_panics();
-    let before = {
-        let engine = file::open(&args.file, How::Snapshot)?;
-        let s = engine.stats();
-        file::close(engine, &args.file)?;
-        s.inflight + s.completed + s.expired_unswept
-    };
+    let before = file::read(&args.file, false)?
+        .snapshot()
+        .map_err(|e| file::open_error(&args.file, e))?
+        .records
+        .len() as u64;
     let engine = file::open(&args.file, How::Live)?;
     let swept = engine.sweep_now();
     let flushed = engine.flush();

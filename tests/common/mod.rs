@@ -47,6 +47,8 @@ struct State {
     fail_write_at: Option<u64>,
     fail_sync_at: Option<u64>,
     fail_all: bool,
+    /// Every read fails with this OS error number.
+    read_errno: Option<i32>,
     sticky: bool,
     injected: u64,
     live: Vec<u8>,
@@ -182,6 +184,12 @@ impl FaultyBackend {
         self.lock().fail_all = on;
     }
 
+    /// Makes every later read fail with the OS error `errno` (e.g. 13, EACCES: a permission
+    /// taken away under a running process), or stops doing so.
+    pub fn fail_reads_with(&self, errno: Option<i32>) {
+        self.lock().read_errno = errno;
+    }
+
     /// Whether the first injected failure also turns on [`Self::fail_all`].
     pub fn set_sticky(&self, sticky: bool) {
         self.lock().sticky = sticky;
@@ -258,9 +266,14 @@ impl StorageBackend for FaultyBackend {
     }
 
     fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        if self.lock().fail_all {
+        let s = self.lock();
+        if let Some(errno) = s.read_errno {
+            return Err(injected("read", errno));
+        }
+        if s.fail_all {
             return Err(injected("read", 5));
         }
+        drop(s);
         self.0.backend.read(offset, out)
     }
 
