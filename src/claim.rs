@@ -13,6 +13,7 @@ use crate::index::{Extra, Shard, Slot};
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 use crate::options::ClaimOptions;
 use crate::stats::bump;
+use crate::sweep::Room;
 use crate::sync::{Arc, MutexGuard, Ordering};
 use crate::token::Shortage;
 use crate::writer::{wait_ack, Op};
@@ -36,8 +37,11 @@ enum Step {
         token: u64,
     },
     NeedTokens,
-    /// The key budget is full: reclaim expired keys everywhere, then look again.
+    /// The key budget is full: reclaim what is due elsewhere, then look again.
     NeedRoom,
+    /// The in-flight limit is full: move ended leases out of the live count elsewhere,
+    /// then look again.
+    NeedLeases,
 }
 
 /// A completion read back from the file, verified.
@@ -78,6 +82,8 @@ impl Engine {
         let c = &s.counters;
         let now = s.time.mono_ns();
         let mut takeover = false;
+        // A takeover of a lease already seen to end: it holds no place in the live count.
+        let mut adopt = false;
         let mut expired = false;
         let mut attempt = 1u32;
         let mut checkpoint = None;
@@ -125,6 +131,7 @@ impl Engine {
                     }));
                 }
                 takeover = true;
+                adopt = slot.is_abandoned();
                 attempt = slot.attempt.saturating_add(1);
                 checkpoint = extra.and_then(|e| e.checkpoint.clone());
                 fingerprint = fingerprint.or(stored_fp);
@@ -133,19 +140,23 @@ impl Engine {
         if current.is_none() && !self.admit_new_key(shard, now) {
             return Ok(Step::NeedRoom);
         }
-        // A takeover keeps the key InFlight, so only a new claim counts against the limit.
-        if !takeover
-            && c.inflight
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < s.cfg.inflight_max).then_some(n + 1)
-                })
-                .is_err()
-        {
-            bump(&c.overloaded);
-            return Err(ClaimError::Overloaded(Limit::InFlightClaims));
+        // Only live leases count against the in-flight limit: the claim is admitted if the
+        // live leases of other keys leave room. A takeover of an ended lease that still holds
+        // its place inherits it; any other claim reserves one.
+        let reserved = !takeover || adopt;
+        if !reserved && c.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
+            // The count includes the ended lease being replaced, and exceeds the limit only
+            // after `extend`s of ended leases. Move this stripe's ended leases (this one
+            // among them) out of the count and decide again, as a takeover of an abandoned
+            // lease, which reserves a place.
+            shard.end_leases(now, usize::MAX);
+            return self.claim_step(shard, key, opts);
+        }
+        if reserved && !self.reserve_live(shard, now) {
+            return Ok(Step::NeedLeases);
         }
         let undo = || {
-            if !takeover {
+            if reserved {
                 c.inflight.fetch_sub(1, Ordering::AcqRel);
             }
         };
@@ -205,6 +216,9 @@ impl Engine {
             checkpoint: checkpoint.clone(),
             ..Extra::default()
         };
+        if adopt {
+            shard.adopt(key);
+        }
         shard.put(key, slot, extra);
         bump(&c.acquired);
         if takeover {
@@ -218,17 +232,37 @@ impl Engine {
         })
     }
 
-    /// Whether a new key fits the `keys_max` budget, after reclaiming what this stripe holds
-    /// past its retention. An unexpired record or a live lease is never dropped for room.
+    /// Whether a new key fits the `keys_max` budget, after reclaiming what this stripe has
+    /// due (a bounded batch from the head of its expiry order: O(1) amortized per key, never
+    /// a walk). An unexpired record or a live lease is never dropped for room.
     fn admit_new_key(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
         let s = self.shared();
         let c = &s.counters;
-        let keys = || c.inflight.load(Ordering::Relaxed) + c.completed.load(Ordering::Relaxed);
+        let keys = || {
+            c.inflight.load(Ordering::Relaxed)
+                + c.abandoned.load(Ordering::Relaxed)
+                + c.completed.load(Ordering::Relaxed)
+        };
         if keys() < s.cfg.keys_max {
             return true;
         }
-        crate::sweep::sweep_shard(s, shard, now, SWEEP_STRIPE_BATCH);
+        crate::sweep::sweep_stripe(s, shard, now, SWEEP_STRIPE_BATCH);
         keys() < s.cfg.keys_max
+    }
+
+    /// Reserves a place in the live count for a new lease. At the limit, the leases of this
+    /// stripe that have ended are moved out of the count first (each lease once).
+    fn reserve_live(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
+        let s = self.shared();
+        let reserve = || {
+            s.counters
+                .inflight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < s.cfg.inflight_max).then_some(n + 1)
+                })
+                .is_ok()
+        };
+        reserve() || (shard.end_leases(now, usize::MAX).moved > 0 && reserve())
     }
 
     /// Turns a decision into the caller's answer: waits for durability under `Immediate`,
@@ -276,11 +310,30 @@ impl Engine {
                 Ok(None)
             }
             Step::NeedRoom => {
-                // Reclaim every expired key (not under any stripe lock), then look again;
-                // if that freed nothing the budget is truly full.
-                if crate::sweep::sweep_all(self.shared()) == 0 {
-                    bump(&self.shared().counters.overloaded);
-                    return Err(ClaimError::Overloaded(Limit::Keys));
+                // Reclaim what is due on other stripes (not under this key's lock), then
+                // look again; if nothing is due anywhere the budget is truly full, and the
+                // refusal costs one read per stripe.
+                let s = self.shared();
+                match crate::sweep::make_room(s) {
+                    Ok(()) => Ok(None),
+                    Err(Room::Closed) => Err(ClaimError::Closed),
+                    Err(Room::Full) => {
+                        bump(&s.counters.overloaded);
+                        Err(ClaimError::Overloaded(Limit::Keys))
+                    }
+                    Err(Room::QueueFull) => {
+                        bump(&s.counters.overloaded);
+                        Err(ClaimError::Overloaded(Limit::WriterQueue))
+                    }
+                }
+            }
+            Step::NeedLeases => {
+                // Leases that ended on other stripes still hold places: move them out of
+                // the live count, then look again; if none had ended the limit is full.
+                let s = self.shared();
+                if crate::sweep::end_leases_anywhere(s) == 0 {
+                    bump(&s.counters.overloaded);
+                    return Err(ClaimError::Overloaded(Limit::InFlightClaims));
                 }
                 Ok(None)
             }

@@ -82,6 +82,11 @@ pub(crate) const SWEEP_STEP_BUDGET: Duration = Duration::from_millis(2);
 /// The background sweeper's pause between steps, and while the writer queue is busy.
 pub(crate) const SWEEP_PAUSE: Duration = Duration::from_millis(1);
 
+/// A stripe's expiry queue is compacted once its stale entries (left by keys that changed)
+/// outnumber its current ones by this many: rare enough to cost O(1) amortized per stale
+/// entry, soon enough to keep a queue at most about twice its keys.
+pub(crate) const EXPIRY_COMPACT_SLACK: usize = 64;
+
 /// Default most keys held (InFlight plus Completed); past it new keys get `Overloaded`.
 pub(crate) const KEYS_MAX_DEFAULT: usize = 64 << 20;
 
