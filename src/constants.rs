@@ -83,9 +83,13 @@ pub(crate) const SWEEP_STEP_BUDGET: Duration = Duration::from_millis(2);
 pub(crate) const SWEEP_PAUSE: Duration = Duration::from_millis(1);
 
 /// A stripe's expiry queue is compacted once its stale entries (left by keys that changed)
-/// outnumber its current ones by this many: rare enough to cost O(1) amortized per stale
-/// entry, soon enough to keep a queue at most about twice its keys.
-pub(crate) const EXPIRY_COMPACT_SLACK: usize = 64;
+/// outnumber its current ones by this many: O(1) amortized per stale entry, rare enough that
+/// few calls pay for one (most stale entries are popped by trimming first), and it keeps a
+/// queue within about twice its keys plus this.
+pub(crate) const EXPIRY_COMPACT_SLACK: usize = 1024;
+/// Stale entries a settling lease pops off the top of its stripe's lease heap (one lookup
+/// each): more than the one it leaves, so the heap drains whenever its top is stale.
+pub(crate) const EXPIRY_TRIM_MAX: usize = 4;
 
 /// Default most keys held (InFlight plus Completed); past it new keys get `Overloaded`.
 pub(crate) const KEYS_MAX_DEFAULT: usize = 64 << 20;

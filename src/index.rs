@@ -30,7 +30,7 @@
 //! "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
-use crate::constants::EXPIRY_COMPACT_SLACK;
+use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use hashbrown::HashTable;
 use std::cmp::Ordering as CmpOrdering;
@@ -401,7 +401,7 @@ impl Shard {
             Some(old) if old.same_place(&slot) => {}
             _ => {
                 if let Some(old) = old {
-                    self.leave(&old);
+                    self.leave(hash, &old);
                 }
                 self.enter(hash, &slot, reap_ns);
                 self.compact_if_stale();
@@ -413,15 +413,51 @@ impl Shard {
     /// The slot stops being what it was: its queue entry goes stale. An abandoned lease
     /// settled by its holder (completed, released, extended) is counted live again first,
     /// since the holder's bookkeeping settles it as a live lease.
-    fn leave(&mut self, old: &Slot) {
+    fn leave(&mut self, hash: u64, old: &Slot) {
         if !old.is_inflight() {
             self.completed -= 1;
+            if self
+                .done
+                .front()
+                .is_some_and(|e| e.hash == hash && e.deadline_ns == old.deadline_ns)
+            {
+                self.done.pop_front();
+            }
         } else if old.is_abandoned() {
             self.abandoned -= 1;
             self.common.live.fetch_add(1, Ordering::AcqRel);
             self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
+            if self.ended.peek().is_some_and(|e| e.0.token == old.token) {
+                self.ended.pop();
+            }
         } else {
             self.live -= 1;
+            self.trim_leases(old);
+        }
+    }
+
+    /// Pops the settled lease's entry if it is on top of `leases`, and then a few stale
+    /// entries below it (one lookup each). Leases mostly settle in the order they began, so
+    /// this keeps the heap near its live size without waiting for a compaction; each entry
+    /// is popped once, and the work per call is bounded.
+    fn trim_leases(&mut self, settled: &Slot) {
+        let top_is = |e: &LeaseEntry| e.token == settled.token && e.deadline_ns == settled.deadline_ns;
+        if !self.leases.peek().is_some_and(|e| top_is(&e.0)) {
+            return;
+        }
+        self.leases.pop();
+        for _ in 0..EXPIRY_TRIM_MAX {
+            let Some(e) = self.leases.peek().map(|e| e.0) else {
+                break;
+            };
+            if self
+                .slots
+                .find(e.hash, |(_, s)| lease_matches(s, &e, false))
+                .is_some()
+            {
+                break;
+            }
+            self.leases.pop();
         }
     }
 
@@ -521,7 +557,7 @@ impl Shard {
         let ((k, slot), _) = entry.remove();
         self.heap_bytes -= k.len();
         self.drop_extra(&slot);
-        self.leave(&slot);
+        self.leave(hash, &slot);
         self.compact_if_stale();
         Some(slot)
     }
@@ -1025,22 +1061,45 @@ mod tests {
     #[test]
     fn a_slot_that_changes_leaves_a_stale_entry_that_is_skipped() {
         let mut f = fixture();
-        f.claim("k", 1, 5);
-        f.complete("k", 1, 10);
-        assert_eq!(f.shard.expired_unswept(10), 1);
-        // The key is claimed again after its retention: its entry in `done` is stale.
-        f.shard.put(b"k", Slot::inflight(2, 500, 1), Extra::default());
-        assert_eq!(f.shard.expired_unswept(10), 0, "the stale entry is not counted");
-        assert_eq!(f.shard.done.len(), 1);
-        assert_eq!(f.reclaim_all(10), vec![(Reclaimed::Stale, 0)]);
+        f.claim("j", 1, 5);
+        f.complete("j", 1, 8);
+        f.claim("k", 2, 5);
+        f.complete("k", 2, 10);
+        assert_eq!(f.shard.expired_unswept(10), 2);
+        // "k" is claimed again after its retention: its entry in `done` is stale.
+        f.claim("k", 3, 500);
+        assert_eq!(f.shard.expired_unswept(10), 1, "the stale entry is not counted");
+        assert_eq!(f.shard.done.len(), 2);
+        assert_eq!(
+            f.reclaim_all(10),
+            vec![(Reclaimed::Expired, 1), (Reclaimed::Stale, 0)]
+        );
         assert!(f.shard.done.is_empty());
-        assert_eq!(f.shard.get(b"k").map(|s| s.token), Some(2), "never removed");
-        // Completing the lease leaves its `leases` entry stale: ending leases skips it.
-        f.shard
-            .put(b"k", Slot::completed(2, 2000, 1, true), Extra::default());
-        assert_eq!(f.shard.end_leases(1000, usize::MAX).moved, 0);
+        assert_eq!(f.shard.get(b"k").map(|s| s.token), Some(3), "never removed");
+        // An entry at the head is popped at once when its slot changes.
+        f.claim("i", 4, 5);
+        f.complete("i", 4, 20);
+        f.claim("i", 5, 400);
+        assert!(f.shard.done.is_empty());
+        // A lease that settles while another lease ends first leaves its entry stale below
+        // the top: ending leases skips it.
+        f.complete("k", 3, 2000);
+        assert_eq!(f.shard.leases.len(), 2);
+        assert_eq!(f.shard.end_leases(1000, usize::MAX).moved, 1, "only i's");
         assert!(f.shard.leases.is_empty());
+        assert!(f.shard.get(b"i").unwrap().is_abandoned());
         assert_eq!(f.shard.get(b"k").map(|s| s.is_inflight()), Some(false));
+    }
+
+    #[test]
+    fn leases_settled_in_order_never_pile_up() {
+        let mut f = fixture();
+        for i in 0..1000u64 {
+            let key = format!("k{i}");
+            f.claim(&key, i + 1, 100 + i / 10);
+            f.complete(&key, i + 1, 5000);
+            assert!(f.shard.leases.is_empty());
+        }
     }
 
     #[test]
@@ -1084,14 +1143,17 @@ mod tests {
     #[test]
     fn stale_entries_are_compacted_when_they_dominate() {
         let mut f = fixture();
-        // Leases that complete long before they end: every one leaves a stale entry.
+        // A lease that ends first and stays: every lease completed behind it leaves a stale
+        // entry that trimming cannot reach.
+        f.claim("blocker", 100_000, 10);
         for i in 0..10_000u64 {
             let key = format!("k{i}");
             f.claim(&key, i + 1, 1_000_000);
             f.complete(&key, i + 1, 2_000_000 + i);
             assert!(f.shard.leases.len() <= 2 * f.shard.live + EXPIRY_COMPACT_SLACK + 1);
         }
-        assert!(f.shard.leases.len() <= EXPIRY_COMPACT_SLACK + 1);
+        assert!(f.shard.leases.len() <= 2 + EXPIRY_COMPACT_SLACK + 1);
+        assert!(f.shard.leases.len() > 2, "trimming alone cannot get past the blocker");
         // Completions re-claimed after their retention without a sweep: each round leaves
         // a stale entry per key in `done`, far more than the 100 current ones.
         let mut f = fixture();
@@ -1172,7 +1234,8 @@ mod tests {
         f.shard.put(b"a", slot, Extra::default());
         assert!(!f.shard.get(b"a").unwrap().is_abandoned());
         assert_eq!(f.gauges(), (1, 0));
-        assert_eq!(f.reclaim_all(10 + RETENTION), vec![(Reclaimed::Stale, 0)]);
+        assert!(f.shard.ended.is_empty(), "its entry, on top, went with it");
+        assert_eq!(f.reclaim_all(10 + RETENTION), vec![]);
         assert!(f.shard.get(b"a").is_some());
         // Ended again, then completed: the holder's decrement balances the revival.
         f.shard.end_leases(50, usize::MAX);
