@@ -100,8 +100,13 @@ impl std::error::Error for ImportError {}
 /// How an imported record enters the index.
 enum Import {
     /// `reap_ns`: time left until it is reaped, from its recorded lease end.
-    InFlight { left_ns: u64, reap_ns: u64 },
-    Completed { left_ns: u64 },
+    InFlight {
+        left_ns: u64,
+        reap_ns: u64,
+    },
+    Completed {
+        left_ns: u64,
+    },
 }
 
 impl Engine {
@@ -354,7 +359,8 @@ impl Engine {
         let (slot, reap_ns) = match slot_of {
             Import::InFlight { left_ns, reap_ns } => {
                 s.counters.inflight.fetch_add(1, Ordering::Relaxed);
-                let slot = Slot::inflight(record.token, now.saturating_add(left_ns), record.attempt);
+                let slot =
+                    Slot::inflight(record.token, now.saturating_add(left_ns), record.attempt);
                 (slot, Some(now.saturating_add(reap_ns)))
             }
             // A durable import is shown once the writer has committed and published it.

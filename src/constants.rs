@@ -74,8 +74,9 @@ pub(crate) const WAIT_SLICE_MIN: Duration = Duration::from_millis(1);
 
 /// Default time between two background sweeps.
 pub(crate) const SWEEP_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
-/// Most keys the sweeper removes per stripe-lock hold: bounds how long a claim can wait
-/// behind it (a few tens of microseconds).
+/// Most expiry entries the sweeper works off per stripe-lock hold (leases ended, keys
+/// removed, stale entries dropped): bounds how long a claim can wait behind it (a few tens of
+/// microseconds). Also the most a claim at the key budget reclaims per stripe it visits.
 pub(crate) const SWEEP_STRIPE_BATCH: usize = 256;
 /// Work the background sweeper does before it pauses for `SWEEP_PAUSE`.
 pub(crate) const SWEEP_STEP_BUDGET: Duration = Duration::from_millis(2);

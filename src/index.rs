@@ -441,7 +441,8 @@ impl Shard {
     /// this keeps the heap near its live size without waiting for a compaction; each entry
     /// is popped once, and the work per call is bounded.
     fn trim_leases(&mut self, settled: &Slot) {
-        let top_is = |e: &LeaseEntry| e.token == settled.token && e.deadline_ns == settled.deadline_ns;
+        let top_is =
+            |e: &LeaseEntry| e.token == settled.token && e.deadline_ns == settled.deadline_ns;
         if !self.leases.peek().is_some_and(|e| top_is(&e.0)) {
             return;
         }
@@ -479,12 +480,18 @@ impl Shard {
                 deadline_ns: slot.deadline_ns,
                 hash,
             };
-            if self.loading || self.done.back().is_none_or(|b| b.deadline_ns <= e.deadline_ns)
+            if self.loading
+                || self
+                    .done
+                    .back()
+                    .is_none_or(|b| b.deadline_ns <= e.deadline_ns)
             {
                 self.done.push_back(e);
             } else {
                 // Only an import arrives out of order while running; shift the short side.
-                let at = self.done.partition_point(|d| d.deadline_ns <= e.deadline_ns);
+                let at = self
+                    .done
+                    .partition_point(|d| d.deadline_ns <= e.deadline_ns);
                 self.done.insert(at, e);
             }
         }
@@ -626,7 +633,11 @@ impl Shard {
     /// record (by token). A stale entry at the head is dropped instead. Only slots due at
     /// `now` are ever removed: a live lease or an unexpired completion never is.
     pub(crate) fn reclaim(&mut self, now: u64, send: &mut dyn FnMut(u64) -> bool) -> Reclaimed {
-        let done_at = self.done.front().map(|e| e.deadline_ns).filter(|&d| d <= now);
+        let done_at = self
+            .done
+            .front()
+            .map(|e| e.deadline_ns)
+            .filter(|&d| d <= now);
         let reap_at = self.ended.peek().map(|e| e.0.reap_ns).filter(|&r| r <= now);
         let out = match (done_at, reap_at) {
             (None, None) => return Reclaimed::Nothing,
@@ -787,7 +798,8 @@ impl Index {
             stripes.is_power_of_two(),
             "stripe count must be a power of two"
         );
-        let board = || -> Box<[AtomicU64]> { (0..stripes).map(|_| AtomicU64::new(u64::MAX)).collect() };
+        let board =
+            || -> Box<[AtomicU64]> { (0..stripes).map(|_| AtomicU64::new(u64::MAX)).collect() };
         let common = Arc::new(Common {
             retention_ns,
             live,
@@ -927,8 +939,11 @@ mod tests {
         /// A new lease, counted live as a claim's reservation would.
         fn claim(&mut self, key: &str, token: u64, deadline: u64) {
             self.live.fetch_add(1, Ordering::AcqRel);
-            self.shard
-                .put(key.as_bytes(), Slot::inflight(token, deadline, 1), Extra::default());
+            self.shard.put(
+                key.as_bytes(),
+                Slot::inflight(token, deadline, 1),
+                Extra::default(),
+            );
         }
 
         /// Completes a lease, with the holder's bookkeeping.
@@ -1068,7 +1083,11 @@ mod tests {
         assert_eq!(f.shard.expired_unswept(10), 2);
         // "k" is claimed again after its retention: its entry in `done` is stale.
         f.claim("k", 3, 500);
-        assert_eq!(f.shard.expired_unswept(10), 1, "the stale entry is not counted");
+        assert_eq!(
+            f.shard.expired_unswept(10),
+            1,
+            "the stale entry is not counted"
+        );
         assert_eq!(f.shard.done.len(), 2);
         assert_eq!(
             f.reclaim_all(10),
@@ -1153,7 +1172,10 @@ mod tests {
             assert!(f.shard.leases.len() <= 2 * f.shard.live + EXPIRY_COMPACT_SLACK + 1);
         }
         assert!(f.shard.leases.len() <= 2 + EXPIRY_COMPACT_SLACK + 1);
-        assert!(f.shard.leases.len() > 2, "trimming alone cannot get past the blocker");
+        assert!(
+            f.shard.leases.len() > 2,
+            "trimming alone cannot get past the blocker"
+        );
         // Completions re-claimed after their retention without a sweep: each round leaves
         // a stale entry per key in `done`, far more than the 100 current ones.
         let mut f = fixture();
@@ -1242,7 +1264,10 @@ mod tests {
         assert_eq!(f.gauges(), (0, 1));
         f.complete("a", 1, 5000);
         assert_eq!(f.gauges(), (0, 0));
-        assert_eq!((f.shard.live, f.shard.abandoned, f.shard.completed), (0, 0, 1));
+        assert_eq!(
+            (f.shard.live, f.shard.abandoned, f.shard.completed),
+            (0, 0, 1)
+        );
         // Released after ending: the same.
         f.claim("b", 2, 60);
         f.shard.end_leases(60, usize::MAX);
@@ -1260,7 +1285,8 @@ mod tests {
         // The claim reserves its place, adopts the slot, and replaces it.
         f.live.fetch_add(1, Ordering::AcqRel);
         f.shard.adopt(b"a");
-        f.shard.put(b"a", Slot::inflight(2, 100, 2), Extra::default());
+        f.shard
+            .put(b"a", Slot::inflight(2, 100, 2), Extra::default());
         assert_eq!(f.gauges(), (1, 0));
         assert_eq!((f.shard.live, f.shard.abandoned), (1, 0));
         // The old reap entry is stale; the new lease ends at 100.

@@ -17,9 +17,9 @@
 //! holds their stripe lock, so a live lease or an unexpired completion is never evicted.
 
 use crate::constants::*;
+use crate::engine::SendRefused;
 use crate::engine::{Engine, Shared};
 use crate::error::ClaimError;
-use crate::engine::SendRefused;
 use crate::index::{Reclaimed, Shard};
 use crate::stats::bump;
 use crate::sync::{Arc, Condvar, Mutex, MutexGuard, Ordering};

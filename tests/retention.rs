@@ -493,7 +493,10 @@ fn an_abandoned_claim_is_taken_over_with_its_checkpoint_until_it_is_reaped() {
         panic!("the retry takes the abandoned claim over")
     };
     assert_eq!(retry.attempt(), 2);
-    assert_eq!(retry.checkpoint().map(|c| c.data()), Some(&b"half-done"[..]));
+    assert_eq!(
+        retry.checkpoint().map(|c| c.data()),
+        Some(&b"half-done"[..])
+    );
     assert_eq!(stats_of(&engine), (1, 0, 0));
     // The old bound passes: the new lease is live and is not reaped.
     clock.advance(Duration::from_millis(1));
@@ -534,7 +537,10 @@ fn restarts_never_postpone_the_reaping_of_an_abandoned_claim() {
         panic!("taken over")
     };
     assert_eq!(lease.attempt(), 2);
-    assert_eq!(lease.checkpoint().map(|c| c.data()), Some(&b"half-done"[..]));
+    assert_eq!(
+        lease.checkpoint().map(|c| c.data()),
+        Some(&b"half-done"[..])
+    );
     lease.complete(b"A").unwrap();
     clock.advance(Duration::from_millis(1));
     assert_eq!(engine.sweep_now().unwrap(), 1, "b is reaped at its bound");

@@ -483,8 +483,7 @@ impl Model {
             ));
         }
         let stats = engine.stats();
-        if (stats.inflight, stats.abandoned) != (self.inflight() as u64, self.abandoned() as u64)
-        {
+        if (stats.inflight, stats.abandoned) != (self.inflight() as u64, self.abandoned() as u64) {
             return Err(format!(
                 "stats() has {} live leases and {} abandoned claims, the model {} and {}",
                 stats.inflight,
