@@ -143,14 +143,15 @@ impl Engine {
         // Only live leases count against the in-flight limit: the claim is admitted if the
         // live leases of other keys leave room. A takeover of an ended lease that still holds
         // its place inherits it; any other claim reserves one.
-        let reserved = !takeover || adopt;
+        let mut reserved = !takeover || adopt;
         if !reserved && c.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
             // The count includes the ended lease being replaced, and exceeds the limit only
             // after `extend`s of ended leases. Move this stripe's ended leases (this one
-            // among them) out of the count and decide again, as a takeover of an abandoned
+            // among them) out of the count, and decide as for a takeover of an abandoned
             // lease, which reserves a place.
             shard.end_leases(now, usize::MAX);
-            return self.claim_step(shard, key, opts);
+            adopt = shard.get(key).is_some_and(|slot| slot.is_abandoned());
+            reserved = adopt;
         }
         if reserved && !self.reserve_live(shard, now) {
             return Ok(Step::NeedLeases);

@@ -264,9 +264,11 @@ pub(crate) fn sweep_all(s: &Shared) -> u64 {
 }
 
 impl Engine {
-    /// Reclaims every key past its retention now, from memory and (through the writer) from
-    /// the file; returns how many. Expired keys are already Absent to every call: this only
-    /// gives their space back, as the background sweeper does on its own.
+    /// Reclaims every key past its retention, and every abandoned claim past its lease end
+    /// plus retention, now, from memory and (through the writer) from the file; returns how
+    /// many. Expired keys are already Absent to every call: this only gives their space
+    /// back, as the background sweeper does on its own. A reaped abandoned claim is Absent
+    /// from then on.
     pub fn sweep_now(&self) -> Result<u64, ClaimError> {
         self.check_open()?;
         Ok(sweep_all(self.shared()))

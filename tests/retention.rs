@@ -560,3 +560,45 @@ fn restarts_never_postpone_the_reaping_of_an_abandoned_claim() {
     let engine = open();
     assert_eq!(engine.get(b"c").unwrap(), None, "deleted from the file");
 }
+
+#[test]
+fn an_extended_ended_lease_counts_again_and_takeovers_are_admitted_by_live_leases_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = MockClock::new();
+    let engine = builder(&dir.path().join("r.redb"), &clock)
+        .lease(LEASE)
+        .inflight_max(1)
+        .open()
+        .unwrap();
+    let opts = ClaimOptions::default();
+    let Claim::Acquired(a) = engine.claim(b"a", &opts).unwrap() else {
+        panic!()
+    };
+    clock.advance(LEASE);
+    // "a" ended and holds no place.
+    let Claim::Acquired(b) = engine.claim(b"b", &opts).unwrap() else {
+        panic!("an ended lease holds no place")
+    };
+    // Its holder extends it (nobody took over): live again, without a check.
+    a.extend(LEASE).unwrap();
+    assert_eq!(stats_of(&engine), (2, 0, 0));
+    let full = ClaimError::Overloaded(Limit::InFlightClaims);
+    assert_eq!(engine.claim(b"c", &opts).unwrap_err(), full);
+    // Both end, unseen by any sweep: a takeover is admitted because no other lease is live.
+    clock.advance(LEASE);
+    let Claim::Acquired(a2) = engine.claim(b"a", &opts).unwrap() else {
+        panic!("no other live lease")
+    };
+    assert_eq!(a2.attempt(), 2);
+    // Now "a" is live again: taking "b" over needs a place.
+    assert_eq!(engine.claim(b"b", &opts).unwrap_err(), full);
+    assert_eq!(stats_of(&engine), (1, 1, 0));
+    assert_eq!(a.complete(b"stale"), Err(LeaseError::LeaseLost));
+    a2.complete(b"A").unwrap();
+    let Claim::Acquired(b2) = engine.claim(b"b", &opts).unwrap() else {
+        panic!("a place is free")
+    };
+    assert_eq!(b2.attempt(), 2);
+    drop((b, b2));
+    assert_eq!(stats_of(&engine), (0, 0, 0));
+}
