@@ -35,12 +35,15 @@ pub(crate) fn run(args: &StatsArgs) -> Result<(), CliError> {
 fn text(args: &StatsArgs, s: &Stats, file_bytes: Option<u64>) -> String {
     let mut t = Table::new(&["", "value"]);
     let mut row = |name: &str, value: String| t.row(vec![name.to_string(), value]);
-    row("keys in flight", count(s.inflight));
+    // Every claim found in a closed file belongs to a process that is gone: it is taken
+    // over at once, so it shows as abandoned (reaped `retention` after its lease ended).
+    row("keys in flight", count(s.inflight + s.abandoned));
+    row("  of which abandoned (lease over)", count(s.abandoned));
     row("keys completed", count(s.completed));
     row("expired, not yet swept", count(s.expired_unswept));
     row(
         "keys total",
-        count(s.inflight + s.completed + s.expired_unswept),
+        count(s.inflight + s.abandoned + s.completed + s.expired_unswept),
     );
     row("index memory", bytes(s.index_bytes));
     if let Some(b) = file_bytes {
@@ -77,6 +80,8 @@ pub(crate) fn bytes(n: u64) -> String {
 fn to_json(s: &Stats, file_bytes: Option<u64>) -> serde_json::Value {
     json!({
         "inflight": s.inflight,
+        "abandoned": s.abandoned,
+        "abandoned_reaped": s.abandoned_reaped,
         "completed": s.completed,
         "expired_unswept": s.expired_unswept,
         "expirations": s.expirations,

@@ -1,4 +1,5 @@
-//! `idemkv sweep FILE`: reclaims every completion past its retention now, and says how many.
+//! `idemkv sweep FILE`: reclaims every completion past its retention, and every abandoned
+//! claim past its lease end plus retention, now, and says how many.
 //!
 //! A service reclaims them on its own (the background sweeper, and recovery on open), so
 //! this is for a file that sits closed. Opening with the real clock already reclaims them
@@ -30,7 +31,7 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
         let engine = file::open(&args.file, How::Snapshot)?;
         let s = engine.stats();
         file::close(engine, &args.file)?;
-        s.inflight + s.completed + s.expired_unswept
+        s.inflight + s.abandoned + s.completed + s.expired_unswept
     };
     let engine = file::open(&args.file, How::Live)?;
     let swept = engine.sweep_now();
@@ -39,7 +40,8 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
     file::close(engine, &args.file)?;
     swept.map_err(|e| CliError::io("sweeping", e))?;
     flushed.map_err(|e| CliError::io("sweeping", e))?;
-    let remaining = after.inflight + after.completed + after.expired_unswept;
+    let inflight = after.inflight + after.abandoned;
+    let remaining = inflight + after.completed + after.expired_unswept;
     let reclaimed = before.saturating_sub(remaining);
 
     if args.json {
@@ -47,7 +49,7 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
             "file": args.file.display().to_string(),
             "reclaimed": reclaimed,
             "remaining": remaining,
-            "inflight": after.inflight,
+            "inflight": inflight,
             "completed": after.completed,
         });
         return output::print(&format!("{out}\n"));
@@ -57,7 +59,7 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
         args.file.display(),
         count(reclaimed),
         count(remaining),
-        count(after.inflight),
+        count(inflight),
         count(after.completed)
     ))
 }
