@@ -566,6 +566,7 @@ impl Shard {
         self.drop_extra(&slot);
         self.leave(hash, &slot);
         self.compact_if_stale();
+        self.refresh_due();
         Some(slot)
     }
 
