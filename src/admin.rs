@@ -99,8 +99,14 @@ impl std::error::Error for ImportError {}
 
 /// How an imported record enters the index.
 enum Import {
-    InFlight { left_ns: u64 },
-    Completed { left_ns: u64 },
+    /// `reap_ns`: time left until it is reaped, from its recorded lease end.
+    InFlight {
+        left_ns: u64,
+        reap_ns: u64,
+    },
+    Completed {
+        left_ns: u64,
+    },
 }
 
 impl Engine {
@@ -241,6 +247,14 @@ impl Engine {
         let wall = s.time.wall_ms();
         let (slot_of, state, extra) = match &record.state {
             RecordInfoState::InFlight {
+                lease_deadline_ms, ..
+            } if lease_deadline_ms.saturating_add(crate::clock::duration_ms(s.cfg.retention))
+                <= wall =>
+            {
+                // An abandoned claim already past its reap instant: nothing to bring back.
+                return Ok(());
+            }
+            RecordInfoState::InFlight {
                 lease_deadline_ms,
                 checkpoint,
             } => {
@@ -258,7 +272,11 @@ impl Engine {
                     attempt: record.attempt,
                     checkpoint,
                 };
-                (Import::InFlight { left_ns }, state, extra)
+                let reap_ns = lease_deadline_ms
+                    .saturating_add(crate::clock::duration_ms(s.cfg.retention))
+                    .saturating_sub(wall)
+                    .saturating_mul(1_000_000);
+                (Import::InFlight { left_ns, reap_ns }, state, extra)
             }
             RecordInfoState::Completed {
                 published: false, ..
@@ -338,27 +356,33 @@ impl Engine {
         self.shared()
             .send(op, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
-        let slot = match slot_of {
-            Import::InFlight { left_ns } => {
+        let (slot, reap_ns) = match slot_of {
+            Import::InFlight { left_ns, reap_ns } => {
                 s.counters.inflight.fetch_add(1, Ordering::Relaxed);
-                Slot::inflight(record.token, now.saturating_add(left_ns), record.attempt)
+                let slot =
+                    Slot::inflight(record.token, now.saturating_add(left_ns), record.attempt);
+                (slot, Some(now.saturating_add(reap_ns)))
             }
             // A durable import is shown once the writer has committed and published it.
             Import::Completed { left_ns } => {
                 s.counters.completed.fetch_add(1, Ordering::Relaxed);
-                Slot::completed(
+                let slot = Slot::completed(
                     record.token,
                     now.saturating_add(left_ns),
                     record.attempt,
                     !durable,
-                )
+                );
+                (slot, None)
             }
         };
         if old.is_some() {
             // Only an expired completion can be replaced here.
             s.counters.completed.fetch_sub(1, Ordering::Relaxed);
         }
-        shard.put(key, slot, extra);
+        match reap_ns {
+            Some(reap_ns) => shard.put_reaped_at(key, slot, extra, reap_ns),
+            None => shard.put(key, slot, extra),
+        }
         drop(shard);
         changed.notify_all();
         if let Some(rx) = rx {

@@ -13,6 +13,7 @@ use crate::index::{Extra, Shard, Slot};
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 use crate::options::ClaimOptions;
 use crate::stats::bump;
+use crate::sweep::Room;
 use crate::sync::{Arc, MutexGuard, Ordering};
 use crate::token::Shortage;
 use crate::writer::{wait_ack, Op};
@@ -36,8 +37,11 @@ enum Step {
         token: u64,
     },
     NeedTokens,
-    /// The key budget is full: reclaim expired keys everywhere, then look again.
+    /// The key budget is full: reclaim what is due elsewhere, then look again.
     NeedRoom,
+    /// The in-flight limit is full: move ended leases out of the live count elsewhere,
+    /// then look again.
+    NeedLeases,
 }
 
 /// Why a decision could not be turned into an answer and the call must look at its key
@@ -49,6 +53,9 @@ enum Again {
     Tokens,
     /// Expired keys were reclaimed to make room under the key budget.
     Room,
+    /// Ended leases were moved out of the live count to make room under the in-flight
+    /// limit.
+    Leases,
     /// The stored record changed (expired and swept) before it could be read.
     Record,
 }
@@ -60,6 +67,10 @@ impl Again {
             Again::Room => {
                 bump(&engine.shared().counters.overloaded);
                 ClaimError::Overloaded(Limit::Keys)
+            }
+            Again::Leases => {
+                bump(&engine.shared().counters.overloaded);
+                ClaimError::Overloaded(Limit::InFlightClaims)
             }
             Again::Tokens | Again::Record => ClaimError::Contended,
         }
@@ -104,6 +115,8 @@ impl Engine {
         let c = &s.counters;
         let now = s.time.mono_ns();
         let mut takeover = false;
+        // A takeover of a lease already seen to end: it holds no place in the live count.
+        let mut adopt = false;
         let mut expired = false;
         let mut attempt = 1u32;
         let mut checkpoint = None;
@@ -151,6 +164,7 @@ impl Engine {
                     }));
                 }
                 takeover = true;
+                adopt = slot.is_abandoned();
                 attempt = slot.attempt.saturating_add(1);
                 checkpoint = extra.and_then(|e| e.checkpoint.clone());
                 fingerprint = fingerprint.or(stored_fp);
@@ -159,19 +173,24 @@ impl Engine {
         if current.is_none() && !self.admit_new_key(shard, now) {
             return Ok(Step::NeedRoom);
         }
-        // A takeover keeps the key InFlight, so only a new claim counts against the limit.
-        if !takeover
-            && c.inflight
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < s.cfg.inflight_max).then_some(n + 1)
-                })
-                .is_err()
-        {
-            bump(&c.overloaded);
-            return Err(ClaimError::Overloaded(Limit::InFlightClaims));
+        // Only live leases count against the in-flight limit: the claim is admitted if the
+        // live leases of other keys leave room. A takeover of an ended lease that still holds
+        // its place inherits it; any other claim reserves one.
+        let mut reserved = !takeover || adopt;
+        if !reserved && c.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
+            // The count includes the ended lease being replaced, and exceeds the limit only
+            // after `extend`s of ended leases. Move this stripe's ended leases (this one
+            // among them) out of the count, and decide as for a takeover of an abandoned
+            // lease, which reserves a place.
+            shard.end_leases(now, usize::MAX);
+            adopt = shard.get(key).is_some_and(|slot| slot.is_abandoned());
+            reserved = adopt;
+        }
+        if reserved && !self.reserve_live(shard, now) {
+            return Ok(Step::NeedLeases);
         }
         let undo = || {
-            if !takeover {
+            if reserved {
                 c.inflight.fetch_sub(1, Ordering::AcqRel);
             }
         };
@@ -232,6 +251,9 @@ impl Engine {
             checkpoint: checkpoint.clone(),
             ..Extra::default()
         };
+        if adopt {
+            shard.adopt(key);
+        }
         shard.put(key, slot, extra);
         bump(&c.acquired);
         if takeover {
@@ -245,17 +267,37 @@ impl Engine {
         })
     }
 
-    /// Whether a new key fits the `keys_max` budget, after reclaiming what this stripe holds
-    /// past its retention. An unexpired record or a live lease is never dropped for room.
+    /// Whether a new key fits the `keys_max` budget, after reclaiming what this stripe has
+    /// due (a bounded batch from the head of its expiry order: O(1) amortized per key, never
+    /// a walk). An unexpired record or a live lease is never dropped for room.
     fn admit_new_key(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
         let s = self.shared();
         let c = &s.counters;
-        let keys = || c.inflight.load(Ordering::Relaxed) + c.completed.load(Ordering::Relaxed);
+        let keys = || {
+            c.inflight.load(Ordering::Relaxed)
+                + c.abandoned.load(Ordering::Relaxed)
+                + c.completed.load(Ordering::Relaxed)
+        };
         if keys() < s.cfg.keys_max {
             return true;
         }
-        crate::sweep::sweep_shard(s, shard, now, SWEEP_STRIPE_BATCH);
+        crate::sweep::sweep_stripe(s, shard, now, SWEEP_STRIPE_BATCH);
         keys() < s.cfg.keys_max
+    }
+
+    /// Reserves a place in the live count for a new lease. At the limit, the leases of this
+    /// stripe that have ended are moved out of the count first (each lease once).
+    fn reserve_live(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
+        let s = self.shared();
+        let reserve = || {
+            s.counters
+                .inflight
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    (n < s.cfg.inflight_max).then_some(n + 1)
+                })
+                .is_ok()
+        };
+        reserve() || (shard.end_leases(now, usize::MAX).moved > 0 && reserve())
     }
 
     /// Turns a decision into the caller's answer: waits for durability under `Immediate`,
@@ -304,16 +346,36 @@ impl Engine {
                 Ok(Err(Again::Tokens))
             }
             Step::NeedRoom => {
-                // Reclaim every expired key (not under any stripe lock), then look again;
-                // if that freed nothing the budget is truly full. A sweep cut short by a
-                // close or a poison says so.
-                let freed = crate::sweep::sweep_all(self.shared());
-                self.check_open()?;
-                if freed == 0 {
-                    bump(&self.shared().counters.overloaded);
-                    return Err(ClaimError::Overloaded(Limit::Keys));
+                // Reclaim what is due on other stripes (not under this key's lock), then
+                // look again; if nothing is due anywhere the budget is truly full, and the
+                // refusal costs one read per stripe. A sweep cut short by a close or a
+                // poison says so.
+                let s = self.shared();
+                match crate::sweep::make_room(s) {
+                    Ok(()) => Ok(Err(Again::Room)),
+                    Err(Room::Closed) => {
+                        self.check_open()?;
+                        Err(ClaimError::Closed)
+                    }
+                    Err(Room::Full) => {
+                        bump(&s.counters.overloaded);
+                        Err(ClaimError::Overloaded(Limit::Keys))
+                    }
+                    Err(Room::QueueFull) => {
+                        bump(&s.counters.overloaded);
+                        Err(ClaimError::Overloaded(Limit::WriterQueue))
+                    }
                 }
-                Ok(Err(Again::Room))
+            }
+            Step::NeedLeases => {
+                // Leases that ended on other stripes still hold places: move them out of
+                // the live count, then look again; if none had ended the limit is full.
+                let s = self.shared();
+                if crate::sweep::end_leases_anywhere(s) == 0 {
+                    bump(&s.counters.overloaded);
+                    return Err(ClaimError::Overloaded(Limit::InFlightClaims));
+                }
+                Ok(Err(Again::Leases))
             }
         }
     }

@@ -76,13 +76,23 @@ pub(crate) const WAIT_SLICE_MIN: Duration = Duration::from_millis(1);
 
 /// Default time between two background sweeps.
 pub(crate) const SWEEP_INTERVAL_DEFAULT: Duration = Duration::from_secs(1);
-/// Most keys the sweeper removes per stripe-lock hold: bounds how long a claim can wait
-/// behind it (a few tens of microseconds).
+/// Most expiry entries the sweeper works off per stripe-lock hold (leases ended, keys
+/// removed, stale entries dropped): bounds how long a claim can wait behind it (a few tens of
+/// microseconds). Also the most a claim at the key budget reclaims per stripe it visits.
 pub(crate) const SWEEP_STRIPE_BATCH: usize = 256;
 /// Work the background sweeper does before it pauses for `SWEEP_PAUSE`.
 pub(crate) const SWEEP_STEP_BUDGET: Duration = Duration::from_millis(2);
 /// The background sweeper's pause between steps, and while the writer queue is busy.
 pub(crate) const SWEEP_PAUSE: Duration = Duration::from_millis(1);
+
+/// A stripe's expiry queue is compacted once its stale entries (left by keys that changed)
+/// outnumber its current ones by this many: O(1) amortized per stale entry, rare enough that
+/// few calls pay for one (most stale entries are popped by trimming first), and it keeps a
+/// queue within about twice its keys plus this.
+pub(crate) const EXPIRY_COMPACT_SLACK: usize = 1024;
+/// Stale entries a settling lease pops off the top of its stripe's lease heap (one lookup
+/// each): more than the one it leaves, so the heap drains whenever its top is stale.
+pub(crate) const EXPIRY_TRIM_MAX: usize = 4;
 
 /// Default most keys held (InFlight plus Completed); past it new keys get `Overloaded`.
 pub(crate) const KEYS_MAX_DEFAULT: usize = 64 << 20;

@@ -308,8 +308,13 @@ impl EngineBuilder {
     pub fn open(self) -> Result<Engine, OpenError> {
         self.validate()?;
         let time = Time::new(self.clock.clone());
-        let index = Index::new(self.stripes);
         let counters = Counters::default();
+        let index = Index::new(
+            self.stripes,
+            crate::clock::duration_ns(self.retention),
+            counters.inflight.clone(),
+            counters.abandoned.clone(),
+        );
         let (tokens, store) = if self.durability == Durability::None {
             (Tokens::new(1, u64::MAX), None)
         } else {
@@ -470,24 +475,30 @@ impl Engine {
         }
     }
 
-    /// A snapshot of the engine's counters. Walks every stripe once to count keys past
-    /// their retention and the index's memory; cheap enough for a monitoring scrape.
+    /// A snapshot of the engine's counters: O(stripes), never a walk over the keys. Each
+    /// stripe is locked once; one whose expiry order says a lease has ended moves it to the
+    /// `abandoned` gauge first (work the sweeper would do, each lease once), and the count
+    /// of keys past retention comes from the head of each stripe's completion order.
     pub fn stats(&self) -> Stats {
         let s = self.shared();
         let c = &s.counters;
         let now = s.time.mono_ns();
         let (mut expired_unswept, mut index_bytes) = (0u64, 0u64);
-        for stripe in s.index.stripes() {
-            let shard = stripe.map.lock();
-            expired_unswept += shard
-                .iter()
-                .filter(|(_, slot)| slot.is_expired(now))
-                .count() as u64;
+        for (i, stripe) in s.index.stripes().enumerate() {
+            let mut shard = stripe.map.lock();
+            if s.index.lease_may_be_due(i, now) {
+                shard.end_leases(now, usize::MAX);
+            }
+            if s.index.reclaim_may_be_due(i, now) {
+                expired_unswept += shard.expired_unswept(now);
+            }
             index_bytes += shard.memory_bytes() as u64;
         }
         let commits = read(&c.commits);
         Stats {
             inflight: read(&c.inflight),
+            abandoned: read(&c.abandoned),
+            abandoned_reaped: read(&c.abandoned_reaped),
             completed: read(&c.completed).saturating_sub(expired_unswept),
             expired_unswept,
             expirations: read(&c.expirations),

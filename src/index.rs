@@ -4,20 +4,46 @@
 //! lookup, a state transition, and a non-blocking `try_send` to the writer queue (which keeps
 //! the queue in per-key order).
 //!
-//! Memory: a key costs one map entry (its boxed bytes and a 24-byte [`Slot`]). The rare
-//! parts — a fingerprint or checkpoint of an InFlight key, the response of a memory-only
-//! engine — live in a side table keyed by token, so a completed key in a durable engine
-//! carries nothing else: its response stays in the file.
+//! Memory: a key costs one table entry (its boxed bytes and a 24-byte [`Slot`]) and one
+//! entry in its stripe's expiry order (16 bytes for a completion). The rare parts — a
+//! fingerprint or checkpoint of an InFlight key, the response of a memory-only engine —
+//! live in a side table keyed by token, so a completed key in a durable engine carries
+//! nothing else: its response stays in the file.
+//!
+//! Expiry order: beside its table, each stripe keeps the order in which its slots fall due,
+//! so that no caller walks the table to find work:
+//!
+//! - `done`: every completed slot, by end of retention. Retention is engine-wide and a
+//!   completion's deadline is `now + retention`, read under the stripe lock, so completions
+//!   arrive in deadline order and a deque suffices. Recovery loads out of order and sorts
+//!   once; an import out of order is inserted in place.
+//! - `leases`: every InFlight slot whose end has not been seen yet, by lease end. Leases
+//!   have per-claim durations (and `extend`), so this is a heap.
+//! - `ended`: every abandoned slot — its lease was seen to end and nobody took it over —
+//!   by the instant it is reaped.
+//!
+//! Entries are deleted lazily: a slot that changes leaves its old entry behind, and the
+//! entry is recognised as stale when it comes up (no slot matches it any more) and dropped.
+//! A queue is compacted when its stale entries outnumber its live ones by
+//! `EXPIRY_COMPACT_SLACK`, so every stale entry costs O(1) amortized. Per-stripe counts and
+//! two lock-free boards ("nothing of this stripe is due before t") let the engine answer
+//! "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
-use crate::sync::{Arc, Condvar, Mutex, MutexGuard};
+use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
+use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use hashbrown::HashTable;
+use std::cmp::Ordering as CmpOrdering;
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 const INFLIGHT: u8 = 1;
 const PUBLISHED: u8 = 2;
 const HAS_EXTRA: u8 = 4;
+/// An InFlight slot whose lease was seen to end: it no longer counts against the in-flight
+/// limit, and it waits in `ended` to be taken over or reaped.
+const ABANDONED: u8 = 8;
 
 /// One key's state in memory. Absent keys have no slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +90,25 @@ impl Slot {
         self.flags & HAS_EXTRA != 0
     }
 
+    /// True for an InFlight slot whose lease the engine has seen end (and that nobody took
+    /// over since): it is not counted against the in-flight limit.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.flags & ABANDONED != 0
+    }
+
     /// True when retention has run out at `now_ns`: the key is Absent to every call. A live
     /// lease never expires this way; only completed keys do.
     pub(crate) fn is_expired(&self, now_ns: u64) -> bool {
         !self.is_inflight() && now_ns >= self.deadline_ns
     }
-}
 
+    /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
+    fn same_place(&self, other: &Slot) -> bool {
+        self.token == other.token
+            && self.is_inflight() == other.is_inflight()
+            && self.deadline_ns == other.deadline_ns
+    }
+}
 /// The rare parts of a slot, kept beside it by token.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Extra {
@@ -119,25 +157,189 @@ impl Hasher for TokenHasher {
     }
 }
 
-/// One stripe's maps. Every method keeps `slots`, `extras` and the byte count consistent.
+/// A completed slot's place in `done`: its retention deadline and its key's hash (the key
+/// itself is not copied; the slot is found by hash and deadline, and the key is re-hashed
+/// to rule out a neighbour in the same probe sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DoneEntry {
+    deadline_ns: u64,
+    hash: u64,
+}
+
+/// A lease's place in `leases` (by end) or `ended` (by reap instant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LeaseEntry {
+    deadline_ns: u64,
+    reap_ns: u64,
+    token: u64,
+    hash: u64,
+}
+
+/// Orders `leases` as a min-heap on lease end (ties by token).
+#[derive(Debug, PartialEq, Eq)]
+struct ByEnd(LeaseEntry);
+
+impl Ord for ByEnd {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (other.0.deadline_ns, other.0.token).cmp(&(self.0.deadline_ns, self.0.token))
+    }
+}
+
+impl PartialOrd for ByEnd {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Orders `ended` as a min-heap on reap instant (ties by token).
+#[derive(Debug, PartialEq, Eq)]
+struct ByReap(LeaseEntry);
+
+impl Ord for ByReap {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        (other.0.reap_ns, other.0.token).cmp(&(self.0.reap_ns, self.0.token))
+    }
+}
+
+impl PartialOrd for ByReap {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// Whether `slot` is the lease `e` stands for, in the queue that holds abandoned leases
+/// (`abandoned`) or live ones.
+fn lease_matches(slot: &Slot, e: &LeaseEntry, abandoned: bool) -> bool {
+    slot.token == e.token
+        && slot.is_inflight()
+        && slot.deadline_ns == e.deadline_ns
+        && slot.is_abandoned() == abandoned
+}
+
+/// Whether `(key, slot)` is the completion `e` stands for.
+fn done_matches(hasher: &RandomState, key: &[u8], slot: &Slot, e: &DoneEntry) -> bool {
+    !slot.is_inflight() && slot.deadline_ns == e.deadline_ns && hasher.hash_one(key) == e.hash
+}
+
+/// How many entries of `done` are due at `now` (deadline at or before it): a galloping
+/// search from the head, so a few due entries cost a few probes.
+fn due_prefix(done: &VecDeque<DoneEntry>, now: u64) -> usize {
+    let due = |i: usize| done[i].deadline_ns <= now;
+    let len = done.len();
+    if len == 0 || !due(0) {
+        return 0;
+    }
+    let mut hi = 1;
+    while hi < len && due(hi) {
+        hi = hi.saturating_mul(2);
+    }
+    let mut lo = hi / 2;
+    let mut hi = hi.min(len);
+    // Invariant: due(lo), and `hi` is `len` or not due.
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if due(mid) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo + 1
+}
+
+/// What every stripe shares: the engine-wide gauges it keeps current, and the boards.
+pub(crate) struct Common {
+    retention_ns: u64,
+    /// Leases counted against the in-flight limit (the engine's `inflight` counter).
+    live: Arc<AtomicU64>,
+    /// Abandoned leases (the engine's `abandoned` counter).
+    abandoned: Arc<AtomicU64>,
+    /// Per stripe: no lease of the stripe ends before this instant (ns). Written under the
+    /// stripe's lock, read without it; a lower bound, since stale entries may hold it down.
+    lease_due: Box<[AtomicU64]>,
+    /// Per stripe: no completion expires and no abandoned lease is due to be reaped before
+    /// this instant (ns).
+    reclaim_due: Box<[AtomicU64]>,
+}
+
+/// What [`Shard::end_leases`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Ended {
+    /// Leases moved out of the live count into the abandoned set.
+    pub(crate) moved: u64,
+    /// Entries looked at (moved or stale).
+    pub(crate) examined: usize,
+    /// Whether ended leases remain (the examination budget ran out).
+    pub(crate) more: bool,
+}
+
+/// What [`Shard::reclaim`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reclaimed {
+    /// Nothing is due.
+    Nothing,
+    /// A stale entry was dropped; nothing was removed.
+    Stale,
+    /// A completion past its retention was removed.
+    Expired,
+    /// An abandoned lease past its reap instant was removed.
+    Reaped,
+    /// The deletion could not be queued; nothing changed.
+    Refused,
+}
+
+/// One stripe's maps and expiry order. Every method keeps `slots`, `extras`, the byte
+/// count, the per-kind counts, the queues and the engine-wide gauges consistent.
 pub(crate) struct Shard {
-    slots: HashMap<Box<[u8]>, Slot, RandomState>,
+    slots: HashTable<(Box<[u8]>, Slot)>,
+    hasher: RandomState,
     extras: HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
     /// Heap bytes of keys and extras, for the memory estimate.
     heap_bytes: usize,
+    /// Every completed slot once, earliest deadline first, and stale entries (all of them
+    /// already due: a completion leaves before its deadline only through recovery's
+    /// deduplication, which compacts).
+    done: VecDeque<DoneEntry>,
+    /// Every InFlight slot not yet seen to end, and stale entries.
+    leases: BinaryHeap<ByEnd>,
+    /// Every abandoned slot, and stale entries.
+    ended: BinaryHeap<ByReap>,
+    /// InFlight slots counted live, abandoned slots, completed slots.
+    live: usize,
+    abandoned: usize,
+    completed: usize,
+    /// Recovery is loading the file: `done` is sorted once at the end.
+    loading: bool,
+    common: Arc<Common>,
+    id: usize,
 }
 
 impl Shard {
-    fn new(hasher: RandomState) -> Self {
+    fn new(hasher: RandomState, common: Arc<Common>, id: usize) -> Self {
         Self {
-            slots: HashMap::with_hasher(hasher),
+            slots: HashTable::new(),
+            hasher,
             extras: HashMap::default(),
             heap_bytes: 0,
+            done: VecDeque::new(),
+            leases: BinaryHeap::new(),
+            ended: BinaryHeap::new(),
+            live: 0,
+            abandoned: 0,
+            completed: 0,
+            loading: false,
+            common,
+            id,
         }
     }
 
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
     pub(crate) fn get(&self, key: &[u8]) -> Option<Slot> {
-        self.slots.get(key).copied()
+        let hash = self.hash(key);
+        self.slots.find(hash, |(k, _)| **k == *key).map(|(_, s)| *s)
     }
 
     pub(crate) fn extra(&self, slot: &Slot) -> Option<&Extra> {
@@ -148,19 +350,43 @@ impl Shard {
         }
     }
 
-    /// Sets the key's slot and side data, replacing whatever it had (and its side data).
-    pub(crate) fn put(&mut self, key: &[u8], mut slot: Slot, extra: Extra) {
+    /// Sets the key's slot and side data, replacing whatever it had (and its side data). An
+    /// InFlight slot is reaped `retention` after its lease ends, unless it is taken over,
+    /// settled or extended first.
+    pub(crate) fn put(&mut self, key: &[u8], slot: Slot, extra: Extra) {
+        self.put_with(key, slot, extra, None);
+    }
+
+    /// [`Shard::put`] of an InFlight slot found in the file (or imported), whose reap
+    /// instant comes from its recorded lease end rather than its in-memory deadline.
+    pub(crate) fn put_reaped_at(&mut self, key: &[u8], slot: Slot, extra: Extra, reap_ns: u64) {
+        self.put_with(key, slot, extra, Some(reap_ns));
+    }
+
+    fn put_with(&mut self, key: &[u8], mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
+        let hash = self.hash(key);
         let has_extra = !extra.is_empty();
-        slot.flags &= !HAS_EXTRA;
+        // The caller's copy may carry stale flags; this table decides them.
+        slot.flags &= !(HAS_EXTRA | ABANDONED);
         if has_extra {
             slot.flags |= HAS_EXTRA;
         }
         // One lookup when the key exists (every transition but a first claim).
-        let old = match self.slots.get_mut(key) {
-            Some(existing) => Some(std::mem::replace(existing, slot)),
+        let old = match self.slots.find_mut(hash, |(k, _)| **k == *key) {
+            Some((_, existing)) => {
+                let old = *existing;
+                // A checkpoint of an abandoned lease leaves it abandoned.
+                if old.is_abandoned() && old.same_place(&slot) {
+                    slot.flags |= ABANDONED;
+                }
+                *existing = slot;
+                Some(old)
+            }
             None => {
+                let hasher = &self.hasher;
+                self.slots
+                    .insert_unique(hash, (Box::from(key), slot), |(k, _)| hasher.hash_one(&**k));
                 self.heap_bytes += key.len();
-                self.slots.insert(Box::from(key), slot);
                 None
             }
         };
@@ -171,12 +397,155 @@ impl Shard {
             self.heap_bytes += extra.heap_bytes();
             self.extras.insert(slot.token, extra);
         }
+        match old {
+            Some(old) if old.same_place(&slot) => {}
+            _ => {
+                if let Some(old) = old {
+                    self.leave(hash, &old);
+                }
+                self.enter(hash, &slot, reap_ns);
+                self.compact_if_stale();
+                self.refresh_due();
+            }
+        }
+    }
+
+    /// The slot stops being what it was: its queue entry goes stale. An abandoned lease
+    /// settled by its holder (completed, released, extended) is counted live again first,
+    /// since the holder's bookkeeping settles it as a live lease.
+    fn leave(&mut self, hash: u64, old: &Slot) {
+        if !old.is_inflight() {
+            self.completed -= 1;
+            if self
+                .done
+                .front()
+                .is_some_and(|e| e.hash == hash && e.deadline_ns == old.deadline_ns)
+            {
+                self.done.pop_front();
+            }
+        } else if old.is_abandoned() {
+            self.abandoned -= 1;
+            self.common.live.fetch_add(1, Ordering::AcqRel);
+            self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
+            if self.ended.peek().is_some_and(|e| e.0.token == old.token) {
+                self.ended.pop();
+            }
+        } else {
+            self.live -= 1;
+            self.trim_leases(old);
+        }
+    }
+
+    /// Pops the settled lease's entry if it is on top of `leases`, and then a few stale
+    /// entries below it (one lookup each). Leases mostly settle in the order they began, so
+    /// this keeps the heap near its live size without waiting for a compaction; each entry
+    /// is popped once, and the work per call is bounded.
+    fn trim_leases(&mut self, settled: &Slot) {
+        let top_is =
+            |e: &LeaseEntry| e.token == settled.token && e.deadline_ns == settled.deadline_ns;
+        if !self.leases.peek().is_some_and(|e| top_is(&e.0)) {
+            return;
+        }
+        self.leases.pop();
+        for _ in 0..EXPIRY_TRIM_MAX {
+            let Some(e) = self.leases.peek().map(|e| e.0) else {
+                break;
+            };
+            if self
+                .slots
+                .find(e.hash, |(_, s)| lease_matches(s, &e, false))
+                .is_some()
+            {
+                break;
+            }
+            self.leases.pop();
+        }
+    }
+
+    /// The slot takes its place in the expiry order.
+    fn enter(&mut self, hash: u64, slot: &Slot, reap_ns: Option<u64>) {
+        if slot.is_inflight() {
+            self.live += 1;
+            let reap_ns = reap_ns
+                .unwrap_or_else(|| slot.deadline_ns.saturating_add(self.common.retention_ns));
+            self.leases.push(ByEnd(LeaseEntry {
+                deadline_ns: slot.deadline_ns,
+                reap_ns,
+                token: slot.token,
+                hash,
+            }));
+        } else {
+            self.completed += 1;
+            let e = DoneEntry {
+                deadline_ns: slot.deadline_ns,
+                hash,
+            };
+            if self.loading
+                || self
+                    .done
+                    .back()
+                    .is_none_or(|b| b.deadline_ns <= e.deadline_ns)
+            {
+                self.done.push_back(e);
+            } else {
+                // Only an import arrives out of order while running; shift the short side.
+                let at = self
+                    .done
+                    .partition_point(|d| d.deadline_ns <= e.deadline_ns);
+                self.done.insert(at, e);
+            }
+        }
+    }
+
+    /// Drops the stale entries of a queue whose stale entries outnumber its live ones by
+    /// the slack: O(queue) work paid for by at least as many stale entries.
+    fn compact_if_stale(&mut self) {
+        let slack = EXPIRY_COMPACT_SLACK;
+        let slots = &self.slots;
+        if self.leases.len() > 2 * self.live + slack {
+            self.leases.retain(|e| {
+                slots
+                    .find(e.0.hash, |(_, s)| lease_matches(s, &e.0, false))
+                    .is_some()
+            });
+        }
+        if self.ended.len() > 2 * self.abandoned + slack {
+            self.ended.retain(|e| {
+                slots
+                    .find(e.0.hash, |(_, s)| lease_matches(s, &e.0, true))
+                    .is_some()
+            });
+        }
+        if !self.loading && self.done.len() > 2 * self.completed + slack {
+            let hasher = &self.hasher;
+            self.done.retain(|e| {
+                slots
+                    .find(e.hash, |(k, s)| done_matches(hasher, k, s, e))
+                    .is_some()
+            });
+        }
+    }
+
+    /// Publishes where nothing of this stripe falls due before (see [`Common`]).
+    fn refresh_due(&self) {
+        let lease = self.leases.peek().map_or(u64::MAX, |e| e.0.deadline_ns);
+        let done = self.done.front().map_or(u64::MAX, |e| e.deadline_ns);
+        let reap = self.ended.peek().map_or(u64::MAX, |e| e.0.reap_ns);
+        let set = |cell: &AtomicU64, v: u64| {
+            // Read first: the boards are shared by many stripes and rarely change.
+            if cell.load(Ordering::Relaxed) != v {
+                cell.store(v, Ordering::Relaxed);
+            }
+        };
+        set(&self.common.lease_due[self.id], lease);
+        set(&self.common.reclaim_due[self.id], done.min(reap));
     }
 
     /// Marks the completion of `key` by `token` durable, dropping its side data (the file
     /// holds all of it now). Does nothing if the key has moved on.
     pub(crate) fn publish(&mut self, key: &[u8], token: u64) {
-        let Some(slot) = self.slots.get_mut(key) else {
+        let hash = self.hash(key);
+        let Some((_, slot)) = self.slots.find_mut(hash, |(k, _)| **k == *key) else {
             return;
         };
         if slot.token != token || slot.is_inflight() {
@@ -190,9 +559,14 @@ impl Shard {
 
     /// Removes the key and its side data; returns the slot it had.
     pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Slot> {
-        let slot = self.slots.remove(key)?;
-        self.heap_bytes -= key.len();
+        let hash = self.hash(key);
+        let entry = self.slots.find_entry(hash, |(k, _)| **k == *key).ok()?;
+        let ((k, slot), _) = entry.remove();
+        self.heap_bytes -= k.len();
         self.drop_extra(&slot);
+        self.leave(hash, &slot);
+        self.compact_if_stale();
+        self.refresh_due();
         Some(slot)
     }
 
@@ -204,59 +578,189 @@ impl Shard {
         }
     }
 
-    /// Removes the key if its slot is expired at `now_ns`; returns its token.
-    pub(crate) fn remove_expired(&mut self, key: &[u8], now_ns: u64) -> Option<u64> {
-        match self.slots.get(key) {
-            Some(slot) if slot.is_expired(now_ns) => self.remove(key).map(|s| s.token),
-            _ => None,
+    /// A takeover of an abandoned lease, whose claim has reserved a place in the live count:
+    /// the slot leaves the abandoned set without being counted live a second time. The
+    /// caller replaces the slot right after, under the same lock.
+    pub(crate) fn adopt(&mut self, key: &[u8]) {
+        let hash = self.hash(key);
+        if let Some((_, slot)) = self.slots.find_mut(hash, |(k, _)| **k == *key) {
+            if slot.is_abandoned() {
+                slot.flags &= !ABANDONED;
+                self.abandoned -= 1;
+                self.live += 1;
+                self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
+            }
         }
     }
 
-    /// Keys expired at `now`, earliest deadline first, at most `max`, with their tokens.
-    pub(crate) fn due(&self, now: u64, max: usize) -> Vec<(Box<[u8]>, u64)> {
-        if max == 0 {
-            return Vec::new();
+    /// Moves the leases that have ended by `now` out of the live count into the abandoned
+    /// set, looking at most at `max` entries. Amortized O(1) per lease: each entry is
+    /// looked at once.
+    pub(crate) fn end_leases(&mut self, now: u64, max: usize) -> Ended {
+        let mut out = Ended::default();
+        while out.examined < max {
+            if self.leases.peek().is_none_or(|e| e.0.deadline_ns > now) {
+                break;
+            }
+            let Some(ByEnd(e)) = self.leases.pop() else {
+                break;
+            };
+            out.examined += 1;
+            if let Some((_, slot)) = self
+                .slots
+                .find_mut(e.hash, |(_, s)| lease_matches(s, &e, false))
+            {
+                slot.flags |= ABANDONED;
+                self.live -= 1;
+                self.abandoned += 1;
+                // Abandoned first: a concurrent reader of the key budget may count the lease
+                // twice for an instant, never zero times.
+                self.common.abandoned.fetch_add(1, Ordering::AcqRel);
+                self.common.live.fetch_sub(1, Ordering::AcqRel);
+                self.ended.push(ByReap(e));
+                out.moved += 1;
+            }
         }
-        let mut deadlines: Vec<u64> = self
-            .slots
-            .values()
-            .filter(|s| s.is_expired(now))
-            .map(|s| s.deadline_ns)
-            .collect();
-        if deadlines.is_empty() {
-            return Vec::new();
+        out.more = self.leases.peek().is_some_and(|e| e.0.deadline_ns <= now);
+        if out.examined > 0 {
+            self.compact_if_stale();
+            self.refresh_due();
         }
-        let cutoff = if deadlines.len() > max {
-            *deadlines.select_nth_unstable(max - 1).1
-        } else {
-            u64::MAX
+        out
+    }
+
+    /// Removes the earliest slot due at `now` — a completion past its retention, or an
+    /// abandoned lease past its reap instant — once `send` has queued the deletion of its
+    /// record (by token). A stale entry at the head is dropped instead. Only slots due at
+    /// `now` are ever removed: a live lease or an unexpired completion never is.
+    pub(crate) fn reclaim(&mut self, now: u64, send: &mut dyn FnMut(u64) -> bool) -> Reclaimed {
+        let done_at = self
+            .done
+            .front()
+            .map(|e| e.deadline_ns)
+            .filter(|&d| d <= now);
+        let reap_at = self.ended.peek().map(|e| e.0.reap_ns).filter(|&r| r <= now);
+        let out = match (done_at, reap_at) {
+            (None, None) => return Reclaimed::Nothing,
+            (Some(d), Some(r)) if r < d => self.reap_head(send),
+            (Some(_), _) => self.expire_head(send),
+            (None, Some(_)) => self.reap_head(send),
         };
-        let mut due: Vec<(u64, Box<[u8]>, u64)> = self
+        if out != Reclaimed::Refused {
+            self.refresh_due();
+        }
+        out
+    }
+
+    fn expire_head(&mut self, send: &mut dyn FnMut(u64) -> bool) -> Reclaimed {
+        let Some(e) = self.done.front().copied() else {
+            return Reclaimed::Nothing;
+        };
+        let hasher = &self.hasher;
+        let Ok(entry) = self
             .slots
-            .iter()
-            .filter(|(_, s)| s.is_expired(now) && s.deadline_ns <= cutoff)
-            .map(|(k, s)| (s.deadline_ns, k.clone(), s.token))
-            .collect();
-        due.sort_unstable_by_key(|d| d.0);
-        due.truncate(max);
-        due.into_iter().map(|(_, k, t)| (k, t)).collect()
+            .find_entry(e.hash, |(k, s)| done_matches(hasher, k, s, &e))
+        else {
+            self.done.pop_front();
+            return Reclaimed::Stale;
+        };
+        if !send(entry.get().1.token) {
+            return Reclaimed::Refused;
+        }
+        let ((key, slot), _) = entry.remove();
+        self.done.pop_front();
+        self.heap_bytes -= key.len();
+        self.drop_extra(&slot);
+        self.completed -= 1;
+        Reclaimed::Expired
+    }
+
+    fn reap_head(&mut self, send: &mut dyn FnMut(u64) -> bool) -> Reclaimed {
+        let Some(e) = self.ended.peek().map(|e| e.0) else {
+            return Reclaimed::Nothing;
+        };
+        let Ok(entry) = self
+            .slots
+            .find_entry(e.hash, |(_, s)| lease_matches(s, &e, true))
+        else {
+            self.ended.pop();
+            return Reclaimed::Stale;
+        };
+        if !send(e.token) {
+            return Reclaimed::Refused;
+        }
+        let ((key, slot), _) = entry.remove();
+        self.ended.pop();
+        self.heap_bytes -= key.len();
+        self.drop_extra(&slot);
+        self.abandoned -= 1;
+        self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
+        Reclaimed::Reaped
+    }
+
+    /// Whether anything is due at `now`: a lease to end, a completion or an abandoned lease
+    /// to remove (possibly a stale entry).
+    pub(crate) fn has_due(&self, now: u64) -> bool {
+        self.leases.peek().is_some_and(|e| e.0.deadline_ns <= now)
+            || self.done.front().is_some_and(|e| e.deadline_ns <= now)
+            || self.ended.peek().is_some_and(|e| e.0.reap_ns <= now)
+    }
+
+    /// Completed keys past their retention at `now` and not yet removed: O(log due) from
+    /// the head of `done`. Every stale entry of `done` is due, so they are subtracted.
+    pub(crate) fn expired_unswept(&self, now: u64) -> u64 {
+        let due = due_prefix(&self.done, now);
+        let stale = self.done.len().saturating_sub(self.completed);
+        due.saturating_sub(stale) as u64
+    }
+
+    /// Recovery begins loading the file: completions are not ordered one by one.
+    fn begin_load(&mut self) {
+        self.loading = true;
+    }
+
+    /// Recovery is done: order `done` once (dropping what a deduplicated record left).
+    fn finish_load(&mut self) {
+        self.loading = false;
+        if self.done.len() != self.completed {
+            let (slots, hasher) = (&self.slots, &self.hasher);
+            self.done.retain(|e| {
+                slots
+                    .find(e.hash, |(k, s)| done_matches(hasher, k, s, e))
+                    .is_some()
+            });
+        }
+        self.done
+            .make_contiguous()
+            .sort_unstable_by_key(|e| e.deadline_ns);
+        self.compact_if_stale();
+        self.refresh_due();
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &Slot)> {
         self.slots.iter().map(|(k, s)| (&**k, s))
     }
 
-    /// Pre-sizes the table; a failed reservation only means growing later.
+    /// Pre-sizes the table and the completion order; a failed reservation only means
+    /// growing later.
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
-        self.slots.try_reserve(additional).is_ok()
+        let hasher = &self.hasher;
+        let table = self
+            .slots
+            .try_reserve(additional, |(k, _)| hasher.hash_one(&**k))
+            .is_ok();
+        table && self.done.try_reserve(additional).is_ok()
     }
 
-    /// Bytes this shard holds: table buckets at their capacity plus heap allocations.
+    /// Bytes this shard holds: table buckets and queue entries at their capacity, plus
+    /// heap allocations.
     pub(crate) fn memory_bytes(&self) -> usize {
         let slot_bucket = std::mem::size_of::<(Box<[u8]>, Slot)>() + 1;
         let extra_bucket = std::mem::size_of::<(u64, Extra)>() + 1;
         self.slots.capacity() * slot_bucket
             + self.extras.capacity() * extra_bucket
+            + self.done.capacity() * std::mem::size_of::<DoneEntry>()
+            + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
             + self.heap_bytes
     }
 }
@@ -279,20 +783,36 @@ pub(crate) struct Index {
     /// Keyed with per-process random keys: clients choose keys, and must not be able to aim
     /// them all at one stripe.
     hasher: RandomState,
+    common: Arc<Common>,
 }
 
 impl Index {
-    /// An index of `stripes` stripes; `stripes` must be a power of two.
-    pub(crate) fn new(stripes: usize) -> Self {
+    /// An index of `stripes` stripes (a power of two) that reaps an abandoned lease
+    /// `retention_ns` after its end and keeps the engine's `live` and `abandoned` gauges.
+    pub(crate) fn new(
+        stripes: usize,
+        retention_ns: u64,
+        live: Arc<AtomicU64>,
+        abandoned: Arc<AtomicU64>,
+    ) -> Self {
         assert!(
             stripes.is_power_of_two(),
             "stripe count must be a power of two"
         );
+        let board =
+            || -> Box<[AtomicU64]> { (0..stripes).map(|_| AtomicU64::new(u64::MAX)).collect() };
+        let common = Arc::new(Common {
+            retention_ns,
+            live,
+            abandoned,
+            lease_due: board(),
+            reclaim_due: board(),
+        });
         let hasher = RandomState::new();
         let stripes: Box<[Padded]> = (0..stripes)
-            .map(|_| {
+            .map(|id| {
                 Padded(Stripe {
-                    map: Mutex::new(Shard::new(hasher.clone())),
+                    map: Mutex::new(Shard::new(hasher.clone(), common.clone(), id)),
                     changed: Condvar::new(),
                 })
             })
@@ -302,6 +822,7 @@ impl Index {
             stripes,
             mask,
             hasher,
+            common,
         }
     }
 
@@ -330,6 +851,54 @@ impl Index {
         self.stripes.iter().map(|p| &p.0)
     }
 
+    /// Stripes where a lease may have ended by `now`. Reads one word per stripe; takes no
+    /// lock.
+    pub(crate) fn leases_due(&self, now: u64) -> impl Iterator<Item = &Stripe> {
+        self.stripes
+            .iter()
+            .zip(self.common.lease_due.iter())
+            .filter(move |(_, due)| due.load(Ordering::Relaxed) <= now)
+            .map(|(p, _)| &p.0)
+    }
+
+    /// Stripes where anything may be due by `now`: a lease to end, a completion to expire,
+    /// an abandoned lease to reap. Reads two words per stripe; takes no lock.
+    pub(crate) fn any_due(&self, now: u64) -> impl Iterator<Item = &Stripe> {
+        let c = &self.common;
+        self.stripes
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| {
+                c.lease_due[*i].load(Ordering::Relaxed) <= now
+                    || c.reclaim_due[*i].load(Ordering::Relaxed) <= now
+            })
+            .map(|(_, p)| &p.0)
+    }
+
+    /// Whether a stripe (by position) may have a completion or abandoned lease due.
+    pub(crate) fn reclaim_may_be_due(&self, i: usize, now: u64) -> bool {
+        self.common.reclaim_due[i].load(Ordering::Relaxed) <= now
+    }
+
+    /// Whether a stripe (by position) may have a lease that ended by `now`.
+    pub(crate) fn lease_may_be_due(&self, i: usize, now: u64) -> bool {
+        self.common.lease_due[i].load(Ordering::Relaxed) <= now
+    }
+
+    /// Recovery starts loading the file into the index.
+    pub(crate) fn begin_load(&self) {
+        for s in self.stripes() {
+            s.map.lock().begin_load();
+        }
+    }
+
+    /// Recovery is done: every stripe orders its completions once.
+    pub(crate) fn finish_load(&self) {
+        for s in self.stripes() {
+            s.map.lock().finish_load();
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.stripes.len()
     }
@@ -339,14 +908,97 @@ impl Index {
 mod tests {
     use super::*;
 
+    const RETENTION: u64 = 1_000;
+
+    struct Fixture {
+        shard: Shard,
+        live: Arc<AtomicU64>,
+        abandoned: Arc<AtomicU64>,
+        common: Arc<Common>,
+    }
+
+    fn fixture() -> Fixture {
+        let live = Arc::new(AtomicU64::new(0));
+        let abandoned = Arc::new(AtomicU64::new(0));
+        let board = || -> Box<[AtomicU64]> { vec![AtomicU64::new(u64::MAX)].into() };
+        let common = Arc::new(Common {
+            retention_ns: RETENTION,
+            live: live.clone(),
+            abandoned: abandoned.clone(),
+            lease_due: board(),
+            reclaim_due: board(),
+        });
+        Fixture {
+            shard: Shard::new(RandomState::new(), common.clone(), 0),
+            live,
+            abandoned,
+            common,
+        }
+    }
+
+    impl Fixture {
+        /// A new lease, counted live as a claim's reservation would.
+        fn claim(&mut self, key: &str, token: u64, deadline: u64) {
+            self.live.fetch_add(1, Ordering::AcqRel);
+            self.shard.put(
+                key.as_bytes(),
+                Slot::inflight(token, deadline, 1),
+                Extra::default(),
+            );
+        }
+
+        /// Completes a lease, with the holder's bookkeeping.
+        fn complete(&mut self, key: &str, token: u64, expires: u64) {
+            self.shard.put(
+                key.as_bytes(),
+                Slot::completed(token, expires, 1, true),
+                Extra::default(),
+            );
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+
+        fn gauges(&self) -> (u64, u64) {
+            (
+                self.live.load(Ordering::Relaxed),
+                self.abandoned.load(Ordering::Relaxed),
+            )
+        }
+
+        /// Reclaims everything due at `now`; the tokens removed, in order.
+        fn reclaim_all(&mut self, now: u64) -> Vec<(Reclaimed, u64)> {
+            let mut out = Vec::new();
+            loop {
+                let mut sent = 0;
+                let r = self.shard.reclaim(now, &mut |t| {
+                    sent = t;
+                    true
+                });
+                match r {
+                    Reclaimed::Nothing => return out,
+                    Reclaimed::Stale => out.push((r, 0)),
+                    _ => out.push((r, sent)),
+                }
+            }
+        }
+
+        fn boards(&self) -> (u64, u64) {
+            (
+                self.common.lease_due[0].load(Ordering::Relaxed),
+                self.common.reclaim_due[0].load(Ordering::Relaxed),
+            )
+        }
+    }
+
     #[test]
-    fn a_completed_key_costs_a_24_byte_slot() {
+    fn a_completed_key_costs_a_24_byte_slot_and_a_16_byte_place_in_line() {
         assert_eq!(std::mem::size_of::<Slot>(), 24);
+        assert_eq!(std::mem::size_of::<DoneEntry>(), 16);
     }
 
     #[test]
     fn side_data_follows_the_token() {
-        let mut shard = Shard::new(RandomState::new());
+        let mut f = fixture();
+        let shard = &mut f.shard;
         let extra = Extra {
             fingerprint: Some(1),
             ..Extra::default()
@@ -370,6 +1022,7 @@ mod tests {
         assert!(shard.extras.is_empty());
         assert_eq!(shard.remove(b"k").map(|s| s.token), Some(2));
         assert_eq!(shard.heap_bytes, 0);
+        assert_eq!((shard.live, shard.abandoned, shard.completed), (0, 0, 0));
     }
 
     #[test]
@@ -380,21 +1033,288 @@ mod tests {
     }
 
     #[test]
-    fn due_lists_expired_keys_earliest_first_and_never_a_lease() {
-        let mut shard = Shard::new(RandomState::new());
+    fn due_prefix_counts_the_due_head_of_any_length() {
+        for len in 0..70u64 {
+            let done: VecDeque<DoneEntry> = (0..len)
+                .map(|i| DoneEntry {
+                    deadline_ns: i * 2,
+                    hash: 0,
+                })
+                .collect();
+            for now in 0..(2 * len + 2) {
+                let expected = done.iter().filter(|e| e.deadline_ns <= now).count();
+                assert_eq!(due_prefix(&done, now), expected, "len {len}, now {now}");
+            }
+        }
+    }
+
+    #[test]
+    fn completions_are_reclaimed_earliest_first_and_a_lease_never_is() {
+        let mut f = fixture();
         for i in 0..10u64 {
-            let key = format!("c{i}");
-            shard.put(
+            f.claim(&format!("c{i}"), i + 1, 50);
+            f.complete(&format!("c{i}"), i + 1, 91 + i);
+        }
+        f.claim("lease", 50, 0);
+        assert_eq!(f.shard.expired_unswept(95), 5, "deadlines 91..=95");
+        assert_eq!(f.boards(), (0, 91));
+        let got = f.reclaim_all(95);
+        let tokens: Vec<u64> = got.iter().map(|g| g.1).collect();
+        assert_eq!(tokens, vec![1, 2, 3, 4, 5]);
+        assert!(got.iter().all(|g| g.0 == Reclaimed::Expired));
+        assert_eq!(f.shard.expired_unswept(95), 0);
+        assert_eq!(f.shard.completed, 5);
+        assert_eq!(f.boards(), (0, 96));
+        // The lease ended long ago but is only reaped `RETENTION` after its end.
+        f.shard.end_leases(95, usize::MAX);
+        assert_eq!(f.reclaim_all(RETENTION - 1).len(), 5, "only completions");
+        assert!(f.shard.get(b"lease").is_some());
+        assert_eq!(f.reclaim_all(RETENTION), vec![(Reclaimed::Reaped, 50)]);
+        assert!(f.shard.get(b"lease").is_none());
+        assert_eq!(f.boards(), (u64::MAX, u64::MAX));
+    }
+
+    #[test]
+    fn a_slot_that_changes_leaves_a_stale_entry_that_is_skipped() {
+        let mut f = fixture();
+        f.claim("j", 1, 5);
+        f.complete("j", 1, 8);
+        f.claim("k", 2, 5);
+        f.complete("k", 2, 10);
+        assert_eq!(f.shard.expired_unswept(10), 2);
+        // "k" is claimed again after its retention: its entry in `done` is stale.
+        f.claim("k", 3, 500);
+        assert_eq!(
+            f.shard.expired_unswept(10),
+            1,
+            "the stale entry is not counted"
+        );
+        assert_eq!(f.shard.done.len(), 2);
+        assert_eq!(
+            f.reclaim_all(10),
+            vec![(Reclaimed::Expired, 1), (Reclaimed::Stale, 0)]
+        );
+        assert!(f.shard.done.is_empty());
+        assert_eq!(f.shard.get(b"k").map(|s| s.token), Some(3), "never removed");
+        // An entry at the head is popped at once when its slot changes.
+        f.claim("i", 4, 5);
+        f.complete("i", 4, 20);
+        f.claim("i", 5, 400);
+        assert!(f.shard.done.is_empty());
+        // A lease that settles while another lease ends first leaves its entry stale below
+        // the top: ending leases skips it.
+        f.complete("k", 3, 2000);
+        assert_eq!(f.shard.leases.len(), 2);
+        assert_eq!(f.shard.end_leases(1000, usize::MAX).moved, 1, "only i's");
+        assert!(f.shard.leases.is_empty());
+        assert!(f.shard.get(b"i").unwrap().is_abandoned());
+        assert_eq!(f.shard.get(b"k").map(|s| s.is_inflight()), Some(false));
+    }
+
+    #[test]
+    fn leases_settled_in_order_never_pile_up() {
+        let mut f = fixture();
+        for i in 0..1000u64 {
+            let key = format!("k{i}");
+            f.claim(&key, i + 1, 100 + i / 10);
+            f.complete(&key, i + 1, 5000);
+            assert!(f.shard.leases.is_empty());
+        }
+    }
+
+    #[test]
+    fn out_of_order_completions_are_placed_in_order() {
+        let mut f = fixture();
+        for (i, deadline) in [50u64, 30, 70, 10, 30].into_iter().enumerate() {
+            let key = format!("k{i}");
+            f.shard.put(
                 key.as_bytes(),
-                Slot::completed(i + 1, 100 - i, 1, true),
+                Slot::completed(i as u64 + 1, deadline, 1, true),
                 Extra::default(),
             );
         }
-        shard.put(b"lease", Slot::inflight(50, 0, 1), Extra::default());
-        let due = shard.due(95, 3);
-        let tokens: Vec<u64> = due.iter().map(|d| d.1).collect();
-        assert_eq!(tokens, vec![10, 9, 8], "deadlines 91, 92, 93 first");
-        assert_eq!(shard.due(95, 100).len(), 5, "deadlines 91..=95");
-        assert!(shard.due(1000, 100).iter().all(|d| d.1 != 50));
+        let tokens: Vec<u64> = f.reclaim_all(100).iter().map(|g| g.1).collect();
+        assert_eq!(tokens, vec![4, 2, 5, 1, 3]);
+    }
+
+    #[test]
+    fn recovery_sorts_once_and_drops_what_deduplication_left() {
+        let mut f = fixture();
+        f.shard.begin_load();
+        for (i, deadline) in [9u64, 3, 7, 1, 5].into_iter().enumerate() {
+            let key = format!("k{i}");
+            f.shard.put(
+                key.as_bytes(),
+                Slot::completed(i as u64 + 1, deadline, 1, true),
+                Extra::default(),
+            );
+        }
+        // A newer record of k0 replaces the older one before its deadline.
+        f.shard
+            .put(b"k0", Slot::completed(9, 4, 1, true), Extra::default());
+        f.shard.finish_load();
+        assert_eq!(f.shard.done.len(), 5, "the replaced entry is gone");
+        let deadlines: Vec<u64> = f.shard.done.iter().map(|e| e.deadline_ns).collect();
+        assert_eq!(deadlines, vec![1, 3, 4, 5, 7]);
+        assert_eq!(f.shard.expired_unswept(4), 3);
+        assert_eq!(f.boards().1, 1);
+    }
+
+    #[test]
+    fn stale_entries_are_compacted_when_they_dominate() {
+        let mut f = fixture();
+        // A lease that ends first and stays: every lease completed behind it leaves a stale
+        // entry that trimming cannot reach.
+        f.claim("blocker", 100_000, 10);
+        for i in 0..10_000u64 {
+            let key = format!("k{i}");
+            f.claim(&key, i + 1, 1_000_000);
+            f.complete(&key, i + 1, 2_000_000 + i);
+            assert!(f.shard.leases.len() <= 2 * f.shard.live + EXPIRY_COMPACT_SLACK + 1);
+        }
+        assert!(f.shard.leases.len() <= 2 + EXPIRY_COMPACT_SLACK + 1);
+        assert!(
+            f.shard.leases.len() > 2,
+            "trimming alone cannot get past the blocker"
+        );
+        // Completions re-claimed after their retention without a sweep: each round leaves
+        // a stale entry per key in `done`, far more than the 100 current ones.
+        let mut f = fixture();
+        for i in 0..100u64 {
+            let key = format!("k{i}");
+            f.claim(&key, i + 1, 0);
+            f.complete(&key, i + 1, 10);
+        }
+        let mut token = 1000;
+        for round in 0..100u64 {
+            let now = 10 + round * 10;
+            for i in 0..100u64 {
+                let key = format!("k{i}");
+                assert!(f.shard.get(key.as_bytes()).unwrap().is_expired(now));
+                token += 1;
+                f.claim(&key, token, now);
+                f.complete(&key, token, now + 10);
+                assert!(f.shard.done.len() <= 2 * 100 + EXPIRY_COMPACT_SLACK + 1);
+            }
+        }
+        // Without compaction `done` would now hold 10,100 entries.
+        assert_eq!(f.shard.completed, 100);
+        // Order and counts survive compaction.
+        let d: Vec<u64> = f.shard.done.iter().map(|e| e.deadline_ns).collect();
+        assert!(d.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(f.shard.expired_unswept(u64::MAX), 100);
+        let removed = f.reclaim_all(u64::MAX);
+        assert_eq!(
+            removed.iter().filter(|g| g.0 == Reclaimed::Expired).count(),
+            100
+        );
+        assert_eq!(f.shard.completed, 0);
+    }
+
+    #[test]
+    fn an_ended_lease_leaves_the_live_count_and_is_reaped_at_end_plus_retention() {
+        let mut f = fixture();
+        f.claim("a", 1, 10);
+        f.claim("b", 2, 20);
+        assert_eq!(f.boards(), (10, u64::MAX));
+        assert_eq!(f.shard.end_leases(9, usize::MAX).moved, 0);
+        let ended = f.shard.end_leases(10, usize::MAX);
+        assert_eq!((ended.moved, ended.more), (1, false));
+        assert!(f.shard.get(b"a").unwrap().is_abandoned());
+        assert_eq!(f.gauges(), (1, 1));
+        assert_eq!(f.boards(), (20, 10 + RETENTION));
+        // A budget of one entry leaves the rest for later.
+        f.claim("c", 3, 15);
+        let ended = f.shard.end_leases(30, 1);
+        assert_eq!((ended.moved, ended.more), (1, true));
+        assert_eq!(f.shard.end_leases(30, usize::MAX).moved, 1);
+        assert_eq!(f.gauges(), (0, 3));
+        assert_eq!(f.reclaim_all(10 + RETENTION - 1), vec![]);
+        assert_eq!(f.reclaim_all(10 + RETENTION), vec![(Reclaimed::Reaped, 1)]);
+        assert_eq!(f.gauges(), (0, 2));
+        assert!(f.shard.get(b"a").is_none());
+        assert_eq!((f.shard.live, f.shard.abandoned), (0, 2));
+    }
+
+    #[test]
+    fn an_abandoned_lease_settled_by_its_holder_counts_as_live_for_its_bookkeeping() {
+        let mut f = fixture();
+        f.claim("a", 1, 10);
+        f.shard.end_leases(10, usize::MAX);
+        assert_eq!(f.gauges(), (0, 1));
+        // A checkpoint keeps it abandoned (same lease).
+        let slot = f.shard.get(b"a").unwrap();
+        let extra = Extra {
+            checkpoint: Some(Checkpoint::new(1, b"half")),
+            ..Extra::default()
+        };
+        f.shard.put(b"a", slot, extra);
+        assert!(f.shard.get(b"a").unwrap().is_abandoned());
+        assert_eq!(f.gauges(), (0, 1));
+        // An extend revives it: counted live, its reap entry stale.
+        let mut slot = f.shard.get(b"a").unwrap();
+        slot.deadline_ns = 50;
+        f.shard.put(b"a", slot, Extra::default());
+        assert!(!f.shard.get(b"a").unwrap().is_abandoned());
+        assert_eq!(f.gauges(), (1, 0));
+        assert!(f.shard.ended.is_empty(), "its entry, on top, went with it");
+        assert_eq!(f.reclaim_all(10 + RETENTION), vec![]);
+        assert!(f.shard.get(b"a").is_some());
+        // Ended again, then completed: the holder's decrement balances the revival.
+        f.shard.end_leases(50, usize::MAX);
+        assert_eq!(f.gauges(), (0, 1));
+        f.complete("a", 1, 5000);
+        assert_eq!(f.gauges(), (0, 0));
+        assert_eq!(
+            (f.shard.live, f.shard.abandoned, f.shard.completed),
+            (0, 0, 1)
+        );
+        // Released after ending: the same.
+        f.claim("b", 2, 60);
+        f.shard.end_leases(60, usize::MAX);
+        f.shard.remove(b"b");
+        f.live.fetch_sub(1, Ordering::AcqRel);
+        assert_eq!(f.gauges(), (0, 0));
+    }
+
+    #[test]
+    fn a_takeover_adopts_an_abandoned_lease_without_counting_it_twice() {
+        let mut f = fixture();
+        f.claim("a", 1, 10);
+        f.shard.end_leases(10, usize::MAX);
+        assert_eq!(f.gauges(), (0, 1));
+        // The claim reserves its place, adopts the slot, and replaces it.
+        f.live.fetch_add(1, Ordering::AcqRel);
+        f.shard.adopt(b"a");
+        f.shard
+            .put(b"a", Slot::inflight(2, 100, 2), Extra::default());
+        assert_eq!(f.gauges(), (1, 0));
+        assert_eq!((f.shard.live, f.shard.abandoned), (1, 0));
+        // The old reap entry is stale; the new lease ends at 100.
+        assert_eq!(f.reclaim_all(10 + RETENTION), vec![(Reclaimed::Stale, 0)]);
+        assert_eq!(f.shard.end_leases(100, usize::MAX).moved, 1);
+        assert_eq!(f.gauges(), (0, 1));
+    }
+
+    #[test]
+    fn a_recovered_lease_is_reaped_at_the_instant_it_was_given() {
+        let mut f = fixture();
+        f.live.fetch_add(1, Ordering::AcqRel);
+        f.shard
+            .put_reaped_at(b"r", Slot::inflight(7, 0, 1), Extra::default(), 5);
+        f.shard.end_leases(0, usize::MAX);
+        assert_eq!(f.reclaim_all(4), vec![]);
+        assert_eq!(f.reclaim_all(5), vec![(Reclaimed::Reaped, 7)]);
+    }
+
+    #[test]
+    fn a_refused_deletion_changes_nothing() {
+        let mut f = fixture();
+        f.claim("k", 1, 5);
+        f.complete("k", 1, 10);
+        assert_eq!(f.shard.reclaim(10, &mut |_| false), Reclaimed::Refused);
+        assert!(f.shard.get(b"k").is_some());
+        assert_eq!(f.shard.expired_unswept(10), 1);
+        assert_eq!(f.reclaim_all(10), vec![(Reclaimed::Expired, 1)]);
     }
 }

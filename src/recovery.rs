@@ -5,7 +5,7 @@
 //! ready for takeover, and the token mark is made durable above every token the file has
 //! seen before the engine serves anything.
 
-use crate::clock::{duration_ns, Time};
+use crate::clock::{duration_ms, duration_ns, Time};
 use crate::codec::{self, HeadState};
 use crate::constants::{RECOVERY_PRESIZE_MAX, RECOVERY_THREADS_MAX, TOKEN_RESERVE};
 use crate::error::OpenError;
@@ -21,6 +21,8 @@ struct Found {
     stale: Vec<u64>,
     max_token: u64,
     scanned: u64,
+    /// InFlight records past their reap instant, deleted instead of loaded.
+    reaped: u64,
 }
 
 /// Loads every record into the index and makes the token mark durable above every token
@@ -47,6 +49,7 @@ pub(crate) fn recover(
             .try_reserve(per_stripe.saturating_add(per_stripe / 8));
     }
     let found = Mutex::new(Found::default());
+    index.begin_load();
     if let Some((first, last)) = store.token_bounds()? {
         // Split the token range so both cores decode and insert; stripes are locked per
         // insert, so the threads only meet on a stripe at a time.
@@ -95,6 +98,7 @@ pub(crate) fn recover(
             r?;
         }
     }
+    index.finish_load();
     let found = found.into_inner();
     // A damaged key can end a range scan early without any checksum failing: every record
     // the table counts must have been seen.
@@ -106,6 +110,9 @@ pub(crate) fn recover(
             ),
         });
     }
+    counters
+        .abandoned_reaped
+        .fetch_add(found.reaped, Ordering::Relaxed);
     let hwm = store.token_hwm()?;
     let next = hwm.max(found.max_token.saturating_add(1)).max(1);
     let writes: Vec<Write> = found
@@ -130,12 +137,18 @@ fn scan_range(
 ) -> Result<(), OpenError> {
     let mut local = Found::default();
     let (mut inflight, mut completed) = (0u64, 0u64);
+    let retention_ms = duration_ms(b.retention);
     let scanned = store.scan(range, |token, bytes| {
         let head = codec::decode_head(token, bytes).map_err(|e| OpenError::Corrupted {
             detail: format!("record under token {token}: {e}"),
         })?;
         local.max_token = local.max_token.max(token);
         let key = &head.key.0[..];
+        // The instant an InFlight record is reaped, if nobody takes it over: `retention`
+        // after its recorded lease end, as a completion expires `retention` after it was
+        // made. Taken from the file, not from the in-memory deadline (which `TakeOver` sets
+        // to now), so that restarts never postpone it.
+        let mut reap_ns = None;
         let (slot, extra) = match head.state {
             HeadState::Completed {
                 expires_wall_ms, ..
@@ -154,9 +167,21 @@ fn scan_range(
             }
             HeadState::InFlight {
                 lease_deadline_wall_ms,
+                ..
+            } if lease_deadline_wall_ms.saturating_add(retention_ms) <= now_wall => {
+                local.stale.push(token);
+                local.reaped += 1;
+                return Ok(());
+            }
+            HeadState::InFlight {
+                lease_deadline_wall_ms,
                 attempt,
                 checkpoint,
             } => {
+                let reap_left_ms = lease_deadline_wall_ms
+                    .saturating_add(retention_ms)
+                    .saturating_sub(now_wall);
+                reap_ns = Some(now_ns.saturating_add(reap_left_ms.saturating_mul(1_000_000)));
                 let deadline_ns = match b.recovery {
                     // The owner is dead: redb locks the file to one process.
                     Recovery::TakeOver => now_ns,
@@ -199,7 +224,10 @@ fn scan_range(
         } else {
             completed = completed.wrapping_add(1);
         }
-        shard.put(key, slot, extra);
+        match reap_ns {
+            Some(reap_ns) => shard.put_reaped_at(key, slot, extra, reap_ns),
+            None => shard.put(key, slot, extra),
+        }
         Ok(())
     })?;
     local.scanned = scanned?;
@@ -211,5 +239,6 @@ fn scan_range(
     found.stale.append(&mut local.stale);
     found.max_token = found.max_token.max(local.max_token);
     found.scanned += local.scanned;
+    found.reaped += local.reaped;
     Ok(())
 }

@@ -1,13 +1,20 @@
 //! Counters reported by [`crate::Engine::stats`].
 
-use crate::sync::{AtomicU64, Ordering};
+use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// A snapshot of the engine's counters. Counts since open unless noted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
-    /// Keys InFlight now.
+    /// Keys InFlight with a live lease: what counts against `inflight_max`.
     pub inflight: u64,
+    /// Keys InFlight whose lease has ended and that nobody took over yet (a client that gave
+    /// up after a crash). They do not count against `inflight_max`; a claim of the key takes
+    /// it over, and the sweeper reaps it `retention` after its lease ended.
+    pub abandoned: u64,
+    /// Abandoned claims reaped since open (by the sweeper, or on open for records found
+    /// past their bound).
+    pub abandoned_reaped: u64,
     /// Keys Completed now and within their retention.
     pub completed: u64,
     /// Keys past their retention (Absent to every call) not yet reclaimed by the sweeper.
@@ -72,7 +79,11 @@ pub(crate) struct Counters {
     pub(crate) commits: AtomicU64,
     pub(crate) committed_ops: AtomicU64,
     pub(crate) batch_max: AtomicU64,
-    pub(crate) inflight: AtomicU64,
+    /// Leases counted live; shared with the index, which moves ended leases out of it.
+    pub(crate) inflight: Arc<AtomicU64>,
+    /// Abandoned leases; kept by the index.
+    pub(crate) abandoned: Arc<AtomicU64>,
+    pub(crate) abandoned_reaped: AtomicU64,
     pub(crate) completed: AtomicU64,
     pub(crate) expirations: AtomicU64,
 }

@@ -1,17 +1,26 @@
-//! Background expiry: reclaims keys past their retention from the index and the file.
+//! Background expiry: reclaims keys past their retention, and abandoned claims past their
+//! reap instant, from the index and the file.
 //!
 //! Expired keys are already Absent to every call (each call checks the deadline); the
-//! sweeper only gives their memory and disk space back. It works in bounded steps: at most
-//! `SWEEP_STRIPE_BATCH` keys per stripe-lock hold, earliest deadline first, and a pause
-//! after each `SWEEP_STEP_BUDGET` of work. Deletions go through the group-commit writer,
-//! and the sweeper backs off while the writer queue is more than half full.
-//! Architecture invariant: the sweeper removes only slots that are expired at the instant
-//! it holds their stripe lock, so a live lease or an unexpired completion is never evicted.
+//! sweeper only gives their memory and disk space back. An abandoned claim — an InFlight key
+//! whose lease ended and that nobody took over — stays takeover-able (with its checkpoint and
+//! fingerprint) until the sweeper reaps it `retention` after its lease ended; from then on
+//! the key is Absent.
+//!
+//! Nothing here walks a stripe: each stripe keeps its slots in the order they fall due
+//! (`index.rs`), so a pass costs O(1) per stripe with nothing due and O(1) amortized per
+//! key removed. The sweeper works in bounded steps: at most `SWEEP_STRIPE_BATCH` entries per
+//! stripe-lock hold, earliest first, and a pause after each `SWEEP_STEP_BUDGET` of work.
+//! Deletions go through the group-commit writer, and the sweeper backs off while the writer
+//! queue is more than half full.
+//! Architecture invariant: the sweeper removes only slots that are due at the instant it
+//! holds their stripe lock, so a live lease or an unexpired completion is never evicted.
 
 use crate::constants::*;
+use crate::engine::SendRefused;
 use crate::engine::{Engine, Shared};
 use crate::error::ClaimError;
-use crate::index::Shard;
+use crate::index::{Reclaimed, Shard};
 use crate::stats::bump;
 use crate::sync::{Arc, Condvar, Mutex, MutexGuard, Ordering};
 use crate::writer::Op;
@@ -83,29 +92,127 @@ enum Pace {
     Now,
 }
 
-/// Removes up to `max` keys of this stripe that are expired at `now`, earliest first, and
-/// queues their deletion. Returns how many it removed and whether more are due.
+/// What one bounded step on one stripe did.
+#[derive(Default)]
+pub(crate) struct Swept {
+    /// Keys removed (expired completions and reaped abandoned claims).
+    pub(crate) removed: u64,
+    /// Whether more is due on this stripe (the budget ran out, or a deletion was refused).
+    pub(crate) more: bool,
+    /// Why a deletion could not be queued, if one could not.
+    pub(crate) refused: Option<SendRefused>,
+}
+
+/// Works off what is due on this stripe at `now`, earliest first, looking at most at `max`
+/// entries: ends leases past their deadline, removes completions past their retention and
+/// abandoned claims past their reap instant, and queues the deletion of their records.
+pub(crate) fn sweep_stripe(
+    s: &Shared,
+    shard: &mut MutexGuard<'_, Shard>,
+    now: u64,
+    max: usize,
+) -> Swept {
+    let c = &s.counters;
+    let ended = shard.end_leases(now, max);
+    let mut out = Swept {
+        more: ended.more,
+        ..Swept::default()
+    };
+    let mut budget = max.saturating_sub(ended.examined);
+    while budget > 0 {
+        budget -= 1;
+        let mut refused = None;
+        let mut send = |token: u64| match s.send(Op::Delete { token, ack: None }, false) {
+            Ok(()) => true,
+            Err(why) => {
+                refused = Some(why);
+                false
+            }
+        };
+        match shard.reclaim(now, &mut send) {
+            Reclaimed::Nothing => return out,
+            Reclaimed::Stale => {}
+            Reclaimed::Expired => {
+                c.completed.fetch_sub(1, Ordering::Relaxed);
+                bump(&c.expirations);
+                out.removed += 1;
+            }
+            Reclaimed::Reaped => {
+                bump(&c.abandoned_reaped);
+                out.removed += 1;
+            }
+            Reclaimed::Refused => {
+                if matches!(refused, Some(SendRefused::Full)) {
+                    bump(&c.overloaded);
+                }
+                out.refused = refused;
+                out.more = true;
+                return out;
+            }
+        }
+    }
+    out.more |= shard.has_due(now);
+    out
+}
+
+/// Removes up to `max` due entries of this stripe (see [`sweep_stripe`]). Returns how many
+/// keys it removed and whether more are due.
 pub(crate) fn sweep_shard(
     s: &Shared,
     shard: &mut MutexGuard<'_, Shard>,
     now: u64,
     max: usize,
 ) -> (u64, bool) {
-    let due = shard.due(now, max);
-    let more = due.len() == max;
-    let mut removed = 0u64;
-    for (key, token) in due {
-        if s.send(Op::Delete { token, ack: None }, false).is_err() {
-            bump(&s.counters.overloaded);
-            return (removed, true);
+    let swept = sweep_stripe(s, shard, now, max);
+    (swept.removed, swept.more)
+}
+
+/// Frees a place under the key budget for a claim of a new key: works off what is due on
+/// the stripes whose expiry order says something is, until one key is removed. Stripes with
+/// nothing due are not locked; a stripe visited without freeing anything has its due work
+/// done, so a run of refused claims costs O(stripes) reads each and O(1) amortized work.
+pub(crate) fn make_room(s: &Shared) -> Result<(), Room> {
+    let now = s.time.mono_ns();
+    let mut refused = None;
+    for stripe in s.index.any_due(now) {
+        let swept = {
+            let mut shard = stripe.map.lock();
+            sweep_stripe(s, &mut shard, now, SWEEP_STRIPE_BATCH)
+        };
+        if swept.removed > 0 {
+            return Ok(());
         }
-        if shard.remove_expired(&key, now).is_some() {
-            s.counters.completed.fetch_sub(1, Ordering::Relaxed);
-            bump(&s.counters.expirations);
-            removed += 1;
+        refused = refused.or(swept.refused);
+    }
+    Err(match refused {
+        Some(SendRefused::Closed | SendRefused::Poisoned(_)) => Room::Closed,
+        Some(SendRefused::Full) => Room::QueueFull,
+        None => Room::Full,
+    })
+}
+
+/// Why [`make_room`] freed nothing.
+pub(crate) enum Room {
+    /// Every key is live (nothing is due anywhere).
+    Full,
+    /// Something is due, but the writer queue is full.
+    QueueFull,
+    /// The engine is closing, or a storage failure poisoned it (the caller says which).
+    Closed,
+}
+
+/// Moves leases that have ended by now out of the live count, on the stripes whose expiry
+/// order says one may have, until one moved. Returns how many moved. Stripes with no ended
+/// lease are not locked.
+pub(crate) fn end_leases_anywhere(s: &Shared) -> u64 {
+    let now = s.time.mono_ns();
+    for stripe in s.index.leases_due(now) {
+        let moved = stripe.map.lock().end_leases(now, usize::MAX).moved;
+        if moved > 0 {
+            return moved;
         }
     }
-    (removed, more)
+    0
 }
 
 fn queue_busy(s: &Shared) -> bool {
@@ -159,10 +266,12 @@ pub(crate) fn sweep_all(s: &Shared) -> u64 {
 }
 
 impl Engine {
-    /// Reclaims every key past its retention now, from memory and (through the writer) from
-    /// the file; returns how many. Expired keys are already Absent to every call: this only
-    /// gives their space back, as the background sweeper does on its own. A close or a
-    /// poison during the sweep ends it early with `Closed` or `Poisoned`.
+    /// Reclaims every key past its retention, and every abandoned claim past its lease end
+    /// plus retention, now, from memory and (through the writer) from the file; returns how
+    /// many. Expired keys are already Absent to every call: this only gives their space
+    /// back, as the background sweeper does on its own. A reaped abandoned claim is Absent
+    /// from then on. A close or a poison during the sweep ends it early with `Closed` or
+    /// `Poisoned`.
     pub fn sweep_now(&self) -> Result<u64, ClaimError> {
         self.check_open()?;
         let removed = sweep_all(self.shared());

@@ -27,8 +27,12 @@ const FILE_COMMANDS: [&[&str]; 7] = [
 ];
 
 /// The lease deadline of `stuck-job`: claimed at the mock clock's start
-/// (2024-01-01T00:00:00Z) with the default 30 s lease.
-const STUCK_DEADLINE_MS: u64 = 1_704_067_230_000;
+/// (2024-01-01T00:00:00Z) with a lease of ten years and 30 s, a claim stuck behind a long
+/// lease. (A claim whose lease ended then would be an abandoned claim, reaped a retention
+/// after its end by any live open.)
+const STUCK_DEADLINE_MS: u64 = 2_019_686_430_000;
+/// Ten years (three leap days) and 30 s.
+const STUCK_LEASE: Duration = Duration::from_secs(3653 * 86_400 + 30);
 
 fn idemkv(args: &[&str]) -> Output {
     Command::new(BIN)
@@ -112,7 +116,7 @@ fn now_ms() -> u64 {
 ///   `order-1`, `order-3` in flight with a 1 h lease and checkpoint (2, "card authorised");
 ///   the binary key `bin\0\xffkey` completed with response [0, 1, 2, 255];
 /// - old (a mock clock at 2024-01-01, retention 1 h): `old-0..2` completed, past their
-///   retention now; `stuck-job` in flight with fingerprint 42, lease ended at
+///   retention now; `stuck-job` in flight with fingerprint 42, lease ending at
 ///   [`STUCK_DEADLINE_MS`].
 fn sample(dir: &Path) -> PathBuf {
     let path = dir.join("sample.redb");
@@ -170,7 +174,10 @@ fn sample(dir: &Path) -> PathBuf {
             lease.complete(b"old response").expect("complete");
         }
         let Claim::Acquired(lease) = e
-            .claim(b"stuck-job", &ClaimOptions::default().fingerprint(42))
+            .claim(
+                b"stuck-job",
+                &ClaimOptions::default().fingerprint(42).lease(STUCK_LEASE),
+            )
             .expect("claim")
         else {
             panic!("a fresh key is acquired")
@@ -278,6 +285,8 @@ fn stats_prints_counts_per_state() {
             .map(str::to_string)
     };
     assert_eq!(line("keys in flight").as_deref(), Some("3"), "{text}");
+    // No service has the file open: its claims belong to a process that is gone.
+    assert_eq!(line("  of which abandoned").as_deref(), Some("3"), "{text}");
     // Read-only: the three old completions are shown as expired, not reclaimed.
     assert_eq!(line("keys completed").as_deref(), Some("4"), "{text}");
     assert_eq!(
@@ -290,6 +299,7 @@ fn stats_prints_counts_per_state() {
     let json = stdout(&out);
     for field in [
         "\"inflight\":3",
+        "\"abandoned\":3",
         "\"completed\":4",
         "\"expired_unswept\":3",
         "\"records\":10",
@@ -313,8 +323,8 @@ fn inspect_lists_every_record_as_persisted_and_filters() {
     assert!(stuck.contains("inflight"), "{stuck}");
     assert!(stuck.contains("000000000000002a"), "fingerprint: {stuck}");
     // The exact persisted deadline, not "now" (nothing is taken over by inspecting).
-    assert!(stuck.contains("2024-01-01T00:00:30Z"), "{stuck}");
-    assert!(stuck.contains("ago"), "{stuck}");
+    assert!(stuck.contains("2034-01-01T00:00:30Z"), "{stuck}");
+    assert!(!stuck.contains("ago"), "{stuck}");
     let order1 = row(&text, "order-1");
     assert!(
         order1.contains("inflight") && order1.contains("2/15"),
@@ -348,9 +358,10 @@ fn inspect_lists_every_record_as_persisted_and_filters() {
     let (s, t) = count(&["--prefix", "62696e00", "--hex"]);
     assert!(s.starts_with("1 of 1 matching"), "{s}");
     assert!(t.contains("bin\\x00\\xffkey"), "{t}");
-    // Within 2 h: the two 1 h leases, and everything already past its deadline.
+    // Within 2 h: the two 1 h leases, and everything already past its deadline (not the
+    // ten-year lease).
     let (s, _) = count(&["--expiring-within", "2h"]);
-    assert!(s.starts_with("6 of 6 matching"), "{s}");
+    assert!(s.starts_with("5 of 5 matching"), "{s}");
     let (s, _) = count(&[
         "--expiring-within",
         "1d",
@@ -465,7 +476,7 @@ fn release_frees_a_stuck_claim_and_nothing_else() {
     assert_exit(&out, 0);
     let text = stdout(&out);
     assert!(text.contains("released stuck-job"), "{text}");
-    assert!(text.contains("2024-01-01T00:00:30.000Z"), "{text}");
+    assert!(text.contains("2034-01-01T00:00:30.000Z"), "{text}");
 
     let out = on(&file, &["get", "stuck-job"], &[]);
     assert_exit(&out, 1);

@@ -411,22 +411,31 @@ fn inflight_max_refuses_the_next_claim_until_one_settles() {
             e.engine.flush().unwrap();
             assert_eq!(completed(e.claim(b"a")).response(), b"A");
 
-            // A takeover keeps its key InFlight: it does not count twice.
+            // A takeover of an ended lease inherits its place: it does not count twice.
             e.clock.advance(LEASE);
             let d2 = acquired(e.claim(b"d"));
             assert_eq!(d2.attempt(), 2);
             let e3 = acquired(e.claim(b"e"));
             assert_eq!(e3.attempt(), 2);
-            assert_eq!(e.engine.stats().inflight, 3);
-            assert_eq!(claim_err(e.claim(b"g")), full);
+            // "f"'s lease ended too and nobody took it over: only live leases count, so it
+            // holds no place any more and a new key is admitted.
+            let stats = e.engine.stats();
+            assert_eq!((stats.inflight, stats.abandoned), (2, 1));
+            let g = acquired(e.claim(b"g"));
+            assert_eq!(claim_err(e.claim(b"h")), full);
             // The superseded leases do not give places back when dropped or refused.
             assert_eq!(d.complete(b"stale"), Err(LeaseError::LeaseLost));
             drop(e2);
             assert_eq!(e.engine.stats().inflight, 3);
-            assert_eq!(claim_err(e.claim(b"g")), full);
+            assert_eq!(claim_err(e.claim(b"h")), full);
+            // Taking over the abandoned "f" makes a lease live again: it needs a place.
+            assert_eq!(claim_err(e.claim(b"f")), full);
             d2.complete(b"D").unwrap();
-            acquired(e.claim(b"g")).complete(b"G").unwrap();
-            drop((e3, f));
+            let f2 = acquired(e.claim(b"f"));
+            assert_eq!(f2.attempt(), 2);
+            let stats = e.engine.stats();
+            assert_eq!((stats.inflight, stats.abandoned), (3, 0));
+            drop((e3, f, g, f2));
             assert_eq!(e.engine.stats().inflight, 0);
         },
     );

@@ -362,3 +362,243 @@ fn power_loss_at_every_write_and_sync_of_a_sweep_neither_resurrects_nor_loses() 
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Abandoned claims: an InFlight key whose lease ended and that nobody claims again.
+// ---------------------------------------------------------------------------------------
+
+const LEASE: Duration = Duration::from_secs(30);
+
+/// Claims `key` with a checkpoint and a fingerprint, and returns the lease (never
+/// completed: its client "gave up").
+fn abandon(engine: &Engine, key: &str) -> Lease {
+    let opts = ClaimOptions::default().fingerprint(7);
+    let Claim::Acquired(mut lease) = engine.claim(key.as_bytes(), &opts).unwrap() else {
+        panic!("{key} must be acquired")
+    };
+    lease.set_checkpoint(1, b"half-done").unwrap();
+    lease
+}
+
+fn stats_of(engine: &Engine) -> (u64, u64, u64) {
+    let s = engine.stats();
+    (s.inflight, s.abandoned, s.abandoned_reaped)
+}
+
+#[test]
+fn abandoned_claims_hold_no_in_flight_place_across_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let clock = MockClock::new();
+    let open = || {
+        builder(&path, &clock)
+            .lease(LEASE)
+            .inflight_max(2)
+            .open()
+            .unwrap()
+    };
+    let engine = open();
+    let held = (abandon(&engine, "crashed-1"), abandon(&engine, "crashed-2"));
+    // The process dies: its leases are never completed nor released.
+    engine.close().unwrap();
+    drop(held);
+    // Recovery takes both over at once (`Recovery::TakeOver`): they are abandoned, not live.
+    let engine = open();
+    for key in ["new-1", "new-2"] {
+        let Claim::Acquired(lease) = engine
+            .claim(key.as_bytes(), &ClaimOptions::default())
+            .unwrap()
+        else {
+            panic!("{key}: a new key is admitted while the only InFlight keys are abandoned")
+        };
+        std::mem::forget(lease);
+    }
+    assert_eq!(stats_of(&engine), (2, 2, 0));
+    // Two live leases fill the limit; the abandoned ones never did.
+    assert_eq!(
+        engine
+            .claim(b"new-3", &ClaimOptions::default())
+            .unwrap_err(),
+        ClaimError::Overloaded(Limit::InFlightClaims)
+    );
+    engine.close().unwrap();
+}
+
+#[test]
+fn an_abandoned_claim_is_reaped_exactly_retention_after_its_lease_ended() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let clock = MockClock::new();
+    let engine = builder(&path, &clock).lease(LEASE).open().unwrap();
+    let lease = abandon(&engine, "gone");
+    assert_eq!(stats_of(&engine), (1, 0, 0));
+    clock.advance(LEASE);
+    complete(&engine, "kept", b"v");
+    engine.flush().unwrap();
+    // Its lease is over: no longer live, not yet reaped.
+    assert_eq!(engine.sweep_now().unwrap(), 0);
+    assert_eq!(stats_of(&engine), (0, 1, 0));
+    clock.advance(RETENTION - Duration::from_nanos(1));
+    assert_eq!(engine.sweep_now().unwrap(), 0, "not one nanosecond early");
+    assert!(matches!(
+        engine.get(b"gone").unwrap(),
+        Some(KeyState::InFlight { .. })
+    ));
+    assert_eq!(stats_of(&engine), (0, 1, 0));
+    clock.advance(Duration::from_nanos(1));
+    // The completion made as the lease ended expires at the same instant.
+    assert_eq!(engine.sweep_now().unwrap(), 2);
+    assert_eq!(engine.get(b"gone").unwrap(), None);
+    assert_eq!(stats_of(&engine), (0, 0, 1));
+    assert_eq!(engine.stats().expirations, 1);
+    assert!(engine.records().is_empty());
+    // Its holder is fenced out; a new claim starts afresh.
+    assert_eq!(lease.complete(b"late"), Err(LeaseError::LeaseLost));
+    engine.flush().unwrap();
+    engine.close().unwrap();
+    // The deletion reached the file: reopening with the wall clock turned back a day (so
+    // that recovery itself would not delete the record) does not bring it back.
+    clock.set_wall(clock.wall() - Duration::from_secs(24 * 3600));
+    let engine = builder(&path, &clock).lease(LEASE).open().unwrap();
+    assert!(engine.records().is_empty());
+    let Claim::Acquired(lease) = engine.claim(b"gone", &ClaimOptions::default()).unwrap() else {
+        panic!("a reaped key is new again")
+    };
+    assert_eq!((lease.attempt(), lease.checkpoint()), (1, None));
+}
+
+#[test]
+fn an_abandoned_claim_is_taken_over_with_its_checkpoint_until_it_is_reaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = MockClock::new();
+    let engine = builder(&dir.path().join("r.redb"), &clock)
+        .lease(LEASE)
+        .open()
+        .unwrap();
+    let first = abandon(&engine, "k");
+    clock.advance(LEASE + RETENTION - Duration::from_millis(1));
+    assert_eq!(engine.sweep_now().unwrap(), 0);
+    assert_eq!(stats_of(&engine), (0, 1, 0));
+    // The fingerprint guard still holds.
+    assert_eq!(
+        engine
+            .claim(b"k", &ClaimOptions::default().fingerprint(8))
+            .unwrap_err(),
+        ClaimError::FingerprintMismatch
+    );
+    let Claim::Acquired(retry) = engine
+        .claim(b"k", &ClaimOptions::default().fingerprint(7))
+        .unwrap()
+    else {
+        panic!("the retry takes the abandoned claim over")
+    };
+    assert_eq!(retry.attempt(), 2);
+    assert_eq!(
+        retry.checkpoint().map(|c| c.data()),
+        Some(&b"half-done"[..])
+    );
+    assert_eq!(stats_of(&engine), (1, 0, 0));
+    // The old bound passes: the new lease is live and is not reaped.
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(engine.sweep_now().unwrap(), 0);
+    assert_eq!(stats_of(&engine), (1, 0, 0));
+    assert_eq!(first.complete(b"stale"), Err(LeaseError::LeaseLost));
+    retry.complete(b"done").unwrap();
+    engine.flush().unwrap();
+    assert_eq!(replay(&engine, "k").as_deref(), Some(&b"done"[..]));
+    assert_eq!(stats_of(&engine), (0, 0, 0));
+}
+
+#[test]
+fn restarts_never_postpone_the_reaping_of_an_abandoned_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.redb");
+    let clock = MockClock::new();
+    let open = || builder(&path, &clock).lease(LEASE).open().unwrap();
+    let engine = open();
+    let held = (abandon(&engine, "a"), abandon(&engine, "b"));
+    engine.close().unwrap();
+    drop(held);
+    // Restart after half the bound: the bound still counts from the recorded lease end.
+    clock.advance((LEASE + RETENTION) / 2);
+    let engine = open();
+    assert_eq!(stats_of(&engine), (0, 2, 0));
+    clock.advance((LEASE + RETENTION) / 2 - Duration::from_millis(1));
+    assert_eq!(engine.sweep_now().unwrap(), 0);
+    engine.close().unwrap();
+    // Restart a millisecond before the bound: both are still there, and taken over with
+    // their checkpoints.
+    let engine = open();
+    assert_eq!(engine.records().len(), 2);
+    let Claim::Acquired(lease) = engine
+        .claim(b"a", &ClaimOptions::default().fingerprint(7))
+        .unwrap()
+    else {
+        panic!("taken over")
+    };
+    assert_eq!(lease.attempt(), 2);
+    assert_eq!(
+        lease.checkpoint().map(|c| c.data()),
+        Some(&b"half-done"[..])
+    );
+    lease.complete(b"A").unwrap();
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(engine.sweep_now().unwrap(), 1, "b is reaped at its bound");
+    assert_eq!(stats_of(&engine), (0, 0, 1));
+    engine.close().unwrap();
+    // A claim found on open already past its bound is deleted there, and counted.
+    let engine = open();
+    let held = abandon(&engine, "c");
+    engine.close().unwrap();
+    drop(held);
+    clock.advance(LEASE + RETENTION);
+    let engine = open();
+    assert_eq!(engine.get(b"c").unwrap(), None);
+    assert_eq!(stats_of(&engine), (0, 0, 1));
+    engine.close().unwrap();
+    clock.set_wall(clock.wall() - Duration::from_secs(24 * 3600));
+    let engine = open();
+    assert_eq!(engine.get(b"c").unwrap(), None, "deleted from the file");
+}
+
+#[test]
+fn an_extended_ended_lease_counts_again_and_takeovers_are_admitted_by_live_leases_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = MockClock::new();
+    let engine = builder(&dir.path().join("r.redb"), &clock)
+        .lease(LEASE)
+        .inflight_max(1)
+        .open()
+        .unwrap();
+    let opts = ClaimOptions::default();
+    let Claim::Acquired(a) = engine.claim(b"a", &opts).unwrap() else {
+        panic!()
+    };
+    clock.advance(LEASE);
+    // "a" ended and holds no place.
+    let Claim::Acquired(b) = engine.claim(b"b", &opts).unwrap() else {
+        panic!("an ended lease holds no place")
+    };
+    // Its holder extends it (nobody took over): live again, without a check.
+    a.extend(LEASE).unwrap();
+    assert_eq!(stats_of(&engine), (2, 0, 0));
+    let full = ClaimError::Overloaded(Limit::InFlightClaims);
+    assert_eq!(engine.claim(b"c", &opts).unwrap_err(), full);
+    // Both end, unseen by any sweep: a takeover is admitted because no other lease is live.
+    clock.advance(LEASE);
+    let Claim::Acquired(a2) = engine.claim(b"a", &opts).unwrap() else {
+        panic!("no other live lease")
+    };
+    assert_eq!(a2.attempt(), 2);
+    // Now "a" is live again: taking "b" over needs a place.
+    assert_eq!(engine.claim(b"b", &opts).unwrap_err(), full);
+    assert_eq!(stats_of(&engine), (1, 1, 0));
+    assert_eq!(a.complete(b"stale"), Err(LeaseError::LeaseLost));
+    a2.complete(b"A").unwrap();
+    let Claim::Acquired(b2) = engine.claim(b"b", &opts).unwrap() else {
+        panic!("a place is free")
+    };
+    assert_eq!(b2.attempt(), 2);
+    drop((b, b2));
+    assert_eq!(stats_of(&engine), (0, 0, 0));
+}

@@ -5,6 +5,7 @@ use crate::cli::error::CliError;
 use crate::cli::file;
 use crate::cli::output::{self, count, Table};
 use crate::cli::records::state_name;
+use idemkv::RecordInfoState;
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -22,7 +23,12 @@ pub(crate) struct StatsArgs {
 
 /// What `stats` shows.
 struct Counts {
+    /// InFlight records, abandoned ones included.
     inflight: u64,
+    /// InFlight records whose holder is gone: every one in a file no service has open (the
+    /// next open takes them over at once), and those whose lease is over in a live file.
+    /// The sweeper reaps them `retention` after their lease ended.
+    abandoned: u64,
     completed: u64,
     expired: u64,
     records: u64,
@@ -41,6 +47,7 @@ pub(crate) fn run(args: &StatsArgs) -> Result<(), CliError> {
     let now = file::now_ms();
     let mut c = Counts {
         inflight: 0,
+        abandoned: 0,
         completed: 0,
         expired: 0,
         records: snapshot.records.len() as u64,
@@ -52,7 +59,15 @@ pub(crate) fn run(args: &StatsArgs) -> Result<(), CliError> {
     drop(reader);
     for r in &snapshot.records {
         match state_name(r, now) {
-            "inflight" => c.inflight += 1,
+            "inflight" => {
+                c.inflight += 1;
+                if !c.live
+                    || matches!(r.state, RecordInfoState::InFlight { lease_deadline_ms, .. }
+                        if lease_deadline_ms <= now)
+                {
+                    c.abandoned += 1;
+                }
+            }
             "expired" => c.expired += 1,
             _ => c.completed += 1,
         }
@@ -68,6 +83,7 @@ fn text(args: &StatsArgs, c: &Counts) -> String {
     let mut t = Table::new(&["", "value"]);
     let mut row = |name: &str, value: String| t.row(vec![name.to_string(), value]);
     row("keys in flight", count(c.inflight));
+    row("  of which abandoned (lease over)", count(c.abandoned));
     row("keys completed", count(c.completed));
     row("expired, not yet swept", count(c.expired));
     row("keys total", count(c.records));
@@ -112,6 +128,7 @@ fn to_json(args: &StatsArgs, c: &Counts) -> serde_json::Value {
     json!({
         "file": args.file.display().to_string(),
         "inflight": c.inflight,
+        "abandoned": c.abandoned,
         "completed": c.completed,
         "expired_unswept": c.expired,
         "records": c.records,

@@ -1,4 +1,5 @@
-//! `idemkv sweep FILE`: reclaims every completion past its retention now, and says how many.
+//! `idemkv sweep FILE`: reclaims every completion past its retention, and every abandoned
+//! claim past its lease end plus retention, now, and says how many.
 //!
 //! A service reclaims them on its own (the background sweeper, and recovery on open), so
 //! this is for a file that sits closed. Opening with the real clock already reclaims them
@@ -38,7 +39,8 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
     file::close(engine, &args.file)?;
     swept.map_err(|e| CliError::io("sweeping", e))?;
     flushed.map_err(|e| CliError::io("sweeping", e))?;
-    let remaining = after.inflight + after.completed + after.expired_unswept;
+    let inflight = after.inflight + after.abandoned;
+    let remaining = inflight + after.completed + after.expired_unswept;
     let reclaimed = before.saturating_sub(remaining);
 
     if args.json {
@@ -46,7 +48,7 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
             "file": args.file.display().to_string(),
             "reclaimed": reclaimed,
             "remaining": remaining,
-            "inflight": after.inflight,
+            "inflight": inflight,
             "completed": after.completed,
         });
         return output::print(&format!("{out}\n"));
@@ -56,7 +58,7 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
         args.file.display(),
         count(reclaimed),
         count(remaining),
-        count(after.inflight),
+        count(inflight),
         count(after.completed)
     ))
 }

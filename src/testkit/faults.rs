@@ -42,7 +42,7 @@ pub struct FaultCase {
 }
 
 /// The durable part of one key's record, as compared after a reopen.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct DurableRec {
     /// Token.
     pub token: u64,
@@ -52,7 +52,19 @@ pub struct DurableRec {
     pub attempt: u32,
     /// InFlight with this checkpoint, or Completed with (response, wall end of retention).
     pub state: DurableState,
+    /// For an InFlight record of the model: the wall-clock instant (ms) from which recovery
+    /// deletes it as an abandoned claim past its reap instant. Not compared.
+    pub reap_wall_ms: Option<u64>,
 }
+
+impl PartialEq for DurableRec {
+    fn eq(&self, other: &Self) -> bool {
+        (self.token, self.fingerprint, self.attempt, &self.state)
+            == (other.token, other.fingerprint, other.attempt, &other.state)
+    }
+}
+
+impl Eq for DurableRec {}
 
 /// The state part of a [`DurableRec`]: `Ok(checkpoint)` for InFlight, `Err((response,
 /// wall end of retention in ms))` for Completed.
@@ -62,6 +74,7 @@ pub type DurableState = Result<Option<(u32, Vec<u8>)>, (Vec<u8>, u64)>;
 pub type DurableView = BTreeMap<Vec<u8>, DurableRec>;
 
 fn view_of_model(model: &Model) -> DurableView {
+    let retention_ms = model.cfg.retention_ns / 1_000_000;
     let mut v = DurableView::new();
     for (key, spec) in &model.keys {
         let rec = match &spec.state {
@@ -71,12 +84,14 @@ fn view_of_model(model: &Model) -> DurableView {
                 fingerprint,
                 attempt,
                 checkpoint,
+                lease_wall_ms,
                 ..
             } => DurableRec {
                 token: *token,
                 fingerprint: *fingerprint,
                 attempt: *attempt,
                 state: Ok(checkpoint.clone()),
+                reap_wall_ms: Some(lease_wall_ms.saturating_add(retention_ms)),
             },
             KeyModel::Completed {
                 token,
@@ -90,6 +105,7 @@ fn view_of_model(model: &Model) -> DurableView {
                 fingerprint: *fingerprint,
                 attempt: *attempt,
                 state: Err((response.clone(), *expires_wall_ms)),
+                reap_wall_ms: None,
             },
         };
         v.insert(key.clone(), rec);
@@ -115,6 +131,7 @@ fn view_of_records(records: &[RecordInfo]) -> Result<DurableView, String> {
             fingerprint: r.fingerprint,
             attempt: r.attempt,
             state,
+            reap_wall_ms: None,
         };
         if v.insert(r.key.clone(), rec).is_some() {
             return Err(format!("key {:?} listed twice", r.key));
@@ -123,10 +140,12 @@ fn view_of_records(records: &[RecordInfo]) -> Result<DurableView, String> {
     Ok(v)
 }
 
-/// Drops completions past their retention at `wall_ms` (recovery deletes them).
+/// Drops completions past their retention and abandoned claims past their reap instant at
+/// `wall_ms` (recovery deletes both).
 fn unexpired(v: &DurableView, wall_ms: u64) -> DurableView {
     v.iter()
         .filter(|(_, r)| !matches!(&r.state, Err((_, exp)) if *exp <= wall_ms))
+        .filter(|(_, r)| r.reap_wall_ms.is_none_or(|reap| reap > wall_ms))
         .map(|(k, r)| (k.clone(), r.clone()))
         .collect()
 }

@@ -293,17 +293,36 @@ impl Model {
         })
     }
 
-    /// Keys holding an InFlight slot.
+    /// Keys holding a live lease: what counts against the in-flight limit.
     pub fn inflight(&self) -> usize {
-        self.keys.values().filter(|k| k.is_inflight()).count()
+        self.keys.values().filter(|k| k.is_live()).count()
+    }
+
+    /// Keys holding an abandoned claim (lease over, nobody took over, not reaped).
+    pub fn abandoned(&self) -> usize {
+        self.keys.values().filter(|k| k.is_abandoned()).count()
     }
 
     /// Checks `ret` for `op` on `key` and advances the model.
     pub fn step(&mut self, key: &[u8], op: &KeyOp, ret: &KeyRet) -> Result<(), String> {
         let spec = self.key(key);
-        // Limits that the per-key spec does not know.
-        if let KeyOp::Claim { .. } = op {
-            if matches!(spec.visible(), KeyModel::Absent) && self.inflight() >= INFLIGHT_MAX {
+        // Limits that the per-key spec does not know: a claim that would make a lease live
+        // (of a new key, or a takeover of an ended one whose fingerprint matches) is refused
+        // while the live leases of other keys fill the limit. Ended leases do not count.
+        if let KeyOp::Claim { fingerprint, .. } = op {
+            let needs_place = match spec.visible() {
+                KeyModel::Absent => true,
+                KeyModel::InFlight {
+                    deadline_ns,
+                    fingerprint: stored,
+                    ..
+                } => {
+                    spec.now_ns >= *deadline_ns
+                        && !matches!((fingerprint, stored), (Some(a), Some(b)) if a != b)
+                }
+                KeyModel::Completed { .. } => false,
+            };
+            if needs_place && self.inflight() >= INFLIGHT_MAX {
                 return match ret {
                     KeyRet::ClaimErr(ClaimError::Overloaded(Limit::InFlightClaims)) => Ok(()),
                     _ => Err(format!(
@@ -339,11 +358,16 @@ impl Model {
         self.wall_ms = self.wall_ms.saturating_add(ns(d) / 1_000_000);
     }
 
-    /// Everything queued is durable and published.
+    /// A sweep ran, then everything queued became durable and published: abandoned claims
+    /// past their reap instant are gone.
     pub fn flushed(&mut self) {
         for k in self.keys.values_mut() {
-            if let KeyModel::Completed { published, .. } = &mut k.state {
-                *published = true;
+            match &mut k.state {
+                KeyModel::Completed { published, .. } => *published = true,
+                KeyModel::InFlight { reap_ns, .. } if *reap_ns <= k.now_ns => {
+                    k.state = KeyModel::Absent;
+                }
+                _ => {}
             }
         }
     }
@@ -357,12 +381,29 @@ impl Model {
             self.max_token = 0;
             return;
         }
-        let now = self.now_ns;
+        let (now, wall) = (self.now_ns, self.wall_ms);
+        let retention_ms = self.cfg.retention_ns / 1_000_000;
         for k in self.keys.values_mut() {
             let absent = matches!(k.visible(), KeyModel::Absent);
             match &mut k.state {
                 _ if absent => k.state = KeyModel::Absent,
-                KeyModel::InFlight { deadline_ns, .. } => *deadline_ns = now,
+                // Recovery deletes a claim past its recorded lease end plus retention, and
+                // reaps the others that much after their recorded end.
+                KeyModel::InFlight { lease_wall_ms, .. }
+                    if lease_wall_ms.saturating_add(retention_ms) <= wall =>
+                {
+                    k.state = KeyModel::Absent;
+                }
+                KeyModel::InFlight {
+                    deadline_ns,
+                    reap_ns,
+                    lease_wall_ms,
+                    ..
+                } => {
+                    *deadline_ns = now;
+                    let left_ms = lease_wall_ms.saturating_add(retention_ms) - wall;
+                    *reap_ns = now.saturating_add(left_ms.saturating_mul(1_000_000));
+                }
                 KeyModel::Completed { published, .. } => *published = true,
                 KeyModel::Absent => {}
             }
@@ -383,6 +424,7 @@ impl Model {
                         fingerprint,
                         attempt,
                         checkpoint,
+                        ..
                     },
                     RecordInfoState::InFlight {
                         lease_deadline_ms,
@@ -440,11 +482,14 @@ impl Model {
                 self.keys
             ));
         }
-        let gauge = engine.stats().inflight;
-        if gauge != self.inflight() as u64 {
+        let stats = engine.stats();
+        if (stats.inflight, stats.abandoned) != (self.inflight() as u64, self.abandoned() as u64) {
             return Err(format!(
-                "stats().inflight is {gauge}, the model has {} keys in flight",
-                self.inflight()
+                "stats() has {} live leases and {} abandoned claims, the model {} and {}",
+                stats.inflight,
+                stats.abandoned,
+                self.inflight(),
+                self.abandoned()
             ));
         }
         Ok(())

@@ -54,6 +54,11 @@ pub enum KeyModel {
         attempt: u32,
         /// Saved checkpoint.
         checkpoint: Option<(u32, Vec<u8>)>,
+        /// Monotonic instant from which a sweep reaps the claim if nobody took it over:
+        /// `retention` after its lease end (after a restart: after its recorded lease end).
+        reap_ns: u64,
+        /// Wall-clock lease end written in its record, ms.
+        lease_wall_ms: u64,
     },
     /// Completed.
     Completed {
@@ -299,9 +304,21 @@ impl KeySpec {
         }
     }
 
-    /// Whether the key holds an InFlight slot (live or not), as the engine's gauge counts.
+    /// Whether the key holds an InFlight slot (live or not).
     pub fn is_inflight(&self) -> bool {
         matches!(self.state, KeyModel::InFlight { .. })
+    }
+
+    /// Whether the key holds a live lease (its end not reached): what counts against the
+    /// in-flight limit and the engine's `inflight` gauge.
+    pub fn is_live(&self) -> bool {
+        matches!(self.state, KeyModel::InFlight { deadline_ns, .. } if self.now_ns < deadline_ns)
+    }
+
+    /// Whether the key holds an abandoned claim: InFlight, its lease over, not yet reaped
+    /// (the engine's `abandoned` gauge).
+    pub fn is_abandoned(&self) -> bool {
+        self.is_inflight() && !self.is_live()
     }
 
     /// Checks `ret` as the result of `op` and returns the state after it.
@@ -399,12 +416,17 @@ impl KeySpec {
                 KeyModel::InFlight {
                     token: t,
                     deadline_ns,
+                    reap_ns,
+                    lease_wall_ms,
                     ..
                 } if t == token => {
                     if *ret != KeyRet::Done {
                         return bad(op, ret, self, "Ok");
                     }
                     *deadline_ns = now.saturating_add(*lease_ns);
+                    *reap_ns = deadline_ns.saturating_add(cfg.retention_ns);
+                    let left_ms = deadline_ns.saturating_sub(now) / 1_000_000;
+                    *lease_wall_ms = self.wall_ms.saturating_add(left_ms);
                     Ok(next)
                 }
                 _ => match ret {
@@ -427,12 +449,17 @@ impl KeySpec {
                     KeyModel::InFlight {
                         token: t,
                         checkpoint,
+                        deadline_ns,
+                        lease_wall_ms,
                         ..
                     } if t == token => {
                         if *ret != KeyRet::Done {
                             return bad(op, ret, self, "Ok");
                         }
                         *checkpoint = Some((*phase, data.clone()));
+                        // The record is rewritten with the lease end as seen now.
+                        let left_ms = deadline_ns.saturating_sub(now) / 1_000_000;
+                        *lease_wall_ms = self.wall_ms.saturating_add(left_ms);
                         Ok(next)
                     }
                     _ => match ret {
@@ -472,12 +499,15 @@ impl KeySpec {
                     && *c == checkpoint =>
                 {
                     next.max_token = *token;
+                    let deadline_ns = now.saturating_add(lease);
                     next.state = KeyModel::InFlight {
                         token: *token,
-                        deadline_ns: now.saturating_add(lease),
+                        deadline_ns,
                         fingerprint,
                         attempt,
                         checkpoint,
+                        reap_ns: deadline_ns.saturating_add(cfg.retention_ns),
+                        lease_wall_ms: self.wall_ms.saturating_add(lease / 1_000_000),
                     };
                     Ok(())
                 }
