@@ -162,6 +162,18 @@ pub(crate) fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The wall-clock instant (ms) of the monotonic instant `at_ns`, given that the monotonic
+/// clock reads `now_ns` when the wall clock reads `wall_now_ms`. An instant in the past is
+/// rounded up to the millisecond, so a persisted lease end is never earlier than the real
+/// one (an abandoned claim is then never reaped early after a restart).
+pub(crate) fn wall_ms_at(wall_now_ms: u64, now_ns: u64, at_ns: u64) -> u64 {
+    if at_ns >= now_ns {
+        wall_now_ms.saturating_add((at_ns - now_ns) / 1_000_000)
+    } else {
+        wall_now_ms.saturating_sub((now_ns - at_ns) / 1_000_000)
+    }
+}
+
 /// The engine's view of a clock: readings as integers, as the index stores them.
 #[derive(Debug, Clone)]
 pub(crate) struct Time {

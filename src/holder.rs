@@ -8,7 +8,7 @@
 //! ends. Only an explicit release, or the end of the lease, lets another caller run the work.
 
 use crate::claim::inflight_record;
-use crate::clock::duration_ns;
+use crate::clock::{duration_ns, wall_ms_at};
 use crate::codec::{Blob, Checkpoint, Record, RecordState};
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
 use crate::error::{FlushError, LeaseError, Limit};
@@ -264,8 +264,10 @@ impl Engine {
         change(&mut slot, &mut extra, now);
         let (ack, ack_rx) = self.ack_for_mode();
         if s.tx.is_some() {
-            let left_ms = slot.deadline_ns.saturating_sub(now) / 1_000_000;
-            let deadline_wall = s.time.wall_ms().saturating_add(left_ms);
+            // The lease's own end, also when it is already over (a holder may still
+            // checkpoint until someone takes over): recovery reaps the claim `retention`
+            // after it, as the sweeper would have.
+            let deadline_wall = wall_ms_at(s.time.wall_ms(), now, slot.deadline_ns);
             let record = inflight_record(
                 key,
                 extra.fingerprint,

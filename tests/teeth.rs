@@ -77,7 +77,7 @@ mod durability {
 
     /// Seeded `storage_faults` cases (seeds 0..N) a bug must be caught within. The slowest
     /// to show is a kept old record: it needs a takeover whose new record is then removed.
-    const CASES: u64 = 300;
+    const CASES: u64 = 600;
 
     fn buffered() -> Durability {
         Durability::Buffered {

@@ -7,6 +7,7 @@
 //! gave. The sequential model of `ops_model` and the linearizability checker of
 //! `concurrent_claims` and the stress test both use it.
 
+use crate::clock::wall_ms_at;
 use crate::{ClaimError, Durability, KeyState, LeaseError};
 use std::fmt;
 use std::time::Duration;
@@ -425,8 +426,7 @@ impl KeySpec {
                     }
                     *deadline_ns = now.saturating_add(*lease_ns);
                     *reap_ns = deadline_ns.saturating_add(cfg.retention_ns);
-                    let left_ms = deadline_ns.saturating_sub(now) / 1_000_000;
-                    *lease_wall_ms = self.wall_ms.saturating_add(left_ms);
+                    *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
                     Ok(next)
                 }
                 _ => match ret {
@@ -457,9 +457,9 @@ impl KeySpec {
                             return bad(op, ret, self, "Ok");
                         }
                         *checkpoint = Some((*phase, data.clone()));
-                        // The record is rewritten with the lease end as seen now.
-                        let left_ms = deadline_ns.saturating_sub(now) / 1_000_000;
-                        *lease_wall_ms = self.wall_ms.saturating_add(left_ms);
+                        // The record is rewritten with the lease's own end, also when it
+                        // is already over.
+                        *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
                         Ok(next)
                     }
                     _ => match ret {
