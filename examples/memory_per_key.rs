@@ -63,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn run_case(mode: &str, key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
     let n = keys();
     let dir = std::env::temp_dir().join(format!("idemkv-memory-{}", std::process::id()));
-    let builder = Engine::builder().queue_depth(1 << 18);
+    let builder = Engine::builder();
     let builder = match mode {
         "none" => builder.durability(Durability::None),
         "buffered" => {
