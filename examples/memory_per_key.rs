@@ -1,0 +1,182 @@
+//! Measures the memory idemkv holds per completed key: the growth of the process's resident
+//! set (RSS, allocator included) while 1 M keys are claimed and completed.
+//!
+//! Run with `cargo run --release --example memory_per_key` (Linux: RSS is read from
+//! `/proc/self/status`). `IDEMKV_MEMORY_KEYS=100000` runs a quick, smaller measurement.
+//!
+//! Each case runs in its own child process, so no case inherits another's heap. A case
+//! claims and completes N keys (phase 1), then N more (phase 2), with a 32-byte response
+//! each, and reports the RSS growth of each phase divided by N:
+//!
+//! - `None` (memory only): the index, plus each response, which a memory-only engine keeps.
+//! - `Buffered` on a file in the temporary directory: phase 1 also fills redb's page cache
+//!   (capped at 64 MiB) and the writer's buffers; by phase 2 those are at their steady
+//!   size, so phase 2's growth is the index alone. Responses stay in the file.
+//!
+//! With the engine's default 256 stripes, both phases end at the same load factor of the
+//! index's tables (they double when 7/8 full: 1 M and 2 M keys both sit just after a
+//! doubling), so the two phases are comparable.
+
+use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine};
+use std::process::Command;
+use std::time::Instant;
+
+const RESPONSE: &[u8; 32] = b"a typical 32-byte response......";
+const KEY_LENS: [usize; 2] = [16, 36];
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() == 4 && args[1] == "--case" {
+        let key_len: usize = args[3].parse()?;
+        return run_case(&args[2], key_len);
+    }
+    let n = keys();
+    println!(
+        "idemkv memory per completed key: RSS growth over {n} keys per phase, {}-byte responses, \
+         system allocator",
+        RESPONSE.len()
+    );
+    println!(
+        "{:<10} {:>5}  {:>16} {:>16} {:>18}",
+        "mode", "key", "phase 1 (B/key)", "phase 2 (B/key)", "index_bytes (B/key)"
+    );
+    let exe = std::env::current_exe()?;
+    for mode in ["none", "buffered"] {
+        for key_len in KEY_LENS {
+            let out = Command::new(&exe)
+                .args(["--case", mode, &key_len.to_string()])
+                .output()?;
+            if !out.status.success() {
+                return Err(format!(
+                    "case {mode} {key_len} failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
+            }
+            print!("{}", String::from_utf8_lossy(&out.stdout));
+        }
+    }
+    Ok(())
+}
+
+/// One measurement, in this (child) process.
+fn run_case(mode: &str, key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let n = keys();
+    let dir = std::env::temp_dir().join(format!("idemkv-memory-{}", std::process::id()));
+    let builder = Engine::builder();
+    let builder = match mode {
+        "none" => builder.durability(Durability::None),
+        "buffered" => {
+            std::fs::create_dir_all(&dir)?;
+            builder
+                .durability(Durability::buffered())
+                .path(dir.join("memory.redb"))
+        }
+        other => return Err(format!("unknown mode {other}").into()),
+    };
+    let engine = builder.open()?;
+    let opts = ClaimOptions::default();
+    let mut key = vec![0u8; key_len];
+
+    let rss0 = rss_bytes()?;
+    let started = Instant::now();
+    for i in 0..n {
+        claim_complete(&engine, make_key(i, &mut key), &opts)?;
+    }
+    engine.flush()?;
+    let rss1 = rss_bytes()?;
+    for i in n..2 * n {
+        claim_complete(&engine, make_key(i, &mut key), &opts)?;
+    }
+    engine.flush()?;
+    let rss2 = rss_bytes()?;
+    let stats = engine.stats();
+    let elapsed = started.elapsed();
+    engine.close()?;
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let per_key = |bytes: u64, keys: u64| bytes as f64 / keys as f64;
+    println!(
+        "{:<10} {:>4}B  {:>16.0} {:>16.0} {:>18.0}   ({:.1?})",
+        mode,
+        key_len,
+        per_key(rss1.saturating_sub(rss0), n),
+        per_key(rss2.saturating_sub(rss1), n),
+        per_key(stats.index_bytes, 2 * n),
+        elapsed
+    );
+    Ok(())
+}
+
+/// Claims and completes a fresh key, waiting for the writer when its queue is full.
+fn claim_complete(
+    engine: &Engine,
+    key: &[u8],
+    opts: &ClaimOptions,
+) -> Result<(), Box<dyn std::error::Error>> {
+    loop {
+        match engine.claim(key, opts) {
+            Ok(Claim::Acquired(lease)) => {
+                lease.complete(RESPONSE)?;
+                return Ok(());
+            }
+            Ok(other) => return Err(format!("a fresh key was answered {other:?}").into()),
+            Err(ClaimError::Overloaded(_)) => engine.flush()?,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Key `i` in a realistic shape: 16 bytes are a binary UUID, 36 bytes its text form
+/// (`8-4-4-4-12` hex digits). Written into `buf`, so the measurement holds no key list.
+fn make_key(i: u64, buf: &mut [u8]) -> &[u8] {
+    let hi = splitmix(i);
+    let lo = splitmix(i ^ 0x5851_f42d_4c95_7f2d);
+    let raw = ((u128::from(hi)) << 64 | u128::from(lo)).to_be_bytes();
+    if buf.len() == 16 {
+        buf.copy_from_slice(&raw);
+    } else {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut at = 0;
+        for (j, byte) in raw.iter().enumerate() {
+            if matches!(j, 4 | 6 | 8 | 10) {
+                buf[at] = b'-';
+                at += 1;
+            }
+            buf[at] = HEX[usize::from(byte >> 4)];
+            buf[at + 1] = HEX[usize::from(byte & 0x0f)];
+            at += 2;
+        }
+    }
+    buf
+}
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn keys() -> u64 {
+    std::env::var("IDEMKV_MEMORY_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000)
+}
+
+/// Resident set size of this process (`VmRSS` in `/proc/self/status`, Linux).
+fn rss_bytes() -> Result<u64, Box<dyn std::error::Error>> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .ok_or("no VmRSS line in /proc/self/status")?;
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()?;
+    Ok(kib * 1024)
+}
