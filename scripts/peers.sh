@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The side-by-side peers benchmark of issue 5, in one command:
+# The side-by-side peers benchmark, in one command:
 #
 #   scripts/peers.sh
 #

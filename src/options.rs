@@ -17,11 +17,15 @@ pub enum Durability {
     /// A call returns only after its record is fsynced, in a group commit shared with every
     /// concurrent call. Nothing acknowledged is lost by a crash or power loss.
     Immediate,
-    /// A call returns at once; its record is fsynced within `max_delay` (one group commit per
-    /// interval). A crash loses at most the calls of the last `max_delay`. Another caller sees
-    /// a completion only after it is fsynced, so nothing lost was ever replayed.
+    /// A call returns at once; the writer gathers what arrives within `max_delay` into one
+    /// group commit. While the writer keeps up, a crash loses at most the calls of the last
+    /// `max_delay` plus the commit in progress; when callers outrun it, acknowledged calls
+    /// wait in the queue behind whole batches, so the window grows with the queue (bounded by
+    /// its admission limit, [`EngineBuilder::queue_depth`]; see docs/design.md). Another
+    /// caller sees a completion only after it is fsynced, so nothing lost was ever replayed.
     Buffered {
-        /// Longest time between an acknowledgement and its fsync.
+        /// How long the writer gathers calls into one commit: the loss window while the
+        /// writer keeps up.
         max_delay: Duration,
     },
     /// Memory only: no file, nothing survives the process.

@@ -1,7 +1,7 @@
 //! Contention tests: many real threads, released together by a `Barrier`, hammer the same
 //! keys through `claim` and `run`, in every durability mode.
 //!
-//! What is checked (brief §3, invariants 1–3):
+//! What is checked (docs/design.md, invariants 1–3):
 //! - one live lease per key at any instant (an exact holder counter while the clock stands
 //!   still; ownership intervals in mock time while a ticker thread lets leases expire);
 //! - fencing: every acquired token is larger than every token acquired for that key before

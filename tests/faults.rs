@@ -1,7 +1,7 @@
 //! Storage faults: I/O errors at every point of a workload, power loss, corrupted and
 //! foreign files, a second open of one file, and a stalled writer.
 //!
-//! The contract under test (brief §5): a storage error poisons the engine, which then
+//! The contract under test (docs/design.md, "How a commit can fail"): a storage error poisons the engine, which then
 //! acknowledges nothing more; waiting callers learn that the outcome is unknown; a reopen
 //! recovers every acknowledged call; a damaged or foreign file gives a clear error, never a
 //! panic and never a wrong replay.

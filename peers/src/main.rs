@@ -1,4 +1,4 @@
-//! `idemkv-peers`: the side-by-side benchmark of issue 5. One workload (claim then complete N
+//! `idemkv-peers`: the side-by-side benchmark. One workload (claim then complete N
 //! keys, each delivered D times, by C concurrent workers) against idemkv in its three
 //! durability modes and against the systems people use instead. `scripts/peers.sh` starts
 //! the servers and runs this; see docs/benchmarks.md.
@@ -510,7 +510,7 @@ fn main() {
     let _ = writeln!(block, "![throughput and latency per system](peers.svg)\n");
     let _ = writeln!(
         block,
-        "**Targets of issue 5** (idemkv's deliveries/s ÷ the peer's, at matching durability):\n"
+        "**Goals** (idemkv's deliveries/s ÷ the peer's, at matching durability):\n"
     );
     let _ = writeln!(block, "{targets}");
     let _ = writeln!(

@@ -1,4 +1,4 @@
-//! The markdown table, the target check and the SVG chart, from the measured rows.
+//! The markdown table, the goal check and the SVG chart, from the measured rows.
 
 use crate::workload::Measured;
 use std::fmt::Write as _;
@@ -198,7 +198,7 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
-/// The targets of issue 5 against this run.
+/// The product's throughput goals against this run.
 pub fn targets(rows: &[Row]) -> String {
     let mut s = String::new();
     let pairs: [(&str, &str, f64, &str); 6] = [
@@ -234,7 +234,7 @@ pub fn targets(rows: &[Row]) -> String {
             "Redis `SET NX`, no persistence",
         ),
     ];
-    s.push_str("| idemkv mode | against | target | measured | verdict |\n|---|---|--:|--:|---|\n");
+    s.push_str("| idemkv mode | against | goal | measured | verdict |\n|---|---|--:|--:|---|\n");
     for (idem, peer, target, label) in pairs {
         let (Some(a), Some(b)) = (throughput_of(rows, idem), throughput_of(rows, peer)) else {
             let _ = writeln!(
@@ -250,11 +250,11 @@ pub fn targets(rows: &[Row]) -> String {
             let short = target / r;
             if short < 1.5 {
                 format!(
-                    "missed by {:.0}% (the target is {short:.2}× the measured ratio)",
+                    "missed by {:.0}% (the goal is {short:.2}× the measured ratio)",
                     (1.0 - r / target) * 100.0
                 )
             } else {
-                format!("missed: the target is {short:.1}× the measured ratio")
+                format!("missed: the goal is {short:.1}× the measured ratio")
             }
         };
         let _ = writeln!(
