@@ -103,6 +103,13 @@ impl Slot {
         !self.is_inflight() && now_ns >= self.deadline_ns
     }
 
+    /// The same slot with its lease seen to end, as the index marks it.
+    #[cfg(test)]
+    pub(crate) fn into_abandoned(mut self) -> Self {
+        self.flags |= ABANDONED;
+        self
+    }
+
     /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
     fn same_place(&self, other: &Slot) -> bool {
         self.token == other.token
@@ -668,7 +675,11 @@ impl Shard {
     /// instead. Only slots the state machine finds due at `now` are ever removed
     /// ([`machine::expire`], [`machine::reap`]): a live lease or an unexpired completion
     /// never is.
-    pub(crate) fn reclaim(&mut self, now: u64, send: &mut dyn FnMut(&Step<()>) -> bool) -> Reclaimed {
+    pub(crate) fn reclaim(
+        &mut self,
+        now: u64,
+        send: &mut dyn FnMut(&Step<()>) -> bool,
+    ) -> Reclaimed {
         let done_at = self
             .done
             .front()

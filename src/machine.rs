@@ -192,7 +192,9 @@ pub(crate) enum ClaimAnswer {
     /// A memory-only engine's stored response.
     Replay(Stored),
     /// A durable engine's completion: its response is read from the file, unlocked.
-    ReplayFromFile { token: u64 },
+    ReplayFromFile {
+        token: u64,
+    },
     FingerprintMismatch,
 }
 
@@ -341,7 +343,11 @@ pub(crate) fn acquire(
         ..Extra::default()
     };
     let deltas = Deltas {
-        completed: if plan.kind == Acquiring::Expired { -1 } else { 0 },
+        completed: if plan.kind == Acquiring::Expired {
+            -1
+        } else {
+            0
+        },
         acquired: 1,
         takeovers: u64::from(plan.kind == Acquiring::Takeover),
         ..NONE
@@ -586,7 +592,11 @@ pub(crate) fn import(
 ) -> Result<Step<Imported>, ImportError> {
     let gone = || Ok(Step::answer(Imported::Gone, NONE));
     let retention_ms = duration_ms(rules.retention);
-    let ms_left = |until_ms: u64| until_ms.saturating_sub(now.wall_ms).saturating_mul(1_000_000);
+    let ms_left = |until_ms: u64| {
+        until_ms
+            .saturating_sub(now.wall_ms)
+            .saturating_mul(1_000_000)
+    };
     // Classified before the key is looked at: a record with nothing to bring back is not
     // refused because the key exists.
     let (slot, state, extra, reap_ns, deltas) = match &record.state {
@@ -740,10 +750,7 @@ pub(crate) fn reap(slot: &Slot, reap_ns: u64, now_ns: u64) -> Option<Step<()>> {
     if !(slot.is_inflight() && slot.is_abandoned() && now_ns >= reap_ns) {
         return None;
     }
-    debug_assert!(
-        now_ns >= slot.deadline_ns,
-        "a live lease is never evicted"
-    );
+    debug_assert!(now_ns >= slot.deadline_ns, "a live lease is never evicted");
     let deltas = Deltas {
         abandoned_reaped: 1,
         ..NONE
@@ -903,5 +910,991 @@ pub(crate) fn load(
         write,
         answer: (),
         deltas,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every cell of the state table, without an engine: the new state, the queued write,
+    //! the answer and the counts of each transition.
+
+    use super::*;
+
+    const KEY: &[u8] = b"k";
+    const MS: u64 = 1_000_000;
+    /// Monotonic instants (ns): leases of the fixtures end at `END`, completions expire at
+    /// `EXPIRES`.
+    const END: u64 = 100 * MS;
+    const EXPIRES: u64 = 500 * MS;
+    const LIVE: u64 = 50 * MS;
+    const WALL0: u64 = 1_700_000_000_000;
+    const RETENTION: Duration = Duration::from_secs(10);
+    const LEASE: Duration = Duration::from_secs(30);
+
+    fn at(mono_ns: u64) -> Now {
+        Now {
+            mono_ns,
+            wall_ms: WALL0 + mono_ns / MS,
+        }
+    }
+
+    fn rules(durable: bool) -> Rules {
+        Rules {
+            retention: RETENTION,
+            response_len_max: 16,
+            durable,
+        }
+    }
+
+    fn durable() -> Rules {
+        rules(true)
+    }
+
+    fn memory() -> Rules {
+        rules(false)
+    }
+
+    fn fp(fingerprint: u64) -> Extra {
+        Extra {
+            fingerprint: Some(fingerprint),
+            ..Extra::default()
+        }
+    }
+
+    /// The states of the table's columns, each with its side data (fingerprint 7, and a
+    /// checkpoint for leases, a response for a memory-only completion).
+    struct States {
+        lease: Slot,
+        lease_extra: Extra,
+        done: Slot,
+        done_unpublished: Slot,
+        done_extra: Extra,
+    }
+
+    fn states() -> States {
+        States {
+            lease: Slot::inflight(5, END, 2),
+            lease_extra: Extra {
+                fingerprint: Some(7),
+                checkpoint: Some(Checkpoint::new(3, b"half")),
+                ..Extra::default()
+            },
+            done: Slot::completed(5, EXPIRES, 2, true),
+            done_unpublished: Slot::completed(5, EXPIRES, 2, false),
+            done_extra: Extra {
+                fingerprint: Some(7),
+                response: Some(Arc::from(&b"resp"[..])),
+                expires_wall_ms: WALL0 + 10_000,
+                ..Extra::default()
+            },
+        }
+    }
+
+    fn view<'a>(slot: Slot, extra: &'a Extra) -> View<'a> {
+        View {
+            slot: Some(slot),
+            extra: Some(extra),
+        }
+    }
+
+    fn plan_of(step: Step<ClaimAnswer>) -> Plan {
+        assert_eq!(
+            step.change,
+            Change::Keep,
+            "a claim decides before it changes"
+        );
+        assert_eq!(step.write, None);
+        match step.answer {
+            ClaimAnswer::Acquire(plan) => plan,
+            other => panic!("expected Acquire, got {other:?}"),
+        }
+    }
+
+    fn busy_of(step: Step<ClaimAnswer>) -> Busy {
+        assert_eq!(step.change, Change::Keep);
+        assert_eq!(step.write, None);
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                in_progress: 1,
+                ..NONE
+            }
+        );
+        match step.answer {
+            ClaimAnswer::Busy(busy) => busy,
+            other => panic!("expected Busy, got {other:?}"),
+        }
+    }
+
+    // --- claim -------------------------------------------------------------------------
+
+    #[test]
+    fn claim_of_an_absent_key_acquires_a_new_key() {
+        let plan = plan_of(claim(View::ABSENT, Some(9), LIVE));
+        assert_eq!(
+            plan,
+            Plan {
+                kind: Acquiring::New,
+                old: None,
+                attempt: 1,
+                fingerprint: Some(9),
+                checkpoint: None,
+                reserve: true,
+                adopt: false,
+            }
+        );
+        let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
+        let deadline = LIVE + LEASE.as_nanos() as u64;
+        assert_eq!(
+            step.change,
+            Change::Put {
+                slot: Slot::inflight(11, deadline, 1),
+                extra: fp(9),
+                reap_ns: None,
+                adopt: false,
+            }
+        );
+        let lease_end_wall = at(LIVE).wall_ms + 30_000;
+        assert_eq!(
+            step.write,
+            Some(Write::Put {
+                token: 11,
+                old: None,
+                record: inflight_record(KEY, Some(9), 1, None, lease_end_wall),
+                publish: false,
+            })
+        );
+        assert_eq!(
+            step.answer,
+            Acquired {
+                token: 11,
+                attempt: 1,
+                checkpoint: None
+            }
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                acquired: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn claim_of_an_expired_completion_acquires_it_afresh_whatever_its_fingerprint() {
+        let st = states();
+        let now = EXPIRES;
+        // The stored fingerprint belongs to the expired completion: not checked.
+        let plan = plan_of(claim(view(st.done, &st.done_extra), Some(8), now));
+        assert_eq!(
+            (
+                plan.kind,
+                plan.old,
+                plan.attempt,
+                plan.fingerprint,
+                plan.reserve
+            ),
+            (Acquiring::Expired, Some(5), 1, Some(8), true)
+        );
+        assert_eq!(plan.checkpoint, None);
+        let step = acquire(plan, KEY, 12, LEASE, at(now), &durable());
+        assert!(matches!(
+            step.write,
+            Some(Write::Put {
+                token: 12,
+                old: Some(5),
+                ..
+            })
+        ));
+        assert!(
+            matches!(step.change, Change::Put { slot, .. } if slot == Slot::inflight(12, now + LEASE.as_nanos() as u64, 1))
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: -1,
+                acquired: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn claim_of_a_live_lease_is_busy_until_its_end() {
+        let st = states();
+        let busy = busy_of(claim(view(st.lease, &st.lease_extra), None, LIVE));
+        assert_eq!(busy.retry_after, Duration::from_nanos(END - LIVE));
+        assert_eq!((busy.attempt, busy.completing), (2, false));
+        // One nanosecond before the end it is still live.
+        let busy = busy_of(claim(view(st.lease, &st.lease_extra), Some(7), END - 1));
+        assert_eq!(busy.retry_after, Duration::from_nanos(1));
+    }
+
+    #[test]
+    fn claim_of_a_lease_that_is_over_takes_it_over_keeping_checkpoint_and_fingerprint() {
+        let st = states();
+        let plan = plan_of(claim(view(st.lease, &st.lease_extra), None, END));
+        assert_eq!(
+            plan,
+            Plan {
+                kind: Acquiring::Takeover,
+                old: Some(5),
+                attempt: 3,
+                fingerprint: Some(7),
+                checkpoint: st.lease_extra.checkpoint.clone(),
+                // It still holds its place in the live count: inherited.
+                reserve: false,
+                adopt: false,
+            }
+        );
+        let step = acquire(plan, KEY, 20, LEASE, at(END), &durable());
+        let cp = st.lease_extra.checkpoint.clone();
+        assert_eq!(
+            step.change,
+            Change::Put {
+                slot: Slot::inflight(20, END + LEASE.as_nanos() as u64, 3),
+                extra: Extra {
+                    fingerprint: Some(7),
+                    checkpoint: cp.clone(),
+                    ..Extra::default()
+                },
+                reap_ns: None,
+                adopt: false,
+            }
+        );
+        assert_eq!(
+            step.write,
+            Some(Write::Put {
+                token: 20,
+                old: Some(5),
+                record: inflight_record(KEY, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
+                publish: false,
+            })
+        );
+        assert_eq!(
+            step.answer,
+            Acquired {
+                token: 20,
+                attempt: 3,
+                checkpoint: cp
+            }
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                acquired: 1,
+                takeovers: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn a_takeover_of_an_abandoned_lease_reserves_a_place_and_adopts_it() {
+        let st = states();
+        let abandoned = st.lease.into_abandoned();
+        let plan = plan_of(claim(view(abandoned, &st.lease_extra), Some(7), END + 1));
+        assert_eq!((plan.reserve, plan.adopt, plan.attempt), (true, true, 3));
+        let step = acquire(plan, KEY, 21, LEASE, at(END + 1), &memory());
+        assert!(matches!(step.change, Change::Put { adopt: true, .. }));
+        assert_eq!(step.write, None, "a memory-only engine builds no record");
+    }
+
+    #[test]
+    fn claim_of_a_published_completion_replays_it() {
+        let st = states();
+        // Memory only: the response is beside the slot.
+        let step = claim(view(st.done, &st.done_extra), Some(7), LIVE);
+        assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+        assert_eq!(step.deltas, Deltas { replays: 1, ..NONE });
+        let ClaimAnswer::Replay(stored) = step.answer else {
+            panic!("expected Replay");
+        };
+        assert_eq!(
+            (&*stored.response, stored.token, stored.attempt),
+            (&b"resp"[..], 5, 2)
+        );
+        // Durable: the response is in the file, read after the lock is dropped (and the
+        // replay counted then).
+        let extra = fp(7);
+        let step = claim(view(st.done, &extra), None, EXPIRES - 1);
+        assert!(matches!(
+            step.answer,
+            ClaimAnswer::ReplayFromFile { token: 5 }
+        ));
+        assert_eq!(step.deltas, NONE);
+        // Without side data at all (a published durable completion drops it).
+        let bare = View {
+            slot: Some(st.done),
+            extra: None,
+        };
+        assert!(matches!(
+            claim(bare, Some(1), LIVE).answer,
+            ClaimAnswer::ReplayFromFile { token: 5 }
+        ));
+    }
+
+    #[test]
+    fn claim_of_an_unpublished_completion_is_busy_completing() {
+        let st = states();
+        let busy = busy_of(claim(view(st.done_unpublished, &st.done_extra), None, LIVE));
+        assert_eq!(
+            (busy.retry_after, busy.attempt, busy.completing),
+            (RETRY_AFTER_UNPUBLISHED, 2, true)
+        );
+    }
+
+    #[test]
+    fn a_fingerprint_mismatch_is_refused_in_every_state_that_has_one() {
+        let st = states();
+        let abandoned = st.lease.into_abandoned();
+        let cells = [
+            ("InFlight, live", view(st.lease, &st.lease_extra), LIVE),
+            ("InFlight, over", view(st.lease, &st.lease_extra), END),
+            ("InFlight, abandoned", view(abandoned, &st.lease_extra), END),
+            ("Completed", view(st.done, &st.done_extra), LIVE),
+            (
+                "Completed, unpublished",
+                view(st.done_unpublished, &st.done_extra),
+                LIVE,
+            ),
+        ];
+        for (name, v, now) in cells {
+            let step = claim(v, Some(8), now);
+            assert!(
+                matches!(step.answer, ClaimAnswer::FingerprintMismatch),
+                "{name}"
+            );
+            assert_eq!(
+                (&step.change, &step.write),
+                (&Change::Keep, &None),
+                "{name}"
+            );
+            assert_eq!(
+                step.deltas,
+                Deltas {
+                    fingerprint_mismatches: 1,
+                    ..NONE
+                },
+                "{name}"
+            );
+            // The same fingerprint, or none asked, is never a mismatch.
+            for asked in [Some(7), None] {
+                let step = claim(v, asked, now);
+                assert!(
+                    !matches!(step.answer, ClaimAnswer::FingerprintMismatch),
+                    "{name}"
+                );
+            }
+        }
+        // A state without a stored fingerprint is not checked.
+        let none = Extra::default();
+        let step = claim(view(st.lease, &none), Some(8), LIVE);
+        assert!(matches!(step.answer, ClaimAnswer::Busy(_)));
+        // Absent and expired have none to compare with.
+        assert!(matches!(
+            claim(View::ABSENT, Some(8), LIVE).answer,
+            ClaimAnswer::Acquire(_)
+        ));
+    }
+
+    // --- complete ------------------------------------------------------------------------
+
+    fn complete_op() -> Holder {
+        Holder::Complete {
+            response: Arc::from(&b"out"[..]),
+        }
+    }
+
+    fn lost(step: &Step<HolderAnswer>) {
+        assert_eq!(step.answer, HolderAnswer::LeaseLost);
+        assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                leases_lost: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn complete_of_an_absent_or_expired_key_is_lease_lost() {
+        let st = states();
+        lost(&hold(
+            View::ABSENT,
+            KEY,
+            5,
+            complete_op(),
+            at(LIVE),
+            &durable(),
+        ));
+        let expired = view(st.done, &st.done_extra);
+        lost(&hold(
+            expired,
+            KEY,
+            5,
+            complete_op(),
+            at(EXPIRES),
+            &durable(),
+        ));
+    }
+
+    #[test]
+    fn complete_by_the_holder_completes_live_or_over_and_another_token_is_lease_lost() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        // Live, and over (nobody took over): the same transition.
+        for now in [LIVE, END, END + 1_000 * MS] {
+            let step = hold(v, KEY, 5, complete_op(), at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            let expires_wall_ms = at(now).wall_ms + 10_000;
+            assert_eq!(
+                step.change,
+                Change::Put {
+                    // Unpublished until the writer commits it.
+                    slot: Slot::completed(5, now + RETENTION.as_nanos() as u64, 2, false),
+                    extra: Extra {
+                        fingerprint: Some(7),
+                        response: Some(Arc::from(&b"out"[..])),
+                        expires_wall_ms,
+                        ..Extra::default()
+                    },
+                    reap_ns: None,
+                    adopt: false,
+                }
+            );
+            assert_eq!(
+                step.write,
+                Some(Write::Put {
+                    token: 5,
+                    old: None,
+                    record: Record {
+                        key: Blob(Arc::from(KEY)),
+                        fingerprint: Some(7),
+                        state: RecordState::Completed {
+                            attempt: 2,
+                            completed_wall_ms: at(now).wall_ms,
+                            expires_wall_ms,
+                            response: Blob(Arc::from(&b"out"[..])),
+                        },
+                    },
+                    publish: true,
+                })
+            );
+            assert_eq!(
+                step.deltas,
+                Deltas {
+                    inflight: -1,
+                    completed: 1,
+                    completions: 1,
+                    ..NONE
+                }
+            );
+            // A superseded token (the key was taken over: it holds a newer one).
+            lost(&hold(v, KEY, 4, complete_op(), at(now), &durable()));
+        }
+    }
+
+    #[test]
+    fn complete_in_a_memory_only_engine_is_published_at_once() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        let step = hold(v, KEY, 5, complete_op(), at(LIVE), &memory());
+        assert_eq!(step.write, None);
+        assert!(
+            matches!(&step.change, Change::Put { slot, extra, .. } if slot.is_published() && extra.response.is_some())
+        );
+    }
+
+    #[test]
+    fn complete_of_a_completion_is_a_repeat_for_its_token_and_lease_lost_otherwise() {
+        let st = states();
+        for (slot, published) in [(st.done, true), (st.done_unpublished, false)] {
+            let v = view(slot, &st.done_extra);
+            let step = hold(v, KEY, 5, complete_op(), at(LIVE), &durable());
+            assert_eq!(step.answer, HolderAnswer::Repeat { published });
+            assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+            assert_eq!(step.deltas, NONE);
+            lost(&hold(v, KEY, 6, complete_op(), at(LIVE), &durable()));
+        }
+    }
+
+    // --- release -------------------------------------------------------------------------
+
+    fn not_held(step: &Step<HolderAnswer>) {
+        assert_eq!(step.answer, HolderAnswer::NotHeld);
+        assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+        assert_eq!(
+            step.deltas, NONE,
+            "a release that holds nothing counts nothing"
+        );
+    }
+
+    #[test]
+    fn release_by_the_holder_makes_the_key_absent_live_or_over() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        for now in [LIVE, END] {
+            let step = hold(v, KEY, 5, Holder::Release, at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            assert_eq!(step.change, Change::Remove);
+            assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+            assert_eq!(
+                step.deltas,
+                Deltas {
+                    inflight: -1,
+                    releases: 1,
+                    ..NONE
+                }
+            );
+            not_held(&hold(v, KEY, 4, Holder::Release, at(now), &durable()));
+        }
+        let step = hold(v, KEY, 5, Holder::Release, at(LIVE), &memory());
+        assert_eq!((step.change, step.write), (Change::Remove, None));
+    }
+
+    #[test]
+    fn release_of_an_absent_expired_or_completed_key_holds_nothing() {
+        let st = states();
+        not_held(&hold(
+            View::ABSENT,
+            KEY,
+            5,
+            Holder::Release,
+            at(LIVE),
+            &durable(),
+        ));
+        let done = view(st.done, &st.done_extra);
+        not_held(&hold(done, KEY, 5, Holder::Release, at(LIVE), &durable()));
+        not_held(&hold(
+            done,
+            KEY,
+            5,
+            Holder::Release,
+            at(EXPIRES),
+            &durable(),
+        ));
+        let unpublished = view(st.done_unpublished, &st.done_extra);
+        not_held(&hold(
+            unpublished,
+            KEY,
+            5,
+            Holder::Release,
+            at(LIVE),
+            &durable(),
+        ));
+    }
+
+    // --- extend and checkpoint ---------------------------------------------------------------
+
+    #[test]
+    fn extend_by_the_holder_moves_the_lease_end_live_or_over() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        for now in [LIVE, END + 7 * MS] {
+            let lease = Duration::from_secs(5);
+            let op = Holder::Extend { lease };
+            let step = hold(v, KEY, 5, op.clone(), at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            let deadline = now + 5_000 * MS;
+            assert_eq!(
+                step.change,
+                Change::Put {
+                    slot: Slot::inflight(5, deadline, 2),
+                    extra: st.lease_extra.clone(),
+                    reap_ns: None,
+                    adopt: false,
+                }
+            );
+            assert_eq!(
+                step.write,
+                Some(Write::Put {
+                    token: 5,
+                    old: None,
+                    record: inflight_record(
+                        KEY,
+                        Some(7),
+                        2,
+                        st.lease_extra.checkpoint.clone(),
+                        at(now).wall_ms + 5_000
+                    ),
+                    publish: false,
+                })
+            );
+            assert_eq!(step.deltas, NONE);
+            lost(&hold(v, KEY, 4, op, at(now), &durable()));
+        }
+    }
+
+    #[test]
+    fn checkpoint_by_the_holder_persists_the_lease_s_own_end_even_when_over() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        let cp = Checkpoint::new(4, b"more");
+        for now in [LIVE, END + 7 * MS] {
+            let op = Holder::Checkpoint(cp.clone());
+            let step = hold(v, KEY, 5, op.clone(), at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            let extra = Extra {
+                fingerprint: Some(7),
+                checkpoint: Some(cp.clone()),
+                ..Extra::default()
+            };
+            assert_eq!(
+                step.change,
+                Change::Put {
+                    slot: st.lease,
+                    extra,
+                    reap_ns: None,
+                    adopt: false,
+                }
+            );
+            // The lease's end (not now) on the wall clock: `END` in wall time.
+            assert_eq!(
+                step.write,
+                Some(Write::Put {
+                    token: 5,
+                    old: None,
+                    record: inflight_record(KEY, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
+                    publish: false,
+                })
+            );
+            lost(&hold(v, KEY, 6, op, at(now), &durable()));
+        }
+        let step = hold(v, KEY, 5, Holder::Checkpoint(cp), at(LIVE), &memory());
+        assert_eq!(step.write, None);
+    }
+
+    #[test]
+    fn extend_and_checkpoint_of_an_absent_expired_or_completed_key_are_lease_lost() {
+        let st = states();
+        let ops = [
+            Holder::Extend { lease: LEASE },
+            Holder::Checkpoint(Checkpoint::new(1, b"x")),
+        ];
+        for op in ops {
+            lost(&hold(
+                View::ABSENT,
+                KEY,
+                5,
+                op.clone(),
+                at(LIVE),
+                &durable(),
+            ));
+            let done = view(st.done, &st.done_extra);
+            lost(&hold(done, KEY, 5, op.clone(), at(LIVE), &durable()));
+            lost(&hold(done, KEY, 5, op.clone(), at(EXPIRES), &durable()));
+            let unpublished = view(st.done_unpublished, &st.done_extra);
+            lost(&hold(unpublished, KEY, 5, op, at(LIVE), &durable()));
+        }
+    }
+
+    // --- the sweeper -------------------------------------------------------------------------
+
+    #[test]
+    fn the_sweeper_expires_only_completions_past_their_retention() {
+        let st = states();
+        assert_eq!(expire(&st.done, EXPIRES - 1), None);
+        let step = expire(&st.done, EXPIRES).expect("due");
+        assert_eq!(step.change, Change::Remove);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: -1,
+                expirations: 1,
+                ..NONE
+            }
+        );
+        // Never a lease, live, over or abandoned.
+        assert_eq!(expire(&st.lease, u64::MAX), None);
+        assert_eq!(expire(&st.lease.into_abandoned(), u64::MAX), None);
+    }
+
+    #[test]
+    fn the_sweeper_reaps_only_abandoned_claims_at_their_reap_instant() {
+        let st = states();
+        let reap_at = END + RETENTION.as_nanos() as u64;
+        let abandoned = st.lease.into_abandoned();
+        assert_eq!(reap(&abandoned, reap_at, reap_at - 1), None);
+        let step = reap(&abandoned, reap_at, reap_at).expect("due");
+        assert_eq!(step.change, Change::Remove);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                abandoned_reaped: 1,
+                ..NONE
+            }
+        );
+        // A lease still counted live (not seen to end) and a completion never are.
+        assert_eq!(reap(&st.lease, reap_at, u64::MAX), None);
+        assert_eq!(reap(&st.done, reap_at, u64::MAX), None);
+    }
+
+    // --- recovery ----------------------------------------------------------------------------
+
+    fn reopen(recovery: Recovery) -> Reopen {
+        Reopen {
+            recovery,
+            lease: LEASE,
+            retention: RETENTION,
+        }
+    }
+
+    #[test]
+    fn recovery_deletes_expired_completions_and_loads_the_others_published() {
+        let now = at(LIVE);
+        let head = |expires_wall_ms| HeadState::Completed {
+            attempt: 2,
+            completed_wall_ms: 0,
+            expires_wall_ms,
+        };
+        let r = reopen(Recovery::TakeOver);
+        assert_eq!(
+            recover(5, head(now.wall_ms), None, now, &r),
+            Recovered::Expired
+        );
+        assert_eq!(
+            recover(5, head(now.wall_ms + 3), Some(7), now, &r),
+            Recovered::Load {
+                slot: Slot::completed(5, LIVE + 3 * MS, 2, true),
+                extra: Extra::default(),
+                reap_ns: None,
+            }
+        );
+    }
+
+    #[test]
+    fn recovery_reaps_abandoned_claims_and_readies_the_others_for_takeover() {
+        let now = at(LIVE);
+        let retention_ms = RETENTION.as_millis() as u64;
+        let cp = Some(Checkpoint::new(1, b"c"));
+        let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_deadline_wall_ms,
+            attempt: 2,
+            checkpoint: cp.clone(),
+        };
+        let take = reopen(Recovery::TakeOver);
+        let honour = reopen(Recovery::HonourLeases);
+        // Past its lease end plus retention: reaped.
+        let ended = now.wall_ms - retention_ms;
+        assert_eq!(recover(5, head(ended), None, now, &take), Recovered::Reaped);
+        // Before: loaded, reaped at its recorded end plus retention.
+        let extra = Extra {
+            fingerprint: Some(7),
+            checkpoint: cp.clone(),
+            ..Extra::default()
+        };
+        let end_wall = now.wall_ms - 1;
+        assert_eq!(
+            recover(5, head(end_wall), Some(7), now, &take),
+            Recovered::Load {
+                slot: Slot::inflight(5, LIVE, 2),
+                extra: extra.clone(),
+                reap_ns: Some(LIVE + (retention_ms - 1) * MS),
+            }
+        );
+        // Honoured leases keep their time left, capped at one configured lease.
+        let far = now.wall_ms + 3_600_000;
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &honour) else {
+            panic!("expected Load");
+        };
+        assert_eq!(slot, Slot::inflight(5, LIVE + LEASE.as_nanos() as u64, 2));
+        let Recovered::Load { slot, .. } = recover(5, head(now.wall_ms + 2), Some(7), now, &honour)
+        else {
+            panic!("expected Load");
+        };
+        assert_eq!(slot, Slot::inflight(5, LIVE + 2 * MS, 2));
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &take) else {
+            panic!("expected Load");
+        };
+        assert_eq!(slot.deadline_ns, LIVE, "taken over at once");
+    }
+
+    #[test]
+    fn recovery_keeps_the_newer_of_two_records_of_a_key() {
+        let lease = Slot::inflight(5, LIVE, 1);
+        let done = Slot::completed(9, EXPIRES, 1, true);
+        // First record of the key.
+        let step = load(None, lease, Extra::default(), Some(7));
+        assert_eq!(step.write, None);
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                inflight: 1,
+                ..NONE
+            }
+        );
+        assert!(matches!(
+            step.change,
+            Change::Put {
+                reap_ns: Some(7),
+                ..
+            }
+        ));
+        // A newer record replaces an older one, whose record is deleted.
+        let step = load(Some(lease), done, Extra::default(), None);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                inflight: -1,
+                completed: 1,
+                ..NONE
+            }
+        );
+        assert!(matches!(step.change, Change::Put { slot, .. } if slot == done));
+        // An older record found after a newer one is deleted instead.
+        let step = load(Some(done), lease, Extra::default(), None);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!((step.change, step.deltas), (Change::Keep, NONE));
+    }
+
+    // --- import ------------------------------------------------------------------------------
+
+    fn record(token: u64, state: RecordInfoState) -> RecordInfo {
+        RecordInfo {
+            key: KEY.to_vec(),
+            token,
+            fingerprint: Some(7),
+            attempt: 2,
+            state,
+        }
+    }
+
+    fn completed_info(expires_at_ms: u64, response: &[u8], published: bool) -> RecordInfoState {
+        RecordInfoState::Completed {
+            response: response.to_vec(),
+            expires_at_ms,
+            published,
+        }
+    }
+
+    #[test]
+    fn import_adds_a_record_to_an_absent_or_expired_key() {
+        let now = at(LIVE);
+        let info = record(40, completed_info(now.wall_ms + 3, b"r", true));
+        let step = import(View::ABSENT, &info, 40, now, &durable()).expect("imported");
+        assert_eq!(step.answer, Imported::Added);
+        assert_eq!(
+            step.change,
+            Change::Put {
+                // Published by the writer once committed.
+                slot: Slot::completed(40, LIVE + 3 * MS, 2, false),
+                extra: fp(7),
+                reap_ns: None,
+                adopt: false,
+            }
+        );
+        assert!(matches!(
+            step.write,
+            Some(Write::Put {
+                token: 40,
+                old: None,
+                publish: true,
+                ..
+            })
+        ));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: 1,
+                ..NONE
+            }
+        );
+        // Over an expired completion: it replaces it.
+        let st = states();
+        let expired = view(st.done, &st.done_extra);
+        let later = at(EXPIRES);
+        let info = record(41, completed_info(later.wall_ms + 3, b"r", true));
+        let step = import(expired, &info, 41, later, &memory()).expect("imported");
+        assert_eq!(step.write, None);
+        assert_eq!(step.deltas, NONE, "one completion out, one in");
+        assert!(
+            matches!(&step.change, Change::Put { slot, extra, .. } if slot.is_published() && extra.response.is_some())
+        );
+        // An InFlight record is reaped at its recorded end plus retention.
+        let info = record(
+            42,
+            RecordInfoState::InFlight {
+                lease_deadline_ms: now.wall_ms + 2,
+                checkpoint: Some((1, b"c".to_vec())),
+            },
+        );
+        let step = import(View::ABSENT, &info, 42, now, &durable()).expect("imported");
+        assert!(matches!(
+            step.change,
+            Change::Put { slot, reap_ns: Some(r), .. }
+                if slot == Slot::inflight(42, LIVE + 2 * MS, 2) && r == LIVE + 10_002 * MS
+        ));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                inflight: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn import_refuses_live_keys_small_tokens_and_malformed_records() {
+        let st = states();
+        let now = at(LIVE);
+        let good = record(40, completed_info(now.wall_ms + 3, b"r", true));
+        for live in [
+            view(st.lease, &st.lease_extra),
+            view(st.done, &st.done_extra),
+            view(st.done_unpublished, &st.done_extra),
+        ] {
+            assert_eq!(
+                import(live, &good, 40, now, &durable()).err(),
+                Some(ImportError::KeyExists)
+            );
+        }
+        assert_eq!(
+            import(View::ABSENT, &good, 41, now, &durable()).err(),
+            Some(ImportError::TokenTooSmall { token: 40, min: 41 })
+        );
+        let max = record(u64::MAX, completed_info(now.wall_ms + 3, b"r", true));
+        assert!(matches!(
+            import(View::ABSENT, &max, 1, now, &durable()),
+            Err(ImportError::TokenTooSmall { .. })
+        ));
+        let unpublished = record(40, completed_info(now.wall_ms + 3, b"r", false));
+        assert!(matches!(
+            import(View::ABSENT, &unpublished, 40, now, &durable()),
+            Err(ImportError::Invalid(_))
+        ));
+        let large = record(40, completed_info(now.wall_ms + 3, &[0; 17], true));
+        assert!(matches!(
+            import(View::ABSENT, &large, 40, now, &durable()),
+            Err(ImportError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn import_of_a_record_past_its_end_brings_nothing_back_even_over_a_live_key() {
+        let st = states();
+        let now = at(LIVE);
+        let live = view(st.lease, &st.lease_extra);
+        let retention_ms = RETENTION.as_millis() as u64;
+        let gone = [
+            completed_info(now.wall_ms, b"r", true),
+            RecordInfoState::InFlight {
+                lease_deadline_ms: now.wall_ms - retention_ms,
+                checkpoint: None,
+            },
+        ];
+        for state in gone {
+            let step = import(live, &record(1, state), 40, now, &durable()).expect("no error");
+            assert_eq!(step.answer, Imported::Gone);
+            assert_eq!(
+                (step.change, step.write, step.deltas),
+                (Change::Keep, None, NONE)
+            );
+        }
     }
 }
