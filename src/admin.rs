@@ -1,13 +1,11 @@
 //! Operator calls: list records, force-release a stuck claim, expire now, import records.
 //! They serve the `idemkv` command and tests; services rarely need them.
 
-use crate::codec::{Blob, Checkpoint, Record, RecordState};
 use crate::engine::Engine;
 use crate::error::{ClaimError, LeaseError, Limit};
-use crate::index::{Extra, Slot};
 use crate::lease::KeyState;
-use crate::sync::{Arc, Ordering};
-use crate::writer::{wait_ack, Op};
+use crate::machine::{self, Imported};
+use crate::writer::wait_ack;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -96,18 +94,6 @@ impl fmt::Display for ImportError {
 }
 
 impl std::error::Error for ImportError {}
-
-/// How an imported record enters the index.
-enum Import {
-    /// `reap_ns`: time left until it is reaped, from its recorded lease end.
-    InFlight {
-        left_ns: u64,
-        reap_ns: u64,
-    },
-    Completed {
-        left_ns: u64,
-    },
-}
 
 impl Engine {
     /// Every live (unexpired) record, in token order. Takes each stripe lock once, briefly;
@@ -244,145 +230,30 @@ impl Engine {
             )));
         }
         let key = record.key.as_slice();
-        let wall = s.time.wall_ms();
-        let (slot_of, state, extra) = match &record.state {
-            RecordInfoState::InFlight {
-                lease_deadline_ms, ..
-            } if lease_deadline_ms.saturating_add(crate::clock::duration_ms(s.cfg.retention))
-                <= wall =>
-            {
-                // An abandoned claim already past its reap instant: nothing to bring back.
-                return Ok(());
-            }
-            RecordInfoState::InFlight {
-                lease_deadline_ms,
-                checkpoint,
-            } => {
-                let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
-                let left_ns = lease_deadline_ms
-                    .saturating_sub(wall)
-                    .saturating_mul(1_000_000);
-                let extra = Extra {
-                    fingerprint: record.fingerprint,
-                    checkpoint: checkpoint.clone(),
-                    ..Extra::default()
-                };
-                let state = RecordState::InFlight {
-                    lease_deadline_wall_ms: *lease_deadline_ms,
-                    attempt: record.attempt,
-                    checkpoint,
-                };
-                let reap_ns = lease_deadline_ms
-                    .saturating_add(crate::clock::duration_ms(s.cfg.retention))
-                    .saturating_sub(wall)
-                    .saturating_mul(1_000_000);
-                (Import::InFlight { left_ns, reap_ns }, state, extra)
-            }
-            RecordInfoState::Completed {
-                published: false, ..
-            } => return Err(ImportError::Invalid("a completion not yet durable".into())),
-            RecordInfoState::Completed { expires_at_ms, .. } if *expires_at_ms <= wall => {
-                // Already past its retention: there is nothing to bring back.
-                return Ok(());
-            }
-            RecordInfoState::Completed {
-                response,
-                expires_at_ms,
-                ..
-            } => {
-                if response.len() > s.cfg.response_len_max {
-                    return Err(ImportError::Invalid("response too large".into()));
-                }
-                let response: Arc<[u8]> = Arc::from(response.as_slice());
-                let left_ns = (expires_at_ms - wall).saturating_mul(1_000_000);
-                let extra = if s.tx.is_none() {
-                    Extra {
-                        fingerprint: record.fingerprint,
-                        response: Some(response.clone()),
-                        expires_wall_ms: *expires_at_ms,
-                        ..Extra::default()
-                    }
-                } else {
-                    // Until the writer publishes it, the fingerprint is checked from here.
-                    Extra {
-                        fingerprint: record.fingerprint,
-                        ..Extra::default()
-                    }
-                };
-                let state = RecordState::Completed {
-                    attempt: record.attempt,
-                    completed_wall_ms: wall,
-                    expires_wall_ms: *expires_at_ms,
-                    response: Blob(response),
-                };
-                (Import::Completed { left_ns }, state, extra)
-            }
-        };
         let (mut shard, changed) = s.index.lock(key);
-        let now = s.time.mono_ns();
-        let old = match shard.get(key) {
-            Some(slot) if !slot.is_expired(now) => return Err(ImportError::KeyExists),
-            Some(slot) => Some(slot.token),
-            None => None,
-        };
-        let min = s.tokens.next();
-        if record.token < min || record.token == u64::MAX {
-            return Err(ImportError::TokenTooSmall {
-                token: record.token,
-                min,
-            });
+        let step = machine::import(
+            shard.view(key),
+            record,
+            s.tokens.next(),
+            s.now(),
+            &s.rules(),
+        )?;
+        if step.answer == Imported::Gone {
+            return Ok(());
         }
         if !s.tokens.advance_to(record.token) {
             return Err(ImportError::Engine(ClaimError::TokensExhausted));
         }
-        let durable = s.tx.is_some();
         let (ack, rx) = if wait && s.tx.is_some() {
             let (ack, rx) = crate::writer::ack_pair();
             (Some(ack), Some(rx))
         } else {
             (None, None)
         };
-        let op = Op::Put {
-            token: record.token,
-            old,
-            record: Record {
-                key: Blob(Arc::from(key)),
-                fingerprint: record.fingerprint,
-                state,
-            },
-            publish: true,
-            ack,
-        };
-        self.shared()
-            .send(op, false)
+        s.queue(step.write, ack, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
-        let (slot, reap_ns) = match slot_of {
-            Import::InFlight { left_ns, reap_ns } => {
-                s.counters.inflight.fetch_add(1, Ordering::Relaxed);
-                let slot =
-                    Slot::inflight(record.token, now.saturating_add(left_ns), record.attempt);
-                (slot, Some(now.saturating_add(reap_ns)))
-            }
-            // A durable import is shown once the writer has committed and published it.
-            Import::Completed { left_ns } => {
-                s.counters.completed.fetch_add(1, Ordering::Relaxed);
-                let slot = Slot::completed(
-                    record.token,
-                    now.saturating_add(left_ns),
-                    record.attempt,
-                    !durable,
-                );
-                (slot, None)
-            }
-        };
-        if old.is_some() {
-            // Only an expired completion can be replaced here.
-            s.counters.completed.fetch_sub(1, Ordering::Relaxed);
-        }
-        match reap_ns {
-            Some(reap_ns) => shard.put_reaped_at(key, slot, extra, reap_ns),
-            None => shard.put(key, slot, extra),
-        }
+        shard.apply(key, step.change);
+        s.count(&step.deltas);
         drop(shard);
         changed.notify_all();
         if let Some(rx) = rx {

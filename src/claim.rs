@@ -1,22 +1,24 @@
 //! Claims: the atomic check-and-write at the heart of idemkv, waiting losers, and `run`.
 //!
-//! Every decision is taken by `claim_step` under the key's stripe lock, in one step: look at
-//! the slot, decide, queue the write (non-blocking), change the slot. Waiting for
+//! Every decision is taken by the state machine (`machine.rs`), applied by `claim_step`
+//! under the key's stripe lock in one step: look at the slot, decide, queue the write
+//! (non-blocking), change the slot. Waiting for
 //! durability and reading a stored response from the file happen after the lock is dropped.
 
-use crate::clock::{duration_ms, duration_ns};
-use crate::codec::{self, Blob, Checkpoint, Record, RecordState};
+use crate::clock::duration_ns;
+use crate::codec::{self, Checkpoint, RecordState};
 use crate::constants::*;
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
 use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
-use crate::index::{Extra, Shard, Slot};
+use crate::index::Shard;
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
+use crate::machine::{self, Acquired, Acquiring, ClaimAnswer};
 use crate::options::ClaimOptions;
 use crate::stats::bump;
 use crate::sweep::Room;
 use crate::sync::{Arc, MutexGuard, Ordering};
 use crate::token::Shortage;
-use crate::writer::{wait_ack, Op};
+use crate::writer::wait_ack;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;
@@ -84,27 +86,9 @@ pub(crate) struct FromFile {
     pub(crate) fingerprint: Option<u64>,
 }
 
-/// The InFlight record persisted for a lease.
-pub(crate) fn inflight_record(
-    key: &[u8],
-    fingerprint: Option<u64>,
-    attempt: u32,
-    checkpoint: Option<Checkpoint>,
-    deadline_wall_ms: u64,
-) -> Record {
-    Record {
-        key: Blob(Arc::from(key)),
-        fingerprint,
-        state: RecordState::InFlight {
-            lease_deadline_wall_ms: deadline_wall_ms,
-            attempt,
-            checkpoint,
-        },
-    }
-}
-
 impl Engine {
-    /// The state machine's claim transition. Runs under the stripe lock.
+    /// A claim's transition (`machine::claim`, then `machine::acquire`), under the stripe
+    /// lock: decide, admit, issue a token, queue the write, change the slot.
     fn claim_step(
         &self,
         shard: &mut MutexGuard<'_, Shard>,
@@ -113,80 +97,36 @@ impl Engine {
     ) -> Result<Step, ClaimError> {
         let s = self.shared();
         let c = &s.counters;
-        let now = s.time.mono_ns();
-        let mut takeover = false;
-        // A takeover of a lease already seen to end: it holds no place in the live count.
-        let mut adopt = false;
-        let mut expired = false;
-        let mut attempt = 1u32;
-        let mut checkpoint = None;
-        let mut fingerprint = opts.fingerprint;
-        let current = shard.get(key);
-        if let Some(slot) = current {
-            if slot.is_expired(now) {
-                expired = true;
-            } else {
-                let extra = shard.extra(&slot);
-                let stored_fp = extra.and_then(|e| e.fingerprint);
-                if let (Some(asked), Some(stored)) = (opts.fingerprint, stored_fp) {
-                    if asked != stored {
-                        bump(&c.fingerprint_mismatches);
-                        return Err(ClaimError::FingerprintMismatch);
-                    }
-                }
-                if !slot.is_inflight() {
-                    if !slot.is_published() {
-                        bump(&c.in_progress);
-                        return Ok(Step::Busy(Busy {
-                            retry_after: RETRY_AFTER_UNPUBLISHED,
-                            attempt: slot.attempt,
-                            completing: true,
-                        }));
-                    }
-                    return Ok(match extra.and_then(|e| e.response.clone()) {
-                        Some(response) => {
-                            bump(&c.replays);
-                            Step::Replay(Stored {
-                                response,
-                                token: slot.token,
-                                attempt: slot.attempt,
-                            })
-                        }
-                        None => Step::ReplayFromFile { token: slot.token },
-                    });
-                }
-                if now < slot.deadline_ns {
-                    bump(&c.in_progress);
-                    return Ok(Step::Busy(Busy {
-                        retry_after: Duration::from_nanos(slot.deadline_ns - now),
-                        attempt: slot.attempt,
-                        completing: false,
-                    }));
-                }
-                takeover = true;
-                adopt = slot.is_abandoned();
-                attempt = slot.attempt.saturating_add(1);
-                checkpoint = extra.and_then(|e| e.checkpoint.clone());
-                fingerprint = fingerprint.or(stored_fp);
-            }
-        }
-        if current.is_none() && !self.admit_new_key(shard, now) {
+        let now = s.now();
+        let decided = machine::claim(shard.view(key), opts.fingerprint, now.mono_ns);
+        s.count(&decided.deltas);
+        let mut plan = match decided.answer {
+            ClaimAnswer::Acquire(plan) => plan,
+            ClaimAnswer::Busy(busy) => return Ok(Step::Busy(busy)),
+            ClaimAnswer::Replay(stored) => return Ok(Step::Replay(stored)),
+            ClaimAnswer::ReplayFromFile { token } => return Ok(Step::ReplayFromFile { token }),
+            ClaimAnswer::FingerprintMismatch => return Err(ClaimError::FingerprintMismatch),
+        };
+        if plan.kind == Acquiring::New && !self.admit_new_key(shard, now.mono_ns) {
             return Ok(Step::NeedRoom);
         }
         // Only live leases count against the in-flight limit: the claim is admitted if the
         // live leases of other keys leave room. A takeover of an ended lease that still holds
         // its place inherits it; any other claim reserves one.
-        let mut reserved = !takeover || adopt;
-        if !reserved && c.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
+        if !plan.reserve && c.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
             // The count includes the ended lease being replaced, and exceeds the limit only
             // after `extend`s of ended leases. Move this stripe's ended leases (this one
-            // among them) out of the count, and decide as for a takeover of an abandoned
+            // among them) out of the count, and decide again: as a takeover of an abandoned
             // lease, which reserves a place.
-            shard.end_leases(now, usize::MAX);
-            adopt = shard.get(key).is_some_and(|slot| slot.is_abandoned());
-            reserved = adopt;
+            shard.end_leases(now.mono_ns, usize::MAX);
+            if let ClaimAnswer::Acquire(again) =
+                machine::claim(shard.view(key), opts.fingerprint, now.mono_ns).answer
+            {
+                plan = again;
+            }
         }
-        if reserved && !self.reserve_live(shard, now) {
+        let reserved = plan.reserve;
+        if reserved && !self.reserve_live(shard, now.mono_ns) {
             return Ok(Step::NeedLeases);
         }
         let undo = || {
@@ -204,61 +144,32 @@ impl Engine {
                 };
             }
         };
-        debug_assert!(
-            current.is_none_or(|old| old.token < token),
-            "tokens must increase per key"
-        );
         // Test-only sabotage: open a check-then-act window, the bug this crate exists to
         // prevent, so that the checkers can show they catch it (docs/testing.md).
-        if current.is_none() && self.sabotaged(Sabotage::CheckThenAct) {
+        if plan.kind == Acquiring::New && self.sabotaged(Sabotage::CheckThenAct) {
             MutexGuard::unlocked(shard, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
+        let step = machine::acquire(plan, key, token, lease, now, &s.rules());
         let (ack, ack_rx) = self.ack_for_mode();
-        if s.tx.is_some() {
-            let deadline_wall = s.time.wall_ms().saturating_add(duration_ms(lease));
-            let op = Op::Put {
-                token,
-                old: current.map(|slot| slot.token),
-                record: inflight_record(
-                    key,
-                    fingerprint,
-                    attempt,
-                    checkpoint.clone(),
-                    deadline_wall,
-                ),
-                publish: false,
-                ack,
-            };
-            if let Err(refused) = self.shared().send(op, true) {
-                undo();
-                return Err(match refused {
-                    SendRefused::Full => {
-                        bump(&c.overloaded);
-                        ClaimError::Overloaded(Limit::WriterQueue)
-                    }
-                    SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
-                    SendRefused::Closed => ClaimError::Closed,
-                });
-            }
+        if let Err(refused) = s.queue(step.write, ack, true) {
+            undo();
+            return Err(match refused {
+                SendRefused::Full => {
+                    bump(&c.overloaded);
+                    ClaimError::Overloaded(Limit::WriterQueue)
+                }
+                SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
+                SendRefused::Closed => ClaimError::Closed,
+            });
         }
-        if expired {
-            c.completed.fetch_sub(1, Ordering::Relaxed);
-        }
-        let slot = Slot::inflight(token, now.saturating_add(duration_ns(lease)), attempt);
-        let extra = Extra {
-            fingerprint,
-            checkpoint: checkpoint.clone(),
-            ..Extra::default()
-        };
-        if adopt {
-            shard.adopt(key);
-        }
-        shard.put(key, slot, extra);
-        bump(&c.acquired);
-        if takeover {
-            bump(&c.takeovers);
-        }
+        shard.apply(key, step.change);
+        s.count(&step.deltas);
+        let Acquired {
+            token,
+            attempt,
+            checkpoint,
+        } = step.answer;
         Ok(Step::Acquired {
             token,
             attempt,
@@ -751,7 +662,7 @@ impl Engine {
                 return Ok(false);
             };
             if s.send(
-                Op::Delete {
+                crate::writer::Op::Delete {
                     token: slot.token,
                     ack: None,
                 },

@@ -1,18 +1,20 @@
 //! The engine handle, its shared state, and opening and closing.
 //!
-//! The state machine itself is in `claim.rs` (claims and waits) and `holder.rs` (what a
-//! lease holder does); `sweep.rs` reclaims expired keys; `recovery.rs` rebuilds the index.
+//! The state machine's decisions are in `machine.rs`; `claim.rs` (claims and waits),
+//! `holder.rs` (what a lease holder does), `admin.rs`, `sweep.rs` (reclaiming expired keys)
+//! and `recovery.rs` (rebuilding the index) apply them under the stripe lock.
 
 use crate::clock::{ClockListener, Time};
 use crate::constants::*;
 use crate::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::index::Index;
+use crate::machine::{Deltas, Now, Rules, Write};
 use crate::options::{Durability, EngineBuilder};
 use crate::stats::{read, Counters, Stats};
 use crate::storage::{Closing, Store};
 use crate::sweep::Sweeper;
 use crate::sync::channel::{Receiver, Sender, TrySendError};
-use crate::sync::{Arc, AtomicBool, Condvar, Mutex, Ordering, RwLock, Weak};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, RwLock, Weak};
 use crate::token::Tokens;
 use crate::writer::{self, ack_pair, wait_ack, Op};
 use std::path::Path;
@@ -212,6 +214,83 @@ impl Shared {
         };
         tx.send(Op::Barrier { ack }).map_err(|_| stopped())?;
         wait_ack(self, &rx).map_err(|_| stopped())
+    }
+}
+
+impl Shared {
+    /// The instant of a transition, for the state machine.
+    pub(crate) fn now(&self) -> Now {
+        Now {
+            mono_ns: self.time.mono_ns(),
+            wall_ms: self.time.wall_ms(),
+        }
+    }
+
+    /// The settings the state machine's transitions depend on.
+    pub(crate) fn rules(&self) -> Rules {
+        Rules {
+            retention: self.cfg.retention,
+            response_len_max: self.cfg.response_len_max,
+            durable: self.tx.is_some(),
+        }
+    }
+
+    /// Queues a state machine's write, with `ack` (see [`Shared::send`]). Nothing to write is
+    /// queued as nothing.
+    pub(crate) fn queue(
+        &self,
+        write: Option<Write>,
+        ack: Option<writer::Ack>,
+        claim: bool,
+    ) -> Result<(), SendRefused> {
+        let op = match write {
+            None => return Ok(()),
+            Some(Write::Put {
+                token,
+                old,
+                record,
+                publish,
+            }) => Op::Put {
+                token,
+                old,
+                record,
+                publish,
+                ack,
+            },
+            Some(Write::Delete { token }) => Op::Delete { token, ack },
+        };
+        self.send(op, claim)
+    }
+
+    /// Applies a state machine's counter deltas.
+    pub(crate) fn count(&self, d: &Deltas) {
+        let c = &self.counters;
+        let gauge = |g: &AtomicU64, delta: i64, order: Ordering| {
+            if delta > 0 {
+                g.fetch_add(delta.unsigned_abs(), order);
+            } else if delta < 0 {
+                g.fetch_sub(delta.unsigned_abs(), order);
+            }
+        };
+        gauge(&c.inflight, d.inflight, Ordering::AcqRel);
+        gauge(&c.completed, d.completed, Ordering::Relaxed);
+        let events = [
+            (&c.acquired, d.acquired),
+            (&c.takeovers, d.takeovers),
+            (&c.replays, d.replays),
+            (&c.in_progress, d.in_progress),
+            (&c.fingerprint_mismatches, d.fingerprint_mismatches),
+            (&c.completions, d.completions),
+            (&c.releases, d.releases),
+            (&c.leases_lost, d.leases_lost),
+            (&c.expirations, d.expirations),
+            (&c.abandoned_reaped, d.abandoned_reaped),
+        ];
+        for (counter, n) in events {
+            if n > 0 {
+                counter.fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 }
 

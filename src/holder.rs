@@ -7,15 +7,13 @@
 //! and a refused completion leaves the key InFlight under the holder's token until its lease
 //! ends. Only an explicit release, or the end of the lease, lets another caller run the work.
 
-use crate::claim::inflight_record;
-use crate::clock::{duration_ns, wall_ms_at};
-use crate::codec::{Blob, Checkpoint, Record, RecordState};
+use crate::codec::Checkpoint;
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
 use crate::error::{FlushError, LeaseError, Limit};
-use crate::index::{Extra, Slot};
+use crate::machine::{self, Holder, HolderAnswer};
 use crate::stats::bump;
-use crate::sync::{Arc, Ordering};
-use crate::writer::{wait_ack, Op};
+use crate::sync::Arc;
+use crate::writer::wait_ack;
 use std::time::Duration;
 
 fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
@@ -106,7 +104,6 @@ impl Engine {
     fn try_complete(&self, key: &[u8], token: u64, response: Arc<[u8]>) -> Result<(), LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
-        let c = &s.counters;
         let max = s.cfg.response_len_max;
         if response.len() > max {
             return Err(LeaseError::ResponseTooLarge {
@@ -115,76 +112,42 @@ impl Engine {
             });
         }
         let (mut shard, changed) = s.index.lock(key);
-        let now = s.time.mono_ns();
+        let view = shard.view(key);
         // Test-only sabotage skips the token comparison, to show that the checkers catch a
-        // missing fence.
-        let fenced = |slot: &Slot| slot.token == token || self.sabotaged(Sabotage::NoFencing);
-        let Some(slot) = shard
-            .get(key)
-            .filter(|slot| fenced(slot) && !slot.is_expired(now))
-        else {
-            bump(&c.leases_lost);
-            return Err(LeaseError::LeaseLost);
+        // missing fence: the call acts as whatever token holds the key.
+        let token = match view.slot {
+            Some(slot) if self.sabotaged(Sabotage::NoFencing) => slot.token,
+            _ => token,
         };
-        if !slot.is_inflight() {
-            // A repeat: the first completion stands. It is settled once all queued is.
-            let published = slot.is_published();
-            drop(shard);
-            if !published {
-                s.flush().map_err(|e| match e {
-                    FlushError::Poisoned(why) => LeaseError::OutcomeUnknown(why),
-                    FlushError::Closed => LeaseError::Closed,
-                })?;
+        let rules = s.rules();
+        let op = Holder::Complete { response };
+        let step = machine::hold(view, key, token, op, s.now(), &rules);
+        match step.answer {
+            HolderAnswer::Done => {}
+            HolderAnswer::Repeat { published } => {
+                // The first completion stands. It is settled once all queued is.
+                drop(shard);
+                if !published {
+                    s.flush().map_err(|e| match e {
+                        FlushError::Poisoned(why) => LeaseError::OutcomeUnknown(why),
+                        FlushError::Closed => LeaseError::Closed,
+                    })?;
+                }
+                return Ok(());
             }
-            return Ok(());
+            HolderAnswer::LeaseLost | HolderAnswer::NotHeld => {
+                s.count(&step.deltas);
+                return Err(LeaseError::LeaseLost);
+            }
         }
-        let fingerprint = shard.extra(&slot).and_then(|e| e.fingerprint);
-        let wall = s.time.wall_ms();
-        let expires_wall_ms = wall.saturating_add(crate::clock::duration_ms(s.cfg.retention));
-        let in_memory = s.tx.is_none();
         let (ack, ack_rx) = self.ack_for_mode();
-        if !in_memory {
-            let op = Op::Put {
-                token: slot.token,
-                old: None,
-                record: Record {
-                    key: Blob(Arc::from(key)),
-                    fingerprint,
-                    state: RecordState::Completed {
-                        attempt: slot.attempt,
-                        completed_wall_ms: wall,
-                        expires_wall_ms,
-                        response: Blob(response.clone()),
-                    },
-                },
-                publish: true,
-                ack,
-            };
-            self.shared()
-                .send(op, false)
-                .map_err(|r| refused(self, r))?;
-        }
-        let expires_ns = now.saturating_add(duration_ns(s.cfg.retention));
-        // The response and fingerprint stay beside the slot until the completion is
-        // published: a mismatch is refused and `records` can report it meanwhile. Then a
-        // durable engine drops them (the file holds them); a memory-only one keeps them,
-        // and its completion is published at once.
-        let extra = Extra {
-            fingerprint,
-            response: Some(response),
-            expires_wall_ms,
-            ..Extra::default()
-        };
-        shard.put(
-            key,
-            Slot::completed(slot.token, expires_ns, slot.attempt, in_memory),
-            extra,
-        );
-        c.inflight.fetch_sub(1, Ordering::AcqRel);
-        c.completed.fetch_add(1, Ordering::Relaxed);
-        bump(&c.completions);
+        s.queue(step.write, ack, false)
+            .map_err(|r| refused(self, r))?;
+        shard.apply(key, step.change);
+        s.count(&step.deltas);
         drop(shard);
-        if in_memory {
+        // A memory-only engine's completion is published at once.
+        if !rules.durable {
             changed.notify_all();
         }
         if let Some(rx) = ack_rx {
@@ -222,71 +185,46 @@ impl Engine {
     ) -> Result<(bool, Option<AckRx>), LeaseError> {
         let s = self.shared();
         let (mut shard, changed) = s.index.lock(key);
-        match shard.get(key) {
-            Some(slot) if slot.token == token && slot.is_inflight() => {}
-            _ => return Ok((false, None)),
+        let step = machine::hold(
+            shard.view(key),
+            key,
+            token,
+            Holder::Release,
+            s.now(),
+            &s.rules(),
+        );
+        if step.answer != HolderAnswer::Done {
+            return Ok((false, None));
         }
         let (ack, ack_rx) = if want_ack {
             self.ack_for_mode()
         } else {
             (None, None)
         };
-        self.shared()
-            .send(Op::Delete { token, ack }, false)
+        s.queue(step.write, ack, false)
             .map_err(|r| refused(self, r))?;
-        shard.remove(key);
-        s.counters.inflight.fetch_sub(1, Ordering::AcqRel);
-        bump(&s.counters.releases);
+        shard.apply(key, step.change);
+        s.count(&step.deltas);
         drop(shard);
         changed.notify_all();
         Ok((true, ack_rx))
     }
 
-    /// Applies `change` to the InFlight slot owned by `token` and persists it.
-    fn update_inflight(
-        &self,
-        key: &[u8],
-        token: u64,
-        change: impl FnOnce(&mut Slot, &mut Extra, u64),
-    ) -> Result<(), LeaseError> {
+    /// Applies `op` (an extend or a checkpoint) to the InFlight slot owned by `token` and
+    /// persists it.
+    fn update_inflight(&self, key: &[u8], token: u64, op: Holder) -> Result<(), LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
         let (mut shard, _) = s.index.lock(key);
-        let now = s.time.mono_ns();
-        let Some(mut slot) = shard
-            .get(key)
-            .filter(|slot| slot.token == token && slot.is_inflight())
-        else {
-            bump(&s.counters.leases_lost);
+        let step = machine::hold(shard.view(key), key, token, op, s.now(), &s.rules());
+        if step.answer != HolderAnswer::Done {
+            s.count(&step.deltas);
             return Err(LeaseError::LeaseLost);
-        };
-        let mut extra = shard.extra(&slot).cloned().unwrap_or_default();
-        change(&mut slot, &mut extra, now);
-        let (ack, ack_rx) = self.ack_for_mode();
-        if s.tx.is_some() {
-            // The lease's own end, also when it is already over (a holder may still
-            // checkpoint until someone takes over): recovery reaps the claim `retention`
-            // after it, as the sweeper would have.
-            let deadline_wall = wall_ms_at(s.time.wall_ms(), now, slot.deadline_ns);
-            let record = inflight_record(
-                key,
-                extra.fingerprint,
-                slot.attempt,
-                extra.checkpoint.clone(),
-                deadline_wall,
-            );
-            let op = Op::Put {
-                token,
-                old: None,
-                record,
-                publish: false,
-                ack,
-            };
-            self.shared()
-                .send(op, false)
-                .map_err(|r| refused(self, r))?;
         }
-        shard.put(key, slot, extra);
+        let (ack, ack_rx) = self.ack_for_mode();
+        s.queue(step.write, ack, false)
+            .map_err(|r| refused(self, r))?;
+        shard.apply(key, step.change);
         drop(shard);
         if let Some(rx) = ack_rx {
             wait_ack(s, &rx).map_err(LeaseError::OutcomeUnknown)?;
@@ -297,9 +235,7 @@ impl Engine {
     /// Sets the lease of `token` on `key` to end `lease` from now.
     pub fn extend(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
         self.with_room(key, token, || {
-            self.update_inflight(key, token, |slot, _, now| {
-                slot.deadline_ns = now.saturating_add(duration_ns(lease));
-            })
+            self.update_inflight(key, token, Holder::Extend { lease })
         })
     }
 
@@ -319,9 +255,7 @@ impl Engine {
             });
         }
         self.with_room(key, token, || {
-            self.update_inflight(key, token, |_, extra, _| {
-                extra.checkpoint = Some(Checkpoint::new(phase, data));
-            })
+            self.update_inflight(key, token, Holder::Checkpoint(Checkpoint::new(phase, data)))
         })
     }
 }

@@ -31,6 +31,7 @@
 
 use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
+use crate::machine::{self, Change, Step, View};
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use hashbrown::HashTable;
 use std::cmp::Ordering as CmpOrdering;
@@ -100,6 +101,13 @@ impl Slot {
     /// lease never expires this way; only completed keys do.
     pub(crate) fn is_expired(&self, now_ns: u64) -> bool {
         !self.is_inflight() && now_ns >= self.deadline_ns
+    }
+
+    /// The same slot with its lease seen to end, as the index marks it.
+    #[cfg(test)]
+    pub(crate) fn into_abandoned(mut self) -> Self {
+        self.flags |= ABANDONED;
+        self
     }
 
     /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
@@ -350,15 +358,47 @@ impl Shard {
         }
     }
 
+    /// The key's state, as the state machine reads it.
+    pub(crate) fn view(&self, key: &[u8]) -> View<'_> {
+        let slot = self.get(key);
+        View {
+            slot,
+            extra: slot.as_ref().and_then(|slot| self.extra(slot)),
+        }
+    }
+
+    /// Applies a state machine's change to the key.
+    pub(crate) fn apply(&mut self, key: &[u8], change: Change) {
+        match change {
+            Change::Keep => {}
+            Change::Remove => {
+                self.remove(key);
+            }
+            Change::Put {
+                slot,
+                extra,
+                reap_ns,
+                adopt,
+            } => {
+                if adopt {
+                    self.adopt(key);
+                }
+                self.put_with(key, slot, extra, reap_ns);
+            }
+        }
+    }
+
     /// Sets the key's slot and side data, replacing whatever it had (and its side data). An
     /// InFlight slot is reaped `retention` after its lease ends, unless it is taken over,
-    /// settled or extended first.
+    /// settled or extended first. (The engine goes through [`Shard::apply`].)
+    #[cfg(test)]
     pub(crate) fn put(&mut self, key: &[u8], slot: Slot, extra: Extra) {
         self.put_with(key, slot, extra, None);
     }
 
     /// [`Shard::put`] of an InFlight slot found in the file (or imported), whose reap
     /// instant comes from its recorded lease end rather than its in-memory deadline.
+    #[cfg(test)]
     pub(crate) fn put_reaped_at(&mut self, key: &[u8], slot: Slot, extra: Extra, reap_ns: u64) {
         self.put_with(key, slot, extra, Some(reap_ns));
     }
@@ -630,10 +670,16 @@ impl Shard {
     }
 
     /// Removes the earliest slot due at `now` — a completion past its retention, or an
-    /// abandoned lease past its reap instant — once `send` has queued the deletion of its
-    /// record (by token). A stale entry at the head is dropped instead. Only slots due at
-    /// `now` are ever removed: a live lease or an unexpired completion never is.
-    pub(crate) fn reclaim(&mut self, now: u64, send: &mut dyn FnMut(u64) -> bool) -> Reclaimed {
+    /// abandoned lease past its reap instant — once `send` has queued the state machine's
+    /// step (the deletion of its record, by token). A stale entry at the head is dropped
+    /// instead. Only slots the state machine finds due at `now` are ever removed
+    /// ([`machine::expire`], [`machine::reap`]): a live lease or an unexpired completion
+    /// never is.
+    pub(crate) fn reclaim(
+        &mut self,
+        now: u64,
+        send: &mut dyn FnMut(&Step<()>) -> bool,
+    ) -> Reclaimed {
         let done_at = self
             .done
             .front()
@@ -642,9 +688,9 @@ impl Shard {
         let reap_at = self.ended.peek().map(|e| e.0.reap_ns).filter(|&r| r <= now);
         let out = match (done_at, reap_at) {
             (None, None) => return Reclaimed::Nothing,
-            (Some(d), Some(r)) if r < d => self.reap_head(send),
-            (Some(_), _) => self.expire_head(send),
-            (None, Some(_)) => self.reap_head(send),
+            (Some(d), Some(r)) if r < d => self.reap_head(now, send),
+            (Some(_), _) => self.expire_head(now, send),
+            (None, Some(_)) => self.reap_head(now, send),
         };
         if out != Reclaimed::Refused {
             self.refresh_due();
@@ -652,19 +698,21 @@ impl Shard {
         out
     }
 
-    fn expire_head(&mut self, send: &mut dyn FnMut(u64) -> bool) -> Reclaimed {
+    fn expire_head(&mut self, now: u64, send: &mut dyn FnMut(&Step<()>) -> bool) -> Reclaimed {
         let Some(e) = self.done.front().copied() else {
             return Reclaimed::Nothing;
         };
         let hasher = &self.hasher;
-        let Ok(entry) = self
+        let found = self
             .slots
             .find_entry(e.hash, |(k, s)| done_matches(hasher, k, s, &e))
-        else {
+            .ok()
+            .and_then(|entry| machine::expire(&entry.get().1, now).map(|step| (entry, step)));
+        let Some((entry, step)) = found else {
             self.done.pop_front();
             return Reclaimed::Stale;
         };
-        if !send(entry.get().1.token) {
+        if !send(&step) {
             return Reclaimed::Refused;
         }
         let ((key, slot), _) = entry.remove();
@@ -675,18 +723,22 @@ impl Shard {
         Reclaimed::Expired
     }
 
-    fn reap_head(&mut self, send: &mut dyn FnMut(u64) -> bool) -> Reclaimed {
+    fn reap_head(&mut self, now: u64, send: &mut dyn FnMut(&Step<()>) -> bool) -> Reclaimed {
         let Some(e) = self.ended.peek().map(|e| e.0) else {
             return Reclaimed::Nothing;
         };
-        let Ok(entry) = self
+        let found = self
             .slots
             .find_entry(e.hash, |(_, s)| lease_matches(s, &e, true))
-        else {
+            .ok()
+            .and_then(|entry| {
+                machine::reap(&entry.get().1, e.reap_ns, now).map(|step| (entry, step))
+            });
+        let Some((entry, step)) = found else {
             self.ended.pop();
             return Reclaimed::Stale;
         };
-        if !send(e.token) {
+        if !send(&step) {
             return Reclaimed::Refused;
         }
         let ((key, slot), _) = entry.remove();
@@ -969,8 +1021,8 @@ mod tests {
             let mut out = Vec::new();
             loop {
                 let mut sent = 0;
-                let r = self.shard.reclaim(now, &mut |t| {
-                    sent = t;
+                let r = self.shard.reclaim(now, &mut |step| {
+                    sent = step.write.as_ref().map_or(0, |w| w.token());
                     true
                 });
                 match r {

@@ -37,6 +37,7 @@ mod error;
 mod holder;
 mod index;
 mod lease;
+mod machine;
 mod options;
 mod reader;
 mod recovery;

@@ -5,12 +5,13 @@
 //! ready for takeover, and the token mark is made durable above every token the file has
 //! seen before the engine serves anything.
 
-use crate::clock::{duration_ms, duration_ns, Time};
-use crate::codec::{self, HeadState};
+use crate::clock::Time;
+use crate::codec;
 use crate::constants::{RECOVERY_PRESIZE_MAX, RECOVERY_THREADS_MAX, TOKEN_RESERVE};
 use crate::error::OpenError;
-use crate::index::{Extra, Index, Slot};
-use crate::options::{EngineBuilder, Recovery};
+use crate::index::Index;
+use crate::machine::{self, Now, Recovered, Reopen};
+use crate::options::EngineBuilder;
 use crate::stats::Counters;
 use crate::storage::{Store, Write};
 use crate::sync::{Mutex, Ordering};
@@ -137,97 +138,47 @@ fn scan_range(
 ) -> Result<(), OpenError> {
     let mut local = Found::default();
     let (mut inflight, mut completed) = (0u64, 0u64);
-    let retention_ms = duration_ms(b.retention);
+    let now = Now {
+        mono_ns: now_ns,
+        wall_ms: now_wall,
+    };
+    let reopen = Reopen {
+        recovery: b.recovery,
+        lease: b.lease,
+        retention: b.retention,
+    };
     let scanned = store.scan(range, |token, bytes| {
         let head = codec::decode_head(token, bytes).map_err(|e| OpenError::Corrupted {
             detail: format!("record under token {token}: {e}"),
         })?;
         local.max_token = local.max_token.max(token);
         let key = &head.key.0[..];
-        // The instant an InFlight record is reaped, if nobody takes it over: `retention`
-        // after its recorded lease end, as a completion expires `retention` after it was
-        // made. Taken from the file, not from the in-memory deadline (which `TakeOver` sets
-        // to now), so that restarts never postpone it.
-        let mut reap_ns = None;
-        let (slot, extra) = match head.state {
-            HeadState::Completed {
-                expires_wall_ms, ..
-            } if expires_wall_ms <= now_wall => {
-                local.stale.push(token);
-                return Ok(());
-            }
-            HeadState::Completed {
-                attempt,
-                expires_wall_ms,
-                ..
-            } => {
-                let left_ns = (expires_wall_ms - now_wall).saturating_mul(1_000_000);
-                let slot = Slot::completed(token, now_ns.saturating_add(left_ns), attempt, true);
-                (slot, Extra::default())
-            }
-            HeadState::InFlight {
-                lease_deadline_wall_ms,
-                ..
-            } if lease_deadline_wall_ms.saturating_add(retention_ms) <= now_wall => {
-                local.stale.push(token);
-                local.reaped += 1;
-                return Ok(());
-            }
-            HeadState::InFlight {
-                lease_deadline_wall_ms,
-                attempt,
-                checkpoint,
-            } => {
-                let reap_left_ms = lease_deadline_wall_ms
-                    .saturating_add(retention_ms)
-                    .saturating_sub(now_wall);
-                reap_ns = Some(now_ns.saturating_add(reap_left_ms.saturating_mul(1_000_000)));
-                let deadline_ns = match b.recovery {
-                    // The owner is dead: redb locks the file to one process.
-                    Recovery::TakeOver => now_ns,
-                    Recovery::HonourLeases => {
-                        let left_ns = lease_deadline_wall_ms
-                            .saturating_sub(now_wall)
-                            .saturating_mul(1_000_000)
-                            .min(duration_ns(b.lease));
-                        now_ns.saturating_add(left_ns)
-                    }
-                };
-                let extra = Extra {
-                    fingerprint: head.fingerprint,
-                    checkpoint,
-                    ..Extra::default()
-                };
-                (Slot::inflight(token, deadline_ns, attempt), extra)
-            }
-        };
-        let mut shard = index.stripe(key).map.lock();
-        match shard.get(key) {
-            // Two records of one key are never committed together; keep the newer if a
-            // damaged history left both.
-            Some(existing) if existing.token > token => {
-                local.stale.push(token);
-                return Ok(());
-            }
-            Some(existing) => {
-                local.stale.push(existing.token);
-                if existing.is_inflight() {
-                    inflight = inflight.wrapping_sub(1);
-                } else {
-                    completed = completed.wrapping_sub(1);
+        let (slot, extra, reap_ns) =
+            match machine::recover(token, head.state, head.fingerprint, now, &reopen) {
+                Recovered::Expired => {
+                    local.stale.push(token);
+                    return Ok(());
                 }
-            }
-            None => {}
+                Recovered::Reaped => {
+                    local.stale.push(token);
+                    local.reaped += 1;
+                    return Ok(());
+                }
+                Recovered::Load {
+                    slot,
+                    extra,
+                    reap_ns,
+                } => (slot, extra, reap_ns),
+            };
+        let mut shard = index.stripe(key).map.lock();
+        let step = machine::load(shard.get(key), slot, extra, reap_ns);
+        if let Some(write) = &step.write {
+            local.stale.push(write.token());
         }
-        if slot.is_inflight() {
-            inflight = inflight.wrapping_add(1);
-        } else {
-            completed = completed.wrapping_add(1);
-        }
-        match reap_ns {
-            Some(reap_ns) => shard.put_reaped_at(key, slot, extra, reap_ns),
-            None => shard.put(key, slot, extra),
-        }
+        // Wrapping: the per-thread counts can go below zero transiently (below).
+        inflight = inflight.wrapping_add(step.deltas.inflight as u64);
+        completed = completed.wrapping_add(step.deltas.completed as u64);
+        shard.apply(key, step.change);
         Ok(())
     })?;
     local.scanned = scanned?;

@@ -21,9 +21,9 @@ use crate::engine::SendRefused;
 use crate::engine::{Engine, Shared};
 use crate::error::ClaimError;
 use crate::index::{Reclaimed, Shard};
+use crate::machine::Step;
 use crate::stats::bump;
-use crate::sync::{Arc, Condvar, Mutex, MutexGuard, Ordering};
-use crate::writer::Op;
+use crate::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The sweeper thread's schedule and stop signal.
@@ -122,8 +122,12 @@ pub(crate) fn sweep_stripe(
     while budget > 0 {
         budget -= 1;
         let mut refused = None;
-        let mut send = |token: u64| match s.send(Op::Delete { token, ack: None }, false) {
-            Ok(()) => true,
+        // The removal follows a queued deletion at once, under this lock: count it here.
+        let mut send = |step: &Step<()>| match s.queue(step.write.clone(), None, false) {
+            Ok(()) => {
+                s.count(&step.deltas);
+                true
+            }
             Err(why) => {
                 refused = Some(why);
                 false
@@ -132,15 +136,7 @@ pub(crate) fn sweep_stripe(
         match shard.reclaim(now, &mut send) {
             Reclaimed::Nothing => return out,
             Reclaimed::Stale => {}
-            Reclaimed::Expired => {
-                c.completed.fetch_sub(1, Ordering::Relaxed);
-                bump(&c.expirations);
-                out.removed += 1;
-            }
-            Reclaimed::Reaped => {
-                bump(&c.abandoned_reaped);
-                out.removed += 1;
-            }
+            Reclaimed::Expired | Reclaimed::Reaped => out.removed += 1,
             Reclaimed::Refused => {
                 if matches!(refused, Some(SendRefused::Full)) {
                     bump(&c.overloaded);

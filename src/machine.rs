@@ -1,0 +1,1900 @@
+//! The per-key state machine, as pure functions: given a key's slot and side data, an
+//! operation and the instant, each function returns what the key becomes, the write to
+//! queue for the writer, the caller's answer and the counter deltas — a [`Step`].
+//!
+//! Architecture invariant: the state machine never does I/O, takes no lock and reads no
+//! clock. Its callers hold the key's stripe lock, read the clock, queue the write (and only
+//! if the queue takes it, apply the change and the deltas), wait for acknowledgements and
+//! read responses from the file.
+//!
+//! The table of `docs/design.md` ("The state machine"), cell by cell:
+//!
+//! | call | function | Absent / expired | InFlight, live | InFlight, over | Completed |
+//! |---|---|---|---|---|---|
+//! | `claim` | [`claim`], then [`acquire`] | `Acquire` (new) | `Busy` | `Acquire` (takeover) | `Replay` / `ReplayFromFile` (published), `Busy` (not yet) |
+//! | `complete` | [`hold`] + [`Holder::Complete`] | `LeaseLost` | `Done` | `Done` (same token) | `Repeat` (same token), else `LeaseLost` |
+//! | `release` | [`hold`] + [`Holder::Release`] | `NotHeld` | `Done` | `Done` (same token) | `NotHeld` |
+//! | `extend`, `checkpoint` | [`hold`] + [`Holder::Extend`] / [`Holder::Checkpoint`] | `LeaseLost` | `Done` | `Done` (same token) | `LeaseLost` |
+//!
+//! A claim whose fingerprint differs from the stored one gets `FingerprintMismatch` in every
+//! state that has one. Beside the table: [`import`] (an operator adds a record), [`expire`]
+//! and [`reap`] (the sweeper removes a completion past its retention, an abandoned claim past
+//! its lease end plus retention), [`recover`] and [`load`] (recovery classifies a record of
+//! the file and loads it over what an earlier record left).
+//!
+//! What is not here, and why: admission (the key budget and the in-flight limit, which
+//! reserve a place on a shared counter and may sweep), issuing tokens (a shared counter
+//! backed by the file), the expiry order of each stripe (`index.rs`, which asks [`expire`]
+//! and [`reap`] before removing anything), and publishing a completion after its commit
+//! (`Shard::publish`).
+
+use crate::clock::{duration_ms, duration_ns, wall_ms_at};
+use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordState};
+use crate::constants::RETRY_AFTER_UNPUBLISHED;
+use crate::index::{Extra, Slot};
+use crate::lease::{Busy, Stored};
+use crate::options::Recovery;
+use crate::{ImportError, RecordInfo, RecordInfoState};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The instant of a transition, read by the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Now {
+    /// Monotonic ns: lease ends and retention deadlines.
+    pub(crate) mono_ns: u64,
+    /// Wall-clock ms since the epoch: what records persist.
+    pub(crate) wall_ms: u64,
+}
+
+/// The engine's settings a transition depends on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rules {
+    pub(crate) retention: Duration,
+    pub(crate) response_len_max: usize,
+    /// A file backs the engine: transitions describe the records to put, and completions
+    /// are published by the writer after their commit. A memory-only engine publishes at
+    /// once and has no records to build.
+    pub(crate) durable: bool,
+}
+
+/// A key's state: its slot (none when Absent) and the side data kept beside it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View<'a> {
+    pub(crate) slot: Option<Slot>,
+    pub(crate) extra: Option<&'a Extra>,
+}
+
+impl View<'_> {
+    /// An Absent key.
+    #[cfg(test)]
+    pub(crate) const ABSENT: View<'static> = View {
+        slot: None,
+        extra: None,
+    };
+
+    fn fingerprint(&self) -> Option<u64> {
+        self.extra.and_then(|e| e.fingerprint)
+    }
+}
+
+/// One transition: what the key becomes, what to queue, what to answer, what to count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Step<A> {
+    pub(crate) change: Change,
+    /// What the writer must store. `None`: nothing (a refusal, an answer from memory, or a
+    /// record a memory-only engine does not build).
+    pub(crate) write: Option<Write>,
+    pub(crate) answer: A,
+    pub(crate) deltas: Deltas,
+}
+
+impl<A> Step<A> {
+    /// An answer that changes nothing.
+    fn answer(answer: A, deltas: Deltas) -> Self {
+        Self {
+            change: Change::Keep,
+            write: None,
+            answer,
+            deltas,
+        }
+    }
+}
+
+/// What the key's slot becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    Keep,
+    /// Replace the slot and its side data.
+    Put {
+        slot: Slot,
+        extra: Extra,
+        /// The instant an InFlight slot is reaped if abandoned, when it comes from a record
+        /// (recovery, import) rather than from the lease's own end.
+        reap_ns: Option<u64>,
+        /// A takeover of an abandoned lease whose claim reserved a place in the live count:
+        /// the old slot leaves the abandoned set without being counted live again.
+        adopt: bool,
+    },
+    Remove,
+}
+
+/// A write for the writer's queue (the caller adds the acknowledgement channel).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Write {
+    /// Store `record` under `token`, removing the key's previous record at `old`; publish
+    /// the completion after the commit if `publish`.
+    Put {
+        token: u64,
+        old: Option<u64>,
+        record: Record,
+        publish: bool,
+    },
+    /// Remove the record under `token`.
+    Delete { token: u64 },
+}
+
+impl Write {
+    /// The token the write stores or removes.
+    pub(crate) fn token(&self) -> u64 {
+        match self {
+            Write::Put { token, .. } | Write::Delete { token } => *token,
+        }
+    }
+}
+
+/// Changes to the engine's counters. Gauges are signed; events count up.
+///
+/// `inflight` does not include the place a claim reserves: admission reserves it against
+/// the limit before the claim transition ([`Plan::reserve`]). The `abandoned` gauge is kept
+/// by the index, which moves leases in and out of it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Deltas {
+    pub(crate) inflight: i64,
+    pub(crate) completed: i64,
+    pub(crate) acquired: u64,
+    pub(crate) takeovers: u64,
+    pub(crate) replays: u64,
+    pub(crate) in_progress: u64,
+    pub(crate) fingerprint_mismatches: u64,
+    pub(crate) completions: u64,
+    pub(crate) releases: u64,
+    pub(crate) leases_lost: u64,
+    pub(crate) expirations: u64,
+    pub(crate) abandoned_reaped: u64,
+}
+
+const NONE: Deltas = Deltas {
+    inflight: 0,
+    completed: 0,
+    acquired: 0,
+    takeovers: 0,
+    replays: 0,
+    in_progress: 0,
+    fingerprint_mismatches: 0,
+    completions: 0,
+    releases: 0,
+    leases_lost: 0,
+    expirations: 0,
+    abandoned_reaped: 0,
+};
+
+// ---------------------------------------------------------------------------------------
+// claim
+// ---------------------------------------------------------------------------------------
+
+/// What a claim decides on looking at the key.
+#[derive(Debug, Clone)]
+pub(crate) enum ClaimAnswer {
+    /// The key can be acquired: admit the claim, issue a token, then [`acquire`].
+    Acquire(Plan),
+    Busy(Busy),
+    /// A memory-only engine's stored response.
+    Replay(Stored),
+    /// A durable engine's completion: its response is read from the file, unlocked.
+    ReplayFromFile {
+        token: u64,
+    },
+    FingerprintMismatch,
+}
+
+/// How a claim acquires the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub(crate) kind: Acquiring,
+    /// The key's previous token (its record is replaced).
+    pub(crate) old: Option<u64>,
+    pub(crate) attempt: u32,
+    pub(crate) fingerprint: Option<u64>,
+    pub(crate) checkpoint: Option<Checkpoint>,
+    /// The claim needs a place in the live count. A takeover of a lease still counted live
+    /// inherits its place; every other claim (a takeover of an abandoned lease included)
+    /// reserves one.
+    pub(crate) reserve: bool,
+    /// A takeover of an abandoned lease (see [`Change::Put::adopt`]).
+    pub(crate) adopt: bool,
+}
+
+/// Which column of the table a claim acquires from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquiring {
+    /// The key has no slot: a new key under the key budget.
+    New,
+    /// A completion past its retention is replaced.
+    Expired,
+    /// A lease that is over is taken over: attempt + 1, checkpoint and fingerprint kept.
+    Takeover,
+}
+
+/// A claim looks at the key: row `claim` of the table.
+pub(crate) fn claim(view: View<'_>, fingerprint: Option<u64>, now_ns: u64) -> Step<ClaimAnswer> {
+    let fresh = |kind, old| Plan {
+        kind,
+        old,
+        attempt: 1,
+        fingerprint,
+        checkpoint: None,
+        reserve: true,
+        adopt: false,
+    };
+    let Some(slot) = view.slot else {
+        return Step::answer(ClaimAnswer::Acquire(fresh(Acquiring::New, None)), NONE);
+    };
+    if slot.is_expired(now_ns) {
+        let plan = fresh(Acquiring::Expired, Some(slot.token));
+        return Step::answer(ClaimAnswer::Acquire(plan), NONE);
+    }
+    let stored_fp = view.fingerprint();
+    if let (Some(asked), Some(stored)) = (fingerprint, stored_fp) {
+        if asked != stored {
+            let deltas = Deltas {
+                fingerprint_mismatches: 1,
+                ..NONE
+            };
+            return Step::answer(ClaimAnswer::FingerprintMismatch, deltas);
+        }
+    }
+    let busy = |retry_after, completing| {
+        let busy = Busy {
+            retry_after,
+            attempt: slot.attempt,
+            completing,
+        };
+        let deltas = Deltas {
+            in_progress: 1,
+            ..NONE
+        };
+        Step::answer(ClaimAnswer::Busy(busy), deltas)
+    };
+    if !slot.is_inflight() {
+        if !slot.is_published() {
+            return busy(RETRY_AFTER_UNPUBLISHED, true);
+        }
+        return match view.extra.and_then(|e| e.response.clone()) {
+            Some(response) => {
+                let stored = Stored {
+                    response,
+                    token: slot.token,
+                    attempt: slot.attempt,
+                };
+                let deltas = Deltas { replays: 1, ..NONE };
+                Step::answer(ClaimAnswer::Replay(stored), deltas)
+            }
+            None => Step::answer(ClaimAnswer::ReplayFromFile { token: slot.token }, NONE),
+        };
+    }
+    if now_ns < slot.deadline_ns {
+        return busy(Duration::from_nanos(slot.deadline_ns - now_ns), false);
+    }
+    let adopt = slot.is_abandoned();
+    let plan = Plan {
+        kind: Acquiring::Takeover,
+        old: Some(slot.token),
+        attempt: slot.attempt.saturating_add(1),
+        fingerprint: fingerprint.or(stored_fp),
+        checkpoint: view.extra.and_then(|e| e.checkpoint.clone()),
+        reserve: adopt,
+        adopt,
+    };
+    Step::answer(ClaimAnswer::Acquire(plan), NONE)
+}
+
+/// What an acquired claim returns to its caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Acquired {
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    pub(crate) checkpoint: Option<Checkpoint>,
+}
+
+/// The claim, admitted and holding a fresh `token`, acquires the key for `lease`.
+pub(crate) fn acquire(
+    plan: Plan,
+    key: &[u8],
+    token: u64,
+    lease: Duration,
+    now: Now,
+    rules: &Rules,
+) -> Step<Acquired> {
+    debug_assert!(
+        plan.old.is_none_or(|old| old < token),
+        "a key's tokens only increase"
+    );
+    let write = rules.durable.then(|| Write::Put {
+        token,
+        old: plan.old,
+        record: inflight_record(
+            key,
+            plan.fingerprint,
+            plan.attempt,
+            plan.checkpoint.clone(),
+            now.wall_ms.saturating_add(duration_ms(lease)),
+        ),
+        publish: false,
+    });
+    let slot = Slot::inflight(
+        token,
+        now.mono_ns.saturating_add(duration_ns(lease)),
+        plan.attempt,
+    );
+    let extra = Extra {
+        fingerprint: plan.fingerprint,
+        checkpoint: plan.checkpoint.clone(),
+        ..Extra::default()
+    };
+    let deltas = Deltas {
+        completed: if plan.kind == Acquiring::Expired {
+            -1
+        } else {
+            0
+        },
+        acquired: 1,
+        takeovers: u64::from(plan.kind == Acquiring::Takeover),
+        ..NONE
+    };
+    Step {
+        change: Change::Put {
+            slot,
+            extra,
+            reap_ns: None,
+            adopt: plan.adopt,
+        },
+        write,
+        answer: Acquired {
+            token,
+            attempt: plan.attempt,
+            checkpoint: plan.checkpoint,
+        },
+        deltas,
+    }
+}
+
+/// The InFlight record persisted for a lease.
+pub(crate) fn inflight_record(
+    key: &[u8],
+    fingerprint: Option<u64>,
+    attempt: u32,
+    checkpoint: Option<Checkpoint>,
+    deadline_wall_ms: u64,
+) -> Record {
+    Record {
+        key: Blob(Arc::from(key)),
+        fingerprint,
+        state: RecordState::InFlight {
+            lease_deadline_wall_ms: deadline_wall_ms,
+            attempt,
+            checkpoint,
+        },
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// what a holder does
+// ---------------------------------------------------------------------------------------
+
+/// What the holder of a token does to its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// Store the response; the key is Completed for `retention`.
+    Complete { response: Arc<[u8]> },
+    /// Give the key up: it is Absent.
+    Release,
+    /// Set the lease to end `lease` from now.
+    Extend { lease: Duration },
+    /// Save a checkpoint, which a takeover receives.
+    Checkpoint(Checkpoint),
+}
+
+/// What a holder's call answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HolderAnswer {
+    /// The call changed the key (completed, released, extended, checkpointed).
+    Done,
+    /// A repeated completion with the same token: the first stands. Settled once everything
+    /// queued is, so an unpublished one waits for a flush.
+    Repeat { published: bool },
+    /// `release` of a key the token does not hold as InFlight: `Ok(false)`.
+    NotHeld,
+    /// The token does not hold the key.
+    LeaseLost,
+}
+
+/// A holder's call with `token` on the key: rows `complete`, `release`, `extend` and
+/// `checkpoint` of the table. Fencing: only the key's current token acts, also after its
+/// lease ended as long as nobody took the key over.
+pub(crate) fn hold(
+    view: View<'_>,
+    key: &[u8],
+    token: u64,
+    op: Holder,
+    now: Now,
+    rules: &Rules,
+) -> Step<HolderAnswer> {
+    let lost = || {
+        let deltas = Deltas {
+            leases_lost: 1,
+            ..NONE
+        };
+        Step::answer(HolderAnswer::LeaseLost, deltas)
+    };
+    let held = view.slot.filter(|slot| slot.token == token);
+    match op {
+        Holder::Complete { response } => {
+            let Some(slot) = held.filter(|slot| !slot.is_expired(now.mono_ns)) else {
+                return lost();
+            };
+            if !slot.is_inflight() {
+                let published = slot.is_published();
+                return Step::answer(HolderAnswer::Repeat { published }, NONE);
+            }
+            complete(view, key, slot, response, now, rules)
+        }
+        Holder::Release => {
+            let Some(slot) = held.filter(Slot::is_inflight) else {
+                return Step::answer(HolderAnswer::NotHeld, NONE);
+            };
+            let deltas = Deltas {
+                inflight: -1,
+                releases: 1,
+                ..NONE
+            };
+            Step {
+                change: Change::Remove,
+                write: rules.durable.then_some(Write::Delete { token: slot.token }),
+                answer: HolderAnswer::Done,
+                deltas,
+            }
+        }
+        Holder::Extend { lease } => {
+            let Some(mut slot) = held.filter(Slot::is_inflight) else {
+                return lost();
+            };
+            slot.deadline_ns = now.mono_ns.saturating_add(duration_ns(lease));
+            let extra = view.extra.cloned().unwrap_or_default();
+            update(key, slot, extra, now, rules)
+        }
+        Holder::Checkpoint(checkpoint) => {
+            let Some(slot) = held.filter(Slot::is_inflight) else {
+                return lost();
+            };
+            let mut extra = view.extra.cloned().unwrap_or_default();
+            extra.checkpoint = Some(checkpoint);
+            update(key, slot, extra, now, rules)
+        }
+    }
+}
+
+/// `complete` of the InFlight `slot`. The response and fingerprint stay beside the slot
+/// until the completion is published (a mismatch is refused and `records` reports it
+/// meanwhile); a memory-only engine keeps them and publishes at once.
+fn complete(
+    view: View<'_>,
+    key: &[u8],
+    slot: Slot,
+    response: Arc<[u8]>,
+    now: Now,
+    rules: &Rules,
+) -> Step<HolderAnswer> {
+    let fingerprint = view.fingerprint();
+    let expires_wall_ms = now.wall_ms.saturating_add(duration_ms(rules.retention));
+    let write = rules.durable.then(|| Write::Put {
+        token: slot.token,
+        old: None,
+        record: Record {
+            key: Blob(Arc::from(key)),
+            fingerprint,
+            state: RecordState::Completed {
+                attempt: slot.attempt,
+                completed_wall_ms: now.wall_ms,
+                expires_wall_ms,
+                response: Blob(response.clone()),
+            },
+        },
+        publish: true,
+    });
+    let expires_ns = now.mono_ns.saturating_add(duration_ns(rules.retention));
+    let extra = Extra {
+        fingerprint,
+        response: Some(response),
+        expires_wall_ms,
+        ..Extra::default()
+    };
+    let deltas = Deltas {
+        inflight: -1,
+        completed: 1,
+        completions: 1,
+        ..NONE
+    };
+    Step {
+        change: Change::Put {
+            slot: Slot::completed(slot.token, expires_ns, slot.attempt, !rules.durable),
+            extra,
+            reap_ns: None,
+            adopt: false,
+        },
+        write,
+        answer: HolderAnswer::Done,
+        deltas,
+    }
+}
+
+/// `extend` or `checkpoint`: the InFlight slot changes and its record is rewritten with the
+/// lease's own end, also when it is already over (a holder may act until someone takes
+/// over), so that recovery reaps the claim `retention` after it, as the sweeper would have.
+fn update(key: &[u8], slot: Slot, extra: Extra, now: Now, rules: &Rules) -> Step<HolderAnswer> {
+    let write = rules.durable.then(|| Write::Put {
+        token: slot.token,
+        old: None,
+        record: inflight_record(
+            key,
+            extra.fingerprint,
+            slot.attempt,
+            extra.checkpoint.clone(),
+            wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+        ),
+        publish: false,
+    });
+    Step {
+        change: Change::Put {
+            slot,
+            extra,
+            reap_ns: None,
+            adopt: false,
+        },
+        write,
+        answer: HolderAnswer::Done,
+        deltas: NONE,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// import
+// ---------------------------------------------------------------------------------------
+
+/// What an import did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Imported {
+    /// The record is the key's state now.
+    Added,
+    /// The record was already past its retention or reap instant: nothing to bring back.
+    Gone,
+}
+
+/// An operator imports `record` into the key. `min_token` is the engine's next token: an
+/// imported token must not be below it, or fencing would break. The caller advances the
+/// token counter past the record's token before queueing the write.
+pub(crate) fn import(
+    view: View<'_>,
+    record: &RecordInfo,
+    min_token: u64,
+    now: Now,
+    rules: &Rules,
+) -> Result<Step<Imported>, ImportError> {
+    let gone = || Ok(Step::answer(Imported::Gone, NONE));
+    let retention_ms = duration_ms(rules.retention);
+    let ms_left = |until_ms: u64| {
+        until_ms
+            .saturating_sub(now.wall_ms)
+            .saturating_mul(1_000_000)
+    };
+    // Classified before the key is looked at: a record with nothing to bring back is not
+    // refused because the key exists.
+    let (slot, state, extra, reap_ns, deltas) = match &record.state {
+        RecordInfoState::InFlight {
+            lease_deadline_ms, ..
+        } if lease_deadline_ms.saturating_add(retention_ms) <= now.wall_ms => return gone(),
+        RecordInfoState::InFlight {
+            lease_deadline_ms,
+            checkpoint,
+        } => {
+            let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
+            let extra = Extra {
+                fingerprint: record.fingerprint,
+                checkpoint: checkpoint.clone(),
+                ..Extra::default()
+            };
+            let state = RecordState::InFlight {
+                lease_deadline_wall_ms: *lease_deadline_ms,
+                attempt: record.attempt,
+                checkpoint,
+            };
+            let slot = Slot::inflight(
+                record.token,
+                now.mono_ns.saturating_add(ms_left(*lease_deadline_ms)),
+                record.attempt,
+            );
+            let reap_ns = now
+                .mono_ns
+                .saturating_add(ms_left(lease_deadline_ms.saturating_add(retention_ms)));
+            let deltas = Deltas {
+                inflight: 1,
+                ..NONE
+            };
+            (slot, state, extra, Some(reap_ns), deltas)
+        }
+        RecordInfoState::Completed {
+            published: false, ..
+        } => return Err(ImportError::Invalid("a completion not yet durable".into())),
+        RecordInfoState::Completed { expires_at_ms, .. } if *expires_at_ms <= now.wall_ms => {
+            return gone()
+        }
+        RecordInfoState::Completed {
+            response,
+            expires_at_ms,
+            ..
+        } => {
+            if response.len() > rules.response_len_max {
+                return Err(ImportError::Invalid("response too large".into()));
+            }
+            let response: Arc<[u8]> = Arc::from(response.as_slice());
+            let extra = if rules.durable {
+                // Until the writer publishes it, the fingerprint is checked from here.
+                Extra {
+                    fingerprint: record.fingerprint,
+                    ..Extra::default()
+                }
+            } else {
+                Extra {
+                    fingerprint: record.fingerprint,
+                    response: Some(response.clone()),
+                    expires_wall_ms: *expires_at_ms,
+                    ..Extra::default()
+                }
+            };
+            let state = RecordState::Completed {
+                attempt: record.attempt,
+                completed_wall_ms: now.wall_ms,
+                expires_wall_ms: *expires_at_ms,
+                response: Blob(response),
+            };
+            // A durable import is shown once the writer has committed and published it.
+            let slot = Slot::completed(
+                record.token,
+                now.mono_ns.saturating_add(ms_left(*expires_at_ms)),
+                record.attempt,
+                !rules.durable,
+            );
+            let deltas = Deltas {
+                completed: 1,
+                ..NONE
+            };
+            (slot, state, extra, None, deltas)
+        }
+    };
+    let old = match view.slot {
+        Some(slot) if !slot.is_expired(now.mono_ns) => return Err(ImportError::KeyExists),
+        Some(slot) => Some(slot.token),
+        None => None,
+    };
+    if record.token < min_token || record.token == u64::MAX {
+        return Err(ImportError::TokenTooSmall {
+            token: record.token,
+            min: min_token,
+        });
+    }
+    debug_assert!(
+        old.is_none_or(|old| old < record.token),
+        "a key's tokens only increase"
+    );
+    let write = rules.durable.then(|| Write::Put {
+        token: record.token,
+        old,
+        record: Record {
+            key: Blob(Arc::from(record.key.as_slice())),
+            fingerprint: record.fingerprint,
+            state,
+        },
+        publish: true,
+    });
+    // Only an expired completion can be replaced.
+    let deltas = Deltas {
+        completed: deltas.completed - i64::from(old.is_some()),
+        ..deltas
+    };
+    Ok(Step {
+        change: Change::Put {
+            slot,
+            extra,
+            reap_ns,
+            adopt: false,
+        },
+        write,
+        answer: Imported::Added,
+        deltas,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// the sweeper
+// ---------------------------------------------------------------------------------------
+
+/// The sweeper removes a completion past its retention. `None` if `slot` is not one: a
+/// live lease or an unexpired completion is never removed. The deletion is queued whatever
+/// the durability (a memory-only engine has no queue and drops it).
+pub(crate) fn expire(slot: &Slot, now_ns: u64) -> Option<Step<()>> {
+    if !slot.is_expired(now_ns) {
+        return None;
+    }
+    debug_assert!(!slot.is_inflight(), "a lease never expires");
+    let deltas = Deltas {
+        completed: -1,
+        expirations: 1,
+        ..NONE
+    };
+    Some(removal(slot, deltas))
+}
+
+/// The sweeper reaps an abandoned claim — its lease ended and nobody took it over — at its
+/// reap instant `reap_ns` (its lease end plus retention). `None` if `slot` is not one.
+pub(crate) fn reap(slot: &Slot, reap_ns: u64, now_ns: u64) -> Option<Step<()>> {
+    if !(slot.is_inflight() && slot.is_abandoned() && now_ns >= reap_ns) {
+        return None;
+    }
+    debug_assert!(now_ns >= slot.deadline_ns, "a live lease is never evicted");
+    let deltas = Deltas {
+        abandoned_reaped: 1,
+        ..NONE
+    };
+    Some(removal(slot, deltas))
+}
+
+fn removal(slot: &Slot, deltas: Deltas) -> Step<()> {
+    Step {
+        change: Change::Remove,
+        write: Some(Write::Delete { token: slot.token }),
+        answer: (),
+        deltas,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// recovery
+// ---------------------------------------------------------------------------------------
+
+/// How recovery treats the InFlight records a previous process left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reopen {
+    pub(crate) recovery: Recovery,
+    /// The configured lease, which caps an honoured one.
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+}
+
+/// What recovery does with one record of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Recovered {
+    /// A completion past its retention: its record is deleted.
+    Expired,
+    /// An abandoned claim past its reap instant: its record is deleted, the claim counted
+    /// as reaped.
+    Reaped,
+    /// Loaded into the index (see [`load`]).
+    Load {
+        slot: Slot,
+        extra: Extra,
+        reap_ns: Option<u64>,
+    },
+}
+
+/// Recovery classifies the record under `token`, decoded to its head, at `now`.
+pub(crate) fn recover(
+    token: u64,
+    head: HeadState,
+    fingerprint: Option<u64>,
+    now: Now,
+    reopen: &Reopen,
+) -> Recovered {
+    let retention_ms = duration_ms(reopen.retention);
+    match head {
+        HeadState::Completed {
+            expires_wall_ms, ..
+        } if expires_wall_ms <= now.wall_ms => Recovered::Expired,
+        HeadState::Completed {
+            attempt,
+            expires_wall_ms,
+            ..
+        } => {
+            let left_ns = (expires_wall_ms - now.wall_ms).saturating_mul(1_000_000);
+            let slot = Slot::completed(token, now.mono_ns.saturating_add(left_ns), attempt, true);
+            Recovered::Load {
+                slot,
+                extra: Extra::default(),
+                reap_ns: None,
+            }
+        }
+        HeadState::InFlight {
+            lease_deadline_wall_ms,
+            ..
+        } if lease_deadline_wall_ms.saturating_add(retention_ms) <= now.wall_ms => {
+            Recovered::Reaped
+        }
+        HeadState::InFlight {
+            lease_deadline_wall_ms,
+            attempt,
+            checkpoint,
+        } => {
+            // Reaped `retention` after the recorded lease end, as a completion expires
+            // `retention` after it was made; taken from the file, not from the in-memory
+            // deadline (which `TakeOver` sets to now), so that restarts never postpone it.
+            let reap_left_ms = lease_deadline_wall_ms
+                .saturating_add(retention_ms)
+                .saturating_sub(now.wall_ms);
+            let reap_ns = now
+                .mono_ns
+                .saturating_add(reap_left_ms.saturating_mul(1_000_000));
+            let deadline_ns = match reopen.recovery {
+                // The owner is dead: redb locks the file to one process.
+                Recovery::TakeOver => now.mono_ns,
+                Recovery::HonourLeases => {
+                    let left_ns = lease_deadline_wall_ms
+                        .saturating_sub(now.wall_ms)
+                        .saturating_mul(1_000_000)
+                        .min(duration_ns(reopen.lease));
+                    now.mono_ns.saturating_add(left_ns)
+                }
+            };
+            let extra = Extra {
+                fingerprint,
+                checkpoint,
+                ..Extra::default()
+            };
+            Recovered::Load {
+                slot: Slot::inflight(token, deadline_ns, attempt),
+                extra,
+                reap_ns: Some(reap_ns),
+            }
+        }
+    }
+}
+
+/// Recovery loads a record's `slot` over `existing`, what an earlier record of the same key
+/// left. Two records of one key are never committed together, but if a damaged history
+/// left both the newer wins; the write deletes the older.
+pub(crate) fn load(
+    existing: Option<Slot>,
+    slot: Slot,
+    extra: Extra,
+    reap_ns: Option<u64>,
+) -> Step<()> {
+    let count = |slot: &Slot, sign: i64| Deltas {
+        inflight: if slot.is_inflight() { sign } else { 0 },
+        completed: if slot.is_inflight() { 0 } else { sign },
+        ..NONE
+    };
+    if let Some(existing) = existing.filter(|e| e.token > slot.token) {
+        debug_assert!(existing.token != slot.token);
+        return Step {
+            change: Change::Keep,
+            write: Some(Write::Delete { token: slot.token }),
+            answer: (),
+            deltas: NONE,
+        };
+    }
+    let mut deltas = count(&slot, 1);
+    let mut write = None;
+    if let Some(existing) = existing {
+        let gone = count(&existing, -1);
+        deltas.inflight += gone.inflight;
+        deltas.completed += gone.completed;
+        write = Some(Write::Delete {
+            token: existing.token,
+        });
+    }
+    Step {
+        change: Change::Put {
+            slot,
+            extra,
+            reap_ns,
+            adopt: false,
+        },
+        write,
+        answer: (),
+        deltas,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Every cell of the state table, without an engine: the new state, the queued write,
+    //! the answer and the counts of each transition.
+
+    use super::*;
+
+    const KEY: &[u8] = b"k";
+    const MS: u64 = 1_000_000;
+    /// Monotonic instants (ns): leases of the fixtures end at `END`, completions expire at
+    /// `EXPIRES`.
+    const END: u64 = 100 * MS;
+    const EXPIRES: u64 = 500 * MS;
+    const LIVE: u64 = 50 * MS;
+    const WALL0: u64 = 1_700_000_000_000;
+    const RETENTION: Duration = Duration::from_secs(10);
+    const LEASE: Duration = Duration::from_secs(30);
+
+    fn at(mono_ns: u64) -> Now {
+        Now {
+            mono_ns,
+            wall_ms: WALL0 + mono_ns / MS,
+        }
+    }
+
+    fn rules(durable: bool) -> Rules {
+        Rules {
+            retention: RETENTION,
+            response_len_max: 16,
+            durable,
+        }
+    }
+
+    fn durable() -> Rules {
+        rules(true)
+    }
+
+    fn memory() -> Rules {
+        rules(false)
+    }
+
+    fn fp(fingerprint: u64) -> Extra {
+        Extra {
+            fingerprint: Some(fingerprint),
+            ..Extra::default()
+        }
+    }
+
+    /// The states of the table's columns, each with its side data (fingerprint 7, and a
+    /// checkpoint for leases, a response for a memory-only completion).
+    struct States {
+        lease: Slot,
+        lease_extra: Extra,
+        done: Slot,
+        done_unpublished: Slot,
+        done_extra: Extra,
+    }
+
+    fn states() -> States {
+        States {
+            lease: Slot::inflight(5, END, 2),
+            lease_extra: Extra {
+                fingerprint: Some(7),
+                checkpoint: Some(Checkpoint::new(3, b"half")),
+                ..Extra::default()
+            },
+            done: Slot::completed(5, EXPIRES, 2, true),
+            done_unpublished: Slot::completed(5, EXPIRES, 2, false),
+            done_extra: Extra {
+                fingerprint: Some(7),
+                response: Some(Arc::from(&b"resp"[..])),
+                expires_wall_ms: WALL0 + 10_000,
+                ..Extra::default()
+            },
+        }
+    }
+
+    fn view<'a>(slot: Slot, extra: &'a Extra) -> View<'a> {
+        View {
+            slot: Some(slot),
+            extra: Some(extra),
+        }
+    }
+
+    fn plan_of(step: Step<ClaimAnswer>) -> Plan {
+        assert_eq!(
+            step.change,
+            Change::Keep,
+            "a claim decides before it changes"
+        );
+        assert_eq!(step.write, None);
+        match step.answer {
+            ClaimAnswer::Acquire(plan) => plan,
+            other => panic!("expected Acquire, got {other:?}"),
+        }
+    }
+
+    fn busy_of(step: Step<ClaimAnswer>) -> Busy {
+        assert_eq!(step.change, Change::Keep);
+        assert_eq!(step.write, None);
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                in_progress: 1,
+                ..NONE
+            }
+        );
+        match step.answer {
+            ClaimAnswer::Busy(busy) => busy,
+            other => panic!("expected Busy, got {other:?}"),
+        }
+    }
+
+    // --- claim -------------------------------------------------------------------------
+
+    #[test]
+    fn claim_of_an_absent_key_acquires_a_new_key() {
+        let plan = plan_of(claim(View::ABSENT, Some(9), LIVE));
+        assert_eq!(
+            plan,
+            Plan {
+                kind: Acquiring::New,
+                old: None,
+                attempt: 1,
+                fingerprint: Some(9),
+                checkpoint: None,
+                reserve: true,
+                adopt: false,
+            }
+        );
+        let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
+        let deadline = LIVE + LEASE.as_nanos() as u64;
+        assert_eq!(
+            step.change,
+            Change::Put {
+                slot: Slot::inflight(11, deadline, 1),
+                extra: fp(9),
+                reap_ns: None,
+                adopt: false,
+            }
+        );
+        let lease_end_wall = at(LIVE).wall_ms + 30_000;
+        assert_eq!(
+            step.write,
+            Some(Write::Put {
+                token: 11,
+                old: None,
+                record: inflight_record(KEY, Some(9), 1, None, lease_end_wall),
+                publish: false,
+            })
+        );
+        assert_eq!(
+            step.answer,
+            Acquired {
+                token: 11,
+                attempt: 1,
+                checkpoint: None
+            }
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                acquired: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn claim_of_an_expired_completion_acquires_it_afresh_whatever_its_fingerprint() {
+        let st = states();
+        let now = EXPIRES;
+        // The stored fingerprint belongs to the expired completion: not checked.
+        let plan = plan_of(claim(view(st.done, &st.done_extra), Some(8), now));
+        assert_eq!(
+            (
+                plan.kind,
+                plan.old,
+                plan.attempt,
+                plan.fingerprint,
+                plan.reserve
+            ),
+            (Acquiring::Expired, Some(5), 1, Some(8), true)
+        );
+        assert_eq!(plan.checkpoint, None);
+        let step = acquire(plan, KEY, 12, LEASE, at(now), &durable());
+        assert!(matches!(
+            step.write,
+            Some(Write::Put {
+                token: 12,
+                old: Some(5),
+                ..
+            })
+        ));
+        assert!(
+            matches!(step.change, Change::Put { slot, .. } if slot == Slot::inflight(12, now + LEASE.as_nanos() as u64, 1))
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: -1,
+                acquired: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn claim_of_a_live_lease_is_busy_until_its_end() {
+        let st = states();
+        let busy = busy_of(claim(view(st.lease, &st.lease_extra), None, LIVE));
+        assert_eq!(busy.retry_after, Duration::from_nanos(END - LIVE));
+        assert_eq!((busy.attempt, busy.completing), (2, false));
+        // One nanosecond before the end it is still live.
+        let busy = busy_of(claim(view(st.lease, &st.lease_extra), Some(7), END - 1));
+        assert_eq!(busy.retry_after, Duration::from_nanos(1));
+    }
+
+    #[test]
+    fn claim_of_a_lease_that_is_over_takes_it_over_keeping_checkpoint_and_fingerprint() {
+        let st = states();
+        let plan = plan_of(claim(view(st.lease, &st.lease_extra), None, END));
+        assert_eq!(
+            plan,
+            Plan {
+                kind: Acquiring::Takeover,
+                old: Some(5),
+                attempt: 3,
+                fingerprint: Some(7),
+                checkpoint: st.lease_extra.checkpoint.clone(),
+                // It still holds its place in the live count: inherited.
+                reserve: false,
+                adopt: false,
+            }
+        );
+        let step = acquire(plan, KEY, 20, LEASE, at(END), &durable());
+        let cp = st.lease_extra.checkpoint.clone();
+        assert_eq!(
+            step.change,
+            Change::Put {
+                slot: Slot::inflight(20, END + LEASE.as_nanos() as u64, 3),
+                extra: Extra {
+                    fingerprint: Some(7),
+                    checkpoint: cp.clone(),
+                    ..Extra::default()
+                },
+                reap_ns: None,
+                adopt: false,
+            }
+        );
+        assert_eq!(
+            step.write,
+            Some(Write::Put {
+                token: 20,
+                old: Some(5),
+                record: inflight_record(KEY, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
+                publish: false,
+            })
+        );
+        assert_eq!(
+            step.answer,
+            Acquired {
+                token: 20,
+                attempt: 3,
+                checkpoint: cp
+            }
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                acquired: 1,
+                takeovers: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn a_takeover_of_an_abandoned_lease_reserves_a_place_and_adopts_it() {
+        let st = states();
+        let abandoned = st.lease.into_abandoned();
+        let plan = plan_of(claim(view(abandoned, &st.lease_extra), Some(7), END + 1));
+        assert_eq!((plan.reserve, plan.adopt, plan.attempt), (true, true, 3));
+        let step = acquire(plan, KEY, 21, LEASE, at(END + 1), &memory());
+        assert!(matches!(step.change, Change::Put { adopt: true, .. }));
+        assert_eq!(step.write, None, "a memory-only engine builds no record");
+    }
+
+    #[test]
+    fn claim_of_a_published_completion_replays_it() {
+        let st = states();
+        // Memory only: the response is beside the slot.
+        let step = claim(view(st.done, &st.done_extra), Some(7), LIVE);
+        assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+        assert_eq!(step.deltas, Deltas { replays: 1, ..NONE });
+        let ClaimAnswer::Replay(stored) = step.answer else {
+            panic!("expected Replay");
+        };
+        assert_eq!(
+            (&*stored.response, stored.token, stored.attempt),
+            (&b"resp"[..], 5, 2)
+        );
+        // Durable: the response is in the file, read after the lock is dropped (and the
+        // replay counted then).
+        let extra = fp(7);
+        let step = claim(view(st.done, &extra), None, EXPIRES - 1);
+        assert!(matches!(
+            step.answer,
+            ClaimAnswer::ReplayFromFile { token: 5 }
+        ));
+        assert_eq!(step.deltas, NONE);
+        // Without side data at all (a published durable completion drops it).
+        let bare = View {
+            slot: Some(st.done),
+            extra: None,
+        };
+        assert!(matches!(
+            claim(bare, Some(1), LIVE).answer,
+            ClaimAnswer::ReplayFromFile { token: 5 }
+        ));
+    }
+
+    #[test]
+    fn claim_of_an_unpublished_completion_is_busy_completing() {
+        let st = states();
+        let busy = busy_of(claim(view(st.done_unpublished, &st.done_extra), None, LIVE));
+        assert_eq!(
+            (busy.retry_after, busy.attempt, busy.completing),
+            (RETRY_AFTER_UNPUBLISHED, 2, true)
+        );
+    }
+
+    #[test]
+    fn a_fingerprint_mismatch_is_refused_in_every_state_that_has_one() {
+        let st = states();
+        let abandoned = st.lease.into_abandoned();
+        let cells = [
+            ("InFlight, live", view(st.lease, &st.lease_extra), LIVE),
+            ("InFlight, over", view(st.lease, &st.lease_extra), END),
+            ("InFlight, abandoned", view(abandoned, &st.lease_extra), END),
+            ("Completed", view(st.done, &st.done_extra), LIVE),
+            (
+                "Completed, unpublished",
+                view(st.done_unpublished, &st.done_extra),
+                LIVE,
+            ),
+        ];
+        for (name, v, now) in cells {
+            let step = claim(v, Some(8), now);
+            assert!(
+                matches!(step.answer, ClaimAnswer::FingerprintMismatch),
+                "{name}"
+            );
+            assert_eq!(
+                (&step.change, &step.write),
+                (&Change::Keep, &None),
+                "{name}"
+            );
+            assert_eq!(
+                step.deltas,
+                Deltas {
+                    fingerprint_mismatches: 1,
+                    ..NONE
+                },
+                "{name}"
+            );
+            // The same fingerprint, or none asked, is never a mismatch.
+            for asked in [Some(7), None] {
+                let step = claim(v, asked, now);
+                assert!(
+                    !matches!(step.answer, ClaimAnswer::FingerprintMismatch),
+                    "{name}"
+                );
+            }
+        }
+        // A state without a stored fingerprint is not checked.
+        let none = Extra::default();
+        let step = claim(view(st.lease, &none), Some(8), LIVE);
+        assert!(matches!(step.answer, ClaimAnswer::Busy(_)));
+        // Absent and expired have none to compare with.
+        assert!(matches!(
+            claim(View::ABSENT, Some(8), LIVE).answer,
+            ClaimAnswer::Acquire(_)
+        ));
+    }
+
+    // --- complete ------------------------------------------------------------------------
+
+    fn complete_op() -> Holder {
+        Holder::Complete {
+            response: Arc::from(&b"out"[..]),
+        }
+    }
+
+    fn lost(step: &Step<HolderAnswer>) {
+        assert_eq!(step.answer, HolderAnswer::LeaseLost);
+        assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                leases_lost: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn complete_of_an_absent_or_expired_key_is_lease_lost() {
+        let st = states();
+        lost(&hold(
+            View::ABSENT,
+            KEY,
+            5,
+            complete_op(),
+            at(LIVE),
+            &durable(),
+        ));
+        let expired = view(st.done, &st.done_extra);
+        lost(&hold(
+            expired,
+            KEY,
+            5,
+            complete_op(),
+            at(EXPIRES),
+            &durable(),
+        ));
+    }
+
+    #[test]
+    fn complete_by_the_holder_completes_live_or_over_and_another_token_is_lease_lost() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        // Live, and over (nobody took over): the same transition.
+        for now in [LIVE, END, END + 1_000 * MS] {
+            let step = hold(v, KEY, 5, complete_op(), at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            let expires_wall_ms = at(now).wall_ms + 10_000;
+            assert_eq!(
+                step.change,
+                Change::Put {
+                    // Unpublished until the writer commits it.
+                    slot: Slot::completed(5, now + RETENTION.as_nanos() as u64, 2, false),
+                    extra: Extra {
+                        fingerprint: Some(7),
+                        response: Some(Arc::from(&b"out"[..])),
+                        expires_wall_ms,
+                        ..Extra::default()
+                    },
+                    reap_ns: None,
+                    adopt: false,
+                }
+            );
+            assert_eq!(
+                step.write,
+                Some(Write::Put {
+                    token: 5,
+                    old: None,
+                    record: Record {
+                        key: Blob(Arc::from(KEY)),
+                        fingerprint: Some(7),
+                        state: RecordState::Completed {
+                            attempt: 2,
+                            completed_wall_ms: at(now).wall_ms,
+                            expires_wall_ms,
+                            response: Blob(Arc::from(&b"out"[..])),
+                        },
+                    },
+                    publish: true,
+                })
+            );
+            assert_eq!(
+                step.deltas,
+                Deltas {
+                    inflight: -1,
+                    completed: 1,
+                    completions: 1,
+                    ..NONE
+                }
+            );
+            // A superseded token (the key was taken over: it holds a newer one).
+            lost(&hold(v, KEY, 4, complete_op(), at(now), &durable()));
+        }
+    }
+
+    #[test]
+    fn complete_in_a_memory_only_engine_is_published_at_once() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        let step = hold(v, KEY, 5, complete_op(), at(LIVE), &memory());
+        assert_eq!(step.write, None);
+        assert!(
+            matches!(&step.change, Change::Put { slot, extra, .. } if slot.is_published() && extra.response.is_some())
+        );
+    }
+
+    #[test]
+    fn complete_of_a_completion_is_a_repeat_for_its_token_and_lease_lost_otherwise() {
+        let st = states();
+        for (slot, published) in [(st.done, true), (st.done_unpublished, false)] {
+            let v = view(slot, &st.done_extra);
+            let step = hold(v, KEY, 5, complete_op(), at(LIVE), &durable());
+            assert_eq!(step.answer, HolderAnswer::Repeat { published });
+            assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+            assert_eq!(step.deltas, NONE);
+            lost(&hold(v, KEY, 6, complete_op(), at(LIVE), &durable()));
+        }
+    }
+
+    // --- release -------------------------------------------------------------------------
+
+    fn not_held(step: &Step<HolderAnswer>) {
+        assert_eq!(step.answer, HolderAnswer::NotHeld);
+        assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
+        assert_eq!(
+            step.deltas, NONE,
+            "a release that holds nothing counts nothing"
+        );
+    }
+
+    #[test]
+    fn release_by_the_holder_makes_the_key_absent_live_or_over() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        for now in [LIVE, END] {
+            let step = hold(v, KEY, 5, Holder::Release, at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            assert_eq!(step.change, Change::Remove);
+            assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+            assert_eq!(
+                step.deltas,
+                Deltas {
+                    inflight: -1,
+                    releases: 1,
+                    ..NONE
+                }
+            );
+            not_held(&hold(v, KEY, 4, Holder::Release, at(now), &durable()));
+        }
+        let step = hold(v, KEY, 5, Holder::Release, at(LIVE), &memory());
+        assert_eq!((step.change, step.write), (Change::Remove, None));
+    }
+
+    #[test]
+    fn release_of_an_absent_expired_or_completed_key_holds_nothing() {
+        let st = states();
+        not_held(&hold(
+            View::ABSENT,
+            KEY,
+            5,
+            Holder::Release,
+            at(LIVE),
+            &durable(),
+        ));
+        let done = view(st.done, &st.done_extra);
+        not_held(&hold(done, KEY, 5, Holder::Release, at(LIVE), &durable()));
+        not_held(&hold(
+            done,
+            KEY,
+            5,
+            Holder::Release,
+            at(EXPIRES),
+            &durable(),
+        ));
+        let unpublished = view(st.done_unpublished, &st.done_extra);
+        not_held(&hold(
+            unpublished,
+            KEY,
+            5,
+            Holder::Release,
+            at(LIVE),
+            &durable(),
+        ));
+    }
+
+    // --- extend and checkpoint ---------------------------------------------------------------
+
+    #[test]
+    fn extend_by_the_holder_moves_the_lease_end_live_or_over() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        for now in [LIVE, END + 7 * MS] {
+            let lease = Duration::from_secs(5);
+            let op = Holder::Extend { lease };
+            let step = hold(v, KEY, 5, op.clone(), at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            let deadline = now + 5_000 * MS;
+            assert_eq!(
+                step.change,
+                Change::Put {
+                    slot: Slot::inflight(5, deadline, 2),
+                    extra: st.lease_extra.clone(),
+                    reap_ns: None,
+                    adopt: false,
+                }
+            );
+            assert_eq!(
+                step.write,
+                Some(Write::Put {
+                    token: 5,
+                    old: None,
+                    record: inflight_record(
+                        KEY,
+                        Some(7),
+                        2,
+                        st.lease_extra.checkpoint.clone(),
+                        at(now).wall_ms + 5_000
+                    ),
+                    publish: false,
+                })
+            );
+            assert_eq!(step.deltas, NONE);
+            lost(&hold(v, KEY, 4, op, at(now), &durable()));
+        }
+    }
+
+    #[test]
+    fn checkpoint_by_the_holder_persists_the_lease_s_own_end_even_when_over() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        let cp = Checkpoint::new(4, b"more");
+        for now in [LIVE, END + 7 * MS] {
+            let op = Holder::Checkpoint(cp.clone());
+            let step = hold(v, KEY, 5, op.clone(), at(now), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            let extra = Extra {
+                fingerprint: Some(7),
+                checkpoint: Some(cp.clone()),
+                ..Extra::default()
+            };
+            assert_eq!(
+                step.change,
+                Change::Put {
+                    slot: st.lease,
+                    extra,
+                    reap_ns: None,
+                    adopt: false,
+                }
+            );
+            // The lease's end (not now) on the wall clock: `END` in wall time.
+            assert_eq!(
+                step.write,
+                Some(Write::Put {
+                    token: 5,
+                    old: None,
+                    record: inflight_record(KEY, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
+                    publish: false,
+                })
+            );
+            lost(&hold(v, KEY, 6, op, at(now), &durable()));
+        }
+        let step = hold(v, KEY, 5, Holder::Checkpoint(cp), at(LIVE), &memory());
+        assert_eq!(step.write, None);
+    }
+
+    #[test]
+    fn extend_and_checkpoint_of_an_absent_expired_or_completed_key_are_lease_lost() {
+        let st = states();
+        let ops = [
+            Holder::Extend { lease: LEASE },
+            Holder::Checkpoint(Checkpoint::new(1, b"x")),
+        ];
+        for op in ops {
+            lost(&hold(
+                View::ABSENT,
+                KEY,
+                5,
+                op.clone(),
+                at(LIVE),
+                &durable(),
+            ));
+            let done = view(st.done, &st.done_extra);
+            lost(&hold(done, KEY, 5, op.clone(), at(LIVE), &durable()));
+            lost(&hold(done, KEY, 5, op.clone(), at(EXPIRES), &durable()));
+            let unpublished = view(st.done_unpublished, &st.done_extra);
+            lost(&hold(unpublished, KEY, 5, op, at(LIVE), &durable()));
+        }
+    }
+
+    // --- the sweeper -------------------------------------------------------------------------
+
+    #[test]
+    fn the_sweeper_expires_only_completions_past_their_retention() {
+        let st = states();
+        assert_eq!(expire(&st.done, EXPIRES - 1), None);
+        let step = expire(&st.done, EXPIRES).expect("due");
+        assert_eq!(step.change, Change::Remove);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: -1,
+                expirations: 1,
+                ..NONE
+            }
+        );
+        // Never a lease, live, over or abandoned.
+        assert_eq!(expire(&st.lease, u64::MAX), None);
+        assert_eq!(expire(&st.lease.into_abandoned(), u64::MAX), None);
+    }
+
+    #[test]
+    fn the_sweeper_reaps_only_abandoned_claims_at_their_reap_instant() {
+        let st = states();
+        let reap_at = END + RETENTION.as_nanos() as u64;
+        let abandoned = st.lease.into_abandoned();
+        assert_eq!(reap(&abandoned, reap_at, reap_at - 1), None);
+        let step = reap(&abandoned, reap_at, reap_at).expect("due");
+        assert_eq!(step.change, Change::Remove);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                abandoned_reaped: 1,
+                ..NONE
+            }
+        );
+        // A lease still counted live (not seen to end) and a completion never are.
+        assert_eq!(reap(&st.lease, reap_at, u64::MAX), None);
+        assert_eq!(reap(&st.done, reap_at, u64::MAX), None);
+    }
+
+    // --- recovery ----------------------------------------------------------------------------
+
+    fn reopen(recovery: Recovery) -> Reopen {
+        Reopen {
+            recovery,
+            lease: LEASE,
+            retention: RETENTION,
+        }
+    }
+
+    #[test]
+    fn recovery_deletes_expired_completions_and_loads_the_others_published() {
+        let now = at(LIVE);
+        let head = |expires_wall_ms| HeadState::Completed {
+            attempt: 2,
+            completed_wall_ms: 0,
+            expires_wall_ms,
+        };
+        let r = reopen(Recovery::TakeOver);
+        assert_eq!(
+            recover(5, head(now.wall_ms), None, now, &r),
+            Recovered::Expired
+        );
+        assert_eq!(
+            recover(5, head(now.wall_ms + 3), Some(7), now, &r),
+            Recovered::Load {
+                slot: Slot::completed(5, LIVE + 3 * MS, 2, true),
+                extra: Extra::default(),
+                reap_ns: None,
+            }
+        );
+    }
+
+    #[test]
+    fn recovery_reaps_abandoned_claims_and_readies_the_others_for_takeover() {
+        let now = at(LIVE);
+        let retention_ms = RETENTION.as_millis() as u64;
+        let cp = Some(Checkpoint::new(1, b"c"));
+        let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_deadline_wall_ms,
+            attempt: 2,
+            checkpoint: cp.clone(),
+        };
+        let take = reopen(Recovery::TakeOver);
+        let honour = reopen(Recovery::HonourLeases);
+        // Past its lease end plus retention: reaped.
+        let ended = now.wall_ms - retention_ms;
+        assert_eq!(recover(5, head(ended), None, now, &take), Recovered::Reaped);
+        // Before: loaded, reaped at its recorded end plus retention.
+        let extra = Extra {
+            fingerprint: Some(7),
+            checkpoint: cp.clone(),
+            ..Extra::default()
+        };
+        let end_wall = now.wall_ms - 1;
+        assert_eq!(
+            recover(5, head(end_wall), Some(7), now, &take),
+            Recovered::Load {
+                slot: Slot::inflight(5, LIVE, 2),
+                extra: extra.clone(),
+                reap_ns: Some(LIVE + (retention_ms - 1) * MS),
+            }
+        );
+        // Honoured leases keep their time left, capped at one configured lease.
+        let far = now.wall_ms + 3_600_000;
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &honour) else {
+            panic!("expected Load");
+        };
+        assert_eq!(slot, Slot::inflight(5, LIVE + LEASE.as_nanos() as u64, 2));
+        let Recovered::Load { slot, .. } = recover(5, head(now.wall_ms + 2), Some(7), now, &honour)
+        else {
+            panic!("expected Load");
+        };
+        assert_eq!(slot, Slot::inflight(5, LIVE + 2 * MS, 2));
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &take) else {
+            panic!("expected Load");
+        };
+        assert_eq!(slot.deadline_ns, LIVE, "taken over at once");
+    }
+
+    #[test]
+    fn recovery_keeps_the_newer_of_two_records_of_a_key() {
+        let lease = Slot::inflight(5, LIVE, 1);
+        let done = Slot::completed(9, EXPIRES, 1, true);
+        // First record of the key.
+        let step = load(None, lease, Extra::default(), Some(7));
+        assert_eq!(step.write, None);
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                inflight: 1,
+                ..NONE
+            }
+        );
+        assert!(matches!(
+            step.change,
+            Change::Put {
+                reap_ns: Some(7),
+                ..
+            }
+        ));
+        // A newer record replaces an older one, whose record is deleted.
+        let step = load(Some(lease), done, Extra::default(), None);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                inflight: -1,
+                completed: 1,
+                ..NONE
+            }
+        );
+        assert!(matches!(step.change, Change::Put { slot, .. } if slot == done));
+        // An older record found after a newer one is deleted instead.
+        let step = load(Some(done), lease, Extra::default(), None);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!((step.change, step.deltas), (Change::Keep, NONE));
+    }
+
+    // --- import ------------------------------------------------------------------------------
+
+    fn record(token: u64, state: RecordInfoState) -> RecordInfo {
+        RecordInfo {
+            key: KEY.to_vec(),
+            token,
+            fingerprint: Some(7),
+            attempt: 2,
+            state,
+        }
+    }
+
+    fn completed_info(expires_at_ms: u64, response: &[u8], published: bool) -> RecordInfoState {
+        RecordInfoState::Completed {
+            response: response.to_vec(),
+            expires_at_ms,
+            published,
+        }
+    }
+
+    #[test]
+    fn import_adds_a_record_to_an_absent_or_expired_key() {
+        let now = at(LIVE);
+        let info = record(40, completed_info(now.wall_ms + 3, b"r", true));
+        let step = import(View::ABSENT, &info, 40, now, &durable()).expect("imported");
+        assert_eq!(step.answer, Imported::Added);
+        assert_eq!(
+            step.change,
+            Change::Put {
+                // Published by the writer once committed.
+                slot: Slot::completed(40, LIVE + 3 * MS, 2, false),
+                extra: fp(7),
+                reap_ns: None,
+                adopt: false,
+            }
+        );
+        assert!(matches!(
+            step.write,
+            Some(Write::Put {
+                token: 40,
+                old: None,
+                publish: true,
+                ..
+            })
+        ));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: 1,
+                ..NONE
+            }
+        );
+        // Over an expired completion: it replaces it.
+        let st = states();
+        let expired = view(st.done, &st.done_extra);
+        let later = at(EXPIRES);
+        let info = record(41, completed_info(later.wall_ms + 3, b"r", true));
+        let step = import(expired, &info, 41, later, &memory()).expect("imported");
+        assert_eq!(step.write, None);
+        assert_eq!(step.deltas, NONE, "one completion out, one in");
+        assert!(
+            matches!(&step.change, Change::Put { slot, extra, .. } if slot.is_published() && extra.response.is_some())
+        );
+        // An InFlight record is reaped at its recorded end plus retention.
+        let info = record(
+            42,
+            RecordInfoState::InFlight {
+                lease_deadline_ms: now.wall_ms + 2,
+                checkpoint: Some((1, b"c".to_vec())),
+            },
+        );
+        let step = import(View::ABSENT, &info, 42, now, &durable()).expect("imported");
+        assert!(matches!(
+            step.change,
+            Change::Put { slot, reap_ns: Some(r), .. }
+                if slot == Slot::inflight(42, LIVE + 2 * MS, 2) && r == LIVE + 10_002 * MS
+        ));
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                inflight: 1,
+                ..NONE
+            }
+        );
+    }
+
+    #[test]
+    fn import_refuses_live_keys_small_tokens_and_malformed_records() {
+        let st = states();
+        let now = at(LIVE);
+        let good = record(40, completed_info(now.wall_ms + 3, b"r", true));
+        for live in [
+            view(st.lease, &st.lease_extra),
+            view(st.done, &st.done_extra),
+            view(st.done_unpublished, &st.done_extra),
+        ] {
+            assert_eq!(
+                import(live, &good, 40, now, &durable()).err(),
+                Some(ImportError::KeyExists)
+            );
+        }
+        assert_eq!(
+            import(View::ABSENT, &good, 41, now, &durable()).err(),
+            Some(ImportError::TokenTooSmall { token: 40, min: 41 })
+        );
+        let max = record(u64::MAX, completed_info(now.wall_ms + 3, b"r", true));
+        assert!(matches!(
+            import(View::ABSENT, &max, 1, now, &durable()),
+            Err(ImportError::TokenTooSmall { .. })
+        ));
+        let unpublished = record(40, completed_info(now.wall_ms + 3, b"r", false));
+        assert!(matches!(
+            import(View::ABSENT, &unpublished, 40, now, &durable()),
+            Err(ImportError::Invalid(_))
+        ));
+        let large = record(40, completed_info(now.wall_ms + 3, &[0; 17], true));
+        assert!(matches!(
+            import(View::ABSENT, &large, 40, now, &durable()),
+            Err(ImportError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn import_of_a_record_past_its_end_brings_nothing_back_even_over_a_live_key() {
+        let st = states();
+        let now = at(LIVE);
+        let live = view(st.lease, &st.lease_extra);
+        let retention_ms = RETENTION.as_millis() as u64;
+        let gone = [
+            completed_info(now.wall_ms, b"r", true),
+            RecordInfoState::InFlight {
+                lease_deadline_ms: now.wall_ms - retention_ms,
+                checkpoint: None,
+            },
+        ];
+        for state in gone {
+            let step = import(live, &record(1, state), 40, now, &durable()).expect("no error");
+            assert_eq!(step.answer, Imported::Gone);
+            assert_eq!(
+                (step.change, step.write, step.deltas),
+                (Change::Keep, None, NONE)
+            );
+        }
+    }
+}
