@@ -1,98 +1,40 @@
-//! The testing kit (feature `testkit`): switches that break the engine on purpose, so that
-//! a checker can prove it catches the bug; the machinery of the fuzz targets and model tests
-//! (operation types, the sequential spec, a history recorder and a linearizability checker,
-//! a simulated disk that fails or loses power at any I/O); and helpers for users' own tests
-//! ([`duplicates()`]: run duplicate deliveries of one message at once and count the side
-//! effects). `docs/testing.md` explains each part.
+//! Switches that break the engine on purpose, so that a checker can prove it catches the
+//! bug, and hooks that reach behind the engine's back (hold the writer before a commit,
+//! damage or read a stored record, panic the writer, lose a record). Compiled only with
+//! `--cfg idemkv_sabotage` (set through RUSTFLAGS by the commands in `docs/testing.md`), so
+//! no feature of a user's build can turn them on; hidden from the documentation.
 
-use crate::engine::{Engine, Sabotage};
+use crate::engine::Engine;
 use crate::error::ClaimError;
 use crate::options::EngineBuilder;
 use crate::sync::Ordering;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-pub mod concurrent;
-pub mod disk;
-pub mod duplicates;
-pub mod faults;
-pub mod history;
-pub mod linearizability;
-pub mod ops;
-pub mod spec;
-pub mod stress;
+pub use crate::engine::Sabotage;
 
-pub use self::duplicates::{duplicates, CopyOutcome, DuplicateReport, Duplicates, Pattern};
-
-/// The retry hint the engine gives while a completion is not yet durable.
-pub(crate) const RETRY_AFTER_UNPUBLISHED: std::time::Duration =
-    crate::constants::RETRY_AFTER_UNPUBLISHED;
-
-/// A bug to switch on in an engine, for proving that a checker catches it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Bug {
-    /// No bug: the engine as shipped.
-    None,
-    /// Claims check, drop the lock, then insert: the check-then-act race.
-    CheckThenAct,
-    /// `complete` skips the fencing-token comparison.
-    NoFencing,
-    /// The writer acknowledges a batch before its commit returns (a crash then loses an
-    /// acknowledged call).
-    AckBeforeCommit,
-    /// The writer publishes a batch's completions before its commit returns (another caller
-    /// can be shown a completion a crash still erases).
-    PublishBeforeCommit,
-    /// Commits leave the token high-water mark out of the file (tokens issued but never
-    /// written are issued again after a crash). Arm it with [`EngineBuilder::sabotage`]:
-    /// the mark is first written when the file is opened.
-    SkipTokenHwm,
-    /// A write that replaces a key's record (a takeover, a claim of an expired key) leaves
-    /// the previous record in the file, where it comes back after a restart.
-    DropOldRemoval,
-    /// A replay reads the stored response without checking its checksum.
-    SkipReplayChecksum,
+/// Switches a deliberate bug on in a running engine (off with `None`).
+/// [`Sabotage::SkipTokenHwm`] acts only when armed on the builder ([`arm`]).
+pub fn switch(engine: &Engine, bug: Option<Sabotage>) {
+    engine
+        .shared()
+        .sabotage
+        .store(bug.map_or(0, |b| b as u8), Ordering::Relaxed);
 }
 
-impl Bug {
-    /// Every bug (not [`Bug::None`]).
-    pub const ALL: [Bug; 7] = [
-        Bug::CheckThenAct,
-        Bug::NoFencing,
-        Bug::AckBeforeCommit,
-        Bug::PublishBeforeCommit,
-        Bug::SkipTokenHwm,
-        Bug::DropOldRemoval,
-        Bug::SkipReplayChecksum,
-    ];
-
-    fn code(self) -> u8 {
-        let s = match self {
-            Bug::None => return 0,
-            Bug::CheckThenAct => Sabotage::CheckThenAct,
-            Bug::NoFencing => Sabotage::NoFencing,
-            Bug::AckBeforeCommit => Sabotage::AckBeforeCommit,
-            Bug::PublishBeforeCommit => Sabotage::PublishBeforeCommit,
-            Bug::SkipTokenHwm => Sabotage::SkipTokenHwm,
-            Bug::DropOldRemoval => Sabotage::DropOldRemoval,
-            Bug::SkipReplayChecksum => Sabotage::SkipReplayChecksum,
-        };
-        s as u8
-    }
+/// The builder with a deliberate bug switched on from the start, so that it also acts
+/// during the open (the first commit writes the token mark).
+pub fn arm(mut builder: EngineBuilder, bug: Option<Sabotage>) -> EngineBuilder {
+    builder.sabotage = bug.map_or(0, |b| b as u8);
+    builder
 }
 
 impl Engine {
-    /// Switches a deliberate bug on (or off with [`Bug::None`]). Test builds only.
-    /// [`Bug::SkipTokenHwm`] acts only when armed on the builder ([`EngineBuilder::sabotage`]).
-    pub fn sabotage(&self, bug: Bug) {
-        self.shared().sabotage.store(bug.code(), Ordering::Relaxed);
-    }
-
     /// Holds the writer before its next commit until the returned guard is dropped: the
     /// window between a call queueing its write and the write being durable, made as long
     /// as a test needs. Drop the guard before closing the engine (`close` waits for the
-    /// writer). Test builds only.
+    /// writer).
+    #[doc(hidden)]
     pub fn hold_commits(&self) -> HeldCommits {
         self.shared().commit_gate.close();
         HeldCommits(self.clone())
@@ -100,7 +42,8 @@ impl Engine {
 
     /// Overwrites the stored value of the record under `token` with `damage` applied to its
     /// raw bytes, bypassing the encoder (as bit rot would). The index is left as it is.
-    /// Returns false if the file holds no record under `token`. Test builds only.
+    /// Returns false if the file holds no record under `token`.
+    #[doc(hidden)]
     pub fn damage_stored_value(
         &self,
         token: u64,
@@ -136,7 +79,8 @@ pub enum CommittedRecord {
 
 impl Engine {
     /// The committed record under `token` (`None`: there is none, or the engine has no
-    /// file), read and verified as a replay reads it. Test builds only.
+    /// file), read and verified as a replay reads it.
+    #[doc(hidden)]
     pub fn committed_record(&self, token: u64) -> Result<Option<CommittedRecord>, String> {
         let Some(store) = self.shared().store() else {
             return Ok(None);
@@ -155,15 +99,6 @@ impl Engine {
                 response: response.0.to_vec(),
             },
         }))
-    }
-}
-
-impl EngineBuilder {
-    /// Opens the engine with a deliberate bug switched on from the start, so that it also
-    /// acts during the open (the first commit writes the token mark). Test builds only.
-    pub fn sabotage(mut self, bug: Bug) -> Self {
-        self.sabotage = bug.code();
-        self
     }
 }
 
@@ -239,5 +174,14 @@ impl HeldCommits {
 impl Drop for HeldCommits {
     fn drop(&mut self) {
         self.0.shared().commit_gate.open();
+    }
+}
+
+impl crate::lease::Busy {
+    /// Whether the holder has completed and the engine is making the completion durable
+    /// (what a held commit shows a loser).
+    #[doc(hidden)]
+    pub fn completing(&self) -> bool {
+        self.completing
     }
 }

@@ -3,7 +3,7 @@
 //! times its side effect ran.
 //!
 //! ```
-//! use idemkv::testkit::{duplicates, Pattern};
+//! use idemkv::testing::{duplicates, Pattern};
 //! use idemkv::{Durability, Engine};
 //! use std::sync::atomic::{AtomicUsize, Ordering};
 //!

@@ -1,5 +1,5 @@
 //! `concurrent_claims`: per-thread scripts of calls on a few shared keys, run concurrently,
-//! recorded, and checked by [`super::history::check`] (per-key linearizability against the
+//! recorded, and checked by [`crate::history::check`] (per-key linearizability against the
 //! spec, global token order).
 //!
 //! The same scripts run two ways:
@@ -8,18 +8,18 @@
 //!   ([`check_under_shuttle`]); the engine runs with `Durability::None` (the writer thread
 //!   and its crossbeam channel are outside what shuttle can schedule);
 //! - on real threads with real parking_lot and crossbeam, in every durability mode
-//!   ([`super::stress`]).
+//!   ([`crate::stress`]).
 //!
 //! Scripts obey one rule so that every run ends: a thread calls `claim_or_wait` only while
 //! it holds no lease, and every thread releases what it holds at the end of its script.
 //! A waiter therefore always has a holder that will settle the key without blocking.
 
-use super::history::{self, Event, Recorder, Summary};
-use super::ops::FpSel;
-use super::spec::{self, ns, KeyOp, KeyRet, KeySpec, SpecConfig};
-use super::Bug;
-use crate::{ClaimOptions, Clock, Durability, Engine, EngineBuilder, Lease, MockClock};
+use crate::history::{self, Event, Recorder, Summary};
+use crate::ops::FpSel;
+use crate::spec::{self, ns, KeyOp, KeyRet, KeySpec, SpecConfig};
+use crate::Bug;
 use arbitrary::{Arbitrary, Unstructured};
+use idemkv::{ClaimOptions, Clock, Durability, Engine, EngineBuilder, Lease, MockClock};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -348,10 +348,10 @@ pub fn bug_from_env() -> Bug {
     }
 }
 
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 pub use self::under_shuttle::{check_under_shuttle, ByteScheduler};
 
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 mod under_shuttle {
     use super::*;
     use shuttle::scheduler::{Schedule, Scheduler, Task, TaskId};
@@ -477,7 +477,7 @@ mod under_shuttle {
                 Ok(e) => e,
                 Err(e) => panic!("open failed: {e}"),
             };
-            engine.sabotage(bug);
+            crate::sabotage(&engine, bug);
             let init = initial(&clock);
             let rec = Arc::new(Recorder::new());
             let handles: Vec<_> = scenario

@@ -13,7 +13,7 @@
 //!
 //! Reopen from an image with [`SimDisk::from_image`] and `EngineBuilder::backend`.
 
-use crate::redb::StorageBackend;
+use idemkv::redb::StorageBackend;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 

@@ -12,14 +12,14 @@
 //! fault kind: power loss with only the synced bytes, power loss with every unsynced write
 //! too, and a failing call that the process survives.
 
-use super::disk::{Fault, SimDisk};
-use super::ops::{self, call, Call, Model, Op};
-use super::spec::{KeyModel, KeyOp, KeyRet};
-use super::Bug;
-use crate::{
+use crate::disk::{Fault, SimDisk};
+use crate::ops::{self, call, Call, Model, Op};
+use crate::spec::{KeyModel, KeyOp, KeyRet};
+use crate::Bug;
+use arbitrary::Arbitrary;
+use idemkv::{
     Claim, ClaimError, ClaimOptions, Durability, LeaseError, MockClock, RecordInfo, RecordInfoState,
 };
-use arbitrary::Arbitrary;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -197,7 +197,7 @@ pub fn run_with(
     let mut parked = Vec::new();
     let mut token_next = 1u64;
     let mut log: Vec<String> = Vec::new();
-    let opened = ops::builder(mode, &clock, Some(&disk)).sabotage(bug).open();
+    let opened = crate::armed(ops::builder(mode, &clock, Some(&disk)), bug).open();
     if let Ok(engine) = &opened {
         for op in ops_in.iter().take(OPS_MAX) {
             token_next = token_next.max(engine.stats().token_next);
@@ -302,7 +302,7 @@ pub fn run_with(
             // Buffered: a completion shown to a caller is durable, with everything before it.
             let shown = match &ret {
                 KeyRet::Replayed { token, .. } => Some(*token),
-                KeyRet::Got(Some(super::spec::GotState::Completed { token, .. })) => Some(*token),
+                KeyRet::Got(Some(crate::spec::GotState::Completed { token, .. })) => Some(*token),
                 _ => None,
             };
             if let Some(at) = shown.and_then(|t| completion_at.get(&t)) {
@@ -351,7 +351,7 @@ pub fn run_with(
             ))
         }
     };
-    let wall_ms = u64::try_from(crate::Clock::wall(&clock).as_millis()).unwrap_or(u64::MAX);
+    let wall_ms = u64::try_from(idemkv::Clock::wall(&clock).as_millis()).unwrap_or(u64::MAX);
     let found = view_of_records(&reopened.records())?;
     let matched = (floor..views.len())
         .rev()
@@ -495,7 +495,7 @@ pub fn exhaustive_with(mode: Durability, ops_in: &[Op], bug: Bug) -> Result<Cove
 /// completion, a takeover after the lease ran out, a takeover of a zero lease that is then
 /// released (its first record must be gone with it), and a flush.
 pub fn small_workload() -> Vec<Op> {
-    use super::ops::{AdvanceSel, BytesSel, FpSel, KeySel, LeaseSel, TokenSel};
+    use crate::ops::{AdvanceSel, BytesSel, FpSel, KeySel, LeaseSel, TokenSel};
     vec![
         Op::Claim {
             key: KeySel(0),
@@ -560,6 +560,7 @@ pub fn small_workload() -> Vec<Op> {
 
 /// Real time a [`held_commit`] run waits for the engine's threads at most (a safety net:
 /// every wait ends as soon as its condition holds).
+#[cfg(idemkv_sabotage)]
 const HELD_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// Invariants 4 and 5 at the moment they are most at risk: the writer is held before the
@@ -570,15 +571,17 @@ const HELD_WAIT_MAX: Duration = Duration::from_secs(10);
 /// completing caller must still be waiting. Then the power goes: the file is reopened from
 /// the disk's durable image, and what a caller was shown or acknowledged must be in it, and
 /// the first token issued after the reopen must be above every token issued before.
-/// `bug` is armed from the open on.
+/// `bug` is armed from the open on. Needs `--cfg idemkv_sabotage` (the engine's commit gate).
+#[cfg(idemkv_sabotage)]
 pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
     let clock = MockClock::new();
     let disk = SimDisk::new();
-    let engine = ops::builder(mode, &clock, Some(&disk))
-        .inflight_max(16)
-        .sabotage(bug)
-        .open()
-        .map_err(|e| format!("open: {e}"))?;
+    let engine = crate::armed(
+        ops::builder(mode, &clock, Some(&disk)).inflight_max(16),
+        bug,
+    )
+    .open()
+    .map_err(|e| format!("open: {e}"))?;
     let long = ClaimOptions::default().lease(Duration::from_secs(3600));
     let lease = match engine.claim(b"a", &long) {
         Ok(Claim::Acquired(lease)) => lease,
@@ -594,7 +597,7 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
             return Err("the completion's commit never reached the writer".to_string());
         }
         let claimer = s.spawn(|| engine.claim(b"b", &long));
-        let queued = |e: &crate::Engine| matches!(e.get(b"b"), Ok(Some(_)));
+        let queued = |e: &idemkv::Engine| matches!(e.get(b"b"), Ok(Some(_)));
         let deadline = std::time::Instant::now() + HELD_WAIT_MAX;
         while !queued(&engine) {
             if std::time::Instant::now() > deadline {
@@ -606,14 +609,14 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
         let mut shown = None;
         let mut wrong = Vec::new();
         match engine.get(b"a") {
-            Ok(Some(crate::KeyState::Completing { token })) if token == token_a => {}
-            Ok(Some(crate::KeyState::Completed { response, .. })) => {
+            Ok(Some(idemkv::KeyState::Completing { token })) if token == token_a => {}
+            Ok(Some(idemkv::KeyState::Completed { response, .. })) => {
                 shown = Some(response.to_vec());
             }
             other => wrong.push(format!("get: {other:?}")),
         }
         match engine.claim(b"a", &ClaimOptions::default()) {
-            Ok(Claim::InProgress(busy)) if busy.completing => {}
+            Ok(Claim::InProgress(busy)) if busy.completing() => {}
             Ok(Claim::Completed(stored)) => shown = Some(stored.response().to_vec()),
             other => wrong.push(format!("claim: {other:?}")),
         }
@@ -689,21 +692,26 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
 
 /// The response [`damaged_response`] stores, and what the damage turns it into: the same
 /// length, so that the record still decodes and only its checksum tells.
+#[cfg(idemkv_sabotage)]
 const INTACT: &[u8] = b"receipt #1234: charged 19.99 EUR";
+#[cfg(idemkv_sabotage)]
 const ROTTEN: &[u8] = b"receipt #1234: charged 99.99 EUR";
 
 /// A stored response damaged in the file after it was written, while the engine runs
 /// (bypassing the encoder, as bit rot would): every way of reading it back — `claim`,
 /// `claim_or_wait`, `run` (whose handler must not run) and `get` — must be refused with
 /// `Corrupted`, and none may return the damaged bytes. `bug` is armed from the open on.
+/// Needs `--cfg idemkv_sabotage` (the engine's raw access to stored values).
+#[cfg(idemkv_sabotage)]
 pub fn damaged_response(mode: Durability, bug: Bug) -> Result<(), String> {
     let clock = MockClock::new();
     let disk = SimDisk::new();
-    let engine = ops::builder(mode, &clock, Some(&disk))
-        .response_len_max(INTACT.len())
-        .sabotage(bug)
-        .open()
-        .map_err(|e| format!("open: {e}"))?;
+    let engine = crate::armed(
+        ops::builder(mode, &clock, Some(&disk)).response_len_max(INTACT.len()),
+        bug,
+    )
+    .open()
+    .map_err(|e| format!("open: {e}"))?;
     let outcome = engine
         .run(b"k", &ClaimOptions::default(), |_| {
             Ok::<_, String>(INTACT.to_vec())
@@ -751,14 +759,14 @@ pub fn damaged_response(mode: Durability, bug: Bug) -> Result<(), String> {
                 Ok::<_, String>(b"ran again".to_vec())
             }) {
                 Ok(out) => Ok(show(out.response())),
-                Err(crate::RunError::Claim(e)) => Err(e),
+                Err(idemkv::RunError::Claim(e)) => Err(e),
                 Err(e) => Ok(format!("run error {e}")),
             },
         ),
         (
             "get",
             engine.get(b"k").map(|state| match state {
-                Some(crate::KeyState::Completed { response, .. }) => show(&response),
+                Some(idemkv::KeyState::Completed { response, .. }) => show(&response),
                 other => format!("{other:?}"),
             }),
         ),

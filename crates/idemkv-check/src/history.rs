@@ -10,9 +10,9 @@
 //! - tokens increase globally: no two acquisitions share a token, and an acquisition that
 //!   returned before another was invoked has the smaller token.
 
-use super::linearizability::{self, Entry, Spec};
-use super::spec::{KeyOp, KeyRet, KeySpec, SpecConfig};
-use crate::Durability;
+use crate::linearizability::{self, Entry, Spec};
+use crate::spec::{KeyOp, KeyRet, KeySpec, SpecConfig};
+use idemkv::Durability;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;

@@ -1,6 +1,6 @@
 //! `ops_model`: sequences of operations run against the engine and against the sequential
-//! model ([`super::spec`]) side by side, in every durability mode, with a mock clock and a
-//! simulated disk ([`super::disk::SimDisk`]).
+//! model ([`crate::spec`]) side by side, in every durability mode, with a mock clock and a
+//! simulated disk ([`crate::disk::SimDisk`]).
 //!
 //! After every operation the engine's result must be one the model allows; after every
 //! operation the engine's records (`Engine::records`) and in-flight gauge must match the
@@ -10,13 +10,13 @@
 //! (after a `flush` under `Buffered`, whose promise is weaker and is checked by
 //! `storage_faults`). Under `Durability::None` a restart starts from nothing.
 
-use super::disk::SimDisk;
-use super::spec::{self, ns, KeyModel, KeyOp, KeyRet, KeySpec, SpecConfig};
-use crate::{
+use crate::disk::SimDisk;
+use crate::spec::{self, ns, KeyModel, KeyOp, KeyRet, KeySpec, SpecConfig};
+use arbitrary::Arbitrary;
+use idemkv::{
     ClaimError, ClaimOptions, Clock, Durability, Engine, Lease, LeaseError, Limit, MockClock,
     RecordInfoState,
 };
-use arbitrary::Arbitrary;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -222,7 +222,7 @@ pub fn builder(
     mode: Durability,
     clock: &MockClock,
     disk: Option<&SimDisk>,
-) -> crate::EngineBuilder {
+) -> idemkv::EngineBuilder {
     let mut b = Engine::builder()
         .durability(mode)
         .clock(clock.clone())

@@ -7,10 +7,24 @@
 //! gave. The sequential model of `ops_model` and the linearizability checker of
 //! `concurrent_claims` and the stress test both use it.
 
-use crate::clock::wall_ms_at;
-use crate::{ClaimError, Durability, KeyState, LeaseError};
+use idemkv::{ClaimError, Durability, KeyState, LeaseError};
 use std::fmt;
 use std::time::Duration;
+
+/// The retry hint the contract gives while a completion is written but not yet durable
+/// (the engine's `constants::RETRY_AFTER_UNPUBLISHED`, stated here as the spec expects it).
+pub const RETRY_AFTER_UNPUBLISHED: Duration = Duration::from_millis(1);
+
+/// The wall-clock time (ms) of the monotonic instant `at_ns`, given the wall time
+/// `wall_now_ms` at the monotonic instant `now_ns`: how the contract turns a deadline into
+/// the wall-clock time it reports.
+fn wall_ms_at(wall_now_ms: u64, now_ns: u64, at_ns: u64) -> u64 {
+    if at_ns >= now_ns {
+        wall_now_ms.saturating_add((at_ns - now_ns) / 1_000_000)
+    } else {
+        wall_now_ms.saturating_sub((now_ns - at_ns) / 1_000_000)
+    }
+}
 
 /// What the spec needs to know about the engine under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -564,7 +578,7 @@ impl KeySpec {
                     retry_after_ns,
                     attempt: a,
                 } if !published
-                    && *retry_after_ns == ns(crate::testkit::RETRY_AFTER_UNPUBLISHED)
+                    && *retry_after_ns == ns(RETRY_AFTER_UNPUBLISHED)
                     && *a == attempt =>
                 {
                     Ok(next)
@@ -689,9 +703,9 @@ impl KeySpec {
 
 /// Converts a claim's result (the lease, if any, is handed to `park`: dropping it would
 /// release the key).
-pub fn claim_ret(r: Result<crate::Claim, ClaimError>, park: &mut Vec<crate::Lease>) -> KeyRet {
+pub fn claim_ret(r: Result<idemkv::Claim, ClaimError>, park: &mut Vec<idemkv::Lease>) -> KeyRet {
     match r {
-        Ok(crate::Claim::Acquired(lease)) => {
+        Ok(idemkv::Claim::Acquired(lease)) => {
             let ret = KeyRet::Acquired {
                 token: lease.token(),
                 attempt: lease.attempt(),
@@ -700,11 +714,11 @@ pub fn claim_ret(r: Result<crate::Claim, ClaimError>, park: &mut Vec<crate::Leas
             park.push(lease);
             ret
         }
-        Ok(crate::Claim::InProgress(busy)) => KeyRet::InProgress {
+        Ok(idemkv::Claim::InProgress(busy)) => KeyRet::InProgress {
             retry_after_ns: ns(busy.retry_after()),
             attempt: busy.attempt(),
         },
-        Ok(crate::Claim::Completed(stored)) => KeyRet::Replayed {
+        Ok(idemkv::Claim::Completed(stored)) => KeyRet::Replayed {
             token: stored.token(),
             attempt: stored.attempt(),
             response: stored.response().to_vec(),

@@ -7,12 +7,12 @@
 //! The mock clock does not move here (the per-key histories would have to include every
 //! clock step of the whole run); zero leases give takeovers and stale tokens instead.
 
-use super::concurrent::{self, run_script, Scenario};
-use super::disk::SimDisk;
-use super::history::{Recorder, Summary};
-use super::Bug;
-use crate::{Durability, MockClock};
+use crate::concurrent::{self, run_script, Scenario};
+use crate::disk::SimDisk;
+use crate::history::{Recorder, Summary};
+use crate::Bug;
 use arbitrary::Unstructured;
+use idemkv::{Durability, MockClock};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
@@ -97,7 +97,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
             }
         }
     };
-    engine.sabotage(cfg.bug);
+    crate::sabotage(&engine, cfg.bug);
     let init = concurrent::initial(&clock);
     let mut rng = SplitMix(cfg.seed);
     let mut report = StressReport::default();
@@ -164,7 +164,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         let events = rec.events();
         // Token order across batches: every token of this batch is above the last one's.
         let tokens = events.iter().filter_map(|e| match e.ret {
-            super::spec::KeyRet::Acquired { token, .. } => Some(token),
+            crate::spec::KeyRet::Acquired { token, .. } => Some(token),
             _ => None,
         });
         if let Some(min) = tokens.clone().min() {

@@ -17,9 +17,9 @@
 
 #![cfg(unix)]
 
-use idemkv::testkit::concurrent::bug_from_name;
-use idemkv::testkit::Bug;
 use idemkv::*;
+use idemkv_check::concurrent::bug_from_name;
+use idemkv_check::{armed, Bug};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::ExitStatusExt;
@@ -31,13 +31,14 @@ use std::time::{Duration, Instant};
 
 const CHILD_ENV: &str = "IDEMKV_CRASH_CHILD";
 const START_ENV: &str = "IDEMKV_CRASH_START";
-/// A sabotage name (`idemkv::testkit::concurrent::bug_from_name`) the child arms.
+/// A sabotage name (`idemkv_check::concurrent::bug_from_name`) the child arms.
 const SABOTAGE_ENV: &str = "IDEMKV_CRASH_SABOTAGE";
 const TEST_NAME: &str = "kill_9_loses_nothing_acknowledged";
 /// Worker threads in the child: concurrent claims share group commits.
 const CHILD_THREADS: u64 = 3;
 const ROUNDS: usize = 8;
 /// Kills a sabotaged build must be caught within (teeth below).
+#[cfg(idemkv_sabotage)]
 const TEETH_ROUNDS: usize = 24;
 /// Starts every protocol line. The test harness prints `test <name> ... ` without a newline
 /// before the test runs, so a line is parsed from the marker on, wherever it starts.
@@ -90,12 +91,14 @@ fn child(path: &Path) -> ! {
         .expect("start env")
         .parse()
         .expect("start number");
-    let engine = Engine::builder()
-        .path(path)
-        .durability(Durability::Immediate)
-        .sabotage(bug_from_env())
-        .open()
-        .expect("child open");
+    let engine = armed(
+        Engine::builder()
+            .path(path)
+            .durability(Durability::Immediate),
+        bug_from_env(),
+    )
+    .open()
+    .expect("child open");
     let workers: Vec<_> = (0..CHILD_THREADS)
         .map(|i| {
             let engine = engine.clone();
@@ -284,13 +287,15 @@ struct Known {
 }
 
 fn open_parent(path: &Path, bug: Bug) -> Engine {
-    Engine::builder()
-        .path(path)
-        .durability(Durability::Immediate)
-        .verify_on_open(true)
-        .sabotage(bug)
-        .open()
-        .unwrap_or_else(|e| panic!("reopen after kill: {e}"))
+    armed(
+        Engine::builder()
+            .path(path)
+            .durability(Durability::Immediate)
+            .verify_on_open(true),
+        bug,
+    )
+    .open()
+    .unwrap_or_else(|e| panic!("reopen after kill: {e}"))
 }
 
 /// Checks the file after a kill; completes whatever the child left InFlight. The parent's
@@ -459,6 +464,8 @@ fn kill_9_loses_nothing_acknowledged() {
 // ---------------------------------------------------------------------------------------
 
 /// Runs rounds with `bug` armed until a check fails; returns the round that caught it.
+/// The teeth need a build with `--cfg idemkv_sabotage` (docs/testing.md).
+#[cfg(idemkv_sabotage)]
 fn crash_rounds_catch(bug: &str) -> Option<usize> {
     let armed = bug_from_name(bug).expect("sabotage name");
     let dir = tempfile::tempdir().expect("tempdir");
@@ -478,6 +485,7 @@ fn crash_rounds_catch(bug: &str) -> Option<usize> {
     None
 }
 
+#[cfg(idemkv_sabotage)]
 #[test]
 fn kill_9_catches_ack_before_commit() {
     let caught = crash_rounds_catch("ack-before-commit");
@@ -488,6 +496,7 @@ fn kill_9_catches_ack_before_commit() {
     eprintln!("ack-before-commit caught in round {caught:?}");
 }
 
+#[cfg(idemkv_sabotage)]
 #[test]
 fn kill_9_catches_a_missing_token_mark() {
     let caught = crash_rounds_catch("skip-token-hwm");

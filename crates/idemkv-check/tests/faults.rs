@@ -6,7 +6,7 @@
 //! recovers every acknowledged call; a damaged or foreign file gives a clear error, never a
 //! panic and never a wrong replay.
 
-mod common;
+use idemkv_check::backend as common;
 
 use common::FaultyBackend;
 use idemkv::redb::{self, ReadableDatabase, TableDefinition};

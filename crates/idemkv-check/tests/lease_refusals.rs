@@ -5,9 +5,9 @@
 //! takes the key over. A handler's own failure, or an explicit release, still hands the key
 //! on at once.
 
-mod common;
 use common::{acquired, in_progress, modes, wait_until, FaultyBackend};
 use idemkv::*;
+use idemkv_check::backend as common;
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;

@@ -1,11 +1,13 @@
 //! A storage inconsistency must end in `Corrupted`, never in a retry loop: when the index
 //! names a published completion whose record the file no longer holds, every replay path
 //! (`claim`, `claim_or_wait`, `run`, `get`) refuses at once and counts it, because no retry
-//! could ever read the record.
+//! could ever read the record. The record is lost through the engine's test hook, so this
+//! file is built only with `--cfg idemkv_sabotage` (docs/testing.md).
+#![cfg(idemkv_sabotage)]
 
-mod common;
 use common::{acquired, FaultyBackend};
 use idemkv::*;
+use idemkv_check::backend as common;
 use std::sync::mpsc;
 use std::time::Duration;
 

@@ -10,11 +10,11 @@
 //! - A new file is created under a temporary name beside the path and renamed into place,
 //!   owner-only by default.
 
-mod common;
+use idemkv_check::backend as common;
 
 use common::FaultyBackend;
-use idemkv::testkit::disk::{Fault, SimDisk};
 use idemkv::*;
+use idemkv_check::disk::{Fault, SimDisk};
 use std::error::Error as _;
 use std::path::Path;
 use std::sync::mpsc;

@@ -5,9 +5,9 @@
 //! Every test runs under `Durability::Immediate` and `Durability::Buffered` (with a `flush`
 //! before closing), with an injected `MockClock` that keeps running across the restart.
 
-mod common;
 use common::{acquired, completed, in_progress};
 use idemkv::*;
+use idemkv_check::backend as common;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};

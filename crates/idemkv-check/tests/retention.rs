@@ -260,8 +260,8 @@ fn the_background_sweeper_reclaims_on_its_own() {
     assert_eq!(engine.stats().completed, 0);
 }
 
-mod common;
 use common::FaultyBackend;
+use idemkv_check::backend as common;
 
 /// Opens an engine on `backend` at `clock`'s time, in `Buffered` mode, sweeping on demand.
 fn open_on(backend: &FaultyBackend, clock: &MockClock) -> Result<Engine, OpenError> {

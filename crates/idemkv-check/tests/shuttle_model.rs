@@ -1,5 +1,7 @@
-//! Model checking under shuttle (feature `shuttle`):
-//! `cargo test --features shuttle --test shuttle_model`.
+//! Model checking under shuttle, built only with `--cfg shuttle --cfg idemkv_sabotage` (the
+//! real-writer checks read the file through the engine's test hooks; docs/testing.md):
+//! `RUSTFLAGS="--cfg shuttle --cfg idemkv_sabotage" CARGO_TARGET_DIR=target/shuttle
+//! cargo test -p idemkv-check --test shuttle_model`.
 //!
 //! - `concurrent_claims` inside `cargo test`: random scripts and schedules (arbtest), and the
 //!   committed corpus replayed.
@@ -14,13 +16,14 @@
 //!   one handler run and the same bytes for all; and the writer sabotaged to acknowledge or
 //!   to publish before its commit returns is shown to be caught. (This replaces a separate
 //!   model of the protocol, which a regression in the real writer could not fail.)
-#![cfg(feature = "shuttle")]
+#![cfg(all(shuttle, idemkv_sabotage))]
 
 use arbtest::arbitrary::Unstructured;
-use idemkv::testkit::concurrent::{check_under_shuttle, Scenario};
-use idemkv::testkit::disk::SimDisk;
-use idemkv::testkit::{Bug, CommittedRecord};
+use idemkv::sabotage::CommittedRecord;
 use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
+use idemkv_check::concurrent::{check_under_shuttle, Scenario};
+use idemkv_check::disk::SimDisk;
+use idemkv_check::{sabotage, Bug};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use std::path::Path;
 use std::time::Duration;
@@ -121,7 +124,7 @@ fn claim_critical_section_check_then_act_is_caught() {
         shuttle::check_random(
             || {
                 let engine = engine();
-                engine.sabotage(Bug::CheckThenAct);
+                sabotage(&engine, Bug::CheckThenAct);
                 let handles: Vec<_> = (0..2)
                     .map(|_| {
                         let engine = engine.clone();
@@ -206,7 +209,7 @@ fn durable_engine(mode: Durability, bug: Bug) -> Engine {
         .sweep_interval(None)
         .open()
         .expect("open");
-    engine.sabotage(bug);
+    sabotage(&engine, bug);
     engine
 }
 

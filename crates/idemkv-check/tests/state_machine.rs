@@ -5,9 +5,9 @@
 //! bounded polls for a condition another thread must reach (a waiter going to sleep, a
 //! completion being queued), never for a duration to elapse.
 
-mod common;
 use common::{acquired, completed, in_progress, modes, wait_until, FaultyBackend};
 use idemkv::*;
+use idemkv_check::backend as common;
 use serde::{Deserialize, Serialize};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,8 +3,8 @@
 //! token order (see docs/testing.md). Durations are short so `cargo test` stays quick; run
 //! longer with `IDEMKV_STRESS_SECS=60 cargo test --release --test stress`.
 
-use idemkv::testkit::stress::{self, StressConfig};
 use idemkv::Durability;
+use idemkv_check::stress::{self, StressConfig};
 use std::time::Duration;
 
 fn secs() -> Duration {

@@ -1,12 +1,18 @@
 //! Teeth: the checkers must catch a broken engine. Each deliberate bug
-//! (`idemkv::testkit::Bug`) is switched on and the stress test (real threads) must report a
-//! violation within seconds; with `Bug::None` it must not. The same proof under shuttle
-//! (`concurrent_claims`) runs with `--features shuttle`:
-//! `cargo test --features shuttle --test shuttle_model --test teeth`.
+//! (`idemkv_check::Bug`) is switched on and the stress test (real threads) must report a
+//! violation within seconds; with `Bug::None` it must not. The model of `ops_model` and the
+//! users' duplicate-delivery kit must catch one too. Built only with
+//! `--cfg idemkv_sabotage`; the same proof under shuttle (`concurrent_claims`) also needs
+//! `--cfg shuttle` (docs/testing.md):
+//! `RUSTFLAGS="--cfg shuttle --cfg idemkv_sabotage" CARGO_TARGET_DIR=target/shuttle
+//! cargo test -p idemkv-check --test shuttle_model --test teeth`.
+#![cfg(idemkv_sabotage)]
 
-use idemkv::testkit::stress::{self, StressConfig};
-use idemkv::testkit::Bug;
-use idemkv::Durability;
+use idemkv::testing::duplicates;
+use idemkv::{Durability, Engine};
+use idemkv_check::ops::{self, Op};
+use idemkv_check::stress::{self, StressConfig};
+use idemkv_check::{sabotage, Bug};
 use std::time::Duration;
 
 /// How long the stress test may take to find a bug before the test fails.
@@ -63,6 +69,65 @@ fn stress_passes_without_a_bug() {
     assert!(report.violation.is_none(), "{:?}", report.violation);
 }
 
+/// With the fencing comparison switched off, a sequential stale completion is caught by
+/// the model.
+#[test]
+fn ops_model_catches_a_missing_fence() {
+    use idemkv_check::ops::{BytesSel, FpSel, KeySel, LeaseSel, TokenSel};
+    let ops = [
+        Op::Claim {
+            key: KeySel(0),
+            fingerprint: FpSel(0),
+            lease: LeaseSel(1),
+            wait: false,
+        },
+        Op::Claim {
+            key: KeySel(0),
+            fingerprint: FpSel(0),
+            lease: LeaseSel(0),
+            wait: false,
+        },
+        Op::Complete {
+            key: KeySel(0),
+            token: TokenSel(1),
+            response: BytesSel(2),
+        },
+    ];
+    for mode in ops::modes() {
+        let mut h = ops::Harness::open(mode).expect("open");
+        sabotage(&h.engine, Bug::NoFencing);
+        let failed = ops.iter().map(|op| h.apply(op)).find_map(Result::err);
+        assert!(
+            failed.is_some(),
+            "{mode:?}: the stale completion went unnoticed"
+        );
+        let _ = h.engine.close();
+    }
+}
+
+/// The users' kit shows a check-then-act engine running a side effect twice.
+#[test]
+fn the_kit_catches_check_then_act() {
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .open()
+        .expect("open");
+    sabotage(&engine, Bug::CheckThenAct);
+    let mut worst = 0;
+    for i in 0..200 {
+        let key = format!("cta-{i}");
+        let report = duplicates(&engine, key.as_bytes()).copies(4).run(|_| {
+            std::thread::sleep(Duration::from_millis(1));
+            Ok::<_, String>(b"x".to_vec())
+        });
+        worst = worst.max(report.side_effects());
+        if worst > 1 {
+            break;
+        }
+    }
+    assert!(worst > 1, "a check-then-act engine ran a side effect twice");
+}
+
 // ---------------------------------------------------------------------------------------
 // Durability: each sabotage of the write path is caught by the durability checks, within a
 // fixed, deterministic budget; the same checks pass on the engine as shipped.
@@ -71,8 +136,8 @@ fn stress_passes_without_a_bug() {
 mod durability {
     use super::*;
     use arbtest::arbitrary::Unstructured;
-    use idemkv::testkit::faults::{self, FaultCase};
-    use idemkv::testkit::stress::SplitMix;
+    use idemkv_check::faults::{self, FaultCase};
+    use idemkv_check::stress::SplitMix;
     use std::time::Instant;
 
     /// Seeded `storage_faults` cases (seeds 0..N) a bug must be caught within. The slowest
@@ -215,12 +280,12 @@ mod durability {
     }
 }
 
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 mod under_shuttle {
     use super::*;
     use arbitrary::Unstructured;
-    use idemkv::testkit::concurrent::{check_under_shuttle, Scenario};
-    use idemkv::testkit::stress::SplitMix;
+    use idemkv_check::concurrent::{check_under_shuttle, Scenario};
+    use idemkv_check::stress::SplitMix;
     use std::time::Instant;
 
     /// Runs random (scenario, schedule) inputs, as the fuzzer would, until one fails.

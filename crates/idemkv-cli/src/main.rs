@@ -1,7 +1,8 @@
 //! `idemkv`: the command-line tool. `idemkv demo` shows the duplicate-delivery race that
 //! idemkv closes; the operator subcommands look inside an idemkv file.
 //!
-//! Built only with the default `cli` feature (clap, serde_json, indicatif).
+//! A crate of its own, so that its dependencies (clap, serde_json, indicatif) stay out of
+//! the library.
 
 mod cli;
 

@@ -263,9 +263,10 @@ fn help_works_everywhere() {
     }
 }
 
-/// With a deliberate check-then-act bug switched on in the engine (test builds only), the
-/// demo must catch the double charges, explain them, and exit 1.
-#[cfg(feature = "testkit")]
+/// With a deliberate check-then-act bug switched on in the engine (builds with
+/// `--cfg idemkv_sabotage` only), the demo must catch the double charges, explain them, and
+/// exit 1.
+#[cfg(idemkv_sabotage)]
 #[test]
 fn demo_catches_a_sabotaged_engine_and_exits_1() {
     let out = idemkv(&[

@@ -77,14 +77,14 @@ pub(crate) struct DemoArgs {
     #[arg(long)]
     no_progress: bool,
 
-    /// Test builds only: switch a deliberate engine bug on, to prove the demo catches it.
-    #[cfg(feature = "testkit")]
+    /// Sabotage builds only: switch a deliberate engine bug on, to prove the demo catches it.
+    #[cfg(idemkv_sabotage)]
     #[arg(long, value_enum, hide = true)]
     sabotage: Option<SabotageArg>,
 }
 
-/// `--sabotage` (builds with the `testkit` feature only).
-#[cfg(feature = "testkit")]
+/// `--sabotage` (builds with `--cfg idemkv_sabotage` only).
+#[cfg(idemkv_sabotage)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum SabotageArg {
     /// Claims check, drop the lock, then insert.
@@ -168,12 +168,15 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     }
     .map_err(|e| CliError::io("opening the idemkv engine", e))?;
     let file = temp.as_ref().map(|d| d.path.join("demo.redb"));
-    #[cfg(feature = "testkit")]
+    #[cfg(idemkv_sabotage)]
     if let Some(bug) = args.sabotage {
-        engine.sabotage(match bug {
-            SabotageArg::CheckThenAct => idemkv::testkit::Bug::CheckThenAct,
-            SabotageArg::NoFencing => idemkv::testkit::Bug::NoFencing,
-        });
+        idemkv::sabotage::switch(
+            &engine,
+            Some(match bug {
+                SabotageArg::CheckThenAct => idemkv::sabotage::Sabotage::CheckThenAct,
+                SabotageArg::NoFencing => idemkv::sabotage::Sabotage::NoFencing,
+            }),
+        );
     }
 
     let naive = run_mode(&plan, args, Mode::naive(args.messages))?;
