@@ -18,8 +18,9 @@ const CORPUS_REPLAYED_MIN: usize = 60;
 
 /// Files of a committed corpus, sorted by name.
 fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
+    // The corpus sits at the repository root, two levels above this crate.
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
+        .join("../../fuzz/corpus")
         .join(target);
     let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let mut out: Vec<(String, Vec<u8>)> = entries

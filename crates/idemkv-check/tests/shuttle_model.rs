@@ -49,7 +49,7 @@ const CORPUS_REPLAYED_MIN: usize = 60;
 
 #[test]
 fn concurrent_claims_corpus_replays_clean() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/concurrent_claims");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/concurrent_claims");
     let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let (mut replayed, mut undecodable) = (0, Vec::new());
     for e in entries {
