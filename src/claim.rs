@@ -322,12 +322,12 @@ impl Engine {
         let store = s.store().ok_or(ClaimError::Closed)?;
         // Test-only sabotage: trust the stored bytes without their checksum, so that the
         // corruption checks can show they catch a replay of damaged bytes.
-        #[cfg(feature = "testkit")]
+        #[cfg(idemkv_sabotage)]
         let read = match self.sabotaged(Sabotage::SkipReplayChecksum) {
             true => store.get_unverified(token),
             false => store.get(token),
         };
-        #[cfg(not(feature = "testkit"))]
+        #[cfg(not(idemkv_sabotage))]
         let read = store.get(token);
         let record = match read {
             Ok(Some(Ok(record))) => record,
@@ -649,11 +649,12 @@ impl Engine {
         Err(ClaimError::Contended)
     }
 
-    /// Test builds only: deletes the record of `key`'s current token from the file while the
+    /// Sabotage builds only: deletes the record of `key`'s current token from the file while the
     /// index keeps naming it, as a storage fault that lost a committed write would, so that
     /// a test can show a replay is refused with `Corrupted` instead of retried forever.
     /// Returns whether the key had a record to lose; the deletion is committed on return.
-    #[cfg(feature = "testkit")]
+    #[cfg(idemkv_sabotage)]
+    #[doc(hidden)]
     pub fn lose_record(&self, key: &[u8]) -> Result<bool, FlushError> {
         let s = self.shared();
         {

@@ -225,9 +225,9 @@ pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
     Ok(record)
 }
 
-/// Decodes a value without checking its checksum or version: the testing kit's sabotage of
-/// a replay, which the corruption checks must catch.
-#[cfg(feature = "testkit")]
+/// Decodes a value without checking its checksum or version: the sabotage of a replay,
+/// which the corruption checks must catch.
+#[cfg(idemkv_sabotage)]
 pub(crate) fn decode_unverified(bytes: &[u8]) -> Result<Record, DecodeError> {
     if bytes.len() < HEADER_LEN + TRAILER_LEN {
         return Err(DecodeError::TooShort(bytes.len()));

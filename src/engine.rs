@@ -57,22 +57,23 @@ pub(crate) struct Shared {
     room: Mutex<()>,
     room_changed: Condvar,
     /// The active test-only sabotage (a `Sabotage` as u8; 0 is none).
-    #[cfg(feature = "testkit")]
+    #[cfg(idemkv_sabotage)]
     pub(crate) sabotage: crate::sync::AtomicU8,
     /// Test-only: the writer panics at its next batch (see `Engine::panic_writer_at_next_batch`).
-    #[cfg(feature = "testkit")]
+    #[cfg(idemkv_sabotage)]
     pub(crate) writer_panic: AtomicBool,
-    /// Lets a test hold the writer before its next commit (`testkit::HeldCommits`).
-    #[cfg(feature = "testkit")]
-    pub(crate) commit_gate: crate::testkit::CommitGate,
+    /// Lets a test hold the writer before its next commit (`sabotage::HeldCommits`).
+    #[cfg(idemkv_sabotage)]
+    pub(crate) commit_gate: crate::sabotage::CommitGate,
 }
 
 /// Bugs a test can switch on, to prove that the checkers catch them. Each one breaks a
-/// promise the engine makes (docs/testing.md, "Teeth"); without the `testkit` feature none
-/// can be switched on and every check of one compiles to `false`.
+/// promise the engine makes (docs/testing.md, "Teeth"). Only a build with
+/// `--cfg idemkv_sabotage` can switch one on (`sabotage::switch`); in any other build every
+/// check of one compiles to `false`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(feature = "testkit"), allow(dead_code))]
-pub(crate) enum Sabotage {
+#[cfg_attr(not(idemkv_sabotage), allow(dead_code))]
+pub enum Sabotage {
     /// Claims look the key up, drop the lock, then insert: check-then-act.
     CheckThenAct = 1,
     /// `complete` does not compare tokens.
@@ -90,14 +91,15 @@ pub(crate) enum Sabotage {
 }
 
 impl Shared {
-    /// Whether a test has switched this sabotage on (always false without `testkit`).
+    /// Whether a test has switched this sabotage on (always false without
+    /// `--cfg idemkv_sabotage`).
     #[inline]
     pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
-        #[cfg(feature = "testkit")]
+        #[cfg(idemkv_sabotage)]
         {
             self.sabotage.load(Ordering::Relaxed) == which as u8
         }
-        #[cfg(not(feature = "testkit"))]
+        #[cfg(not(idemkv_sabotage))]
         {
             let _ = which;
             false
@@ -442,12 +444,12 @@ impl EngineBuilder {
             sweeper: Sweeper::new(self.sweep_interval),
             room: Mutex::new(()),
             room_changed: Condvar::new(),
-            #[cfg(feature = "testkit")]
+            #[cfg(idemkv_sabotage)]
             sabotage: crate::sync::AtomicU8::new(self.sabotage),
-            #[cfg(feature = "testkit")]
+            #[cfg(idemkv_sabotage)]
             writer_panic: AtomicBool::new(false),
-            #[cfg(feature = "testkit")]
-            commit_gate: crate::testkit::CommitGate::default(),
+            #[cfg(idemkv_sabotage)]
+            commit_gate: crate::sabotage::CommitGate::default(),
         });
         let mut threads = Threads::default();
         if let (Some(store), Some(rx)) = (store, rx) {
@@ -497,7 +499,8 @@ impl Engine {
         &self.inner.shared
     }
 
-    /// Whether a test has switched this sabotage on (always false without `testkit`).
+    /// Whether a test has switched this sabotage on (always false without
+    /// `--cfg idemkv_sabotage`).
     #[inline]
     pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
         self.shared().sabotaged(which)
@@ -614,10 +617,11 @@ impl Engine {
         close_shared(&self.inner.shared, &self.inner.threads)
     }
 
-    /// Test builds only: makes the writer thread panic at its next batch, before writing it,
-    /// as a bug in the writer would. The engine must poison itself and fail every pending
-    /// acknowledgement (`docs/design.md`, "How a commit can fail").
-    #[cfg(feature = "testkit")]
+    /// Makes the writer thread panic at its next batch, before writing it, as a bug in the
+    /// writer would. The engine must poison itself and fail every pending acknowledgement
+    /// (`docs/design.md`, "How a commit can fail"). Only with `--cfg idemkv_sabotage`.
+    #[cfg(idemkv_sabotage)]
+    #[doc(hidden)]
     pub fn panic_writer_at_next_batch(&self) {
         self.shared().writer_panic.store(true, Ordering::Release);
     }

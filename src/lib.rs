@@ -41,12 +41,14 @@ mod machine;
 mod options;
 mod reader;
 mod recovery;
+#[cfg(idemkv_sabotage)]
+#[doc(hidden)]
+pub mod sabotage;
 mod stats;
 mod storage;
 mod sweep;
 mod sync;
-#[cfg(feature = "testkit")]
-pub mod testkit;
+pub mod testing;
 mod token;
 mod writer;
 

@@ -130,9 +130,9 @@ pub struct EngineBuilder {
     /// Permission bits of a file the engine creates (unix).
     pub(crate) file_mode: u32,
     pub(crate) backend: Option<BackendSlot>,
-    /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): test builds only,
-    /// see `testkit::Bug`.
-    #[cfg(feature = "testkit")]
+    /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): sabotage builds
+    /// only, see `sabotage::arm`.
+    #[cfg(idemkv_sabotage)]
     pub(crate) sabotage: u8,
 }
 
@@ -189,7 +189,7 @@ impl Default for EngineBuilder {
             two_phase_commit: true,
             file_mode: FILE_MODE_DEFAULT,
             backend: None,
-            #[cfg(feature = "testkit")]
+            #[cfg(idemkv_sabotage)]
             sabotage: 0,
         }
     }

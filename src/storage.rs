@@ -64,7 +64,7 @@ pub(crate) struct Store {
     path: PathBuf,
     two_phase_commit: bool,
     /// Test-only sabotage, armed on the builder: commits leave the token mark out.
-    #[cfg(feature = "testkit")]
+    #[cfg(idemkv_sabotage)]
     skip_token_hwm: bool,
 }
 
@@ -466,7 +466,7 @@ impl Store {
             db,
             path,
             two_phase_commit: b.two_phase_commit,
-            #[cfg(feature = "testkit")]
+            #[cfg(idemkv_sabotage)]
             skip_token_hwm: b.sabotage == crate::engine::Sabotage::SkipTokenHwm as u8,
         });
         contain("format check", || store.check_format()).map_err(panicked)??;
@@ -776,7 +776,7 @@ impl Store {
             }
             // Test-only sabotage: the mark never reaches the file, so that the checks can
             // show they catch tokens reissued after a crash.
-            #[cfg(feature = "testkit")]
+            #[cfg(idemkv_sabotage)]
             let hwm = hwm.filter(|_| !self.skip_token_hwm);
             if let Some(hwm) = hwm {
                 let mut meta = txn.open_table(META)?;
@@ -1234,9 +1234,9 @@ impl StorageBackend for Overlay {
     }
 }
 
-/// Raw access to stored values, for the testing kit only: a replay that skips the checksum
-/// (a sabotage) and damage to a stored value that bypasses the encoder (bit rot).
-#[cfg(feature = "testkit")]
+/// Raw access to stored values, for the sabotage build only: a replay that skips the
+/// checksum (a sabotage) and damage to a stored value that bypasses the encoder (bit rot).
+#[cfg(idemkv_sabotage)]
 impl Store {
     /// Reads the record under `token` and decodes it without checking its checksum.
     pub(crate) fn get_unverified(

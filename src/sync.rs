@@ -1,13 +1,14 @@
 //! The only module that names lock, atomic, channel and thread types. A model-checking build
 //! swaps these for shuttle's in one place.
 //!
-//! Without the `shuttle` feature these are plain re-exports of parking_lot, crossbeam and std.
+//! In an ordinary build these are plain re-exports of parking_lot, crossbeam and std.
 //!
-//! With the `shuttle` feature, every lock, condition variable, atomic, channel and the
-//! writer's thread decides when it is created: inside a shuttle execution it is shuttle's
-//! (every acquire, release, notify, send, receive and atomic access becomes a scheduling
-//! point the model checker controls), anywhere else it is parking_lot's, crossbeam's or
-//! std's. So one build runs both the model tests (`tests/shuttle_model.rs`, the
+//! Built with `--cfg shuttle` (through RUSTFLAGS; no feature can set it), every lock,
+//! condition variable, atomic, channel and the writer's thread decides when it is created:
+//! inside a shuttle execution it is shuttle's (every acquire, release, notify, send, receive
+//! and atomic access becomes a scheduling point the model checker controls), anywhere else
+//! it is parking_lot's, crossbeam's or std's. So one build runs both the model tests
+//! (`crates/idemkv-check/tests/shuttle_model.rs`, the
 //! `concurrent_claims` fuzz target) and every ordinary test, and an engine opened inside
 //! `shuttle::check_*` runs entirely under the scheduler, its writer thread included (the
 //! store's own I/O is synchronous, so each redb call is one step of the model). The API
@@ -19,16 +20,16 @@ pub(crate) use std::sync::atomic::Ordering;
 pub(crate) use std::sync::{Arc, Weak};
 
 /// The writer's queue and its acknowledgements: crossbeam's bounded channels.
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) mod channel {
     pub(crate) use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender, TrySendError};
 }
 
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) use std::thread::JoinHandle;
 
 /// Starts a named thread (the writer).
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) fn spawn<F, T>(name: &str, f: F) -> std::io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
@@ -37,19 +38,19 @@ where
     std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
-#[cfg(all(feature = "testkit", not(feature = "shuttle")))]
+#[cfg(all(idemkv_sabotage, not(shuttle)))]
 pub(crate) use std::sync::atomic::AtomicU8;
-#[cfg(not(feature = "shuttle"))]
+#[cfg(not(shuttle))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
 
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 pub(crate) use self::model::{
     channel, spawn, AtomicBool, AtomicU64, AtomicU8, Condvar, JoinHandle, Mutex, MutexGuard, RwLock,
 };
 
-#[cfg(feature = "shuttle")]
+#[cfg(shuttle)]
 #[allow(dead_code)]
 mod model {
     use std::fmt;

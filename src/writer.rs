@@ -158,9 +158,9 @@ impl Writer {
     }
 
     fn commit(&self, batch: &mut Vec<Op>) {
-        #[cfg(feature = "testkit")]
+        #[cfg(idemkv_sabotage)]
         if self.shared.writer_panic.swap(false, Ordering::AcqRel) {
-            panic!("testkit: the writer panics on purpose");
+            panic!("sabotage: the writer panics on purpose");
         }
         // Test-only sabotages: acknowledge or publish before the commit returns, so that the
         // durability checks can show they catch a writer that breaks this order.
@@ -176,7 +176,7 @@ impl Writer {
         if publish_early {
             self.publish(batch);
         }
-        #[cfg(feature = "testkit")]
+        #[cfg(idemkv_sabotage)]
         self.shared.commit_gate.pass();
         let result = match self.shared.poison_reason() {
             Some(why) => Err(why),

@@ -2,11 +2,17 @@
 //! scheduler that reads its decisions from the input; the recorded history is checked per
 //! key for linearizability and globally for token order. `IDEMKV_SABOTAGE=check-then-act`
 //! or `=no-fencing` switches a deliberate bug on, to watch the target catch it.
-//! See docs/testing.md.
+//! Built with RUSTFLAGS="--cfg shuttle --cfg idemkv_sabotage"; see docs/testing.md.
 #![no_main]
 
-use idemkv::testkit::concurrent::{self, Scenario};
-use idemkv::testkit::Bug;
+#[cfg(not(shuttle))]
+compile_error!(
+    "concurrent_claims runs under shuttle: build it with \
+     RUSTFLAGS=\"--cfg shuttle --cfg idemkv_sabotage\" (docs/testing.md)"
+);
+
+use idemkv_check::concurrent::{self, Scenario};
+use idemkv_check::Bug;
 use libfuzzer_sys::arbitrary::Unstructured;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;

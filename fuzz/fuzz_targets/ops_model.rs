@@ -3,7 +3,7 @@
 //! See docs/testing.md.
 #![no_main]
 
-use idemkv::testkit::ops::{self, OpsCase};
+use idemkv_check::ops::{self, OpsCase};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|case: OpsCase| {

@@ -2,12 +2,13 @@
 //! sync), then a reopen: every acknowledged record present, nothing never submitted, at most
 //! the in-doubt batch differs, tokens never go backwards. See docs/testing.md.
 //! `IDEMKV_SABOTAGE=<name>` arms a deliberate bug (`concurrent::bug_from_name`), such as
-//! `ack-before-commit`, `skip-token-hwm` or `drop-old-removal`.
+//! `ack-before-commit`, `skip-token-hwm` or `drop-old-removal`, in a build with
+//! RUSTFLAGS="--cfg idemkv_sabotage".
 #![no_main]
 
-use idemkv::testkit::concurrent;
-use idemkv::testkit::faults::{self, FaultCase};
-use idemkv::testkit::Bug;
+use idemkv_check::concurrent;
+use idemkv_check::faults::{self, FaultCase};
+use idemkv_check::Bug;
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 

@@ -1,0 +1,113 @@
+//! The machinery that checks idemkv (never published): the operation types and the
+//! whole-engine model of the `ops_model` fuzz target, the sequential spec, a history recorder
+//! and a linearizability checker, the concurrent scripts of `concurrent_claims`, a simulated
+//! disk and the `storage_faults` runner, the stress runner, and a fault-injecting backend
+//! for the integration tests. `docs/testing.md` explains each part.
+//!
+//! The deliberate bugs of the teeth ([`Bug`]) act only in a build of the engine with
+//! `--cfg idemkv_sabotage` (set through RUSTFLAGS); in any other build [`sabotage`] and
+//! [`armed`] accept [`Bug::None`] alone, and the shuttle runners exist only with
+//! `--cfg shuttle`.
+
+use idemkv::{Engine, EngineBuilder};
+
+pub mod backend;
+pub mod concurrent;
+pub mod disk;
+pub mod faults;
+pub mod history;
+pub mod linearizability;
+pub mod ops;
+pub mod spec;
+pub mod stress;
+
+/// A bug to switch on in an engine, for proving that a checker catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Bug {
+    /// No bug: the engine as shipped.
+    None,
+    /// Claims check, drop the lock, then insert: the check-then-act race.
+    CheckThenAct,
+    /// `complete` skips the fencing-token comparison.
+    NoFencing,
+    /// The writer acknowledges a batch before its commit returns (a crash then loses an
+    /// acknowledged call).
+    AckBeforeCommit,
+    /// The writer publishes a batch's completions before its commit returns (another caller
+    /// can be shown a completion a crash still erases).
+    PublishBeforeCommit,
+    /// Commits leave the token high-water mark out of the file (tokens issued but never
+    /// written are issued again after a crash). Arm it on the builder ([`armed`]): the mark
+    /// is first written when the file is opened.
+    SkipTokenHwm,
+    /// A write that replaces a key's record (a takeover, a claim of an expired key) leaves
+    /// the previous record in the file, where it comes back after a restart.
+    DropOldRemoval,
+    /// A replay reads the stored response without checking its checksum.
+    SkipReplayChecksum,
+}
+
+impl Bug {
+    /// Every bug (not [`Bug::None`]).
+    pub const ALL: [Bug; 7] = [
+        Bug::CheckThenAct,
+        Bug::NoFencing,
+        Bug::AckBeforeCommit,
+        Bug::PublishBeforeCommit,
+        Bug::SkipTokenHwm,
+        Bug::DropOldRemoval,
+        Bug::SkipReplayChecksum,
+    ];
+
+    /// The engine's switch for this bug (`None` for [`Bug::None`]).
+    #[cfg(idemkv_sabotage)]
+    fn switch(self) -> Option<idemkv::sabotage::Sabotage> {
+        use idemkv::sabotage::Sabotage;
+        Some(match self {
+            Bug::None => return None,
+            Bug::CheckThenAct => Sabotage::CheckThenAct,
+            Bug::NoFencing => Sabotage::NoFencing,
+            Bug::AckBeforeCommit => Sabotage::AckBeforeCommit,
+            Bug::PublishBeforeCommit => Sabotage::PublishBeforeCommit,
+            Bug::SkipTokenHwm => Sabotage::SkipTokenHwm,
+            Bug::DropOldRemoval => Sabotage::DropOldRemoval,
+            Bug::SkipReplayChecksum => Sabotage::SkipReplayChecksum,
+        })
+    }
+
+    /// Without the sabotage build no bug can act: asking for one is a mistake in the test
+    /// command, reported rather than silently run without the bug.
+    #[cfg(not(idemkv_sabotage))]
+    fn unavailable(self) {
+        assert_eq!(
+            self,
+            Bug::None,
+            "{self:?} needs a build with RUSTFLAGS=\"--cfg idemkv_sabotage\" (docs/testing.md)"
+        );
+    }
+}
+
+/// Switches `bug` on in a running engine (off with [`Bug::None`]).
+/// [`Bug::SkipTokenHwm`] acts only when armed on the builder ([`armed`]).
+pub fn sabotage(engine: &Engine, bug: Bug) {
+    #[cfg(idemkv_sabotage)]
+    idemkv::sabotage::switch(engine, bug.switch());
+    #[cfg(not(idemkv_sabotage))]
+    {
+        let _ = engine;
+        bug.unavailable();
+    }
+}
+
+/// The builder with `bug` switched on from the open on, so that it also acts during the
+/// open (the first commit writes the token mark).
+pub fn armed(builder: EngineBuilder, bug: Bug) -> EngineBuilder {
+    #[cfg(idemkv_sabotage)]
+    return idemkv::sabotage::arm(builder, bug.switch());
+    #[cfg(not(idemkv_sabotage))]
+    {
+        bug.unavailable();
+        builder
+    }
+}

@@ -1,0 +1,371 @@
+//! Model checking under shuttle, built only with `--cfg shuttle --cfg idemkv_sabotage` (the
+//! real-writer checks read the file through the engine's test hooks; docs/testing.md):
+//! `RUSTFLAGS="--cfg shuttle --cfg idemkv_sabotage" CARGO_TARGET_DIR=target/shuttle
+//! cargo test -p idemkv-check --test shuttle_model`.
+//!
+//! - `concurrent_claims` inside `cargo test`: random scripts and schedules (arbtest), and the
+//!   committed corpus replayed.
+//! - The claim critical section of the real engine (`Durability::None`, every lock and atomic
+//!   a shuttle one): one winner among racing claims, and waiters that all get the winner's
+//!   bytes, under PCT and random schedules.
+//! - The real writer (`src/writer.rs`: gather, commit, publish, acknowledge) of an engine on
+//!   a simulated disk, its thread, queue and acknowledgements all shuttle's (`src/sync.rs`),
+//!   redb running on memory: three `run` callers and a `get` caller of one key, under PCT
+//!   and random schedules from fixed seeds. Checked: an acknowledged write is committed
+//!   (invariant 4), no caller is shown a completion that is not committed (invariant 5),
+//!   one handler run and the same bytes for all; and the writer sabotaged to acknowledge or
+//!   to publish before its commit returns is shown to be caught. (This replaces a separate
+//!   model of the protocol, which a regression in the real writer could not fail.)
+#![cfg(all(shuttle, idemkv_sabotage))]
+
+use arbtest::arbitrary::Unstructured;
+use idemkv::sabotage::CommittedRecord;
+use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
+use idemkv_check::concurrent::{check_under_shuttle, Scenario};
+use idemkv_check::disk::SimDisk;
+use idemkv_check::{sabotage, Bug};
+use shuttle::scheduler::{PctScheduler, RandomScheduler};
+use std::path::Path;
+use std::time::Duration;
+
+#[test]
+fn concurrent_claims_random_scripts_and_schedules() {
+    arbtest::arbtest(|u| {
+        let scenario = Scenario::from_bytes(u)?;
+        let schedule = u.bytes(u.len())?;
+        if let Err(why) = check_under_shuttle(&scenario, schedule, Bug::None) {
+            panic!("{why}\nscenario: {scenario:?}");
+        }
+        Ok(())
+    })
+    .size_max(2048)
+    .budget_ms(5_000);
+}
+
+/// Inputs of the committed corpus the replay must run, at least: about nine tenths of the
+/// 66 files `fuzz/corpus/concurrent_claims` holds, so that a corpus that went missing or
+/// stopped decoding fails the test instead of passing it empty.
+const CORPUS_REPLAYED_MIN: usize = 60;
+
+#[test]
+fn concurrent_claims_corpus_replays_clean() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/concurrent_claims");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let (mut replayed, mut undecodable) = (0, Vec::new());
+    for e in entries {
+        let path = e.expect("corpus entry").path();
+        let bytes = std::fs::read(&path).expect("read corpus file");
+        // Decoded as the fuzz target decodes it (which skips what does not decode).
+        let mut u = Unstructured::new(&bytes);
+        let Ok(scenario) = Scenario::from_bytes(&mut u) else {
+            undecodable.push(path);
+            continue;
+        };
+        if let Err(why) = check_under_shuttle(&scenario, u.take_rest(), Bug::None) {
+            panic!("{}: {why}", path.display());
+        }
+        replayed += 1;
+    }
+    assert!(
+        replayed >= CORPUS_REPLAYED_MIN,
+        "{}: {replayed} inputs replayed, at least {CORPUS_REPLAYED_MIN} expected; \
+         undecodable: {undecodable:?}",
+        dir.display()
+    );
+}
+
+fn engine() -> Engine {
+    Engine::builder()
+        .durability(Durability::None)
+        .stripes(1)
+        .sweep_interval(None)
+        .open()
+        .expect("open")
+}
+
+/// Three racing claims of one key: exactly one acquires; the others see it in progress.
+fn one_winner() {
+    let engine = engine();
+    let opts = ClaimOptions::default().lease(Duration::from_secs(60));
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let (engine, opts) = (engine.clone(), opts.clone());
+            shuttle::thread::spawn(move || match engine.claim(b"k", &opts).expect("claim") {
+                Claim::Acquired(lease) => {
+                    let token = lease.token();
+                    std::mem::forget(lease);
+                    Some(token)
+                }
+                Claim::InProgress(_) => None,
+                Claim::Completed(s) => panic!("nothing completed the key: {s:?}"),
+            })
+        })
+        .collect();
+    let winners: Vec<u64> = handles
+        .into_iter()
+        .filter_map(|h| h.join().expect("join"))
+        .collect();
+    assert_eq!(winners.len(), 1, "winners: {winners:?}");
+}
+
+#[test]
+fn claim_critical_section_one_winner_pct() {
+    shuttle::check_pct(one_winner, 2_000, 3);
+}
+
+#[test]
+fn claim_critical_section_one_winner_random() {
+    shuttle::check_random(one_winner, 2_000);
+}
+
+#[test]
+fn claim_critical_section_check_then_act_is_caught() {
+    let caught = std::panic::catch_unwind(|| {
+        shuttle::check_random(
+            || {
+                let engine = engine();
+                sabotage(&engine, Bug::CheckThenAct);
+                let handles: Vec<_> = (0..2)
+                    .map(|_| {
+                        let engine = engine.clone();
+                        shuttle::thread::spawn(move || {
+                            let opts = ClaimOptions::default().lease(Duration::from_secs(60));
+                            match engine.claim(b"k", &opts).expect("claim") {
+                                Claim::Acquired(lease) => {
+                                    std::mem::forget(lease);
+                                    1
+                                }
+                                _ => 0,
+                            }
+                        })
+                    })
+                    .collect();
+                let winners: usize = handles.into_iter().map(|h| h.join().expect("join")).sum();
+                assert_eq!(winners, 1, "two winners");
+            },
+            2_000,
+        )
+    });
+    assert!(caught.is_err(), "check-then-act went unnoticed");
+}
+
+/// Losers that wait get the winner's bytes (indistinguishable losers), and the handler
+/// runs once.
+fn waiters_get_the_winners_bytes() {
+    let engine = engine();
+    let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
+    let handles: Vec<_> = (0..3u8)
+        .map(|i| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            shuttle::thread::spawn(move || {
+                let opts = ClaimOptions::default().wait(Duration::from_secs(3600));
+                let out = engine
+                    .run(b"k", &opts, |_| {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Ok::<_, String>(vec![i; 4])
+                    })
+                    .expect("run");
+                (out.response().to_vec(), out.replayed())
+            })
+        })
+        .collect();
+    let outs: Vec<(Vec<u8>, bool)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("join"))
+        .collect();
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(outs.iter().all(|(r, _)| *r == outs[0].0), "{outs:?}");
+    assert_eq!(
+        outs.iter().filter(|(_, replayed)| !replayed).count(),
+        1,
+        "{outs:?}"
+    );
+}
+
+#[test]
+fn claim_or_wait_losers_get_the_winners_bytes_pct() {
+    shuttle::check_pct(waiters_get_the_winners_bytes, 1_000, 3);
+}
+
+#[test]
+fn claim_or_wait_losers_get_the_winners_bytes_random() {
+    shuttle::check_random(waiters_get_the_winners_bytes, 1_000);
+}
+
+// ---------------------------------------------------------------------------------------
+// The real writer (src/writer.rs) under the scheduler: gather, commit, publish, acknowledge.
+// ---------------------------------------------------------------------------------------
+
+/// An engine on a simulated disk: redb runs on memory, its I/O is synchronous, so each
+/// redb call is one step of the model; the writer thread, its queue and the acknowledgement
+/// channels are shuttle's. (Under `Buffered` the writer's wait for more operations is
+/// modelled as a delay that has already passed.)
+fn durable_engine(mode: Durability, bug: Bug) -> Engine {
+    let engine = Engine::builder()
+        .path("shuttle.redb")
+        .backend(SimDisk::new())
+        .durability(mode)
+        .stripes(1)
+        .sweep_interval(None)
+        .open()
+        .expect("open");
+    sabotage(&engine, bug);
+    engine
+}
+
+/// The committed record under `token`, which a crash now would keep.
+fn committed(engine: &Engine, token: u64) -> Option<CommittedRecord> {
+    engine.committed_record(token).expect("read the file")
+}
+
+/// Three `run` callers of one key on the real writer, and a fourth caller that looks at
+/// the key with `get`. Checked at every schedule:
+/// - `Immediate`: an acknowledged claim is committed when the handler starts, and an
+///   acknowledged completion is committed when `run` returns it (invariant 4);
+/// - a caller is shown only a completion that is committed (invariant 5), by `run` and by
+///   `get`;
+/// - one handler run, every caller the same bytes, one of them not replayed.
+fn real_writer_handoff(mode: Durability, bug: Bug) {
+    let immediate = mode == Durability::Immediate;
+    let engine = durable_engine(mode, bug);
+    let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
+    let handles: Vec<_> = (0..3u8)
+        .map(|i| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            shuttle::thread::spawn(move || {
+                let opts = ClaimOptions::default().wait(Duration::from_secs(3600));
+                let out = engine
+                    .run(b"k", &opts, |lease| {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        assert!(
+                            !immediate
+                                || matches!(
+                                    committed(&engine, lease.token()),
+                                    Some(CommittedRecord::InFlight { .. })
+                                ),
+                            "the claim of token {} was acknowledged before it was committed",
+                            lease.token()
+                        );
+                        Ok::<_, String>(vec![i; 4])
+                    })
+                    .unwrap_or_else(|e| panic!("run: {e}"));
+                let on_file = committed(&engine, out.token());
+                let expected = Some(CommittedRecord::Completed {
+                    key: b"k".to_vec(),
+                    response: out.response().to_vec(),
+                });
+                if out.replayed() {
+                    assert_eq!(
+                        on_file, expected,
+                        "replayed a completion that is not committed"
+                    );
+                } else if immediate {
+                    assert_eq!(
+                        on_file, expected,
+                        "acknowledged a completion that is not committed"
+                    );
+                }
+                (out.response().to_vec(), out.replayed())
+            })
+        })
+        .collect();
+    let observer = {
+        let engine = engine.clone();
+        shuttle::thread::spawn(move || {
+            for _ in 0..3 {
+                match engine.get(b"k").unwrap_or_else(|e| panic!("get: {e}")) {
+                    Some(KeyState::Completed {
+                        token, response, ..
+                    }) => assert_eq!(
+                        committed(&engine, token),
+                        Some(CommittedRecord::Completed {
+                            key: b"k".to_vec(),
+                            response: response.to_vec(),
+                        }),
+                        "get showed a completion that is not committed"
+                    ),
+                    None | Some(_) => shuttle::thread::yield_now(),
+                }
+            }
+        })
+    };
+    let outs: Vec<(Vec<u8>, bool)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("join"))
+        .collect();
+    observer.join().expect("observer");
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(outs.iter().all(|(r, _)| *r == outs[0].0), "{outs:?}");
+    assert_eq!(
+        outs.iter().filter(|(_, replayed)| !replayed).count(),
+        1,
+        "{outs:?}"
+    );
+    engine.close().expect("close");
+}
+
+/// Fixed seeds: the schedules, and so the result, are the same on every run.
+const PCT_SEED: u64 = 0x1DE3_5EED;
+const RANDOM_SEED: u64 = 0x5EED_1DE3;
+/// Schedules tried per scheduler.
+const REAL_WRITER_SCHEDULES: usize = 300;
+
+/// Shuttle runs each thread on a stack of its own; redb's open and commit paths need more
+/// than its 32 KiB default.
+const REAL_WRITER_STACK_BYTES: usize = 4 << 20;
+
+fn check_real_writer(mode: Durability, bug: Bug) {
+    let config = || {
+        let mut config = shuttle::Config::default();
+        config.stack_size = REAL_WRITER_STACK_BYTES;
+        config
+    };
+    shuttle::Runner::new(
+        PctScheduler::new_from_seed(PCT_SEED, 3, REAL_WRITER_SCHEDULES),
+        config(),
+    )
+    .run(move || real_writer_handoff(mode, bug));
+    shuttle::Runner::new(
+        RandomScheduler::new_from_seed(RANDOM_SEED, REAL_WRITER_SCHEDULES),
+        config(),
+    )
+    .run(move || real_writer_handoff(mode, bug));
+}
+
+fn buffered() -> Durability {
+    Durability::Buffered {
+        max_delay: Duration::from_millis(1),
+    }
+}
+
+#[test]
+fn real_writer_acknowledges_and_publishes_only_committed_writes() {
+    check_real_writer(Durability::Immediate, Bug::None);
+}
+
+#[test]
+fn real_writer_buffered_publishes_only_committed_writes() {
+    check_real_writer(buffered(), Bug::None);
+}
+
+fn caught(mode: Durability, bug: Bug) -> bool {
+    std::panic::catch_unwind(|| check_real_writer(mode, bug)).is_err()
+}
+
+#[test]
+fn real_writer_model_catches_ack_before_commit() {
+    assert!(
+        caught(Durability::Immediate, Bug::AckBeforeCommit),
+        "acknowledging before the commit went unnoticed"
+    );
+}
+
+#[test]
+fn real_writer_model_catches_publish_before_commit() {
+    for mode in [Durability::Immediate, buffered()] {
+        assert!(
+            caught(mode, Bug::PublishBeforeCommit),
+            "{mode:?}: publishing before the commit went unnoticed"
+        );
+    }
+}
