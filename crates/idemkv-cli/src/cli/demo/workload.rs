@@ -94,6 +94,17 @@ pub(crate) enum Kind {
     Storm = 2,
 }
 
+impl Pattern {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Pattern::Redelivery => "redelivery",
+            Pattern::Rebalance => "rebalance",
+            Pattern::Storm => "storm",
+            Pattern::Mixed => "mixed",
+        }
+    }
+}
+
 impl Kind {
     pub(crate) const ALL: [Kind; 3] = [Kind::Redelivery, Kind::Rebalance, Kind::Storm];
 
@@ -104,6 +115,11 @@ impl Kind {
             Kind::Storm => "storm",
         }
     }
+}
+
+/// The idempotency key of message `msg`.
+pub(crate) fn key_of(msg: u32) -> String {
+    format!("payment-{msg:08}")
 }
 
 /// One message of the plan.
