@@ -23,6 +23,7 @@
 //!
 //! See `docs/design.md` for the contract, the invariants and the durability modes.
 
+#![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 #![warn(missing_docs)]
@@ -59,7 +60,7 @@ pub use crate::engine::Engine;
 pub use crate::error::{
     ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
 };
-pub use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
+pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;

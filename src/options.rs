@@ -13,6 +13,7 @@ use std::time::Duration;
 /// In every mode, another caller never sees a completion that the mode could still lose:
 /// a loser replays a response only once it is as durable as the mode promises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Durability {
     /// A call returns only after its record is fsynced, in a group commit shared with every
     /// concurrent call. Nothing acknowledged is lost by a crash or power loss.
@@ -43,6 +44,7 @@ impl Durability {
 
 /// What recovery does with the InFlight records a previous process left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Recovery {
     /// Their owner is dead (redb locks the file to one process): the next claim takes them
     /// over at once, attempt + 1, checkpoint kept.

@@ -30,7 +30,7 @@ fn export_import_round_trip_preserves_every_record() {
             0 => lease.complete(format!("resp-{i}").as_bytes()).unwrap(),
             1 => {
                 lease.set_checkpoint(i, b"half").unwrap();
-                std::mem::forget(lease); // stays InFlight
+                lease.detach(); // stays InFlight
             }
             _ => {
                 lease.release().unwrap();
@@ -107,7 +107,7 @@ fn force_release_frees_a_stuck_claim_and_reports_it() {
         panic!()
     };
     let token = lease.token();
-    std::mem::forget(lease);
+    lease.detach();
     assert!(matches!(
         engine.claim(b"stuck", &o).unwrap(),
         Claim::InProgress(_)

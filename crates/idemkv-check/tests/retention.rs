@@ -411,7 +411,7 @@ fn abandoned_claims_hold_no_in_flight_place_across_a_restart() {
         else {
             panic!("{key}: a new key is admitted while the only InFlight keys are abandoned")
         };
-        std::mem::forget(lease);
+        lease.detach();
     }
     assert_eq!(stats_of(&engine), (2, 2, 0));
     // Two live leases fill the limit; the abandoned ones never did.
