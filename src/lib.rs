@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod backend;
 mod claim;
 mod clock;
 mod codec;
@@ -54,6 +55,7 @@ mod token;
 mod writer;
 
 pub use crate::admin::{ImportError, RecordInfo, RecordInfoState};
+pub use crate::backend::{LockKind, Storage};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;
@@ -64,4 +66,3 @@ pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, 
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;
-pub use redb;

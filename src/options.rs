@@ -1,5 +1,6 @@
 //! Configuration: durability modes, claim options and the engine builder.
 
+use crate::backend::Storage;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::fnv1a64;
 use crate::constants::*;
@@ -138,15 +139,15 @@ pub struct EngineBuilder {
     pub(crate) sabotage: u8,
 }
 
-/// A custom redb storage backend handed to the builder (fault injection, tests). Clones of
-/// the builder share the slot; the first open takes the backend out of it.
-pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn redb::StorageBackend>>>>);
+/// A custom storage handed to the builder (fault injection, tests). Clones of the builder
+/// share the slot; the first open takes the storage out of it.
+pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn Storage>>>>);
 
 impl BackendSlot {
     /// Takes the backend for an open. A second open of the same backend (through a clone of
     /// the builder) is refused: it must never fall back to a file named after the
     /// placeholder path, nor share one backend between two databases.
-    pub(crate) fn take(&self) -> Result<Box<dyn redb::StorageBackend>, OpenError> {
+    pub(crate) fn take(&self) -> Result<Box<dyn Storage>, OpenError> {
         self.0
             .lock()
             .take()
@@ -313,11 +314,11 @@ impl EngineBuilder {
         self
     }
 
-    /// Stores the database in a custom redb [`redb::StorageBackend`] instead of a file at
-    /// `path` (which is then only used in messages). Used for fault injection. A backend
-    /// serves one open: clones of this builder share it, and opening a second time is refused
-    /// with [`OpenError::InvalidConfig`] without touching any file.
-    pub fn backend(mut self, backend: impl redb::StorageBackend) -> Self {
+    /// Stores the database in a custom [`Storage`] instead of a file at `path` (which is
+    /// then only used in messages). Used for fault injection. A backend serves one open:
+    /// clones of this builder share it, and opening a second time is refused with
+    /// [`OpenError::InvalidConfig`] without touching any file.
+    pub fn backend(mut self, backend: impl Storage) -> Self {
         self.backend = Some(BackendSlot(Arc::new(Mutex::new(Some(Box::new(backend))))));
         self
     }
