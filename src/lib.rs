@@ -54,7 +54,7 @@ pub mod testing;
 mod token;
 mod writer;
 
-pub use crate::admin::{ImportError, RecordInfo, RecordInfoState};
+pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};
 pub use crate::backend::{LockKind, Storage};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;

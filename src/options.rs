@@ -276,7 +276,7 @@ impl EngineBuilder {
 
     /// Time between background sweeps that reclaim expired keys (default 1 s); `None`
     /// turns the background sweeper off (expired keys are still Absent to every call, and
-    /// [`crate::Engine::sweep_now`] reclaims them on demand).
+    /// [`crate::Admin::sweep_now`] reclaims them on demand).
     pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
         self.sweep_interval = interval;
         self

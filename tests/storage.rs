@@ -56,7 +56,10 @@ fn the_engine_keeps_its_records_in_a_custom_storage() {
     assert!(!out.replayed());
     engine.close().unwrap();
     drop(engine);
-    assert!(memory.len().unwrap() > 0, "the engine wrote into the storage");
+    assert!(
+        memory.len().unwrap() > 0,
+        "the engine wrote into the storage"
+    );
     // A new engine over the same bytes replays the stored response.
     let engine = Engine::builder().backend(memory).open().unwrap();
     let out = engine

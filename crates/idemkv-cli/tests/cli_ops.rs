@@ -227,7 +227,7 @@ fn persisted_records(path: &Path) -> Vec<RecordInfo> {
         .sweep_interval(None)
         .open()
         .expect("open");
-    let records = e.records();
+    let records = e.admin().records();
     e.close().expect("close");
     records
 }
