@@ -54,6 +54,7 @@ fn mode_name(d: Durability) -> &'static str {
         Durability::None => "none",
         Durability::Buffered { .. } => "buffered",
         Durability::Immediate => "immediate",
+        _ => "other",
     }
 }
 

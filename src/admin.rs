@@ -1,4 +1,4 @@
-//! Operator calls: list records, force-release a stuck claim, expire now, import records.
+//! Operator calls ([`Admin`]): list records, force-release a stuck claim, expire now, import records.
 //! They serve the `idemkv` command and tests; services rarely need them.
 
 use crate::engine::Engine;
@@ -59,7 +59,7 @@ impl RecordInfo {
     }
 }
 
-/// Why [`Engine::import`] refused a record.
+/// Why [`Admin::import`] refused a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ImportError {
@@ -95,11 +95,33 @@ impl fmt::Display for ImportError {
 
 impl std::error::Error for ImportError {}
 
+/// The operator's calls on an engine: list records, force-release a stuck claim, import
+/// exported records, sweep now. They serve the `idemkv` command, migrations and tests; the
+/// idempotency API itself is on [`Engine`]. Get one with [`Engine::admin`].
+///
+/// ```
+/// use idemkv::{Durability, Engine};
+/// let engine = Engine::builder().durability(Durability::None).open()?;
+/// assert!(engine.admin().records().is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Admin<'a> {
+    engine: &'a Engine,
+}
+
 impl Engine {
+    /// The operator's calls on this engine ([`Admin`]).
+    pub fn admin(&self) -> Admin<'_> {
+        Admin { engine: self }
+    }
+}
+
+impl Admin<'_> {
     /// Every live (unexpired) record, in token order. Takes each stripe lock once, briefly;
     /// a durable engine reads completed responses from the file afterwards.
     pub fn records(&self) -> Vec<RecordInfo> {
-        let s = self.shared();
+        let s = self.engine.shared();
         let mut out = Vec::new();
         let mut from_file = Vec::new();
         for stripe in s.index.stripes() {
@@ -145,7 +167,7 @@ impl Engine {
         let mut gone = std::collections::HashSet::new();
         for i in from_file {
             let r = &mut out[i];
-            match self.read_completed(&r.key, r.token, None) {
+            match self.engine.read_completed(&r.key, r.token, None) {
                 Ok(Some(read)) => {
                     r.state = RecordInfoState::Completed {
                         response: read.stored.response.to_vec(),
@@ -168,15 +190,15 @@ impl Engine {
     /// Releases `key` whatever its token, if it is InFlight: the operator's remedy for a
     /// claim stuck behind a long lease. Returns the record as it was before the release.
     pub fn force_release(&self, key: &[u8]) -> Result<Option<RecordInfo>, ClaimError> {
-        self.check_key(key)?;
-        let before = match self.get(key)? {
+        self.engine.check_key(key)?;
+        let before = match self.engine.get(key)? {
             Some(KeyState::InFlight {
                 token,
                 attempt,
                 lease_remaining,
                 checkpoint,
             }) => {
-                let wall = self.shared().time.wall_ms();
+                let wall = self.engine.shared().time.wall_ms();
                 RecordInfo {
                     key: key.to_vec(),
                     token,
@@ -192,7 +214,7 @@ impl Engine {
             }
             _ => return Ok(None),
         };
-        match self.release(key, before.token) {
+        match self.engine.release(key, before.token) {
             Ok(true) => Ok(Some(before)),
             // The holder finished or released in between: nothing to force.
             Ok(false) => Ok(None),
@@ -205,23 +227,36 @@ impl Engine {
         }
     }
 
-    /// Adds a record exported from another engine (see [`Engine::records`]), durably under
+    /// Adds a record exported from another engine (see [`Admin::records`]), durably under
     /// `Immediate`. Records must be imported in token order into an engine whose next token
     /// is not above theirs (a fresh file), so fencing is preserved.
     pub fn import(&self, record: &RecordInfo) -> Result<(), ImportError> {
         self.import_inner(record, true)
     }
 
-    /// [`Engine::import`] without waiting for the record's commit: imports share group
+    /// [`Admin::import`] without waiting for the record's commit: imports share group
     /// commits, and [`Engine::flush`] makes everything imported so far durable. For bulk
     /// restores, where one fsync per record would take hours.
     pub fn import_queued(&self, record: &RecordInfo) -> Result<(), ImportError> {
         self.import_inner(record, false)
     }
 
+    /// Reclaims every key past its retention, and every abandoned claim past its lease end
+    /// plus retention, now, from memory and (through the writer) from the file; returns how
+    /// many. Expired keys are already Absent to every call: this only gives their space
+    /// back, as the background sweeper does on its own. A reaped abandoned claim is Absent
+    /// from then on. A close or a poison during the sweep ends it early with `Closed` or
+    /// `Poisoned`.
+    pub fn sweep_now(&self) -> Result<u64, ClaimError> {
+        self.engine.check_open()?;
+        let removed = crate::sweep::sweep_all(self.engine.shared());
+        self.engine.check_open()?;
+        Ok(removed)
+    }
+
     fn import_inner(&self, record: &RecordInfo, wait: bool) -> Result<(), ImportError> {
-        self.check_open().map_err(ImportError::Engine)?;
-        let s = self.shared();
+        self.engine.check_open().map_err(ImportError::Engine)?;
+        let s = self.engine.shared();
         if record.key.is_empty() || record.key.len() > s.cfg.key_len_max {
             return Err(ImportError::Invalid(format!(
                 "key length {} outside 1..={}",

@@ -568,7 +568,7 @@ impl Engine {
                     let bytes = match codec::encode_value(&value) {
                         Ok(bytes) => bytes,
                         Err(e) => {
-                            lease.keep_until_lease_ends();
+                            let _ = lease.detach();
                             return Err(RunError::NotStored {
                                 reason: NotStoredReason::Encode(e),
                                 token,

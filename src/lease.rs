@@ -9,6 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The answer to a claim.
+///
+/// Exhaustive on purpose: a key is Absent, InFlight or Completed, and a claim answers with
+/// one of the three outcomes of that state machine. A new answer would change what every
+/// caller must do, so it would be a breaking change whether or not a wildcard arm compiled.
 #[derive(Debug)]
 #[must_use = "an Acquired lease is released when dropped; complete it"]
 pub enum Claim {
@@ -87,10 +91,34 @@ impl Lease {
         self.engine.complete_arc(&self.key, self.token, response)
     }
 
-    /// Lets the lease go without releasing the key: it stays InFlight under this token until
-    /// the lease ends (work done that could not be stored).
-    pub(crate) fn keep_until_lease_ends(mut self) {
+    /// Lets the lease go on purpose **without** releasing the key, as if its holder had
+    /// crashed: the key stays InFlight under this token until the lease ends, then the first
+    /// claim takes it over (attempt + 1, checkpoint kept). Unlike `std::mem::forget`, the
+    /// lease's handle on the engine is dropped, so closing the engine still closes the file.
+    ///
+    /// The returned [`Detached`] keeps what is needed to settle the key later from anywhere
+    /// that holds the engine ([`crate::Engine::complete`], [`crate::Engine::release`] and
+    /// [`crate::Engine::extend`] take the key and token), e.g. after handing the work to
+    /// another thread or process step.
+    ///
+    /// ```
+    /// use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let Claim::Acquired(lease) = engine.claim(b"k", &ClaimOptions::default())? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// let detached = lease.detach();
+    /// assert!(matches!(engine.get(b"k")?, Some(KeyState::InFlight { .. })));
+    /// engine.complete(detached.key(), detached.token(), b"done")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn detach(mut self) -> Detached {
         self.settled = true;
+        Detached {
+            key: std::mem::take(&mut self.key),
+            token: self.token,
+            attempt: self.attempt,
+        }
     }
 
     /// Gives the key up after a retryable failure: it becomes Absent, and the next claim
@@ -118,6 +146,32 @@ impl Drop for Lease {
         if !self.settled {
             self.engine.release_on_drop(&self.key, self.token);
         }
+    }
+}
+
+/// What remains of a lease let go with [`Lease::detach`]: the key and the fencing token
+/// that still own it until the lease ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detached {
+    key: Box<[u8]>,
+    token: u64,
+    attempt: u32,
+}
+
+impl Detached {
+    /// The key the lease was for.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The lease's fencing token.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The lease's attempt number.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
     }
 }
 

@@ -23,11 +23,13 @@
 //!
 //! See `docs/design.md` for the contract, the invariants and the durability modes.
 
+#![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 #![warn(missing_docs)]
 
 mod admin;
+mod backend;
 mod claim;
 mod clock;
 mod codec;
@@ -52,15 +54,15 @@ pub mod testing;
 mod token;
 mod writer;
 
-pub use crate::admin::{ImportError, RecordInfo, RecordInfoState};
+pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};
+pub use crate::backend::{LockKind, Storage};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;
 pub use crate::error::{
     ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
 };
-pub use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
+pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;
-pub use redb;

@@ -1,5 +1,6 @@
 //! Configuration: durability modes, claim options and the engine builder.
 
+use crate::backend::Storage;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::fnv1a64;
 use crate::constants::*;
@@ -13,6 +14,7 @@ use std::time::Duration;
 /// In every mode, another caller never sees a completion that the mode could still lose:
 /// a loser replays a response only once it is as durable as the mode promises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Durability {
     /// A call returns only after its record is fsynced, in a group commit shared with every
     /// concurrent call. Nothing acknowledged is lost by a crash or power loss.
@@ -43,6 +45,7 @@ impl Durability {
 
 /// What recovery does with the InFlight records a previous process left behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Recovery {
     /// Their owner is dead (redb locks the file to one process): the next claim takes them
     /// over at once, attempt + 1, checkpoint kept.
@@ -136,15 +139,15 @@ pub struct EngineBuilder {
     pub(crate) sabotage: u8,
 }
 
-/// A custom redb storage backend handed to the builder (fault injection, tests). Clones of
-/// the builder share the slot; the first open takes the backend out of it.
-pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn redb::StorageBackend>>>>);
+/// A custom storage handed to the builder (fault injection, tests). Clones of the builder
+/// share the slot; the first open takes the storage out of it.
+pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn Storage>>>>);
 
 impl BackendSlot {
     /// Takes the backend for an open. A second open of the same backend (through a clone of
     /// the builder) is refused: it must never fall back to a file named after the
     /// placeholder path, nor share one backend between two databases.
-    pub(crate) fn take(&self) -> Result<Box<dyn redb::StorageBackend>, OpenError> {
+    pub(crate) fn take(&self) -> Result<Box<dyn Storage>, OpenError> {
         self.0
             .lock()
             .take()
@@ -273,7 +276,7 @@ impl EngineBuilder {
 
     /// Time between background sweeps that reclaim expired keys (default 1 s); `None`
     /// turns the background sweeper off (expired keys are still Absent to every call, and
-    /// [`crate::Engine::sweep_now`] reclaims them on demand).
+    /// [`crate::Admin::sweep_now`] reclaims them on demand).
     pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
         self.sweep_interval = interval;
         self
@@ -311,11 +314,11 @@ impl EngineBuilder {
         self
     }
 
-    /// Stores the database in a custom redb [`redb::StorageBackend`] instead of a file at
-    /// `path` (which is then only used in messages). Used for fault injection. A backend
-    /// serves one open: clones of this builder share it, and opening a second time is refused
-    /// with [`OpenError::InvalidConfig`] without touching any file.
-    pub fn backend(mut self, backend: impl redb::StorageBackend) -> Self {
+    /// Stores the database in a custom [`Storage`] instead of a file at `path` (which is
+    /// then only used in messages). Used for fault injection. A backend serves one open:
+    /// clones of this builder share it, and opening a second time is refused with
+    /// [`OpenError::InvalidConfig`] without touching any file.
+    pub fn backend(mut self, backend: impl Storage) -> Self {
         self.backend = Some(BackendSlot(Arc::new(Mutex::new(Some(Box::new(backend))))));
         self
     }

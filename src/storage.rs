@@ -6,6 +6,7 @@
 //! so inserts land at the right edge of the B-tree and expiry deletes from the left edge,
 //! several times cheaper than inserting random client keys (see docs/design.md).
 
+use crate::backend::{LockKind, Storage};
 use crate::codec::{self, DecodeError, Record};
 use crate::constants::{CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, READER_CACHE_BYTES, REDB_CACHE_BYTES};
 use crate::error::OpenError;
@@ -102,11 +103,30 @@ impl fmt::Debug for Store {
     }
 }
 
-/// Forwards to a boxed backend, because redb takes backends by value.
+/// Adapts a user's [`Storage`] to redb. Only whole-storage locks are offered (redb's
+/// exclusive-writer mode asks for nothing else); any other range is unsupported, which redb
+/// answers by falling back to a whole-storage lock.
 #[derive(Debug)]
-struct Boxed(Box<dyn StorageBackend>);
+struct Adapter(Box<dyn Storage>);
 
-impl StorageBackend for Boxed {
+/// Whether a lock range covers the whole storage, as redb's whole-storage fallback asks.
+fn whole(start: Bound<u64>, end: Bound<u64>) -> bool {
+    matches!(
+        (start, end),
+        (Bound::Unbounded | Bound::Included(0), Bound::Unbounded)
+    )
+}
+
+impl Adapter {
+    fn try_lock(&self, s: Bound<u64>, e: Bound<u64>, kind: LockKind) -> Result<bool, BackendError> {
+        if !whole(s, e) {
+            return Err(BackendError::Unsupported);
+        }
+        self.0.try_lock(kind).map_err(BackendError::Io)
+    }
+}
+
+impl StorageBackend for Adapter {
     fn len(&self) -> Result<u64, std::io::Error> {
         self.0.len()
     }
@@ -125,27 +145,17 @@ impl StorageBackend for Boxed {
     fn close(&self) -> Result<(), std::io::Error> {
         self.0.close()
     }
-    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.0.try_lock_range(s, e)
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.try_lock(s, e, LockKind::Exclusive)
     }
-    fn try_lock_shared_range(
-        &self,
-        s: Bound<u64>,
-        e: Bound<u64>,
-    ) -> Result<bool, redb::BackendError> {
-        self.0.try_lock_shared_range(s, e)
+    fn try_lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.try_lock(s, e, LockKind::Shared)
     }
-    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.0.lock_range(s, e)
-    }
-    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.0.lock_shared_range(s, e)
-    }
-    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), redb::BackendError> {
-        self.0.unlock_range(s, e)
-    }
-    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, redb::BackendError> {
-        self.0.query_lock_range(s, e)
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        if !whole(s, e) {
+            return Err(BackendError::Unsupported);
+        }
+        self.0.unlock().map_err(BackendError::Io)
     }
 }
 
@@ -442,17 +452,18 @@ impl Store {
 
     fn open_backend(
         b: &EngineBuilder,
-        backend: Box<dyn StorageBackend>,
+        backend: Box<dyn Storage>,
         path: PathBuf,
     ) -> Result<Closing, OpenError> {
-        let head = contain("open", || inspect(&*backend, &path)).map_err(panicked)??;
+        let backend = Adapter(backend);
+        let head = contain("open", || inspect(&backend, &path)).map_err(panicked)??;
         if let Head::CutShort = refuse(head, &path)? {
             backend.set_len(0).map_err(OpenError::Io)?;
             backend.sync_data().map_err(OpenError::Io)?;
         }
         // A custom backend may have no byte-range locks: lock it whole.
         let builder = redb_builder(b, ConcurrencyMode::ExclusiveWriter);
-        let db = contain("open", || builder.create_with_backend(Boxed(backend)))
+        let db = contain("open", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(&path, e))?;
         Self::finish(b, db, path)

@@ -18,8 +18,7 @@
 
 use crate::constants::*;
 use crate::engine::SendRefused;
-use crate::engine::{Engine, Shared};
-use crate::error::ClaimError;
+use crate::engine::Shared;
 use crate::index::{Reclaimed, Shard};
 use crate::machine::Step;
 use crate::stats::bump;
@@ -259,19 +258,4 @@ fn sweep_pass(s: &Shared, pace: Pace) -> u64 {
 /// Reclaims every expired key now; returns how many.
 pub(crate) fn sweep_all(s: &Shared) -> u64 {
     sweep_pass(s, Pace::Now)
-}
-
-impl Engine {
-    /// Reclaims every key past its retention, and every abandoned claim past its lease end
-    /// plus retention, now, from memory and (through the writer) from the file; returns how
-    /// many. Expired keys are already Absent to every call: this only gives their space
-    /// back, as the background sweeper does on its own. A reaped abandoned claim is Absent
-    /// from then on. A close or a poison during the sweep ends it early with `Closed` or
-    /// `Poisoned`.
-    pub fn sweep_now(&self) -> Result<u64, ClaimError> {
-        self.check_open()?;
-        let removed = sweep_all(self.shared());
-        self.check_open()?;
-        Ok(removed)
-    }
 }

@@ -56,6 +56,7 @@ pub enum Pattern {
 
 /// What happened to one copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CopyOutcome {
     /// Its handler ran and its response was stored.
     Ran {

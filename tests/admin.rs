@@ -30,14 +30,14 @@ fn export_import_round_trip_preserves_every_record() {
             0 => lease.complete(format!("resp-{i}").as_bytes()).unwrap(),
             1 => {
                 lease.set_checkpoint(i, b"half").unwrap();
-                std::mem::forget(lease); // stays InFlight
+                lease.detach(); // stays InFlight
             }
             _ => {
                 lease.release().unwrap();
             }
         }
     }
-    let exported = source.records();
+    let exported = source.admin().records();
     assert_eq!(exported.len(), 34, "17 completed + 17 in flight");
     assert!(exported.windows(2).all(|w| w[0].token < w[1].token));
     source.close().unwrap();
@@ -45,9 +45,9 @@ fn export_import_round_trip_preserves_every_record() {
     let target_path = dir.path().join("b.redb");
     let target = open(&target_path, &clock);
     for r in &exported {
-        target.import(r).unwrap();
+        target.admin().import(r).unwrap();
     }
-    assert_eq!(target.records(), exported);
+    assert_eq!(target.admin().records(), exported);
     // Fencing survives the move: a new claim gets a token above every imported one.
     let max = exported.iter().map(|r| r.token).max().unwrap();
     let Claim::Acquired(lease) = target.claim(b"fresh", &o).unwrap() else {
@@ -56,11 +56,14 @@ fn export_import_round_trip_preserves_every_record() {
     assert!(lease.token() > max);
     lease.complete(b"x").unwrap();
     // Importing over a live key or below the next token is refused.
-    assert_eq!(target.import(&exported[0]), Err(ImportError::KeyExists));
+    assert_eq!(
+        target.admin().import(&exported[0]),
+        Err(ImportError::KeyExists)
+    );
     let mut low = exported[0].clone();
     low.key = b"other".to_vec();
     assert!(matches!(
-        target.import(&low),
+        target.admin().import(&low),
         Err(ImportError::TokenTooSmall { .. })
     ));
     target.close().unwrap();
@@ -68,6 +71,7 @@ fn export_import_round_trip_preserves_every_record() {
     // And the imported records are durable.
     let reopened = open(&target_path, &clock);
     let again: Vec<_> = reopened
+        .admin()
         .records()
         .into_iter()
         .filter(|r| r.key != b"fresh")
@@ -107,15 +111,15 @@ fn force_release_frees_a_stuck_claim_and_reports_it() {
         panic!()
     };
     let token = lease.token();
-    std::mem::forget(lease);
+    lease.detach();
     assert!(matches!(
         engine.claim(b"stuck", &o).unwrap(),
         Claim::InProgress(_)
     ));
-    let before = engine.force_release(b"stuck").unwrap().unwrap();
+    let before = engine.admin().force_release(b"stuck").unwrap().unwrap();
     assert_eq!(before.token, token);
     assert_eq!(before.state_name(), "inflight");
-    assert_eq!(engine.force_release(b"stuck").unwrap(), None);
+    assert_eq!(engine.admin().force_release(b"stuck").unwrap(), None);
     let Claim::Acquired(lease) = engine.claim(b"stuck", &o).unwrap() else {
         panic!()
     };
@@ -127,7 +131,7 @@ fn force_release_frees_a_stuck_claim_and_reports_it() {
     );
     lease.complete(b"ok").unwrap();
     assert_eq!(
-        engine.force_release(b"stuck").unwrap(),
+        engine.admin().force_release(b"stuck").unwrap(),
         None,
         "completed keys are not released"
     );
@@ -153,12 +157,12 @@ fn sweep_removes_expired_records_from_memory_and_file() {
     else {
         panic!()
     };
-    assert_eq!(engine.sweep_now().unwrap(), 0, "nothing is due yet");
+    assert_eq!(engine.admin().sweep_now().unwrap(), 0, "nothing is due yet");
     clock.advance(Duration::from_secs(3600));
-    assert_eq!(engine.sweep_now().unwrap(), 20);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 20);
     assert_eq!(engine.stats().completed, 0);
     assert_eq!(
-        engine.records().len(),
+        engine.admin().records().len(),
         1,
         "the live lease survives any sweep"
     );
@@ -168,5 +172,5 @@ fn sweep_removes_expired_records_from_memory_and_file() {
     // Reopen with the wall clock turned back: swept records must not come back.
     clock.set_wall(Duration::from_secs(1_704_067_200));
     let engine = open(&path, &clock);
-    assert!(engine.records().iter().all(|r| r.key == b"live"));
+    assert!(engine.admin().records().iter().all(|r| r.key == b"live"));
 }

@@ -75,9 +75,8 @@ fn open(mode: Durability, lease: Duration) -> Fixture {
 /// `Immediate`, up to `max_delay` per publication under `Buffered`).
 fn scaled(mode: Durability, n: usize) -> usize {
     match mode {
-        Durability::Immediate => (n / 2).max(2),
-        Durability::Buffered { .. } => (n / 2).max(2),
         Durability::None => n,
+        _ => (n / 2).max(2),
     }
 }
 
@@ -598,7 +597,7 @@ fn churn(mode: Durability, ticker: bool) {
     let keys = match mode {
         Durability::None => 12,
         Durability::Buffered { .. } => 6,
-        Durability::Immediate => 4,
+        _ => 4,
     };
     // A key is completed only after this many acquisitions.
     let min_acq = scaled(mode, 40).min(24);

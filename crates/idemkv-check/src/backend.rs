@@ -1,6 +1,6 @@
 //! Test helpers shared by the integration tests.
 //!
-//! [`FaultyBackend`] is a redb [`StorageBackend`] that wraps a real one (in memory or a file)
+//! [`FaultyBackend`] is an idemkv [`Storage`] that wraps a redb [`StorageBackend`] a real one (in memory or a file)
 //! and lets a test inject storage failures, stall the writer, and simulate power loss.
 //!
 //! - **Counting**: every `write`, `set_len` and `sync_data` call is counted.
@@ -23,8 +23,9 @@
 //! in its exclusive-writer mode.
 #![allow(dead_code)]
 
-use idemkv::redb::backends::{FileBackend, InMemoryBackend};
-use idemkv::redb::{BackendError, StorageBackend};
+use idemkv::{LockKind, Storage};
+use redb::backends::{FileBackend, InMemoryBackend};
+use redb::{BackendError, StorageBackend};
 use std::io;
 use std::ops::Bound;
 use std::path::Path;
@@ -260,7 +261,7 @@ impl FaultyBackend {
     }
 }
 
-impl StorageBackend for FaultyBackend {
+impl Storage for FaultyBackend {
     fn len(&self) -> Result<u64, io::Error> {
         self.0.backend.len()
     }
@@ -328,23 +329,28 @@ impl StorageBackend for FaultyBackend {
     fn close(&self) -> Result<(), io::Error> {
         self.0.backend.close()
     }
-    fn try_lock_range(&self, a: Bound<u64>, b: Bound<u64>) -> Result<bool, BackendError> {
-        self.0.backend.try_lock_range(a, b)
+    // The engine locks its storage whole; the inner backend gives real file locks, so a
+    // second open of the same file is refused.
+    fn try_lock(&self, kind: LockKind) -> Result<bool, io::Error> {
+        let (a, b) = (Bound::Unbounded, Bound::Unbounded);
+        match kind {
+            LockKind::Shared => self.0.backend.try_lock_shared_range(a, b),
+            _ => self.0.backend.try_lock_range(a, b),
+        }
+        .map_err(lock_io)
     }
-    fn try_lock_shared_range(&self, a: Bound<u64>, b: Bound<u64>) -> Result<bool, BackendError> {
-        self.0.backend.try_lock_shared_range(a, b)
+    fn unlock(&self) -> Result<(), io::Error> {
+        let (a, b) = (Bound::Unbounded, Bound::Unbounded);
+        self.0.backend.unlock_range(a, b).map_err(lock_io)
     }
-    fn lock_range(&self, a: Bound<u64>, b: Bound<u64>) -> Result<(), BackendError> {
-        self.0.backend.lock_range(a, b)
-    }
-    fn lock_shared_range(&self, a: Bound<u64>, b: Bound<u64>) -> Result<(), BackendError> {
-        self.0.backend.lock_shared_range(a, b)
-    }
-    fn unlock_range(&self, a: Bound<u64>, b: Bound<u64>) -> Result<(), BackendError> {
-        self.0.backend.unlock_range(a, b)
-    }
-    fn query_lock_range(&self, a: Bound<u64>, b: Bound<u64>) -> Result<bool, BackendError> {
-        self.0.backend.query_lock_range(a, b)
+}
+
+/// A lock error of the inner backend as the I/O error [`Storage`] reports.
+fn lock_io(e: BackendError) -> io::Error {
+    match e {
+        BackendError::Io(io) => io,
+        BackendError::Unsupported => io::Error::from(io::ErrorKind::Unsupported),
+        other => io::Error::other(other.to_string()),
     }
 }
 

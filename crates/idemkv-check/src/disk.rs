@@ -1,4 +1,4 @@
-//! [`SimDisk`]: an in-memory redb [`StorageBackend`] that keeps a *live* image (every
+//! [`SimDisk`]: an in-memory [`Storage`] that keeps a *live* image (every
 //! successful write, what the OS page cache holds) and a *durable* image (the bytes as of the
 //! last successful `sync_data`), and can fail or lose power at the Nth I/O.
 //!
@@ -13,7 +13,7 @@
 //!
 //! Reopen from an image with [`SimDisk::from_image`] and `EngineBuilder::backend`.
 
-use idemkv::redb::StorageBackend;
+use idemkv::Storage;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -158,7 +158,7 @@ impl SimDisk {
     }
 }
 
-impl StorageBackend for SimDisk {
+impl Storage for SimDisk {
     fn len(&self) -> Result<u64, io::Error> {
         Ok(self.lock().live.len() as u64)
     }

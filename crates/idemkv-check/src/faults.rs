@@ -213,6 +213,7 @@ pub fn run_with(
                     continue;
                 }
                 Call::Flush | Call::Restart { .. } => match engine
+                    .admin()
                     .sweep_now()
                     .map_err(|e| e.to_string())
                     .and_then(|_| engine.flush().map_err(|e| e.to_string()))
@@ -352,7 +353,7 @@ pub fn run_with(
         }
     };
     let wall_ms = u64::try_from(idemkv::Clock::wall(&clock).as_millis()).unwrap_or(u64::MAX);
-    let found = view_of_records(&reopened.records())?;
+    let found = view_of_records(&reopened.admin().records())?;
     let matched = (floor..views.len())
         .rev()
         .find(|&j| unexpired(&views[j], wall_ms) == found);
@@ -656,7 +657,7 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
         .inflight_max(16)
         .open()
         .map_err(|e| format!("reopen after the power loss: {e}"))?;
-    let found = view_of_records(&reopened.records())?;
+    let found = view_of_records(&reopened.admin().records())?;
     let durable = matches!(
         found.get(&b"a"[..]),
         Some(DurableRec { token, state: Err((r, _)), .. }) if *token == token_a && r == response

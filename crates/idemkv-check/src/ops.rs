@@ -3,7 +3,7 @@
 //! simulated disk ([`crate::disk::SimDisk`]).
 //!
 //! After every operation the engine's result must be one the model allows; after every
-//! operation the engine's records (`Engine::records`) and in-flight gauge must match the
+//! operation the engine's records (`Admin::records`) and in-flight gauge must match the
 //! model's; every new token must be above every token issued before, across restarts.
 //! `Restart { power_loss: false }` closes the engine and reopens the file;
 //! `Restart { power_loss: true }` reopens from the disk's durable image without closing
@@ -106,7 +106,7 @@ pub enum Op {
         /// Step.
         by: AdvanceSel,
     },
-    /// `Engine::sweep_now`, then `Engine::flush`.
+    /// `Admin::sweep_now`, then `Engine::flush`.
     Flush,
     /// Close and reopen, or lose power and reopen.
     Restart {
@@ -412,7 +412,7 @@ impl Model {
 
     /// Compares the engine's records with the model.
     pub fn check_records(&self, engine: &Engine) -> Result<(), String> {
-        let records = engine.records();
+        let records = engine.admin().records();
         let mut seen = 0;
         for r in &records {
             let spec = self.key(&r.key);
@@ -586,6 +586,7 @@ impl Harness {
             }
             Call::Flush => {
                 self.engine
+                    .admin()
                     .sweep_now()
                     .map_err(|err| format!("sweep_now failed: {err}"))?;
                 self.engine

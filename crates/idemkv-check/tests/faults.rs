@@ -9,8 +9,8 @@
 use idemkv_check::backend as common;
 
 use common::FaultyBackend;
-use idemkv::redb::{self, ReadableDatabase, TableDefinition};
 use idemkv::*;
+use redb::{ReadableDatabase, TableDefinition};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;

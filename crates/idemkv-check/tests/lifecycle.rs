@@ -159,7 +159,7 @@ fn sweep_now_returns_when_close_runs_concurrently() {
     expired_keys(&engine, &clock, 20);
     // The sweep stops inside its pass, holding the stripe with expired keys in it.
     let e = engine.clone();
-    let sweep = paused(&clock, move || e.sweep_now());
+    let sweep = paused(&clock, move || e.admin().sweep_now());
     let close = closing(&engine);
     clock.resume();
     // Every deletion it tries now is refused: it must stop, not spin.

@@ -193,7 +193,7 @@ fn records_show_the_retention_of_a_completion_not_yet_durable() {
         Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
         other => panic!("{other:?}"),
     }
-    let records = engine.records();
+    let records = engine.admin().records();
     match &records[0].state {
         RecordInfoState::Completed {
             expires_at_ms,
@@ -224,7 +224,7 @@ fn records_show_the_response_of_a_completion_not_yet_durable() {
         Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
         other => panic!("{other:?}"),
     }
-    let records = engine.records();
+    let records = engine.admin().records();
     match &records[0].state {
         RecordInfoState::Completed { response, .. } => assert_eq!(response, b"r", "{records:?}"),
         other => panic!("{other:?}"),

@@ -60,7 +60,7 @@ fn served_until_the_expiry_instant_and_absent_from_it_in_every_mode() {
         engine.flush().unwrap();
         clock.advance(RETENTION - Duration::from_nanos(1));
         assert_eq!(
-            engine.sweep_now().unwrap(),
+            engine.admin().sweep_now().unwrap(),
             0,
             "{mode:?}: nothing is due a tick early"
         );
@@ -99,7 +99,7 @@ fn a_live_lease_survives_any_number_of_sweeps() {
     };
     for _ in 0..50 {
         clock.advance(RETENTION);
-        engine.sweep_now().unwrap();
+        engine.admin().sweep_now().unwrap();
         assert!(matches!(
             engine.get(b"lease").unwrap(),
             Some(KeyState::InFlight { .. })
@@ -130,7 +130,7 @@ fn sweeping_reclaims_memory_and_disk_earliest_first() {
     let stats = engine.stats();
     assert_eq!((stats.completed, stats.expired_unswept), (300, 300));
     assert_eq!(
-        engine.sweep_now().unwrap(),
+        engine.admin().sweep_now().unwrap(),
         300,
         "only the early ones are due"
     );
@@ -151,8 +151,12 @@ fn sweeping_reclaims_memory_and_disk_earliest_first() {
     // back by a day must not bring the swept records back.
     clock.set_wall(clock.wall() - Duration::from_secs(24 * 3600));
     let engine = builder(&path, &clock).open().unwrap();
-    assert!(engine.records().iter().all(|r| r.key.starts_with(b"late-")));
-    assert_eq!(engine.records().len(), 300);
+    assert!(engine
+        .admin()
+        .records()
+        .iter()
+        .all(|r| r.key.starts_with(b"late-")));
+    assert_eq!(engine.admin().records().len(), 300);
 }
 
 #[test]
@@ -175,7 +179,7 @@ fn a_crash_in_the_middle_of_a_sweep_neither_resurrects_nor_loses() {
     clock.advance(RETENTION / 2);
     // Sweep without waiting for the writer, then "crash": the process image is gone, and
     // the file holds whatever part of the sweep's deletions was committed.
-    assert_eq!(engine.sweep_now().unwrap(), 2000);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 2000);
     drop(engine);
     let engine = builder(&path, &clock).open().unwrap();
     for i in (0..2000).step_by(97) {
@@ -307,7 +311,7 @@ fn power_loss_at_every_write_and_sync_of_a_sweep_neither_resurrects_nor_loses() 
     let engine = open_on(&backend, &clock).unwrap();
     let (writes0, syncs0) = (backend.writes(), backend.syncs());
     clock.advance(RETENTION / 2 + Duration::from_secs(1));
-    assert_eq!(engine.sweep_now().unwrap(), 300);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 300);
     engine.flush().unwrap();
     let (writes, syncs) = (backend.writes() - writes0, backend.syncs() - syncs0);
     engine.close().unwrap();
@@ -331,7 +335,7 @@ fn power_loss_at_every_write_and_sync_of_a_sweep_neither_resurrects_nor_loses() 
         }
         clock.advance(RETENTION / 2 + Duration::from_secs(1));
         // The sweep and its commits stop at the failure; the engine is poisoned.
-        let _ = engine.sweep_now();
+        let _ = engine.admin().sweep_now();
         let _ = engine.flush();
         let _ = engine.close();
         drop(engine);
@@ -411,7 +415,7 @@ fn abandoned_claims_hold_no_in_flight_place_across_a_restart() {
         else {
             panic!("{key}: a new key is admitted while the only InFlight keys are abandoned")
         };
-        std::mem::forget(lease);
+        lease.detach();
     }
     assert_eq!(stats_of(&engine), (2, 2, 0));
     // Two live leases fill the limit; the abandoned ones never did.
@@ -436,10 +440,14 @@ fn an_abandoned_claim_is_reaped_exactly_retention_after_its_lease_ended() {
     complete(&engine, "kept", b"v");
     engine.flush().unwrap();
     // Its lease is over: no longer live, not yet reaped.
-    assert_eq!(engine.sweep_now().unwrap(), 0);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 0);
     assert_eq!(stats_of(&engine), (0, 1, 0));
     clock.advance(RETENTION - Duration::from_nanos(1));
-    assert_eq!(engine.sweep_now().unwrap(), 0, "not one nanosecond early");
+    assert_eq!(
+        engine.admin().sweep_now().unwrap(),
+        0,
+        "not one nanosecond early"
+    );
     assert!(matches!(
         engine.get(b"gone").unwrap(),
         Some(KeyState::InFlight { .. })
@@ -447,11 +455,11 @@ fn an_abandoned_claim_is_reaped_exactly_retention_after_its_lease_ended() {
     assert_eq!(stats_of(&engine), (0, 1, 0));
     clock.advance(Duration::from_nanos(1));
     // The completion made as the lease ended expires at the same instant.
-    assert_eq!(engine.sweep_now().unwrap(), 2);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 2);
     assert_eq!(engine.get(b"gone").unwrap(), None);
     assert_eq!(stats_of(&engine), (0, 0, 1));
     assert_eq!(engine.stats().expirations, 1);
-    assert!(engine.records().is_empty());
+    assert!(engine.admin().records().is_empty());
     // Its holder is fenced out; a new claim starts afresh.
     assert_eq!(lease.complete(b"late"), Err(LeaseError::LeaseLost));
     engine.flush().unwrap();
@@ -460,7 +468,7 @@ fn an_abandoned_claim_is_reaped_exactly_retention_after_its_lease_ended() {
     // that recovery itself would not delete the record) does not bring it back.
     clock.set_wall(clock.wall() - Duration::from_secs(24 * 3600));
     let engine = builder(&path, &clock).lease(LEASE).open().unwrap();
-    assert!(engine.records().is_empty());
+    assert!(engine.admin().records().is_empty());
     let Claim::Acquired(lease) = engine.claim(b"gone", &ClaimOptions::default()).unwrap() else {
         panic!("a reaped key is new again")
     };
@@ -477,7 +485,7 @@ fn an_abandoned_claim_is_taken_over_with_its_checkpoint_until_it_is_reaped() {
         .unwrap();
     let first = abandon(&engine, "k");
     clock.advance(LEASE + RETENTION - Duration::from_millis(1));
-    assert_eq!(engine.sweep_now().unwrap(), 0);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 0);
     assert_eq!(stats_of(&engine), (0, 1, 0));
     // The fingerprint guard still holds.
     assert_eq!(
@@ -500,7 +508,7 @@ fn an_abandoned_claim_is_taken_over_with_its_checkpoint_until_it_is_reaped() {
     assert_eq!(stats_of(&engine), (1, 0, 0));
     // The old bound passes: the new lease is live and is not reaped.
     clock.advance(Duration::from_millis(1));
-    assert_eq!(engine.sweep_now().unwrap(), 0);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 0);
     assert_eq!(stats_of(&engine), (1, 0, 0));
     assert_eq!(first.complete(b"stale"), Err(LeaseError::LeaseLost));
     retry.complete(b"done").unwrap();
@@ -524,12 +532,12 @@ fn restarts_never_postpone_the_reaping_of_an_abandoned_claim() {
     let engine = open();
     assert_eq!(stats_of(&engine), (0, 2, 0));
     clock.advance((LEASE + RETENTION) / 2 - Duration::from_millis(1));
-    assert_eq!(engine.sweep_now().unwrap(), 0);
+    assert_eq!(engine.admin().sweep_now().unwrap(), 0);
     engine.close().unwrap();
     // Restart a millisecond before the bound: both are still there, and taken over with
     // their checkpoints.
     let engine = open();
-    assert_eq!(engine.records().len(), 2);
+    assert_eq!(engine.admin().records().len(), 2);
     let Claim::Acquired(lease) = engine
         .claim(b"a", &ClaimOptions::default().fingerprint(7))
         .unwrap()
@@ -543,7 +551,11 @@ fn restarts_never_postpone_the_reaping_of_an_abandoned_claim() {
     );
     lease.complete(b"A").unwrap();
     clock.advance(Duration::from_millis(1));
-    assert_eq!(engine.sweep_now().unwrap(), 1, "b is reaped at its bound");
+    assert_eq!(
+        engine.admin().sweep_now().unwrap(),
+        1,
+        "b is reaped at its bound"
+    );
     assert_eq!(stats_of(&engine), (0, 0, 1));
     engine.close().unwrap();
     // A claim found on open already past its bound is deleted there, and counted.

@@ -93,7 +93,7 @@ fn one_winner() {
             shuttle::thread::spawn(move || match engine.claim(b"k", &opts).expect("claim") {
                 Claim::Acquired(lease) => {
                     let token = lease.token();
-                    std::mem::forget(lease);
+                    lease.detach();
                     Some(token)
                 }
                 Claim::InProgress(_) => None,
@@ -132,7 +132,7 @@ fn claim_critical_section_check_then_act_is_caught() {
                             let opts = ClaimOptions::default().lease(Duration::from_secs(60));
                             match engine.claim(b"k", &opts).expect("claim") {
                                 Claim::Acquired(lease) => {
-                                    std::mem::forget(lease);
+                                    lease.detach();
                                     1
                                 }
                                 _ => 0,

@@ -153,7 +153,9 @@ fn sample(dir: &Path) -> PathBuf {
         lease.complete(&[0, 1, 2, 255]).expect("complete");
         e.close().expect("close");
         // The claims stay in flight in the file (the engine is closed, so nothing is sent).
-        held.into_iter().for_each(std::mem::forget);
+        held.into_iter().for_each(|lease| {
+            lease.detach();
+        });
     }
     {
         let e = Engine::builder()
@@ -183,7 +185,7 @@ fn sample(dir: &Path) -> PathBuf {
             panic!("a fresh key is acquired")
         };
         e.close().expect("close");
-        std::mem::forget(lease);
+        lease.detach();
     }
     path
 }
@@ -225,7 +227,7 @@ fn persisted_records(path: &Path) -> Vec<RecordInfo> {
         .sweep_interval(None)
         .open()
         .expect("open");
-    let records = e.records();
+    let records = e.admin().records();
     e.close().expect("close");
     records
 }

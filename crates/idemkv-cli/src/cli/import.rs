@@ -111,12 +111,12 @@ pub(crate) fn run(args: &ImportArgs) -> Result<(), CliError> {
             }
         }
         // Imports share group commits; a full writer queue is drained and the record retried.
-        let mut result = engine.import_queued(r);
+        let mut result = engine.admin().import_queued(r);
         if matches!(result, Err(ImportError::Engine(ClaimError::Overloaded(_)))) {
             engine
                 .flush()
                 .map_err(|e| CliError::io(format!("importing into {}", args.file.display()), e))?;
-            result = engine.import_queued(r);
+            result = engine.admin().import_queued(r);
         }
         match result {
             Ok(()) if matches!(r.state, RecordInfoState::InFlight { .. }) => inflight += 1,

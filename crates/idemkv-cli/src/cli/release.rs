@@ -42,7 +42,7 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
     let key = key_arg(&args.key, args.hex)?;
     let shown = printable(&key);
     let engine = file::open(&args.file, How::Snapshot)?;
-    let released = engine.force_release(&key);
+    let released = engine.admin().force_release(&key);
     // Why there was nothing to release, for the message.
     let now_state = match &released {
         Ok(None) => engine.get(&key).ok().flatten(),

@@ -33,7 +33,7 @@ pub(crate) fn run(args: &SweepArgs) -> Result<(), CliError> {
         .records
         .len() as u64;
     let engine = file::open(&args.file, How::Live)?;
-    let swept = engine.sweep_now();
+    let swept = engine.admin().sweep_now();
     let flushed = engine.flush();
     let after = engine.stats();
     file::close(engine, &args.file)?;

@@ -1,0 +1,61 @@
+//! The storage a custom backend provides: a resizable byte array with a durability barrier.
+//! idemkv adapts it to its storage engine internally, so this trait, not the engine's, is
+//! the public contract.
+
+use std::fmt;
+use std::io;
+
+/// The kind of lock an open takes on a [`Storage`] for as long as it uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// An engine that writes: no other opener may hold any lock.
+    Exclusive,
+    /// A read-only view: other read-only views may hold one too.
+    Shared,
+}
+
+/// A custom storage for [`crate::EngineBuilder::backend`]: where the engine keeps its file
+/// when it is not a file at a path (an in-memory image, a fault-injecting wrapper).
+///
+/// Offsets and lengths are in bytes. The engine calls these methods from its writer thread
+/// and its opens, never concurrently with a `close`.
+// `len` is the storage's size in bytes, not a collection's count: no `is_empty`.
+#[allow(clippy::len_without_is_empty)]
+pub trait Storage: fmt::Debug + Send + Sync + 'static {
+    /// The current length.
+    fn len(&self) -> io::Result<u64>;
+
+    /// Fills `out` with the bytes at `offset`. A range past the end is an error (of kind
+    /// `UnexpectedEof`, which the engine reports as a damaged file).
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()>;
+
+    /// Sets the length; new bytes read as zero.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+
+    /// Makes every earlier `write` and `set_len` durable. A commit is acknowledged only
+    /// after this returns `Ok`.
+    fn sync_data(&self) -> io::Result<()>;
+
+    /// Writes `data` at `offset` (not durable until the next `sync_data`).
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()>;
+
+    /// Called once when the engine is done with the storage; releases any lock it holds.
+    fn close(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Tries to lock the whole storage: `Ok(true)` when acquired, `Ok(false)` when another
+    /// opener holds a conflicting lock (the open then fails with
+    /// [`crate::OpenError::AlreadyOpen`]). The default acquires at once, for a storage that
+    /// nothing else can reach.
+    fn try_lock(&self, kind: LockKind) -> io::Result<bool> {
+        let _ = kind;
+        Ok(true)
+    }
+
+    /// Releases the lock taken by [`Storage::try_lock`].
+    fn unlock(&self) -> io::Result<()> {
+        Ok(())
+    }
+}
