@@ -308,6 +308,27 @@ impl Engine {
             .is_some_and(|slot| slot.token == token && !slot.is_inflight())
     }
 
+    /// [`Engine::finish`], counting the looks: `None` means look again, and a call that has
+    /// looked `CLAIM_LOOKS_MAX` times gets the answer its last reason calls for.
+    fn settle(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        step: Step,
+        looks: &mut u32,
+    ) -> Result<Option<Claim>, ClaimError> {
+        match self.finish(key, opts, step)? {
+            Ok(claim) => Ok(Some(claim)),
+            Err(again) => {
+                *looks += 1;
+                if *looks >= CLAIM_LOOKS_MAX {
+                    return Err(again.exhausted(self));
+                }
+                Ok(None)
+            }
+        }
+    }
+
     /// Reads the completion stored under `token` for `key` and checks its fingerprint.
     /// `Ok(None)`: the record is gone because the key moved on (expired and swept since the
     /// slot was seen); look again. A record missing while the key still names it is
@@ -394,14 +415,8 @@ impl Engine {
                 let (mut shard, _) = self.shared().index.lock(key);
                 self.claim_step(&mut shard, key, opts)?
             };
-            match self.finish(key, opts, step)? {
-                Ok(claim) => return Ok(claim),
-                Err(again) => {
-                    looks += 1;
-                    if looks >= CLAIM_LOOKS_MAX {
-                        return Err(again.exhausted(self));
-                    }
-                }
+            if let Some(claim) = self.settle(key, opts, step, &mut looks)? {
+                return Ok(claim);
             }
         }
     }
@@ -453,14 +468,8 @@ impl Engine {
                     changed.wait_for(&mut shard, slice);
                 }
             };
-            match self.finish(key, opts, step)? {
-                Ok(claim) => return Ok(claim),
-                Err(again) => {
-                    looks += 1;
-                    if looks >= CLAIM_LOOKS_MAX {
-                        return Err(again.exhausted(self));
-                    }
-                }
+            if let Some(claim) = self.settle(key, opts, step, &mut looks)? {
+                return Ok(claim);
             }
         }
     }

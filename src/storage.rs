@@ -637,17 +637,7 @@ impl Store {
         let mut txn = self.db.begin_write().map_err(|e| err(e.into()))?;
         txn.set_two_phase_commit(true);
         {
-            let names: Vec<String> = txn
-                .list_tables()
-                .map_err(|e| err(e.into()))?
-                .map(|t| t.name().to_string())
-                .collect();
-            let ours = [META.name(), RECORDS.name()];
-            if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
-                return Err(OpenError::Foreign {
-                    detail: format!("redb file holds a foreign table {other:?}"),
-                });
-            }
+            let names = our_tables(txn.list_tables().map_err(|e| err(e.into()))?)?;
             let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
             let format = meta
                 .get(META_FORMAT)
@@ -841,6 +831,20 @@ fn scan<E>(
         }
     }
     Ok(Ok(seen))
+}
+
+/// The names of the tables a file holds, refused as `Foreign` if any is not idemkv's.
+fn our_tables(
+    tables: impl Iterator<Item = redb::UntypedTableHandle>,
+) -> Result<Vec<String>, OpenError> {
+    let names: Vec<String> = tables.map(|t| t.name().to_string()).collect();
+    let ours = [META.name(), RECORDS.name()];
+    if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
+        return Err(OpenError::Foreign {
+            detail: format!("redb file holds a foreign table {other:?}"),
+        });
+    }
+    Ok(names)
 }
 
 /// Opens both tables in `txn` and reads through their definitions: the format marker, the
@@ -1046,17 +1050,7 @@ impl ReadOnlyStore {
         };
         contain("format check", || {
             let txn = store.begin_read()?;
-            let names: Vec<String> = txn
-                .list_tables()
-                .map_err(|e| open_error(path, e))?
-                .map(|t| t.name().to_string())
-                .collect();
-            let ours = [META.name(), RECORDS.name()];
-            if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
-                return Err(OpenError::Foreign {
-                    detail: format!("redb file holds a foreign table {other:?}"),
-                });
-            }
+            let names = our_tables(txn.list_tables().map_err(|e| open_error(path, e))?)?;
             if !names.iter().any(|n| n == META.name()) {
                 return Err(OpenError::Foreign {
                     detail: format!("{} holds no idemkv tables", path.display()),
