@@ -13,7 +13,6 @@ use idemkv::{Engine, EngineBuilder};
 
 pub mod backend;
 pub mod concurrent;
-pub mod disk;
 pub mod faults;
 pub mod history;
 pub mod linearizability;

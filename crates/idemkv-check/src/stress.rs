@@ -7,8 +7,8 @@
 //! The mock clock does not move here (the per-key histories would have to include every
 //! clock step of the whole run); zero leases give takeovers and stale tokens instead.
 
+use crate::backend::FaultyBackend;
 use crate::concurrent::{self, run_script, Scenario};
-use crate::disk::SimDisk;
 use crate::history::{Recorder, Summary};
 use crate::Bug;
 use arbitrary::Unstructured;
@@ -86,7 +86,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     let clock = MockClock::new();
     let mut b = concurrent::builder(cfg.mode, &clock);
     if cfg.mode != Durability::None {
-        b = b.path("stress.redb").backend(SimDisk::new());
+        b = b.path("stress.redb").backend(FaultyBackend::memory());
     }
     let engine = match b.open() {
         Ok(e) => e,
