@@ -20,6 +20,13 @@ pub mod ops;
 pub mod spec;
 pub mod stress;
 
+/// `n` bytes from `rng`: the input of a seeded case (`Unstructured`), as a fuzzer's would be.
+pub fn bytes(rng: &mut fastrand::Rng, n: usize) -> Vec<u8> {
+    let mut out = vec![0; n];
+    rng.fill(&mut out);
+    out
+}
+
 /// A bug to switch on in an engine, for proving that a checker catches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

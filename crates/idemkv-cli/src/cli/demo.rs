@@ -27,7 +27,6 @@ use handler::{run_column, Handler};
 use idemkv::{Durability, Engine};
 use render::Report;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
 use workload::{Pattern, Plan};
 
 /// Options of `idemkv demo`.
@@ -290,10 +289,6 @@ fn run_engine(
 }
 
 fn random_seed() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    // Mixed so that two runs in the same millisecond still differ; kept short to retype.
-    workload::Rng::new(nanos ^ u64::from(std::process::id())).next_u64() % 1_000_000
+    // `fastrand`'s global generator is seeded per process; kept short to retype.
+    fastrand::u64(0..1_000_000)
 }
