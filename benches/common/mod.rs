@@ -72,13 +72,17 @@ pub fn criterion() -> criterion::Criterion {
         .sample_size(20)
 }
 
-/// Percentile (0..=100) of sorted nanosecond samples, as microseconds.
+/// The `q` quantile (0..=1) of sorted samples, the rank rounded between the first and the
+/// last; `None` if there are none. The one percentile of the benches.
+pub fn percentile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let last = sorted.len().checked_sub(1)?;
+    let rank = (q * last as f64).round() as usize;
+    Some(sorted[rank.min(last)])
+}
+
+/// Percentile (0..=100) of sorted nanosecond samples, as microseconds (NaN if none).
 pub fn percentile_us(sorted_ns: &[u64], p: f64) -> f64 {
-    if sorted_ns.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted_ns.len() - 1) as f64).round() as usize;
-    sorted_ns[rank.min(sorted_ns.len() - 1)] as f64 / 1000.0
+    percentile(sorted_ns, p / 100.0).map_or(f64::NAN, |ns| ns as f64 / 1000.0)
 }
 
 /// Per-operation latencies (ns), summarized as percentiles on stderr. Criterion's estimates

@@ -229,13 +229,7 @@ fn measure(args: &BenchArgs, engine: &Engine) -> Result<Outcome, CliError> {
         retries += n;
     }
     latencies.sort_unstable();
-    let pick = |q: f64| -> Duration {
-        if latencies.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = ((q * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len());
-        Duration::from_nanos(latencies[rank - 1])
-    };
+    let pick = |q: f64| super::percentile(&latencies, q);
     Ok(Outcome {
         ops: latencies.len() as u64,
         retries,
