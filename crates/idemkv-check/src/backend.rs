@@ -422,15 +422,6 @@ impl StorageBackend for FaultyBackend {
 // Assertions shared by the suites: unwrap a claim into the answer the test expects.
 // ---------------------------------------------------------------------------------------
 
-/// The three durability modes, for tests that run in each.
-pub fn modes() -> [idemkv::Durability; 3] {
-    [
-        idemkv::Durability::None,
-        idemkv::Durability::buffered(),
-        idemkv::Durability::Immediate,
-    ]
-}
-
 #[track_caller]
 pub fn acquired(claim: idemkv::Claim) -> idemkv::Lease {
     match claim {

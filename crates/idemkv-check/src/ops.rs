@@ -11,6 +11,7 @@
 //! `storage_faults`). Under `Durability::None` a restart starts from nothing.
 
 use crate::backend::FaultyBackend;
+use crate::modes;
 use crate::spec::{self, ns, KeyModel, KeyOp, KeyRet, KeySpec, SpecConfig};
 use arbitrary::Arbitrary;
 use idemkv::{
@@ -807,17 +808,6 @@ pub fn call(engine: &Engine, model: &Model, parked: &mut Vec<Lease>, op: &Op) ->
         Op::Restart { power_loss } => return Call::Restart { power_loss },
     };
     Call::Key { key, op: kop, ret }
-}
-
-/// The modes `ops_model` runs each case in.
-pub fn modes() -> [Durability; 3] {
-    [
-        Durability::None,
-        Durability::Buffered {
-            max_delay: Duration::from_millis(1),
-        },
-        Durability::Immediate,
-    ]
 }
 
 /// Runs `case` in `mode` against the model; at most [`OPS_MAX`] operations.

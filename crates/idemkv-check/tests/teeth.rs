@@ -93,7 +93,7 @@ fn ops_model_catches_a_missing_fence() {
             response: BytesSel(2),
         },
     ];
-    for mode in ops::modes() {
+    for mode in idemkv_check::modes() {
         let mut h = ops::Harness::open(mode).expect("open");
         sabotage(&h.engine, Bug::NoFencing);
         let failed = ops.iter().map(|op| h.apply(op)).find_map(Result::err);
