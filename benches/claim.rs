@@ -58,7 +58,7 @@ fn mode_name(d: Durability) -> &'static str {
 }
 
 fn live_name(n: u64) -> String {
-    if n >= 1_000_000 && n % 1_000_000 == 0 {
+    if n >= 1_000_000 && n.is_multiple_of(1_000_000) {
         format!("{}M_live", n / 1_000_000)
     } else {
         format!("{}k_live", n / 1000)

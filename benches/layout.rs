@@ -131,7 +131,7 @@ impl Db {
     /// Whether this commit is followed by an untimed maintenance commit.
     fn count_commit(&mut self) -> bool {
         self.commits += 1;
-        self.commits % MAINTAIN_EVERY == 0
+        self.commits.is_multiple_of(MAINTAIN_EVERY)
     }
 }
 

@@ -252,7 +252,7 @@ fn io_errors_during_open_are_reported_as_io() {
                     Ok(engine) => drop(engine),
                 }
                 // The failure damaged nothing: the file opens once the disk works again.
-                let healed = FaultyBackend::from_image(&b.live_image());
+                let healed = FaultyBackend::from_image(b.live_image());
                 open_backend(&healed)
                     .unwrap_or_else(|e| panic!("{what}, I/O {n}, after healing: {e}"))
                     .close()
