@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::percentile;
+use common::{percentile, rss_bytes};
 use criterion::{criterion_group, criterion_main, Criterion};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, MockClock};
 use std::path::Path;
@@ -168,18 +168,6 @@ fn retention(c: &mut Criterion) {
         eprintln!("retention: the sweep finished before any expiring sample was taken");
     }
     engine.close().expect("close");
-}
-
-/// Resident set size of this process, from /proc (0 where unavailable).
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
 }
 
 criterion_group!(benches, retention);

@@ -260,3 +260,15 @@ pub fn threads_named(name: &str) -> Option<Sched> {
     }
     total
 }
+
+/// Resident set size of this process, from /proc (0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
+}
