@@ -24,7 +24,7 @@
 mod common;
 
 use common::{
-    big, clock_cost_ns, key, response, tempdir, threads_named, Latencies, Sched, XorShift, SEED,
+    big, clock_cost_ns, key, response, tempdir, threads_named, Latencies, Rng, Sched, SEED,
 };
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, Lease, LeaseError};
@@ -355,10 +355,10 @@ fn replay(c: &mut Criterion) {
         let name = format!("{}/{}", mode_name(durability), live_name(live));
         let id = BenchmarkId::new(mode_name(durability), live_name(live));
         let mut fixture: Option<Fixture> = None;
-        let mut rng = XorShift::new(SEED);
+        let mut rng = Rng::with_seed(SEED);
         let opts = opts();
-        let replay_one = |fx: &Fixture, rng: &mut XorShift| {
-            let k = key(fx.first + rng.below(fx.base));
+        let replay_one = |fx: &Fixture, rng: &mut Rng| {
+            let k = key(fx.first + rng.u64(0..fx.base));
             match fx.engine.claim(black_box(&k), &opts) {
                 Ok(Claim::Completed(stored)) => stored,
                 other => panic!("replay answered {other:?}"),
@@ -385,10 +385,10 @@ fn in_progress(c: &mut Criterion) {
         let id = BenchmarkId::new(mode_name(durability), live_name(live));
         let name = format!("{}/{}", mode_name(durability), live_name(live));
         let mut fixture: Option<(Fixture, Vec<Lease>, u64)> = None;
-        let mut rng = XorShift::new(SEED);
+        let mut rng = Rng::with_seed(SEED);
         let opts = opts();
-        let busy_one = |fx: &Fixture, first_held: u64, rng: &mut XorShift| {
-            let k = key(first_held + rng.below(HELD));
+        let busy_one = |fx: &Fixture, first_held: u64, rng: &mut Rng| {
+            let k = key(first_held + rng.u64(0..HELD));
             match fx.engine.claim(black_box(&k), &opts) {
                 Ok(Claim::InProgress(busy)) => busy,
                 other => panic!("claim of a held key answered {other:?}"),

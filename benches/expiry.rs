@@ -21,7 +21,7 @@
 
 mod common;
 
-use common::{key, percentile_us, Latencies};
+use common::{key, percentile_us, rss_bytes, Latencies};
 use criterion::{criterion_group, criterion_main, Criterion};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, Limit, MockClock};
 use std::time::{Duration, Instant};
@@ -61,17 +61,6 @@ fn acquire_and_complete(engine: &Engine, k: &[u8]) {
 fn summary(label: &str, lat: &mut Latencies) -> (f64, f64) {
     eprintln!("expiry: {label}: {}", lat.summary());
     (percentile_us(&lat.ns, 50.0), percentile_us(&lat.ns, 99.0))
-}
-
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
 }
 
 fn expiry(c: &mut Criterion) {

@@ -34,7 +34,7 @@
 
 mod common;
 
-use common::{tempdir, wall_clock_only, Latencies, Sched, Timed, Timer, XorShift, SEED};
+use common::{tempdir, wall_clock_only, Latencies, Rng, Sched, Timed, Timer, SEED};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use redb::{Database, Durability, TableDefinition, WriteTransaction};
 use std::collections::VecDeque;
@@ -94,7 +94,7 @@ trait Layout {
 struct Db {
     db: Database,
     _dir: TempDir,
-    rng: XorShift,
+    rng: Rng,
     value: Vec<u8>,
     done: Vec<u8>,
     commits: u64,
@@ -107,7 +107,7 @@ impl Db {
             .set_cache_size(CACHE_BYTES)
             .create(dir.path().join(file))
             .expect("create redb");
-        let mut rng = XorShift::new(SEED);
+        let mut rng = Rng::with_seed(SEED);
         let mut value = vec![0u8; VALUE_LEN];
         rng.fill(&mut value);
         let mut done = vec![0u8; DONE_LEN];
@@ -202,7 +202,7 @@ impl Layout for ByClientKey {
                 .copied()
                 .collect(),
             Pattern::Takeover => (0..PER_COMMIT)
-                .map(|_| self.live[self.db.rng.below(self.live.len() as u64) as usize])
+                .map(|_| self.live[self.db.rng.u64(0..self.live.len() as u64) as usize])
                 .collect(),
             Pattern::InsertExpire => self.live.drain(..PER_COMMIT).collect(),
         };
@@ -310,7 +310,7 @@ impl Layout for ByToken {
             // moves the key to the newest token.
             Pattern::Takeover => (0..PER_COMMIT)
                 .map(|_| {
-                    let i = self.db.rng.below(self.live.len() as u64) as usize;
+                    let i = self.db.rng.u64(0..self.live.len() as u64) as usize;
                     self.live.swap_remove_back(i).expect("live")
                 })
                 .collect(),

@@ -5,6 +5,9 @@
 //! Criterion reports the median (p50); the p99 of each phase is measured over every call
 //! of the phase and printed as `p99` lines, since criterion does not report tails.
 
+mod common;
+
+use common::{percentile, rss_bytes};
 use criterion::{criterion_group, criterion_main, Criterion};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, MockClock};
 use std::path::Path;
@@ -54,11 +57,6 @@ fn fill(engine: &Engine, n: u64, prefix: &str) {
         claim_complete(engine, format!("{prefix}-{i:016}").as_bytes(), &opts);
     }
     engine.flush().expect("flush");
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 /// Runs `n` claim+complete calls of new keys and returns their latencies, sorted.
@@ -155,8 +153,9 @@ fn retention(c: &mut Criterion) {
     steady.sort_unstable();
     expiring.sort_unstable();
     if !steady.is_empty() && !expiring.is_empty() {
-        let (s50, s99) = (percentile(&steady, 0.5), percentile(&steady, 0.99));
-        let (e50, e99) = (percentile(&expiring, 0.5), percentile(&expiring, 0.99));
+        let q = |sorted: &[Duration], q: f64| percentile(sorted, q).unwrap_or_default();
+        let (s50, s99) = (q(&steady, 0.5), q(&steady, 0.99));
+        let (e50, e99) = (q(&expiring, 0.5), q(&expiring, 0.99));
         eprintln!(
             "retention: claim+complete steady p50 {s50:?} p99 {s99:?}; while {n} keys expire p50 \
              {e50:?} p99 {e99:?} ({} samples during the sweep); ratio p50 {:.2}x p99 {:.2}x; the \
@@ -169,18 +168,6 @@ fn retention(c: &mut Criterion) {
         eprintln!("retention: the sweep finished before any expiring sample was taken");
     }
     engine.close().expect("close");
-}
-
-/// Resident set size of this process, from /proc (0 where unavailable).
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|p| p.parse::<u64>().ok())
-        })
-        .map_or(0, |pages| pages * 4096)
 }
 
 criterion_group!(benches, retention);

@@ -19,10 +19,11 @@ struct Message {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = std::env::temp_dir().join(format!("idemkv-consumer-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
+    let dir = tempfile::Builder::new()
+        .prefix("idemkv-consumer-")
+        .tempdir()?;
     let engine = Engine::builder()
-        .path(dir.join("consumer.redb"))
+        .path(dir.path().join("consumer.redb"))
         .durability(Durability::Immediate)
         .lease(Duration::from_secs(30))
         .retention(Duration::from_secs(24 * 3600))
@@ -91,7 +92,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("duplicates replayed: {replayed}");
     println!("double charges:     {doubles}");
     engine.close()?;
-    std::fs::remove_dir_all(&dir)?;
+    dir.close()?;
     if doubles > 0 {
         return Err("a message was charged twice".into());
     }

@@ -62,16 +62,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// One measurement, in this (child) process.
 fn run_case(mode: &str, key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
     let n = keys();
-    let dir = std::env::temp_dir().join(format!("idemkv-memory-{}", std::process::id()));
+    let dir = tempfile::Builder::new()
+        .prefix("idemkv-memory-")
+        .tempdir()?;
     let builder = Engine::builder();
     let builder = match mode {
         "none" => builder.durability(Durability::None),
-        "buffered" => {
-            std::fs::create_dir_all(&dir)?;
-            builder
-                .durability(Durability::buffered())
-                .path(dir.join("memory.redb"))
-        }
+        "buffered" => builder
+            .durability(Durability::buffered())
+            .path(dir.path().join("memory.redb")),
         other => return Err(format!("unknown mode {other}").into()),
     };
     let engine = builder.open()?;
@@ -93,7 +92,7 @@ fn run_case(mode: &str, key_len: usize) -> Result<(), Box<dyn std::error::Error>
     let stats = engine.stats();
     let elapsed = started.elapsed();
     engine.close()?;
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
 
     let per_key = |bytes: u64, keys: u64| bytes as f64 / keys as f64;
     println!(

@@ -270,73 +270,15 @@ fn response_len(record: &Record) -> usize {
     }
 }
 
-/// CRC-32C (Castagnoli) lookup table, computed at compile time.
-const CRC32C_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 == 1 {
-                (crc >> 1) ^ 0x82F6_3B78
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
-/// Slicing-by-8 tables: table[k][b] is the CRC of byte b followed by k zero bytes. Recovery
-/// checksums every record of the file, so the byte-at-a-time loop would dominate reopen.
-const CRC32C_TABLES: [[u32; 256]; 8] = {
-    let mut tables = [[0u32; 256]; 8];
-    tables[0] = CRC32C_TABLE;
-    let mut k = 1;
-    while k < 8 {
-        let mut i = 0;
-        while i < 256 {
-            let prev = tables[k - 1][i];
-            tables[k][i] = (prev >> 8) ^ CRC32C_TABLE[(prev & 0xFF) as usize];
-            i += 1;
-        }
-        k += 1;
-    }
-    tables
-};
-
-fn crc32c_update(mut crc: u32, bytes: &[u8]) -> u32 {
-    let t = &CRC32C_TABLES;
-    let mut chunks = bytes.chunks_exact(8);
-    for c in &mut chunks {
-        let lo = crc ^ u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        crc = t[7][(lo & 0xFF) as usize]
-            ^ t[6][((lo >> 8) & 0xFF) as usize]
-            ^ t[5][((lo >> 16) & 0xFF) as usize]
-            ^ t[4][(lo >> 24) as usize]
-            ^ t[3][c[4] as usize]
-            ^ t[2][c[5] as usize]
-            ^ t[1][c[6] as usize]
-            ^ t[0][c[7] as usize];
-    }
-    for &b in chunks.remainder() {
-        crc = CRC32C_TABLE[((crc ^ u32::from(b)) & 0xFF) as usize] ^ (crc >> 8);
-    }
-    crc
-}
-
 /// CRC-32C of `bytes`.
 #[cfg(test)]
 pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
-    !crc32c_update(!0, bytes)
+    crc32c::crc32c(bytes)
 }
 
+/// CRC-32C of the token (8 bytes LE) followed by `body`: the checksum of a stored value.
 fn crc32c_token(token: u64, body: &[u8]) -> u32 {
-    !crc32c_update(crc32c_update(!0, &token.to_le_bytes()), body)
+    crc32c::crc32c_append(crc32c::crc32c(&token.to_le_bytes()), body)
 }
 
 /// A stable 64-bit FNV-1a hash, used for request fingerprints. Stable across versions and
@@ -371,19 +313,6 @@ mod tests {
     fn crc32c_known_vector() {
         // RFC 3720 test vector.
         assert_eq!(crc32c(b"123456789"), 0xE306_9283);
-    }
-
-    #[test]
-    fn crc32c_slicing_matches_bytewise_for_every_length() {
-        let data: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
-        for n in 0..data.len() {
-            let mut bytewise = !0u32;
-            for &b in &data[..n] {
-                bytewise =
-                    CRC32C_TABLE[((bytewise ^ u32::from(b)) & 0xFF) as usize] ^ (bytewise >> 8);
-            }
-            assert_eq!(crc32c(&data[..n]), !bytewise, "length {n}");
-        }
     }
 
     #[test]

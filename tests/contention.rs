@@ -24,27 +24,6 @@ use std::time::{Duration, Instant};
 /// A lease no test outlives: with the clock standing still, nothing is ever taken over.
 const LONG_LEASE: Duration = Duration::from_secs(3600);
 
-/// splitmix64: a tiny seeded PRNG, so each thread's choices are reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 struct Fixture {
     engine: Engine,
     clock: MockClock,
@@ -464,14 +443,14 @@ fn many_keys(mode: Durability) {
         let (fx, barrier, runs) = (fx.clone(), barrier.clone(), runs.clone());
         spawn_all(THREADS, move |tid| {
             let engine = &fx.engine;
-            let mut rng = Rng::new(0x5EED_0000 + tid as u64);
+            let mut rng = fastrand::Rng::with_seed(0x5EED_0000 + tid as u64);
             let mut out = Vec::with_capacity(ops);
             barrier.wait();
             for _ in 0..ops {
-                let k = if rng.below(2) == 0 {
-                    rng.below(HOT)
+                let k = if rng.u64(0..2) == 0 {
+                    rng.u64(0..HOT)
                 } else {
-                    HOT + rng.below(COLD)
+                    HOT + rng.u64(0..COLD)
                 } as usize;
                 let key = format!("many-{k}");
                 let opts = ClaimOptions::default().payload(key.as_bytes());
@@ -652,7 +631,7 @@ fn churn(mode: Durability, ticker: bool) {
             let engine = &fx.engine;
             let clock = &fx.clock;
             let lease_ns = ns(lease);
-            let mut rng = Rng::new(0xC4u64 << 32 | tid as u64);
+            let mut rng = fastrand::Rng::with_seed(0xC4u64 << 32 | tid as u64);
             let mut finals = Vec::with_capacity(keys);
             barrier.wait();
             for k in 0..keys {
@@ -704,7 +683,7 @@ fn churn(mode: Durability, ticker: bool) {
                         released: None,
                         completed: false,
                     };
-                    let roll = rng.below(8);
+                    let roll = rng.u64(0..8);
                     if roll < 3 {
                         // A checkpoint a takeover must receive. May be refused once the lease
                         // is taken over; never accepted after that.
@@ -714,7 +693,7 @@ fn churn(mode: Durability, ticker: bool) {
                             Err(e) => panic!("{key}: checkpoint: {e}"),
                         }
                     }
-                    widen(rng.below(6) as usize);
+                    widen(rng.u64(0..6) as usize);
                     let certain_end = t_before + lease_ns;
                     let result = if n >= min_acq && roll < 2 {
                         acq.end = certain_end.min(mono(clock));

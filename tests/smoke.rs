@@ -1,13 +1,7 @@
 use idemkv::*;
 use std::time::Duration;
 
-fn modes() -> Vec<Durability> {
-    vec![
-        Durability::None,
-        Durability::buffered(),
-        Durability::Immediate,
-    ]
-}
+use idemkv_check::modes;
 
 #[test]
 fn smoke_all_modes() {

@@ -1,4 +1,4 @@
-//! Helpers shared by the benchmarks: a fixed-seed PRNG, key generation, bench settings.
+//! Helpers shared by the benchmarks: fixed-seed `fastrand` generators, key generation, bench settings.
 //!
 //! Every bench uses fixed seeds, so two runs insert the same keys in the same order.
 
@@ -10,36 +10,8 @@ use std::time::Duration;
 /// Seed of every PRNG in the benches (any non-zero constant).
 pub const SEED: u64 = 0x9E37_79B9_7F4A_7C15;
 
-/// xorshift64*: tiny, fast, and good enough to pick keys and fill values.
-#[derive(Debug, Clone)]
-pub struct XorShift(u64);
-
-impl XorShift {
-    pub fn new(seed: u64) -> Self {
-        XorShift(seed.max(1))
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// Uniform-enough in `0..n` (n > 0).
-    pub fn below(&mut self, n: u64) -> u64 {
-        ((self.next_u64() as u128 * n as u128) >> 64) as u64
-    }
-
-    pub fn fill(&mut self, out: &mut [u8]) {
-        for chunk in out.chunks_mut(8) {
-            let v = self.next_u64().to_le_bytes();
-            chunk.copy_from_slice(&v[..chunk.len()]);
-        }
-    }
-}
+/// The benches' seeded generator: picks keys and fills values.
+pub type Rng = fastrand::Rng;
 
 /// splitmix64 finalizer: a bijection on u64, so distinct inputs give distinct outputs.
 pub fn mix(i: u64) -> u64 {
@@ -71,7 +43,7 @@ pub fn key(i: u64) -> [u8; KEY_LEN] {
 
 /// A response body of `len` bytes (deterministic content).
 pub fn response(len: usize) -> Vec<u8> {
-    let mut rng = XorShift::new(SEED ^ len as u64);
+    let mut rng = Rng::with_seed(SEED ^ len as u64);
     let mut v = vec![0u8; len];
     rng.fill(&mut v);
     v
@@ -100,13 +72,17 @@ pub fn criterion() -> criterion::Criterion {
         .sample_size(20)
 }
 
-/// Percentile (0..=100) of sorted nanosecond samples, as microseconds.
+/// The `q` quantile (0..=1) of sorted samples, the rank rounded between the first and the
+/// last; `None` if there are none. The one percentile of the benches.
+pub fn percentile<T: Copy>(sorted: &[T], q: f64) -> Option<T> {
+    let last = sorted.len().checked_sub(1)?;
+    let rank = (q * last as f64).round() as usize;
+    Some(sorted[rank.min(last)])
+}
+
+/// Percentile (0..=100) of sorted nanosecond samples, as microseconds (NaN if none).
 pub fn percentile_us(sorted_ns: &[u64], p: f64) -> f64 {
-    if sorted_ns.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted_ns.len() - 1) as f64).round() as usize;
-    sorted_ns[rank.min(sorted_ns.len() - 1)] as f64 / 1000.0
+    percentile(sorted_ns, p / 100.0).map_or(f64::NAN, |ns| ns as f64 / 1000.0)
 }
 
 /// Per-operation latencies (ns), summarized as percentiles on stderr. Criterion's estimates
@@ -283,4 +259,16 @@ pub fn threads_named(name: &str) -> Option<Sched> {
         });
     }
     total
+}
+
+/// Resident set size of this process, from /proc (0 where unavailable).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|p| p.parse::<u64>().ok())
+        })
+        .map_or(0, |pages| pages * 4096)
 }

@@ -8,6 +8,12 @@
 //!   n-th such call from now fail with an `io::Error` (ENOSPC for writes, EIO for syncs);
 //!   [`FaultyBackend::fail_all`] makes every later I/O fail (a dead disk), and
 //!   [`FaultyBackend::set_sticky`] turns the first injected failure into `fail_all`.
+//! - **Nth I/O**: [`FaultyBackend::set_fault`] arms a [`Fault`] at the Nth I/O counted over
+//!   the backend's life (`write`, `set_len` and `sync_data`, from 1; [`FaultyBackend::ios`]).
+//!   [`Fault::Error`] fails that one call (ENOSPC for a write or `set_len`, EIO for a sync)
+//!   and the process lives on; [`Fault::PowerLoss`] fails it and every later write, `set_len`
+//!   and sync (reads still answer from what the OS holds): the machine is gone, and a test
+//!   reopens from one of the images below.
 //! - **Stalls**: [`FaultyBackend::close_gate`] makes `sync_data` block until the returned
 //!   guard is dropped; [`FaultyBackend::wait_blocked`] waits until a sync is stuck there.
 //! - **Power loss**: the backend mirrors the storage in a *live image* (every successful
@@ -39,8 +45,30 @@ enum Pending {
     SetLen(u64),
 }
 
+/// When and how the backend fails at a given I/O ([`FaultyBackend::set_fault`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The I/O numbered `at` (from 1) fails once; later ones succeed.
+    Error {
+        /// Which I/O.
+        at: u64,
+    },
+    /// Power is lost at the I/O numbered `at`: it and every later one fail.
+    PowerLoss {
+        /// Which I/O.
+        at: u64,
+    },
+}
+
 #[derive(Debug, Default)]
 struct State {
+    /// Writes, `set_len`s and syncs made while the power was on (the [`Fault`] clock).
+    ios: u64,
+    fault: Option<Fault>,
+    /// The power is off ([`Fault::PowerLoss`] struck).
+    dead: bool,
+    /// The I/O number at which the armed [`Fault`] struck, once it has.
+    struck_at: Option<u64>,
     writes: u64,
     set_lens: u64,
     syncs: u64,
@@ -124,7 +152,8 @@ impl FaultyBackend {
     }
 
     /// A fresh in-memory backend holding `image` (e.g. a durable image after "power loss").
-    pub fn from_image(image: &[u8]) -> Self {
+    pub fn from_image(image: impl AsRef<[u8]>) -> Self {
+        let image = image.as_ref();
         let mem = InMemoryBackend::new();
         mem.set_len(image.len() as u64).expect("set_len");
         mem.write(0, image).expect("write");
@@ -146,6 +175,21 @@ impl FaultyBackend {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panicking test thread must not hide the state from the others.
         self.0.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Arms a fault at the Nth I/O (replacing any other).
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        self.lock().fault = fault;
+    }
+
+    /// I/O calls (`write`, `set_len`, `sync_data`) made so far while the power was on.
+    pub fn ios(&self) -> u64 {
+        self.lock().ios
+    }
+
+    /// The I/O number at which the armed [`Fault`] struck, if it has.
+    pub fn struck_at(&self) -> Option<u64> {
+        self.lock().struck_at
     }
 
     /// Writes made so far (successful or not).
@@ -250,9 +294,26 @@ impl FaultyBackend {
         image
     }
 
-    /// Counts a call and decides whether it fails; `at` is its armed failure, if any.
+    /// Counts a call and decides whether it fails; `at` is its armed failure, if any. The
+    /// [`Fault`] clock ticks first: a dead disk fails every call, and the armed [`Fault`]
+    /// strikes at its I/O number.
     fn check(&self, s: &mut State, count: u64, at: Option<u64>) -> bool {
-        let fire = s.fail_all || at == Some(count);
+        if s.dead {
+            return true;
+        }
+        s.ios += 1;
+        let nth = match s.fault {
+            Some(Fault::Error { at }) => at == s.ios,
+            Some(Fault::PowerLoss { at }) => {
+                s.dead = at == s.ios;
+                s.dead
+            }
+            None => false,
+        };
+        if nth {
+            s.struck_at = Some(s.ios);
+        }
+        let fire = nth || s.fail_all || at == Some(count);
         if fire {
             s.injected += 1;
             s.fail_all |= s.sticky;
@@ -273,6 +334,15 @@ impl Storage for FaultyBackend {
         }
         if s.fail_all {
             return Err(injected("read", 5));
+        }
+        // A read past the end is an EOF, as a file gives (redb's in-memory backend reports
+        // an index out of range instead); the live image mirrors the inner backend's length.
+        let end = offset.saturating_add(out.len() as u64);
+        if end > s.live.len() as u64 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end",
+            ));
         }
         drop(s);
         self.0.backend.read(offset, out)
@@ -357,15 +427,6 @@ fn lock_io(e: BackendError) -> io::Error {
 // ---------------------------------------------------------------------------------------
 // Assertions shared by the suites: unwrap a claim into the answer the test expects.
 // ---------------------------------------------------------------------------------------
-
-/// The three durability modes, for tests that run in each.
-pub fn modes() -> [idemkv::Durability; 3] {
-    [
-        idemkv::Durability::None,
-        idemkv::Durability::buffered(),
-        idemkv::Durability::Immediate,
-    ]
-}
 
 #[track_caller]
 pub fn acquired(claim: idemkv::Claim) -> idemkv::Lease {

@@ -1,4 +1,4 @@
-//! `storage_faults`: a workload against an engine on a [`SimDisk`] that fails or loses power
+//! `storage_faults`: a workload against an engine on a [`FaultyBackend`] that fails or loses power
 //! at its Nth I/O, then a reopen and the checks of invariants 2, 4 and 5 of docs/design.md:
 //!
 //! - the reopened file holds exactly the records of some prefix of the submitted writes
@@ -12,7 +12,7 @@
 //! fault kind: power loss with only the synced bytes, power loss with every unsynced write
 //! too, and a failing call that the process survives.
 
-use crate::disk::{Fault, SimDisk};
+use crate::backend::{Fault, FaultyBackend};
 use crate::ops::{self, call, Call, Model, Op};
 use crate::spec::{KeyModel, KeyOp, KeyRet};
 use crate::Bug;
@@ -186,7 +186,7 @@ pub fn run_with(
     bug: Bug,
 ) -> Result<FaultRun, String> {
     let clock = MockClock::new();
-    let disk = SimDisk::new();
+    let disk = FaultyBackend::memory();
     disk.set_fault(fault);
     let mut model = Model::new(ops::spec_config(mode), &clock);
     // Durable views after each submitted write; [0] is the empty file.
@@ -340,7 +340,7 @@ pub fn run_with(
     let ios = disk.ios();
     // Reopen and compare.
     // (A higher in-flight limit, so that the fresh claim below is never refused.)
-    let reopened = match ops::builder(mode, &clock, Some(&SimDisk::from_image(image)))
+    let reopened = match ops::builder(mode, &clock, Some(&FaultyBackend::from_image(image)))
         .inflight_max(1 << 10)
         .open()
     {
@@ -576,7 +576,7 @@ const HELD_WAIT_MAX: Duration = Duration::from_secs(10);
 #[cfg(idemkv_sabotage)]
 pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
     let clock = MockClock::new();
-    let disk = SimDisk::new();
+    let disk = FaultyBackend::memory();
     let engine = crate::armed(
         ops::builder(mode, &clock, Some(&disk)).inflight_max(16),
         bug,
@@ -653,7 +653,7 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
     if !matches!(claimed, Ok(Claim::Acquired(_))) {
         return Err(format!("claim of a new key: {claimed:?}"));
     }
-    let reopened = ops::builder(mode, &clock, Some(&SimDisk::from_image(image)))
+    let reopened = ops::builder(mode, &clock, Some(&FaultyBackend::from_image(image)))
         .inflight_max(16)
         .open()
         .map_err(|e| format!("reopen after the power loss: {e}"))?;
@@ -706,7 +706,7 @@ const ROTTEN: &[u8] = b"receipt #1234: charged 99.99 EUR";
 #[cfg(idemkv_sabotage)]
 pub fn damaged_response(mode: Durability, bug: Bug) -> Result<(), String> {
     let clock = MockClock::new();
-    let disk = SimDisk::new();
+    let disk = FaultyBackend::memory();
     let engine = crate::armed(
         ops::builder(mode, &clock, Some(&disk)).response_len_max(INTACT.len()),
         bug,

@@ -13,13 +13,31 @@ use idemkv::{Engine, EngineBuilder};
 
 pub mod backend;
 pub mod concurrent;
-pub mod disk;
 pub mod faults;
 pub mod history;
 pub mod linearizability;
 pub mod ops;
 pub mod spec;
 pub mod stress;
+
+/// The three durability modes, for checks and tests that run in each (`Buffered` with a
+/// 1 ms delay, so a batch closes quickly).
+pub fn modes() -> [idemkv::Durability; 3] {
+    [
+        idemkv::Durability::None,
+        idemkv::Durability::Buffered {
+            max_delay: std::time::Duration::from_millis(1),
+        },
+        idemkv::Durability::Immediate,
+    ]
+}
+
+/// `n` bytes from `rng`: the input of a seeded case (`Unstructured`), as a fuzzer's would be.
+pub fn bytes(rng: &mut fastrand::Rng, n: usize) -> Vec<u8> {
+    let mut out = vec![0; n];
+    rng.fill(&mut out);
+    out
+}
 
 /// A bug to switch on in an engine, for proving that a checker catches it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

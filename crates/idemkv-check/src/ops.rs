@@ -1,6 +1,6 @@
 //! `ops_model`: sequences of operations run against the engine and against the sequential
 //! model ([`crate::spec`]) side by side, in every durability mode, with a mock clock and a
-//! simulated disk ([`crate::disk::SimDisk`]).
+//! simulated disk ([`crate::backend::FaultyBackend`]).
 //!
 //! After every operation the engine's result must be one the model allows; after every
 //! operation the engine's records (`Admin::records`) and in-flight gauge must match the
@@ -10,7 +10,8 @@
 //! (after a `flush` under `Buffered`, whose promise is weaker and is checked by
 //! `storage_faults`). Under `Durability::None` a restart starts from nothing.
 
-use crate::disk::SimDisk;
+use crate::backend::FaultyBackend;
+use crate::modes;
 use crate::spec::{self, ns, KeyModel, KeyOp, KeyRet, KeySpec, SpecConfig};
 use arbitrary::Arbitrary;
 use idemkv::{
@@ -221,7 +222,7 @@ pub fn spec_config(mode: Durability) -> SpecConfig {
 pub fn builder(
     mode: Durability,
     clock: &MockClock,
-    disk: Option<&SimDisk>,
+    disk: Option<&FaultyBackend>,
 ) -> idemkv::EngineBuilder {
     let mut b = Engine::builder()
         .durability(mode)
@@ -503,7 +504,7 @@ pub struct Harness {
     /// The shared mock clock.
     pub clock: MockClock,
     /// The simulated disk (not under `None`).
-    pub disk: Option<SimDisk>,
+    pub disk: Option<FaultyBackend>,
     /// The engine.
     pub engine: Engine,
     /// Leases handed out by claims: dropping one would release its key, so they are kept
@@ -520,7 +521,7 @@ impl Harness {
     /// Opens an engine in `mode` on a fresh simulated disk.
     pub fn open(mode: Durability) -> Result<Harness, ModelFailure> {
         let clock = MockClock::new();
-        let disk = (mode != Durability::None).then(SimDisk::new);
+        let disk = (mode != Durability::None).then(FaultyBackend::memory);
         let engine = builder(mode, &clock, disk.as_ref())
             .open()
             .map_err(|e| ModelFailure(format!("open failed: {e}")))?;
@@ -677,7 +678,7 @@ impl Harness {
         // The old engine may still write to its own disk; the new one reads a copy.
         let _ = self.engine.close();
         self.parked.clear();
-        self.disk = image.map(SimDisk::from_image);
+        self.disk = image.map(FaultyBackend::from_image);
         self.engine = builder(self.mode, &self.clock, self.disk.as_ref())
             .open()
             .map_err(|e| format!("reopen failed: {e}"))?;
@@ -808,17 +809,6 @@ pub fn call(engine: &Engine, model: &Model, parked: &mut Vec<Lease>, op: &Op) ->
         Op::Restart { power_loss } => return Call::Restart { power_loss },
     };
     Call::Key { key, op: kop, ret }
-}
-
-/// The modes `ops_model` runs each case in.
-pub fn modes() -> [Durability; 3] {
-    [
-        Durability::None,
-        Durability::Buffered {
-            max_delay: Duration::from_millis(1),
-        },
-        Durability::Immediate,
-    ]
 }
 
 /// Runs `case` in `mode` against the model; at most [`OPS_MAX`] operations.

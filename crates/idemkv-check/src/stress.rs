@@ -7,8 +7,8 @@
 //! The mock clock does not move here (the per-key histories would have to include every
 //! clock step of the whole run); zero leases give takeovers and stale tokens instead.
 
+use crate::backend::FaultyBackend;
 use crate::concurrent::{self, run_script, Scenario};
-use crate::disk::SimDisk;
 use crate::history::{Recorder, Summary};
 use crate::Bug;
 use arbitrary::Unstructured;
@@ -60,33 +60,13 @@ pub struct StressReport {
     pub violation: Option<(u64, Duration, String)>,
 }
 
-/// SplitMix64: a tiny deterministic generator for the scripts.
-#[derive(Debug, Clone)]
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    /// The next value.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// `n` bytes.
-    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| (self.next_u64() >> 56) as u8).collect()
-    }
-}
-
 /// Runs the stress test; stops at the first violation.
 pub fn run(cfg: &StressConfig) -> StressReport {
     let start = Instant::now();
     let clock = MockClock::new();
     let mut b = concurrent::builder(cfg.mode, &clock);
     if cfg.mode != Durability::None {
-        b = b.path("stress.redb").backend(SimDisk::new());
+        b = b.path("stress.redb").backend(FaultyBackend::memory());
     }
     let engine = match b.open() {
         Ok(e) => e,
@@ -99,7 +79,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     };
     crate::sabotage(&engine, cfg.bug);
     let init = concurrent::initial(&clock);
-    let mut rng = SplitMix(cfg.seed);
+    let mut rng = fastrand::Rng::with_seed(cfg.seed);
     let mut report = StressReport::default();
     let mut parked = Vec::new();
     let mut max_before = 0u64;
@@ -109,14 +89,14 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         // Scripts for every (round, thread) of the batch, from the seed.
         let scenarios: Vec<Scenario> = (0..batch)
             .map(|_| {
-                let bytes = rng.bytes(256);
+                let bytes = crate::bytes(&mut rng, 256);
                 let mut u = Unstructured::new(&bytes);
                 let mut s = Scenario::from_bytes(&mut u).unwrap_or(Scenario { threads: vec![] });
                 s.threads
                     .resize(cfg.threads, concurrent::Script { steps: vec![] });
                 for t in &mut s.threads {
                     if t.steps.is_empty() {
-                        let bytes = rng.bytes(64);
+                        let bytes = crate::bytes(&mut rng, 64);
                         let mut u = Unstructured::new(&bytes);
                         if let Ok(script) = u.arbitrary::<concurrent::Script>() {
                             *t = script;

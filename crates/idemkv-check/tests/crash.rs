@@ -55,19 +55,6 @@ fn response_for(n: u64) -> Vec<u8> {
     unit.bytes().cycle().take(len).collect()
 }
 
-/// splitmix64, seeded: the kill moments are reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // The child.
 // ---------------------------------------------------------------------------------------
@@ -426,11 +413,11 @@ fn kill_9_loses_nothing_acknowledged() {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
-    let mut rng = Rng(0x1DE3_C4A5);
+    let mut rng = fastrand::Rng::with_seed(0x1DE3_C4A5);
     let mut known = Known::default();
     let mut acks = 0;
     for round in 0..ROUNDS {
-        let delay = Duration::from_millis(20 + rng.next() % 281);
+        let delay = Duration::from_millis(20 + rng.u64(0..281));
         let log = run_child(&path, known.max_key + 1, delay, "none");
         acks += log.acks.len();
         check_after_kill(&path, round, &log, &mut known, Bug::None);
@@ -470,10 +457,10 @@ fn crash_rounds_catch(bug: &str) -> Option<usize> {
     let armed = bug_from_name(bug).expect("sabotage name");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
-    let mut rng = Rng(0x7EE7_4C4A);
+    let mut rng = fastrand::Rng::with_seed(0x7EE7_4C4A);
     let mut known = Known::default();
     for round in 0..TEETH_ROUNDS {
-        let delay = Duration::from_millis(20 + rng.next() % 281);
+        let delay = Duration::from_millis(20 + rng.u64(0..281));
         let log = run_child(&path, known.max_key + 1, delay, bug);
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             check_after_kill(&path, round, &log, &mut known, armed)

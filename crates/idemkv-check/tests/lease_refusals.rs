@@ -5,9 +5,10 @@
 //! takes the key over. A handler's own failure, or an explicit release, still hands the key
 //! on at once.
 
-use common::{acquired, in_progress, modes, wait_until, FaultyBackend};
+use common::{acquired, in_progress, wait_until, FaultyBackend};
 use idemkv::*;
 use idemkv_check::backend as common;
+use idemkv_check::modes;
 use std::sync::mpsc;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;

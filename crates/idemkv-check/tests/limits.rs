@@ -1,9 +1,10 @@
 //! Every limit refuses with its typed error before anything changes, in every durability
 //! mode; invalid builder settings are refused at open; a closed engine refuses everything.
 
-use common::{modes, wait_until, FaultyBackend};
+use common::{wait_until, FaultyBackend};
 use idemkv::*;
 use idemkv_check::backend as common;
+use idemkv_check::modes;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use std::time::Duration;

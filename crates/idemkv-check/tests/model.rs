@@ -124,9 +124,9 @@ fn storage_faults_every_io_point_buffered() {
 /// whose magic is still zero never held a commit and is now started afresh.
 #[test]
 fn power_loss_during_file_creation_leaves_an_openable_file() {
-    use idemkv_check::disk::{Fault, SimDisk};
+    use idemkv_check::backend::{Fault, FaultyBackend};
     for at in 1..=6 {
-        let disk = SimDisk::new();
+        let disk = FaultyBackend::memory();
         disk.set_fault(Some(Fault::PowerLoss { at }));
         let _ = Engine::builder()
             .path("x.redb")
@@ -135,7 +135,7 @@ fn power_loss_during_file_creation_leaves_an_openable_file() {
         let image = disk.crash_image(|_| true);
         let reopened = Engine::builder()
             .path("x.redb")
-            .backend(SimDisk::from_image(image))
+            .backend(FaultyBackend::from_image(image))
             .open();
         assert!(
             reopened.is_ok(),
@@ -151,10 +151,10 @@ fn power_loss_during_file_creation_leaves_an_openable_file() {
 #[test]
 fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
     use idemkv::{Claim, ClaimError, ClaimOptions};
-    use idemkv_check::disk::SimDisk;
+    use idemkv_check::backend::FaultyBackend;
     let engine = Engine::builder()
         .path("x.redb")
-        .backend(SimDisk::new())
+        .backend(FaultyBackend::memory())
         .durability(Durability::Buffered {
             max_delay: Duration::from_secs(3600),
         })
@@ -180,10 +180,10 @@ fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
 #[test]
 fn records_show_the_retention_of_a_completion_not_yet_durable() {
     use idemkv::{Claim, ClaimOptions, RecordInfoState};
-    use idemkv_check::disk::SimDisk;
+    use idemkv_check::backend::FaultyBackend;
     let engine = Engine::builder()
         .path("x.redb")
-        .backend(SimDisk::new())
+        .backend(FaultyBackend::memory())
         .durability(Durability::Buffered {
             max_delay: Duration::from_secs(3600),
         })
@@ -211,10 +211,10 @@ fn records_show_the_retention_of_a_completion_not_yet_durable() {
 #[test]
 fn records_show_the_response_of_a_completion_not_yet_durable() {
     use idemkv::{Claim, ClaimOptions, RecordInfoState};
-    use idemkv_check::disk::SimDisk;
+    use idemkv_check::backend::FaultyBackend;
     let engine = Engine::builder()
         .path("x.redb")
-        .backend(SimDisk::new())
+        .backend(FaultyBackend::memory())
         .durability(Durability::Buffered {
             max_delay: Duration::from_secs(3600),
         })

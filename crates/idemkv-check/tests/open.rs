@@ -14,7 +14,7 @@ use idemkv_check::backend as common;
 
 use common::FaultyBackend;
 use idemkv::*;
-use idemkv_check::disk::{Fault, SimDisk};
+use idemkv_check::backend::Fault;
 use std::error::Error as _;
 use std::path::Path;
 use std::sync::mpsc;
@@ -144,7 +144,7 @@ fn a_damaged_header_is_refused_and_the_file_left_unchanged() {
 /// The image a power loss leaves when redb sized the file and wrote its header without the
 /// magic: a creation cut short, which never held a commit.
 fn creation_cut_short() -> Vec<u8> {
-    let disk = SimDisk::new();
+    let disk = FaultyBackend::memory();
     // I/O 1 sizes the file, 2 writes the header without the magic, 3 syncs it.
     disk.set_fault(Some(Fault::PowerLoss { at: 3 }));
     let r = Engine::builder()
@@ -252,7 +252,7 @@ fn io_errors_during_open_are_reported_as_io() {
                     Ok(engine) => drop(engine),
                 }
                 // The failure damaged nothing: the file opens once the disk works again.
-                let healed = FaultyBackend::from_image(&b.live_image());
+                let healed = FaultyBackend::from_image(b.live_image());
                 open_backend(&healed)
                     .unwrap_or_else(|e| panic!("{what}, I/O {n}, after healing: {e}"))
                     .close()
@@ -394,7 +394,7 @@ fn new_files_are_owner_only_unless_configured() {
 fn open_and_read_all(image: Vec<u8>, keys: usize) -> Result<String, String> {
     let engine = match Engine::builder()
         .path("damaged.redb")
-        .backend(SimDisk::from_image(image))
+        .backend(FaultyBackend::from_image(image))
         .clock(MockClock::new())
         .sweep_interval(None)
         .open()
@@ -429,7 +429,7 @@ fn open_and_read_all(image: Vec<u8>, keys: usize) -> Result<String, String> {
 #[test]
 fn damaged_table_definitions_are_refused_at_open_or_harmless() {
     const KEYS: usize = 2000;
-    let disk = SimDisk::new();
+    let disk = FaultyBackend::memory();
     let engine = Engine::builder()
         .path("fixture.redb")
         .backend(disk.clone())

@@ -21,8 +21,8 @@
 use arbtest::arbitrary::Unstructured;
 use idemkv::sabotage::CommittedRecord;
 use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
+use idemkv_check::backend::FaultyBackend;
 use idemkv_check::concurrent::{check_under_shuttle, Scenario};
-use idemkv_check::disk::SimDisk;
 use idemkv_check::{sabotage, Bug};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use std::path::Path;
@@ -203,7 +203,7 @@ fn claim_or_wait_losers_get_the_winners_bytes_random() {
 fn durable_engine(mode: Durability, bug: Bug) -> Engine {
     let engine = Engine::builder()
         .path("shuttle.redb")
-        .backend(SimDisk::new())
+        .backend(FaultyBackend::memory())
         .durability(mode)
         .stripes(1)
         .sweep_interval(None)

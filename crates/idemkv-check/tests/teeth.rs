@@ -93,7 +93,7 @@ fn ops_model_catches_a_missing_fence() {
             response: BytesSel(2),
         },
     ];
-    for mode in ops::modes() {
+    for mode in idemkv_check::modes() {
         let mut h = ops::Harness::open(mode).expect("open");
         sabotage(&h.engine, Bug::NoFencing);
         let failed = ops.iter().map(|op| h.apply(op)).find_map(Result::err);
@@ -137,7 +137,6 @@ mod durability {
     use super::*;
     use arbtest::arbitrary::Unstructured;
     use idemkv_check::faults::{self, FaultCase};
-    use idemkv_check::stress::SplitMix;
     use std::time::Instant;
 
     /// Seeded `storage_faults` cases (seeds 0..N) a bug must be caught within. The slowest
@@ -150,9 +149,9 @@ mod durability {
         }
     }
 
-    /// The case of seed `seed`: a full workload drawn from splitmix64 bytes.
+    /// The case of seed `seed`: a full workload drawn from seeded bytes.
     fn case(seed: u64) -> Option<FaultCase> {
-        let bytes = SplitMix(seed).bytes(1024);
+        let bytes = idemkv_check::bytes(&mut fastrand::Rng::with_seed(seed), 1024);
         faults::dense_case(&mut Unstructured::new(&bytes)).ok()
     }
 
@@ -285,7 +284,6 @@ mod under_shuttle {
     use super::*;
     use arbitrary::Unstructured;
     use idemkv_check::concurrent::{check_under_shuttle, Scenario};
-    use idemkv_check::stress::SplitMix;
     use std::time::Instant;
 
     /// Runs random (scenario, schedule) inputs, as the fuzzer would, until one fails.
@@ -296,7 +294,7 @@ mod under_shuttle {
             if start.elapsed() > budget {
                 return None;
             }
-            let bytes = SplitMix(seed).bytes(512);
+            let bytes = idemkv_check::bytes(&mut fastrand::Rng::with_seed(seed), 512);
             let mut u = Unstructured::new(&bytes);
             let Ok(scenario) = Scenario::from_bytes(&mut u) else {
                 continue;

@@ -912,15 +912,8 @@ fn a_corrupted_file_is_an_error() {
 fn a_foreign_file_is_an_error() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("random.bin");
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    let bytes: Vec<u8> = (0..64 * 1024)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let mut bytes = vec![0u8; 64 * 1024];
+    fastrand::Rng::with_seed(0x9E37_79B9_7F4A_7C15).fill(&mut bytes);
     std::fs::write(&file, &bytes).expect("write");
     for cmd in FILE_COMMANDS {
         let out = on(&file, cmd, &[]);

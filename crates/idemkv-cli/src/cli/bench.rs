@@ -8,7 +8,7 @@
 
 use crate::cli::demo::DurabilityArg;
 use crate::cli::error::CliError;
-use crate::cli::file::TempDir;
+use crate::cli::file::temp_dir;
 use crate::cli::output::{self, count, duration, Table};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, Stats};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -97,10 +97,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), CliError> {
         }
         (None, _) => {
             let base = std::env::temp_dir();
-            let dir = TempDir::create(&base, "idemkv-bench", false).map_err(|e| {
+            let dir = temp_dir(&base, "idemkv-bench", false).map_err(|e| {
                 CliError::io(format!("creating a directory in {}", base.display()), e)
             })?;
-            let path = dir.path.join("bench.redb");
+            let path = dir.path().join("bench.redb");
             temp = Some(dir);
             Some(path)
         }
@@ -229,13 +229,7 @@ fn measure(args: &BenchArgs, engine: &Engine) -> Result<Outcome, CliError> {
         retries += n;
     }
     latencies.sort_unstable();
-    let pick = |q: f64| -> Duration {
-        if latencies.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = ((q * latencies.len() as f64).ceil() as usize).clamp(1, latencies.len());
-        Duration::from_nanos(latencies[rank - 1])
-    };
+    let pick = |q: f64| super::percentile(&latencies, q);
     Ok(Outcome {
         ops: latencies.len() as u64,
         retries,

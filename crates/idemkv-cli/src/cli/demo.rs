@@ -20,14 +20,13 @@ mod render;
 mod workload;
 
 use crate::cli::error::CliError;
-use crate::cli::file::TempDir;
+use crate::cli::file::temp_dir;
 use crate::cli::output;
 use accounting::ColumnResult;
 use handler::{run_column, Handler};
 use idemkv::{Durability, Engine};
 use render::Report;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
 use workload::{Pattern, Plan};
 
 /// Options of `idemkv demo`.
@@ -224,9 +223,9 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
     let mut temp = None;
     if args.durability != DurabilityArg::None {
         let base = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-        let dir = TempDir::create(&base, "idemkv-demo", args.keep_file)
+        let dir = temp_dir(&base, "idemkv-demo", args.keep_file)
             .map_err(|e| CliError::io(format!("creating a directory in {}", base.display()), e))?;
-        let path = dir.path.join("demo.redb");
+        let path = dir.path().join("demo.redb");
         temp = Some(dir);
         let engine = Engine::builder()
             .path(&path)
@@ -235,7 +234,7 @@ pub(crate) fn run(args: &DemoArgs) -> Result<(), CliError> {
             .map_err(|e| CliError::io("opening the idemkv engine", e))?;
         columns.push(run_engine(&plan, args, args.durability, engine)?);
     }
-    let file = temp.as_ref().map(|d| d.path.join("demo.redb"));
+    let file = temp.as_ref().map(|d| d.path().join("demo.redb"));
 
     let report = Report {
         args,
@@ -290,10 +289,6 @@ fn run_engine(
 }
 
 fn random_seed() -> u64 {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    // Mixed so that two runs in the same millisecond still differ; kept short to retype.
-    workload::Rng::new(nanos ^ u64::from(std::process::id())).next_u64() % 1_000_000
+    // `fastrand`'s global generator is seeded per process; kept short to retype.
+    fastrand::u64(0..1_000_000)
 }

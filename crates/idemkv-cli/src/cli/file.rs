@@ -22,8 +22,7 @@
 
 use crate::cli::error::CliError;
 use idemkv::{Clock, Engine, FileReader, OpenError, OpenErrorKind, Recovery};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The largest key, response and checkpoint any engine accepts (the builder's upper
@@ -163,40 +162,15 @@ pub(crate) fn close(engine: Engine, path: &Path) -> Result<(), CliError> {
         .map_err(|e| CliError::io(format!("closing {}", path.display()), e))
 }
 
-/// A directory made for one run and removed when dropped, unless kept.
-#[derive(Debug)]
-pub(crate) struct TempDir {
-    pub(crate) path: PathBuf,
+/// A directory `<base>/<prefix>-<random>` made for one run, removed when dropped unless
+/// `keep`.
+pub(crate) fn temp_dir(
+    base: &Path,
+    prefix: &str,
     keep: bool,
-}
-
-impl TempDir {
-    /// Creates `<base>/<prefix>-<pid>-<unique>`.
-    pub(crate) fn create(base: &Path, prefix: &str, keep: bool) -> std::io::Result<TempDir> {
-        static SEQ: AtomicU32 = AtomicU32::new(0);
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0);
-        let mut last = None;
-        for _ in 0..16 {
-            let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-            let unique = nanos.rotate_left(seq.wrapping_mul(7)) ^ seq.wrapping_mul(0x9E37_79B9);
-            let path = base.join(format!("{prefix}-{}-{unique:08x}", std::process::id()));
-            match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(TempDir { path, keep }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| std::io::Error::other("no unique name found")))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if !self.keep {
-            let _ = std::fs::remove_dir_all(&self.path);
-        }
-    }
+) -> std::io::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("{prefix}-"))
+        .disable_cleanup(keep)
+        .tempdir_in(base)
 }

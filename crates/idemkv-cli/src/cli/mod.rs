@@ -28,6 +28,7 @@ use error::{CliError, EXIT_ERROR, EXIT_OK};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// idemkv: an embedded idempotency engine. This tool demonstrates the race it closes and
 /// looks inside an idemkv file.
@@ -276,6 +277,16 @@ fn subcommand_used() -> Option<String> {
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The `q` quantile (0..=1) of sorted nanoseconds, by nearest rank; zero if there are none.
+/// The one percentile of the command (`bench` and `demo`).
+pub(crate) fn percentile(sorted_ns: &[u64], q: f64) -> Duration {
+    if sorted_ns.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((q * sorted_ns.len() as f64).ceil() as usize).clamp(1, sorted_ns.len());
+    Duration::from_nanos(sorted_ns[rank - 1])
 }
 
 #[cfg(test)]

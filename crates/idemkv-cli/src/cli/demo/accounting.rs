@@ -147,15 +147,6 @@ impl ColumnResult {
     }
 }
 
-/// The `q` quantile of sorted nanoseconds (nearest rank).
-fn percentile(sorted: &[u64], q: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
-    Duration::from_nanos(sorted[rank - 1])
-}
-
 /// Adds up what the consumers and the ledger saw for one column.
 pub(super) fn summarize(
     plan: &Plan,
@@ -211,9 +202,9 @@ pub(super) fn summarize(
         absorbed,
         retries,
         lease_lost,
-        p50: percentile(&latencies, 0.50),
-        p99: percentile(&latencies, 0.99),
-        max: percentile(&latencies, 1.0),
+        p50: crate::cli::percentile(&latencies, 0.50),
+        p99: crate::cli::percentile(&latencies, 0.99),
+        max: crate::cli::percentile(&latencies, 1.0),
         elapsed,
         wrong_responses: if guarded { wrong.len() as u64 } else { 0 },
         never_charged: never.len() as u64,

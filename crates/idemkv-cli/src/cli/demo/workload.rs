@@ -20,27 +20,19 @@ const COPIES_MAX: u32 = 64;
 /// Messages a consumer holds in flight when a rebalance hands them to another consumer.
 const REBALANCE_BATCH: (u32, u32) = (4, 16);
 
-/// A small, fast, seedable generator (SplitMix64). The demo needs reproducible plans, not
-/// cryptographic randomness.
+/// The demo's seeded generator (`fastrand`), with the draws a plan needs. The demo needs
+/// reproducible plans, not cryptographic randomness.
 #[derive(Debug, Clone)]
-pub(crate) struct Rng(u64);
+pub(crate) struct Rng(fastrand::Rng);
 
 impl Rng {
     pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        Rng(fastrand::Rng::with_seed(seed))
     }
 
     /// Uniform in [0, 1).
     fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+        self.0.f64()
     }
 
     /// Uniform in [lo, hi].
@@ -50,7 +42,7 @@ impl Rng {
 
     /// Uniform integer in [lo, hi].
     fn int(&mut self, lo: u32, hi: u32) -> u32 {
-        lo + (self.next_u64() % u64::from(hi - lo + 1)) as u32
+        self.0.u32(lo..=hi)
     }
 
     /// Extra copies with mean `mean` (geometric: most messages get few, some get a burst).
