@@ -265,14 +265,8 @@ impl Admin<'_> {
             )));
         }
         let key = record.key.as_slice();
-        let (mut shard, changed) = s.index.lock(key);
-        let step = machine::import(
-            shard.view(key),
-            record,
-            s.tokens.next(),
-            s.now(),
-            &s.rules(),
-        )?;
+        let (mut shard, changed, k) = s.index.lock(key);
+        let step = machine::import(shard.view(k), record, s.tokens.next(), s.now(), &s.rules())?;
         if step.answer == Imported::Gone {
             return Ok(());
         }
@@ -287,7 +281,7 @@ impl Admin<'_> {
         };
         s.queue(step.write, ack, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
-        shard.apply(key, step.change);
+        shard.apply(k, step.change);
         s.count(&step.deltas);
         drop(shard);
         changed.notify_all();

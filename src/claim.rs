@@ -10,7 +10,7 @@ use crate::codec::{self, Checkpoint, RecordState};
 use crate::constants::*;
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
 use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
-use crate::index::Shard;
+use crate::index::{Key, Shard};
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 use crate::machine::{self, Acquired, Acquiring, ClaimAnswer};
 use crate::options::ClaimOptions;
@@ -92,13 +92,14 @@ impl Engine {
     fn claim_step(
         &self,
         shard: &mut MutexGuard<'_, Shard>,
-        key: &[u8],
+        k: Key<'_>,
         opts: &ClaimOptions,
     ) -> Result<Step, ClaimError> {
+        let key = k.bytes();
         let s = self.shared();
         let c = &s.counters;
         let now = s.now();
-        let decided = machine::claim(shard.view(key), opts.fingerprint, now.mono_ns);
+        let decided = machine::claim(shard.view(k), opts.fingerprint, now.mono_ns);
         s.count(&decided.deltas);
         let mut plan = match decided.answer {
             ClaimAnswer::Acquire(plan) => plan,
@@ -120,7 +121,7 @@ impl Engine {
             // lease, which reserves a place.
             shard.end_leases(now.mono_ns, usize::MAX);
             if let ClaimAnswer::Acquire(again) =
-                machine::claim(shard.view(key), opts.fingerprint, now.mono_ns).answer
+                machine::claim(shard.view(k), opts.fingerprint, now.mono_ns).answer
             {
                 plan = again;
             }
@@ -163,7 +164,7 @@ impl Engine {
                 SendRefused::Closed => ClaimError::Closed,
             });
         }
-        shard.apply(key, step.change);
+        shard.apply(k, step.change);
         s.count(&step.deltas);
         let Acquired {
             token,
@@ -302,9 +303,9 @@ impl Engine {
     /// after its slot left the index (expiry, takeover, release), so a slot that still names
     /// the token means the file lost a record the index holds.
     fn still_completed_under(&self, key: &[u8], token: u64) -> bool {
-        let (shard, _) = self.shared().index.lock(key);
+        let (shard, _, k) = self.shared().index.lock(key);
         shard
-            .get(key)
+            .get(k)
             .is_some_and(|slot| slot.token == token && !slot.is_inflight())
     }
 
@@ -412,8 +413,8 @@ impl Engine {
         let mut looks = 0;
         loop {
             let step = {
-                let (mut shard, _) = self.shared().index.lock(key);
-                self.claim_step(&mut shard, key, opts)?
+                let (mut shard, _, k) = self.shared().index.lock(key);
+                self.claim_step(&mut shard, k, opts)?
             };
             if let Some(claim) = self.settle(key, opts, step, &mut looks)? {
                 return Ok(claim);
@@ -436,7 +437,7 @@ impl Engine {
         let mut looks = 0;
         loop {
             let step = {
-                let (mut shard, changed) = s.index.lock(key);
+                let (mut shard, changed, k) = s.index.lock(key);
                 loop {
                     if waited {
                         // The outcome being waited for may be lost with the failed commit.
@@ -447,7 +448,7 @@ impl Engine {
                             return Err(ClaimError::Closed);
                         }
                     }
-                    let step = self.claim_step(&mut shard, key, opts)?;
+                    let step = self.claim_step(&mut shard, k, opts)?;
                     let Step::Busy(busy) = &step else { break step };
                     let now = s.time.mono_ns();
                     if now >= deadline {
@@ -619,9 +620,9 @@ impl Engine {
         // its record was being read; a missing record the key still names is `Corrupted`.
         for _ in 0..CLAIM_LOOKS_MAX {
             let token = {
-                let (shard, _) = s.index.lock(key);
+                let (shard, _, k) = s.index.lock(key);
                 let now = s.time.mono_ns();
-                let Some(slot) = shard.get(key).filter(|slot| !slot.is_expired(now)) else {
+                let Some(slot) = shard.get(k).filter(|slot| !slot.is_expired(now)) else {
                     return Ok(None);
                 };
                 let extra = shard.extra(&slot);
@@ -667,8 +668,8 @@ impl Engine {
     pub fn lose_record(&self, key: &[u8]) -> Result<bool, FlushError> {
         let s = self.shared();
         {
-            let (shard, _) = s.index.lock(key);
-            let Some(slot) = shard.get(key) else {
+            let (shard, _, k) = s.index.lock(key);
+            let Some(slot) = shard.get(k) else {
                 return Ok(false);
             };
             if s.send(

@@ -85,9 +85,9 @@ impl Engine {
 
     /// The monotonic end of the lease of `token` on `key`, if `token` holds it InFlight.
     pub(crate) fn lease_deadline_ns(&self, key: &[u8], token: u64) -> Option<u64> {
-        let (shard, _) = self.shared().index.lock(key);
+        let (shard, _, k) = self.shared().index.lock(key);
         shard
-            .get(key)
+            .get(k)
             .filter(|slot| slot.token == token && slot.is_inflight())
             .map(|slot| slot.deadline_ns)
     }
@@ -111,8 +111,8 @@ impl Engine {
                 max,
             });
         }
-        let (mut shard, changed) = s.index.lock(key);
-        let view = shard.view(key);
+        let (mut shard, changed, k) = s.index.lock(key);
+        let view = shard.view(k);
         // Test-only sabotage skips the token comparison, to show that the checkers catch a
         // missing fence: the call acts as whatever token holds the key.
         let token = match view.slot {
@@ -143,7 +143,7 @@ impl Engine {
         let (ack, ack_rx) = self.ack_for_mode();
         s.queue(step.write, ack, false)
             .map_err(|r| refused(self, r))?;
-        shard.apply(key, step.change);
+        shard.apply(k, step.change);
         s.count(&step.deltas);
         drop(shard);
         // A memory-only engine's completion is published at once.
@@ -184,9 +184,9 @@ impl Engine {
         want_ack: bool,
     ) -> Result<(bool, Option<AckRx>), LeaseError> {
         let s = self.shared();
-        let (mut shard, changed) = s.index.lock(key);
+        let (mut shard, changed, k) = s.index.lock(key);
         let step = machine::hold(
-            shard.view(key),
+            shard.view(k),
             key,
             token,
             Holder::Release,
@@ -203,7 +203,7 @@ impl Engine {
         };
         s.queue(step.write, ack, false)
             .map_err(|r| refused(self, r))?;
-        shard.apply(key, step.change);
+        shard.apply(k, step.change);
         s.count(&step.deltas);
         drop(shard);
         changed.notify_all();
@@ -215,8 +215,8 @@ impl Engine {
     fn update_inflight(&self, key: &[u8], token: u64, op: Holder) -> Result<(), LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
-        let (mut shard, _) = s.index.lock(key);
-        let step = machine::hold(shard.view(key), key, token, op, s.now(), &s.rules());
+        let (mut shard, _, k) = s.index.lock(key);
+        let step = machine::hold(shard.view(k), key, token, op, s.now(), &s.rules());
         if step.answer != HolderAnswer::Done {
             s.count(&step.deltas);
             return Err(LeaseError::LeaseLost);
@@ -224,7 +224,7 @@ impl Engine {
         let (ack, ack_rx) = self.ack_for_mode();
         s.queue(step.write, ack, false)
             .map_err(|r| refused(self, r))?;
-        shard.apply(key, step.change);
+        shard.apply(k, step.change);
         drop(shard);
         if let Some(rx) = ack_rx {
             wait_ack(s, &rx).map_err(LeaseError::OutcomeUnknown)?;

@@ -341,12 +341,17 @@ impl Shard {
         }
     }
 
-    fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+    /// `bytes` with its hash under this index's hasher (the one every stripe shares).
+    #[cfg(test)]
+    pub(crate) fn key<'a>(&self, bytes: &'a [u8]) -> Key<'a> {
+        Key {
+            bytes,
+            hash: self.hasher.hash_one(bytes),
+        }
     }
 
-    pub(crate) fn get(&self, key: &[u8]) -> Option<Slot> {
-        let hash = self.hash(key);
+    pub(crate) fn get(&self, key: Key<'_>) -> Option<Slot> {
+        let (hash, key) = (key.hash, key.bytes);
         self.slots.find(hash, |(k, _)| **k == *key).map(|(_, s)| *s)
     }
 
@@ -359,7 +364,7 @@ impl Shard {
     }
 
     /// The key's state, as the state machine reads it.
-    pub(crate) fn view(&self, key: &[u8]) -> View<'_> {
+    pub(crate) fn view(&self, key: Key<'_>) -> View<'_> {
         let slot = self.get(key);
         View {
             slot,
@@ -368,7 +373,7 @@ impl Shard {
     }
 
     /// Applies a state machine's change to the key.
-    pub(crate) fn apply(&mut self, key: &[u8], change: Change) {
+    pub(crate) fn apply(&mut self, key: Key<'_>, change: Change) {
         match change {
             Change::Keep => {}
             Change::Remove => {
@@ -392,19 +397,19 @@ impl Shard {
     /// InFlight slot is reaped `retention` after its lease ends, unless it is taken over,
     /// settled or extended first. (The engine goes through [`Shard::apply`].)
     #[cfg(test)]
-    pub(crate) fn put(&mut self, key: &[u8], slot: Slot, extra: Extra) {
+    pub(crate) fn put(&mut self, key: Key<'_>, slot: Slot, extra: Extra) {
         self.put_with(key, slot, extra, None);
     }
 
     /// [`Shard::put`] of an InFlight slot found in the file (or imported), whose reap
     /// instant comes from its recorded lease end rather than its in-memory deadline.
     #[cfg(test)]
-    pub(crate) fn put_reaped_at(&mut self, key: &[u8], slot: Slot, extra: Extra, reap_ns: u64) {
+    pub(crate) fn put_reaped_at(&mut self, key: Key<'_>, slot: Slot, extra: Extra, reap_ns: u64) {
         self.put_with(key, slot, extra, Some(reap_ns));
     }
 
-    fn put_with(&mut self, key: &[u8], mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
-        let hash = self.hash(key);
+    fn put_with(&mut self, key: Key<'_>, mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
+        let (hash, key) = (key.hash, key.bytes);
         let has_extra = !extra.is_empty();
         // The caller's copy may carry stale flags; this table decides them.
         slot.flags &= !(HAS_EXTRA | ABANDONED);
@@ -583,8 +588,8 @@ impl Shard {
 
     /// Marks the completion of `key` by `token` durable, dropping its side data (the file
     /// holds all of it now). Does nothing if the key has moved on.
-    pub(crate) fn publish(&mut self, key: &[u8], token: u64) {
-        let hash = self.hash(key);
+    pub(crate) fn publish(&mut self, key: Key<'_>, token: u64) {
+        let (hash, key) = (key.hash, key.bytes);
         let Some((_, slot)) = self.slots.find_mut(hash, |(k, _)| **k == *key) else {
             return;
         };
@@ -598,8 +603,8 @@ impl Shard {
     }
 
     /// Removes the key and its side data; returns the slot it had.
-    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Slot> {
-        let hash = self.hash(key);
+    pub(crate) fn remove(&mut self, key: Key<'_>) -> Option<Slot> {
+        let (hash, key) = (key.hash, key.bytes);
         let entry = self.slots.find_entry(hash, |(k, _)| **k == *key).ok()?;
         let ((k, slot), _) = entry.remove();
         self.heap_bytes -= k.len();
@@ -621,8 +626,8 @@ impl Shard {
     /// A takeover of an abandoned lease, whose claim has reserved a place in the live count:
     /// the slot leaves the abandoned set without being counted live a second time. The
     /// caller replaces the slot right after, under the same lock.
-    pub(crate) fn adopt(&mut self, key: &[u8]) {
-        let hash = self.hash(key);
+    pub(crate) fn adopt(&mut self, key: Key<'_>) {
+        let (hash, key) = (key.hash, key.bytes);
         if let Some((_, slot)) = self.slots.find_mut(hash, |(k, _)| **k == *key) {
             if slot.is_abandoned() {
                 slot.flags &= !ABANDONED;
@@ -817,6 +822,20 @@ impl Shard {
     }
 }
 
+/// A key with its keyed hash. Made once per operation ([`Index::lock`]), so the key is
+/// hashed once whether the operation picks a stripe, looks a slot up or inserts one.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Key<'a> {
+    bytes: &'a [u8],
+    hash: u64,
+}
+
+impl<'a> Key<'a> {
+    pub(crate) fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+}
+
 /// A lock and the condition variable its waiters sleep on.
 pub(crate) struct Stripe {
     pub(crate) map: Mutex<Shard>,
@@ -878,16 +897,27 @@ impl Index {
         }
     }
 
-    pub(crate) fn stripe(&self, key: &[u8]) -> &Stripe {
-        // High bits: the map inside the stripe uses the same hasher's low bits for buckets.
-        let h = self.hasher.hash_one(key);
-        let i = (h >> 32) & self.mask;
+    /// `bytes` with its keyed hash, computed once per operation: it picks the stripe and
+    /// then finds the key in the stripe's table.
+    pub(crate) fn key<'a>(&self, bytes: &'a [u8]) -> Key<'a> {
+        Key {
+            bytes,
+            hash: self.hasher.hash_one(bytes),
+        }
+    }
+
+    pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
+        // Bits 32 and up: the table inside the stripe takes its buckets from the low bits
+        // and its control bytes from the top seven, so the three uses stay independent.
+        let i = (key.hash >> 32) & self.mask;
         &self.stripes[i as usize].0
     }
 
-    pub(crate) fn lock(&self, key: &[u8]) -> (MutexGuard<'_, Shard>, &Condvar) {
+    /// Locks the stripe of `bytes`; returns the key with its hash for the shard's calls.
+    pub(crate) fn lock<'a>(&self, bytes: &'a [u8]) -> (MutexGuard<'_, Shard>, &Condvar, Key<'a>) {
+        let key = self.key(bytes);
         let stripe = self.stripe(key);
-        (stripe.map.lock(), &stripe.changed)
+        (stripe.map.lock(), &stripe.changed, key)
     }
 
     /// Wakes every waiter of every stripe (poison, close, clock jumps).
@@ -993,7 +1023,7 @@ mod tests {
         fn claim(&mut self, key: &str, token: u64, deadline: u64) {
             self.live.fetch_add(1, Ordering::AcqRel);
             self.shard.put(
-                key.as_bytes(),
+                self.shard.key(key.as_bytes()),
                 Slot::inflight(token, deadline, 1),
                 Extra::default(),
             );
@@ -1002,7 +1032,7 @@ mod tests {
         /// Completes a lease, with the holder's bookkeeping.
         fn complete(&mut self, key: &str, token: u64, expires: u64) {
             self.shard.put(
-                key.as_bytes(),
+                self.shard.key(key.as_bytes()),
                 Slot::completed(token, expires, 1, true),
                 Extra::default(),
             );
@@ -1055,24 +1085,28 @@ mod tests {
             fingerprint: Some(1),
             ..Extra::default()
         };
-        shard.put(b"k", Slot::inflight(1, 10, 1), extra.clone());
-        let slot = shard.get(b"k").unwrap();
+        shard.put(shard.key(b"k"), Slot::inflight(1, 10, 1), extra.clone());
+        let slot = shard.get(shard.key(b"k")).unwrap();
         assert_eq!(shard.extra(&slot), Some(&extra));
         // Same token, new side data (a completion): the old side data is gone.
         let done = Extra {
             response: Some(Arc::from(&b"resp"[..])),
             ..Extra::default()
         };
-        shard.put(b"k", Slot::completed(1, 10, 1, true), done.clone());
-        let slot = shard.get(b"k").unwrap();
+        shard.put(
+            shard.key(b"k"),
+            Slot::completed(1, 10, 1, true),
+            done.clone(),
+        );
+        let slot = shard.get(shard.key(b"k")).unwrap();
         assert_eq!(shard.extra(&slot), Some(&done));
         assert_eq!(shard.heap_bytes, 1 + 4);
         // A new token replaces the old side data.
-        shard.put(b"k", Slot::inflight(2, 10, 2), Extra::default());
-        let slot = shard.get(b"k").unwrap();
+        shard.put(shard.key(b"k"), Slot::inflight(2, 10, 2), Extra::default());
+        let slot = shard.get(shard.key(b"k")).unwrap();
         assert_eq!(shard.extra(&slot), None);
         assert!(shard.extras.is_empty());
-        assert_eq!(shard.remove(b"k").map(|s| s.token), Some(2));
+        assert_eq!(shard.remove(shard.key(b"k")).map(|s| s.token), Some(2));
         assert_eq!(shard.heap_bytes, 0);
         assert_eq!((shard.live, shard.abandoned, shard.completed), (0, 0, 0));
     }
@@ -1120,9 +1154,9 @@ mod tests {
         // The lease ended long ago but is only reaped `RETENTION` after its end.
         f.shard.end_leases(95, usize::MAX);
         assert_eq!(f.reclaim_all(RETENTION - 1).len(), 5, "only completions");
-        assert!(f.shard.get(b"lease").is_some());
+        assert!(f.shard.get(f.shard.key(b"lease")).is_some());
         assert_eq!(f.reclaim_all(RETENTION), vec![(Reclaimed::Reaped, 50)]);
-        assert!(f.shard.get(b"lease").is_none());
+        assert!(f.shard.get(f.shard.key(b"lease")).is_none());
         assert_eq!(f.boards(), (u64::MAX, u64::MAX));
     }
 
@@ -1147,7 +1181,11 @@ mod tests {
             vec![(Reclaimed::Expired, 1), (Reclaimed::Stale, 0)]
         );
         assert!(f.shard.done.is_empty());
-        assert_eq!(f.shard.get(b"k").map(|s| s.token), Some(3), "never removed");
+        assert_eq!(
+            f.shard.get(f.shard.key(b"k")).map(|s| s.token),
+            Some(3),
+            "never removed"
+        );
         // An entry at the head is popped at once when its slot changes.
         f.claim("i", 4, 5);
         f.complete("i", 4, 20);
@@ -1159,8 +1197,11 @@ mod tests {
         assert_eq!(f.shard.leases.len(), 2);
         assert_eq!(f.shard.end_leases(1000, usize::MAX).moved, 1, "only i's");
         assert!(f.shard.leases.is_empty());
-        assert!(f.shard.get(b"i").unwrap().is_abandoned());
-        assert_eq!(f.shard.get(b"k").map(|s| s.is_inflight()), Some(false));
+        assert!(f.shard.get(f.shard.key(b"i")).unwrap().is_abandoned());
+        assert_eq!(
+            f.shard.get(f.shard.key(b"k")).map(|s| s.is_inflight()),
+            Some(false)
+        );
     }
 
     #[test]
@@ -1180,7 +1221,7 @@ mod tests {
         for (i, deadline) in [50u64, 30, 70, 10, 30].into_iter().enumerate() {
             let key = format!("k{i}");
             f.shard.put(
-                key.as_bytes(),
+                f.shard.key(key.as_bytes()),
                 Slot::completed(i as u64 + 1, deadline, 1, true),
                 Extra::default(),
             );
@@ -1196,14 +1237,17 @@ mod tests {
         for (i, deadline) in [9u64, 3, 7, 1, 5].into_iter().enumerate() {
             let key = format!("k{i}");
             f.shard.put(
-                key.as_bytes(),
+                f.shard.key(key.as_bytes()),
                 Slot::completed(i as u64 + 1, deadline, 1, true),
                 Extra::default(),
             );
         }
         // A newer record of k0 replaces the older one before its deadline.
-        f.shard
-            .put(b"k0", Slot::completed(9, 4, 1, true), Extra::default());
+        f.shard.put(
+            f.shard.key(b"k0"),
+            Slot::completed(9, 4, 1, true),
+            Extra::default(),
+        );
         f.shard.finish_load();
         assert_eq!(f.shard.done.len(), 5, "the replaced entry is gone");
         let deadlines: Vec<u64> = f.shard.done.iter().map(|e| e.deadline_ns).collect();
@@ -1242,7 +1286,11 @@ mod tests {
             let now = 10 + round * 10;
             for i in 0..100u64 {
                 let key = format!("k{i}");
-                assert!(f.shard.get(key.as_bytes()).unwrap().is_expired(now));
+                assert!(f
+                    .shard
+                    .get(f.shard.key(key.as_bytes()))
+                    .unwrap()
+                    .is_expired(now));
                 token += 1;
                 f.claim(&key, token, now);
                 f.complete(&key, token, now + 10);
@@ -1272,7 +1320,7 @@ mod tests {
         assert_eq!(f.shard.end_leases(9, usize::MAX).moved, 0);
         let ended = f.shard.end_leases(10, usize::MAX);
         assert_eq!((ended.moved, ended.more), (1, false));
-        assert!(f.shard.get(b"a").unwrap().is_abandoned());
+        assert!(f.shard.get(f.shard.key(b"a")).unwrap().is_abandoned());
         assert_eq!(f.gauges(), (1, 1));
         assert_eq!(f.boards(), (20, 10 + RETENTION));
         // A budget of one entry leaves the rest for later.
@@ -1284,7 +1332,7 @@ mod tests {
         assert_eq!(f.reclaim_all(10 + RETENTION - 1), vec![]);
         assert_eq!(f.reclaim_all(10 + RETENTION), vec![(Reclaimed::Reaped, 1)]);
         assert_eq!(f.gauges(), (0, 2));
-        assert!(f.shard.get(b"a").is_none());
+        assert!(f.shard.get(f.shard.key(b"a")).is_none());
         assert_eq!((f.shard.live, f.shard.abandoned), (0, 2));
     }
 
@@ -1295,23 +1343,23 @@ mod tests {
         f.shard.end_leases(10, usize::MAX);
         assert_eq!(f.gauges(), (0, 1));
         // A checkpoint keeps it abandoned (same lease).
-        let slot = f.shard.get(b"a").unwrap();
+        let slot = f.shard.get(f.shard.key(b"a")).unwrap();
         let extra = Extra {
             checkpoint: Some(Checkpoint::new(1, b"half")),
             ..Extra::default()
         };
-        f.shard.put(b"a", slot, extra);
-        assert!(f.shard.get(b"a").unwrap().is_abandoned());
+        f.shard.put(f.shard.key(b"a"), slot, extra);
+        assert!(f.shard.get(f.shard.key(b"a")).unwrap().is_abandoned());
         assert_eq!(f.gauges(), (0, 1));
         // An extend revives it: counted live, its reap entry stale.
-        let mut slot = f.shard.get(b"a").unwrap();
+        let mut slot = f.shard.get(f.shard.key(b"a")).unwrap();
         slot.deadline_ns = 50;
-        f.shard.put(b"a", slot, Extra::default());
-        assert!(!f.shard.get(b"a").unwrap().is_abandoned());
+        f.shard.put(f.shard.key(b"a"), slot, Extra::default());
+        assert!(!f.shard.get(f.shard.key(b"a")).unwrap().is_abandoned());
         assert_eq!(f.gauges(), (1, 0));
         assert!(f.shard.ended.is_empty(), "its entry, on top, went with it");
         assert_eq!(f.reclaim_all(10 + RETENTION), vec![]);
-        assert!(f.shard.get(b"a").is_some());
+        assert!(f.shard.get(f.shard.key(b"a")).is_some());
         // Ended again, then completed: the holder's decrement balances the revival.
         f.shard.end_leases(50, usize::MAX);
         assert_eq!(f.gauges(), (0, 1));
@@ -1324,7 +1372,7 @@ mod tests {
         // Released after ending: the same.
         f.claim("b", 2, 60);
         f.shard.end_leases(60, usize::MAX);
-        f.shard.remove(b"b");
+        f.shard.remove(f.shard.key(b"b"));
         f.live.fetch_sub(1, Ordering::AcqRel);
         assert_eq!(f.gauges(), (0, 0));
     }
@@ -1337,9 +1385,12 @@ mod tests {
         assert_eq!(f.gauges(), (0, 1));
         // The claim reserves its place, adopts the slot, and replaces it.
         f.live.fetch_add(1, Ordering::AcqRel);
-        f.shard.adopt(b"a");
-        f.shard
-            .put(b"a", Slot::inflight(2, 100, 2), Extra::default());
+        f.shard.adopt(f.shard.key(b"a"));
+        f.shard.put(
+            f.shard.key(b"a"),
+            Slot::inflight(2, 100, 2),
+            Extra::default(),
+        );
         assert_eq!(f.gauges(), (1, 0));
         assert_eq!((f.shard.live, f.shard.abandoned), (1, 0));
         // The old reap entry is stale; the new lease ends at 100.
@@ -1352,8 +1403,12 @@ mod tests {
     fn a_recovered_lease_is_reaped_at_the_instant_it_was_given() {
         let mut f = fixture();
         f.live.fetch_add(1, Ordering::AcqRel);
-        f.shard
-            .put_reaped_at(b"r", Slot::inflight(7, 0, 1), Extra::default(), 5);
+        f.shard.put_reaped_at(
+            f.shard.key(b"r"),
+            Slot::inflight(7, 0, 1),
+            Extra::default(),
+            5,
+        );
         f.shard.end_leases(0, usize::MAX);
         assert_eq!(f.reclaim_all(4), vec![]);
         assert_eq!(f.reclaim_all(5), vec![(Reclaimed::Reaped, 7)]);
@@ -1365,7 +1420,7 @@ mod tests {
         f.claim("k", 1, 5);
         f.complete("k", 1, 10);
         assert_eq!(f.shard.reclaim(10, &mut |_| false), Reclaimed::Refused);
-        assert!(f.shard.get(b"k").is_some());
+        assert!(f.shard.get(f.shard.key(b"k")).is_some());
         assert_eq!(f.shard.expired_unswept(10), 1);
         assert_eq!(f.reclaim_all(10), vec![(Reclaimed::Expired, 1)]);
     }

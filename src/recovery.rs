@@ -170,15 +170,16 @@ fn scan_range(
                     reap_ns,
                 } => (slot, extra, reap_ns),
             };
-        let mut shard = index.stripe(key).map.lock();
-        let step = machine::load(shard.get(key), slot, extra, reap_ns);
+        let k = index.key(key);
+        let mut shard = index.stripe(k).map.lock();
+        let step = machine::load(shard.get(k), slot, extra, reap_ns);
         if let Some(write) = &step.write {
             local.stale.push(write.token());
         }
         // Wrapping: the per-thread counts can go below zero transiently (below).
         inflight = inflight.wrapping_add(step.deltas.inflight as u64);
         completed = completed.wrapping_add(step.deltas.completed as u64);
-        shard.apply(key, step.change);
+        shard.apply(k, step.change);
         Ok(())
     })?;
     local.scanned = scanned?;

@@ -251,8 +251,8 @@ impl Writer {
                 continue;
             };
             let key = &record.key.0[..];
-            let (mut shard, changed) = self.shared.index.lock(key);
-            shard.publish(key, *token);
+            let (mut shard, changed, k) = self.shared.index.lock(key);
+            shard.publish(k, *token);
             drop(shard);
             changed.notify_all();
         }
