@@ -104,7 +104,7 @@ impl Slot {
     }
 
     /// The same slot with its lease seen to end, as the index marks it.
-    #[cfg(test)]
+    #[cfg(any(test, idemkv_sabotage))]
     pub(crate) fn into_abandoned(mut self) -> Self {
         self.flags |= ABANDONED;
         self

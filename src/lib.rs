@@ -40,6 +40,9 @@ mod holder;
 mod index;
 mod lease;
 mod machine;
+#[cfg(idemkv_sabotage)]
+#[doc(hidden)]
+pub mod machine_probe;
 mod options;
 mod reader;
 mod recovery;

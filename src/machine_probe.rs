@@ -1,0 +1,434 @@
+//! One key driven through the pure state machine (`machine.rs`) alone, transition by
+//! transition, so that a checker can compare each answer and each state with an independent
+//! specification. Compiled only with `--cfg idemkv_sabotage`; hidden from the documentation.
+//!
+//! The [`Probe`] holds what the index and the file hold for one key (its slot, its side data,
+//! its reap instant, its records by token) and applies each step's change and write the way
+//! the index and the writer do, without admission, locks, queues or I/O. Tokens are issued
+//! in increasing order, as the token counter does.
+
+use crate::clock::duration_ns;
+use crate::codec::{Checkpoint, Record, RecordState};
+use crate::index::{Extra, Slot};
+use crate::machine::{self, Change, ClaimAnswer, Holder, HolderAnswer, Now, Rules, View, Write};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+const KEY: &[u8] = b"probe";
+
+/// What a claim answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeClaim {
+    /// The key was acquired under a fresh token.
+    Acquired {
+        /// The fresh token.
+        token: u64,
+        /// 1 + takeovers.
+        attempt: u32,
+        /// The checkpoint handed over, as (phase, data).
+        checkpoint: Option<(u32, Vec<u8>)>,
+    },
+    /// Busy: retry after this many ns.
+    InProgress {
+        /// The retry hint, ns.
+        retry_after_ns: u64,
+        /// The holder's attempt.
+        attempt: u32,
+    },
+    /// The stored response (from memory, or read from the key's record).
+    Replayed {
+        /// The completing token.
+        token: u64,
+        /// The completing attempt.
+        attempt: u32,
+        /// The response.
+        response: Vec<u8>,
+    },
+    /// The fingerprint differs from the stored one.
+    FingerprintMismatch,
+}
+
+/// What a holder's call answered, in the public API's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeHold {
+    /// `Ok(())`, or `Ok(true)` for a release.
+    Done,
+    /// `Ok(false)` of a release.
+    NotHeld,
+    /// `Err(LeaseLost)`.
+    LeaseLost,
+}
+
+/// What a sweep removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swept {
+    /// Nothing was due.
+    Nothing,
+    /// A completion past its retention.
+    Expired,
+    /// An abandoned claim past its reap instant.
+    Reaped,
+}
+
+/// The key's state as the probe holds it (a completion past its retention is still there
+/// until a sweep removes it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeState {
+    /// No slot.
+    Absent,
+    /// A lease.
+    InFlight {
+        /// Owner's token.
+        token: u64,
+        /// 1 + takeovers.
+        attempt: u32,
+        /// Monotonic lease end, ns.
+        deadline_ns: u64,
+        /// Monotonic instant a sweep reaps it once abandoned, ns.
+        reap_ns: u64,
+        /// Stored fingerprint.
+        fingerprint: Option<u64>,
+        /// Saved checkpoint, as (phase, data).
+        checkpoint: Option<(u32, Vec<u8>)>,
+        /// The lease end written in its record (wall ms), when the probe is durable.
+        lease_wall_ms: Option<u64>,
+    },
+    /// A completion.
+    Completed {
+        /// Completing token.
+        token: u64,
+        /// Completing attempt.
+        attempt: u32,
+        /// Monotonic end of retention, ns.
+        expires_ns: u64,
+        /// Wall-clock end of retention, ms.
+        expires_wall_ms: u64,
+        /// Stored fingerprint.
+        fingerprint: Option<u64>,
+        /// Stored response.
+        response: Vec<u8>,
+        /// Shown to other callers.
+        published: bool,
+    },
+}
+
+/// One key, its file and its clock, driven through the state machine.
+#[derive(Debug)]
+pub struct Probe {
+    slot: Option<Slot>,
+    extra: Option<Extra>,
+    reap_ns: u64,
+    records: BTreeMap<u64, Record>,
+    next_token: u64,
+    now: Now,
+    rules: Rules,
+    /// A deliberate bug for the checker's teeth: `complete` acts with the key's current
+    /// token whatever token it is given, as if the fencing comparison were skipped.
+    pub skip_token_check_on_complete: bool,
+}
+
+impl Probe {
+    /// An Absent key at monotonic `mono_ns` and wall `wall_ms`. A `durable` probe keeps
+    /// records and publishes a completion only at [`Probe::publish`]; otherwise at once.
+    pub fn new(retention: Duration, durable: bool, mono_ns: u64, wall_ms: u64) -> Self {
+        Self {
+            slot: None,
+            extra: None,
+            reap_ns: 0,
+            records: BTreeMap::new(),
+            next_token: 1,
+            now: Now { mono_ns, wall_ms },
+            rules: Rules {
+                retention,
+                response_len_max: usize::MAX,
+                durable,
+            },
+            skip_token_check_on_complete: false,
+        }
+    }
+
+    fn view(&self) -> View<'_> {
+        View {
+            slot: self.slot,
+            extra: self.extra.as_ref(),
+        }
+    }
+
+    /// Applies a step's change and write as the index and the writer would.
+    fn apply(&mut self, change: Change, write: Option<Write>) {
+        match change {
+            Change::Keep => {}
+            Change::Remove => {
+                self.slot = None;
+                self.extra = None;
+            }
+            Change::Put {
+                slot,
+                extra,
+                reap_ns,
+                ..
+            } => {
+                // The index decides the flags: a put clears "abandoned", except for a lease
+                // that keeps its place (a checkpoint of an abandoned lease).
+                let fresh = if slot.is_inflight() {
+                    Slot::inflight(slot.token, slot.deadline_ns, slot.attempt)
+                } else {
+                    Slot::completed(
+                        slot.token,
+                        slot.deadline_ns,
+                        slot.attempt,
+                        slot.is_published(),
+                    )
+                };
+                let keeps_place = self.slot.is_some_and(|old| {
+                    old.is_abandoned()
+                        && old.token == fresh.token
+                        && old.is_inflight() == fresh.is_inflight()
+                        && old.deadline_ns == fresh.deadline_ns
+                });
+                self.slot = Some(if keeps_place {
+                    fresh.into_abandoned()
+                } else {
+                    fresh
+                });
+                if fresh.is_inflight() {
+                    self.reap_ns = reap_ns.unwrap_or_else(|| {
+                        fresh
+                            .deadline_ns
+                            .saturating_add(duration_ns(self.rules.retention))
+                    });
+                }
+                self.extra = Some(extra);
+            }
+        }
+        match write {
+            None => {}
+            Some(Write::Put {
+                token, old, record, ..
+            }) => {
+                if let Some(old) = old {
+                    self.records.remove(&old);
+                }
+                self.records.insert(token, record);
+            }
+            Some(Write::Delete { token }) => {
+                self.records.remove(&token);
+            }
+        }
+    }
+
+    /// `claim` with `fingerprint` and `lease`: [`machine::claim`], then [`machine::acquire`]
+    /// under the next token when it may acquire.
+    pub fn claim(&mut self, fingerprint: Option<u64>, lease: Duration) -> ProbeClaim {
+        let step = machine::claim(self.view(), fingerprint, self.now.mono_ns);
+        match step.answer {
+            ClaimAnswer::Acquire(plan) => {
+                let token = self.next_token;
+                self.next_token += 1;
+                let step = machine::acquire(plan, KEY, token, lease, self.now, &self.rules);
+                self.apply(step.change, step.write);
+                ProbeClaim::Acquired {
+                    token: step.answer.token,
+                    attempt: step.answer.attempt,
+                    checkpoint: step
+                        .answer
+                        .checkpoint
+                        .map(|c| (c.phase(), c.data().to_vec())),
+                }
+            }
+            ClaimAnswer::Busy(busy) => ProbeClaim::InProgress {
+                retry_after_ns: duration_ns(busy.retry_after),
+                attempt: busy.attempt,
+            },
+            ClaimAnswer::Replay(stored) => ProbeClaim::Replayed {
+                token: stored.token,
+                attempt: stored.attempt,
+                response: stored.response.to_vec(),
+            },
+            // As the engine's read of the record does (`read_completed`): the fingerprint of
+            // a published completion is checked against its record.
+            ClaimAnswer::ReplayFromFile { token } => match self.records.get(&token) {
+                Some(Record {
+                    fingerprint: Some(stored),
+                    state: RecordState::Completed { .. },
+                    ..
+                }) if fingerprint.is_some_and(|asked| asked != *stored) => {
+                    ProbeClaim::FingerprintMismatch
+                }
+                Some(Record {
+                    state:
+                        RecordState::Completed {
+                            attempt, response, ..
+                        },
+                    ..
+                }) => ProbeClaim::Replayed {
+                    token,
+                    attempt: *attempt,
+                    response: response.0.to_vec(),
+                },
+                // A replay whose record is missing: the checker reports the difference.
+                _ => ProbeClaim::InProgress {
+                    retry_after_ns: 0,
+                    attempt: 0,
+                },
+            },
+            ClaimAnswer::FingerprintMismatch => ProbeClaim::FingerprintMismatch,
+        }
+    }
+
+    fn hold(&mut self, token: u64, op: Holder) -> HolderAnswer {
+        let step = machine::hold(self.view(), KEY, token, op, self.now, &self.rules);
+        self.apply(step.change, step.write);
+        step.answer
+    }
+
+    /// `complete(token, response)`. A repeat of an unpublished completion waits for the
+    /// writer, as the engine's does: the probe publishes it first.
+    pub fn complete(&mut self, token: u64, response: &[u8]) -> ProbeHold {
+        let token = match self.slot {
+            Some(slot) if self.skip_token_check_on_complete => slot.token,
+            _ => token,
+        };
+        let response: Arc<[u8]> = Arc::from(response);
+        match self.hold(token, Holder::Complete { response }) {
+            HolderAnswer::Done => ProbeHold::Done,
+            HolderAnswer::Repeat { published } => {
+                if !published {
+                    self.publish();
+                }
+                ProbeHold::Done
+            }
+            HolderAnswer::NotHeld => ProbeHold::NotHeld,
+            HolderAnswer::LeaseLost => ProbeHold::LeaseLost,
+        }
+    }
+
+    /// `release(token)`.
+    pub fn release(&mut self, token: u64) -> ProbeHold {
+        match self.hold(token, Holder::Release) {
+            HolderAnswer::Done => ProbeHold::Done,
+            HolderAnswer::NotHeld | HolderAnswer::Repeat { .. } => ProbeHold::NotHeld,
+            HolderAnswer::LeaseLost => ProbeHold::LeaseLost,
+        }
+    }
+
+    /// `extend(token, lease)`.
+    pub fn extend(&mut self, token: u64, lease: Duration) -> ProbeHold {
+        to_hold(self.hold(token, Holder::Extend { lease }))
+    }
+
+    /// `checkpoint(token, phase, data)`.
+    pub fn checkpoint(&mut self, token: u64, phase: u32, data: &[u8]) -> ProbeHold {
+        to_hold(self.hold(token, Holder::Checkpoint(Checkpoint::new(phase, data))))
+    }
+
+    /// The writer publishes the key's completion after its commit (`Shard::publish`): the
+    /// slot is shown and its side data dropped (the record holds it). Returns the token
+    /// published, if any.
+    pub fn publish(&mut self) -> Option<u64> {
+        let slot = self
+            .slot
+            .filter(|s| !s.is_inflight() && !s.is_published())?;
+        self.slot = Some(Slot::completed(
+            slot.token,
+            slot.deadline_ns,
+            slot.attempt,
+            true,
+        ));
+        self.extra = None;
+        Some(slot.token)
+    }
+
+    /// The clocks move forward by `by` (the wall clock by whole ms, as the mock clock's
+    /// readers see it).
+    pub fn advance(&mut self, by: Duration) {
+        let ns = duration_ns(by);
+        self.now.mono_ns = self.now.mono_ns.saturating_add(ns);
+        self.now.wall_ms = self.now.wall_ms.saturating_add(ns / 1_000_000);
+    }
+
+    /// One sweep of the key: a lease seen to end becomes abandoned, then
+    /// [`machine::expire`] and [`machine::reap`] decide whether it goes.
+    pub fn sweep(&mut self) -> Swept {
+        let Some(mut slot) = self.slot else {
+            return Swept::Nothing;
+        };
+        if slot.is_inflight() && !slot.is_abandoned() && self.now.mono_ns >= slot.deadline_ns {
+            slot = slot.into_abandoned();
+            self.slot = Some(slot);
+        }
+        if let Some(step) = machine::expire(&slot, self.now.mono_ns) {
+            self.apply(step.change, step.write);
+            return Swept::Expired;
+        }
+        if let Some(step) = machine::reap(&slot, self.reap_ns, self.now.mono_ns) {
+            self.apply(step.change, step.write);
+            return Swept::Reaped;
+        }
+        Swept::Nothing
+    }
+
+    /// The key's state now.
+    pub fn state(&self) -> ProbeState {
+        let Some(slot) = self.slot else {
+            return ProbeState::Absent;
+        };
+        let extra = self.extra.clone().unwrap_or_default();
+        let record = self.records.get(&slot.token);
+        if slot.is_inflight() {
+            let lease_wall_ms = match record.map(|r| &r.state) {
+                Some(RecordState::InFlight {
+                    lease_deadline_wall_ms,
+                    ..
+                }) => Some(*lease_deadline_wall_ms),
+                _ => None,
+            };
+            return ProbeState::InFlight {
+                token: slot.token,
+                attempt: slot.attempt,
+                deadline_ns: slot.deadline_ns,
+                reap_ns: self.reap_ns,
+                fingerprint: extra.fingerprint,
+                checkpoint: extra.checkpoint.map(|c| (c.phase(), c.data().to_vec())),
+                lease_wall_ms,
+            };
+        }
+        // Until it is published the completion's data sits beside the slot; after, in the
+        // record (a memory-only probe keeps it beside the slot throughout).
+        let (fingerprint, response, expires_wall_ms) = match (&extra.response, record) {
+            (Some(response), _) => (extra.fingerprint, response.to_vec(), extra.expires_wall_ms),
+            (
+                None,
+                Some(Record {
+                    fingerprint,
+                    state:
+                        RecordState::Completed {
+                            response,
+                            expires_wall_ms,
+                            ..
+                        },
+                    ..
+                }),
+            ) => (*fingerprint, response.0.to_vec(), *expires_wall_ms),
+            (None, _) => (extra.fingerprint, Vec::new(), extra.expires_wall_ms),
+        };
+        ProbeState::Completed {
+            token: slot.token,
+            attempt: slot.attempt,
+            expires_ns: slot.deadline_ns,
+            expires_wall_ms,
+            fingerprint,
+            response,
+            published: slot.is_published(),
+        }
+    }
+}
+
+fn to_hold(answer: HolderAnswer) -> ProbeHold {
+    match answer {
+        HolderAnswer::Done | HolderAnswer::Repeat { .. } => ProbeHold::Done,
+        HolderAnswer::NotHeld => ProbeHold::NotHeld,
+        HolderAnswer::LeaseLost => ProbeHold::LeaseLost,
+    }
+}
