@@ -27,11 +27,6 @@ pub fn wall_ms(t: std::time::SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The wall-clock time `ms` milliseconds after the UNIX epoch, as the engine reports it.
-pub fn wall_time(ms: u64) -> std::time::SystemTime {
-    std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms)
-}
-
 /// The three durability modes, for checks and tests that run in each (`Buffered` with a
 /// 1 ms delay, so a batch closes quickly).
 pub fn modes() -> [idemkv::Durability; 3] {
