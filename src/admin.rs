@@ -1,6 +1,7 @@
 //! Operator calls ([`Admin`]): list records, force-release a stuck claim, expire now, import records.
 //! They serve the `idemkv` command and tests; services rarely need them.
 
+use crate::clock::{duration_ms, wall_time};
 use crate::engine::Engine;
 use crate::error::{ClaimError, LeaseError, Limit};
 use crate::lease::KeyState;
@@ -8,6 +9,7 @@ use crate::machine::{self, Imported};
 use crate::writer::wait_ack;
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::time::SystemTime;
 
 /// One key's record as an operator sees it (and as `export`/`import` move it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -30,8 +32,8 @@ pub struct RecordInfo {
 pub enum RecordInfoState {
     /// Claimed, not completed.
     InFlight {
-        /// Wall-clock end of the lease, ms since the epoch.
-        lease_deadline_ms: u64,
+        /// Wall-clock end of the lease (stored to the millisecond).
+        lease_deadline: SystemTime,
         /// The saved checkpoint: phase and payload.
         checkpoint: Option<(u32, Vec<u8>)>,
     },
@@ -39,8 +41,8 @@ pub enum RecordInfoState {
     Completed {
         /// The stored response.
         response: Vec<u8>,
-        /// Wall-clock end of retention, ms since the epoch.
-        expires_at_ms: u64,
+        /// Wall-clock end of retention (stored to the millisecond).
+        expires_at: SystemTime,
         /// Whether the completion is durable and replayed to other callers.
         published: bool,
     },
@@ -132,8 +134,9 @@ impl Admin<'_> {
                 let extra = shard.extra(slot);
                 let state = if slot.is_inflight() {
                     RecordInfoState::InFlight {
-                        lease_deadline_ms: wall
-                            .saturating_add(slot.deadline_ns.saturating_sub(now) / 1_000_000),
+                        lease_deadline: wall_time(
+                            wall.saturating_add(slot.deadline_ns.saturating_sub(now) / 1_000_000),
+                        ),
                         checkpoint: extra
                             .and_then(|e| e.checkpoint.as_ref())
                             .map(|c| (c.phase(), c.data().to_vec())),
@@ -141,7 +144,7 @@ impl Admin<'_> {
                 } else if let Some(response) = extra.and_then(|e| e.response.as_ref()) {
                     RecordInfoState::Completed {
                         response: response.to_vec(),
-                        expires_at_ms: extra.map_or(0, |e| e.expires_wall_ms),
+                        expires_at: wall_time(extra.map_or(0, |e| e.expires_wall_ms)),
                         published: slot.is_published(),
                     }
                 } else {
@@ -151,7 +154,7 @@ impl Admin<'_> {
                     // Not yet durable: the response is only in the file once published.
                     RecordInfoState::Completed {
                         response: Vec::new(),
-                        expires_at_ms: extra.map_or(0, |e| e.expires_wall_ms),
+                        expires_at: wall_time(extra.map_or(0, |e| e.expires_wall_ms)),
                         published: slot.is_published(),
                     }
                 };
@@ -171,7 +174,7 @@ impl Admin<'_> {
                 Ok(Some(read)) => {
                     r.state = RecordInfoState::Completed {
                         response: read.stored.response.to_vec(),
-                        expires_at_ms: read.expires_wall_ms,
+                        expires_at: wall_time(read.expires_wall_ms),
                         published: true,
                     };
                     r.fingerprint = read.fingerprint;
@@ -205,8 +208,8 @@ impl Admin<'_> {
                     fingerprint: None,
                     attempt,
                     state: RecordInfoState::InFlight {
-                        lease_deadline_ms: wall.saturating_add(
-                            lease_remaining.as_millis().try_into().unwrap_or(u64::MAX),
+                        lease_deadline: wall_time(
+                            wall.saturating_add(duration_ms(lease_remaining)),
                         ),
                         checkpoint: checkpoint.map(|c| (c.phase(), c.data().to_vec())),
                     },

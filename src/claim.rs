@@ -5,7 +5,7 @@
 //! (non-blocking), change the slot. Waiting for
 //! durability and reading a stored response from the file happen after the lock is dropped.
 
-use crate::clock::duration_ns;
+use crate::clock::{duration_ns, wall_time};
 use crate::codec::{self, Checkpoint, RecordState};
 use crate::constants::*;
 use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
@@ -642,7 +642,7 @@ impl Engine {
                         token: slot.token,
                         attempt: slot.attempt,
                         response: e.response.clone().unwrap_or_else(|| Arc::from(&[][..])),
-                        expires_at: Duration::from_millis(e.expires_wall_ms),
+                        expires_at: wall_time(e.expires_wall_ms),
                     }));
                 }
                 slot.token
@@ -652,7 +652,7 @@ impl Engine {
                     token: read.stored.token,
                     attempt: read.stored.attempt,
                     response: read.stored.response,
-                    expires_at: Duration::from_millis(read.expires_wall_ms),
+                    expires_at: wall_time(read.expires_wall_ms),
                 }));
             }
         }

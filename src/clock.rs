@@ -15,8 +15,8 @@ pub type ClockListener = dyn Fn() + Send + Sync;
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Time since an arbitrary fixed origin; never goes backwards.
     fn monotonic(&self) -> Duration;
-    /// Time since the UNIX epoch; may jump in either direction.
-    fn wall(&self) -> Duration;
+    /// The wall-clock time; may jump in either direction.
+    fn wall(&self) -> SystemTime;
     /// Registers a listener to call whenever time moves by other means than its own passing.
     /// Real clocks ignore it; [`MockClock`] calls it on every [`MockClock::advance`].
     fn subscribe(&self, _listener: Weak<ClockListener>) {}
@@ -48,12 +48,8 @@ impl Clock for SystemClock {
         self.origin.elapsed()
     }
 
-    fn wall(&self) -> Duration {
-        // A wall clock before 1970 is a broken clock; treating it as the epoch keeps every
-        // persisted deadline in the future of the file's own records, which is conservative.
+    fn wall(&self) -> SystemTime {
         SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO)
     }
 }
 
@@ -88,14 +84,15 @@ impl fmt::Debug for MockClock {
     }
 }
 
-/// Wall time a new mock clock starts at: 2024-01-01T00:00:00Z, far from both ends.
+/// Wall time a new mock clock starts at, since the epoch: 2024-01-01T00:00:00Z, far from
+/// both ends.
 const MOCK_WALL_START: Duration = Duration::from_secs(1_704_067_200);
 
 impl MockClock {
     /// A mock clock at monotonic zero and wall time 2024-01-01T00:00:00Z.
     pub fn new() -> Self {
         let clock = Self::default();
-        clock.set_wall(MOCK_WALL_START);
+        clock.set_wall(UNIX_EPOCH + MOCK_WALL_START);
         clock
     }
 
@@ -118,7 +115,9 @@ impl MockClock {
     }
 
     /// Sets the wall reading alone, as an NTP step or an operator would; monotonic time stays.
-    pub fn set_wall(&self, since_epoch: Duration) {
+    /// A time before the UNIX epoch reads as the epoch.
+    pub fn set_wall(&self, at: SystemTime) {
+        let since_epoch = at.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO);
         self.inner
             .wall_ns
             .store(duration_ns(since_epoch), Ordering::SeqCst);
@@ -143,8 +142,8 @@ impl Clock for MockClock {
         Duration::from_nanos(self.inner.monotonic_ns.load(Ordering::SeqCst))
     }
 
-    fn wall(&self) -> Duration {
-        Duration::from_nanos(self.inner.wall_ns.load(Ordering::SeqCst))
+    fn wall(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(self.inner.wall_ns.load(Ordering::SeqCst))
     }
 
     fn subscribe(&self, listener: Weak<ClockListener>) {
@@ -160,6 +159,26 @@ pub(crate) fn duration_ns(d: Duration) -> u64 {
 /// A duration in milliseconds, saturating at `u64::MAX`.
 pub(crate) fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Milliseconds since the UNIX epoch of a wall-clock time, as the engine stores it. A time
+/// before the epoch is a broken clock; reading it as the epoch keeps every persisted deadline
+/// in the future of the file's own records, which is conservative. Saturates at `u64::MAX`.
+pub(crate) fn wall_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, duration_ms)
+}
+
+/// The wall-clock time `ms` milliseconds after the UNIX epoch. A platform whose
+/// `SystemTime` cannot hold it gets a time it can (halving until one fits), so a far-future
+/// deadline stays far in the future.
+pub(crate) fn wall_time(ms: u64) -> SystemTime {
+    let mut d = Duration::from_millis(ms);
+    loop {
+        if let Some(t) = UNIX_EPOCH.checked_add(d) {
+            return t;
+        }
+        d /= 2;
+    }
 }
 
 /// The wall-clock instant (ms) of the monotonic instant `at_ns`, given that the monotonic
@@ -192,6 +211,38 @@ impl Time {
 
     /// Wall milliseconds since the epoch.
     pub(crate) fn wall_ms(&self) -> u64 {
-        duration_ms(self.clock.wall())
+        wall_ms(self.clock.wall())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wall_ms_and_wall_time_round_trip() {
+        for ms in [0, 1, 1_704_067_200_123, u64::from(u32::MAX) * 1000] {
+            assert_eq!(wall_ms(wall_time(ms)), ms);
+        }
+        assert_eq!(wall_time(1_500), UNIX_EPOCH + Duration::from_millis(1_500));
+    }
+
+    #[test]
+    fn wall_ms_reads_a_time_before_the_epoch_as_zero() {
+        let before = UNIX_EPOCH - Duration::from_secs(10);
+        assert_eq!(wall_ms(before), 0);
+        assert_eq!(wall_ms(UNIX_EPOCH + Duration::from_micros(2_999)), 2);
+    }
+
+    #[test]
+    fn mock_clock_set_wall_moves_the_wall_reading_alone() {
+        let clock = MockClock::new();
+        let mono = clock.monotonic();
+        let at = UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        clock.set_wall(at);
+        assert_eq!(clock.wall(), at);
+        assert_eq!(clock.monotonic(), mono);
+        clock.set_wall(UNIX_EPOCH - Duration::from_secs(1));
+        assert_eq!(clock.wall(), UNIX_EPOCH);
     }
 }

@@ -6,7 +6,7 @@ use crate::engine::Engine;
 use crate::error::LeaseError;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The answer to a claim.
 ///
@@ -285,7 +285,7 @@ pub enum KeyState {
         attempt: u32,
         /// The stored response.
         response: Arc<[u8]>,
-        /// Wall-clock end of retention, since the UNIX epoch.
-        expires_at: Duration,
+        /// Wall-clock end of retention (stored to the millisecond).
+        expires_at: SystemTime,
     },
 }

@@ -28,7 +28,7 @@
 //! and [`reap`] before removing anything), and publishing a completion after its commit
 //! (`Shard::publish`).
 
-use crate::clock::{duration_ms, duration_ns, wall_ms_at};
+use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at};
 use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordState};
 use crate::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::index::{Extra, Slot};
@@ -600,13 +600,16 @@ pub(crate) fn import(
     // Classified before the key is looked at: a record with nothing to bring back is not
     // refused because the key exists.
     let (slot, state, extra, reap_ns, deltas) = match &record.state {
+        RecordInfoState::InFlight { lease_deadline, .. }
+            if wall_ms(*lease_deadline).saturating_add(retention_ms) <= now.wall_ms =>
+        {
+            return gone()
+        }
         RecordInfoState::InFlight {
-            lease_deadline_ms, ..
-        } if lease_deadline_ms.saturating_add(retention_ms) <= now.wall_ms => return gone(),
-        RecordInfoState::InFlight {
-            lease_deadline_ms,
+            lease_deadline,
             checkpoint,
         } => {
+            let lease_deadline_ms = wall_ms(*lease_deadline);
             let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
             let extra = Extra {
                 fingerprint: record.fingerprint,
@@ -614,13 +617,13 @@ pub(crate) fn import(
                 ..Extra::default()
             };
             let state = RecordState::InFlight {
-                lease_deadline_wall_ms: *lease_deadline_ms,
+                lease_deadline_wall_ms: lease_deadline_ms,
                 attempt: record.attempt,
                 checkpoint,
             };
             let slot = Slot::inflight(
                 record.token,
-                now.mono_ns.saturating_add(ms_left(*lease_deadline_ms)),
+                now.mono_ns.saturating_add(ms_left(lease_deadline_ms)),
                 record.attempt,
             );
             let reap_ns = now
@@ -635,14 +638,15 @@ pub(crate) fn import(
         RecordInfoState::Completed {
             published: false, ..
         } => return Err(ImportError::Invalid("a completion not yet durable".into())),
-        RecordInfoState::Completed { expires_at_ms, .. } if *expires_at_ms <= now.wall_ms => {
+        RecordInfoState::Completed { expires_at, .. } if wall_ms(*expires_at) <= now.wall_ms => {
             return gone()
         }
         RecordInfoState::Completed {
             response,
-            expires_at_ms,
+            expires_at,
             ..
         } => {
+            let expires_at_ms = wall_ms(*expires_at);
             if response.len() > rules.response_len_max {
                 return Err(ImportError::Invalid("response too large".into()));
             }
@@ -657,20 +661,20 @@ pub(crate) fn import(
                 Extra {
                     fingerprint: record.fingerprint,
                     response: Some(response.clone()),
-                    expires_wall_ms: *expires_at_ms,
+                    expires_wall_ms: expires_at_ms,
                     ..Extra::default()
                 }
             };
             let state = RecordState::Completed {
                 attempt: record.attempt,
                 completed_wall_ms: now.wall_ms,
-                expires_wall_ms: *expires_at_ms,
+                expires_wall_ms: expires_at_ms,
                 response: Blob(response),
             };
             // A durable import is shown once the writer has committed and published it.
             let slot = Slot::completed(
                 record.token,
-                now.mono_ns.saturating_add(ms_left(*expires_at_ms)),
+                now.mono_ns.saturating_add(ms_left(expires_at_ms)),
                 record.attempt,
                 !rules.durable,
             );
@@ -919,6 +923,7 @@ mod tests {
     //! the answer and the counts of each transition.
 
     use super::*;
+    use crate::clock::wall_time;
 
     const KEY: &[u8] = b"k";
     const MS: u64 = 1_000_000;
@@ -1768,7 +1773,7 @@ mod tests {
     fn completed_info(expires_at_ms: u64, response: &[u8], published: bool) -> RecordInfoState {
         RecordInfoState::Completed {
             response: response.to_vec(),
-            expires_at_ms,
+            expires_at: wall_time(expires_at_ms),
             published,
         }
     }
@@ -1820,7 +1825,7 @@ mod tests {
         let info = record(
             42,
             RecordInfoState::InFlight {
-                lease_deadline_ms: now.wall_ms + 2,
+                lease_deadline: wall_time(now.wall_ms + 2),
                 checkpoint: Some((1, b"c".to_vec())),
             },
         );
@@ -1884,7 +1889,7 @@ mod tests {
         let gone = [
             completed_info(now.wall_ms, b"r", true),
             RecordInfoState::InFlight {
-                lease_deadline_ms: now.wall_ms - retention_ms,
+                lease_deadline: wall_time(now.wall_ms - retention_ms),
                 checkpoint: None,
             },
         ];

@@ -2,6 +2,7 @@
 //! `inspect`, `get`, `verify`, `export`) use, and what a backup tool can use.
 
 use crate::admin::{RecordInfo, RecordInfoState};
+use crate::clock::wall_time;
 use crate::codec::{self, RecordState};
 use crate::error::OpenError;
 use crate::storage::ReadOnlyStore;
@@ -92,7 +93,7 @@ impl FileReader {
     }
 
     /// The record of `key` (the newest, if a damaged history left two), as persisted: a
-    /// completion past its retention is returned too; compare its `expires_at_ms` with the
+    /// completion past its retention is returned too; compare its `expires_at` with the
     /// time. `None`: the file holds no record of the key.
     pub fn get(&self, key: &[u8]) -> Result<Option<RecordInfo>, OpenError> {
         let txn = self.store.begin_read()?;
@@ -125,7 +126,7 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
         } => (
             attempt,
             RecordInfoState::InFlight {
-                lease_deadline_ms: lease_deadline_wall_ms,
+                lease_deadline: wall_time(lease_deadline_wall_ms),
                 checkpoint: checkpoint.map(|c| (c.phase(), c.data().to_vec())),
             },
         ),
@@ -138,7 +139,7 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
             attempt,
             RecordInfoState::Completed {
                 response: response.0.to_vec(),
-                expires_at_ms: expires_wall_ms,
+                expires_at: wall_time(expires_wall_ms),
                 published: true,
             },
         ),

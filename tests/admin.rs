@@ -1,7 +1,7 @@
 //! Operator calls: records, force_release, sweep_now, import (export → import round trip).
 
 use idemkv::*;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 fn open(path: &std::path::Path, clock: &MockClock) -> Engine {
     Engine::builder()
@@ -86,12 +86,12 @@ fn export_import_round_trip_preserves_every_record() {
         if let (
             RecordInfoState::Completed {
                 response: x,
-                expires_at_ms: ex,
+                expires_at: ex,
                 ..
             },
             RecordInfoState::Completed {
                 response: y,
-                expires_at_ms: ey,
+                expires_at: ey,
                 ..
             },
         ) = (&a.state, &b.state)
@@ -170,7 +170,7 @@ fn sweep_removes_expired_records_from_memory_and_file() {
     drop(live);
     engine.close().unwrap();
     // Reopen with the wall clock turned back: swept records must not come back.
-    clock.set_wall(Duration::from_secs(1_704_067_200));
+    clock.set_wall(UNIX_EPOCH + Duration::from_secs(1_704_067_200));
     let engine = open(&path, &clock);
     assert!(engine.admin().records().iter().all(|r| r.key == b"live"));
 }

@@ -175,10 +175,7 @@ pub fn builder(mode: Durability, clock: &MockClock) -> EngineBuilder {
 
 /// The spec's starting state for every key, with `clock` as the engine saw it at open.
 pub fn initial(clock: &MockClock) -> KeySpec {
-    KeySpec::new(
-        ns(clock.monotonic()),
-        u64::try_from(clock.wall().as_millis()).unwrap_or(u64::MAX),
-    )
+    KeySpec::new(ns(clock.monotonic()), crate::wall_ms(clock.wall()))
 }
 
 /// Runs one thread's script, recording every call. Returns the leases it was handed

@@ -120,9 +120,9 @@ fn view_of_records(records: &[RecordInfo]) -> Result<DurableView, String> {
             RecordInfoState::InFlight { checkpoint, .. } => Ok(checkpoint.clone()),
             RecordInfoState::Completed {
                 response,
-                expires_at_ms,
+                expires_at,
                 ..
-            } => Err((response.clone(), *expires_at_ms)),
+            } => Err((response.clone(), crate::wall_ms(*expires_at))),
             #[allow(unreachable_patterns)]
             other => return Err(format!("unknown record state {other:?}")),
         };
@@ -352,7 +352,7 @@ pub fn run_with(
             ))
         }
     };
-    let wall_ms = u64::try_from(idemkv::Clock::wall(&clock).as_millis()).unwrap_or(u64::MAX);
+    let wall_ms = crate::wall_ms(idemkv::Clock::wall(&clock));
     let found = view_of_records(&reopened.admin().records())?;
     let matched = (floor..views.len())
         .rev()

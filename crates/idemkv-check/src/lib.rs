@@ -20,6 +20,13 @@ pub mod ops;
 pub mod spec;
 pub mod stress;
 
+/// Milliseconds since the UNIX epoch of a wall-clock time, as the engine stores it (a time
+/// before the epoch reads as 0; saturates at `u64::MAX`).
+pub fn wall_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// The three durability modes, for checks and tests that run in each (`Buffered` with a
 /// 1 ms delay, so a batch closes quickly).
 pub fn modes() -> [idemkv::Durability; 3] {

@@ -278,7 +278,7 @@ impl Model {
             tokens: BTreeMap::new(),
             max_token: 0,
             now_ns: ns(clock.monotonic()),
-            wall_ms: u64::try_from(clock.wall().as_millis()).unwrap_or(u64::MAX),
+            wall_ms: crate::wall_ms(clock.wall()),
         }
     }
 
@@ -428,7 +428,7 @@ impl Model {
                         ..
                     },
                     RecordInfoState::InFlight {
-                        lease_deadline_ms,
+                        lease_deadline,
                         checkpoint: c,
                     },
                 ) => {
@@ -437,7 +437,7 @@ impl Model {
                         && r.fingerprint == *fingerprint
                         && r.attempt == *attempt
                         && c == checkpoint
-                        && *lease_deadline_ms == self.wall_ms.saturating_add(left_ms)
+                        && crate::wall_ms(*lease_deadline) == self.wall_ms.saturating_add(left_ms)
                 }
                 (
                     KeyModel::Completed {
@@ -451,7 +451,7 @@ impl Model {
                     },
                     RecordInfoState::Completed {
                         response: resp,
-                        expires_at_ms,
+                        expires_at,
                         published: p,
                     },
                 ) => {
@@ -459,7 +459,7 @@ impl Model {
                         && r.fingerprint == *fingerprint
                         && r.attempt == *attempt
                         && resp == response
-                        && expires_at_ms == expires_wall_ms
+                        && crate::wall_ms(*expires_at) == *expires_wall_ms
                         && (*p || !*published)
                 }
                 _ => false,

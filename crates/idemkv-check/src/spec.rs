@@ -260,7 +260,7 @@ impl GotState {
                 token: *token,
                 attempt: *attempt,
                 response: response.to_vec(),
-                expires_wall_ms: u64::try_from(expires_at.as_millis()).unwrap_or(u64::MAX),
+                expires_wall_ms: crate::wall_ms(*expires_at),
             },
             #[allow(unreachable_patterns)]
             _ => return None,

@@ -82,7 +82,7 @@ impl Clock for PausingClock {
         self.time.monotonic()
     }
 
-    fn wall(&self) -> Duration {
+    fn wall(&self) -> std::time::SystemTime {
         self.time.wall()
     }
 

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tempfile::TempDir;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -87,7 +87,7 @@ struct Done {
     response: Vec<u8>,
     token: u64,
     attempt: u32,
-    expires_at: Duration,
+    expires_at: SystemTime,
 }
 
 #[test]
@@ -118,7 +118,7 @@ fn completions_are_served_with_their_bytes_after_reopen() {
                             response,
                             token,
                             attempt,
-                            expires_at: Duration::ZERO,
+                            expires_at: UNIX_EPOCH,
                         };
                         done.lock().unwrap().insert(key, d);
                     }
@@ -140,7 +140,7 @@ fn completions_are_served_with_their_bytes_after_reopen() {
                     response,
                     token,
                     attempt: 1,
-                    expires_at: Duration::ZERO,
+                    expires_at: UNIX_EPOCH,
                 },
             );
         }

@@ -215,8 +215,8 @@ fn persisted_records(path: &Path) -> Vec<RecordInfo> {
         fn monotonic(&self) -> Duration {
             Duration::ZERO
         }
-        fn wall(&self) -> Duration {
-            Duration::ZERO
+        fn wall(&self) -> SystemTime {
+            UNIX_EPOCH
         }
     }
     let e = Engine::builder()
@@ -233,11 +233,11 @@ fn persisted_records(path: &Path) -> Vec<RecordInfo> {
 }
 
 fn live(records: Vec<RecordInfo>) -> Vec<RecordInfo> {
-    let now = now_ms();
+    let now = UNIX_EPOCH + Duration::from_millis(now_ms());
     records
         .into_iter()
         .filter(|r| {
-            !matches!(r.state, RecordInfoState::Completed { expires_at_ms, .. } if expires_at_ms <= now)
+            !matches!(r.state, RecordInfoState::Completed { expires_at, .. } if expires_at <= now)
         })
         .collect()
 }

@@ -42,7 +42,7 @@ pub(crate) enum How {
     Snapshot,
 }
 
-/// A clock stopped at the UNIX epoch (both readings zero).
+/// A clock stopped at the UNIX epoch (monotonic zero, wall time the epoch).
 #[derive(Debug)]
 struct Frozen;
 
@@ -51,17 +51,14 @@ impl Clock for Frozen {
         Duration::ZERO
     }
 
-    fn wall(&self) -> Duration {
-        Duration::ZERO
+    fn wall(&self) -> SystemTime {
+        UNIX_EPOCH
     }
 }
 
 /// Wall-clock milliseconds since the UNIX epoch, now.
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
+    crate::cli::records::wall_ms(SystemTime::now())
 }
 
 /// Checks that `path` is an existing, non-empty regular file, without creating anything.

@@ -111,10 +111,10 @@ fn text(key: &[u8], record: &Option<RecordInfo>, now: u64) -> String {
         )),
         Some(r) => match &r.state {
             RecordInfoState::InFlight {
-                lease_deadline_ms,
+                lease_deadline,
                 checkpoint,
             } => {
-                let deadline = *lease_deadline_ms;
+                let deadline = records::wall_ms(*lease_deadline);
                 lines.push(("state", "inflight (claimed, not completed)".into()));
                 lines.push(("token", r.token.to_string()));
                 lines.push(("attempt", r.attempt.to_string()));
@@ -140,10 +140,10 @@ fn text(key: &[u8], record: &Option<RecordInfo>, now: u64) -> String {
             }
             RecordInfoState::Completed {
                 response,
-                expires_at_ms,
+                expires_at,
                 ..
             } => {
-                let expires = *expires_at_ms;
+                let expires = records::wall_ms(*expires_at);
                 lines.push((
                     "state",
                     if expires <= now {
@@ -197,11 +197,12 @@ fn to_json(key: &[u8], record: &Option<RecordInfo>, now: u64) -> serde_json::Val
     v["fingerprint"] = json!(records::fingerprint(r.fingerprint));
     match &r.state {
         RecordInfoState::InFlight {
-            lease_deadline_ms,
+            lease_deadline,
             checkpoint,
         } => {
+            let lease_deadline_ms = records::wall_ms(*lease_deadline);
             v["lease_deadline_ms"] = json!(lease_deadline_ms);
-            v["left_ms"] = json!(records::signed_left_ms(*lease_deadline_ms, now));
+            v["left_ms"] = json!(records::signed_left_ms(lease_deadline_ms, now));
             v["checkpoint"] = match checkpoint {
                 Some((phase, data)) => json!({ "phase": phase, "data": hex(data) }),
                 None => serde_json::Value::Null,
@@ -209,11 +210,12 @@ fn to_json(key: &[u8], record: &Option<RecordInfo>, now: u64) -> serde_json::Val
         }
         RecordInfoState::Completed {
             response,
-            expires_at_ms,
+            expires_at,
             ..
         } => {
+            let expires_at_ms = records::wall_ms(*expires_at);
             v["expires_at_ms"] = json!(expires_at_ms);
-            v["left_ms"] = json!(records::signed_left_ms(*expires_at_ms, now));
+            v["left_ms"] = json!(records::signed_left_ms(expires_at_ms, now));
             v["response"] = json!(hex(response));
             v["response_text"] = json!(String::from_utf8_lossy(response));
         }

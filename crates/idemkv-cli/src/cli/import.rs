@@ -13,7 +13,7 @@
 use crate::cli::error::CliError;
 use crate::cli::file::{self, How};
 use crate::cli::output::{self, count};
-use crate::cli::records::{printable, RecordLine};
+use crate::cli::records::{self, printable, RecordLine};
 use idemkv::{ClaimError, ImportError, RecordInfo, RecordInfoState};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
@@ -104,8 +104,8 @@ pub(crate) fn run(args: &ImportArgs) -> Result<(), CliError> {
     );
     for (line, r) in &records {
         pb.inc(1);
-        if let RecordInfoState::Completed { expires_at_ms, .. } = r.state {
-            if expires_at_ms <= now {
+        if let RecordInfoState::Completed { expires_at, .. } = r.state {
+            if records::wall_ms(expires_at) <= now {
                 expired += 1;
                 continue;
             }

@@ -212,10 +212,10 @@ fn record_json(r: &RecordInfo, now: u64) -> serde_json::Value {
     });
     match &r.state {
         RecordInfoState::InFlight {
-            lease_deadline_ms,
+            lease_deadline,
             checkpoint,
         } => {
-            v["lease_deadline_ms"] = json!(lease_deadline_ms);
+            v["lease_deadline_ms"] = json!(records::wall_ms(*lease_deadline));
             v["checkpoint"] = match checkpoint {
                 Some((phase, data)) => json!({ "phase": phase, "bytes": data.len() }),
                 None => serde_json::Value::Null,
@@ -223,10 +223,10 @@ fn record_json(r: &RecordInfo, now: u64) -> serde_json::Value {
         }
         RecordInfoState::Completed {
             response,
-            expires_at_ms,
+            expires_at,
             ..
         } => {
-            v["expires_at_ms"] = json!(expires_at_ms);
+            v["expires_at_ms"] = json!(records::wall_ms(*expires_at));
             v["response_bytes"] = json!(response.len());
         }
         _ => {}

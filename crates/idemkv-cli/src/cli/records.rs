@@ -19,7 +19,7 @@
 use idemkv::{RecordInfo, RecordInfoState};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Lowercase hex of `bytes`.
 pub(crate) fn hex(bytes: &[u8]) -> String {
@@ -279,11 +279,11 @@ impl RecordLine {
         };
         match &r.state {
             RecordInfoState::InFlight {
-                lease_deadline_ms,
+                lease_deadline,
                 checkpoint,
             } => {
                 line.state = "inflight".into();
-                line.lease_deadline_ms = Some(*lease_deadline_ms);
+                line.lease_deadline_ms = Some(wall_ms(*lease_deadline));
                 line.checkpoint = Some(checkpoint.as_ref().map(|(phase, data)| CheckpointLine {
                     phase: *phase,
                     data: hex(data),
@@ -291,12 +291,12 @@ impl RecordLine {
             }
             RecordInfoState::Completed {
                 response,
-                expires_at_ms,
+                expires_at,
                 published: true,
             } => {
                 line.state = "completed".into();
                 line.response = Some(hex(response));
-                line.expires_at_ms = Some(*expires_at_ms);
+                line.expires_at_ms = Some(wall_ms(*expires_at));
             }
             _ => {
                 return Err(format!(
@@ -341,7 +341,7 @@ impl RecordLine {
                     )),
                 };
                 RecordInfoState::InFlight {
-                    lease_deadline_ms,
+                    lease_deadline: wall_time(lease_deadline_ms),
                     checkpoint,
                 }
             }
@@ -362,7 +362,7 @@ impl RecordLine {
                     .ok_or("a completed record needs expires_at_ms")?;
                 RecordInfoState::Completed {
                     response,
-                    expires_at_ms,
+                    expires_at: wall_time(expires_at_ms),
                     published: true,
                 }
             }
@@ -382,13 +382,32 @@ impl RecordLine {
     }
 }
 
-/// Where a record's clock runs to: the end of its lease (InFlight) or of its retention.
+/// Milliseconds since the UNIX epoch of a wall-clock time: the unit of every time in the
+/// record lines and the command output. A time before the epoch reads as 0; saturates at
+/// `u64::MAX`.
+pub(crate) fn wall_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// The wall-clock time `ms` milliseconds after the UNIX epoch (a record line's time). A
+/// platform whose `SystemTime` cannot hold it gets a time it can (halving until one fits).
+pub(crate) fn wall_time(ms: u64) -> SystemTime {
+    let mut d = Duration::from_millis(ms);
+    loop {
+        if let Some(t) = UNIX_EPOCH.checked_add(d) {
+            return t;
+        }
+        d /= 2;
+    }
+}
+
+/// Where a record's clock runs to, in ms since the epoch: the end of its lease (InFlight)
+/// or of its retention.
 pub(crate) fn deadline_ms(r: &RecordInfo) -> u64 {
     match &r.state {
-        RecordInfoState::InFlight {
-            lease_deadline_ms, ..
-        } => *lease_deadline_ms,
-        RecordInfoState::Completed { expires_at_ms, .. } => *expires_at_ms,
+        RecordInfoState::InFlight { lease_deadline, .. } => wall_ms(*lease_deadline),
+        RecordInfoState::Completed { expires_at, .. } => wall_ms(*expires_at),
         _ => 0,
     }
 }
@@ -398,7 +417,9 @@ pub(crate) fn deadline_ms(r: &RecordInfo) -> u64 {
 /// call, reclaimed by the next sweep or open).
 pub(crate) fn state_name(r: &RecordInfo, now_ms: u64) -> &'static str {
     match &r.state {
-        RecordInfoState::Completed { expires_at_ms, .. } if *expires_at_ms <= now_ms => "expired",
+        RecordInfoState::Completed { expires_at, .. } if wall_ms(*expires_at) <= now_ms => {
+            "expired"
+        }
         _ => r.state_name(),
     }
 }
@@ -454,7 +475,7 @@ mod tests {
                 attempt: 1,
                 state: RecordInfoState::Completed {
                     response: b"ok".to_vec(),
-                    expires_at_ms: 1_767_225_600_000,
+                    expires_at: UNIX_EPOCH + Duration::from_millis(1_767_225_600_000),
                     published: true,
                 },
             },
@@ -464,7 +485,7 @@ mod tests {
                 fingerprint: None,
                 attempt: 2,
                 state: RecordInfoState::InFlight {
-                    lease_deadline_ms: 5,
+                    lease_deadline: UNIX_EPOCH + Duration::from_millis(5),
                     checkpoint: Some((3, vec![0, 255])),
                 },
             },
@@ -474,7 +495,7 @@ mod tests {
                 fingerprint: None,
                 attempt: 1,
                 state: RecordInfoState::InFlight {
-                    lease_deadline_ms: 5,
+                    lease_deadline: UNIX_EPOCH + Duration::from_millis(5),
                     checkpoint: None,
                 },
             },
@@ -486,6 +507,9 @@ mod tests {
         }
         let line = serde_json::to_string(&RecordLine::from_record(&records[2]).unwrap()).unwrap();
         assert!(line.contains("\"checkpoint\":null"), "{line}");
+        assert!(line.contains("\"lease_deadline_ms\":5,"), "{line}");
+        let line = serde_json::to_string(&RecordLine::from_record(&records[0]).unwrap()).unwrap();
+        assert!(line.contains("\"expires_at_ms\":1767225600000"), "{line}");
         let bad: RecordLine = serde_json::from_str(
             r#"{"key":"6b","token":1,"fingerprint":null,"attempt":1,"state":"completed","expires_at_ms":1}"#,
         )

@@ -56,7 +56,7 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
         let why = match &now_state {
             None => "it is absent (never claimed, released, or reclaimed)".to_string(),
             Some(KeyState::Completed { expires_at, .. })
-                if (expires_at.as_millis() as u64) <= now =>
+                if records::wall_ms(*expires_at) <= now =>
             {
                 "it is completed and past its retention (Absent to every call)".to_string()
             }
@@ -83,11 +83,11 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
             "attempt": before.attempt,
         });
         if let RecordInfoState::InFlight {
-            lease_deadline_ms,
+            lease_deadline,
             checkpoint,
         } = &before.state
         {
-            record["lease_deadline_ms"] = json!(lease_deadline_ms);
+            record["lease_deadline_ms"] = json!(records::wall_ms(*lease_deadline));
             record["checkpoint"] = match checkpoint {
                 Some((phase, data)) => json!({ "phase": phase, "data": records::hex(data) }),
                 None => serde_json::Value::Null,
@@ -103,16 +103,17 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
     line("token", before.token.to_string());
     line("attempt", before.attempt.to_string());
     if let RecordInfoState::InFlight {
-        lease_deadline_ms,
+        lease_deadline,
         checkpoint,
     } = &before.state
     {
+        let lease_deadline_ms = records::wall_ms(*lease_deadline);
         line(
             "lease ends",
             format!(
                 "{} ({})",
-                records::utc(*lease_deadline_ms, true),
-                records::left(*lease_deadline_ms, now)
+                records::utc(lease_deadline_ms, true),
+                records::left(lease_deadline_ms, now)
             ),
         );
         line(

@@ -4,7 +4,7 @@
 use crate::cli::error::CliError;
 use crate::cli::file;
 use crate::cli::output::{self, count, Table};
-use crate::cli::records::state_name;
+use crate::cli::records::{self, state_name};
 use idemkv::RecordInfoState;
 use serde_json::json;
 use std::path::PathBuf;
@@ -62,8 +62,8 @@ pub(crate) fn run(args: &StatsArgs) -> Result<(), CliError> {
             "inflight" => {
                 c.inflight += 1;
                 if !c.live
-                    || matches!(r.state, RecordInfoState::InFlight { lease_deadline_ms, .. }
-                        if lease_deadline_ms <= now)
+                    || matches!(r.state, RecordInfoState::InFlight { lease_deadline, .. }
+                        if records::wall_ms(lease_deadline) <= now)
                 {
                     c.abandoned += 1;
                 }
