@@ -27,7 +27,6 @@
 //! `EngineBuilder::backend`. Locks are delegated to the inner backend: a `FileBackend` gives
 //! real file locks (so `AlreadyOpen` works); an `InMemoryBackend` has none, which redb accepts
 //! in its exclusive-writer mode.
-#![allow(dead_code)]
 
 use idemkv::{LockKind, Storage};
 use redb::backends::{FileBackend, InMemoryBackend};

@@ -274,19 +274,28 @@ fn full_queue(clock: &MockClock) -> (Engine, FaultyBackend, common::Gate, Vec<Le
     (engine, backend, gate, leases)
 }
 
-#[test]
-fn a_holder_waits_for_room_in_a_full_queue_and_completes() {
-    let clock = MockClock::new();
-    let (engine, _backend, gate, mut leases) = full_queue(&clock);
-    let lease = leases.pop().unwrap();
+/// Completes `lease` with `after` on a thread of its own and returns once the holder waits for
+/// room in the full queue (and has not returned): its key, its token, and its answer to come.
+fn complete_waiting_for_room(
+    engine: &Engine,
+    lease: Lease,
+) -> (Vec<u8>, u64, mpsc::Receiver<Result<(), LeaseError>>) {
     let (key, token) = (lease.key().to_vec(), lease.token());
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || tx.send(lease.complete(b"after")).unwrap());
-    // Waiting, not failing and not releasing: the key is still the holder's.
     wait_until("the holder to wait for room", || {
         engine.stats().overloaded > 0
     });
     assert!(rx.try_recv().is_err());
+    (key, token, rx)
+}
+
+#[test]
+fn a_holder_waits_for_room_in_a_full_queue_and_completes() {
+    let clock = MockClock::new();
+    let (engine, _backend, gate, mut leases) = full_queue(&clock);
+    // Waiting, not failing and not releasing: the key is still the holder's.
+    let (key, token, rx) = complete_waiting_for_room(&engine, leases.pop().unwrap());
     assert!(matches!(
         engine.get(&key).unwrap(),
         Some(KeyState::InFlight { token: t, .. }) if t == token
@@ -303,15 +312,7 @@ fn a_holder_waits_for_room_in_a_full_queue_and_completes() {
 fn a_holder_whose_lease_ends_in_a_full_queue_keeps_the_key() {
     let clock = MockClock::new();
     let (engine, _backend, gate, mut leases) = full_queue(&clock);
-    // `run` through the same path: its claim was acquired before the queue filled up.
-    let lease = leases.pop().unwrap();
-    let (key, token) = (lease.key().to_vec(), lease.token());
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || tx.send(lease.complete(b"after")).unwrap());
-    wait_until("the holder to wait for room", || {
-        engine.stats().overloaded > 0
-    });
-    assert!(rx.try_recv().is_err());
+    let (key, token, rx) = complete_waiting_for_room(&engine, leases.pop().unwrap());
     // The lease ends while the writer is still held: the holder gives up with a typed
     // error at once, and the key is not released (other callers would run the work now).
     clock.advance(LEASE);

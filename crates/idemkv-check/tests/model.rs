@@ -174,12 +174,10 @@ fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
     );
 }
 
-/// A fixed finding (docs/testing.md): `Engine::records()` listed a completion that was not
-/// yet durable with `expires_at_ms: 0` instead of its end of retention. Found by the
-/// `ops_model` fuzz target.
-#[test]
-fn records_show_the_retention_of_a_completion_not_yet_durable() {
-    use idemkv::{Claim, ClaimOptions, RecordInfoState};
+/// The records of an engine holding one completion (`k` → `r`) that is not yet durable: a
+/// `Buffered` engine whose writer waits an hour before it commits.
+fn records_with_an_unpublished_completion() -> Vec<idemkv::RecordInfo> {
+    use idemkv::{Claim, ClaimOptions};
     use idemkv_check::backend::FaultyBackend;
     let engine = Engine::builder()
         .path("x.redb")
@@ -193,7 +191,16 @@ fn records_show_the_retention_of_a_completion_not_yet_durable() {
         Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
         other => panic!("{other:?}"),
     }
-    let records = engine.admin().records();
+    engine.admin().records()
+}
+
+/// A fixed finding (docs/testing.md): `Engine::records()` listed a completion that was not
+/// yet durable with `expires_at_ms: 0` instead of its end of retention. Found by the
+/// `ops_model` fuzz target.
+#[test]
+fn records_show_the_retention_of_a_completion_not_yet_durable() {
+    use idemkv::RecordInfoState;
+    let records = records_with_an_unpublished_completion();
     match &records[0].state {
         RecordInfoState::Completed {
             expires_at,
@@ -210,21 +217,8 @@ fn records_show_the_retention_of_a_completion_not_yet_durable() {
 /// yet durable with an empty response. Found by the `ops_model` fuzz target.
 #[test]
 fn records_show_the_response_of_a_completion_not_yet_durable() {
-    use idemkv::{Claim, ClaimOptions, RecordInfoState};
-    use idemkv_check::backend::FaultyBackend;
-    let engine = Engine::builder()
-        .path("x.redb")
-        .backend(FaultyBackend::memory())
-        .durability(Durability::Buffered {
-            max_delay: Duration::from_secs(3600),
-        })
-        .open()
-        .expect("open");
-    match engine.claim(b"k", &ClaimOptions::default()).expect("claim") {
-        Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
-        other => panic!("{other:?}"),
-    }
-    let records = engine.admin().records();
+    use idemkv::RecordInfoState;
+    let records = records_with_an_unpublished_completion();
     match &records[0].state {
         RecordInfoState::Completed { response, .. } => assert_eq!(response, b"r", "{records:?}"),
         other => panic!("{other:?}"),
