@@ -6,7 +6,6 @@ use crate::engine::Engine;
 use crate::error::{ClaimError, LeaseError, Limit};
 use crate::lease::KeyState;
 use crate::machine::{self, Imported};
-use crate::writer::wait_ack;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::SystemTime;
@@ -276,20 +275,16 @@ impl Admin<'_> {
         if !s.tokens.advance_to(record.token) {
             return Err(ImportError::Engine(ClaimError::TokensExhausted));
         }
-        let (ack, rx) = if wait && s.tx.is_some() {
-            let (ack, rx) = crate::writer::ack_pair();
-            (Some(ack), Some(rx))
-        } else {
-            (None, None)
-        };
-        s.queue(step.write, ack, false)
+        let seq = s
+            .queue(step.write, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
         shard.apply(k, step.change);
         s.count(&step.deltas);
         drop(shard);
         changed.notify_all();
-        if let Some(rx) = rx {
-            wait_ack(s, &rx).map_err(|why| ImportError::Engine(ClaimError::OutcomeUnknown(why)))?;
+        if wait {
+            s.wait_durable(seq)
+                .map_err(|why| ImportError::Engine(ClaimError::OutcomeUnknown(why)))?;
         }
         Ok(())
     }

@@ -8,7 +8,7 @@
 use crate::clock::{duration_ns, wall_time};
 use crate::codec::{self, Checkpoint, RecordState};
 use crate::constants::*;
-use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
+use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
 use crate::index::{Key, Shard};
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
@@ -18,18 +18,18 @@ use crate::stats::bump;
 use crate::sweep::Room;
 use crate::sync::{Arc, MutexGuard, Ordering};
 use crate::token::Shortage;
-use crate::writer::wait_ack;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::time::Duration;
 
 /// One decision of the state machine, taken under the stripe lock.
-enum Step {
+pub(crate) enum Step {
     Acquired {
         token: u64,
         attempt: u32,
         checkpoint: Option<Checkpoint>,
-        ack: Option<AckRx>,
+        /// The InFlight record's durability number to wait for (0: none).
+        durable: u64,
     },
     Busy(Busy),
     /// A memory-only engine's stored response.
@@ -46,11 +46,34 @@ enum Step {
     NeedLeases,
 }
 
+/// A decision turned into an answer, or the durability wait that still stands before it.
+pub(crate) enum Prepared {
+    Ready(Result<Claim, Again>),
+    /// Acquired under `Immediate`: the lease, once its InFlight record (number `seq`) is
+    /// durable.
+    Durable {
+        seq: u64,
+        lease: Lease,
+    },
+    /// Tokens ran out: a barrier (number `seq`) commits a new high-water mark; look again
+    /// once it is durable.
+    Tokens {
+        seq: u64,
+    },
+}
+
+fn flush_to_claim(e: FlushError) -> ClaimError {
+    match e {
+        FlushError::Poisoned(why) => ClaimError::Poisoned(why),
+        FlushError::Closed => ClaimError::Closed,
+    }
+}
+
 /// Why a decision could not be turned into an answer and the call must look at its key
 /// again. Every kind follows progress made by others, and a call looks at most
 /// `CLAIM_LOOKS_MAX` times, so no claim loops forever.
 #[derive(Clone, Copy)]
-enum Again {
+pub(crate) enum Again {
     /// Tokens were reserved (a flush committed a new high-water mark).
     Tokens,
     /// Expired keys were reclaimed to make room under the key budget.
@@ -152,18 +175,20 @@ impl Engine {
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let step = machine::acquire(plan, key, token, lease, now, &s.rules());
-        let (ack, ack_rx) = self.ack_for_mode();
-        if let Err(refused) = s.queue(step.write, ack, true) {
-            undo();
-            return Err(match refused {
-                SendRefused::Full => {
-                    bump(&c.overloaded);
-                    ClaimError::Overloaded(Limit::WriterQueue)
-                }
-                SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
-                SendRefused::Closed => ClaimError::Closed,
-            });
-        }
+        let seq = match s.queue(step.write, true) {
+            Ok(seq) => seq,
+            Err(refused) => {
+                undo();
+                return Err(match refused {
+                    SendRefused::Full => {
+                        bump(&c.overloaded);
+                        ClaimError::Overloaded(Limit::WriterQueue)
+                    }
+                    SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
+                    SendRefused::Closed => ClaimError::Closed,
+                });
+            }
+        };
         shard.apply(k, step.change);
         s.count(&step.deltas);
         let Acquired {
@@ -175,7 +200,7 @@ impl Engine {
             token,
             attempt,
             checkpoint,
-            ack: ack_rx,
+            durable: if self.waits_for_durability() { seq } else { 0 },
         })
     }
 
@@ -212,51 +237,98 @@ impl Engine {
         reserve() || (shard.end_leases(now, usize::MAX).moved > 0 && reserve())
     }
 
-    /// Turns a decision into the caller's answer: waits for durability under `Immediate`,
-    /// reads a stored response from the file. `Err(Again)`: look again.
-    fn finish(
+    /// Turns a decision into the caller's answer, or into what it must still wait for,
+    /// without blocking: reads a stored response from the file, queues a barrier for tokens.
+    /// The blocking (`finish`) and async drivers only add the wait.
+    pub(crate) fn prepare(
         &self,
         key: &[u8],
         opts: &ClaimOptions,
         step: Step,
-    ) -> Result<Result<Claim, Again>, ClaimError> {
+    ) -> Result<Prepared, ClaimError> {
         match step {
             Step::Acquired {
                 token,
                 attempt,
                 checkpoint,
-                ack,
+                durable,
             } => {
-                if let Some(rx) = ack {
-                    wait_ack(self.shared(), &rx).map_err(ClaimError::OutcomeUnknown)?;
-                }
-                Ok(Ok(Claim::Acquired(Lease {
+                // The lease exists before its durability wait, so a caller that stops
+                // waiting (a dropped future) releases the claim like any dropped lease.
+                let lease = Lease {
                     engine: self.clone(),
                     key: Box::from(key),
                     token,
                     attempt,
                     checkpoint,
                     settled: false,
-                })))
+                };
+                Ok(if durable == 0 {
+                    Prepared::Ready(Ok(Claim::Acquired(lease)))
+                } else {
+                    Prepared::Durable {
+                        seq: durable,
+                        lease,
+                    }
+                })
             }
-            Step::Busy(busy) => Ok(Ok(Claim::InProgress(busy))),
-            Step::Replay(stored) => Ok(Ok(Claim::Completed(stored))),
+            Step::Busy(busy) => Ok(Prepared::Ready(Ok(Claim::InProgress(busy)))),
+            Step::Replay(stored) => Ok(Prepared::Ready(Ok(Claim::Completed(stored)))),
             Step::ReplayFromFile { token } => {
                 match self.read_completed(key, token, opts.fingerprint)? {
                     Some(read) => {
                         bump(&self.shared().counters.replays);
-                        Ok(Ok(Claim::Completed(read.stored)))
+                        Ok(Prepared::Ready(Ok(Claim::Completed(read.stored))))
                     }
-                    None => Ok(Err(Again::Record)),
+                    None => Ok(Prepared::Ready(Err(Again::Record))),
                 }
             }
             Step::NeedTokens => {
-                self.shared().flush().map_err(|e| match e {
-                    FlushError::Poisoned(why) => ClaimError::Poisoned(why),
-                    FlushError::Closed => ClaimError::Closed,
-                })?;
+                let seq = self.shared().send_barrier().map_err(flush_to_claim)?;
+                Ok(Prepared::Tokens { seq })
+            }
+            step => self.make_room(step).map(Prepared::Ready),
+        }
+    }
+
+    /// The error of a durability wait that failed, for a claim: the claim's own record
+    /// (`Acquired`) may or may not have been committed.
+    pub(crate) fn claim_wait_failed(&self, why: Arc<str>) -> ClaimError {
+        ClaimError::OutcomeUnknown(why)
+    }
+
+    /// The error of a barrier wait (a token reservation) that failed.
+    pub(crate) fn tokens_wait_failed(&self) -> ClaimError {
+        flush_to_claim(self.shared().flush_stopped())
+    }
+
+    /// The blocking driver of [`Engine::prepare`].
+    fn finish(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        step: Step,
+    ) -> Result<Result<Claim, Again>, ClaimError> {
+        match self.prepare(key, opts, step)? {
+            Prepared::Ready(answer) => Ok(answer),
+            Prepared::Durable { seq, lease } => {
+                self.shared()
+                    .wait_durable(seq)
+                    .map_err(|why| self.claim_wait_failed(why))?;
+                Ok(Ok(Claim::Acquired(lease)))
+            }
+            Prepared::Tokens { seq } => {
+                self.shared()
+                    .wait_durable(seq)
+                    .map_err(|_| self.tokens_wait_failed())?;
                 Ok(Err(Again::Tokens))
             }
+        }
+    }
+
+    /// The decisions that need room first: reclaim keys, or end leases, elsewhere.
+    fn make_room(&self, step: Step) -> Result<Result<Claim, Again>, ClaimError> {
+        match step {
             Step::NeedRoom => {
                 // Reclaim what is due on other stripes (not under this key's lock), then
                 // look again; if nothing is due anywhere the budget is truly full, and the
@@ -289,6 +361,8 @@ impl Engine {
                 }
                 Ok(Err(Again::Leases))
             }
+            // Every other decision was answered by `prepare`.
+            _ => Err(ClaimError::Contended),
         }
     }
 
@@ -672,14 +746,8 @@ impl Engine {
             let Some(slot) = shard.get(k) else {
                 return Ok(false);
             };
-            if s.send(
-                crate::writer::Op::Delete {
-                    token: slot.token,
-                    ack: None,
-                },
-                false,
-            )
-            .is_err()
+            if s.send(crate::writer::Op::Delete { token: slot.token }, false)
+                .is_err()
             {
                 return Err(FlushError::Closed);
             }

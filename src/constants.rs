@@ -68,9 +68,12 @@ pub(crate) const RETRY_AFTER_UNPUBLISHED: Duration = Duration::from_millis(1);
 /// that cannot notify (wall-clock jumps, foreign clocks).
 pub(crate) const WAIT_SLICE_MAX: Duration = Duration::from_millis(250);
 
-/// How often a caller waiting for an acknowledgement checks that the writer still runs. Acks
-/// arrive by message; the poll only ends waits for operations that raced `close`.
+/// Backstop for a thread waiting for durability: every change it waits for (a new watermark,
+/// poison, the writer stopping) wakes it, so this timeout only bounds the cost of a bug.
 pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
+/// A kept-alive lease is renewed when this fraction of it has passed (every third), so a
+/// renewal delayed by a full queue or a busy machine still lands before the lease ends.
+pub(crate) const KEEP_ALIVE_DIVISOR: u64 = 3;
 /// Shortest real-time slice a waiter sleeps, so that a tiny retry hint never spins.
 pub(crate) const WAIT_SLICE_MIN: Duration = Duration::from_millis(1);
 

@@ -10,13 +10,14 @@ use crate::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::index::Index;
 use crate::machine::{Deltas, Now, Rules, Write};
 use crate::options::{Durability, EngineBuilder};
+use crate::progress::{Failed, Progress, Stopped};
 use crate::stats::{read, Counters, Stats};
 use crate::storage::{Closing, Store};
 use crate::sweep::Sweeper;
-use crate::sync::channel::{Receiver, Sender, TrySendError};
+use crate::sync::channel::{Sender, TrySendError};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, RwLock, Weak};
 use crate::token::Tokens;
-use crate::writer::{self, ack_pair, wait_ack, Op};
+use crate::writer::{self, Op, Queued};
 use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -43,7 +44,12 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) tokens: Tokens,
     pub(crate) counters: Counters,
-    pub(crate) tx: Option<Sender<Op>>,
+    pub(crate) tx: Option<Sender<Queued>>,
+    /// The writer's durability watermark; every durability wait waits on it.
+    pub(crate) progress: Progress,
+    /// Deadline wake-ups for futures, and the thread that runs keep-alive renewals.
+    pub(crate) timers: crate::timer::Timers,
+    pub(crate) keep_alive: crate::keep_alive::KeepAlives,
     /// The file, for replay reads. Emptied by `close`, so the file is released with it.
     store: RwLock<Option<Arc<Closing>>>,
     poisoned: AtomicBool,
@@ -117,6 +123,7 @@ impl Shared {
         self.poisoned.store(true, Ordering::Release);
         self.index.wake_all();
         self.notify_room();
+        self.progress.wake_all();
         why
     }
 
@@ -162,6 +169,7 @@ impl Shared {
 
     pub(crate) fn set_writer_stopped(&self) {
         self.writer_stopped.store(true, Ordering::Release);
+        self.progress.wake_all();
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -178,8 +186,11 @@ impl Shared {
     /// The poison check here, under the stripe lock at the point of no return, is what keeps
     /// a call that passed `check_open` just before a poison from being acknowledged: every
     /// transition that queues a write is refused once the engine is poisoned.
-    pub(crate) fn send(&self, op: Op, claim: bool) -> Result<(), SendRefused> {
-        let Some(tx) = &self.tx else { return Ok(()) };
+    ///
+    /// Returns the operation's durability sequence number (0 without a file): it is durable
+    /// once the writer's watermark reaches it.
+    pub(crate) fn send(&self, op: Op, claim: bool) -> Result<u64, SendRefused> {
+        let Some(tx) = &self.tx else { return Ok(0) };
         if let Some(why) = self.poison_reason() {
             return Err(SendRefused::Poisoned(why));
         }
@@ -189,15 +200,26 @@ impl Shared {
         if claim && tx.len() >= self.cfg.claim_queue_max {
             return Err(SendRefused::Full);
         }
-        match tx.try_send(op) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(SendRefused::Full),
+        let seq = self.progress.issue();
+        let refused = match tx.try_send(Queued { seq, op }) {
+            Ok(()) => return Ok(seq),
+            Err(TrySendError::Full(_)) => SendRefused::Full,
             // A writer that died of a panic poisoned the engine before dropping the queue.
-            Err(TrySendError::Disconnected(_)) => Err(match self.poison_reason() {
+            Err(TrySendError::Disconnected(_)) => match self.poison_reason() {
                 Some(why) => SendRefused::Poisoned(why),
                 None => SendRefused::Closed,
-            }),
+            },
+        };
+        self.progress.void(seq);
+        Err(refused)
+    }
+
+    /// Blocks until the operation numbered `seq` is durable (0: nothing to wait for).
+    pub(crate) fn wait_durable(&self, seq: u64) -> Result<(), Failed> {
+        if seq == 0 {
+            return Ok(());
         }
+        self.progress.wait(seq, self)
     }
 
     /// Waits until everything queued so far is committed (a no-op without a file).
@@ -208,14 +230,44 @@ impl Shared {
         if self.is_closed() {
             return Err(FlushError::Closed);
         }
-        let Some(tx) = &self.tx else { return Ok(()) };
-        let (ack, rx) = ack_pair();
-        let stopped = || match self.poison_reason() {
+        let seq = self.send_barrier()?;
+        self.wait_durable(seq).map_err(|_| self.flush_stopped())
+    }
+
+    /// Queues a barrier (blocking while the queue is full): everything queued before it is
+    /// durable once its number is. 0 without a file.
+    pub(crate) fn send_barrier(&self) -> Result<u64, FlushError> {
+        let Some(tx) = &self.tx else { return Ok(0) };
+        let seq = self.progress.issue();
+        if tx
+            .send(Queued {
+                seq,
+                op: Op::Barrier,
+            })
+            .is_err()
+        {
+            self.progress.void(seq);
+            return Err(self.flush_stopped());
+        }
+        Ok(seq)
+    }
+
+    pub(crate) fn flush_stopped(&self) -> FlushError {
+        match self.poison_reason() {
             Some(why) => FlushError::Poisoned(why),
             None => FlushError::Closed,
-        };
-        tx.send(Op::Barrier { ack }).map_err(|_| stopped())?;
-        wait_ack(self, &rx).map_err(|_| stopped())
+        }
+    }
+}
+
+impl Stopped for Shared {
+    fn stopped(&self) -> Option<Failed> {
+        if let Some(why) = self.poison_reason() {
+            return Some(why);
+        }
+        // An operation that raced `close` may sit in the queue after the writer left.
+        self.writer_stopped()
+            .then(|| Arc::from("the engine closed before confirming"))
     }
 }
 
@@ -237,16 +289,11 @@ impl Shared {
         }
     }
 
-    /// Queues a state machine's write, with `ack` (see [`Shared::send`]). Nothing to write is
-    /// queued as nothing.
-    pub(crate) fn queue(
-        &self,
-        write: Option<Write>,
-        ack: Option<writer::Ack>,
-        claim: bool,
-    ) -> Result<(), SendRefused> {
+    /// Queues a state machine's write (see [`Shared::send`]) and returns its durability
+    /// sequence number; nothing to write is queued as nothing (0).
+    pub(crate) fn queue(&self, write: Option<Write>, claim: bool) -> Result<u64, SendRefused> {
         let op = match write {
-            None => return Ok(()),
+            None => return Ok(0),
             Some(Write::Put {
                 token,
                 old,
@@ -257,9 +304,8 @@ impl Shared {
                 old,
                 record,
                 publish,
-                ack,
             },
-            Some(Write::Delete { token }) => Op::Delete { token, ack },
+            Some(Write::Delete { token }) => Op::Delete { token },
         };
         self.send(op, claim)
     }
@@ -302,9 +348,6 @@ pub(crate) enum SendRefused {
     Poisoned(Arc<str>),
     Closed,
 }
-
-/// A receiver for one acknowledgement of the writer.
-pub(crate) type AckRx = Receiver<Result<(), Arc<str>>>;
 
 /// An embedded idempotency engine. Cheap to clone; all clones share one engine, which
 /// closes when the last clone (and the last [`crate::Lease`]) is dropped.
@@ -357,6 +400,7 @@ impl std::fmt::Debug for Engine {
 fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushError> {
     if !shared.closed.swap(true, Ordering::AcqRel) {
         shared.sweeper.stop();
+        shared.timers.stop();
         let mut threads = threads.lock();
         if let Some(handle) = threads.sweeper.take() {
             let _ = handle.join();
@@ -367,7 +411,10 @@ fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushEr
             drop(stripe.map.lock());
         }
         if let Some(tx) = &shared.tx {
-            let _ = tx.send(Op::Shutdown);
+            let _ = tx.send(Queued {
+                seq: 0,
+                op: Op::Shutdown,
+            });
         }
         if let Some(handle) = threads.writer.take() {
             let _ = handle.join();
@@ -436,6 +483,9 @@ impl EngineBuilder {
             tokens,
             counters,
             tx,
+            progress: Progress::new(),
+            timers: Default::default(),
+            keep_alive: Default::default(),
             store: RwLock::new(store.clone()),
             poisoned: AtomicBool::new(false),
             poison_why: Mutex::new(None),
@@ -478,6 +528,7 @@ fn subscribe_clock(b: &EngineBuilder, shared: &Arc<Shared>) -> Arc<ClockListener
             shared.index.wake_all();
             shared.notify_room();
             shared.sweeper.nudge();
+            shared.timers.nudge();
         }
     });
     b.clock.subscribe(Arc::downgrade(&listener));
@@ -496,6 +547,10 @@ impl Engine {
     }
 
     pub(crate) fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    pub(crate) fn shared_arc(&self) -> &Arc<Shared> {
         &self.inner.shared
     }
 
@@ -547,14 +602,9 @@ impl Engine {
         }
     }
 
-    /// An acknowledgement channel if the mode makes callers wait for durability.
-    pub(crate) fn ack_for_mode(&self) -> (Option<writer::Ack>, Option<AckRx>) {
-        if self.durability() == Durability::Immediate {
-            let (tx, rx) = ack_pair();
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        }
+    /// Whether the mode makes a call wait until its write is durable before it returns.
+    pub(crate) fn waits_for_durability(&self) -> bool {
+        self.durability() == Durability::Immediate
     }
 
     /// A snapshot of the engine's counters: O(stripes), never a walk over the keys. Each

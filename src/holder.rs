@@ -8,12 +8,11 @@
 //! ends. Only an explicit release, or the end of the lease, lets another caller run the work.
 
 use crate::codec::Checkpoint;
-use crate::engine::{AckRx, Engine, Sabotage, SendRefused};
+use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{FlushError, LeaseError, Limit};
 use crate::machine::{self, Holder, HolderAnswer};
 use crate::stats::bump;
 use crate::sync::Arc;
-use crate::writer::wait_ack;
 use std::time::Duration;
 
 fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
@@ -47,9 +46,27 @@ impl Engine {
         token: u64,
         response: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
-        self.with_room(key, token, || {
+        let seq = self.with_room(key, token, || {
             self.try_complete(key, token, response.clone())
-        })
+        })?;
+        self.wait_holder(seq)
+    }
+
+    /// Waits until a holder's write numbered `seq` is durable (0: nothing to wait for).
+    pub(crate) fn wait_holder(&self, seq: u64) -> Result<(), LeaseError> {
+        self.shared()
+            .wait_durable(seq)
+            .map_err(LeaseError::OutcomeUnknown)
+    }
+
+    /// The number a holder's call must wait for before it returns: its write's under
+    /// `Immediate`, none otherwise.
+    fn durable_wait(&self, seq: u64) -> u64 {
+        if self.waits_for_durability() {
+            seq
+        } else {
+            0
+        }
     }
 
     /// Runs a holder's call for `token` on `key`, waiting for room while the writer queue is
@@ -101,7 +118,13 @@ impl Engine {
             })
     }
 
-    fn try_complete(&self, key: &[u8], token: u64, response: Arc<[u8]>) -> Result<(), LeaseError> {
+    /// One attempt at a completion, never blocking; returns the number to wait for.
+    pub(crate) fn try_complete(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
         let max = s.cfg.response_len_max;
@@ -127,22 +150,20 @@ impl Engine {
             HolderAnswer::Repeat { published } => {
                 // The first completion stands. It is settled once all queued is.
                 drop(shard);
-                if !published {
-                    s.flush().map_err(|e| match e {
-                        FlushError::Poisoned(why) => LeaseError::OutcomeUnknown(why),
-                        FlushError::Closed => LeaseError::Closed,
-                    })?;
+                if published {
+                    return Ok(0);
                 }
-                return Ok(());
+                return s.send_barrier().map_err(|e| match e {
+                    FlushError::Poisoned(why) => LeaseError::OutcomeUnknown(why),
+                    FlushError::Closed => LeaseError::Closed,
+                });
             }
             HolderAnswer::LeaseLost | HolderAnswer::NotHeld => {
                 s.count(&step.deltas);
                 return Err(LeaseError::LeaseLost);
             }
         }
-        let (ack, ack_rx) = self.ack_for_mode();
-        s.queue(step.write, ack, false)
-            .map_err(|r| refused(self, r))?;
+        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
         s.count(&step.deltas);
         drop(shard);
@@ -150,10 +171,7 @@ impl Engine {
         if !rules.durable {
             changed.notify_all();
         }
-        if let Some(rx) = ack_rx {
-            wait_ack(s, &rx).map_err(LeaseError::OutcomeUnknown)?;
-        }
-        Ok(())
+        Ok(self.durable_wait(seq))
     }
 
     /// Releases `key` if `token` still owns it as InFlight; returns whether it did. A
@@ -161,11 +179,8 @@ impl Engine {
     /// writer queue is waited out as long as the lease lasts (see [`Engine::complete`]).
     pub fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         self.check_lease_call(key)?;
-        let (released, ack) =
-            self.with_room(key, token, || self.release_locked(key, token, true))?;
-        if let Some(rx) = ack {
-            wait_ack(self.shared(), &rx).map_err(LeaseError::OutcomeUnknown)?;
-        }
+        let (released, seq) = self.with_room(key, token, || self.release_locked(key, token))?;
+        self.wait_holder(self.durable_wait(seq))?;
         Ok(released)
     }
 
@@ -173,16 +188,12 @@ impl Engine {
     /// stays and expires on its own, which is equally safe.
     pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
         if self.check_open().is_ok() {
-            let _ = self.release_locked(key, token, false);
+            let _ = self.release_locked(key, token);
         }
     }
 
-    fn release_locked(
-        &self,
-        key: &[u8],
-        token: u64,
-        want_ack: bool,
-    ) -> Result<(bool, Option<AckRx>), LeaseError> {
+    /// One attempt at a release, never blocking: whether it released, and its write's number.
+    pub(crate) fn release_locked(&self, key: &[u8], token: u64) -> Result<(bool, u64), LeaseError> {
         let s = self.shared();
         let (mut shard, changed, k) = s.index.lock(key);
         let step = machine::hold(
@@ -194,25 +205,24 @@ impl Engine {
             &s.rules(),
         );
         if step.answer != HolderAnswer::Done {
-            return Ok((false, None));
+            return Ok((false, 0));
         }
-        let (ack, ack_rx) = if want_ack {
-            self.ack_for_mode()
-        } else {
-            (None, None)
-        };
-        s.queue(step.write, ack, false)
-            .map_err(|r| refused(self, r))?;
+        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
         s.count(&step.deltas);
         drop(shard);
         changed.notify_all();
-        Ok((true, ack_rx))
+        Ok((true, seq))
     }
 
     /// Applies `op` (an extend or a checkpoint) to the InFlight slot owned by `token` and
-    /// persists it.
-    fn update_inflight(&self, key: &[u8], token: u64, op: Holder) -> Result<(), LeaseError> {
+    /// persists it; returns the number to wait for.
+    pub(crate) fn update_inflight(
+        &self,
+        key: &[u8],
+        token: u64,
+        op: Holder,
+    ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
         let (mut shard, _, k) = s.index.lock(key);
@@ -221,22 +231,18 @@ impl Engine {
             s.count(&step.deltas);
             return Err(LeaseError::LeaseLost);
         }
-        let (ack, ack_rx) = self.ack_for_mode();
-        s.queue(step.write, ack, false)
-            .map_err(|r| refused(self, r))?;
+        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
         drop(shard);
-        if let Some(rx) = ack_rx {
-            wait_ack(s, &rx).map_err(LeaseError::OutcomeUnknown)?;
-        }
-        Ok(())
+        Ok(self.durable_wait(seq))
     }
 
     /// Sets the lease of `token` on `key` to end `lease` from now.
     pub fn extend(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
-        self.with_room(key, token, || {
+        let seq = self.with_room(key, token, || {
             self.update_inflight(key, token, Holder::Extend { lease })
-        })
+        })?;
+        self.wait_holder(seq)
     }
 
     /// Saves a checkpoint for `token` on `key`; a takeover receives it.
@@ -254,8 +260,9 @@ impl Engine {
                 max,
             });
         }
-        self.with_room(key, token, || {
+        let seq = self.with_room(key, token, || {
             self.update_inflight(key, token, Holder::Checkpoint(Checkpoint::new(phase, data)))
-        })
+        })?;
+        self.wait_holder(seq)
     }
 }

@@ -32,7 +32,8 @@
 use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
 use crate::machine::{self, Change, Step, View};
-use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::wake::Changed;
 use hashbrown::HashTable;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::hash_map::RandomState;
@@ -841,7 +842,7 @@ pub(crate) struct Stripe {
     pub(crate) map: Mutex<Shard>,
     /// Notified on every state change that could settle a waiter: completion published,
     /// release, takeover, poison, close, clock jump.
-    pub(crate) changed: Condvar,
+    pub(crate) changed: Changed,
 }
 
 /// Aligns each stripe to its own cache lines, so that stripes do not false-share.
@@ -884,7 +885,7 @@ impl Index {
             .map(|id| {
                 Padded(Stripe {
                     map: Mutex::new(Shard::new(hasher.clone(), common.clone(), id)),
-                    changed: Condvar::new(),
+                    changed: Changed::new(),
                 })
             })
             .collect();
@@ -914,7 +915,7 @@ impl Index {
     }
 
     /// Locks the stripe of `bytes`; returns the key with its hash for the shard's calls.
-    pub(crate) fn lock<'a>(&self, bytes: &'a [u8]) -> (MutexGuard<'_, Shard>, &Condvar, Key<'a>) {
+    pub(crate) fn lock<'a>(&self, bytes: &'a [u8]) -> (MutexGuard<'_, Shard>, &Changed, Key<'a>) {
         let key = self.key(bytes);
         let stripe = self.stripe(key);
         (stripe.map.lock(), &stripe.changed, key)

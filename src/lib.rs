@@ -38,12 +38,14 @@ mod engine;
 mod error;
 mod holder;
 mod index;
+mod keep_alive;
 mod lease;
 mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod machine_probe;
 mod options;
+mod progress;
 mod reader;
 mod recovery;
 #[cfg(idemkv_sabotage)]
@@ -54,7 +56,9 @@ mod storage;
 mod sweep;
 mod sync;
 pub mod testing;
+mod timer;
 mod token;
+mod wake;
 mod writer;
 
 pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};

@@ -122,8 +122,8 @@ pub(crate) fn sweep_stripe(
         budget -= 1;
         let mut refused = None;
         // The removal follows a queued deletion at once, under this lock: count it here.
-        let mut send = |step: &Step<()>| match s.queue(step.write.clone(), None, false) {
-            Ok(()) => {
+        let mut send = |step: &Step<()>| match s.queue(step.write.clone(), false) {
+            Ok(_) => {
                 s.count(&step.deltas);
                 true
             }

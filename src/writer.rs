@@ -1,24 +1,30 @@
 //! The background writer: drains the queue, commits everything pending in one redb write
-//! transaction (group commit), then publishes and acknowledges.
+//! transaction (group commit), then publishes the batch's completions and the durability
+//! watermark (`progress.rs`).
 //!
 //! Architecture invariant: the writer never holds a stripe lock during I/O. It takes stripe
 //! locks only after a commit, to publish completions.
 //! Architecture invariant: a failed commit poisons the engine before any caller learns of it,
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
-//! failed commit: it poisons the engine as it unwinds and fails every pending acknowledgement.
+//! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
 
 use crate::codec::{self, Record};
-use crate::constants::{ACK_POLL, BATCH_OPS_MAX};
+use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
+use crate::progress::Tracker;
 use crate::stats::bump;
 use crate::storage::{Closing, Write};
-use crate::sync::channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use crate::sync::channel::{Receiver, RecvTimeoutError};
 use crate::sync::{Arc, Ordering};
 use std::time::Instant;
 
-/// Tells one waiting caller how its write ended.
-pub(crate) type Ack = Sender<Result<(), Arc<str>>>;
+/// One operation in the writer's queue, with its durability sequence number (0 for the
+/// shutdown message, which has none).
+pub(crate) struct Queued {
+    pub(crate) seq: u64,
+    pub(crate) op: Op,
+}
 
 /// One queued operation. Operations of one key are queued under its stripe lock, so they
 /// reach the writer in the order their state changes happened.
@@ -31,95 +37,71 @@ pub(crate) enum Op {
         /// After the commit, mark the key's completion with this token as visible (the key
         /// is the record's own).
         publish: bool,
-        ack: Option<Ack>,
     },
     /// Remove the record under `token`.
-    Delete { token: u64, ack: Option<Ack> },
+    Delete { token: u64 },
     /// Commit everything queued before it (flush, token reservation).
-    Barrier { ack: Ack },
+    Barrier,
     /// Commit what is queued and stop.
     Shutdown,
-}
-
-impl Op {
-    /// Where the outcome of this operation is reported, if anyone waits for it.
-    fn ack(&self) -> Option<&Ack> {
-        match self {
-            Op::Put { ack, .. } | Op::Delete { ack, .. } => ack.as_ref(),
-            Op::Barrier { ack } => Some(ack),
-            Op::Shutdown => None,
-        }
-    }
 }
 
 pub(crate) fn spawn(
     shared: Arc<Shared>,
     store: Arc<Closing>,
-    rx: Receiver<Op>,
+    rx: Receiver<Queued>,
 ) -> std::io::Result<crate::sync::JoinHandle<()>> {
-    crate::sync::spawn("idemkv-writer", move || Writer { shared, store, rx }.run())
+    crate::sync::spawn("idemkv-writer", move || {
+        Writer {
+            shared,
+            store,
+            rx,
+            tracker: Tracker::default(),
+            voided: Vec::new(),
+        }
+        .run()
+    })
 }
 
 struct Writer {
     shared: Arc<Shared>,
     store: Arc<Closing>,
-    rx: Receiver<Op>,
+    rx: Receiver<Queued>,
+    tracker: Tracker,
+    /// Scratch space for the numbers voided since the last commit.
+    voided: Vec<u64>,
 }
 
-/// The writer's batch, and what happens to it if the writer thread panics: the engine is
-/// poisoned first (so nothing more is acknowledged and waiters wake), then every operation
-/// of the batch and of the queue is acknowledged with the failure. Without this a panic
-/// would leave the engine reporting `Closed` and callers waiting on acknowledgements and
-/// publications that never come.
-struct Batch<'a> {
-    writer: &'a Writer,
-    ops: Vec<Op>,
-}
+/// Poisons the engine if the writer thread panics, so that nothing more is acknowledged and
+/// every waiter wakes to fail. Without this a panic would leave callers waiting for a
+/// watermark and publications that never come.
+struct PanicGuard<'a>(&'a Shared);
 
-impl Drop for Batch<'_> {
+impl Drop for PanicGuard<'_> {
     fn drop(&mut self) {
-        if !std::thread::panicking() {
-            return;
-        }
-        let shared = &self.writer.shared;
-        let why = shared.poison("the writer thread panicked".to_string());
-        let queued = std::iter::from_fn(|| self.writer.rx.try_recv().ok());
-        for op in self.ops.drain(..).chain(queued) {
-            if let Some(ack) = op.into_ack() {
-                let _ = ack.send(Err(why.clone()));
-            }
-        }
-        shared.set_writer_stopped();
-    }
-}
-
-impl Op {
-    fn into_ack(self) -> Option<Ack> {
-        match self {
-            Op::Put { ack, .. } | Op::Delete { ack, .. } => ack,
-            Op::Barrier { ack } => Some(ack),
-            Op::Shutdown => None,
+        if std::thread::panicking() {
+            self.0.poison("the writer thread panicked".to_string());
+            self.0.set_writer_stopped();
         }
     }
 }
 
 impl Writer {
-    fn run(self) {
-        let mut batch = Batch {
-            writer: &self,
-            ops: Vec::with_capacity(BATCH_OPS_MAX),
-        };
+    fn run(mut self) {
+        let shared = self.shared.clone();
+        let _guard = PanicGuard(&shared);
+        let mut batch = Vec::with_capacity(BATCH_OPS_MAX);
         loop {
             let Ok(first) = self.rx.recv() else {
                 self.shared.set_writer_stopped();
                 return;
             };
-            batch.ops.push(first);
-            self.gather(&mut batch.ops);
+            batch.push(first);
+            self.gather(&mut batch);
             // Holders waiting for room in a full queue can go on.
             self.shared.notify_room();
-            let stop = batch.ops.iter().any(|op| matches!(op, Op::Shutdown));
-            self.commit(&mut batch.ops);
+            let stop = batch.iter().any(|q| matches!(q.op, Op::Shutdown));
+            self.commit(&mut batch);
             if stop {
                 self.shared.set_writer_stopped();
                 return;
@@ -129,8 +111,8 @@ impl Writer {
 
     /// Adds to `batch` what is queued now (`Immediate`) or arrives within the delay
     /// (`Buffered`), up to the batch limit; a barrier or shutdown ends the batch at once.
-    fn gather(&self, batch: &mut Vec<Op>) {
-        let urgent = |op: &Op| matches!(op, Op::Barrier { .. } | Op::Shutdown);
+    fn gather(&self, batch: &mut Vec<Queued>) {
+        let urgent = |q: &Queued| matches!(q.op, Op::Barrier | Op::Shutdown);
         if batch.last().is_some_and(urgent) {
             return;
         }
@@ -157,7 +139,7 @@ impl Writer {
         }
     }
 
-    fn commit(&self, batch: &mut Vec<Op>) {
+    fn commit(&mut self, batch: &mut Vec<Queued>) {
         #[cfg(idemkv_sabotage)]
         if self.shared.writer_panic.swap(false, Ordering::AcqRel) {
             panic!("sabotage: the writer panics on purpose");
@@ -167,36 +149,42 @@ impl Writer {
         let ack_early = self.shared.sabotaged(Sabotage::AckBeforeCommit);
         let publish_early = self.shared.sabotaged(Sabotage::PublishBeforeCommit);
         if ack_early {
-            for op in batch.iter() {
-                if let Some(ack) = op.ack() {
-                    let _ = ack.send(Ok(()));
-                }
-            }
+            self.advance(batch);
         }
         if publish_early {
             self.publish(batch);
         }
         #[cfg(idemkv_sabotage)]
         self.shared.commit_gate.pass();
-        let result = match self.shared.poison_reason() {
-            Some(why) => Err(why),
-            None => self.write(batch),
-        };
-        if result.is_ok() && !publish_early {
-            self.publish(batch);
-        }
-        for op in batch.drain(..) {
-            if let Some(ack) = op.into_ack().filter(|_| !ack_early) {
-                // A caller that stopped waiting has dropped its receiver; nothing to tell.
-                let _ = ack.send(result.clone());
+        // A poisoned engine commits nothing more: the waiters of this batch wake to fail
+        // (poisoning woke them) and the watermark stays below them.
+        let committed = self.shared.poison_reason().is_none() && self.write(batch).is_ok();
+        if committed {
+            if !publish_early {
+                self.publish(batch);
+            }
+            if !ack_early {
+                self.advance(batch);
             }
         }
+        batch.clear();
     }
 
-    fn write(&self, batch: &[Op]) -> Result<(), Arc<str>> {
+    /// Counts the batch's operations (and any voided numbers) as durable and publishes the
+    /// watermark: one store and one wake for the whole batch.
+    fn advance(&mut self, batch: &[Queued]) {
+        self.shared.progress.take_voided(&mut self.voided);
+        let seqs = batch.iter().map(|q| q.seq).filter(|&seq| seq != 0);
+        for seq in seqs.chain(self.voided.drain(..)) {
+            self.tracker.done(seq);
+        }
+        self.shared.progress.publish(self.tracker.watermark());
+    }
+
+    fn write(&self, batch: &[Queued]) -> Result<(), Arc<str>> {
         let mut writes: Vec<Write> = batch
             .iter()
-            .filter_map(|op| match op {
+            .filter_map(|q| match &q.op {
                 Op::Put {
                     token, old, record, ..
                 } => Some(Write::Put {
@@ -205,8 +193,8 @@ impl Writer {
                     old: old.filter(|_| !self.shared.sabotaged(Sabotage::DropOldRemoval)),
                     value: codec::encode(*token, record),
                 }),
-                Op::Delete { token, .. } => Some(Write::Delete { token: *token }),
-                Op::Barrier { .. } | Op::Shutdown => None,
+                Op::Delete { token } => Some(Write::Delete { token: *token }),
+                Op::Barrier | Op::Shutdown => None,
             })
             .collect();
         // Token order makes the B-tree work sequential: claims already arrive nearly in
@@ -239,14 +227,14 @@ impl Writer {
     }
 
     /// Makes committed completions visible and wakes their waiters.
-    fn publish(&self, batch: &[Op]) {
-        for op in batch {
+    fn publish(&self, batch: &[Queued]) {
+        for q in batch {
             let Op::Put {
                 token,
                 record,
                 publish: true,
                 ..
-            } = op
+            } = &q.op
             else {
                 continue;
             };
@@ -255,35 +243,6 @@ impl Writer {
             shard.publish(k, *token);
             drop(shard);
             changed.notify_all();
-        }
-    }
-}
-
-/// A receiver for one acknowledgement.
-pub(crate) fn ack_pair() -> (Ack, Receiver<Result<(), Arc<str>>>) {
-    bounded(1)
-}
-
-/// Waits for an acknowledgement; a writer that stopped first counts as a failure.
-pub(crate) fn wait_ack(
-    shared: &Shared,
-    rx: &Receiver<Result<(), Arc<str>>>,
-) -> Result<(), Arc<str>> {
-    // A writer that died poisoned the engine first: report why.
-    let stopped = || {
-        shared
-            .poison_reason()
-            .unwrap_or_else(|| Arc::from("the engine closed before confirming"))
-    };
-    loop {
-        match rx.recv_timeout(ACK_POLL) {
-            Ok(result) => return result,
-            Err(RecvTimeoutError::Disconnected) => return Err(stopped()),
-            // An operation that raced `close` may sit in the queue after the writer left.
-            Err(RecvTimeoutError::Timeout) if shared.writer_stopped() => {
-                return rx.try_recv().unwrap_or_else(|_| Err(stopped()));
-            }
-            Err(RecvTimeoutError::Timeout) => {}
         }
     }
 }

@@ -1,0 +1,160 @@
+//! Leases that follow their holder: while a [`KeepAlive`] guard lives, the engine's timer
+//! thread renews its lease before it ends, up to a maximum; dropping the guard stops the
+//! renewals, so a holder that died (its task dropped, its thread gone) stops holding the key
+//! one lease later.
+//!
+//! Renewals queue an extension without waiting for its durability: a crash ends every
+//! holder of the file anyway, and the file's lease end only bounds when a takeover may
+//! happen after a restart.
+
+use crate::clock::duration_ns;
+use crate::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MIN};
+use crate::engine::Engine;
+use crate::error::LeaseError;
+use crate::machine::Holder;
+use crate::sync::Mutex;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+struct Renewal {
+    engine: Engine,
+    key: Box<[u8]>,
+    token: u64,
+    lease: Duration,
+    /// Renewals never move the lease's end past this instant (monotonic ns).
+    until_ns: u64,
+}
+
+#[derive(Default)]
+struct Registry {
+    /// By (next renewal instant, id).
+    due: BTreeMap<(u64, u64), Renewal>,
+    /// Each live guard's current place in `due`.
+    at: BTreeMap<u64, u64>,
+    next_id: u64,
+}
+
+/// The engine's keep-alive registrations.
+#[derive(Default)]
+pub(crate) struct KeepAlives {
+    registry: Mutex<Registry>,
+}
+
+impl KeepAlives {
+    fn add(&self, renewal: Renewal, first_ns: u64) -> u64 {
+        let mut r = self.registry.lock();
+        r.next_id += 1;
+        let id = r.next_id;
+        r.due.insert((first_ns, id), renewal);
+        r.at.insert(id, first_ns);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        let mut r = self.registry.lock();
+        if let Some(at) = r.at.remove(&id) {
+            r.due.remove(&(at, id));
+        }
+    }
+
+    /// When the next renewal is due, if any.
+    pub(crate) fn next_due_ns(&self) -> Option<u64> {
+        self.registry
+            .lock()
+            .due
+            .first_key_value()
+            .map(|((at, _), _)| *at)
+    }
+
+    /// Renews every lease due at `now` (on the timer thread).
+    pub(crate) fn renew_due(&self, now: u64) {
+        loop {
+            let (id, renewal) = {
+                let mut r = self.registry.lock();
+                let Some(entry) = r.due.first_entry() else {
+                    return;
+                };
+                if entry.key().0 > now {
+                    return;
+                }
+                let ((_, id), renewal) = entry.remove_entry();
+                r.at.remove(&id);
+                (id, renewal)
+            };
+            let left_ns = renewal.until_ns.saturating_sub(now);
+            if left_ns == 0 {
+                continue;
+            }
+            let lease_ns = duration_ns(renewal.lease).min(left_ns);
+            let extend = Holder::Extend {
+                lease: Duration::from_nanos(lease_ns),
+            };
+            let next_ns = match renewal
+                .engine
+                .update_inflight(&renewal.key, renewal.token, extend)
+            {
+                Ok(_) => now.saturating_add((lease_ns / KEEP_ALIVE_DIVISOR).max(1)),
+                // A full queue: try again shortly, well before the lease ends.
+                Err(LeaseError::Overloaded(_)) => now.saturating_add(duration_ns(WAIT_SLICE_MIN)),
+                // The lease was lost, released or completed, or the engine stopped.
+                Err(_) => continue,
+            };
+            if lease_ns < left_ns {
+                let mut r = self.registry.lock();
+                r.due.insert((next_ns, id), renewal);
+                r.at.insert(id, next_ns);
+            }
+        }
+    }
+}
+
+/// Renews a lease while it lives (see [`crate::Lease::keep_alive`]). Dropping it stops the
+/// renewals; the lease then ends at its last renewed end.
+#[must_use = "the lease is renewed only while the guard lives"]
+pub struct KeepAlive {
+    engine: Engine,
+    id: u64,
+}
+
+impl fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeepAlive").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.engine.shared().keep_alive.remove(self.id);
+    }
+}
+
+impl Engine {
+    /// Starts renewing the lease of `token` on `key`: every third of `lease`, its end is
+    /// moved to `lease` from then, never past `max` from now.
+    pub(crate) fn keep_alive(
+        &self,
+        key: &[u8],
+        token: u64,
+        lease: Duration,
+        max: Duration,
+    ) -> KeepAlive {
+        let s = self.shared();
+        let now = s.time.mono_ns();
+        let renewal = Renewal {
+            engine: self.clone(),
+            key: Box::from(key),
+            token,
+            lease,
+            until_ns: now.saturating_add(duration_ns(max)),
+        };
+        let first_ns = now.saturating_add((duration_ns(lease) / KEEP_ALIVE_DIVISOR).max(1));
+        let id = s.keep_alive.add(renewal, first_ns);
+        // Without a timer thread nothing renews: the lease simply ends as it would have.
+        let _ = s.timers.start_and_nudge(self.shared_arc());
+        KeepAlive {
+            engine: self.clone(),
+            id,
+        }
+    }
+}
