@@ -55,14 +55,18 @@ pub(crate) enum Prepared {
         seq: u64,
         lease: Lease,
     },
-    /// Tokens ran out: a barrier (number `seq`) commits a new high-water mark; look again
-    /// once it is durable.
-    Tokens {
-        seq: u64,
-    },
+    /// Tokens ran out: a barrier commits a new high-water mark; look again once it is
+    /// durable.
+    Tokens,
 }
 
-fn flush_to_claim(e: FlushError) -> ClaimError {
+/// Runs a blocking handler, renewing its lease meanwhile if the options ask for it.
+fn kept_alive<T>(lease: &Lease, opts: &ClaimOptions, handler: impl FnOnce(&Lease) -> T) -> T {
+    let _renewing = opts.keep_alive.map(|max| lease.keep_alive(max));
+    handler(lease)
+}
+
+pub(crate) fn flush_to_claim(e: FlushError) -> ClaimError {
     match e {
         FlushError::Poisoned(why) => ClaimError::Poisoned(why),
         FlushError::Closed => ClaimError::Closed,
@@ -112,7 +116,7 @@ pub(crate) struct FromFile {
 impl Engine {
     /// A claim's transition (`machine::claim`, then `machine::acquire`), under the stripe
     /// lock: decide, admit, issue a token, queue the write, change the slot.
-    fn claim_step(
+    pub(crate) fn claim_step(
         &self,
         shard: &mut MutexGuard<'_, Shard>,
         k: Key<'_>,
@@ -261,6 +265,7 @@ impl Engine {
                     token,
                     attempt,
                     checkpoint,
+                    lease: opts.lease.unwrap_or(self.shared().cfg.lease),
                     settled: false,
                 };
                 Ok(if durable == 0 {
@@ -283,10 +288,7 @@ impl Engine {
                     None => Ok(Prepared::Ready(Err(Again::Record))),
                 }
             }
-            Step::NeedTokens => {
-                let seq = self.shared().send_barrier().map_err(flush_to_claim)?;
-                Ok(Prepared::Tokens { seq })
-            }
+            Step::NeedTokens => Ok(Prepared::Tokens),
             step => self.make_room(step).map(Prepared::Ready),
         }
     }
@@ -295,11 +297,6 @@ impl Engine {
     /// (`Acquired`) may or may not have been committed.
     pub(crate) fn claim_wait_failed(&self, why: Arc<str>) -> ClaimError {
         ClaimError::OutcomeUnknown(why)
-    }
-
-    /// The error of a barrier wait (a token reservation) that failed.
-    pub(crate) fn tokens_wait_failed(&self) -> ClaimError {
-        flush_to_claim(self.shared().flush_stopped())
     }
 
     /// The blocking driver of [`Engine::prepare`].
@@ -317,10 +314,8 @@ impl Engine {
                     .map_err(|why| self.claim_wait_failed(why))?;
                 Ok(Ok(Claim::Acquired(lease)))
             }
-            Prepared::Tokens { seq } => {
-                self.shared()
-                    .wait_durable(seq)
-                    .map_err(|_| self.tokens_wait_failed())?;
+            Prepared::Tokens => {
+                self.shared().flush().map_err(flush_to_claim)?;
                 Ok(Err(Again::Tokens))
             }
         }
@@ -392,7 +387,18 @@ impl Engine {
         step: Step,
         looks: &mut u32,
     ) -> Result<Option<Claim>, ClaimError> {
-        match self.finish(key, opts, step)? {
+        let answer = self.finish(key, opts, step)?;
+        self.count_look(answer, looks)
+    }
+
+    /// Counts one look: `None` means look again, unless the call has looked
+    /// `CLAIM_LOOKS_MAX` times.
+    pub(crate) fn count_look(
+        &self,
+        answer: Result<Claim, Again>,
+        looks: &mut u32,
+    ) -> Result<Option<Claim>, ClaimError> {
+        match answer {
             Ok(claim) => Ok(Some(claim)),
             Err(again) => {
                 *looks += 1;
@@ -584,7 +590,7 @@ impl Engine {
         match self.claim_or_wait(key, opts)? {
             Claim::Acquired(lease) => {
                 let token = lease.token();
-                match handler(&lease) {
+                match kept_alive(&lease, opts, handler) {
                     Ok(bytes) => {
                         let response: Arc<[u8]> = Arc::from(bytes);
                         lease
@@ -617,7 +623,7 @@ impl Engine {
 
     /// Sorts a refused completion after the handler ran: the engine's own refusals (the key
     /// stays held, see [`RunError::NotStored`]) from a lost lease or a stopped engine.
-    fn not_stored<E>(&self, key: &[u8], token: u64, e: LeaseError) -> RunError<E> {
+    pub(crate) fn not_stored<E>(&self, key: &[u8], token: u64, e: LeaseError) -> RunError<E> {
         let reason = match e {
             LeaseError::ResponseTooLarge { len, max } => {
                 NotStoredReason::ResponseTooLarge { len, max }
@@ -646,7 +652,7 @@ impl Engine {
         T: Serialize + DeserializeOwned,
     {
         match self.claim_or_wait(key, opts)? {
-            Claim::Acquired(lease) => match handler(&lease) {
+            Claim::Acquired(lease) => match kept_alive(&lease, opts, handler) {
                 Ok(value) => {
                     let token = lease.token();
                     let bytes = match codec::encode_value(&value) {

@@ -234,6 +234,24 @@ impl Shared {
         self.wait_durable(seq).map_err(|_| self.flush_stopped())
     }
 
+    /// Queues a barrier if the queue has room: `Ok(None)` when it is full. 0 without a file.
+    pub(crate) fn try_send_barrier(&self) -> Result<Option<u64>, FlushError> {
+        let Some(tx) = &self.tx else {
+            return Ok(Some(0));
+        };
+        let seq = self.progress.issue();
+        let result = match tx.try_send(Queued {
+            seq,
+            op: Op::Barrier,
+        }) {
+            Ok(()) => return Ok(Some(seq)),
+            Err(TrySendError::Full(_)) => Ok(None),
+            Err(TrySendError::Disconnected(_)) => Err(self.flush_stopped()),
+        };
+        self.progress.void(seq);
+        result
+    }
+
     /// Queues a barrier (blocking while the queue is full): everything queued before it is
     /// durable once its number is. 0 without a file.
     pub(crate) fn send_barrier(&self) -> Result<u64, FlushError> {
@@ -636,6 +654,7 @@ impl Engine {
             expirations: read(&c.expirations),
             index_bytes,
             claims: read(&c.claims),
+            claims_cancelled: read(&c.claims_cancelled),
             acquired: read(&c.acquired),
             takeovers: read(&c.takeovers),
             replays: read(&c.replays),

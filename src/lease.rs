@@ -35,6 +35,8 @@ pub struct Lease {
     pub(crate) token: u64,
     pub(crate) attempt: u32,
     pub(crate) checkpoint: Option<Checkpoint>,
+    /// The lease length it was claimed with (what a keep-alive renews by).
+    pub(crate) lease: Duration,
     pub(crate) settled: bool,
 }
 

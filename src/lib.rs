@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod async_api;
 mod backend;
 mod claim;
 mod clock;
@@ -62,6 +63,7 @@ mod wake;
 mod writer;
 
 pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};
+pub use crate::async_api::LeaseHandle;
 pub use crate::backend::{LockKind, Storage};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;
@@ -69,6 +71,7 @@ pub use crate::engine::Engine;
 pub use crate::error::{
     ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
 };
+pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};

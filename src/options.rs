@@ -70,6 +70,7 @@ pub struct ClaimOptions {
     pub(crate) fingerprint: Option<u64>,
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
+    pub(crate) keep_alive: Option<Duration>,
 }
 
 impl ClaimOptions {
@@ -95,6 +96,15 @@ impl ClaimOptions {
     /// How long `run` and `claim_or_wait` wait for another holder before giving up.
     pub fn wait(mut self, wait: Duration) -> Self {
         self.wait = Some(wait);
+        self
+    }
+
+    /// Makes `run` and `run_async` renew the lease while the handler runs (see
+    /// [`crate::Lease::keep_alive`]), up to `max` after the claim: a long handler keeps
+    /// its key, and a handler that died (its task or thread gone) stops holding it one
+    /// lease later.
+    pub fn keep_alive(mut self, max: Duration) -> Self {
+        self.keep_alive = Some(max);
         self
     }
 }

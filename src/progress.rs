@@ -92,6 +92,11 @@ impl Progress {
         self.next.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The last number handed out (0: none yet).
+    pub(crate) fn issued(&self) -> u64 {
+        self.next.load(Ordering::Relaxed).saturating_sub(1)
+    }
+
     /// `seq` will never reach the writer (the queue refused its operation).
     pub(crate) fn void(&self, seq: u64) {
         self.voided.lock().push(seq);

@@ -25,6 +25,9 @@ pub struct Stats {
     pub index_bytes: u64,
     /// Claims answered (any outcome).
     pub claims: u64,
+    /// Claims won by a future that was dropped before it returned the lease (it waited for
+    /// the claim's durability); each was released.
+    pub claims_cancelled: u64,
     /// Claims that acquired a lease (new or takeover).
     pub acquired: u64,
     /// Claims that took over an expired or dead lease.
@@ -65,6 +68,7 @@ pub struct Stats {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) claims: AtomicU64,
+    pub(crate) claims_cancelled: AtomicU64,
     pub(crate) acquired: AtomicU64,
     pub(crate) takeovers: AtomicU64,
     pub(crate) replays: AtomicU64,

@@ -1,0 +1,493 @@
+//! The async API: the same transitions as the blocking calls, applied by the same code
+//! under the same stripe locks; only the waits differ. Each wait is a future woken by the
+//! engine itself — the writer's durability watermark (`progress.rs`), a stripe's change
+//! signal (`wake.rs`), or the engine's timer thread (`timer.rs`) — so the API needs no
+//! particular runtime, never blocks a runtime thread on a wait, and a pending call costs
+//! memory, not a thread.
+//!
+//! Cancellation (dropping a future at an await point) is defined at every point:
+//!
+//! - waiting for another holder (`claim_or_wait_async`, `run_async`): nothing was claimed;
+//!   nothing happens.
+//! - waiting for a won claim's durability (`Immediate`): the lease exists already and is
+//!   dropped with the future, which releases the key (counted in `Stats::claims_cancelled`).
+//! - `run_async`'s handler: the lease is dropped with the future, which releases the key,
+//!   as a dropped [`Lease`] does.
+//! - waiting for a completion's durability: the completion is queued and will be committed;
+//!   the key is never released.
+//! - waiting for room in a full queue to store a completion: nothing is stored and the key
+//!   stays held until its lease ends (the work is done; a release would run it again).
+
+use crate::clock::duration_ns;
+use crate::codec::Checkpoint;
+use crate::constants::{WAIT_DEFAULT, WAIT_SLICE_MIN};
+use crate::engine::Engine;
+use crate::error::{ClaimError, FlushError, LeaseError, Limit, RunError};
+use crate::keep_alive::KeepAlive;
+use crate::lease::{Claim, Lease, Outcome};
+use crate::machine::Holder;
+use crate::options::ClaimOptions;
+use crate::progress::Failed;
+use crate::stats::bump;
+use crate::sync::Arc;
+use std::fmt;
+use std::future::{poll_fn, Future};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::claim::{flush_to_claim, Again, Prepared, Step};
+
+impl Engine {
+    /// The async form of [`Engine::claim`]: the same decision, taken at once; under
+    /// `Immediate` an `Acquired` answer resolves once its InFlight record is durable.
+    ///
+    /// Dropping the future after the claim was won (while it waits for durability) releases
+    /// the key.
+    ///
+    /// ```
+    /// use idemkv::{Claim, ClaimOptions, Durability, Engine};
+    /// # futures_lite_block_on(async {
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let Claim::Acquired(lease) = engine.claim_async(b"k", &ClaimOptions::default()).await? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// lease.complete_async(b"done").await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(()) })?;
+    /// # fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     let waker = std::task::Waker::noop();
+    /// #     let mut cx = std::task::Context::from_waker(&waker);
+    /// #     let mut f = std::pin::pin!(f);
+    /// #     loop { if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) { return v; } }
+    /// # }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub async fn claim_async(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
+        self.check_key(key)?;
+        self.check_open()?;
+        bump(&self.shared().counters.claims);
+        let mut looks = 0;
+        loop {
+            let step = {
+                let (mut shard, _, k) = self.shared().index.lock(key);
+                self.claim_step(&mut shard, k, opts)?
+            };
+            if let Some(claim) = self.settle_async(key, opts, step, &mut looks).await? {
+                return Ok(claim);
+            }
+        }
+    }
+
+    /// The async form of [`Engine::claim_or_wait`]: while another holder works on the key
+    /// the future waits — woken by the holder's completion or release, or by the end of its
+    /// lease — up to [`ClaimOptions::wait`] (default 60 s), without blocking a thread.
+    ///
+    /// Dropping the future while it waits changes nothing; dropping it after the claim was
+    /// won releases the key.
+    pub async fn claim_or_wait_async(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+    ) -> Result<Claim, ClaimError> {
+        self.check_key(key)?;
+        self.check_open()?;
+        let s = self.shared();
+        bump(&s.counters.claims);
+        let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
+        let deadline = s.time.mono_ns().saturating_add(duration_ns(wait));
+        let mut looking = Looking {
+            deadline,
+            waited: false,
+            timer_ns: None,
+        };
+        let mut looks = 0;
+        loop {
+            let step = poll_fn(|cx| self.poll_claim(key, opts, &mut looking, cx)).await?;
+            if let Some(claim) = self.settle_async(key, opts, step, &mut looks).await? {
+                return Ok(claim);
+            }
+        }
+    }
+
+    /// One look at the key for [`Engine::claim_or_wait_async`]: a decision, or (the key is
+    /// busy and the wait has time left) a registration for the next change and a timer.
+    fn poll_claim(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        looking: &mut Looking,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Step, ClaimError>> {
+        let s = self.shared();
+        let (mut shard, changed, k) = s.index.lock(key);
+        if looking.waited {
+            // The outcome being waited for may be lost with the failed commit.
+            if let Some(why) = s.poison_reason() {
+                return Poll::Ready(Err(ClaimError::OutcomeUnknown(why)));
+            }
+            if s.is_closed() {
+                return Poll::Ready(Err(ClaimError::Closed));
+            }
+        }
+        let step = match self.claim_step(&mut shard, k, opts) {
+            Ok(step) => step,
+            Err(e) => return Poll::Ready(Err(e)),
+        };
+        let Step::Busy(busy) = &step else {
+            return Poll::Ready(Ok(step));
+        };
+        let now = s.time.mono_ns();
+        if now >= looking.deadline {
+            return Poll::Ready(Ok(step));
+        }
+        // A completing holder's publication wakes us through the stripe; a live lease may
+        // also end, which nothing announces: that needs the timer.
+        let left = looking.deadline - now;
+        let wake_ns = if busy.completing {
+            looking.deadline
+        } else {
+            now + duration_ns(busy.retry_after)
+                .max(duration_ns(WAIT_SLICE_MIN))
+                .min(left)
+        };
+        bump(&s.counters.waits);
+        looking.waited = true;
+        // Registered under the stripe lock: a change made after this look wakes us.
+        changed.watch(cx.waker());
+        drop(shard);
+        if looking.timer_ns != Some(wake_ns) {
+            looking.timer_ns = Some(wake_ns);
+            s.timers.wake_at(self.shared_arc(), wake_ns, cx.waker());
+        }
+        Poll::Pending
+    }
+
+    /// The async driver of `prepare` (see `Engine::settle`).
+    async fn settle_async(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        step: Step,
+        looks: &mut u32,
+    ) -> Result<Option<Claim>, ClaimError> {
+        let answer = match self.prepare(key, opts, step)? {
+            Prepared::Ready(answer) => answer,
+            Prepared::Durable { seq, lease } => {
+                let mut won = Won(Some(lease));
+                self.durable(seq)
+                    .await
+                    .map_err(|why| self.claim_wait_failed(why))?;
+                match won.0.take() {
+                    Some(lease) => Ok(Claim::Acquired(lease)),
+                    None => Err(Again::Record),
+                }
+            }
+            Prepared::Tokens => {
+                self.flush_async().await.map_err(flush_to_claim)?;
+                Err(Again::Tokens)
+            }
+        };
+        self.count_look(answer, looks)
+    }
+
+    /// Resolves once the write numbered `seq` is durable (0: at once).
+    pub(crate) fn durable(&self, seq: u64) -> impl Future<Output = Result<(), Failed>> + '_ {
+        let s = self.shared();
+        poll_fn(move |cx| {
+            if seq == 0 {
+                return Poll::Ready(Ok(()));
+            }
+            s.progress.poll(seq, s, cx)
+        })
+    }
+
+    /// The async form of [`Engine::flush`]: resolves once every call acknowledged so far is
+    /// durable. A full writer queue is waited out without blocking.
+    pub async fn flush_async(&self) -> Result<(), FlushError> {
+        let s = self.shared();
+        if let Some(why) = s.poison_reason() {
+            return Err(FlushError::Poisoned(why));
+        }
+        if s.is_closed() {
+            return Err(FlushError::Closed);
+        }
+        let seq = loop {
+            match s.try_send_barrier() {
+                Ok(Some(seq)) => break seq,
+                Ok(None) => {
+                    self.room(u64::MAX).await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.durable(seq).await.map_err(|_| s.flush_stopped())
+    }
+
+    /// Waits until the writer has taken what is queued now off the queue (its commit is
+    /// published), `deadline_ns` passes, or the engine stops. False only when the deadline
+    /// passed first.
+    async fn room(&self, deadline_ns: u64) -> bool {
+        let s = self.shared();
+        let queued = s.progress.issued();
+        let mut timer_set = false;
+        poll_fn(|cx| {
+            let full = s.tx.as_ref().is_some_and(|tx| tx.is_full());
+            if !full || s.poison_reason().is_some() || s.is_closed() {
+                return Poll::Ready(true);
+            }
+            if s.time.mono_ns() >= deadline_ns {
+                return Poll::Ready(false);
+            }
+            if s.progress.poll(queued, s, cx).is_ready() {
+                return Poll::Ready(true);
+            }
+            if !timer_set && deadline_ns != u64::MAX {
+                timer_set = true;
+                s.timers.wake_at(self.shared_arc(), deadline_ns, cx.waker());
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// [`Engine::with_room`] for futures: a full queue is waited out while the lease lasts.
+    async fn with_room_async<T>(
+        &self,
+        key: &[u8],
+        token: u64,
+        mut call: impl FnMut() -> Result<T, LeaseError>,
+    ) -> Result<T, LeaseError> {
+        loop {
+            match call() {
+                Err(LeaseError::Overloaded(Limit::WriterQueue)) => {
+                    match self.lease_deadline_ns(key, token) {
+                        Some(deadline) => {
+                            if !self.room(deadline).await {
+                                return Err(LeaseError::Overloaded(Limit::WriterQueue));
+                            }
+                        }
+                        // The key moved on since the call looked: one more call says how.
+                        None => return call(),
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn wait_holder_async(&self, seq: u64) -> Result<(), LeaseError> {
+        self.durable(seq).await.map_err(LeaseError::OutcomeUnknown)
+    }
+
+    /// The async form of [`Engine::run`]: the winner's `handler` is a future, given a
+    /// [`LeaseHandle`] (`'static`, so the future can own it); every concurrent or later
+    /// caller waits without blocking and receives the same bytes with `replayed` set.
+    ///
+    /// With [`ClaimOptions::keep_alive`] the lease is renewed while the handler's future is
+    /// alive, up to the given maximum. Dropping the returned future while the handler runs
+    /// drops the lease, which releases the key (the work was abandoned, as with a dropped
+    /// [`Lease`]).
+    pub async fn run_async<E, F, Fut>(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        handler: F,
+    ) -> Result<Outcome, RunError<E>>
+    where
+        F: FnOnce(LeaseHandle) -> Fut,
+        Fut: Future<Output = Result<Vec<u8>, E>>,
+    {
+        match self.claim_or_wait_async(key, opts).await? {
+            Claim::Acquired(lease) => {
+                let token = lease.token();
+                let keep = opts.keep_alive.map(|max| lease.keep_alive(max));
+                let out = handler(lease.handle()).await;
+                drop(keep);
+                match out {
+                    Ok(bytes) => {
+                        let response: Arc<[u8]> = Arc::from(bytes);
+                        lease
+                            .complete_arc_async(response.clone())
+                            .await
+                            .map_err(|e| self.not_stored(key, token, e))?;
+                        Ok(Outcome {
+                            response,
+                            replayed: false,
+                            token,
+                        })
+                    }
+                    Err(e) => {
+                        // The handler's failure is the error to report; a failed release
+                        // leaves the lease to expire, which is also safe.
+                        let _ = lease.release_async().await;
+                        Err(RunError::Handler(e))
+                    }
+                }
+            }
+            Claim::Completed(stored) => Ok(Outcome {
+                response: stored.response,
+                replayed: true,
+                token: stored.token,
+            }),
+            Claim::InProgress(busy) => Err(RunError::StillInProgress {
+                retry_after: busy.retry_after,
+            }),
+        }
+    }
+}
+
+/// The state of one `claim_or_wait_async` across its looks.
+struct Looking {
+    deadline: u64,
+    waited: bool,
+    /// The instant a timer is set for, so a look woken early does not set another.
+    timer_ns: Option<u64>,
+}
+
+/// A claim won while its future waits for durability: dropped with the future, it releases
+/// the key and counts the cancellation.
+struct Won(Option<Lease>);
+
+impl Drop for Won {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take() {
+            bump(&lease.engine.shared().counters.claims_cancelled);
+            drop(lease);
+        }
+    }
+}
+
+impl Lease {
+    /// The async form of [`Lease::complete`]: resolves once the completion is durable under
+    /// `Immediate`, waiting for room in a full queue without blocking. Dropping the future
+    /// before its first poll releases the lease (nothing was stored); dropping it later
+    /// never releases the key.
+    pub async fn complete_async(self, response: &[u8]) -> Result<(), LeaseError> {
+        self.complete_arc_async(Arc::from(response)).await
+    }
+
+    pub(crate) async fn complete_arc_async(
+        mut self,
+        response: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
+        // Settled whatever happens: a refused completion keeps the key until the lease ends.
+        self.settled = true;
+        let (engine, key, token) = (&self.engine, &self.key, self.token);
+        let seq = engine
+            .with_room_async(key, token, || {
+                engine.try_complete(key, token, response.clone())
+            })
+            .await?;
+        engine.wait_holder_async(seq).await
+    }
+
+    /// The async form of [`Lease::release`].
+    pub async fn release_async(mut self) -> Result<bool, LeaseError> {
+        self.settled = true;
+        let (engine, key, token) = (&self.engine, &self.key, self.token);
+        engine.check_lease_call(key)?;
+        let (released, seq) = engine
+            .with_room_async(key, token, || engine.release_locked(key, token))
+            .await?;
+        let seq = if engine.waits_for_durability() {
+            seq
+        } else {
+            0
+        };
+        engine.wait_holder_async(seq).await?;
+        Ok(released)
+    }
+
+    /// Renews this lease while the returned guard lives: every third of the lease, its end
+    /// is moved a full lease ahead, but never past `max` from now. Drop the guard when the
+    /// work ends (completing or releasing the lease also stops the renewals).
+    ///
+    /// A holder that dies drops its guard (a task dropped by its runtime, a thread that
+    /// unwound), so its key is taken over one lease later rather than at `max`.
+    pub fn keep_alive(&self, max: Duration) -> KeepAlive {
+        self.engine
+            .keep_alive(&self.key, self.token, self.lease, max)
+    }
+
+    /// A handle on this lease for a future that must own it (see [`Engine::run_async`]).
+    pub fn handle(&self) -> LeaseHandle {
+        LeaseHandle {
+            engine: self.engine.clone(),
+            key: Arc::from(&self.key[..]),
+            token: self.token,
+            attempt: self.attempt,
+            checkpoint: self.checkpoint.clone(),
+        }
+    }
+}
+
+/// A clonable, `'static` handle on a lease, for async handlers: what the lease is
+/// (key, token, attempt, the checkpoint it took over) and what a holder does while it works
+/// (extend, checkpoint). Completing and releasing stay with the [`Lease`] itself.
+#[derive(Clone)]
+pub struct LeaseHandle {
+    engine: Engine,
+    key: Arc<[u8]>,
+    token: u64,
+    attempt: u32,
+    checkpoint: Option<Checkpoint>,
+}
+
+impl fmt::Debug for LeaseHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseHandle")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("token", &self.token)
+            .field("attempt", &self.attempt)
+            .finish()
+    }
+}
+
+impl LeaseHandle {
+    /// The fencing token (see [`Lease::token`]).
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// 1 for a fresh claim; one more for each takeover.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        &self.key
+    }
+
+    /// The checkpoint a previous holder saved, if this claim took over its key.
+    pub fn checkpoint(&self) -> Option<&Checkpoint> {
+        self.checkpoint.as_ref()
+    }
+
+    /// The async form of [`Lease::extend`].
+    pub async fn extend(&self, lease: Duration) -> Result<(), LeaseError> {
+        self.update(Holder::Extend { lease }).await
+    }
+
+    /// The async form of [`Lease::set_checkpoint`]: a takeover receives it.
+    pub async fn set_checkpoint(&self, phase: u32, data: &[u8]) -> Result<(), LeaseError> {
+        let max = self.engine.shared().cfg.checkpoint_len_max;
+        if data.len() > max {
+            return Err(LeaseError::CheckpointTooLarge {
+                len: data.len(),
+                max,
+            });
+        }
+        self.update(Holder::Checkpoint(Checkpoint::new(phase, data)))
+            .await
+    }
+
+    async fn update(&self, op: Holder) -> Result<(), LeaseError> {
+        let (engine, key, token) = (&self.engine, &self.key[..], self.token);
+        let seq = engine
+            .with_room_async(key, token, || {
+                engine.update_inflight(key, token, op.clone())
+            })
+            .await?;
+        engine.wait_holder_async(seq).await
+    }
+}
