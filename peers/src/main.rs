@@ -272,9 +272,9 @@ fn calibrate(dir: &Path) -> Result<Calibration, String> {
     let mut redb = [0u64; 2];
     for (slot, two_phase) in [false, true].into_iter().enumerate() {
         let rpath = dir.join("calibrate.redb");
-        let db = idemkv::redb::Database::create(&rpath).map_err(|x| e(&x))?;
-        let table: idemkv::redb::TableDefinition<u64, &[u8]> =
-            idemkv::redb::TableDefinition::new("t");
+        let db = redb::Database::create(&rpath).map_err(|x| e(&x))?;
+        let table: redb::TableDefinition<u64, &[u8]> =
+            redb::TableDefinition::new("t");
         let mut commits = Vec::new();
         for i in 0..300u64 {
             let t = Instant::now();

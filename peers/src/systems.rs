@@ -1,7 +1,7 @@
 //! The systems under test, each doing claim → side effect → complete its own idiomatic way.
 
 use crate::workload::{Delivery, Peer};
-use idemkv::redb::{self, ReadableTable, TableDefinition};
+use redb::{self, ReadableTable, TableDefinition};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, LeaseError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
