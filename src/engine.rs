@@ -43,6 +43,7 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) tokens: Tokens,
     pub(crate) counters: Counters,
+    pub(crate) observe: crate::observe::Observer,
     pub(crate) tx: Option<Sender<Op>>,
     /// The file, for replay reads. Emptied by `close`, so the file is released with it.
     store: RwLock<Option<Arc<Closing>>>,
@@ -110,6 +111,7 @@ impl Shared {
 impl Shared {
     /// Records the first storage failure; every later call is refused with it.
     pub(crate) fn poison(&self, why: String) -> Arc<str> {
+        crate::observe::poisoned(&why);
         let why = {
             let mut slot = self.poison_why.lock();
             slot.get_or_insert_with(|| Arc::from(why)).clone()
@@ -435,6 +437,7 @@ impl EngineBuilder {
             cfg,
             tokens,
             counters,
+            observe: crate::observe::Observer::new(&self),
             tx,
             store: RwLock::new(store.clone()),
             poisoned: AtomicBool::new(false),
@@ -576,6 +579,7 @@ impl Engine {
             }
             index_bytes += shard.memory_bytes() as u64;
         }
+        s.observe.gauges(s);
         let commits = read(&c.commits);
         Stats {
             inflight: read(&c.inflight),

@@ -43,6 +43,7 @@ mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod machine_probe;
+mod observe;
 mod options;
 mod reader;
 mod recovery;
@@ -65,6 +66,7 @@ pub use crate::engine::Engine;
 pub use crate::error::{
     ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
 };
+pub use crate::observe::key_hash;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};

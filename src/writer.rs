@@ -221,6 +221,7 @@ impl Writer {
         if writes.is_empty() && hwm.is_none() {
             return Ok(());
         }
+        let started = self.shared.observe.commit_started();
         match self.store.commit(&writes, hwm) {
             Ok(()) => {
                 if let Some(hwm) = hwm {
@@ -232,6 +233,7 @@ impl Writer {
                     .fetch_add(writes.len() as u64, Ordering::Relaxed);
                 c.batch_max
                     .fetch_max(writes.len() as u64, Ordering::Relaxed);
+                self.shared.observe.committed(started, writes.len(), &self.shared);
                 Ok(())
             }
             Err(why) => Err(self.shared.poison(why)),
