@@ -34,7 +34,7 @@ use crate::sync::{AtomicU64, Ordering};
 /// holding the keys.
 ///
 /// ```
-/// assert_eq!(format!("{:016x}", idemkv::key_hash(b"order-42")), "8bd2e85d6e1c6d92");
+/// assert_eq!(format!("{:016x}", idemkv::key_hash(b"order-42")), "7d1deb86a05662d4");
 /// ```
 pub fn key_hash(key: &[u8]) -> u64 {
     crate::codec::fnv1a64(key)
@@ -186,7 +186,8 @@ impl Observer {
             let c = &s.counters;
             let queued = s.tx.as_ref().map_or(0, |tx| tx.len());
             m.queue_depth.set(queued as f64);
-            m.inflight_keys.set(c.inflight.load(Ordering::Relaxed) as f64);
+            m.inflight_keys
+                .set(c.inflight.load(Ordering::Relaxed) as f64);
             m.abandoned_keys
                 .set(c.abandoned.load(Ordering::Relaxed) as f64);
             m.completed_keys
@@ -336,10 +337,7 @@ impl Metrics {
                 Unit::Count,
                 "Records written by one group commit",
             ),
-            queue_depth: g(
-                name::QUEUE_DEPTH,
-                "Operations waiting in the writer queue",
-            ),
+            queue_depth: g(name::QUEUE_DEPTH, "Operations waiting in the writer queue"),
             inflight_keys: g(name::INFLIGHT_KEYS, "Leases counted live"),
             abandoned_keys: g(
                 name::ABANDONED_KEYS,
@@ -363,16 +361,25 @@ fn describe() {
             name::CLAIMS,
             "Claim answers by outcome (acquired includes takeovers)",
         ),
-        (name::CORRUPT_READS, "Replays and reads refused as corrupted"),
+        (
+            name::CORRUPT_READS,
+            "Replays and reads refused as corrupted",
+        ),
         (name::COMPLETIONS, "Completions accepted"),
         (name::RELEASES, "Leases released"),
         (name::LEASES_LOST, "Lease operations refused with LeaseLost"),
-        (name::WAITS, "Times a caller slept waiting for another holder"),
+        (
+            name::WAITS,
+            "Times a caller slept waiting for another holder",
+        ),
         (name::OVERLOADED, "Calls refused by a limit"),
         (name::COMMITS, "Group commits made by the writer"),
         (name::COMMITTED_OPS, "Records written by group commits"),
         (name::ABANDONED_REAPED, "Abandoned claims reaped"),
-        (name::EXPIRATIONS, "Completed keys reclaimed after retention"),
+        (
+            name::EXPIRATIONS,
+            "Completed keys reclaimed after retention",
+        ),
     ];
     for (name, what) in counters {
         describe_counter!(name, Unit::Count, what);

@@ -233,7 +233,9 @@ impl Writer {
                     .fetch_add(writes.len() as u64, Ordering::Relaxed);
                 c.batch_max
                     .fetch_max(writes.len() as u64, Ordering::Relaxed);
-                self.shared.observe.committed(started, writes.len(), &self.shared);
+                self.shared
+                    .observe
+                    .committed(started, writes.len(), &self.shared);
                 Ok(())
             }
             Err(why) => Err(self.shared.poison(why)),
