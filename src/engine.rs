@@ -579,7 +579,7 @@ impl Engine {
             }
             index_bytes += shard.memory_bytes() as u64;
         }
-        s.observe.gauges(s);
+        crate::observe::gauges(s);
         let commits = read(&c.commits);
         Stats {
             inflight: read(&c.inflight),

@@ -49,9 +49,18 @@ impl Engine {
     ) -> Result<(), LeaseError> {
         let observe = &self.shared().observe;
         observe.complete(key, token, || {
-            self.with_room(key, token, || {
-                self.try_complete(key, token, response.clone())
-            })
+            self.complete_unobserved(key, token, response)
+        })
+    }
+
+    fn complete_unobserved(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
+        self.with_room(key, token, || {
+            self.try_complete(key, token, response.clone())
         })
     }
 

@@ -154,49 +154,6 @@ impl Observer {
         }
     }
 
-    /// Marks the start of a commit (for its latency).
-    #[inline]
-    pub(crate) fn commit_started(&self) -> Started {
-        Started {
-            #[cfg(feature = "metrics")]
-            at: std::time::Instant::now(),
-        }
-    }
-
-    /// A commit of `ops` writes succeeded: records its latency and size, and the gauges.
-    pub(crate) fn committed(&self, started: Started, ops: usize, s: &Shared) {
-        #[cfg(feature = "metrics")]
-        {
-            let m = &self.metrics;
-            m.commit_seconds.record(started.at.elapsed().as_secs_f64());
-            m.commit_batch_ops.record(ops as f64);
-            self.gauges(s);
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = (started, ops, s);
-    }
-
-    /// Sets the gauges from the engine's counters: the writer queue's length, the leases
-    /// counted live and abandoned, the completed keys held (those past retention that the
-    /// sweeper has not reclaimed yet included).
-    pub(crate) fn gauges(&self, s: &Shared) {
-        #[cfg(feature = "metrics")]
-        {
-            let m = &self.metrics;
-            let c = &s.counters;
-            let queued = s.tx.as_ref().map_or(0, |tx| tx.len());
-            m.queue_depth.set(queued as f64);
-            m.inflight_keys
-                .set(c.inflight.load(Ordering::Relaxed) as f64);
-            m.abandoned_keys
-                .set(c.abandoned.load(Ordering::Relaxed) as f64);
-            m.completed_keys
-                .set(c.completed.load(Ordering::Relaxed) as f64);
-        }
-        #[cfg(not(feature = "metrics"))]
-        let _ = s;
-    }
-
     /// Runs a claim (`wait`: `claim_or_wait`) in its span and reports its answer.
     #[inline]
     pub(crate) fn claim(
@@ -302,6 +259,50 @@ impl Observer {
             span.record("key", tracing::field::display(key.escape_ascii()));
         }
     }
+}
+
+/// Marks the start of a commit (for its latency).
+#[inline]
+pub(crate) fn commit_started() -> Started {
+    Started {
+        #[cfg(feature = "metrics")]
+        at: std::time::Instant::now(),
+    }
+}
+
+/// A commit of `ops` writes succeeded: records its latency and size, and sets the gauges.
+/// Called by the writer thread, which holds no stripe lock.
+pub(crate) fn committed(s: &Shared, started: Started, ops: usize) {
+    #[cfg(feature = "metrics")]
+    {
+        let m = &s.observe.metrics;
+        m.commit_seconds.record(started.at.elapsed().as_secs_f64());
+        m.commit_batch_ops.record(ops as f64);
+        gauges(s);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (s, started, ops);
+}
+
+/// Sets the gauges from the engine's counters: the writer queue's length, the leases
+/// counted live and abandoned, the completed keys held (those past retention that the
+/// sweeper has not reclaimed yet included). Called after each commit and by `stats`.
+pub(crate) fn gauges(s: &Shared) {
+    #[cfg(feature = "metrics")]
+    {
+        let m = &s.observe.metrics;
+        let c = &s.counters;
+        let queued = s.tx.as_ref().map_or(0, |tx| tx.len());
+        m.queue_depth.set(queued as f64);
+        m.inflight_keys
+            .set(c.inflight.load(Ordering::Relaxed) as f64);
+        m.abandoned_keys
+            .set(c.abandoned.load(Ordering::Relaxed) as f64);
+        m.completed_keys
+            .set(c.completed.load(Ordering::Relaxed) as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = s;
 }
 
 /// A storage failure poisoned the engine (a failed commit or fsync, a failed read, a panic
