@@ -62,6 +62,17 @@ impl Engine {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub async fn claim_async(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
+        // Traced as the blocking call is, once the answer is known (a span is not held
+        // across the awaits).
+        let answer = self.claim_async_unobserved(key, opts).await;
+        self.shared().observe.claim(key, false, || answer)
+    }
+
+    async fn claim_async_unobserved(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+    ) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
         self.check_open()?;
         bump(&self.shared().counters.claims);
@@ -84,6 +95,15 @@ impl Engine {
     /// Dropping the future while it waits changes nothing; dropping it after the claim was
     /// won releases the key.
     pub async fn claim_or_wait_async(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+    ) -> Result<Claim, ClaimError> {
+        let answer = self.claim_or_wait_async_unobserved(key, opts).await;
+        self.shared().observe.claim(key, true, || answer)
+    }
+
+    async fn claim_or_wait_async_unobserved(
         &self,
         key: &[u8],
         opts: &ClaimOptions,
@@ -372,12 +392,16 @@ impl Lease {
         // Settled whatever happens: a refused completion keeps the key until the lease ends.
         self.settled = true;
         let (engine, key, token) = (&self.engine, &self.key, self.token);
-        let seq = engine
-            .with_room_async(key, token, || {
-                engine.try_complete(key, token, response.clone())
-            })
-            .await?;
-        engine.wait_holder_async(seq).await
+        let done = async {
+            let seq = engine
+                .with_room_async(key, token, || {
+                    engine.try_complete(key, token, response.clone())
+                })
+                .await?;
+            engine.wait_holder_async(seq).await
+        }
+        .await;
+        engine.shared().observe.complete(key, token, || done)
     }
 
     /// The async form of [`Lease::release`].

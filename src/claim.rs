@@ -487,6 +487,11 @@ impl Engine {
     ///
     /// Under `Immediate` an `Acquired` answer is returned once the InFlight record is durable.
     pub fn claim(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
+        let observe = &self.shared().observe;
+        observe.claim(key, false, || self.claim_unobserved(key, opts))
+    }
+
+    fn claim_unobserved(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
         self.check_open()?;
         bump(&self.shared().counters.claims);
@@ -507,6 +512,15 @@ impl Engine {
     /// if the wait ([`ClaimOptions::wait`], default 60 s) ran out first. Waiters are woken by
     /// the holder's completion or release, never by polling.
     pub fn claim_or_wait(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
+        let observe = &self.shared().observe;
+        observe.claim(key, true, || self.claim_or_wait_unobserved(key, opts))
+    }
+
+    fn claim_or_wait_unobserved(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+    ) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
         self.check_open()?;
         let s = self.shared();

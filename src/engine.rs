@@ -44,6 +44,7 @@ pub(crate) struct Shared {
     pub(crate) cfg: Config,
     pub(crate) tokens: Tokens,
     pub(crate) counters: Counters,
+    pub(crate) observe: crate::observe::Observer,
     pub(crate) tx: Option<Sender<Queued>>,
     /// The writer's durability watermark; every durability wait waits on it.
     pub(crate) progress: Progress,
@@ -116,6 +117,7 @@ impl Shared {
 impl Shared {
     /// Records the first storage failure; every later call is refused with it.
     pub(crate) fn poison(&self, why: String) -> Arc<str> {
+        crate::observe::poisoned(&why);
         let why = {
             let mut slot = self.poison_why.lock();
             slot.get_or_insert_with(|| Arc::from(why)).clone()
@@ -500,6 +502,7 @@ impl EngineBuilder {
             cfg,
             tokens,
             counters,
+            observe: crate::observe::Observer::new(&self),
             tx,
             progress: Progress::new(),
             timers: Default::default(),
@@ -644,6 +647,7 @@ impl Engine {
             }
             index_bytes += shard.memory_bytes() as u64;
         }
+        crate::observe::gauges(s);
         let commits = read(&c.commits);
         Stats {
             inflight: read(&c.inflight),

@@ -46,6 +46,18 @@ impl Engine {
         token: u64,
         response: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
+        let observe = &self.shared().observe;
+        observe.complete(key, token, || {
+            self.complete_unobserved(key, token, response)
+        })
+    }
+
+    fn complete_unobserved(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
         let seq = self.with_room(key, token, || {
             self.try_complete(key, token, response.clone())
         })?;
@@ -178,6 +190,11 @@ impl Engine {
     /// released key is Absent: the next claim (or a waiting caller) acquires it. A full
     /// writer queue is waited out as long as the lease lasts (see [`Engine::complete`]).
     pub fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        let observe = &self.shared().observe;
+        observe.release(key, token, || self.release_unobserved(key, token))
+    }
+
+    fn release_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         self.check_lease_call(key)?;
         let (released, seq) = self.with_room(key, token, || self.release_locked(key, token))?;
         self.wait_holder(self.durable_wait(seq))?;
@@ -187,6 +204,7 @@ impl Engine {
     /// Release from `Drop`: never waits, never fails loudly. If the queue is full the lease
     /// stays and expires on its own, which is equally safe.
     pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
+        self.shared().observe.dropped(key, token);
         if self.check_open().is_ok() {
             let _ = self.release_locked(key, token);
         }

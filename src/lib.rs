@@ -45,6 +45,7 @@ mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod machine_probe;
+mod observe;
 mod options;
 mod progress;
 mod reader;
@@ -73,6 +74,7 @@ pub use crate::error::{
 };
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
+pub use crate::observe::key_hash;
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;

@@ -143,6 +143,8 @@ pub struct EngineBuilder {
     /// Permission bits of a file the engine creates (unix).
     pub(crate) file_mode: u32,
     pub(crate) backend: Option<BackendSlot>,
+    /// Whether tracing spans carry the raw key besides its hash (`tracing` feature).
+    pub(crate) log_raw_keys: bool,
     /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): sabotage builds
     /// only, see `sabotage::arm`.
     #[cfg(idemkv_sabotage)]
@@ -202,6 +204,7 @@ impl Default for EngineBuilder {
             two_phase_commit: true,
             file_mode: FILE_MODE_DEFAULT,
             backend: None,
+            log_raw_keys: false,
             #[cfg(idemkv_sabotage)]
             sabotage: 0,
         }
@@ -330,6 +333,18 @@ impl EngineBuilder {
     /// [`OpenError::InvalidConfig`] without touching any file.
     pub fn backend(mut self, backend: impl Storage) -> Self {
         self.backend = Some(BackendSlot(Arc::new(Mutex::new(Some(Box::new(backend))))));
+        self
+    }
+
+    /// Whether the `tracing` feature's spans carry each call's raw key (in a `key` field,
+    /// non-ASCII bytes escaped) besides its hash (default off; no effect without the
+    /// feature). Off by default because keys are often personal or business data (an
+    /// e-mail address, an order or payment id) and logs are usually kept longer and read
+    /// more widely than the engine's file: by default a log line carries only
+    /// [`crate::key_hash`], which is stable but not secret. Turn it on only where the logs
+    /// may hold the keys.
+    pub fn log_raw_keys(mut self, enabled: bool) -> Self {
+        self.log_raw_keys = enabled;
         self
     }
 

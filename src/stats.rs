@@ -1,5 +1,6 @@
 //! Counters reported by [`crate::Engine::stats`].
 
+use crate::observe::{name, Counted};
 use crate::sync::{Arc, AtomicU64, Ordering};
 
 /// A snapshot of the engine's counters. Counts since open unless noted.
@@ -65,38 +66,94 @@ pub struct Stats {
     pub poisoned: bool,
 }
 
-#[derive(Debug, Default)]
+/// The engine's counters. The event counters are [`Counted`]: with the `metrics` feature each
+/// one is also a metric, updated with it (docs/observability.md).
+#[derive(Debug)]
 pub(crate) struct Counters {
-    pub(crate) claims: AtomicU64,
-    pub(crate) claims_cancelled: AtomicU64,
-    pub(crate) acquired: AtomicU64,
-    pub(crate) takeovers: AtomicU64,
-    pub(crate) replays: AtomicU64,
-    pub(crate) in_progress: AtomicU64,
-    pub(crate) fingerprint_mismatches: AtomicU64,
-    pub(crate) corrupt_reads: AtomicU64,
-    pub(crate) completions: AtomicU64,
-    pub(crate) releases: AtomicU64,
-    pub(crate) leases_lost: AtomicU64,
-    pub(crate) waits: AtomicU64,
-    pub(crate) overloaded: AtomicU64,
-    pub(crate) commits: AtomicU64,
-    pub(crate) committed_ops: AtomicU64,
+    pub(crate) claims: Counted,
+    pub(crate) claims_cancelled: Counted,
+    pub(crate) acquired: Counted,
+    pub(crate) takeovers: Counted,
+    pub(crate) replays: Counted,
+    pub(crate) in_progress: Counted,
+    pub(crate) fingerprint_mismatches: Counted,
+    pub(crate) corrupt_reads: Counted,
+    pub(crate) completions: Counted,
+    pub(crate) releases: Counted,
+    pub(crate) leases_lost: Counted,
+    pub(crate) waits: Counted,
+    pub(crate) overloaded: Counted,
+    pub(crate) commits: Counted,
+    pub(crate) committed_ops: Counted,
     pub(crate) batch_max: AtomicU64,
     /// Leases counted live; shared with the index, which moves ended leases out of it.
     pub(crate) inflight: Arc<AtomicU64>,
     /// Abandoned leases; kept by the index.
     pub(crate) abandoned: Arc<AtomicU64>,
-    pub(crate) abandoned_reaped: AtomicU64,
+    pub(crate) abandoned_reaped: Counted,
     pub(crate) completed: AtomicU64,
-    pub(crate) expirations: AtomicU64,
+    pub(crate) expirations: Counted,
 }
 
-/// Adds one to a counter. Relaxed: counters order nothing.
-pub(crate) fn bump(c: &AtomicU64) {
+impl Default for Counters {
+    /// Zeroed counters; their metrics are registered with the recorder in place now.
+    fn default() -> Self {
+        let claims = |outcome| Counted::new(name::CLAIMS, Some(outcome));
+        Counters {
+            claims: Counted::new(name::CLAIM_CALLS, None),
+            claims_cancelled: Counted::new(name::CLAIMS_CANCELLED, None),
+            acquired: claims("acquired"),
+            takeovers: claims("takeover"),
+            replays: claims("replay"),
+            in_progress: claims("in_progress"),
+            fingerprint_mismatches: claims("fingerprint_mismatch"),
+            corrupt_reads: Counted::new(name::CORRUPT_READS, None),
+            completions: Counted::new(name::COMPLETIONS, None),
+            releases: Counted::new(name::RELEASES, None),
+            leases_lost: Counted::new(name::LEASES_LOST, None),
+            waits: Counted::new(name::WAITS, None),
+            overloaded: Counted::new(name::OVERLOADED, None),
+            commits: Counted::new(name::COMMITS, None),
+            committed_ops: Counted::new(name::COMMITTED_OPS, None),
+            batch_max: AtomicU64::new(0),
+            inflight: Arc::default(),
+            abandoned: Arc::default(),
+            abandoned_reaped: Counted::new(name::ABANDONED_REAPED, None),
+            completed: AtomicU64::new(0),
+            expirations: Counted::new(name::EXPIRATIONS, None),
+        }
+    }
+}
+
+/// Adds one to an event counter (and its metric). Relaxed: counters order nothing.
+pub(crate) fn bump(c: &Counted) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
-pub(crate) fn read(c: &AtomicU64) -> u64 {
-    c.load(Ordering::Relaxed)
+/// Reads a counter or a gauge.
+pub(crate) fn read(c: &impl Load) -> u64 {
+    c.load_relaxed()
+}
+
+/// What [`read`] reads.
+pub(crate) trait Load {
+    fn load_relaxed(&self) -> u64;
+}
+
+impl Load for AtomicU64 {
+    fn load_relaxed(&self) -> u64 {
+        self.load(Ordering::Relaxed)
+    }
+}
+
+impl Load for Arc<AtomicU64> {
+    fn load_relaxed(&self) -> u64 {
+        self.load(Ordering::Relaxed)
+    }
+}
+
+impl Load for Counted {
+    fn load_relaxed(&self) -> u64 {
+        self.load(Ordering::Relaxed)
+    }
 }

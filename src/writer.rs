@@ -209,6 +209,7 @@ impl Writer {
         if writes.is_empty() && hwm.is_none() {
             return Ok(());
         }
+        let started = crate::observe::commit_started();
         match self.store.commit(&writes, hwm) {
             Ok(()) => {
                 if let Some(hwm) = hwm {
@@ -220,6 +221,7 @@ impl Writer {
                     .fetch_add(writes.len() as u64, Ordering::Relaxed);
                 c.batch_max
                     .fetch_max(writes.len() as u64, Ordering::Relaxed);
+                crate::observe::committed(&self.shared, started, writes.len());
                 Ok(())
             }
             Err(why) => Err(self.shared.poison(why)),
