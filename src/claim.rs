@@ -204,7 +204,13 @@ impl Engine {
             token,
             attempt,
             checkpoint,
-            durable: if self.waits_for_durability() { seq } else { 0 },
+            // Lazy claims become durable with the lease's first durable act: every wait
+            // waits for the whole prefix of the queue, this record included.
+            durable: if self.waits_for_durability() && s.cfg.durable_claims {
+                seq
+            } else {
+                0
+            },
         })
     }
 

@@ -35,6 +35,8 @@ pub(crate) struct Config {
     pub(crate) keys_max: u64,
     /// Queue length above which new claims are refused (the rest is headroom for holders).
     pub(crate) claim_queue_max: usize,
+    /// Under `Immediate`, whether an `Acquired` claim waits for its record's fsync.
+    pub(crate) durable_claims: bool,
 }
 
 /// State shared by every engine handle, the writer thread and the sweeper thread.
@@ -488,6 +490,7 @@ impl EngineBuilder {
             inflight_max: self.inflight_max as u64,
             keys_max: self.keys_max as u64,
             claim_queue_max: self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR,
+            durable_claims: self.durable_claims,
         };
         let (tx, rx) = match store {
             Some(_) => {

@@ -140,6 +140,7 @@ pub struct EngineBuilder {
     pub(crate) keys_max: usize,
     pub(crate) sweep_interval: Option<Duration>,
     pub(crate) two_phase_commit: bool,
+    pub(crate) durable_claims: bool,
     /// Permission bits of a file the engine creates (unix).
     pub(crate) file_mode: u32,
     pub(crate) backend: Option<BackendSlot>,
@@ -202,6 +203,7 @@ impl Default for EngineBuilder {
             keys_max: KEYS_MAX_DEFAULT,
             sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
             two_phase_commit: true,
+            durable_claims: true,
             file_mode: FILE_MODE_DEFAULT,
             backend: None,
             log_raw_keys: false,
@@ -301,6 +303,35 @@ impl EngineBuilder {
     /// instead of two (measured: 283 µs against 384 µs for a one-insert commit here).
     pub fn two_phase_commit(mut self, enabled: bool) -> Self {
         self.two_phase_commit = enabled;
+        self
+    }
+
+    /// Under [`Durability::Immediate`], whether an `Acquired` claim waits for its InFlight
+    /// record to be fsynced before it returns (default `true`).
+    ///
+    /// With `false` the claim returns at once and its record becomes durable in the same
+    /// group commit as the lease's first durable act (`complete`, `set_checkpoint`,
+    /// `extend`, `release`, which wait for every earlier write too) or a `flush`: one
+    /// durable wait per delivery instead of two. Completions, checkpoints and releases keep
+    /// the full `Immediate` guarantee, and fencing is unchanged (tokens are only issued below
+    /// a durable high-water mark). What a crash can lose is the claim of a holder that made
+    /// no durable act yet: after a restart that key is Absent, so a retry acquires it at once
+    /// with attempt 1, where a durable claim would make the retry wait for the old lease to
+    /// end and see attempt 2. Keep the default when handlers rely on `attempt > 1` to detect
+    /// a retry after a crash; see the durability table in docs/design.md.
+    ///
+    /// ```
+    /// use idemkv::{Durability, Engine};
+    /// # let dir = tempfile::tempdir()?;
+    /// let engine = Engine::builder()
+    ///     .path(dir.path().join("idem.redb"))
+    ///     .durability(Durability::Immediate)
+    ///     .durable_claims(false)
+    ///     .open()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn durable_claims(mut self, durable: bool) -> Self {
+        self.durable_claims = durable;
         self
     }
 
