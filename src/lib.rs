@@ -29,6 +29,8 @@
 #![warn(missing_docs)]
 
 mod admin;
+// TEMPORARY: stands in for the engine's async API until its implementation lands.
+mod async_shim;
 mod backend;
 mod claim;
 mod clock;
@@ -37,6 +39,8 @@ mod constants;
 mod engine;
 mod error;
 mod holder;
+#[cfg(feature = "http")]
+pub mod http;
 mod index;
 mod lease;
 mod machine;
