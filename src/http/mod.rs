@@ -124,7 +124,13 @@ impl Default for IdempotencyConfig {
             scope: Arc::new(|_| Vec::new()),
             fingerprint_headers: Vec::new(),
             in_flight: InFlight::Conflict,
-            replay_headers: vec![CONTENT_TYPE, CONTENT_LANGUAGE, LOCATION, ETAG, CACHE_CONTROL],
+            replay_headers: vec![
+                CONTENT_TYPE,
+                CONTENT_LANGUAGE,
+                LOCATION,
+                ETAG,
+                CACHE_CONTROL,
+            ],
             store: Arc::new(|status| !status.is_server_error()),
             body_len_max: HTTP_BODY_LEN_MAX_DEFAULT,
             lease: None,
@@ -192,7 +198,10 @@ impl IdempotencyConfig {
 
     /// Which responses are stored and replayed (default: every status below 500). A
     /// response not stored releases the key, so that a retry runs the handler again.
-    pub fn store_when(mut self, store: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+    pub fn store_when(
+        mut self,
+        store: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
         self.store = Arc::new(store);
         self
     }

@@ -43,12 +43,7 @@ pub(crate) fn encode(
         headers: headers
             .iter()
             .filter(|(name, _)| keep(name))
-            .map(|(name, value)| {
-                (
-                    name.as_str().to_owned(),
-                    Blob(Arc::from(value.as_bytes())),
-                )
-            })
+            .map(|(name, value)| (name.as_str().to_owned(), Blob(Arc::from(value.as_bytes()))))
             .collect(),
         body: Blob(Arc::from(body)),
     };
