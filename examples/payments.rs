@@ -74,7 +74,11 @@ async fn create_charge(State(ledger): State<Ledger>, body: Bytes) -> Response {
 
 /// `GET /charges`: every charge made (not protected: GET passes through the layer).
 async fn list_charges(State(ledger): State<Ledger>) -> Response {
-    let charges = ledger.charges.lock().map(|c| c.join(",")).unwrap_or_default();
+    let charges = ledger
+        .charges
+        .lock()
+        .map(|c| c.join(","))
+        .unwrap_or_default();
     json(StatusCode::OK, format!("[{charges}]"))
 }
 
@@ -94,7 +98,11 @@ fn args() -> Result<Args, String> {
         match flag.as_str() {
             "--listen" => args.listen = value,
             "--file" => args.file = value,
-            _ => return Err(format!("unknown flag {flag} (use --listen ADDR, --file PATH)")),
+            _ => {
+                return Err(format!(
+                    "unknown flag {flag} (use --listen ADDR, --file PATH)"
+                ))
+            }
         }
     }
     Ok(args)

@@ -194,10 +194,16 @@ async fn wait_policy_32_duplicates_run_once_and_31_replay() {
             )
         })
         .collect();
-    // The winner holds until the 31 others are waiting for it.
-    while engine.stats().waits < 31 || runs.load(Ordering::SeqCst) < 1 {
-        tokio::task::yield_now().await;
-    }
+    // The winner holds until the 31 others are waiting for it (the bound only turns a
+    // waiter that is never counted into a failure instead of a hang).
+    let all_waiting = async {
+        while engine.stats().waits < 31 || runs.load(Ordering::SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all_waiting)
+        .await
+        .expect("31 duplicates counted in Stats::waits while the winner runs");
     gate.notify_one();
     let mut replies = Vec::new();
     for task in tasks {
