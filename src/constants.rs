@@ -124,3 +124,25 @@ pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 pub(crate) const FORMAT_VERSION: u32 = 1;
 /// Marks a redb file as an idemkv file.
 pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x01";
+
+// The Idempotency-Key layer for HTTP services (feature `http`, src/http/).
+
+/// Bytes the layer puts before an Idempotency-Key in the engine key: the scope's length
+/// (u16, big-endian), then the scope.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_SCOPE_PREFIX_LEN: usize = 2;
+/// Default longest Idempotency-Key, in bytes after unescaping: the engine's default key
+/// limit less the prefix of an empty scope, so that a default layer on a default engine
+/// never builds a key the engine refuses.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_KEY_LEN_MAX_DEFAULT: usize = KEY_LEN_MAX_DEFAULT - HTTP_SCOPE_PREFIX_LEN;
+/// Default largest request body buffered for the fingerprint (1 MiB); larger ones get 413.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_BODY_LEN_MAX_DEFAULT: usize = 1 << 20;
+/// Retry-After, in seconds, of a 503 for an engine limit (which gives no hint of its own).
+#[cfg(feature = "http")]
+pub(crate) const HTTP_OVERLOADED_RETRY_AFTER_SECS: u64 = 1;
+/// Version of the stored-response encoding (after its magic). Bumped on any incompatible
+/// change; a stored response of an unknown version is answered with 500, never misread.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_STORED_VERSION: u8 = 1;

@@ -38,6 +38,8 @@ mod constants;
 mod engine;
 mod error;
 mod holder;
+#[cfg(feature = "http")]
+pub mod http;
 mod index;
 mod keep_alive;
 mod lease;

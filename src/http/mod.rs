@@ -1,0 +1,242 @@
+//! An `Idempotency-Key` layer for tower and axum services (feature `http`).
+//!
+//! [`IdempotencyLayer`] makes retried HTTP requests safe, following the IETF draft
+//! *The Idempotency-Key HTTP Header Field* (draft-ietf-httpapi-idempotency-key-header): a
+//! request of a protected method (POST and PATCH by default) must carry an
+//! `Idempotency-Key` header; the first request with a key runs the handler, and every
+//! repetition of it gets the handler's stored response back, marked
+//! `Idempotent-Replayed: true`, without running the handler again.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{routing::post, Router};
+//! use idemkv::http::{IdempotencyConfig, IdempotencyLayer, InFlight};
+//! use idemkv::Engine;
+//! use std::time::Duration;
+//!
+//! let engine = Engine::open("idem.redb")?;
+//! let config = IdempotencyConfig::default()
+//!     // A duplicate of a request still running waits for its response.
+//!     .in_flight(InFlight::Wait(Duration::from_secs(10)))
+//!     // Keys of different API keys never meet.
+//!     .scope(|parts| {
+//!         parts.headers.get("x-api-key").map_or(Vec::new(), |v| v.as_bytes().to_vec())
+//!     });
+//! let app: Router = Router::new()
+//!     .route("/charges", post(|| async { "charged" }))
+//!     .layer(IdempotencyLayer::new(engine, config));
+//! # Ok(()) }
+//! ```
+//!
+//! What the layer answers, and from which engine state (`docs/http.md` has the full table):
+//!
+//! | answer | when |
+//! |---|---|
+//! | the handler's response | the key was new (or released by a 5xx): the handler ran |
+//! | the stored response + `Idempotent-Replayed: true` | the key is completed |
+//! | 400 | key missing, repeated, malformed, empty or too long; body unreadable |
+//! | 409 + `Retry-After` | another request with the key is still running (policy [`InFlight::Conflict`], or the wait of [`InFlight::Wait`] ran out) |
+//! | 413 | the body is over [`IdempotencyConfig::body_len_max`] |
+//! | 422 | the key was used with a different request (fingerprint mismatch) |
+//! | 503 (+ `Retry-After` for a limit) | the engine is overloaded, closed, poisoned or out of tokens |
+//! | 500 | the engine's outcome is unknown, a stored response is unreadable, or the layer is misconfigured |
+//!
+//! Error bodies are RFC 9457 problem details (`application/problem+json`) with `type`
+//! (`urn:idemkv:problem:<slug>`), `title`, `status` and `detail`.
+//!
+//! **Which responses are stored.** By default 2xx and 4xx responses (and every status below
+//! 500) are stored and replayed; a 5xx releases the key so that a retry runs the handler
+//! again ([`IdempotencyConfig::store_when`] changes the policy). The winner's response body
+//! is buffered whole, as the request body is. If the engine refuses to store a response
+//! (over [`crate::EngineBuilder::response_len_max`], or a writer queue full for the whole
+//! lease), the handler's response is still returned, and the key stays in flight until the
+//! lease ends (the engine never runs finished work twice on its own): duplicates get 409
+//! until then, and the first request after it runs the handler again.
+//!
+//! **Fingerprints.** A request's fingerprint covers its method, path and query, the
+//! configured headers ([`IdempotencyConfig::fingerprint_header`]) and its body, as a
+//! canonical length-prefixed encoding hashed by [`crate::ClaimOptions::payload`].
+
+mod key;
+mod problem;
+mod service;
+mod stored;
+
+pub use problem::PROBLEM_JSON;
+pub use service::{IdempotencyLayer, IdempotencyService, ResponseBody};
+
+use crate::constants::{HTTP_BODY_LEN_MAX_DEFAULT, HTTP_KEY_LEN_MAX_DEFAULT};
+use ::http::header::{
+    HeaderName, CACHE_CONTROL, CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LOCATION, SET_COOKIE,
+};
+use ::http::request::Parts;
+use ::http::{Method, StatusCode};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The header that carries the key.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The header a replayed response carries (`true`); the first response never carries it.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// What a request gets while another request with the same key is still being handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InFlight {
+    /// Answer 409 Conflict at once, with `Retry-After` (the holder's remaining lease, in
+    /// seconds rounded up). The draft's behaviour.
+    Conflict,
+    /// Wait up to this long for the first request to finish and answer with its stored
+    /// response (a replay); 409 with `Retry-After` if the wait runs out. If the first
+    /// request's response is not stored (a 5xx), the waiting request runs the handler itself.
+    Wait(Duration),
+}
+
+type ScopeFn = dyn Fn(&Parts) -> Vec<u8> + Send + Sync;
+type StoreFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// The settings of an [`IdempotencyLayer`], built from [`IdempotencyConfig::default`].
+#[derive(Clone)]
+pub struct IdempotencyConfig {
+    pub(crate) methods: Vec<Method>,
+    pub(crate) strict_keys: bool,
+    pub(crate) key_len_max: usize,
+    pub(crate) scope: Arc<ScopeFn>,
+    pub(crate) fingerprint_headers: Vec<HeaderName>,
+    pub(crate) in_flight: InFlight,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) store: Arc<StoreFn>,
+    pub(crate) body_len_max: usize,
+    pub(crate) lease: Option<Duration>,
+}
+
+impl Default for IdempotencyConfig {
+    /// POST and PATCH protected; quoted and bare keys of up to 253 bytes; one empty scope;
+    /// no header fingerprinted; [`InFlight::Conflict`]; content-type, content-language,
+    /// location, etag and cache-control replayed; every status below 500 stored; bodies up
+    /// to 1 MiB; the engine's lease.
+    fn default() -> Self {
+        Self {
+            methods: vec![Method::POST, Method::PATCH],
+            strict_keys: false,
+            key_len_max: HTTP_KEY_LEN_MAX_DEFAULT,
+            scope: Arc::new(|_| Vec::new()),
+            fingerprint_headers: Vec::new(),
+            in_flight: InFlight::Conflict,
+            replay_headers: vec![
+                CONTENT_TYPE,
+                CONTENT_LANGUAGE,
+                LOCATION,
+                ETAG,
+                CACHE_CONTROL,
+            ],
+            store: Arc::new(|status| !status.is_server_error()),
+            body_len_max: HTTP_BODY_LEN_MAX_DEFAULT,
+            lease: None,
+        }
+    }
+}
+
+impl IdempotencyConfig {
+    /// The methods whose requests must carry a key (default POST and PATCH). Requests of
+    /// other methods pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Accept only a quoted structured-field String (`"abc"`), as the draft specifies; by
+    /// default a bare token (`abc`, a UUID) is accepted too.
+    pub fn strict_keys(mut self, strict: bool) -> Self {
+        self.strict_keys = strict;
+        self
+    }
+
+    /// Longest key accepted, in bytes after unescaping (default 253); longer ones get 400.
+    /// The engine key is the key plus 2 bytes plus the scope, and must fit the engine's
+    /// [`crate::EngineBuilder::key_len_max`] (default 255): with a non-empty scope, lower
+    /// this or raise that, or requests with long keys get 500 (misconfigured).
+    pub fn key_len_max(mut self, max: usize) -> Self {
+        self.key_len_max = max;
+        self
+    }
+
+    /// Derives the scope of a request's key (the tenant, the API key), so that identical
+    /// keys of two clients never meet. Default: one empty scope for every request.
+    pub fn scope(mut self, scope: impl Fn(&Parts) -> Vec<u8> + Send + Sync + 'static) -> Self {
+        self.scope = Arc::new(scope);
+        self
+    }
+
+    /// Adds a request header to the fingerprint (all its values, in order), so that the
+    /// same key with another value of it gets 422.
+    pub fn fingerprint_header(mut self, name: HeaderName) -> Self {
+        self.fingerprint_headers.push(name);
+        self
+    }
+
+    /// What a duplicate of a request still in flight gets (default [`InFlight::Conflict`]).
+    pub fn in_flight(mut self, policy: InFlight) -> Self {
+        self.in_flight = policy;
+        self
+    }
+
+    /// Adds a response header to those stored and replayed. `Set-Cookie` is never stored:
+    /// a cookie is meant for one response, and a replay may reach another client of the
+    /// same scope.
+    pub fn replay_header(mut self, name: HeaderName) -> Self {
+        self.replay_headers.push(name);
+        self
+    }
+
+    /// Replaces the list of response headers stored and replayed (`Set-Cookie` never is).
+    pub fn replay_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.replay_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Which responses are stored and replayed (default: every status below 500). A
+    /// response not stored releases the key, so that a retry runs the handler again.
+    pub fn store_when(
+        mut self,
+        store: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.store = Arc::new(store);
+        self
+    }
+
+    /// Largest request body, in bytes, buffered for the fingerprint (default 1 MiB). A
+    /// larger body (by `Content-Length`, or as read) gets 413 and the handler does not run.
+    pub fn body_len_max(mut self, max: usize) -> Self {
+        self.body_len_max = max;
+        self
+    }
+
+    /// The lease of each claim (default: the engine's). The handler should finish within
+    /// it: past it, a duplicate takes the key over and runs the handler again.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Whether a response header is stored for replays.
+    pub(crate) fn replays_header(&self, name: &HeaderName) -> bool {
+        *name != SET_COOKIE && self.replay_headers.contains(name)
+    }
+}
+
+impl fmt::Debug for IdempotencyConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyConfig")
+            .field("methods", &self.methods)
+            .field("strict_keys", &self.strict_keys)
+            .field("key_len_max", &self.key_len_max)
+            .field("fingerprint_headers", &self.fingerprint_headers)
+            .field("in_flight", &self.in_flight)
+            .field("replay_headers", &self.replay_headers)
+            .field("body_len_max", &self.body_len_max)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
