@@ -42,6 +42,13 @@ pub(crate) const CLAIM_LOOKS_MAX: u32 = 64;
 
 /// Most operations the writer puts in one redb transaction.
 pub(crate) const BATCH_OPS_MAX: usize = 8192;
+/// `Buffered` admission (`admission.rs`): a commit smaller than this does not update the
+/// writer's measured rate (its time is mostly the fsync).
+pub(crate) const ADMIT_BATCH_OPS_MIN: usize = 256;
+/// `Buffered` admission: the fewest queued operations new claims are ever held to.
+pub(crate) const ADMIT_CLAIMS_MIN: u64 = 512;
+/// `Buffered` admission: the weight of the newest measurement in the rate's moving average.
+pub(crate) const ADMIT_RATE_WEIGHT: f64 = 0.25;
 
 /// Default number of index stripes (a power of two).
 pub(crate) const STRIPES_DEFAULT: usize = 256;

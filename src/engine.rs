@@ -53,6 +53,11 @@ pub(crate) struct Shared {
     /// Deadline wake-ups for futures, and the thread that runs keep-alive renewals.
     pub(crate) timers: crate::timer::Timers,
     pub(crate) keep_alive: crate::keep_alive::KeepAlives,
+    /// Which claims the writer queue admits (by the writer's measured rate under
+    /// `Buffered`).
+    pub(crate) admission: crate::admission::Admission,
+    /// Whether the mode is `Buffered`: queued operations carry their acknowledgement time.
+    buffered: bool,
     /// The file, for replay reads. Emptied by `close`, so the file is released with it.
     store: RwLock<Option<Arc<Closing>>>,
     poisoned: AtomicBool,
@@ -201,11 +206,12 @@ impl Shared {
         if self.is_closed() {
             return Err(SendRefused::Closed);
         }
-        if claim && tx.len() >= self.cfg.claim_queue_max {
+        if claim && !self.admission.admits_claim(tx.len()) {
             return Err(SendRefused::Full);
         }
         let seq = self.progress.issue();
-        let refused = match tx.try_send(Queued { seq, op }) {
+        let acked_at = self.buffered.then(std::time::Instant::now);
+        let refused = match tx.try_send(Queued { seq, op, acked_at }) {
             Ok(()) => return Ok(seq),
             Err(TrySendError::Full(_)) => SendRefused::Full,
             // A writer that died of a panic poisoned the engine before dropping the queue.
@@ -244,10 +250,7 @@ impl Shared {
             return Ok(Some(0));
         };
         let seq = self.progress.issue();
-        let result = match tx.try_send(Queued {
-            seq,
-            op: Op::Barrier,
-        }) {
+        let result = match tx.try_send(Queued::barrier(seq)) {
             Ok(()) => return Ok(Some(seq)),
             Err(TrySendError::Full(_)) => Ok(None),
             Err(TrySendError::Disconnected(_)) => Err(self.flush_stopped()),
@@ -261,13 +264,7 @@ impl Shared {
     pub(crate) fn send_barrier(&self) -> Result<u64, FlushError> {
         let Some(tx) = &self.tx else { return Ok(0) };
         let seq = self.progress.issue();
-        if tx
-            .send(Queued {
-                seq,
-                op: Op::Barrier,
-            })
-            .is_err()
-        {
+        if tx.send(Queued::barrier(seq)).is_err() {
             self.progress.void(seq);
             return Err(self.flush_stopped());
         }
@@ -316,6 +313,8 @@ impl Shared {
     pub(crate) fn queue(&self, write: Option<Write>, claim: bool) -> Result<u64, SendRefused> {
         let op = match write {
             None => return Ok(0),
+            // Encoded here, on the caller's thread: the writer's one thread only does the
+            // B-tree work and the commit.
             Some(Write::Put {
                 token,
                 old,
@@ -324,8 +323,8 @@ impl Shared {
             }) => Op::Put {
                 token,
                 old,
-                record,
-                publish,
+                value: crate::codec::encode(token, &record),
+                publish: publish.then(|| record.key.0.clone()),
             },
             Some(Write::Delete { token }) => Op::Delete { token },
         };
@@ -436,6 +435,7 @@ fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushEr
             let _ = tx.send(Queued {
                 seq: 0,
                 op: Op::Shutdown,
+                acked_at: None,
             });
         }
         if let Some(handle) = threads.writer.take() {
@@ -480,6 +480,7 @@ impl EngineBuilder {
             let limit = next.saturating_add(TOKEN_RESERVE);
             (Tokens::new(next, limit), Some(Arc::new(store)))
         };
+        let claim_queue_max = self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
         let cfg = Config {
             durability: self.durability,
             lease: self.lease,
@@ -489,7 +490,7 @@ impl EngineBuilder {
             checkpoint_len_max: self.checkpoint_len_max,
             inflight_max: self.inflight_max as u64,
             keys_max: self.keys_max as u64,
-            claim_queue_max: self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR,
+            claim_queue_max,
             durable_claims: self.durable_claims,
         };
         let (tx, rx) = match store {
@@ -510,6 +511,14 @@ impl EngineBuilder {
             progress: Progress::new(),
             timers: Default::default(),
             keep_alive: Default::default(),
+            admission: crate::admission::Admission::new(
+                match self.durability {
+                    Durability::Buffered { max_delay } => Some(max_delay),
+                    _ => None,
+                },
+                claim_queue_max,
+            ),
+            buffered: matches!(self.durability, Durability::Buffered { .. }),
             store: RwLock::new(store.clone()),
             poisoned: AtomicBool::new(false),
             poison_why: Mutex::new(None),
@@ -677,6 +686,9 @@ impl Engine {
             committed_ops: read(&c.committed_ops),
             batch_max: read(&c.batch_max),
             queue_depth: s.tx.as_ref().map_or(0, |tx| tx.len() as u64),
+            queue_claims_max: s.admission.claims_max(),
+            ack_to_fsync_max_us: u64::try_from(s.admission.lag_max().as_micros())
+                .unwrap_or(u64::MAX),
             token_next: s.tokens.next(),
             poisoned: s.poison_reason().is_some(),
         }

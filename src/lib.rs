@@ -29,6 +29,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod admission;
 mod async_api;
 mod backend;
 mod claim;

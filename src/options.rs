@@ -19,11 +19,11 @@ pub enum Durability {
     /// A call returns only after its record is fsynced, in a group commit shared with every
     /// concurrent call. Nothing acknowledged is lost by a crash or power loss.
     Immediate,
-    /// A call returns at once; the writer gathers what arrives within `max_delay` into one
-    /// group commit. While the writer keeps up, a crash loses at most the calls of the last
-    /// `max_delay` plus the commit in progress; when callers outrun it, acknowledged calls
-    /// wait in the queue behind whole batches, so the window grows with the queue (bounded by
-    /// its admission limit, [`EngineBuilder::queue_depth`]; see docs/design.md). Another
+    /// A call returns at once; the writer commits what was acknowledged within `max_delay`
+    /// of the oldest queued call in one group commit. New claims are admitted by the
+    /// writer's measured rate (no more queued than it commits in one `max_delay`), so a
+    /// crash loses at most the calls of about the last `2 × max_delay` even under overload
+    /// (claims beyond that are refused with `Overloaded`; see docs/design.md). Another
     /// caller sees a completion only after it is fsynced, so nothing lost was ever replayed.
     Buffered {
         /// How long the writer gathers calls into one commit: the loss window while the

@@ -60,6 +60,12 @@ pub struct Stats {
     pub batch_max: u64,
     /// Operations waiting in the writer queue now.
     pub queue_depth: u64,
+    /// Queue length below which new claims are admitted now: under `Buffered`, what the
+    /// writer commits in one `max_delay` at its measured rate; otherwise the count limit.
+    pub queue_claims_max: u64,
+    /// `Buffered`: the longest an acknowledged operation waited for its fsync since open,
+    /// in microseconds (the writer's measurement, on its own real-time clock).
+    pub ack_to_fsync_max_us: u64,
     /// The next fencing token to be issued.
     pub token_next: u64,
     /// Whether a storage failure has poisoned the engine.

@@ -35,18 +35,18 @@ const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0
 
 /// One change to the records table, in queue order.
 #[derive(Debug)]
-pub(crate) enum Write {
+pub(crate) enum Write<'a> {
     /// Store `value` under `token`, removing the key's previous record at `old`.
     Put {
         token: u64,
         old: Option<u64>,
-        value: Vec<u8>,
+        value: &'a [u8],
     },
     /// Remove the record under `token`.
     Delete { token: u64 },
 }
 
-impl Write {
+impl Write<'_> {
     /// The record this write creates, replaces or removes.
     pub(crate) fn token(&self) -> u64 {
         match self {
@@ -768,7 +768,7 @@ impl Store {
                         if let Some(old) = old {
                             table.remove(*old)?;
                         }
-                        table.insert(*token, value.as_slice())?;
+                        table.insert(*token, *value)?;
                     }
                     Write::Delete { token } => {
                         table.remove(*token)?;

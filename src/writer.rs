@@ -8,7 +8,6 @@
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
 //! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
 
-use crate::codec::{self, Record};
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
@@ -20,23 +19,35 @@ use crate::sync::{Arc, Ordering};
 use std::time::Instant;
 
 /// One operation in the writer's queue, with its durability sequence number (0 for the
-/// shutdown message, which has none).
+/// shutdown message, which has none) and, under `Buffered`, when it was acknowledged: the
+/// writer commits it within `max_delay` of that instant plus one commit.
 pub(crate) struct Queued {
     pub(crate) seq: u64,
     pub(crate) op: Op,
+    pub(crate) acked_at: Option<Instant>,
+}
+
+impl Queued {
+    pub(crate) fn barrier(seq: u64) -> Self {
+        Queued {
+            seq,
+            op: Op::Barrier,
+            acked_at: None,
+        }
+    }
 }
 
 /// One queued operation. Operations of one key are queued under its stripe lock, so they
 /// reach the writer in the order their state changes happened.
 pub(crate) enum Op {
-    /// Store `record` under `token`, removing the key's previous record at `old`.
+    /// Store `value` (a record encoded by the caller, so the writer's one thread does only
+    /// B-tree work) under `token`, removing the key's previous record at `old`.
     Put {
         token: u64,
         old: Option<u64>,
-        record: Record,
-        /// After the commit, mark the key's completion with this token as visible (the key
-        /// is the record's own).
-        publish: bool,
+        value: Vec<u8>,
+        /// After the commit, mark this key's completion with this token as visible.
+        publish: Option<Arc<[u8]>>,
     },
     /// Remove the record under `token`.
     Delete { token: u64 },
@@ -116,8 +127,14 @@ impl Writer {
         if batch.last().is_some_and(urgent) {
             return;
         }
+        // Counted from the oldest operation's acknowledgement, not from when the writer
+        // got to it: an operation that waited behind a commit is not kept waiting again.
         let deadline = match self.shared.cfg.durability {
-            Durability::Buffered { max_delay } => Instant::now().checked_add(max_delay),
+            Durability::Buffered { max_delay } => batch
+                .first()
+                .and_then(|q| q.acked_at)
+                .unwrap_or_else(Instant::now)
+                .checked_add(max_delay),
             _ => None,
         };
         while batch.len() < BATCH_OPS_MAX {
@@ -160,6 +177,9 @@ impl Writer {
         // (poisoning woke them) and the watermark stays below them.
         let committed = self.shared.poison_reason().is_none() && self.write(batch).is_ok();
         if committed {
+            if let Some(oldest) = batch.iter().filter_map(|q| q.acked_at).min() {
+                self.shared.admission.durable_after(oldest.elapsed());
+            }
             if !publish_early {
                 self.publish(batch);
             }
@@ -186,12 +206,12 @@ impl Writer {
             .iter()
             .filter_map(|q| match &q.op {
                 Op::Put {
-                    token, old, record, ..
+                    token, old, value, ..
                 } => Some(Write::Put {
                     token: *token,
                     // Test-only sabotage: leave the replaced record in the file.
                     old: old.filter(|_| !self.shared.sabotaged(Sabotage::DropOldRemoval)),
-                    value: codec::encode(*token, record),
+                    value: value.as_slice(),
                 }),
                 Op::Delete { token } => Some(Write::Delete { token: *token }),
                 Op::Barrier | Op::Shutdown => None,
@@ -210,8 +230,12 @@ impl Writer {
             return Ok(());
         }
         let started = crate::observe::commit_started();
+        let began = Instant::now();
         match self.store.commit(&writes, hwm) {
             Ok(()) => {
+                self.shared
+                    .admission
+                    .committed(writes.len(), began.elapsed());
                 if let Some(hwm) = hwm {
                     self.shared.tokens.raise_limit(hwm);
                 }
@@ -233,15 +257,13 @@ impl Writer {
         for q in batch {
             let Op::Put {
                 token,
-                record,
-                publish: true,
+                publish: Some(key),
                 ..
             } = &q.op
             else {
                 continue;
             };
-            let key = &record.key.0[..];
-            let (mut shard, changed, k) = self.shared.index.lock(key);
+            let (mut shard, changed, k) = self.shared.index.lock(&key[..]);
             shard.publish(k, *token);
             drop(shard);
             changed.notify_all();

@@ -1,0 +1,142 @@
+//! Admission of new claims under `Buffered`, by the writer's measured rate.
+//!
+//! `Buffered { max_delay }` promises that an acknowledged call is fsynced about `max_delay`
+//! later. A queue admitted by count alone breaks that under overload: callers outrun the
+//! writer, and an acknowledged operation waits behind whole batches. So the writer measures
+//! how many operations it commits per second, and new claims are admitted only while the
+//! queue holds fewer than it can commit in one `max_delay`. With the writer's gathering
+//! deadline counted from the oldest operation's acknowledgement, an acknowledged operation
+//! is then fsynced within about `2 × max_delay`: at most `max_delay` waiting for its batch,
+//! then a commit of at most one `max_delay` of work.
+//!
+//! Holders' calls are not subject to it (a finished holder is never turned away; they keep
+//! the last eighth of the queue), and the other modes admit by count alone.
+
+use crate::constants::{ADMIT_BATCH_OPS_MIN, ADMIT_CLAIMS_MIN, ADMIT_RATE_WEIGHT};
+use crate::sync::{AtomicU64, Mutex, Ordering};
+use std::time::Duration;
+
+pub(crate) struct Admission {
+    /// `max_delay` under `Buffered`; `None` admits by count alone.
+    max_delay: Option<Duration>,
+    /// The count limit: never admit past it.
+    claims_cap: u64,
+    /// Queue length below which a new claim is admitted now.
+    claims_max: AtomicU64,
+    /// The writer's rate, operations per second (a moving average; the writer's alone).
+    rate: Mutex<Option<f64>>,
+    /// The longest an acknowledged operation has waited for its fsync, in ns.
+    lag_max_ns: AtomicU64,
+}
+
+impl Admission {
+    pub(crate) fn new(max_delay: Option<Duration>, claims_cap: usize) -> Self {
+        Self {
+            max_delay,
+            claims_cap: claims_cap as u64,
+            claims_max: AtomicU64::new(claims_cap as u64),
+            rate: Mutex::new(None),
+            lag_max_ns: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a new claim may join a queue of `queued` operations.
+    pub(crate) fn admits_claim(&self, queued: usize) -> bool {
+        (queued as u64) < self.claims_max.load(Ordering::Relaxed)
+    }
+
+    /// The writer committed `ops` operations in `took`: update the rate and the limit.
+    pub(crate) fn committed(&self, ops: usize, took: Duration) {
+        let Some(max_delay) = self.max_delay else {
+            return;
+        };
+        // A small batch's time is mostly the fsync: it says little about the rate.
+        if ops < ADMIT_BATCH_OPS_MIN || took.is_zero() {
+            return;
+        }
+        let measured = ops as f64 / took.as_secs_f64();
+        let rate = {
+            let mut rate = self.rate.lock();
+            let next = match *rate {
+                Some(r) => r + ADMIT_RATE_WEIGHT * (measured - r),
+                None => measured,
+            };
+            *rate = Some(next);
+            next
+        };
+        self.claims_max.store(
+            claims_limit(rate, max_delay, self.claims_cap),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The oldest operation of a commit had been acknowledged `age` before it was durable.
+    pub(crate) fn durable_after(&self, age: Duration) {
+        let ns = u64::try_from(age.as_nanos()).unwrap_or(u64::MAX);
+        self.lag_max_ns.fetch_max(ns, Ordering::Relaxed);
+    }
+
+    pub(crate) fn claims_max(&self) -> u64 {
+        self.claims_max.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn lag_max(&self) -> Duration {
+        Duration::from_nanos(self.lag_max_ns.load(Ordering::Relaxed))
+    }
+}
+
+/// What the writer commits in one `max_delay` at `rate` operations per second, kept between
+/// a floor (so a slow measurement never starves the queue) and the count limit.
+pub(crate) fn claims_limit(rate: f64, max_delay: Duration, cap: u64) -> u64 {
+    let ops = rate * max_delay.as_secs_f64();
+    // `as` saturates a float (NaN becomes 0), so no rate can overflow the limit.
+    (ops as u64).clamp(ADMIT_CLAIMS_MIN.min(cap), cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_is_one_delay_of_the_writers_rate_within_floor_and_cap() {
+        let ms10 = Duration::from_millis(10);
+        assert_eq!(claims_limit(300_000.0, ms10, 14_336), 3_000);
+        assert_eq!(claims_limit(1.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
+        assert_eq!(claims_limit(1e12, ms10, 14_336), 14_336);
+        assert_eq!(claims_limit(f64::NAN, ms10, 14_336), ADMIT_CLAIMS_MIN);
+        assert_eq!(
+            claims_limit(1e6, ms10, 100),
+            100,
+            "the floor never exceeds the cap"
+        );
+    }
+
+    #[test]
+    fn buffered_admission_follows_the_measured_rate_and_the_others_do_not_move() {
+        let a = Admission::new(Some(Duration::from_millis(10)), 14_336);
+        assert!(
+            a.admits_claim(14_335),
+            "before any measurement: the count limit"
+        );
+        a.committed(5_000, Duration::from_millis(25)); // 200 k ops/s
+        assert_eq!(a.claims_max(), 2_000);
+        assert!(a.admits_claim(1_999) && !a.admits_claim(2_000));
+        a.committed(10, Duration::from_millis(5)); // too small to count
+        assert_eq!(a.claims_max(), 2_000);
+        a.committed(8_000, Duration::from_millis(20)); // 400 k ops/s, averaged in
+        assert!(a.claims_max() > 2_000 && a.claims_max() < 4_000);
+
+        let immediate = Admission::new(None, 14_336);
+        immediate.committed(5_000, Duration::from_millis(25));
+        assert_eq!(immediate.claims_max(), 14_336);
+    }
+
+    #[test]
+    fn the_lag_is_the_longest_seen() {
+        let a = Admission::new(Some(Duration::from_millis(10)), 100);
+        a.durable_after(Duration::from_millis(3));
+        a.durable_after(Duration::from_millis(12));
+        a.durable_after(Duration::from_millis(5));
+        assert_eq!(a.lag_max(), Duration::from_millis(12));
+    }
+}
