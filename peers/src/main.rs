@@ -109,6 +109,12 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         "fsynced before each call returns (group commit)",
     ),
     (
+        "idemkv-immediate-lazy",
+        "idemkv Immediate, lazy claims",
+        Class::Immediate,
+        "completions fsynced before they return; a claim becomes durable with its completion",
+    ),
+    (
         "redis-always",
         "Redis SET NX, appendfsync always",
         Class::Immediate,
@@ -190,13 +196,13 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
             .ok_or_else(|| "no Redis (--redis)".to_string())
     };
     match id {
-        "idemkv-immediate" | "idemkv-buffered" | "idemkv-none" => {
+        "idemkv-immediate" | "idemkv-immediate-lazy" | "idemkv-buffered" | "idemkv-none" => {
             let durability = match id {
-                "idemkv-immediate" => idemkv::Durability::Immediate,
+                "idemkv-immediate" | "idemkv-immediate-lazy" => idemkv::Durability::Immediate,
                 "idemkv-buffered" => idemkv::Durability::buffered(),
                 _ => idemkv::Durability::None,
             };
-            let peer = systems::Idem::open(dir, durability)?;
+            let peer = systems::Idem::open(dir, durability, id != "idemkv-immediate-lazy")?;
             let mut m = workload::run(&peer, w)?;
             peer.close()?;
             m.note = peer.commit_note();

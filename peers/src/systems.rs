@@ -34,9 +34,10 @@ pub struct Idem {
 
 impl Idem {
     /// Opens an engine on a new file in `dir` (no file for `None`).
-    pub fn open(dir: &Path, durability: Durability) -> Result<Self, String> {
+    pub fn open(dir: &Path, durability: Durability, durable_claims: bool) -> Result<Self, String> {
         let mut b = Engine::builder()
             .durability(durability)
+            .durable_claims(durable_claims)
             .lease(LEASE)
             .retention(RETENTION);
         if durability != Durability::None {
@@ -54,12 +55,19 @@ impl Idem {
     pub fn commit_note(&self) -> Option<String> {
         let s = self.engine.stats();
         (s.commits > 0).then(|| {
-            format!(
+            let mut note = format!(
                 "{} group commits, {:.1} writes each on average, {} at most",
                 s.commits,
                 s.committed_ops as f64 / s.commits as f64,
                 s.batch_max
-            )
+            );
+            if s.ack_to_fsync_max_us > 0 {
+                note.push_str(&format!(
+                    "; longest ack-to-fsync {:.1} ms",
+                    s.ack_to_fsync_max_us as f64 / 1000.0
+                ));
+            }
+            note
         })
     }
 
