@@ -101,6 +101,7 @@ mod tests {
     fn the_limit_is_one_delay_of_the_writers_rate_within_floor_and_cap() {
         let ms10 = Duration::from_millis(10);
         assert_eq!(claims_limit(300_000.0, ms10, 14_336), 3_000);
+        assert_eq!(claims_limit(100_000.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
         assert_eq!(claims_limit(1.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
         assert_eq!(claims_limit(1e12, ms10, 14_336), 14_336);
         assert_eq!(claims_limit(f64::NAN, ms10, 14_336), ADMIT_CLAIMS_MIN);
@@ -118,13 +119,13 @@ mod tests {
             a.admits_claim(14_335),
             "before any measurement: the count limit"
         );
-        a.committed(5_000, Duration::from_millis(25)); // 200 k ops/s
-        assert_eq!(a.claims_max(), 2_000);
-        assert!(a.admits_claim(1_999) && !a.admits_claim(2_000));
+        a.committed(5_000, Duration::from_millis(10)); // 500 k ops/s
+        assert_eq!(a.claims_max(), 5_000);
+        assert!(a.admits_claim(4_999) && !a.admits_claim(5_000));
         a.committed(10, Duration::from_millis(5)); // too small to count
-        assert_eq!(a.claims_max(), 2_000);
-        a.committed(8_000, Duration::from_millis(20)); // 400 k ops/s, averaged in
-        assert!(a.claims_max() > 2_000 && a.claims_max() < 4_000);
+        assert_eq!(a.claims_max(), 5_000);
+        a.committed(8_000, Duration::from_millis(8)); // 1 M ops/s, averaged in
+        assert!(a.claims_max() > 5_000 && a.claims_max() < 10_000);
 
         let immediate = Admission::new(None, 14_336);
         immediate.committed(5_000, Duration::from_millis(25));

@@ -908,10 +908,18 @@ impl Index {
     }
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
+        &self.stripes[self.stripe_index(key)].0
+    }
+
+    /// The position of `key`'s stripe, for callers that group keys by stripe.
+    pub(crate) fn stripe_index(&self, key: Key<'_>) -> usize {
         // Bits 32 and up: the table inside the stripe takes its buckets from the low bits
         // and its control bytes from the top seven, so the three uses stay independent.
-        let i = (key.hash >> 32) & self.mask;
-        &self.stripes[i as usize].0
+        ((key.hash >> 32) & self.mask) as usize
+    }
+
+    pub(crate) fn stripe_at(&self, i: usize) -> Option<&Stripe> {
+        self.stripes.get(i).map(|p| &p.0)
     }
 
     /// Locks the stripe of `bytes`; returns the key with its hash for the shard's calls.

@@ -10,6 +10,7 @@
 
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
+use crate::index::Key;
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
@@ -252,21 +253,36 @@ impl Writer {
         }
     }
 
-    /// Makes committed completions visible and wakes their waiters.
+    /// Makes committed completions visible and wakes their waiters: each stripe is locked
+    /// and notified once per batch, however many of the batch's completions it holds.
     fn publish(&self, batch: &[Queued]) {
-        for q in batch {
-            let Op::Put {
-                token,
-                publish: Some(key),
-                ..
-            } = &q.op
-            else {
+        let index = &self.shared.index;
+        let mut done: Vec<(usize, Key<'_>, u64)> = batch
+            .iter()
+            .filter_map(|q| match &q.op {
+                Op::Put {
+                    token,
+                    publish: Some(key),
+                    ..
+                } => {
+                    let k = index.key(key);
+                    Some((index.stripe_index(k), k, *token))
+                }
+                _ => None,
+            })
+            .collect();
+        // Stable: one key's completions keep their queue order.
+        done.sort_by_key(|d| d.0);
+        for group in done.chunk_by(|a, b| a.0 == b.0) {
+            let Some(stripe) = group.first().and_then(|d| index.stripe_at(d.0)) else {
                 continue;
             };
-            let (mut shard, changed, k) = self.shared.index.lock(&key[..]);
-            shard.publish(k, *token);
+            let mut shard = stripe.map.lock();
+            for (_, k, token) in group {
+                shard.publish(*k, *token);
+            }
             drop(shard);
-            changed.notify_all();
+            stripe.changed.notify_all();
         }
     }
 }

@@ -18,11 +18,14 @@ fn builder(path: &std::path::Path, clock: &MockClock) -> EngineBuilder {
 }
 
 fn complete(engine: &Engine, key: &str, response: &[u8]) -> u64 {
-    let Claim::Acquired(lease) = engine
-        .claim(key.as_bytes(), &ClaimOptions::default())
-        .unwrap()
-    else {
-        panic!("{key} must be acquired")
+    // `Buffered` admits claims by the writer's measured rate: a fill faster than the writer
+    // is refused, and waits for it, as any producer should.
+    let lease = loop {
+        match engine.claim(key.as_bytes(), &ClaimOptions::default()) {
+            Ok(Claim::Acquired(lease)) => break lease,
+            Err(ClaimError::Overloaded(Limit::WriterQueue)) => engine.flush().unwrap(),
+            other => panic!("{key} must be acquired: {other:?}"),
+        }
     };
     let token = lease.token();
     lease.complete(response).unwrap();
