@@ -285,7 +285,7 @@ impl Admin<'_> {
         s.queue(step.write, ack, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
         shard.apply(k, step.change);
-        s.count(&step.deltas);
+        s.count(&mut shard.events, &step.deltas);
         drop(shard);
         changed.notify_all();
         if let Some(rx) = rx {

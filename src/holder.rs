@@ -136,7 +136,7 @@ impl Engine {
                 return Ok(());
             }
             HolderAnswer::LeaseLost | HolderAnswer::NotHeld => {
-                s.count(&step.deltas);
+                s.count(&mut shard.events, &step.deltas);
                 return Err(LeaseError::LeaseLost);
             }
         }
@@ -144,7 +144,7 @@ impl Engine {
         s.queue(step.write, ack, false)
             .map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
-        s.count(&step.deltas);
+        s.count(&mut shard.events, &step.deltas);
         drop(shard);
         // A memory-only engine's completion is published at once.
         if !rules.durable {
@@ -204,7 +204,7 @@ impl Engine {
         s.queue(step.write, ack, false)
             .map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
-        s.count(&step.deltas);
+        s.count(&mut shard.events, &step.deltas);
         drop(shard);
         changed.notify_all();
         Ok((true, ack_rx))
@@ -218,7 +218,7 @@ impl Engine {
         let (mut shard, _, k) = s.index.lock(key);
         let step = machine::hold(shard.view(k), key, token, op, s.now(), &s.rules());
         if step.answer != HolderAnswer::Done {
-            s.count(&step.deltas);
+            s.count(&mut shard.events, &step.deltas);
             return Err(LeaseError::LeaseLost);
         }
         let (ack, ack_rx) = self.ack_for_mode();

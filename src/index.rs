@@ -32,6 +32,7 @@
 use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
 use crate::machine::{self, Change, Step, View};
+use crate::stats::Events;
 use crate::sync::{Arc, AtomicU64, Condvar, Mutex, MutexGuard, Ordering};
 use hashbrown::HashTable;
 use std::cmp::Ordering as CmpOrdering;
@@ -320,6 +321,8 @@ pub(crate) struct Shard {
     loading: bool,
     common: Arc<Common>,
     id: usize,
+    /// Events counted under this stripe's lock (see [`Events`]).
+    pub(crate) events: Events,
 }
 
 impl Shard {
@@ -338,6 +341,7 @@ impl Shard {
             loading: false,
             common,
             id,
+            events: Events::default(),
         }
     }
 
