@@ -588,8 +588,7 @@ impl Engine {
             takeovers: events.takeovers,
             replays: read(&c.replays) + events.replays,
             in_progress: events.in_progress,
-            fingerprint_mismatches: read(&c.fingerprint_mismatches)
-                + events.fingerprint_mismatches,
+            fingerprint_mismatches: read(&c.fingerprint_mismatches) + events.fingerprint_mismatches,
             corrupt_reads: read(&c.corrupt_reads),
             completions: events.completions,
             releases: events.releases,

@@ -1194,7 +1194,10 @@ mod tests {
         let expected: Vec<_> = (1..=n / 2).map(|t| (Reclaimed::Expired, t)).collect();
         assert_eq!(removed, expected);
         assert_eq!(f.shard.get(f.shard.key(b"key-1")), None);
-        assert!(f.shard.get(f.shard.key(format!("key-{n}").as_bytes())).is_some());
+        assert!(f
+            .shard
+            .get(f.shard.key(format!("key-{n}").as_bytes()))
+            .is_some());
     }
 
     #[test]
