@@ -279,7 +279,7 @@ impl Admin<'_> {
             .queue(step.write, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
         shard.apply(k, step.change);
-        s.count(&step.deltas);
+        s.count(&mut shard.events, &step.deltas);
         drop(shard);
         changed.notify_all();
         if wait {

@@ -75,11 +75,13 @@ impl Engine {
     ) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
         self.check_open()?;
-        bump(&self.shared().counters.claims);
         let mut looks = 0;
         loop {
             let step = {
                 let (mut shard, _, k) = self.shared().index.lock(key);
+                if looks == 0 {
+                    self.shared().count_claim(&mut shard.events);
+                }
                 self.claim_step(&mut shard, k, opts)?
             };
             if let Some(claim) = self.settle_async(key, opts, step, &mut looks).await? {
@@ -111,11 +113,11 @@ impl Engine {
         self.check_key(key)?;
         self.check_open()?;
         let s = self.shared();
-        bump(&s.counters.claims);
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
         let deadline = s.time.mono_ns().saturating_add(duration_ns(wait));
         let mut looking = Looking {
             deadline,
+            counted: false,
             waited: false,
             timer_ns: None,
         };
@@ -139,6 +141,10 @@ impl Engine {
     ) -> Poll<Result<Step, ClaimError>> {
         let s = self.shared();
         let (mut shard, changed, k) = s.index.lock(key);
+        if !looking.counted {
+            looking.counted = true;
+            s.count_claim(&mut shard.events);
+        }
         if looking.waited {
             // The outcome being waited for may be lost with the failed commit.
             if let Some(why) = s.poison_reason() {
@@ -358,6 +364,8 @@ impl Engine {
 /// The state of one `claim_or_wait_async` across its looks.
 struct Looking {
     deadline: u64,
+    /// Whether the call was counted (once, at its first look).
+    counted: bool,
     waited: bool,
     /// The instant a timer is set for, so a look woken early does not set another.
     timer_ns: Option<u64>,

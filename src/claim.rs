@@ -125,9 +125,12 @@ impl Engine {
         let key = k.bytes();
         let s = self.shared();
         let c = &s.counters;
-        let now = s.now();
+        let rules = s.rules();
+        // A claim writes a record only with a file behind the engine, and reports no wall
+        // time: without a file it needs no wall reading.
+        let now = s.now_with(rules.durable);
         let decided = machine::claim(shard.view(k), opts.fingerprint, now.mono_ns);
-        s.count(&decided.deltas);
+        s.count(&mut shard.events, &decided.deltas);
         let mut plan = match decided.answer {
             ClaimAnswer::Acquire(plan) => plan,
             ClaimAnswer::Busy(busy) => return Ok(Step::Busy(busy)),
@@ -178,7 +181,7 @@ impl Engine {
             MutexGuard::unlocked(shard, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
-        let step = machine::acquire(plan, key, token, lease, now, &s.rules());
+        let step = machine::acquire(plan, key, token, lease, now, &rules);
         let seq = match s.queue(step.write, true) {
             Ok(seq) => seq,
             Err(refused) => {
@@ -194,7 +197,7 @@ impl Engine {
             }
         };
         shard.apply(k, step.change);
-        s.count(&step.deltas);
+        s.count(&mut shard.events, &step.deltas);
         let Acquired {
             token,
             attempt,
@@ -500,11 +503,13 @@ impl Engine {
     fn claim_unobserved(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
         self.check_open()?;
-        bump(&self.shared().counters.claims);
         let mut looks = 0;
         loop {
             let step = {
                 let (mut shard, _, k) = self.shared().index.lock(key);
+                if looks == 0 {
+                    self.shared().count_claim(&mut shard.events);
+                }
                 self.claim_step(&mut shard, k, opts)?
             };
             if let Some(claim) = self.settle(key, opts, step, &mut looks)? {
@@ -530,7 +535,6 @@ impl Engine {
         self.check_key(key)?;
         self.check_open()?;
         let s = self.shared();
-        bump(&s.counters.claims);
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
         let deadline = s.time.mono_ns().saturating_add(duration_ns(wait));
         let mut waited = false;
@@ -538,6 +542,9 @@ impl Engine {
         loop {
             let step = {
                 let (mut shard, changed, k) = s.index.lock(key);
+                if looks == 0 && !waited {
+                    s.count_claim(&mut shard.events);
+                }
                 loop {
                     if waited {
                         // The outcome being waited for may be lost with the failed commit.

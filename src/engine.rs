@@ -11,7 +11,7 @@ use crate::index::Index;
 use crate::machine::{Deltas, Now, Rules, Write};
 use crate::options::{Durability, EngineBuilder};
 use crate::progress::{Failed, Progress, Stopped};
-use crate::stats::{read, Counters, Stats};
+use crate::stats::{read, Counters, Events, Stats};
 use crate::storage::{Closing, Store};
 use crate::sweep::Sweeper;
 use crate::sync::channel::{Sender, TrySendError};
@@ -293,9 +293,16 @@ impl Stopped for Shared {
 impl Shared {
     /// The instant of a transition, for the state machine.
     pub(crate) fn now(&self) -> Now {
+        self.now_with(true)
+    }
+
+    /// The instant of a transition that reads the wall clock only if `wall`: only a record
+    /// to write or a wall time to report needs it, so a memory-only claim skips the read
+    /// (its `wall_ms` is 0, and no part of its transition reads it).
+    pub(crate) fn now_with(&self, wall: bool) -> Now {
         Now {
             mono_ns: self.time.mono_ns(),
-            wall_ms: self.time.wall_ms(),
+            wall_ms: if wall { self.time.wall_ms() } else { 0 },
         }
     }
 
@@ -331,8 +338,9 @@ impl Shared {
         self.send(op, claim)
     }
 
-    /// Applies a state machine's counter deltas.
-    pub(crate) fn count(&self, d: &Deltas) {
+    /// Applies a state machine's counter deltas: the gauges to the engine-wide counters that
+    /// admission reads, the events to `events` (the stripe's own, under its lock).
+    pub(crate) fn count(&self, events: &mut Events, d: &Deltas) {
         let c = &self.counters;
         let gauge = |g: &AtomicU64, delta: i64, order: Ordering| {
             if delta > 0 {
@@ -343,23 +351,14 @@ impl Shared {
         };
         gauge(&c.inflight, d.inflight, Ordering::AcqRel);
         gauge(&c.completed, d.completed, Ordering::Relaxed);
-        let events = [
-            (&c.acquired, d.acquired),
-            (&c.takeovers, d.takeovers),
-            (&c.replays, d.replays),
-            (&c.in_progress, d.in_progress),
-            (&c.fingerprint_mismatches, d.fingerprint_mismatches),
-            (&c.completions, d.completions),
-            (&c.releases, d.releases),
-            (&c.leases_lost, d.leases_lost),
-            (&c.expirations, d.expirations),
-            (&c.abandoned_reaped, d.abandoned_reaped),
-        ];
-        for (counter, n) in events {
-            if n > 0 {
-                counter.fetch_add(n, Ordering::Relaxed);
-            }
-        }
+        events.add(d);
+        c.metrics.add(d);
+    }
+
+    /// Counts one claim call, in its stripe's events (under the stripe lock).
+    pub(crate) fn count_claim(&self, events: &mut Events) {
+        events.claims += 1;
+        self.counters.metrics.claim();
     }
 }
 
@@ -391,6 +390,10 @@ pub struct Engine {
     inner: Arc<Inner>,
 }
 
+/// Aligned to its own cache lines: a lease holds an engine handle, so the reference count
+/// in front of this is written by every claim that acquires and by every lease dropped,
+/// while `shared` is read by every call; apart, the reads do not miss on those writes.
+#[repr(align(128))]
 struct Inner {
     shared: Arc<Shared>,
     threads: Mutex<Threads>,
@@ -649,8 +652,10 @@ impl Engine {
         let c = &s.counters;
         let now = s.time.mono_ns();
         let (mut expired_unswept, mut index_bytes) = (0u64, 0u64);
+        let mut events = Events::default();
         for (i, stripe) in s.index.stripes().enumerate() {
             let mut shard = stripe.map.lock();
+            events.merge(&shard.events);
             if s.index.lease_may_be_due(i, now) {
                 shard.end_leases(now, usize::MAX);
             }
@@ -664,22 +669,22 @@ impl Engine {
         Stats {
             inflight: read(&c.inflight),
             abandoned: read(&c.abandoned),
-            abandoned_reaped: read(&c.abandoned_reaped),
+            abandoned_reaped: read(&c.abandoned_reaped) + events.abandoned_reaped,
             completed: read(&c.completed).saturating_sub(expired_unswept),
             expired_unswept,
-            expirations: read(&c.expirations),
+            expirations: events.expirations,
             index_bytes,
-            claims: read(&c.claims),
+            claims: events.claims,
             claims_cancelled: read(&c.claims_cancelled),
-            acquired: read(&c.acquired),
-            takeovers: read(&c.takeovers),
-            replays: read(&c.replays),
-            in_progress: read(&c.in_progress),
-            fingerprint_mismatches: read(&c.fingerprint_mismatches),
+            acquired: events.acquired,
+            takeovers: events.takeovers,
+            replays: read(&c.replays) + events.replays,
+            in_progress: events.in_progress,
+            fingerprint_mismatches: read(&c.fingerprint_mismatches) + events.fingerprint_mismatches,
             corrupt_reads: read(&c.corrupt_reads),
-            completions: read(&c.completions),
-            releases: read(&c.releases),
-            leases_lost: read(&c.leases_lost),
+            completions: events.completions,
+            releases: events.releases,
+            leases_lost: events.leases_lost,
             waits: read(&c.waits),
             overloaded: read(&c.overloaded),
             commits,

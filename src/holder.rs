@@ -171,13 +171,13 @@ impl Engine {
                 });
             }
             HolderAnswer::LeaseLost | HolderAnswer::NotHeld => {
-                s.count(&step.deltas);
+                s.count(&mut shard.events, &step.deltas);
                 return Err(LeaseError::LeaseLost);
             }
         }
         let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
-        s.count(&step.deltas);
+        s.count(&mut shard.events, &step.deltas);
         drop(shard);
         // A memory-only engine's completion is published at once.
         if !rules.durable {
@@ -227,7 +227,7 @@ impl Engine {
         }
         let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
-        s.count(&step.deltas);
+        s.count(&mut shard.events, &step.deltas);
         drop(shard);
         changed.notify_all();
         Ok((true, seq))
@@ -246,7 +246,7 @@ impl Engine {
         let (mut shard, _, k) = s.index.lock(key);
         let step = machine::hold(shard.view(k), key, token, op, s.now(), &s.rules());
         if step.answer != HolderAnswer::Done {
-            s.count(&step.deltas);
+            s.count(&mut shard.events, &step.deltas);
             return Err(LeaseError::LeaseLost);
         }
         let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;

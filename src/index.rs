@@ -32,6 +32,7 @@
 use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
 use crate::machine::{self, Change, Step, View};
+use crate::stats::Events;
 use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::wake::Changed;
 use hashbrown::HashTable;
@@ -48,7 +49,11 @@ const HAS_EXTRA: u8 = 4;
 const ABANDONED: u8 = 8;
 
 /// One key's state in memory. Absent keys have no slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// Besides the state, a slot in the table carries its key's table tag ([`Key`]) in what
+/// would otherwise be padding, so that growing the table never reads or hashes a key again.
+/// Equality compares the state only.
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Slot {
     /// Fencing token of the claim that owns (or completed) the key.
     pub(crate) token: u64,
@@ -57,7 +62,23 @@ pub(crate) struct Slot {
     pub(crate) deadline_ns: u64,
     pub(crate) attempt: u32,
     flags: u8,
+    /// The key's table tag, little-endian; set by the table on the way in.
+    tag: [u8; 3],
 }
+
+// The tag lives in the padding: a slot stays 24 bytes.
+const _: () = assert!(std::mem::size_of::<Slot>() == 24);
+
+impl PartialEq for Slot {
+    fn eq(&self, other: &Self) -> bool {
+        self.token == other.token
+            && self.deadline_ns == other.deadline_ns
+            && self.attempt == other.attempt
+            && self.flags == other.flags
+    }
+}
+
+impl Eq for Slot {}
 
 impl Slot {
     pub(crate) fn inflight(token: u64, deadline_ns: u64, attempt: u32) -> Self {
@@ -66,6 +87,7 @@ impl Slot {
             deadline_ns,
             attempt,
             flags: INFLIGHT,
+            tag: [0; 3],
         }
     }
 
@@ -77,6 +99,7 @@ impl Slot {
             deadline_ns: expires_ns,
             attempt,
             flags: if published { PUBLISHED } else { 0 },
+            tag: [0; 3],
         }
     }
 
@@ -109,6 +132,12 @@ impl Slot {
     pub(crate) fn into_abandoned(mut self) -> Self {
         self.flags |= ABANDONED;
         self
+    }
+
+    /// The hash the table files this slot under (see [`Key`]).
+    fn table_hash(&self) -> u64 {
+        let [a, b, c] = self.tag;
+        table_hash(u32::from_le_bytes([a, b, c, 0]))
     }
 
     /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
@@ -166,9 +195,11 @@ impl Hasher for TokenHasher {
     }
 }
 
-/// A completed slot's place in `done`: its retention deadline and its key's hash (the key
-/// itself is not copied; the slot is found by hash and deadline, and the key is re-hashed
-/// to rule out a neighbour in the same probe sequence).
+/// A completed slot's place in `done`: its retention deadline and its key's table hash (the
+/// key itself is not copied; the slot is found by hash and deadline, and its tag rules out
+/// most neighbours in the same probe sequence: one with the same tag and the same deadline
+/// to the nanosecond is due at the same instant, so removing it first is as right, and the
+/// entry of the other then finds the other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct DoneEntry {
     deadline_ns: u64,
@@ -226,8 +257,8 @@ fn lease_matches(slot: &Slot, e: &LeaseEntry, abandoned: bool) -> bool {
 }
 
 /// Whether `(key, slot)` is the completion `e` stands for.
-fn done_matches(hasher: &RandomState, key: &[u8], slot: &Slot, e: &DoneEntry) -> bool {
-    !slot.is_inflight() && slot.deadline_ns == e.deadline_ns && hasher.hash_one(key) == e.hash
+fn done_matches(slot: &Slot, e: &DoneEntry) -> bool {
+    !slot.is_inflight() && slot.deadline_ns == e.deadline_ns && slot.table_hash() == e.hash
 }
 
 /// How many entries of `done` are due at `now` (deadline at or before it): a galloping
@@ -301,6 +332,8 @@ pub(crate) enum Reclaimed {
 /// count, the per-kind counts, the queues and the engine-wide gauges consistent.
 pub(crate) struct Shard {
     slots: HashTable<(Box<[u8]>, Slot)>,
+    /// The index's hasher, for tests that make keys from a shard.
+    #[cfg(test)]
     hasher: RandomState,
     extras: HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
     /// Heap bytes of keys and extras, for the memory estimate.
@@ -321,13 +354,18 @@ pub(crate) struct Shard {
     loading: bool,
     common: Arc<Common>,
     id: usize,
+    /// Events counted under this stripe's lock (see [`Events`]).
+    pub(crate) events: Events,
 }
 
 impl Shard {
-    fn new(hasher: RandomState, common: Arc<Common>, id: usize) -> Self {
+    fn new(hasher: &RandomState, common: Arc<Common>, id: usize) -> Self {
+        #[cfg(not(test))]
+        let _ = hasher;
         Self {
             slots: HashTable::new(),
-            hasher,
+            #[cfg(test)]
+            hasher: hasher.clone(),
             extras: HashMap::default(),
             heap_bytes: 0,
             done: VecDeque::new(),
@@ -339,16 +377,14 @@ impl Shard {
             loading: false,
             common,
             id,
+            events: Events::default(),
         }
     }
 
     /// `bytes` with its hash under this index's hasher (the one every stripe shares).
     #[cfg(test)]
     pub(crate) fn key<'a>(&self, bytes: &'a [u8]) -> Key<'a> {
-        Key {
-            bytes,
-            hash: self.hasher.hash_one(bytes),
-        }
+        Key::new(&self.hasher, bytes)
     }
 
     pub(crate) fn get(&self, key: Key<'_>) -> Option<Slot> {
@@ -410,10 +446,12 @@ impl Shard {
     }
 
     fn put_with(&mut self, key: Key<'_>, mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
-        let (hash, key) = (key.hash, key.bytes);
+        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
         let has_extra = !extra.is_empty();
-        // The caller's copy may carry stale flags; this table decides them.
+        // The caller's copy may carry stale flags and no tag; this table decides them.
         slot.flags &= !(HAS_EXTRA | ABANDONED);
+        let [a, b, c, _] = tag.to_le_bytes();
+        slot.tag = [a, b, c];
         if has_extra {
             slot.flags |= HAS_EXTRA;
         }
@@ -429,9 +467,8 @@ impl Shard {
                 Some(old)
             }
             None => {
-                let hasher = &self.hasher;
                 self.slots
-                    .insert_unique(hash, (Box::from(key), slot), |(k, _)| hasher.hash_one(&**k));
+                    .insert_unique(hash, (Box::from(key), slot), |(_, s)| s.table_hash());
                 self.heap_bytes += key.len();
                 None
             }
@@ -563,12 +600,8 @@ impl Shard {
             });
         }
         if !self.loading && self.done.len() > 2 * self.completed + slack {
-            let hasher = &self.hasher;
-            self.done.retain(|e| {
-                slots
-                    .find(e.hash, |(k, s)| done_matches(hasher, k, s, e))
-                    .is_some()
-            });
+            self.done
+                .retain(|e| slots.find(e.hash, |(_, s)| done_matches(s, e)).is_some());
         }
     }
 
@@ -708,10 +741,9 @@ impl Shard {
         let Some(e) = self.done.front().copied() else {
             return Reclaimed::Nothing;
         };
-        let hasher = &self.hasher;
         let found = self
             .slots
-            .find_entry(e.hash, |(k, s)| done_matches(hasher, k, s, &e))
+            .find_entry(e.hash, |(_, s)| done_matches(s, &e))
             .ok()
             .and_then(|entry| machine::expire(&entry.get().1, now).map(|step| (entry, step)));
         let Some((entry, step)) = found else {
@@ -781,12 +813,9 @@ impl Shard {
     fn finish_load(&mut self) {
         self.loading = false;
         if self.done.len() != self.completed {
-            let (slots, hasher) = (&self.slots, &self.hasher);
-            self.done.retain(|e| {
-                slots
-                    .find(e.hash, |(k, s)| done_matches(hasher, k, s, e))
-                    .is_some()
-            });
+            let slots = &self.slots;
+            self.done
+                .retain(|e| slots.find(e.hash, |(_, s)| done_matches(s, e)).is_some());
         }
         self.done
             .make_contiguous()
@@ -802,10 +831,9 @@ impl Shard {
     /// Pre-sizes the table and the completion order; a failed reservation only means
     /// growing later.
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
-        let hasher = &self.hasher;
         let table = self
             .slots
-            .try_reserve(additional, |(k, _)| hasher.hash_one(&**k))
+            .try_reserve(additional, |(_, s)| s.table_hash())
             .is_ok();
         table && self.done.try_reserve(additional).is_ok()
     }
@@ -825,13 +853,43 @@ impl Shard {
 
 /// A key with its keyed hash. Made once per operation ([`Index::lock`]), so the key is
 /// hashed once whether the operation picks a stripe, looks a slot up or inserts one.
+///
+/// One keyed hash gives two independent parts: bits 32 and up pick the stripe, and the low
+/// `TAG_BITS` are the key's tag, from which the stripe's table derives the hash it files the
+/// key under. The tag is kept in the slot, so the table grows (rehashes every entry) without
+/// reading a key or computing a keyed hash. A table of more than 2^`TAG_BITS` buckets (over
+/// eight million keys in one stripe) would have more buckets than tags, and probe longer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Key<'a> {
     bytes: &'a [u8],
+    /// The table hash: `table_hash(tag)`.
     hash: u64,
+    tag: u32,
+    /// Bits 32 to 63 of the keyed hash.
+    stripe_bits: u32,
+}
+
+/// Bits of the keyed hash kept in a slot (the padding holds three bytes).
+const TAG_BITS: u32 = 24;
+
+/// The hash a stripe's table files a key of tag `tag` under: a multiply spreads the tag
+/// over the table's bucket bits (the low ones) and its control bits (the top seven).
+fn table_hash(tag: u32) -> u64 {
+    u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
 impl<'a> Key<'a> {
+    fn new(hasher: &RandomState, bytes: &'a [u8]) -> Self {
+        let keyed = hasher.hash_one(bytes);
+        let tag = (keyed as u32) & ((1 << TAG_BITS) - 1);
+        Key {
+            bytes,
+            hash: table_hash(tag),
+            tag,
+            stripe_bits: (keyed >> 32) as u32,
+        }
+    }
+
     pub(crate) fn bytes(&self) -> &'a [u8] {
         self.bytes
     }
@@ -884,7 +942,7 @@ impl Index {
         let stripes: Box<[Padded]> = (0..stripes)
             .map(|id| {
                 Padded(Stripe {
-                    map: Mutex::new(Shard::new(hasher.clone(), common.clone(), id)),
+                    map: Mutex::new(Shard::new(&hasher, common.clone(), id)),
                     changed: Changed::new(),
                 })
             })
@@ -901,10 +959,7 @@ impl Index {
     /// `bytes` with its keyed hash, computed once per operation: it picks the stripe and
     /// then finds the key in the stripe's table.
     pub(crate) fn key<'a>(&self, bytes: &'a [u8]) -> Key<'a> {
-        Key {
-            bytes,
-            hash: self.hasher.hash_one(bytes),
-        }
+        Key::new(&self.hasher, bytes)
     }
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
@@ -913,9 +968,9 @@ impl Index {
 
     /// The position of `key`'s stripe, for callers that group keys by stripe.
     pub(crate) fn stripe_index(&self, key: Key<'_>) -> usize {
-        // Bits 32 and up: the table inside the stripe takes its buckets from the low bits
-        // and its control bytes from the top seven, so the three uses stay independent.
-        ((key.hash >> 32) & self.mask) as usize
+        // Bits 32 and up of the keyed hash; the table inside the stripe derives its hash from
+        // the low bits (the tag), so the two uses stay independent.
+        (u64::from(key.stripe_bits) & self.mask) as usize
     }
 
     pub(crate) fn stripe_at(&self, i: usize) -> Option<&Stripe> {
@@ -1020,7 +1075,7 @@ mod tests {
             reclaim_due: board(),
         });
         Fixture {
-            shard: Shard::new(RandomState::new(), common.clone(), 0),
+            shard: Shard::new(&RandomState::new(), common.clone(), 0),
             live,
             abandoned,
             common,
@@ -1125,6 +1180,33 @@ mod tests {
         assert!(!Slot::inflight(1, 5, 1).is_expired(100));
         assert!(Slot::completed(1, 5, 1, true).is_expired(5));
         assert!(!Slot::completed(1, 5, 1, true).is_expired(4));
+    }
+
+    /// The table rehashes from the tags kept in the slots, without the keys: after many
+    /// doublings every key is still found under the hash a fresh lookup computes, and every
+    /// completion is still found by its expiry entry, in deadline order.
+    #[test]
+    fn a_growing_table_keeps_finding_every_key_by_its_tag() {
+        let mut f = fixture();
+        let n = 5_000u64;
+        for t in 1..=n {
+            let key = format!("key-{t}");
+            f.claim(&key, t, 10_000);
+            f.complete(&key, t, 2 * t);
+        }
+        assert!(f.shard.slots.capacity() >= n as usize);
+        for t in 1..=n {
+            let slot = f.shard.get(f.shard.key(format!("key-{t}").as_bytes()));
+            assert_eq!(slot, Some(Slot::completed(t, 2 * t, 1, true)), "key-{t}");
+        }
+        let removed = f.reclaim_all(n);
+        let expected: Vec<_> = (1..=n / 2).map(|t| (Reclaimed::Expired, t)).collect();
+        assert_eq!(removed, expected);
+        assert_eq!(f.shard.get(f.shard.key(b"key-1")), None);
+        assert!(f
+            .shard
+            .get(f.shard.key(format!("key-{n}").as_bytes()))
+            .is_some());
     }
 
     #[test]

@@ -43,7 +43,9 @@ use std::time::Duration;
 pub(crate) struct Now {
     /// Monotonic ns: lease ends and retention deadlines.
     pub(crate) mono_ns: u64,
-    /// Wall-clock ms since the epoch: what records persist.
+    /// Wall-clock ms since the epoch: what records persist and reports show. A caller whose
+    /// transition neither writes a record nor reports a wall time (a claim of a memory-only
+    /// engine) may leave it unread, as 0.
     pub(crate) wall_ms: u64,
 }
 

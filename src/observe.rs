@@ -82,6 +82,76 @@ impl Counted {
     }
 }
 
+/// The metrics of the events each stripe counts under its lock (`stats::Events`): plain
+/// integers on the hot path, so their metrics are incremented here, at the same points and
+/// by the same amounts. Without the `metrics` feature it holds nothing and does nothing.
+pub(crate) struct EventMetrics {
+    #[cfg(feature = "metrics")]
+    m: [metrics::Counter; 11],
+}
+
+impl EventMetrics {
+    /// Registers the handles with the recorder in place now.
+    pub(crate) fn new() -> Self {
+        EventMetrics {
+            #[cfg(feature = "metrics")]
+            m: [
+                metrics::counter!(name::CLAIM_CALLS),
+                metrics::counter!(name::CLAIMS, "outcome" => "acquired"),
+                metrics::counter!(name::CLAIMS, "outcome" => "takeover"),
+                metrics::counter!(name::CLAIMS, "outcome" => "replay"),
+                metrics::counter!(name::CLAIMS, "outcome" => "in_progress"),
+                metrics::counter!(name::CLAIMS, "outcome" => "fingerprint_mismatch"),
+                metrics::counter!(name::COMPLETIONS),
+                metrics::counter!(name::RELEASES),
+                metrics::counter!(name::LEASES_LOST),
+                metrics::counter!(name::EXPIRATIONS),
+                metrics::counter!(name::ABANDONED_REAPED),
+            ],
+        }
+    }
+
+    /// A claim call, counted by its stripe.
+    #[inline]
+    pub(crate) fn claim(&self) {
+        #[cfg(feature = "metrics")]
+        self.m[0].increment(1);
+    }
+
+    /// A state machine's events, counted by their stripe.
+    #[inline]
+    pub(crate) fn add(&self, d: &crate::machine::Deltas) {
+        #[cfg(feature = "metrics")]
+        {
+            let counts = [
+                d.acquired,
+                d.takeovers,
+                d.replays,
+                d.in_progress,
+                d.fingerprint_mismatches,
+                d.completions,
+                d.releases,
+                d.leases_lost,
+                d.expirations,
+                d.abandoned_reaped,
+            ];
+            for (metric, n) in self.m[1..].iter().zip(counts) {
+                if n > 0 {
+                    metric.increment(n);
+                }
+            }
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = d;
+    }
+}
+
+impl std::fmt::Debug for EventMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EventMetrics")
+    }
+}
+
 impl std::fmt::Debug for Counted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.load(Ordering::Relaxed).fmt(f)
@@ -90,18 +160,23 @@ impl std::fmt::Debug for Counted {
 
 /// Metric names (docs/observability.md has the table).
 pub(crate) mod name {
+    #[cfg(feature = "metrics")]
     pub(crate) const CLAIM_CALLS: &str = "idemkv_claim_calls_total";
     pub(crate) const CLAIMS: &str = "idemkv_claims_total";
     pub(crate) const CLAIMS_CANCELLED: &str = "idemkv_claims_cancelled_total";
     pub(crate) const CORRUPT_READS: &str = "idemkv_corrupt_reads_total";
+    #[cfg(feature = "metrics")]
     pub(crate) const COMPLETIONS: &str = "idemkv_completions_total";
+    #[cfg(feature = "metrics")]
     pub(crate) const RELEASES: &str = "idemkv_releases_total";
+    #[cfg(feature = "metrics")]
     pub(crate) const LEASES_LOST: &str = "idemkv_leases_lost_total";
     pub(crate) const WAITS: &str = "idemkv_waits_total";
     pub(crate) const OVERLOADED: &str = "idemkv_overloaded_total";
     pub(crate) const COMMITS: &str = "idemkv_commits_total";
     pub(crate) const COMMITTED_OPS: &str = "idemkv_committed_ops_total";
     pub(crate) const ABANDONED_REAPED: &str = "idemkv_abandoned_reaped_total";
+    #[cfg(feature = "metrics")]
     pub(crate) const EXPIRATIONS: &str = "idemkv_expirations_total";
     #[cfg(feature = "metrics")]
     pub(crate) const COMMIT_SECONDS: &str = "idemkv_commit_seconds";

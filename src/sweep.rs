@@ -21,7 +21,7 @@ use crate::engine::SendRefused;
 use crate::engine::Shared;
 use crate::index::{Reclaimed, Shard};
 use crate::machine::Step;
-use crate::stats::bump;
+use crate::stats::{bump, Events};
 use crate::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -121,10 +121,11 @@ pub(crate) fn sweep_stripe(
     while budget > 0 {
         budget -= 1;
         let mut refused = None;
+        let mut events = Events::default();
         // The removal follows a queued deletion at once, under this lock: count it here.
         let mut send = |step: &Step<()>| match s.queue(step.write.clone(), false) {
             Ok(_) => {
-                s.count(&step.deltas);
+                s.count(&mut events, &step.deltas);
                 true
             }
             Err(why) => {
@@ -132,7 +133,9 @@ pub(crate) fn sweep_stripe(
                 false
             }
         };
-        match shard.reclaim(now, &mut send) {
+        let reclaimed = shard.reclaim(now, &mut send);
+        shard.events.merge(&events);
+        match reclaimed {
             Reclaimed::Nothing => return out,
             Reclaimed::Stale => {}
             Reclaimed::Expired | Reclaimed::Reaped => out.removed += 1,

@@ -907,3 +907,53 @@ in_every_mode!(
     churn_release,
     churn_expiry
 );
+
+/// Every event is counted once, whichever stripe counted it and however many threads raced:
+/// `stats()` adds up the counts each stripe keeps under its own lock, and the gauges that
+/// admission compares end where the keys are.
+#[test]
+fn stats_add_up_every_stripes_events_under_concurrency() {
+    const THREADS: u64 = 4;
+    const KEYS: u64 = 400;
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(MockClock::new())
+        .stripes(16)
+        .open()
+        .expect("open");
+    let start = Arc::new(Barrier::new(THREADS as usize));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (engine, start) = (engine.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                let opts = ClaimOptions::default();
+                for i in 0..KEYS {
+                    // Each thread's own keys: acquired, then completed.
+                    let own = format!("own-{t}-{i}");
+                    match engine.claim(own.as_bytes(), &opts).expect("claim") {
+                        Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
+                        other => panic!("a fresh key answered {other:?}"),
+                    }
+                    // Shared keys: one thread of the four acquires each, the rest see it
+                    // in progress or replay it; every claim is counted once either way.
+                    let shared = format!("shared-{i}");
+                    if let Claim::Acquired(lease) =
+                        engine.claim(shared.as_bytes(), &opts).expect("claim")
+                    {
+                        lease.complete(b"s").expect("complete");
+                    }
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("thread");
+    }
+    let s = engine.stats();
+    assert_eq!(s.claims, 2 * THREADS * KEYS);
+    assert_eq!(s.acquired, THREADS * KEYS + KEYS);
+    assert_eq!(s.completions, s.acquired);
+    assert_eq!(s.replays + s.in_progress, (THREADS - 1) * KEYS);
+    assert_eq!((s.inflight, s.completed), (0, THREADS * KEYS + KEYS));
+}

@@ -156,6 +156,33 @@ pub fn thread_cpu_ns() -> Option<u64> {
     None
 }
 
+/// This process's CPU time in ns, all threads (`CLOCK_PROCESS_CPUTIME_ID`): on a shared
+/// machine, the CPU a multi-threaded section cost, whatever other load slowed its wall time.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+pub fn process_cpu_ns() -> Option<u64> {
+    #[repr(C)]
+    struct Timespec {
+        tv_sec: i64,
+        tv_nsec: i64,
+    }
+    extern "C" {
+        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+    }
+    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
+    let mut ts = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec with the C layout on 64-bit Linux.
+    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+pub fn process_cpu_ns() -> Option<u64> {
+    None
+}
+
 /// This thread's scheduler accounting: nanoseconds on a CPU (exact, from
 /// [`thread_cpu_ns`]) and nanoseconds runnable but waiting for one (from
 /// `/proc/thread-self/schedstat`, which lags by up to a tick; fine over many samples).
