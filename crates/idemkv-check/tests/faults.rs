@@ -526,6 +526,7 @@ fn every_io_point_of_the_workload(lazy_claims: bool) {
 
     let mut seen_failures = 0;
     let mut in_shutdown = 0;
+    let mut missed = 0;
     // Every point once; then, with the disk dead after the failure (sticky), every third.
     // Debug builds of redb are slow, so each run reopens only the images that matter most.
     for sticky in [false, true] {
@@ -541,15 +542,19 @@ fn every_io_point_of_the_workload(lazy_claims: bool) {
                 });
                 let ctx = format!("{fault:?} #{n} sticky={sticky} lazy_claims={lazy_claims}");
                 assert!(log.acked_after_failure.is_empty(), "{ctx}: {log:?}");
-                assert!(backend.injected() > 0, "{ctx}: nothing failed");
-                if log.injected_before_close > 0 {
+                if backend.injected() == 0 {
+                    // Lazy claims share group commits with the next call or not, as the
+                    // writer's timing falls, so a run may make fewer I/Os than the dry run.
+                    assert!(lazy_claims, "{ctx}: nothing failed");
+                    missed += 1;
+                } else if log.injected_before_close > 0 {
                     assert!(log.failed.is_some(), "{ctx}: the failure went unreported");
                 } else {
                     // redb's own shutdown write failed after the last commit: nothing was
                     // lost, and `close` has nothing to report.
                     in_shutdown += 1;
                 }
-                seen_failures += 1;
+                seen_failures += u64::from(backend.injected() > 0);
                 let mut images = vec![("live", backend.live_image())];
                 if !sticky {
                     images.push(("durable", backend.durable_image()));
@@ -570,7 +575,10 @@ fn every_io_point_of_the_workload(lazy_claims: bool) {
             }
         }
     }
-    eprintln!("{seen_failures} failures injected, {in_shutdown} of them in redb's shutdown");
+    eprintln!(
+        "{seen_failures} failures injected, {in_shutdown} of them in redb's shutdown; {missed} \
+         points past the end of their run"
+    );
     assert!(
         seen_failures > 10,
         "only {seen_failures} failures were injected"
@@ -1314,14 +1322,16 @@ fn a_durable_act_covers_every_lazy_claim_queued_before_it() {
     let claimed_until = deadline(&engine, b"a");
     leases[0].extend(Duration::from_secs(120)).unwrap();
     let extended_to = deadline(&engine, b"a");
-    assert!(extended_to > claimed_until, "{extended_to:?}");
+    assert!(
+        extended_to > claimed_until.map(|t| t + Duration::from_secs(60)),
+        "{claimed_until:?} -> {extended_to:?}"
+    );
     let d = leases.pop().expect("d");
     let c = leases.pop().expect("c");
     assert!(c.release().unwrap());
     d.complete(b"d's response").unwrap();
     let after = after_power_loss(&backend);
     assert_eq!(inflight(&after, b"a", tokens[0]), None);
-    assert_eq!(deadline(&after, b"a"), extended_to, "the acknowledged extend");
     assert_eq!(after.get(b"c").unwrap(), None, "the acknowledged release");
     match after.get(b"d").unwrap() {
         Some(KeyState::Completed {
@@ -1333,6 +1343,27 @@ fn a_durable_act_covers_every_lazy_claim_queued_before_it() {
         other => panic!("d: {other:?}"),
     }
     after.close().unwrap();
+    // A reopen reaps an abandoned claim once its recorded lease end plus the retention has
+    // passed: a minute after the claims' own lease end plus retention, `b` is gone and `a`
+    // is kept by its acknowledged extend to two minutes.
+    let clock = MockClock::new();
+    clock.advance(DEFAULT_RETENTION + Duration::from_secs(60));
+    let late = Engine::builder()
+        .backend(FaultyBackend::from_image(backend.durable_image()))
+        .durability(Durability::Immediate)
+        .clock(clock)
+        .open()
+        .unwrap();
+    assert_eq!(late.get(b"b").unwrap(), None, "b's claim is reaped");
+    assert!(
+        matches!(late.get(b"a").unwrap(), Some(KeyState::InFlight { token, .. }) if token == tokens[0]),
+        "a's acknowledged extend is lost: {:?}",
+        late.get(b"a")
+    );
+    late.close().unwrap();
     drop(leases);
     engine.close().unwrap();
 }
+
+/// The engine's default retention, which a reopen uses to reap abandoned claims.
+const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);
