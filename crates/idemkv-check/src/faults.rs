@@ -525,11 +525,7 @@ pub fn exhaustive(mode: impl Into<Mode>, ops_in: &[Op]) -> Result<Coverage, Stri
 }
 
 /// [`exhaustive`] with `bug` armed (see [`run_with`]); stops at the first failing run.
-pub fn exhaustive_with(
-    mode: impl Into<Mode>,
-    ops_in: &[Op],
-    bug: Bug,
-) -> Result<Coverage, String> {
+pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result<Coverage, String> {
     let mode: Mode = mode.into();
     let base = run_with(mode, ops_in, None, |_| false, bug)
         .map_err(|e| format!("{mode:?}, without a fault: {e}"))?;

@@ -8,9 +8,9 @@
 //! - every checkpoint the child acknowledged is there with its bytes under the same token
 //!   (InFlight, or Completed / Absent when the key's next call was cut short), and every
 //!   acknowledged release left its key Absent;
-//! - every claim the child acknowledged is InFlight (taken over on the next claim, attempt
-//!   + 1) or Completed with the right bytes: never corrupt, and never lost with durable
-//!   claims. With `durable_claims(false)` a claim whose holder had no durable act
+//! - every claim the child acknowledged is InFlight (taken over on the next claim with the
+//!   next attempt) or Completed with the right bytes: never corrupt, and never lost with
+//!   durable claims. With `durable_claims(false)` a claim whose holder had no durable act
 //!   acknowledged yet may be Absent instead (then a retry acquires it at once, attempt 1),
 //!   but never anything else;
 //! - tokens never go backwards: every token issued after a reopen is above every token seen
@@ -136,7 +136,9 @@ fn child(path: &Path) -> ! {
                             let plan = plan_for(n);
                             if plan != Plan::Complete {
                                 let (phase, data) = checkpoint_for(n);
-                                lease.set_checkpoint(phase, &data).expect("child checkpoint");
+                                lease
+                                    .set_checkpoint(phase, &data)
+                                    .expect("child checkpoint");
                                 emit(format!("{MARK}CKPT {key} {token}\n"));
                             }
                             if plan == Plan::CheckpointThenRelease {
@@ -474,7 +476,10 @@ fn check_after_kill(
                 checkpoint,
                 ..
             }) => {
-                assert!(!released, "round {round}: {key}'s acknowledged release is undone");
+                assert!(
+                    !released,
+                    "round {round}: {key}'s acknowledged release is undone"
+                );
                 // An acknowledged checkpoint is there; one cut short is there or not at all.
                 let (phase, data) = checkpoint_for(n);
                 let saved = checkpoint.as_ref().map(|c| (c.phase(), c.data().to_vec()));

@@ -1228,7 +1228,11 @@ fn a_lazy_claim_may_be_lost_but_not_once_its_holder_completed() {
     expect_completed(&lost, b"before", b"kept");
     assert_eq!(lost.get(b"k").unwrap(), None, "the lazy claim is lost");
     let retry = acquired(lost.claim(b"k", &opts()).unwrap());
-    assert_eq!(retry.attempt(), 1, "a retry of a lost claim is a first attempt");
+    assert_eq!(
+        retry.attempt(),
+        1,
+        "a retry of a lost claim is a first attempt"
+    );
     assert!(
         retry.token() > lease.token() && retry.token() >= token_next,
         "token {} after the loss of token {} (next was {token_next})",
