@@ -4,8 +4,10 @@
 //! - the reopened file holds exactly the records of some prefix of the submitted writes
 //!   (nothing never submitted appears, and writes are never reordered);
 //! - that prefix contains every acknowledged write (`Immediate`: every call that returned
-//!   `Ok`; `Buffered`: everything before a successful `flush`, and every completion another
-//!   call was shown), so at most the one in-doubt batch differs;
+//!   `Ok`; `Immediate` with `durable_claims(false)`: every call but a claim that returned
+//!   `Ok`, with everything queued before it; `Buffered`: everything before a successful
+//!   `flush`, and every completion another call was shown), so at most the writes after the
+//!   last acknowledged one differ;
 //! - the next token issued after the reopen is above every token issued before the crash.
 //!
 //! [`exhaustive`] runs a workload once to count its I/Os, then once per I/O point and
@@ -26,6 +28,40 @@ use std::time::Duration;
 /// Most operations of a fault case.
 pub const OPS_MAX: usize = 24;
 
+/// The engine configuration of a fault run: a durability mode and, under `Immediate`,
+/// whether an acquired claim waits for its record's fsync (`EngineBuilder::durable_claims`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mode {
+    /// The durability mode.
+    pub durability: Durability,
+    /// `EngineBuilder::durable_claims` (meaningful under `Immediate` only).
+    pub durable_claims: bool,
+}
+
+impl Mode {
+    /// `Immediate` with `durable_claims(false)`: a claim returns at once and becomes durable
+    /// with the next acknowledged write or flush, whatever its key.
+    pub const LAZY_CLAIMS: Mode = Mode {
+        durability: Durability::Immediate,
+        durable_claims: false,
+    };
+
+    /// Whether an acknowledged call of kind `claim` (or not) is durable when it returns.
+    fn acknowledges_durably(self, claim: bool) -> bool {
+        self.durability == Durability::Immediate && (self.durable_claims || !claim)
+    }
+}
+
+impl From<Durability> for Mode {
+    /// `durability` with the builder's default, durable claims.
+    fn from(durability: Durability) -> Mode {
+        Mode {
+            durability,
+            durable_claims: true,
+        }
+    }
+}
+
 /// A fuzzed fault case.
 #[derive(Debug, Clone, PartialEq, Eq, Arbitrary)]
 pub struct FaultCase {
@@ -39,6 +75,9 @@ pub struct FaultCase {
     pub power_loss: bool,
     /// After a power loss, which unsynced writes reached the disk (bit i: the i-th, cycling).
     pub keep: u64,
+    /// Under `Immediate`, claims do not wait for their record (`durable_claims(false)`).
+    /// Last, so that inputs written before it decode as before (with durable claims).
+    pub lazy_claims: bool,
 }
 
 /// The durable part of one key's record, as compared after a reopen.
@@ -163,12 +202,14 @@ pub struct FaultRun {
     pub matched: usize,
     /// Writes known durable before the crash.
     pub floor: usize,
+    /// Writes up to the last one a call returned `Ok` for (in-doubt writes excluded).
+    pub acked: usize,
 }
 
 /// Runs `ops` in `mode` on a disk armed with `fault`, then reopens and checks. `keep`
 /// chooses which unsynced writes survive a power loss.
 pub fn run(
-    mode: Durability,
+    mode: impl Into<Mode>,
     ops_in: &[Op],
     fault: Option<Fault>,
     keep: impl FnMut(usize) -> bool,
@@ -179,12 +220,14 @@ pub fn run(
 /// [`run`] with `bug` armed in the engine that runs the workload (the reopened engine is
 /// sound): for showing that these checks catch it.
 pub fn run_with(
-    mode: Durability,
+    mode: impl Into<Mode>,
     ops_in: &[Op],
     fault: Option<Fault>,
     mut keep: impl FnMut(usize) -> bool,
     bug: Bug,
 ) -> Result<FaultRun, String> {
+    let setup: Mode = mode.into();
+    let mode = setup.durability;
     let clock = MockClock::new();
     let disk = FaultyBackend::memory();
     disk.set_fault(fault);
@@ -192,12 +235,17 @@ pub fn run_with(
     // Durable views after each submitted write; [0] is the empty file.
     let mut views: Vec<DurableView> = vec![DurableView::new()];
     let mut floor = 0usize;
+    let mut acked = 0usize;
     // For Buffered: the view index at which each completion (by token) was submitted.
     let mut completion_at: BTreeMap<u64, usize> = BTreeMap::new();
     let mut parked = Vec::new();
     let mut token_next = 1u64;
     let mut log: Vec<String> = Vec::new();
-    let opened = crate::armed(ops::builder(mode, &clock, Some(&disk)), bug).open();
+    let opened = crate::armed(
+        ops::builder(mode, &clock, Some(&disk)).durable_claims(setup.durable_claims),
+        bug,
+    )
+    .open();
     if let Ok(engine) = &opened {
         for op in ops_in.iter().take(OPS_MAX) {
             token_next = token_next.max(engine.stats().token_next);
@@ -291,12 +339,16 @@ pub fn run_with(
             };
             if wrote {
                 views.push(view_of_model(&model));
+                acked = views.len() - 1;
                 if let (KeyOp::Complete { token, .. }, true) =
                     (&kop, matches!(before.state, KeyModel::InFlight { .. }))
                 {
                     completion_at.insert(*token, views.len() - 1);
                 }
-                if mode == Durability::Immediate {
+                // A durable acknowledgement covers every write queued before it too (the
+                // writer's watermark), so the floor moves over the whole prefix; a lazy
+                // claim moves it nowhere.
+                if setup.acknowledges_durably(matches!(kop, KeyOp::Claim { .. })) {
                     floor = views.len() - 1;
                 }
             }
@@ -396,6 +448,7 @@ pub fn run_with(
         submitted: views.len() - 1,
         matched,
         floor,
+        acked,
     })
 }
 
@@ -413,6 +466,8 @@ pub fn dense_case(u: &mut arbitrary::Unstructured<'_>) -> arbitrary::Result<Faul
         at: u.int_in_range(0..=255)?,
         power_loss: u.arbitrary()?,
         keep: u.arbitrary()?,
+        // Drawn last, so that a seed's other fields are what they were before it existed.
+        lazy_claims: u.arbitrary()?,
     })
 }
 
@@ -438,6 +493,10 @@ pub fn run_case_with(case: &FaultCase, bug: Bug) -> Result<FaultRun, String> {
         Fault::Error { at }
     };
     let keep = case.keep;
+    let mode = Mode {
+        durability: mode,
+        durable_claims: !case.lazy_claims,
+    };
     run_with(
         mode,
         &case.ops,
@@ -454,21 +513,26 @@ pub struct Coverage {
     pub io_points: u64,
     /// Runs made (three per I/O point).
     pub runs: u64,
+    /// Runs whose reopened file lacks a write a call returned `Ok` for: never under
+    /// `Immediate`; only claims with lazy claims; anything recent under `Buffered`.
+    pub lost_acknowledged: u64,
 }
 
 /// Power loss (synced bytes only; every unsynced write too) and a failing call, at every
 /// I/O point of `ops` in `mode`.
-pub fn exhaustive(mode: Durability, ops_in: &[Op]) -> Result<Coverage, String> {
+pub fn exhaustive(mode: impl Into<Mode>, ops_in: &[Op]) -> Result<Coverage, String> {
     exhaustive_with(mode, ops_in, Bug::None)
 }
 
 /// [`exhaustive`] with `bug` armed (see [`run_with`]); stops at the first failing run.
-pub fn exhaustive_with(mode: Durability, ops_in: &[Op], bug: Bug) -> Result<Coverage, String> {
+pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result<Coverage, String> {
+    let mode: Mode = mode.into();
     let base = run_with(mode, ops_in, None, |_| false, bug)
         .map_err(|e| format!("{mode:?}, without a fault: {e}"))?;
     let mut cov = Coverage {
         io_points: base.ios,
         runs: 1,
+        lost_acknowledged: 0,
     };
     for at in 1..=base.ios {
         for (name, fault, keep_all) in [
@@ -484,9 +548,10 @@ pub fn exhaustive_with(mode: Durability, ops_in: &[Op], bug: Bug) -> Result<Cove
             ),
             ("failing call", Fault::Error { at }, false),
         ] {
-            run_with(mode, ops_in, Some(fault), |_| keep_all, bug)
+            let run = run_with(mode, ops_in, Some(fault), |_| keep_all, bug)
                 .map_err(|e| format!("{mode:?}, {name} at I/O {at} of {}: {e}", base.ios))?;
             cov.runs += 1;
+            cov.lost_acknowledged += u64::from(run.matched < run.acked);
         }
     }
     Ok(cov)
@@ -574,11 +639,15 @@ const HELD_WAIT_MAX: Duration = Duration::from_secs(10);
 /// the first token issued after the reopen must be above every token issued before.
 /// `bug` is armed from the open on. Needs `--cfg idemkv_sabotage` (the engine's commit gate).
 #[cfg(idemkv_sabotage)]
-pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
+pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
+    let setup: Mode = mode.into();
+    let mode = setup.durability;
     let clock = MockClock::new();
     let disk = FaultyBackend::memory();
     let engine = crate::armed(
-        ops::builder(mode, &clock, Some(&disk)).inflight_max(16),
+        ops::builder(mode, &clock, Some(&disk))
+            .inflight_max(16)
+            .durable_claims(setup.durable_claims),
         bug,
     )
     .open()
@@ -645,7 +714,7 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
     engine.close().map_err(|e| format!("close: {e}"))?;
     if !wrong.is_empty() {
         return Err(format!(
-            "{mode:?}: while the completion's commit was held (not durable), callers of its \
+            "{setup:?}: while the completion's commit was held (not durable), callers of its \
              key were answered {wrong:?}; expected Completing / InProgress (completing)"
         ));
     }
@@ -664,20 +733,20 @@ pub fn held_commit(mode: Durability, bug: Bug) -> Result<(), String> {
     );
     if acked && !durable {
         return Err(format!(
-            "{mode:?}: `complete` returned Ok while its commit was held, and the power loss \
+            "{setup:?}: `complete` returned Ok while its commit was held, and the power loss \
              lost it: the file holds {found:?}"
         ));
     }
     if let Some(bytes) = shown.filter(|_| !durable) {
         return Err(format!(
-            "{mode:?}: a caller was shown the completion {bytes:?} while its commit was held, \
+            "{setup:?}: a caller was shown the completion {bytes:?} while its commit was held, \
              and the power loss lost it: the file holds {found:?}"
         ));
     }
     match reopened.claim(b"fresh-after-reopen", &ClaimOptions::default()) {
         Ok(Claim::Acquired(lease)) if lease.token() < token_next => {
             return Err(format!(
-                "{mode:?}: token {} issued after the reopen, but tokens up to {} were issued \
+                "{setup:?}: token {} issued after the reopen, but tokens up to {} were issued \
                  before the power loss",
                 lease.token(),
                 token_next - 1

@@ -1,19 +1,27 @@
-//! A real crash test: the test binary runs itself as a child process that claims and
-//! completes keys under `Durability::Immediate`, and the parent kills it with SIGKILL at a
-//! random moment, several rounds in a row. After each kill the parent reopens the file and
-//! checks invariants 2 and 4 of docs/design.md:
+//! A real crash test: the test binary runs itself as a child process that claims,
+//! checkpoints, completes and releases keys under `Durability::Immediate`, and the parent
+//! kills it with SIGKILL at a random moment, several rounds in a row. After each kill the
+//! parent reopens the file and checks invariants 2 and 4 of docs/design.md:
 //!
 //! - every completion the child acknowledged (its `complete` returned Ok) is there, with its
 //!   bytes and token;
-//! - every claim the child acknowledged is InFlight (taken over on the next claim, attempt
-//!   + 1) or Completed with the right bytes: never lost, never corrupt;
+//! - every checkpoint the child acknowledged is there with its bytes under the same token
+//!   (InFlight, or Completed / Absent when the key's next call was cut short), and every
+//!   acknowledged release left its key Absent;
+//! - every claim the child acknowledged is InFlight (taken over on the next claim with the
+//!   next attempt) or Completed with the right bytes: never corrupt, and never lost with
+//!   durable claims. With `durable_claims(false)` a claim whose holder had no durable act
+//!   acknowledged yet may be Absent instead (then a retry acquires it at once, attempt 1),
+//!   but never anything else;
 //! - tokens never go backwards: every token issued after a reopen is above every token seen
 //!   before, including `token_next` marks the child reported (tokens issued in memory but
 //!   possibly never written).
 //!
 //! Child protocol, one line each after a marker, flushed at once:
-//! `TOKEN <key> <token> <attempt>` after each Acquired, `ACK <key> <token>` after each
-//! acknowledged complete, and `NEXT <token_next>` from a monitor thread whenever it moves.
+//! `TOKEN <key> <token> <attempt>` after each Acquired, `CKPT <key> <token>` after each
+//! acknowledged checkpoint, `ACK <key> <token>` after each acknowledged complete, `REL <key>
+//! <token>` after each acknowledged release, and `NEXT <token_next>` from a monitor thread
+//! whenever it moves.
 
 #![cfg(unix)]
 
@@ -33,6 +41,8 @@ const CHILD_ENV: &str = "IDEMKV_CRASH_CHILD";
 const START_ENV: &str = "IDEMKV_CRASH_START";
 /// A sabotage name (`idemkv_check::concurrent::bug_from_name`) the child arms.
 const SABOTAGE_ENV: &str = "IDEMKV_CRASH_SABOTAGE";
+/// `1`: the child's engine runs with `durable_claims(false)`.
+const LAZY_ENV: &str = "IDEMKV_CRASH_LAZY_CLAIMS";
 const TEST_NAME: &str = "kill_9_loses_nothing_acknowledged";
 /// Worker threads in the child: concurrent claims share group commits.
 const CHILD_THREADS: u64 = 3;
@@ -53,6 +63,27 @@ fn response_for(n: u64) -> Vec<u8> {
     let unit = format!("resp-{n};");
     let len = 8 + (n as usize * 37) % 300;
     unit.bytes().cycle().take(len).collect()
+}
+
+/// What the child does with key `n` after claiming it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    Complete,
+    CheckpointThenComplete,
+    CheckpointThenRelease,
+}
+
+fn plan_for(n: u64) -> Plan {
+    match n % 4 {
+        1 => Plan::CheckpointThenComplete,
+        3 => Plan::CheckpointThenRelease,
+        _ => Plan::Complete,
+    }
+}
+
+/// The checkpoint phase and bytes for key `n`.
+fn checkpoint_for(n: u64) -> (u32, Vec<u8>) {
+    ((n % 7) as u32 + 1, format!("ckpt-{n}").into_bytes())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -78,10 +109,12 @@ fn child(path: &Path) -> ! {
         .expect("start env")
         .parse()
         .expect("start number");
+    let lazy = std::env::var(LAZY_ENV).is_ok_and(|v| v == "1");
     let engine = armed(
         Engine::builder()
             .path(path)
-            .durability(Durability::Immediate),
+            .durability(Durability::Immediate)
+            .durable_claims(!lazy),
         bug_from_env(),
     )
     .open()
@@ -97,11 +130,24 @@ fn child(path: &Path) -> ! {
                     let key = key_name(n);
                     let opts = ClaimOptions::default().payload(key.as_bytes());
                     match engine.claim(key.as_bytes(), &opts).expect("child claim") {
-                        Claim::Acquired(lease) => {
+                        Claim::Acquired(mut lease) => {
                             let token = lease.token();
                             emit(format!("{MARK}TOKEN {key} {token} {}\n", lease.attempt()));
-                            lease.complete(&response_for(n)).expect("child complete");
-                            emit(format!("{MARK}ACK {key} {token}\n"));
+                            let plan = plan_for(n);
+                            if plan != Plan::Complete {
+                                let (phase, data) = checkpoint_for(n);
+                                lease
+                                    .set_checkpoint(phase, &data)
+                                    .expect("child checkpoint");
+                                emit(format!("{MARK}CKPT {key} {token}\n"));
+                            }
+                            if plan == Plan::CheckpointThenRelease {
+                                assert!(lease.release().expect("child release"));
+                                emit(format!("{MARK}REL {key} {token}\n"));
+                            } else {
+                                lease.complete(&response_for(n)).expect("child complete");
+                                emit(format!("{MARK}ACK {key} {token}\n"));
+                            }
                         }
                         other => panic!("child: {key} was not new: {other:?}"),
                     }
@@ -143,6 +189,10 @@ struct RoundLog {
     tokens: BTreeMap<u64, (u64, u32)>,
     /// key number → token from ACK lines.
     acks: BTreeMap<u64, u64>,
+    /// key number → token from CKPT lines.
+    checkpoints: BTreeMap<u64, u64>,
+    /// key number → token from REL lines.
+    releases: BTreeMap<u64, u64>,
     /// Largest NEXT mark.
     next_mark: u64,
     lines: usize,
@@ -179,6 +229,20 @@ fn parse_line(line: &str, log: &mut RoundLog) {
             );
             log.acks.insert(n, token);
         }
+        [what @ ("CKPT" | "REL"), key, token] => {
+            let n = parse_key(key);
+            let token: u64 = token.parse().expect("token");
+            assert_eq!(
+                log.tokens.get(&n).map(|t| t.0),
+                Some(token),
+                "{key}: {what} without its TOKEN"
+            );
+            if *what == "CKPT" {
+                log.checkpoints.insert(n, token);
+            } else {
+                log.releases.insert(n, token);
+            }
+        }
         ["NEXT", next] => {
             log.next_mark = log.next_mark.max(next.parse().expect("next"));
         }
@@ -197,13 +261,14 @@ fn bug_from_env() -> Bug {
 
 /// Runs one child, kills it `delay` after its first acknowledged completion, and returns
 /// what it printed.
-fn run_child(path: &Path, start: u64, delay: Duration, bug: &str) -> RoundLog {
+fn run_child(path: &Path, start: u64, delay: Duration, bug: &str, lazy: bool) -> RoundLog {
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, path)
         .env(START_ENV, start.to_string())
         .env(SABOTAGE_ENV, bug)
+        .env(LAZY_ENV, if lazy { "1" } else { "0" })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -268,6 +333,10 @@ fn run_child(path: &Path, start: u64, delay: Duration, bug: &str) -> RoundLog {
 struct Known {
     /// key number → token of its completion (acknowledged to the child, or done by us).
     completed: BTreeMap<u64, u64>,
+    /// Keys whose release the child acknowledged: Absent for good.
+    released: Vec<u64>,
+    /// Acknowledged claims found Absent after a kill (`durable_claims(false)` only).
+    lost_claims: usize,
     /// Every token seen so far, and every `token_next` mark: later tokens must exceed it.
     token_floor: u64,
     max_key: u64,
@@ -287,7 +356,14 @@ fn open_parent(path: &Path, bug: Bug) -> Engine {
 
 /// Checks the file after a kill; completes whatever the child left InFlight. The parent's
 /// engine has the child's `bug` too: it is the same build.
-fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known, bug: Bug) {
+fn check_after_kill(
+    path: &Path,
+    round: usize,
+    log: &RoundLog,
+    known: &mut Known,
+    bug: Bug,
+    lazy: bool,
+) {
     let engine = open_parent(path, bug);
     let floor = known.token_floor;
     // Tokens issued in this round are above everything seen before it.
@@ -324,7 +400,17 @@ fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known
         }
     }
 
-    // Claims acknowledged without a completion ack: InFlight or Completed, never lost.
+    // Every acknowledged release, in this round and every earlier one, left its key Absent.
+    for &n in known.released.iter().chain(log.releases.keys()) {
+        let state = engine.get(key_name(n).as_bytes()).expect("get");
+        assert!(
+            state.is_none(),
+            "round {round}: k{n}'s acknowledged release is undone: {state:?}"
+        );
+    }
+
+    // Claims acknowledged without a completion ack: InFlight or Completed, never lost (with
+    // lazy claims: Absent too, unless a durable act of the holder was acknowledged).
     let mut round_max_token = log.tokens.values().map(|t| t.0).max().unwrap_or(0);
     let mut taken_over = 0;
     let start = known.max_key + 1;
@@ -335,14 +421,43 @@ fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known
         }
         let key = key_name(n);
         let claimed = log.tokens.get(&n).copied();
+        let checkpointed = log.checkpoints.contains_key(&n);
+        let released = log.releases.contains_key(&n);
         match engine.get(key.as_bytes()).expect("get") {
-            None => assert!(
-                claimed.is_none(),
-                "round {round}: {key}'s acknowledged claim (token {claimed:?}) is lost"
+            None if claimed.is_none() || released => {}
+            // The release was cut short after its commit.
+            None if checkpointed && plan_for(n) == Plan::CheckpointThenRelease => {}
+            None if lazy && !checkpointed => {
+                // Only the claim itself was acknowledged, and it was not durable yet: a
+                // retry acquires the key at once, as attempt 1, with a token never issued.
+                let opts = ClaimOptions::default().payload(key.as_bytes());
+                let lease = match engine.claim(key.as_bytes(), &opts).expect("claim") {
+                    Claim::Acquired(lease) => lease,
+                    other => panic!("round {round}: {key} Absent was not acquired: {other:?}"),
+                };
+                assert_eq!(lease.attempt(), 1, "round {round}: {key} attempt");
+                assert!(
+                    lease.token() > round_max_token.max(log.next_mark.saturating_sub(1)),
+                    "round {round}: {key} got token {} again after its claim was lost",
+                    lease.token()
+                );
+                round_max_token = lease.token();
+                let token = lease.token();
+                lease.complete(&response_for(n)).expect("parent complete");
+                known.completed.insert(n, token);
+                known.lost_claims += 1;
+            }
+            None => panic!(
+                "round {round}: {key}'s acknowledged claim (token {claimed:?}, checkpoint \
+                 acknowledged: {checkpointed}) is lost"
             ),
             Some(KeyState::Completed {
                 token, response, ..
             }) => {
+                assert!(
+                    plan_for(n) != Plan::CheckpointThenRelease,
+                    "round {round}: {key} was never completed, yet it is"
+                );
                 assert_eq!(
                     claimed.map(|c| c.0),
                     Some(token),
@@ -355,7 +470,23 @@ fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known
                 );
                 known.completed.insert(n, token);
             }
-            Some(KeyState::InFlight { token, attempt, .. }) => {
+            Some(KeyState::InFlight {
+                token,
+                attempt,
+                checkpoint,
+                ..
+            }) => {
+                assert!(
+                    !released,
+                    "round {round}: {key}'s acknowledged release is undone"
+                );
+                // An acknowledged checkpoint is there; one cut short is there or not at all.
+                let (phase, data) = checkpoint_for(n);
+                let saved = checkpoint.as_ref().map(|c| (c.phase(), c.data().to_vec()));
+                assert!(
+                    saved.as_ref() == Some(&(phase, data)) || (saved.is_none() && !checkpointed),
+                    "round {round}: {key} checkpoint {saved:?} (acknowledged: {checkpointed})"
+                );
                 // A claim whose TOKEN line the kill cut off is fine; its token is new.
                 if let Some((t, a)) = claimed {
                     assert_eq!((token, attempt), (t, a), "round {round}: {key} record");
@@ -390,6 +521,7 @@ fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known
     for (&n, &token) in &log.acks {
         known.completed.insert(n, token);
     }
+    known.released.extend(log.releases.keys());
     known.token_floor = floor
         .max(round_max_token)
         .max(log.next_mark.saturating_sub(1))
@@ -398,9 +530,13 @@ fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known
     engine.close().expect("close");
     drop(engine);
     eprintln!(
-        "round {round}: {} claims, {} acks, {taken_over} taken over, token floor {}",
+        "round {round}: {} claims, {} checkpoints, {} acks, {} releases, {taken_over} taken \
+         over, {} lost claims so far, token floor {}",
         log.tokens.len(),
+        log.checkpoints.len(),
         log.acks.len(),
+        log.releases.len(),
+        known.lost_claims,
         known.token_floor
     );
 }
@@ -410,18 +546,36 @@ fn kill_9_loses_nothing_acknowledged() {
     if let Some(path) = std::env::var_os(CHILD_ENV) {
         child(&PathBuf::from(path));
     }
+    crash_rounds(false, 0x1DE3_C4A5);
+}
+
+/// The same rounds with `durable_claims(false)`: nothing acknowledged as durable is lost; a
+/// claim whose holder made no durable act yet may be.
+#[test]
+fn kill_9_loses_nothing_acknowledged_with_lazy_claims() {
+    crash_rounds(true, 0x1A2F_C1A1);
+}
+
+fn crash_rounds(lazy: bool, seed: u64) {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
-    let mut rng = fastrand::Rng::with_seed(0x1DE3_C4A5);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let mut known = Known::default();
     let mut acks = 0;
+    let (mut checkpoints, mut releases) = (0, 0);
     for round in 0..ROUNDS {
         let delay = Duration::from_millis(20 + rng.u64(0..281));
-        let log = run_child(&path, known.max_key + 1, delay, "none");
+        let log = run_child(&path, known.max_key + 1, delay, "none", lazy);
         acks += log.acks.len();
-        check_after_kill(&path, round, &log, &mut known, Bug::None);
+        checkpoints += log.checkpoints.len();
+        releases += log.releases.len();
+        check_after_kill(&path, round, &log, &mut known, Bug::None, lazy);
     }
+    assert!(
+        checkpoints > 0 && releases > 0,
+        "no checkpoint ({checkpoints}) or release ({releases}) was acknowledged"
+    );
     assert!(acks > 0, "no completion was ever acknowledged");
     // A last look, with nothing killed in between: all of it is still there.
     let engine = open_parent(&path, Bug::None);
@@ -435,7 +589,9 @@ fn kill_9_loses_nothing_acknowledged() {
         }
     }
     eprintln!(
-        "{ROUNDS} rounds, {acks} acknowledged completions, {} keys, {:?}",
+        "{ROUNDS} rounds (lazy claims: {lazy}), {acks} acknowledged completions, {checkpoints} \
+         checkpoints, {releases} releases, {} lost claims, {} keys, {:?}",
+        known.lost_claims,
         known.completed.len(),
         started.elapsed()
     );
@@ -453,7 +609,7 @@ fn kill_9_loses_nothing_acknowledged() {
 /// Runs rounds with `bug` armed until a check fails; returns the round that caught it.
 /// The teeth need a build with `--cfg idemkv_sabotage` (docs/testing.md).
 #[cfg(idemkv_sabotage)]
-fn crash_rounds_catch(bug: &str) -> Option<usize> {
+fn crash_rounds_catch(bug: &str, lazy: bool) -> Option<usize> {
     let armed = bug_from_name(bug).expect("sabotage name");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
@@ -461,9 +617,9 @@ fn crash_rounds_catch(bug: &str) -> Option<usize> {
     let mut known = Known::default();
     for round in 0..TEETH_ROUNDS {
         let delay = Duration::from_millis(20 + rng.u64(0..281));
-        let log = run_child(&path, known.max_key + 1, delay, bug);
+        let log = run_child(&path, known.max_key + 1, delay, bug, lazy);
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            check_after_kill(&path, round, &log, &mut known, armed)
+            check_after_kill(&path, round, &log, &mut known, armed, lazy)
         }));
         if checked.is_err() {
             return Some(round);
@@ -475,7 +631,7 @@ fn crash_rounds_catch(bug: &str) -> Option<usize> {
 #[cfg(idemkv_sabotage)]
 #[test]
 fn kill_9_catches_ack_before_commit() {
-    let caught = crash_rounds_catch("ack-before-commit");
+    let caught = crash_rounds_catch("ack-before-commit", false);
     assert!(
         caught.is_some(),
         "acknowledging before the commit survived {TEETH_ROUNDS} kills"
@@ -483,10 +639,23 @@ fn kill_9_catches_ack_before_commit() {
     eprintln!("ack-before-commit caught in round {caught:?}");
 }
 
+/// With lazy claims only the holders' durable acts wait for the watermark; moving it before
+/// the commit must still be caught.
+#[cfg(idemkv_sabotage)]
+#[test]
+fn kill_9_catches_ack_before_commit_with_lazy_claims() {
+    let caught = crash_rounds_catch("ack-before-commit", true);
+    assert!(
+        caught.is_some(),
+        "acknowledging before the commit survived {TEETH_ROUNDS} kills with lazy claims"
+    );
+    eprintln!("ack-before-commit (lazy claims) caught in round {caught:?}");
+}
+
 #[cfg(idemkv_sabotage)]
 #[test]
 fn kill_9_catches_a_missing_token_mark() {
-    let caught = crash_rounds_catch("skip-token-hwm");
+    let caught = crash_rounds_catch("skip-token-hwm", false);
     assert!(
         caught.is_some(),
         "a missing token mark survived {TEETH_ROUNDS} kills"

@@ -107,7 +107,22 @@ fn storage_faults_every_io_point_immediate() {
     let cov = faults::exhaustive(Durability::Immediate, &faults::small_workload())
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(cov.io_points > 10, "the workload makes I/O: {cov:?}");
+    assert_eq!(cov.lost_acknowledged, 0, "{cov:?}");
     println!("Immediate: {cov:?}");
+}
+
+/// The same sweep with `durable_claims(false)`: an acknowledged claim may be lost until a
+/// later call is acknowledged (or a flush returns), never anything acknowledged after it;
+/// and the sweep must meet such a loss, or it would not tell the two modes apart.
+#[test]
+fn storage_faults_every_io_point_lazy_claims() {
+    let cov = faults::exhaustive(faults::Mode::LAZY_CLAIMS, &faults::small_workload())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        cov.lost_acknowledged > 0,
+        "no run lost an acknowledged lazy claim: {cov:?}"
+    );
+    println!("Immediate, lazy claims: {cov:?}");
 }
 
 #[test]
