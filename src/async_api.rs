@@ -335,11 +335,7 @@ impl Engine {
                             .complete_arc_async(response.clone())
                             .await
                             .map_err(|e| self.not_stored(key, token, e))?;
-                        Ok(Outcome {
-                            response,
-                            replayed: false,
-                            token,
-                        })
+                        Ok(Outcome::fresh(response, token))
                     }
                     Err(e) => {
                         // The handler's failure is the error to report; a failed release
@@ -349,14 +345,8 @@ impl Engine {
                     }
                 }
             }
-            Claim::Completed(stored) => Ok(Outcome {
-                response: stored.response,
-                replayed: true,
-                token: stored.token,
-            }),
-            Claim::InProgress(busy) => Err(RunError::StillInProgress {
-                retry_after: busy.retry_after,
-            }),
+            Claim::Completed(stored) => Ok(Outcome::replay(stored)),
+            Claim::InProgress(busy) => Err(RunError::still_in_progress(&busy)),
         }
     }
 }

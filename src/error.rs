@@ -421,6 +421,15 @@ pub enum RunError<E> {
     Codec(String),
 }
 
+impl<E> RunError<E> {
+    /// The answer of a run whose wait for another holder ran out.
+    pub(crate) fn still_in_progress(busy: &crate::lease::Busy) -> Self {
+        RunError::StillInProgress {
+            retry_after: busy.retry_after,
+        }
+    }
+}
+
 impl<E: fmt::Display> fmt::Display for RunError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

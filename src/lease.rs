@@ -234,6 +234,26 @@ pub struct Outcome {
 }
 
 impl Outcome {
+    /// The winner's own outcome.
+    pub(crate) fn fresh(response: Arc<[u8]>, token: u64) -> Self {
+        Outcome {
+            response,
+            replayed: false,
+            token,
+        }
+    }
+
+    /// Another caller's stored outcome.
+    pub(crate) fn replay(stored: Stored) -> Self {
+        Outcome {
+            response: stored.response,
+            replayed: true,
+            token: stored.token,
+        }
+    }
+}
+
+impl Outcome {
     /// The response bytes, identical for every caller of the key.
     pub fn response(&self) -> &[u8] {
         &self.response
