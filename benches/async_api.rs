@@ -47,11 +47,8 @@ fn async_vs_sync(c: &mut Criterion) {
     let sync_name = format!("sync_{THREADS}_threads");
     for mode in modes {
         let mut group = c.benchmark_group(format!("async_vs_sync_{}", mode.name()));
-        group
-            .sample_size(10)
-            .sampling_mode(SamplingMode::Flat)
-            .warm_up_time(Duration::from_secs(1))
-            .measurement_time(Duration::from_secs(2));
+        // Each sample runs the same number of pairs per task or thread.
+        group.sampling_mode(SamplingMode::Flat);
 
         let mut tasks: Option<Arc<Idem>> = None;
         group.throughput(Throughput::Elements(TASKS as u64));
@@ -101,7 +98,11 @@ fn async_vs_sync(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = common::criterion();
+    // Set on the `Criterion`, not the groups, so the command line's timing options apply.
+    config = common::criterion()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
     targets = async_vs_sync
 }
 criterion_main!(benches);

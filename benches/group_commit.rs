@@ -68,15 +68,22 @@ const SINGLE: TableDefinition<u64, &[u8]> = TableDefinition::new("single");
 /// Concurrent claimers (OS threads) of the `claimers_C` groups.
 const CLAIMERS: [usize; 4] = [1, 8, 64, 256];
 
-/// Short groups: 4 modes and a baseline at 4 claimer counts, on two shared cores.
+/// Short runs: 4 modes and a baseline at 4 claimer counts, on two shared cores. Set on the
+/// `Criterion` rather than on the groups, so `--warm-up-time`, `--measurement-time` and
+/// `--sample-size` on the command line still apply.
+fn config() -> Criterion {
+    common::criterion()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+}
+
+/// Each sample runs the same number of pairs per claimer: criterion's linear sampling would
+/// make the first samples of a slow contender a handful of pairs over hundreds of claimers.
 fn configure<M: criterion::measurement::Measurement>(
     group: &mut criterion::BenchmarkGroup<'_, M>,
 ) {
-    group
-        .sample_size(10)
-        .sampling_mode(SamplingMode::Flat)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2));
+    group.sampling_mode(SamplingMode::Flat);
 }
 
 fn open_redb() -> (Database, TempDir) {
@@ -335,7 +342,7 @@ fn redb_commit_1_insert(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = common::criterion();
+    config = config();
     targets = claimers, async_tasks, redb_commit_1_insert
 }
 criterion_main!(benches);
