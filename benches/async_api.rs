@@ -86,11 +86,17 @@ fn async_vs_sync(c: &mut Criterion) {
         }
         let name = mode.name();
         if let Some(idem) = tasks {
-            eprintln!("{}", idem.report(&format!("[async_api] {name} {async_name}")));
+            eprintln!(
+                "{}",
+                idem.report(&format!("[async_api] {name} {async_name}"))
+            );
             idem.close();
         }
         if let Some(idem) = threads {
-            eprintln!("{}", idem.report(&format!("[async_api] {name} {sync_name}")));
+            eprintln!(
+                "{}",
+                idem.report(&format!("[async_api] {name} {sync_name}"))
+            );
             idem.close();
         }
     }

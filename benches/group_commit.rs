@@ -80,9 +80,7 @@ fn config() -> Criterion {
 
 /// Each sample runs the same number of pairs per claimer: criterion's linear sampling would
 /// make the first samples of a slow contender a handful of pairs over hundreds of claimers.
-fn configure<M: criterion::measurement::Measurement>(
-    group: &mut criterion::BenchmarkGroup<'_, M>,
-) {
+fn configure<M: criterion::measurement::Measurement>(group: &mut criterion::BenchmarkGroup<'_, M>) {
     group.sampling_mode(SamplingMode::Flat);
 }
 
