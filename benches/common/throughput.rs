@@ -291,8 +291,9 @@ pub fn runtime() -> Runtime {
         .expect("tokio runtime")
 }
 
-/// What ends a batch of tasks: until the start gate opens, every task has been polled up
-/// to it (spawning and first polls are not timed).
+/// The start and the end of a timed batch of tasks: the clock starts once every task has
+/// been polled up to the gate (spawning and first polls are not timed) and stops when the
+/// last task has finished, its flush included.
 struct Gate {
     open: Semaphore,
     ready: AtomicUsize,
