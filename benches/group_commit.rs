@@ -1,44 +1,62 @@
-//! Group commit under `Durability::Immediate`: throughput of C concurrent claimers, each
-//! doing claim + complete on distinct new keys (C = 1, 8, 64; 256 with `IDEMKV_BENCH_BIG=1`).
+//! Claim+complete throughput against the number of concurrent claimers, in every durability
+//! mode, next to a naive redb baseline; and the same with 10 000 async tasks.
 //!
-//! One criterion iteration is one claim+complete pair (two durable operations); a sample is
-//! a fixed number of pairs spread over C threads, timed from a barrier to the last thread's
-//! end (`iter_custom`; thread start-up is not timed). Throughput is in pairs per second.
+//! Groups `claimers_C` (C = 1, 8, 64, 256 OS threads): each thread does claim + complete on
+//! distinct new keys with the blocking API, in each mode, on a fresh file per mode:
 //!
-//! Next to each idemkv run, in the same group, the naive baseline: one redb write
-//! transaction per operation, each with redb's default `Immediate` durability — claim =
-//! begin_write, open table, get(key), insert if absent, commit; complete = a second
-//! transaction that stores the response. redb serializes write transactions, so C threads
-//! only queue on its writer lock.
+//! - `immediate`: `Durability::Immediate`; the claim and the completion each wait for a
+//!   durable group commit.
+//! - `immediate_nondurable_claims`: `Immediate` with `durable_claims(false)`; the claim
+//!   returns at once and is made durable by the completion's commit (one durable wait per
+//!   pair).
+//! - `buffered_10ms`: `Durability::buffered()`; the last thread of each timed sample flushes
+//!   before the clock stops, so the figure is sustained durable throughput, not the burst the
+//!   writer queue absorbs. A claim refused with `Overloaded` (the writer queue is full)
+//!   flushes and retries, counted as `backoffs`.
+//! - `none`: `Durability::None`, memory only.
+//! - `redb_txn_per_op`: the naive baseline, one redb write transaction per operation, each
+//!   with redb's default `Immediate` durability — claim = begin_write, open table, get(key),
+//!   insert if absent, commit; complete = a second transaction that stores the response.
+//!   redb serializes write transactions, so C threads only queue on its writer lock.
 //!
-//! At the end of each idemkv run the writer's batch formation (`Engine::stats`: committed
-//! ops / commits, batch_max) and the per-operation latency percentiles are printed to
+//! One criterion iteration is one pair per thread (C pairs; throughput is in pairs per
+//! second); a sample is timed from a barrier to the end of the last thread (`iter_custom`,
+//! flat sampling; thread start-up is not timed).
+//!
+//! Group `async_10000_tasks`: 10 000 tasks on a tokio runtime with 2 worker threads, each
+//! doing `claim_async` + `complete_async` on its own new keys, in each mode (one iteration
+//! is one pair per task; `Buffered` flushes at the end of each sample, with `flush_async`).
+//!
+//! After each run the writer's batch formation (`Engine::stats`: committed ops / commits,
+//! batch_max), the back-offs and the per-operation latency percentiles are printed to
 //! stderr. The group `redb_commit_1_insert` measures one redb commit of a single insert
 //! (`Immediate`, `Immediate` + two-phase commit as idemkv's writer uses, and `None`), the
 //! reference for the idemkv p50 under load.
 //!
 //! The disk and the two CPUs may be shared with other work, and their latency drifts between
-//! criterion runs. So after each group both contenders also run in alternating 0.7 s blocks
-//! (pairs/s per round and the ratio on stderr), and at C = 1 a loop alternating single
-//! pairs gives both latency distributions under the same conditions; the single-insert
+//! criterion runs. So after each `claimers_C` group every contender also runs in alternating
+//! 0.7 s blocks (pairs/s per round, and each round's ratio to the naive baseline, on
+//! stderr), and at C = 1 a loop alternating single pairs gives the latency distributions of
+//! idemkv `Immediate` and of the baseline under the same conditions; the single-insert
 //! commits are likewise alternated after their group.
 //!
-//! Run: `cargo bench --bench group_commit` (add `IDEMKV_BENCH_BIG=1` for C = 256).
+//! Run: `cargo bench --bench group_commit` (a few minutes on a quiet 2-core machine).
 
 mod common;
+#[path = "common/throughput.rs"]
+mod throughput;
 
-use common::{big, key, response, tempdir, Latencies};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use idemkv::{Claim, ClaimOptions, Durability, Engine};
+use common::{key, response, tempdir, Latencies};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode, Throughput};
 use redb::{Database, ReadableTable, TableDefinition};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
+use throughput::{
+    run_tasks, run_threads, run_threads_for, runtime, show_rounds, Idem, Mode, Run, BLOCK,
+    RESPONSE_LEN, ROUNDS, TASKS,
+};
 
-const RESPONSE_LEN: usize = 64;
-/// Longer than any bench run, so no lease expires during one.
-const LEASE: Duration = Duration::from_secs(3600);
 /// redb page cache, as idemkv configures for its own file.
 const CACHE_BYTES: usize = 64 << 20;
 
@@ -47,80 +65,23 @@ const NAIVE: TableDefinition<&[u8], &[u8]> = TableDefinition::new("naive");
 /// The single-insert commit table: a counter → 64-byte value.
 const SINGLE: TableDefinition<u64, &[u8]> = TableDefinition::new("single");
 
-fn claimer_counts() -> Vec<usize> {
-    let mut counts = vec![1, 8, 64];
-    if big() {
-        counts.push(256);
-    }
-    counts
+/// Concurrent claimers (OS threads) of the `claimers_C` groups.
+const CLAIMERS: [usize; 4] = [1, 8, 64, 256];
+
+/// Short runs: 4 modes and a baseline at 4 claimer counts, on two shared cores. Set on the
+/// `Criterion` rather than on the groups, so `--warm-up-time`, `--measurement-time` and
+/// `--sample-size` on the command line still apply.
+fn config() -> Criterion {
+    common::criterion()
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
 }
 
-/// What one contender (idemkv or naive redb) accumulates over criterion's calls.
-#[derive(Default)]
-struct Run {
-    next_key: AtomicU64,
-    claim: Mutex<Latencies>,
-    complete: Mutex<Latencies>,
-}
-
-impl Run {
-    fn summary(&self) -> String {
-        let claim = self.claim.lock().expect("lock").summary();
-        let complete = self.complete.lock().expect("lock").summary();
-        format!("claim {claim}\n    complete {complete}")
-    }
-}
-
-/// Runs `pairs` operations spread over `threads` threads, each on its own new keys; returns
-/// the time from the start barrier to the end of the last thread's last pair. `op` returns
-/// the latencies of the claim and of the complete.
-fn run_concurrent<F>(threads: usize, pairs: u64, run: &Run, op: &F) -> Duration
-where
-    F: Fn(&[u8]) -> (Duration, Duration) + Sync,
-{
-    let barrier = Barrier::new(threads + 1);
-    let end = Mutex::new(None::<Instant>);
-    let per = pairs / threads as u64;
-    let extra = pairs % threads as u64;
-    let start = std::thread::scope(|s| {
-        for t in 0..threads {
-            let n = per + u64::from((t as u64) < extra);
-            let (barrier, end) = (&barrier, &end);
-            s.spawn(move || {
-                let first = run.next_key.fetch_add(n, Ordering::Relaxed);
-                let mut claim = Vec::with_capacity(n as usize);
-                let mut complete = Vec::with_capacity(n as usize);
-                barrier.wait();
-                for i in 0..n {
-                    let (a, b) = op(&key(first + i));
-                    claim.push(a.as_nanos() as u64);
-                    complete.push(b.as_nanos() as u64);
-                }
-                let done = Instant::now();
-                {
-                    let mut end = end.lock().expect("lock");
-                    *end = Some(end.map_or(done, |e| e.max(done)));
-                }
-                run.claim.lock().expect("lock").extend(claim);
-                run.complete.lock().expect("lock").extend(complete);
-            });
-        }
-        barrier.wait();
-        Instant::now()
-    });
-    let end = end.into_inner().expect("lock").expect("a thread ran");
-    end.saturating_duration_since(start)
-}
-
-fn open_engine() -> (Engine, TempDir) {
-    let dir = tempdir();
-    let engine = Engine::builder()
-        .path(dir.path().join("bench.redb"))
-        .durability(Durability::Immediate)
-        .lease(LEASE)
-        .open()
-        .expect("open engine");
-    (engine, dir)
+/// Each sample runs the same number of pairs per claimer: criterion's linear sampling would
+/// make the first samples of a slow contender a handful of pairs over hundreds of claimers.
+fn configure<M: criterion::measurement::Measurement>(group: &mut criterion::BenchmarkGroup<'_, M>) {
+    group.sampling_mode(SamplingMode::Flat);
 }
 
 fn open_redb() -> (Database, TempDir) {
@@ -130,23 +91,6 @@ fn open_redb() -> (Database, TempDir) {
         .create(dir.path().join("naive.redb"))
         .expect("create redb");
     (db, dir)
-}
-
-/// One idemkv claim + complete of a new key, `Immediate`.
-fn idemkv_pair(
-    engine: &Engine,
-    opts: &ClaimOptions,
-    resp: &[u8],
-    k: &[u8],
-) -> (Duration, Duration) {
-    let t0 = Instant::now();
-    let lease = match engine.claim(k, opts) {
-        Ok(Claim::Acquired(lease)) => lease,
-        other => panic!("claim of a new key answered {other:?}"),
-    };
-    let t1 = Instant::now();
-    lease.complete(resp).expect("complete");
-    (t1 - t0, t1.elapsed())
 }
 
 /// The naive baseline: one redb write transaction for the claim (check, then insert), one
@@ -171,149 +115,143 @@ fn naive_pair(db: &Database, inflight: &[u8], done: &[u8], k: &[u8]) -> (Duratio
     (t1 - t0, t1.elapsed())
 }
 
-fn immediate_claimers(c: &mut Criterion) {
-    let resp = response(RESPONSE_LEN);
-    let opts = ClaimOptions::default().fingerprint(0xF1A9_E2B3_C4D5_0617);
-    // The naive records: an in-flight marker (token, deadline, fingerprint), then the
-    // completed record (the same plus the response), sized like idemkv's.
+/// The naive records: an in-flight marker (token, deadline, fingerprint), then the
+/// completed record (the same plus the response), sized like idemkv's.
+fn naive_records() -> (Vec<u8>, Vec<u8>) {
     let inflight = vec![1u8; 40];
-    let done = [inflight.as_slice(), resp.as_slice()].concat();
-    for threads in claimer_counts() {
-        let mut group = c.benchmark_group(format!("immediate_{threads}_claimers"));
-        group
-            .throughput(Throughput::Elements(1))
-            .sample_size(10)
-            .warm_up_time(Duration::from_secs(1))
-            .measurement_time(Duration::from_secs(3));
+    let done = [inflight.as_slice(), response(RESPONSE_LEN).as_slice()].concat();
+    (inflight, done)
+}
 
-        let mut engine: Option<(Engine, TempDir)> = None;
-        let run = Run::default();
-        group.bench_function(BenchmarkId::new("idemkv", threads), |b| {
-            let (engine, _) = engine.get_or_insert_with(open_engine);
-            let op = |k: &[u8]| idemkv_pair(engine, &opts, &resp, k);
-            b.iter_custom(|pairs| run_concurrent(threads, pairs, &run, &op));
-        });
-        let ran = engine.is_some();
-        if let Some((engine, _dir)) = &engine {
-            let s = engine.stats();
-            let avg = s.committed_ops as f64 / s.commits.max(1) as f64;
-            eprintln!(
-                "[group_commit] idemkv C={threads}: commits={} committed_ops={} \
-                 avg_batch={avg:.1} batch_max={} overloaded={} (over the whole run, warm-up \
-                 included)\n    {}",
-                s.commits,
-                s.committed_ops,
-                s.batch_max,
-                s.overloaded,
-                run.summary()
-            );
+fn claimers(c: &mut Criterion) {
+    let (inflight, done) = naive_records();
+    let nothing = || {};
+    for threads in CLAIMERS {
+        let mut group = c.benchmark_group(format!("claimers_{threads}"));
+        configure(&mut group);
+        group.throughput(Throughput::Elements(threads as u64));
+
+        let mut idems: Vec<Option<Idem>> = Mode::ALL.iter().map(|_| None).collect();
+        for (mode, slot) in Mode::ALL.into_iter().zip(&mut idems) {
+            group.bench_function(mode.name(), |b| {
+                let idem = slot.get_or_insert_with(|| Idem::open(mode));
+                let op = |k: &[u8]| idem.pair(k);
+                let finish = || idem.finish();
+                b.iter_custom(|per| run_threads(threads, per, &idem.run, &op, &finish));
+            });
         }
 
         let mut db: Option<(Database, TempDir)> = None;
-        let run = Run::default();
-        group.bench_function(BenchmarkId::new("redb_txn_per_op", threads), |b| {
+        let naive_run = Run::default();
+        group.bench_function("redb_txn_per_op", |b| {
             let (db, _) = db.get_or_insert_with(open_redb);
             let op = |k: &[u8]| naive_pair(db, &inflight, &done, k);
-            b.iter_custom(|pairs| run_concurrent(threads, pairs, &run, &op));
+            b.iter_custom(|per| run_threads(threads, per, &naive_run, &op, &nothing));
         });
+        group.finish();
+
+        for idem in idems.iter().flatten() {
+            let label = format!("[group_commit] idemkv {} C={threads}", idem.mode.name());
+            eprintln!("{}", idem.report(&label));
+        }
         if db.is_some() {
             eprintln!(
                 "[group_commit] redb_txn_per_op C={threads}:\n    {}",
-                run.summary()
+                naive_run.summary()
             );
         }
-        group.finish();
-        if let (Some((engine, _)), Some((db, _))) = (&engine, &db) {
-            let idemkv = |k: &[u8]| idemkv_pair(engine, &opts, &resp, k);
-            let naive = |k: &[u8]| naive_pair(db, &inflight, &done, k);
-            interleaved_throughput(threads, &idemkv, &naive);
+        interleaved_throughput(threads, &idems, db.as_ref().map(|(db, _)| db));
+        let immediate_ran = idems[0].is_some();
+        for idem in idems.iter().flatten() {
+            idem.close();
         }
-        if let Some((engine, _dir)) = engine {
-            engine.close().expect("close");
-        }
+        drop(idems);
         // Only when the bench was selected (a filter may skip it).
-        if threads == 1 && ran {
-            interleaved_single_claimer(&opts, &resp, &inflight, &done);
+        if threads == 1 && immediate_ran && db.is_some() {
+            interleaved_single_claimer(&inflight, &done);
         }
     }
 }
 
-/// Rounds of the interleaved throughput pass, and the length of each contender's block.
-const ROUNDS: usize = 3;
-const BLOCK: Duration = Duration::from_millis(700);
-
-/// Runs `threads` threads doing pairs on new keys until `block` has passed; returns the
-/// pairs done per second.
-fn run_for<F>(threads: usize, block: Duration, op: &F) -> f64
-where
-    F: Fn(&[u8]) -> (Duration, Duration) + Sync,
-{
-    // Keys far from the criterion runs' (which count up from 0), distinct per block.
-    static NEXT: AtomicU64 = AtomicU64::new(1 << 62);
-    let barrier = Barrier::new(threads + 1);
-    let done = AtomicU64::new(0);
-    let start = std::thread::scope(|s| {
-        for _ in 0..threads {
-            let (barrier, done) = (&barrier, &done);
-            s.spawn(move || {
-                barrier.wait();
-                let deadline = Instant::now() + block;
-                while Instant::now() < deadline {
-                    op(&key(NEXT.fetch_add(1, Ordering::Relaxed)));
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            });
-        }
-        barrier.wait();
-        Instant::now()
+/// Every contender that ran (idemkv in each mode, the naive baseline) in alternating blocks,
+/// so that all see the same disk and CPU conditions (this machine is shared); prints pairs/s
+/// per round and each round's ratio to the baseline.
+fn interleaved_throughput(threads: usize, idems: &[Option<Idem>], db: Option<&Database>) {
+    let (inflight, done) = naive_records();
+    let nothing = || {};
+    let mut names: Vec<&str> = Vec::new();
+    let mut blocks: Vec<Box<dyn Fn() -> f64 + '_>> = Vec::new();
+    for idem in idems.iter().flatten() {
+        names.push(idem.mode.name());
+        blocks.push(Box::new(move || {
+            let op = |k: &[u8]| idem.pair(k);
+            let finish = || idem.finish();
+            run_threads_for(threads, BLOCK, &op, &finish)
+        }));
+    }
+    let base = db.map(|db| {
+        names.push("redb_txn_per_op");
+        let (inflight, done) = (&inflight, &done);
+        blocks.push(Box::new(move || {
+            let op = |k: &[u8]| naive_pair(db, inflight, done, k);
+            run_threads_for(threads, BLOCK, &op, &nothing)
+        }));
+        names.len() - 1
     });
-    done.into_inner() as f64 / start.elapsed().as_secs_f64()
-}
-
-/// idemkv and the naive baseline in alternating blocks, so that both see the same disk and
-/// CPU conditions (this machine is shared); prints pairs/s per round and their ratio.
-fn interleaved_throughput<A, B>(threads: usize, idemkv: &A, naive: &B)
-where
-    A: Fn(&[u8]) -> (Duration, Duration) + Sync,
-    B: Fn(&[u8]) -> (Duration, Duration) + Sync,
-{
-    let mut rounds = Vec::new();
-    for _ in 0..ROUNDS {
-        rounds.push((
-            run_for(threads, BLOCK, idemkv),
-            run_for(threads, BLOCK, naive),
-        ));
+    if blocks.len() < 2 {
+        return;
     }
-    let shown: Vec<String> = rounds
-        .iter()
-        .map(|(a, b)| format!("{a:.0} vs {b:.0} ({:.1}x)", a / b))
+    let rounds: Vec<Vec<f64>> = (0..ROUNDS)
+        .map(|_| blocks.iter().map(|block| block()).collect())
         .collect();
     eprintln!(
-        "[group_commit] interleaved C={threads}, idemkv vs redb_txn_per_op pairs/s in \
-         alternating {BLOCK:?} blocks: {}",
-        shown.join(", ")
+        "[group_commit] interleaved C={threads}, pairs/s in alternating {BLOCK:?} blocks \
+         (ratio to redb_txn_per_op):{}",
+        show_rounds(&names, &rounds, base)
     );
+}
+
+/// 10 000 tasks on a 2-worker runtime, async API, each mode on a fresh file.
+fn async_tasks(c: &mut Criterion) {
+    let rt = runtime();
+    let mut group = c.benchmark_group(format!("async_{TASKS}_tasks"));
+    configure(&mut group);
+    group.throughput(Throughput::Elements(TASKS as u64));
+    for mode in Mode::ALL {
+        let mut idem: Option<Arc<Idem>> = None;
+        group.bench_function(mode.name(), |b| {
+            let idem = idem.get_or_insert_with(|| Arc::new(Idem::open(mode)));
+            b.iter_custom(|per| run_tasks(&rt, TASKS, per, idem));
+        });
+        if let Some(idem) = idem {
+            let label = format!("[group_commit] idemkv async {} {TASKS} tasks", mode.name());
+            eprintln!("{}", idem.report(&label));
+            idem.close();
+        }
+    }
+    group.finish();
 }
 
 /// Pairs alternated in one loop for the interleaved passes: the disk is shared, and its
 /// latency drifts; alternating puts both contenders under the same conditions.
 const INTERLEAVED: usize = 400;
 
-/// One thread alternating an idemkv pair and a naive redb pair, so their p50s are compared
-/// under the same disk conditions (printed to stderr).
-fn interleaved_single_claimer(opts: &ClaimOptions, resp: &[u8], inflight: &[u8], done: &[u8]) {
-    let (engine, _engine_dir) = open_engine();
+/// One thread alternating an idemkv `Immediate` pair and a naive redb pair, so their p50s
+/// are compared under the same disk conditions (printed to stderr).
+fn interleaved_single_claimer(inflight: &[u8], done: &[u8]) {
+    let idem = Idem::open(Mode::Immediate);
     let (db, _db_dir) = open_redb();
     let (mut ic, mut ie, mut nc, mut ne) = Default::default();
     for i in 0..INTERLEAVED as u64 {
         let k = key(u64::MAX / 2 + i);
-        let (a, b) = idemkv_pair(&engine, opts, resp, &k);
+        let (a, b) = idem.pair(&k);
         Latencies::push(&mut ic, a);
         Latencies::push(&mut ie, b);
         let (a, b) = naive_pair(&db, inflight, done, &k);
         Latencies::push(&mut nc, a);
         Latencies::push(&mut ne, b);
     }
+    idem.close();
     let show = |name: &str, l: &mut Latencies| eprintln!("    {name} {}", l.summary());
     eprintln!("[group_commit] interleaved C=1, {INTERLEAVED} pairs each:");
     show("idemkv claim   ", &mut ic);
@@ -402,7 +340,7 @@ fn redb_commit_1_insert(c: &mut Criterion) {
 
 criterion_group! {
     name = benches;
-    config = common::criterion();
-    targets = immediate_claimers, redb_commit_1_insert
+    config = config();
+    targets = claimers, async_tasks, redb_commit_1_insert
 }
 criterion_main!(benches);
