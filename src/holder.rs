@@ -241,10 +241,24 @@ impl Engine {
         token: u64,
         op: Holder,
     ) -> Result<u64, LeaseError> {
+        self.update_inflight_at(key, token, |_| op)
+    }
+
+    /// [`Engine::update_inflight`] with the operation chosen from the instant the transition
+    /// happens at (read under the stripe lock), e.g. an extension that must not pass a
+    /// deadline.
+    pub(crate) fn update_inflight_at(
+        &self,
+        key: &[u8],
+        token: u64,
+        op: impl FnOnce(u64) -> Holder,
+    ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
         let (mut shard, _, k) = s.index.lock(key);
-        let step = machine::hold(shard.view(k), key, token, op, s.now(), &s.rules());
+        let now = s.now();
+        let op = op(now.mono_ns);
+        let step = machine::hold(shard.view(k), key, token, op, now, &s.rules());
         if step.answer != HolderAnswer::Done {
             s.count(&mut shard.events, &step.deltas);
             return Err(LeaseError::LeaseLost);

@@ -82,25 +82,36 @@ impl KeepAlives {
                 r.at.remove(&id);
                 (id, renewal)
             };
-            let left_ns = renewal.until_ns.saturating_sub(now);
-            if left_ns == 0 {
+            if renewal.until_ns <= now {
                 continue;
             }
-            let lease_ns = duration_ns(renewal.lease).min(left_ns);
-            let extend = Holder::Extend {
-                lease: Duration::from_nanos(lease_ns),
+            // The extension is sized at the instant it is applied (under the stripe lock), so
+            // a clock that moved since `now` can never carry the lease past `until_ns`.
+            let lease_max_ns = duration_ns(renewal.lease);
+            let mut capped = false;
+            let extend = |at: u64| {
+                let left_ns = renewal.until_ns.saturating_sub(at);
+                capped = left_ns <= lease_max_ns;
+                Holder::Extend {
+                    lease: Duration::from_nanos(lease_max_ns.min(left_ns)),
+                }
             };
-            let next_ns = match renewal
-                .engine
-                .update_inflight(&renewal.key, renewal.token, extend)
+            let next_ns =
+                match renewal
+                    .engine
+                    .update_inflight_at(&renewal.key, renewal.token, extend)
+                {
+                    // The lease now ends at the maximum: nothing more to renew.
+                    Ok(_) if capped => continue,
+                    Ok(_) => now.saturating_add((lease_max_ns / KEEP_ALIVE_DIVISOR).max(1)),
+                    // A full queue: try again shortly, well before the lease ends.
+                    Err(LeaseError::Overloaded(_)) => {
+                        now.saturating_add(duration_ns(WAIT_SLICE_MIN))
+                    }
+                    // The lease was lost, released or completed, or the engine stopped.
+                    Err(_) => continue,
+                };
             {
-                Ok(_) => now.saturating_add((lease_ns / KEEP_ALIVE_DIVISOR).max(1)),
-                // A full queue: try again shortly, well before the lease ends.
-                Err(LeaseError::Overloaded(_)) => now.saturating_add(duration_ns(WAIT_SLICE_MIN)),
-                // The lease was lost, released or completed, or the engine stopped.
-                Err(_) => continue,
-            };
-            if lease_ns < left_ns {
                 let mut r = self.registry.lock();
                 r.due.insert((next_ns, id), renewal);
                 r.at.insert(id, next_ns);
