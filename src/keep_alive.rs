@@ -111,11 +111,9 @@ impl KeepAlives {
                     // The lease was lost, released or completed, or the engine stopped.
                     Err(_) => continue,
                 };
-            {
-                let mut r = self.registry.lock();
-                r.due.insert((next_ns, id), renewal);
-                r.at.insert(id, next_ns);
-            }
+            let mut r = self.registry.lock();
+            r.due.insert((next_ns, id), renewal);
+            r.at.insert(id, next_ns);
         }
     }
 }
