@@ -31,10 +31,16 @@ pub(crate) struct Admission {
 
 impl Admission {
     pub(crate) fn new(max_delay: Option<Duration>, claims_cap: usize) -> Self {
+        // Until the writer's rate is measured, `Buffered` admits the floor: a first burst
+        // admitted by count would be committed long after `max_delay`.
+        let first = match max_delay {
+            Some(_) => ADMIT_CLAIMS_MIN.min(claims_cap as u64),
+            None => claims_cap as u64,
+        };
         Self {
             max_delay,
             claims_cap: claims_cap as u64,
-            claims_max: AtomicU64::new(claims_cap as u64),
+            claims_max: AtomicU64::new(first),
             rate: Mutex::new(None),
             lag_max_ns: AtomicU64::new(0),
         }
@@ -85,10 +91,13 @@ impl Admission {
     }
 }
 
-/// What the writer commits in one `max_delay` at `rate` operations per second, kept between
+/// Half of what the writer commits in one `max_delay` at `rate` operations per second, kept
+/// between
 /// a floor (so a slow measurement never starves the queue) and the count limit.
 pub(crate) fn claims_limit(rate: f64, max_delay: Duration, cap: u64) -> u64 {
-    let ops = rate * max_delay.as_secs_f64();
+    // Half of it: every admitted claim brings its holder's completion (or release) into the
+    // queue too, and holders are not refused, so the queue can hold twice what is admitted.
+    let ops = rate * max_delay.as_secs_f64() / 2.0;
     // `as` saturates a float (NaN becomes 0), so no rate can overflow the limit.
     (ops as u64).clamp(ADMIT_CLAIMS_MIN.min(cap), cap)
 }
@@ -100,8 +109,8 @@ mod tests {
     #[test]
     fn the_limit_is_one_delay_of_the_writers_rate_within_floor_and_cap() {
         let ms10 = Duration::from_millis(10);
-        assert_eq!(claims_limit(300_000.0, ms10, 14_336), 3_000);
-        assert_eq!(claims_limit(100_000.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
+        assert_eq!(claims_limit(600_000.0, ms10, 14_336), 3_000);
+        assert_eq!(claims_limit(200_000.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
         assert_eq!(claims_limit(1.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
         assert_eq!(claims_limit(1e12, ms10, 14_336), 14_336);
         assert_eq!(claims_limit(f64::NAN, ms10, 14_336), ADMIT_CLAIMS_MIN);
@@ -116,15 +125,16 @@ mod tests {
     fn buffered_admission_follows_the_measured_rate_and_the_others_do_not_move() {
         let a = Admission::new(Some(Duration::from_millis(10)), 14_336);
         assert!(
-            a.admits_claim(14_335),
-            "before any measurement: the count limit"
+            a.admits_claim(ADMIT_CLAIMS_MIN as usize - 1)
+                && !a.admits_claim(ADMIT_CLAIMS_MIN as usize),
+            "before any measurement: the floor"
         );
-        a.committed(5_000, Duration::from_millis(10)); // 500 k ops/s
+        a.committed(5_000, Duration::from_millis(5)); // 1 M ops/s
         assert_eq!(a.claims_max(), 5_000);
         assert!(a.admits_claim(4_999) && !a.admits_claim(5_000));
         a.committed(10, Duration::from_millis(5)); // too small to count
         assert_eq!(a.claims_max(), 5_000);
-        a.committed(8_000, Duration::from_millis(8)); // 1 M ops/s, averaged in
+        a.committed(8_000, Duration::from_millis(4)); // 2 M ops/s, averaged in
         assert!(a.claims_max() > 5_000 && a.claims_max() < 10_000);
 
         let immediate = Admission::new(None, 14_336);

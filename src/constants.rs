@@ -46,8 +46,8 @@ pub(crate) const BATCH_OPS_MAX: usize = 8192;
 /// writer's measured rate (its time is mostly the fsync).
 pub(crate) const ADMIT_BATCH_OPS_MIN: usize = 256;
 /// `Buffered` admission: the fewest queued operations new claims are ever held to. The
-/// `2 × max_delay` bound holds while the writer commits at least this many per `max_delay`
-/// (200 k operations/s at the default 10 ms; this machine's writer does more).
+/// `2 × max_delay` bound holds while the writer commits at least twice this many per
+/// `max_delay` (400 k operations/s at the default 10 ms, about this machine's writer).
 pub(crate) const ADMIT_CLAIMS_MIN: u64 = 2048;
 /// `Buffered` admission: the weight of the newest measurement in the rate's moving average.
 pub(crate) const ADMIT_RATE_WEIGHT: f64 = 0.25;

@@ -206,7 +206,14 @@ impl Shared {
         if self.is_closed() {
             return Err(SendRefused::Closed);
         }
-        if claim && !self.admission.admits_claim(tx.len()) {
+        // `Buffered` counts what is acknowledged but not yet durable (queued, or in the
+        // commit in flight): that, not the queue alone, is what a crash can lose.
+        let pending = if self.buffered {
+            (self.progress.issued() - self.progress.durable()) as usize
+        } else {
+            tx.len()
+        };
+        if claim && !self.admission.admits_claim(pending) {
             return Err(SendRefused::Full);
         }
         let seq = self.progress.issue();

@@ -154,6 +154,12 @@ impl Writer {
             if end {
                 return;
             }
+            // Under `Buffered` admission, a batch as large as the claims' limit means new
+            // claims are being refused until it commits: waiting out the delay would only
+            // stall them.
+            if deadline.is_some() && batch.len() as u64 >= self.shared.admission.claims_max() {
+                return;
+            }
         }
     }
 
