@@ -24,9 +24,9 @@ use idemkv::{Durability, Engine};
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 
-/// Requests timed between two untimed flushes (2 queued operations each, well below the
-/// claim limit of the default writer queue).
-const CHUNK: u64 = 2048;
+/// Requests timed between two untimed flushes: 2 operations each not yet durable, well below
+/// what `Buffered` admits before the writer's rate is measured (2,048).
+const CHUNK: u64 = 512;
 /// A typical small JSON request body.
 const BODY: &str = r#"{"amount":1999,"currency":"EUR","customer":"cus_8e03978e40d5"}"#;
 
