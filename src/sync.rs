@@ -47,7 +47,8 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
 
 #[cfg(shuttle)]
 pub(crate) use self::model::{
-    channel, spawn, AtomicBool, AtomicU64, AtomicU8, Condvar, JoinHandle, Mutex, MutexGuard, RwLock,
+    channel, in_shuttle, spawn, AtomicBool, AtomicU64, AtomicU8, Condvar, JoinHandle, Mutex,
+    MutexGuard, RwLock,
 };
 
 #[cfg(shuttle)]

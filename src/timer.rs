@@ -59,6 +59,13 @@ impl Timers {
     /// Wakes `waker` once the engine's monotonic clock reaches `at_ns` (or the engine
     /// closes). Starts the timer thread on first use.
     pub(crate) fn wake_at(&self, shared: &Arc<Shared>, at_ns: u64, waker: &Waker) {
+        // Shuttle does not model time, and its locks cannot be taken from a thread outside
+        // the execution: under it a deadline never fires (a wait ends by a notification, and
+        // a waiter nobody notifies is reported as a deadlock, as `Condvar::wait_for` is).
+        #[cfg(shuttle)]
+        if crate::sync::in_shuttle() {
+            return;
+        }
         let mut st = self.state.lock();
         // Without a thread nobody would wake this deadline: wake now, and the future looks
         // again (it never sleeps past its deadline this way).
@@ -99,6 +106,10 @@ impl Timers {
     /// Makes sure the thread runs and looks at its work again (a keep-alive was added).
     /// Whether it runs.
     pub(crate) fn start_and_nudge(&self, shared: &Arc<Shared>) -> bool {
+        #[cfg(shuttle)]
+        if crate::sync::in_shuttle() {
+            return false;
+        }
         let started = Self::start(&mut self.state.lock(), shared);
         self.changed.notify_all();
         started

@@ -182,6 +182,50 @@ fn waiters_get_the_winners_bytes() {
     );
 }
 
+/// The async API's losers (`run_async`, each caller on a shuttle thread driving its future
+/// with `shuttle::future::block_on`): woken through the stripe's change signal and the
+/// futures' wakers, never by a timer (shuttle has no time), they get the winner's bytes.
+fn async_waiters_get_the_winners_bytes() {
+    let engine = engine();
+    let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
+    let handles: Vec<_> = (0..3u8)
+        .map(|i| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            shuttle::thread::spawn(move || {
+                let opts = ClaimOptions::default().wait(Duration::from_secs(3600));
+                let out =
+                    shuttle::future::block_on(engine.run_async(b"k", &opts, |_| async move {
+                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        Ok::<_, String>(vec![i; 4])
+                    }))
+                    .expect("run_async");
+                (out.response().to_vec(), out.replayed())
+            })
+        })
+        .collect();
+    let outs: Vec<(Vec<u8>, bool)> = handles
+        .into_iter()
+        .map(|h| h.join().expect("join"))
+        .collect();
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert!(outs.iter().all(|(r, _)| *r == outs[0].0), "{outs:?}");
+    assert_eq!(
+        outs.iter().filter(|(_, replayed)| !replayed).count(),
+        1,
+        "{outs:?}"
+    );
+}
+
+#[test]
+fn async_losers_get_the_winners_bytes_pct() {
+    shuttle::check_pct(async_waiters_get_the_winners_bytes, 1_000, 3);
+}
+
+#[test]
+fn async_losers_get_the_winners_bytes_random() {
+    shuttle::check_random(async_waiters_get_the_winners_bytes, 1_000);
+}
+
 #[test]
 fn claim_or_wait_losers_get_the_winners_bytes_pct() {
     shuttle::check_pct(waiters_get_the_winners_bytes, 1_000, 3);
@@ -225,7 +269,7 @@ fn committed(engine: &Engine, token: u64) -> Option<CommittedRecord> {
 /// - a caller is shown only a completion that is committed (invariant 5), by `run` and by
 ///   `get`;
 /// - one handler run, every caller the same bytes, one of them not replayed.
-fn real_writer_handoff(mode: Durability, bug: Bug) {
+fn real_writer_handoff(mode: Durability, bug: Bug, asynk: bool) {
     let immediate = mode == Durability::Immediate;
     let engine = durable_engine(mode, bug);
     let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
@@ -234,21 +278,29 @@ fn real_writer_handoff(mode: Durability, bug: Bug) {
             let (engine, runs) = (engine.clone(), runs.clone());
             shuttle::thread::spawn(move || {
                 let opts = ClaimOptions::default().wait(Duration::from_secs(3600));
-                let out = engine
-                    .run(b"k", &opts, |lease| {
-                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        assert!(
-                            !immediate
-                                || matches!(
-                                    committed(&engine, lease.token()),
-                                    Some(CommittedRecord::InFlight { .. })
-                                ),
-                            "the claim of token {} was acknowledged before it was committed",
-                            lease.token()
-                        );
-                        Ok::<_, String>(vec![i; 4])
-                    })
-                    .unwrap_or_else(|e| panic!("run: {e}"));
+                let acquired = |token: u64| {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    assert!(
+                        !immediate
+                            || matches!(
+                                committed(&engine, token),
+                                Some(CommittedRecord::InFlight { .. })
+                            ),
+                        "the claim of token {token} was acknowledged before it was committed"
+                    );
+                    Ok::<_, String>(vec![i; 4])
+                };
+                let out = if asynk {
+                    // The same callers through the async API: its waits are futures woken
+                    // by the writer's watermark and the stripe's signal.
+                    shuttle::future::block_on(engine.run_async(b"k", &opts, |lease| {
+                        let out = acquired(lease.token());
+                        async move { out }
+                    }))
+                } else {
+                    engine.run(b"k", &opts, |lease| acquired(lease.token()))
+                }
+                .unwrap_or_else(|e| panic!("run: {e}"));
                 let on_file = committed(&engine, out.token());
                 let expected = Some(CommittedRecord::Completed {
                     key: b"k".to_vec(),
@@ -315,6 +367,10 @@ const REAL_WRITER_SCHEDULES: usize = 300;
 const REAL_WRITER_STACK_BYTES: usize = 4 << 20;
 
 fn check_real_writer(mode: Durability, bug: Bug) {
+    check_real_writer_with(mode, bug, false);
+}
+
+fn check_real_writer_with(mode: Durability, bug: Bug, asynk: bool) {
     let config = || {
         let mut config = shuttle::Config::default();
         config.stack_size = REAL_WRITER_STACK_BYTES;
@@ -324,12 +380,12 @@ fn check_real_writer(mode: Durability, bug: Bug) {
         PctScheduler::new_from_seed(PCT_SEED, 3, REAL_WRITER_SCHEDULES),
         config(),
     )
-    .run(move || real_writer_handoff(mode, bug));
+    .run(move || real_writer_handoff(mode, bug, asynk));
     shuttle::Runner::new(
         RandomScheduler::new_from_seed(RANDOM_SEED, REAL_WRITER_SCHEDULES),
         config(),
     )
-    .run(move || real_writer_handoff(mode, bug));
+    .run(move || real_writer_handoff(mode, bug, asynk));
 }
 
 fn buffered() -> Durability {
@@ -341,6 +397,22 @@ fn buffered() -> Durability {
 #[test]
 fn real_writer_acknowledges_and_publishes_only_committed_writes() {
     check_real_writer(Durability::Immediate, Bug::None);
+}
+
+#[test]
+fn real_writer_async_callers_are_acknowledged_and_shown_only_committed_writes() {
+    for mode in [Durability::Immediate, buffered()] {
+        check_real_writer_with(mode, Bug::None, true);
+    }
+}
+
+#[test]
+fn real_writer_model_catches_ack_before_commit_for_async_callers() {
+    let caught = std::panic::catch_unwind(|| {
+        check_real_writer_with(Durability::Immediate, Bug::AckBeforeCommit, true)
+    })
+    .is_err();
+    assert!(caught, "acknowledging before the commit went unnoticed");
 }
 
 #[test]
