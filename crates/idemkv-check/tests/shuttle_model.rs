@@ -150,8 +150,10 @@ fn claim_critical_section_check_then_act_is_caught() {
 }
 
 /// Losers that wait get the winner's bytes (indistinguishable losers), and the handler
-/// runs once.
-fn waiters_get_the_winners_bytes() {
+/// runs once. With `asynk`, through `run_async`, each caller on a shuttle thread driving
+/// its future with `shuttle::future::block_on`: woken through the stripe's change signal and
+/// the futures' wakers, never by a timer (shuttle has no time).
+fn waiters_get_the_winners_bytes(asynk: bool) {
     let engine = engine();
     let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
     let handles: Vec<_> = (0..3u8)
@@ -159,46 +161,19 @@ fn waiters_get_the_winners_bytes() {
             let (engine, runs) = (engine.clone(), runs.clone());
             shuttle::thread::spawn(move || {
                 let opts = ClaimOptions::default().wait(Duration::from_secs(3600));
-                let out = engine
-                    .run(b"k", &opts, |_| {
-                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        Ok::<_, String>(vec![i; 4])
-                    })
-                    .expect("run");
-                (out.response().to_vec(), out.replayed())
-            })
-        })
-        .collect();
-    let outs: Vec<(Vec<u8>, bool)> = handles
-        .into_iter()
-        .map(|h| h.join().expect("join"))
-        .collect();
-    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
-    assert!(outs.iter().all(|(r, _)| *r == outs[0].0), "{outs:?}");
-    assert_eq!(
-        outs.iter().filter(|(_, replayed)| !replayed).count(),
-        1,
-        "{outs:?}"
-    );
-}
-
-/// The async API's losers (`run_async`, each caller on a shuttle thread driving its future
-/// with `shuttle::future::block_on`): woken through the stripe's change signal and the
-/// futures' wakers, never by a timer (shuttle has no time), they get the winner's bytes.
-fn async_waiters_get_the_winners_bytes() {
-    let engine = engine();
-    let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
-    let handles: Vec<_> = (0..3u8)
-        .map(|i| {
-            let (engine, runs) = (engine.clone(), runs.clone());
-            shuttle::thread::spawn(move || {
-                let opts = ClaimOptions::default().wait(Duration::from_secs(3600));
-                let out =
-                    shuttle::future::block_on(engine.run_async(b"k", &opts, |_| async move {
-                        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        Ok::<_, String>(vec![i; 4])
+                let handler = || {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    Ok::<_, String>(vec![i; 4])
+                };
+                let out = if asynk {
+                    shuttle::future::block_on(engine.run_async(b"k", &opts, |_| {
+                        let out = handler();
+                        async move { out }
                     }))
-                    .expect("run_async");
+                } else {
+                    engine.run(b"k", &opts, |_| handler())
+                }
+                .expect("run");
                 (out.response().to_vec(), out.replayed())
             })
         })
@@ -218,22 +193,22 @@ fn async_waiters_get_the_winners_bytes() {
 
 #[test]
 fn async_losers_get_the_winners_bytes_pct() {
-    shuttle::check_pct(async_waiters_get_the_winners_bytes, 1_000, 3);
+    shuttle::check_pct(|| waiters_get_the_winners_bytes(true), 1_000, 3);
 }
 
 #[test]
 fn async_losers_get_the_winners_bytes_random() {
-    shuttle::check_random(async_waiters_get_the_winners_bytes, 1_000);
+    shuttle::check_random(|| waiters_get_the_winners_bytes(true), 1_000);
 }
 
 #[test]
 fn claim_or_wait_losers_get_the_winners_bytes_pct() {
-    shuttle::check_pct(waiters_get_the_winners_bytes, 1_000, 3);
+    shuttle::check_pct(|| waiters_get_the_winners_bytes(false), 1_000, 3);
 }
 
 #[test]
 fn claim_or_wait_losers_get_the_winners_bytes_random() {
-    shuttle::check_random(waiters_get_the_winners_bytes, 1_000);
+    shuttle::check_random(|| waiters_get_the_winners_bytes(false), 1_000);
 }
 
 // ---------------------------------------------------------------------------------------
