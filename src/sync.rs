@@ -45,10 +45,12 @@ pub(crate) use std::sync::atomic::AtomicU8;
 #[cfg(not(shuttle))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
 
+#[cfg(all(shuttle, idemkv_sabotage))]
+pub(crate) use self::model::AtomicU8;
 #[cfg(shuttle)]
 pub(crate) use self::model::{
-    channel, in_shuttle, spawn, AtomicBool, AtomicU64, AtomicU8, Condvar, JoinHandle, Mutex,
-    MutexGuard, RwLock,
+    channel, in_shuttle, spawn, AtomicBool, AtomicU64, Condvar, JoinHandle, Mutex, MutexGuard,
+    RwLock,
 };
 
 #[cfg(shuttle)]
