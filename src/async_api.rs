@@ -77,13 +77,7 @@ impl Engine {
         self.check_open()?;
         let mut looks = 0;
         loop {
-            let step = {
-                let (mut shard, _, k) = self.shared().index.lock(key);
-                if looks == 0 {
-                    self.shared().count_claim(&mut shard.events);
-                }
-                self.claim_step(&mut shard, k, opts)?
-            };
+            let step = self.look(key, opts, looks == 0)?;
             if let Some(claim) = self.settle_async(key, opts, step, &mut looks).await? {
                 return Ok(claim);
             }

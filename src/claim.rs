@@ -217,6 +217,21 @@ impl Engine {
         })
     }
 
+    /// One look of a claim that does not wait: the decision under the stripe lock, the call
+    /// counted at its first look.
+    pub(crate) fn look(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        first: bool,
+    ) -> Result<Step, ClaimError> {
+        let (mut shard, _, k) = self.shared().index.lock(key);
+        if first {
+            self.shared().count_claim(&mut shard.events);
+        }
+        self.claim_step(&mut shard, k, opts)
+    }
+
     /// Whether a new key fits the `keys_max` budget, after reclaiming what this stripe has
     /// due (a bounded batch from the head of its expiry order: O(1) amortized per key, never
     /// a walk). An unexpired record or a live lease is never dropped for room.
@@ -505,13 +520,7 @@ impl Engine {
         self.check_open()?;
         let mut looks = 0;
         loop {
-            let step = {
-                let (mut shard, _, k) = self.shared().index.lock(key);
-                if looks == 0 {
-                    self.shared().count_claim(&mut shard.events);
-                }
-                self.claim_step(&mut shard, k, opts)?
-            };
+            let step = self.look(key, opts, looks == 0)?;
             if let Some(claim) = self.settle(key, opts, step, &mut looks)? {
                 return Ok(claim);
             }

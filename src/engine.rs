@@ -56,8 +56,6 @@ pub(crate) struct Shared {
     /// Which claims the writer queue admits (by the writer's measured rate under
     /// `Buffered`).
     pub(crate) admission: crate::admission::Admission,
-    /// Whether the mode is `Buffered`: queued operations carry their acknowledgement time.
-    buffered: bool,
     /// The file, for replay reads. Emptied by `close`, so the file is released with it.
     store: RwLock<Option<Arc<Closing>>>,
     poisoned: AtomicBool,
@@ -208,7 +206,8 @@ impl Shared {
         }
         // `Buffered` counts what is acknowledged but not yet durable (queued, or in the
         // commit in flight): that, not the queue alone, is what a crash can lose.
-        let pending = if self.buffered {
+        let buffered = matches!(self.cfg.durability, Durability::Buffered { .. });
+        let pending = if buffered {
             (self.progress.issued() - self.progress.durable()) as usize
         } else {
             tx.len()
@@ -217,7 +216,8 @@ impl Shared {
             return Err(SendRefused::Full);
         }
         let seq = self.progress.issue();
-        let acked_at = self.buffered.then(std::time::Instant::now);
+        // Under `Buffered` an operation carries its acknowledgement time for the writer.
+        let acked_at = buffered.then(std::time::Instant::now);
         let refused = match tx.try_send(Queued { seq, op, acked_at }) {
             Ok(()) => return Ok(seq),
             Err(TrySendError::Full(_)) => SendRefused::Full,
@@ -528,7 +528,6 @@ impl EngineBuilder {
                 },
                 claim_queue_max,
             ),
-            buffered: matches!(self.durability, Durability::Buffered { .. }),
             store: RwLock::new(store.clone()),
             poisoned: AtomicBool::new(false),
             poison_why: Mutex::new(None),

@@ -130,36 +130,21 @@ pub fn clock_cost_ns() -> f64 {
 
 /// This thread's CPU time in ns (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`, exact to the
 /// nanosecond, unlike `/proc/thread-self/schedstat`, which lags by up to a scheduler tick for
-/// a running thread). Declared here to avoid a `libc` dependency; std links libc anyway.
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+/// a running thread).
 pub fn thread_cpu_ns() -> Option<u64> {
-    #[repr(C)]
-    struct Timespec {
-        tv_sec: i64,
-        tv_nsec: i64,
-    }
-    extern "C" {
-        fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
-    }
-    const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-    let mut ts = Timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec with the C layout on 64-bit Linux.
-    let rc = unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
-#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
-pub fn thread_cpu_ns() -> Option<u64> {
-    None
+    cpu_ns(3)
 }
 
 /// This process's CPU time in ns, all threads (`CLOCK_PROCESS_CPUTIME_ID`): on a shared
 /// machine, the CPU a multi-threaded section cost, whatever other load slowed its wall time.
-#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 pub fn process_cpu_ns() -> Option<u64> {
+    cpu_ns(2)
+}
+
+/// `clock_gettime(clock)` in ns. Declared here to avoid a `libc` dependency; std links libc
+/// anyway.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+fn cpu_ns(clock: i32) -> Option<u64> {
     #[repr(C)]
     struct Timespec {
         tv_sec: i64,
@@ -168,18 +153,17 @@ pub fn process_cpu_ns() -> Option<u64> {
     extern "C" {
         fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
     }
-    const CLOCK_PROCESS_CPUTIME_ID: i32 = 2;
     let mut ts = Timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec with the C layout on 64-bit Linux.
-    let rc = unsafe { clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    let rc = unsafe { clock_gettime(clock, &mut ts) };
     (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 #[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
-pub fn process_cpu_ns() -> Option<u64> {
+fn cpu_ns(_clock: i32) -> Option<u64> {
     None
 }
 

@@ -247,10 +247,9 @@ fn a_lost_lease_is_settled_and_does_not_release_the_new_holder() {
 // A full writer queue: the holder waits for room while its lease lasts, never releases.
 // ---------------------------------------------------------------------------------------
 
-/// A `Buffered` engine on a backend whose fsync is held, with its 16-place queue full: one
-/// claim stuck in the writer's commit, 13 more claims (seven eighths not yet durable), and
-/// three completions. Returns the engine, the held gate and the leases still open.
-fn full_queue(clock: &MockClock) -> (Engine, FaultyBackend, common::Gate, Vec<Lease>) {
+/// A `Buffered` engine with a 16-place writer queue, on a simulated disk whose fsync a test
+/// can hold.
+fn sixteen_place_engine(clock: &MockClock) -> (Engine, FaultyBackend) {
     let backend = FaultyBackend::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
@@ -261,6 +260,14 @@ fn full_queue(clock: &MockClock) -> (Engine, FaultyBackend, common::Gate, Vec<Le
         .queue_depth(16)
         .open()
         .unwrap();
+    (engine, backend)
+}
+
+/// A `Buffered` engine on a backend whose fsync is held, with its 16-place queue full: one
+/// claim stuck in the writer's commit, 13 more claims (seven eighths not yet durable), and
+/// three completions. Returns the engine, the held gate and the leases still open.
+fn full_queue(clock: &MockClock) -> (Engine, FaultyBackend, common::Gate, Vec<Lease>) {
+    let (engine, backend) = sixteen_place_engine(clock);
     let o = ClaimOptions::default();
     let gate = backend.close_gate();
     let mut leases = vec![acquired(engine.claim(b"first", &o).unwrap())];
@@ -341,16 +348,7 @@ fn a_holder_whose_lease_ends_in_a_full_queue_keeps_the_key() {
 #[test]
 fn run_reports_a_queue_that_stayed_full_for_the_whole_lease() {
     let clock = MockClock::new();
-    let backend = FaultyBackend::memory();
-    let engine = Engine::builder()
-        .backend(backend.clone())
-        .durability(Durability::buffered())
-        .clock(clock.clone())
-        .lease(LEASE)
-        .sweep_interval(None)
-        .queue_depth(16)
-        .open()
-        .unwrap();
+    let (engine, backend) = sixteen_place_engine(&clock);
     let o = ClaimOptions::default();
     let gate = backend.close_gate();
     let first = acquired(engine.claim(b"first", &o).unwrap());
