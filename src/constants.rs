@@ -134,6 +134,24 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 /// Marks a redb file as an idemkv file.
 pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x01";
 
+// Request fingerprints (src/fingerprint.rs). Fingerprints are persisted: changing an
+// encoding or a context string changes every fingerprint and needs a new context.
+
+/// Deepest nesting `Fingerprint::of` accepts: the top value is at depth 0, and every value
+/// inside another (an element, a map key or value, a field, an `Option`'s or a newtype's
+/// content, a variant's content) one deeper. serde_json parses at most 128 levels of
+/// arrays and objects, so every `serde_json::Value` it produces fits.
+pub(crate) const FINGERPRINT_DEPTH_MAX: usize = 128;
+/// Longest canonical encoding `Fingerprint::of` builds, in bytes (it is held in memory
+/// while maps are sorted). A JSON document grows at most about 8.5 times (`1,` becomes a
+/// 17-byte integer), so any parsed body up to 7 MiB fits.
+pub(crate) const FINGERPRINT_ENCODING_LEN_MAX: usize = 64 << 20;
+/// BLAKE3 key-derivation context of `Fingerprint::of_bytes` (raw bytes).
+pub(crate) const FINGERPRINT_CONTEXT_BYTES: &str = "idemkv 2026 request fingerprint v1: raw bytes";
+/// BLAKE3 key-derivation context of `Fingerprint::of` (the canonical encoding of a value).
+pub(crate) const FINGERPRINT_CONTEXT_VALUE: &str =
+    "idemkv 2026 request fingerprint v1: canonical serde value";
+
 // The Idempotency-Key layer for HTTP services (feature `http`, src/http/).
 
 /// Bytes the layer puts before an Idempotency-Key in the engine key: the scope's length

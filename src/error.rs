@@ -478,3 +478,52 @@ impl<E> From<LeaseError> for RunError<E> {
         RunError::Lease(e)
     }
 }
+
+/// Why [`crate::Fingerprint::of`] could not fingerprint a value. Nothing was stored; the
+/// value itself is the cause, so the same value fails the same way every time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FingerprintError {
+    /// The value nests deeper than `max` levels (each element, map key or value, field,
+    /// `Option` content, newtype or enum variant content is one level). Flatten the request
+    /// or fingerprint its bytes.
+    TooDeep {
+        /// Deepest nesting accepted.
+        max: usize,
+    },
+    /// The value's canonical encoding is longer than `max` bytes. Fingerprint the request's
+    /// bytes instead ([`crate::Fingerprint::of_bytes`]), which has no such limit.
+    TooLarge {
+        /// Longest encoding accepted, in bytes.
+        max: usize,
+    },
+    /// A map has two entries whose keys are the same canonical value (for example a
+    /// struct field and a `#[serde(flatten)]`ed map key of the same name, or the keys `1u8`
+    /// and `1i64`). Which entry a fingerprint should take is undefined, so none is chosen.
+    DuplicateKey,
+    /// The value's `Serialize` implementation failed (or broke serde's calling contract);
+    /// the message is its own.
+    Serialize {
+        /// What the implementation reported.
+        message: String,
+    },
+}
+
+impl fmt::Display for FingerprintError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FingerprintError::TooDeep { max } => {
+                write!(f, "value nests deeper than {max} levels")
+            }
+            FingerprintError::TooLarge { max } => {
+                write!(f, "value's canonical encoding exceeds {max} bytes")
+            }
+            FingerprintError::DuplicateKey => f.write_str("a map has two equal keys"),
+            FingerprintError::Serialize { message } => {
+                write!(f, "the value failed to serialize: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for FingerprintError {}
