@@ -17,8 +17,9 @@ pub struct RecordInfo {
     pub key: Vec<u8>,
     /// The fencing token of the claim that owns or completed the key.
     pub token: u64,
-    /// The request fingerprint, if the claim gave one.
-    pub fingerprint: Option<u64>,
+    /// The request fingerprint, if the claim gave one (128 bits; one whose high half is
+    /// zero is a 64-bit fingerprint).
+    pub fingerprint: Option<u128>,
     /// The attempt number (1 + takeovers).
     pub attempt: u32,
     /// The state.

@@ -13,7 +13,7 @@ use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, R
 use crate::index::{Key, Shard};
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 use crate::machine::{self, Acquired, Acquiring, ClaimAnswer};
-use crate::options::ClaimOptions;
+use crate::options::{AskedFingerprint, ClaimOptions};
 use crate::stats::bump;
 use crate::sweep::Room;
 use crate::sync::{Arc, MutexGuard, Ordering};
@@ -110,7 +110,7 @@ impl Again {
 pub(crate) struct FromFile {
     pub(crate) stored: Stored,
     pub(crate) expires_wall_ms: u64,
-    pub(crate) fingerprint: Option<u64>,
+    pub(crate) fingerprint: Option<u128>,
 }
 
 impl Engine {
@@ -442,7 +442,7 @@ impl Engine {
         &self,
         key: &[u8],
         token: u64,
-        fingerprint: Option<u64>,
+        fingerprint: Option<AskedFingerprint>,
     ) -> Result<Option<FromFile>, ClaimError> {
         let s = self.shared();
         let store = s.store().ok_or(ClaimError::Closed)?;
@@ -485,7 +485,7 @@ impl Engine {
             );
         }
         if let (Some(asked), Some(stored)) = (fingerprint, record.fingerprint) {
-            if asked != stored {
+            if !asked.matches(stored) {
                 bump(&s.counters.fingerprint_mismatches);
                 return Err(ClaimError::FingerprintMismatch);
             }

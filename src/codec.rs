@@ -5,7 +5,7 @@
 //! Every value is checked after it is encoded and before it is trusted after a read (pair
 //! assertions), so a damaged record is refused instead of replayed.
 
-use crate::constants::FORMAT_VERSION;
+use crate::constants::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
@@ -14,6 +14,13 @@ use std::sync::Arc;
 /// Bytes that serialize as one length-prefixed blob, not element by element.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Blob(pub(crate) Arc<[u8]>);
+
+impl Blob {
+    /// No bytes (the unscoped key's scope).
+    pub(crate) fn empty() -> Self {
+        Blob(Arc::from(&[][..]))
+    }
+}
 
 impl fmt::Debug for Blob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -83,11 +90,21 @@ impl Checkpoint {
     }
 }
 
-/// One key's durable state, as stored under its token.
+/// One key's durable state, as stored under its token (format version 2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record {
     pub(crate) key: Blob,
-    pub(crate) fingerprint: Option<u64>,
+    /// The namespace the key lives in (tenant, client, operation); empty: unscoped.
+    pub(crate) scope: Blob,
+    /// The request's fingerprint. One whose high 64 bits are zero is a 64-bit fingerprint:
+    /// a caller's `u64`, or a version-1 record's FNV-1a of the payload.
+    pub(crate) fingerprint: Option<u128>,
+    /// Wall-clock instant of the key's first claim, in ms since the epoch; 0: unknown (a
+    /// version-1 record).
+    pub(crate) first_claimed_wall_ms: u64,
+    /// The key's own retention, when its claim or completion chose one; `None`: the
+    /// engine's. A completion's `expires_wall_ms` already applies it.
+    pub(crate) retention_ms: Option<u64>,
     pub(crate) state: RecordState,
 }
 
@@ -97,6 +114,10 @@ pub(crate) enum RecordState {
         /// Wall-clock end of the lease, in ms since the epoch.
         lease_deadline_wall_ms: u64,
         attempt: u32,
+        /// Wall-clock start of this attempt; 0: unknown (a version-1 record).
+        attempt_started_wall_ms: u64,
+        /// The attempt was ended by its holder's failure (progress kept), not abandoned.
+        failed: bool,
         checkpoint: Option<Checkpoint>,
     },
     /// The response comes last, so that recovery can decode the head and skip it.
@@ -114,7 +135,10 @@ pub(crate) enum RecordState {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub(crate) struct RecordHead {
     pub(crate) key: KeyBuf,
-    pub(crate) fingerprint: Option<u64>,
+    pub(crate) scope: KeyBuf,
+    pub(crate) fingerprint: Option<u128>,
+    pub(crate) first_claimed_wall_ms: u64,
+    pub(crate) retention_ms: Option<u64>,
     pub(crate) state: HeadState,
 }
 
@@ -123,6 +147,8 @@ pub(crate) enum HeadState {
     InFlight {
         lease_deadline_wall_ms: u64,
         attempt: u32,
+        attempt_started_wall_ms: u64,
+        failed: bool,
         checkpoint: Option<Checkpoint>,
     },
     Completed {
@@ -131,6 +157,187 @@ pub(crate) enum HeadState {
         expires_wall_ms: u64,
     },
 }
+
+/// The records of format version 1, read (never written) so that files written by the
+/// previous format keep working; each converts to its version-2 form.
+mod v1 {
+    use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordState};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub(super) struct Record1 {
+        key: Blob,
+        fingerprint: Option<u64>,
+        state: State1,
+    }
+
+    #[derive(Deserialize)]
+    enum State1 {
+        InFlight {
+            lease_deadline_wall_ms: u64,
+            attempt: u32,
+            checkpoint: Option<Checkpoint>,
+        },
+        Completed {
+            attempt: u32,
+            completed_wall_ms: u64,
+            expires_wall_ms: u64,
+            response: Blob,
+        },
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Head1 {
+        key: KeyBuf,
+        fingerprint: Option<u64>,
+        state: HeadState1,
+    }
+
+    #[derive(Deserialize)]
+    enum HeadState1 {
+        InFlight {
+            lease_deadline_wall_ms: u64,
+            attempt: u32,
+            checkpoint: Option<Checkpoint>,
+        },
+        Completed {
+            attempt: u32,
+            completed_wall_ms: u64,
+            expires_wall_ms: u64,
+        },
+    }
+
+    impl From<Record1> for Record {
+        fn from(r: Record1) -> Self {
+            let state = match r.state {
+                State1::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    checkpoint,
+                } => RecordState::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    attempt_started_wall_ms: 0,
+                    failed: false,
+                    checkpoint,
+                },
+                State1::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                    response,
+                } => RecordState::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                    response,
+                },
+            };
+            Record {
+                key: r.key,
+                scope: Blob::empty(),
+                fingerprint: r.fingerprint.map(u128::from),
+                first_claimed_wall_ms: 0,
+                retention_ms: None,
+                state,
+            }
+        }
+    }
+
+    impl From<Head1> for RecordHead {
+        fn from(h: Head1) -> Self {
+            let state = match h.state {
+                HeadState1::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    checkpoint,
+                } => HeadState::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    attempt_started_wall_ms: 0,
+                    failed: false,
+                    checkpoint,
+                },
+                HeadState1::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                } => HeadState::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                },
+            };
+            RecordHead {
+                key: h.key,
+                scope: KeyBuf(Box::default()),
+                fingerprint: h.fingerprint.map(u128::from),
+                first_claimed_wall_ms: 0,
+                retention_ms: None,
+                state,
+            }
+        }
+    }
+
+    /// Encodes a version-1 record, as the previous format wrote it: the tests' fixture
+    /// for reading old files.
+    #[cfg(test)]
+    pub(crate) fn encode(token: u64, r: &Record) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct R1<'a> {
+            key: &'a Blob,
+            fingerprint: Option<u64>,
+            state: S1<'a>,
+        }
+        #[derive(serde::Serialize)]
+        enum S1<'a> {
+            InFlight {
+                lease_deadline_wall_ms: u64,
+                attempt: u32,
+                checkpoint: &'a Option<Checkpoint>,
+            },
+            Completed {
+                attempt: u32,
+                completed_wall_ms: u64,
+                expires_wall_ms: u64,
+                response: &'a Blob,
+            },
+        }
+        let state = match &r.state {
+            RecordState::InFlight {
+                lease_deadline_wall_ms,
+                attempt,
+                checkpoint,
+                ..
+            } => S1::InFlight {
+                lease_deadline_wall_ms: *lease_deadline_wall_ms,
+                attempt: *attempt,
+                checkpoint,
+            },
+            RecordState::Completed {
+                attempt,
+                completed_wall_ms,
+                expires_wall_ms,
+                response,
+            } => S1::Completed {
+                attempt: *attempt,
+                completed_wall_ms: *completed_wall_ms,
+                expires_wall_ms: *expires_wall_ms,
+                response,
+            },
+        };
+        let body = R1 {
+            key: &r.key,
+            // A version-1 fingerprint is 64 bits wide.
+            fingerprint: r.fingerprint.map(|f| f as u64),
+            state,
+        };
+        super::frame(token, 1, &body)
+    }
+}
+
+#[cfg(test)]
+pub(crate) use v1::encode as encode_v1;
 
 /// Key bytes decoded straight into the box the index keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -178,23 +385,30 @@ fn config() -> impl bincode::config::Config {
 const HEADER_LEN: usize = 4;
 const TRAILER_LEN: usize = 4;
 
-/// Encodes `record` stored under `token`.
+/// Encodes `record` stored under `token`, in the current format.
 pub(crate) fn encode(token: u64, record: &Record) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + record.key.0.len() + response_len(record));
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    // Encoding into a Vec cannot fail for these types: no maps, no unsized sequences, and
-    // the limit is far above the response and checkpoint ceilings enforced before queueing.
-    if let Err(e) = bincode::serde::encode_into_std_write(record, &mut out, config()) {
-        unreachable!("record encoding cannot fail: {e}");
-    }
-    let crc = crc32c_token(token, &out);
-    out.extend_from_slice(&crc.to_le_bytes());
+    let out = frame(token, FORMAT_VERSION, record);
     debug_assert_eq!(decode(token, &out).as_ref(), Ok(record));
     out
 }
 
-/// Checks the checksum and version of a value read under `token`; returns the body.
-fn verify(token: u64, bytes: &[u8]) -> Result<&[u8], DecodeError> {
+/// `version | body | crc32c(token, version | body)`.
+fn frame<T: Serialize>(token: u64, version: u32, body: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
+    out.extend_from_slice(&version.to_le_bytes());
+    // Encoding into a Vec cannot fail for these types: no maps, no unsized sequences, and
+    // the limit is far above the response and checkpoint ceilings enforced before queueing.
+    if let Err(e) = bincode::serde::encode_into_std_write(body, &mut out, config()) {
+        unreachable!("record encoding cannot fail: {e}");
+    }
+    let crc = crc32c_token(token, &out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Checks the checksum and version of a value read under `token`; returns the version and
+/// the body.
+fn verify(token: u64, bytes: &[u8]) -> Result<(u32, &[u8]), DecodeError> {
     if bytes.len() < HEADER_LEN + TRAILER_LEN {
         return Err(DecodeError::TooShort(bytes.len()));
     }
@@ -205,16 +419,15 @@ fn verify(token: u64, bytes: &[u8]) -> Result<&[u8], DecodeError> {
         return Err(DecodeError::Checksum { stored, computed });
     }
     let version = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_READ_MIN {
         return Err(DecodeError::Version(version));
     }
-    Ok(&body[HEADER_LEN..])
+    Ok((version, &body[HEADER_LEN..]))
 }
 
-/// Decodes and verifies a value read under `token`.
-pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
-    let body = verify(token, bytes)?;
-    let (record, used): (Record, usize) = bincode::serde::decode_from_slice(body, config())
+/// Decodes `body` as a `T`, which must use every byte.
+fn decode_whole<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
+    let (value, used): (T, usize) = bincode::serde::decode_from_slice(body, config())
         .map_err(|e| DecodeError::Body(e.to_string()))?;
     if used != body.len() {
         return Err(DecodeError::Body(format!(
@@ -222,7 +435,16 @@ pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
             body.len() - used
         )));
     }
-    Ok(record)
+    Ok(value)
+}
+
+/// Decodes and verifies a value read under `token`, in the current format or the previous
+/// one.
+pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
+    match verify(token, bytes)? {
+        (FORMAT_VERSION, body) => decode_whole(body),
+        (_, body) => decode_whole::<v1::Record1>(body).map(Record::from),
+    }
 }
 
 /// Decodes a value without checking its checksum or version: the sabotage of a replay,
@@ -240,10 +462,16 @@ pub(crate) fn decode_unverified(bytes: &[u8]) -> Result<Record, DecodeError> {
 
 /// Verifies a whole value but decodes only its head (recovery skips responses).
 pub(crate) fn decode_head(token: u64, bytes: &[u8]) -> Result<RecordHead, DecodeError> {
-    let body = verify(token, bytes)?;
-    let (head, _): (RecordHead, usize) = bincode::serde::decode_from_slice(body, config())
-        .map_err(|e| DecodeError::Body(e.to_string()))?;
-    Ok(head)
+    fn decode_prefix<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
+        match bincode::serde::decode_from_slice(body, config()) {
+            Ok((head, _)) => Ok(head),
+            Err(e) => Err(DecodeError::Body(e.to_string())),
+        }
+    }
+    match verify(token, bytes)? {
+        (FORMAT_VERSION, body) => decode_prefix(body),
+        (_, body) => decode_prefix::<v1::Head1>(body).map(RecordHead::from),
+    }
 }
 
 /// Encodes a typed response for [`crate::Engine::run_typed`].
@@ -259,15 +487,6 @@ pub(crate) fn decode_value<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Resu
         return Err(format!("{} trailing bytes", bytes.len() - used));
     }
     Ok(value)
-}
-
-fn response_len(record: &Record) -> usize {
-    match &record.state {
-        RecordState::Completed { response, .. } => response.0.len(),
-        RecordState::InFlight { checkpoint, .. } => {
-            checkpoint.as_ref().map_or(0, |c| c.data.0.len())
-        }
-    }
 }
 
 /// CRC-32C of `bytes`.
@@ -299,7 +518,10 @@ mod tests {
     fn sample() -> Record {
         Record {
             key: Blob(Arc::from(&b"order-42"[..])),
-            fingerprint: Some(7),
+            scope: Blob(Arc::from(&b"tenant-7"[..])),
+            fingerprint: Some(7 << 64 | 3),
+            first_claimed_wall_ms: 4,
+            retention_ms: Some(30_000),
             state: RecordState::Completed {
                 attempt: 2,
                 completed_wall_ms: 10,
@@ -320,7 +542,10 @@ mod tests {
         let r = sample();
         let head = decode_head(5, &encode(5, &r)).unwrap();
         assert_eq!(&*head.key.0, &*r.key.0);
-        assert_eq!(head.fingerprint, Some(7));
+        assert_eq!(&*head.scope.0, &*r.scope.0);
+        assert_eq!(head.fingerprint, Some(7 << 64 | 3));
+        assert_eq!(head.first_claimed_wall_ms, 4);
+        assert_eq!(head.retention_ms, Some(30_000));
         assert_eq!(
             head.state,
             HeadState::Completed {
@@ -329,24 +554,99 @@ mod tests {
                 expires_wall_ms: 20
             }
         );
-        let inflight = Record {
-            key: Blob(Arc::from(&b"k"[..])),
-            fingerprint: None,
-            state: RecordState::InFlight {
-                lease_deadline_wall_ms: 9,
-                attempt: 3,
-                checkpoint: Some(Checkpoint::new(4, b"cp")),
-            },
-        };
-        let head = decode_head(6, &encode(6, &inflight)).unwrap();
+        let head = decode_head(6, &encode(6, &inflight())).unwrap();
         assert_eq!(
             head.state,
             HeadState::InFlight {
                 lease_deadline_wall_ms: 9,
                 attempt: 3,
+                attempt_started_wall_ms: 8,
+                failed: true,
                 checkpoint: Some(Checkpoint::new(4, b"cp"))
             }
         );
+    }
+
+    fn inflight() -> Record {
+        Record {
+            key: Blob(Arc::from(&b"k"[..])),
+            scope: Blob::empty(),
+            fingerprint: None,
+            first_claimed_wall_ms: 2,
+            retention_ms: None,
+            state: RecordState::InFlight {
+                lease_deadline_wall_ms: 9,
+                attempt: 3,
+                attempt_started_wall_ms: 8,
+                failed: true,
+                checkpoint: Some(Checkpoint::new(4, b"cp")),
+            },
+        }
+    }
+
+    /// What a version-1 record becomes: its fields kept, the new ones at "unknown".
+    fn as_v1(r: &Record) -> Record {
+        let mut r = r.clone();
+        r.scope = Blob::empty();
+        r.fingerprint = r.fingerprint.map(|f| u128::from(f as u64));
+        r.first_claimed_wall_ms = 0;
+        r.retention_ms = None;
+        if let RecordState::InFlight {
+            attempt_started_wall_ms,
+            failed,
+            ..
+        } = &mut r.state
+        {
+            *attempt_started_wall_ms = 0;
+            *failed = false;
+        }
+        r
+    }
+
+    #[test]
+    fn version_1_records_decode_to_their_version_2_form() {
+        for r in [sample(), inflight()] {
+            let old = encode_v1(11, &r);
+            assert_eq!(&old[..4], &1u32.to_le_bytes());
+            let want = as_v1(&r);
+            assert_eq!(decode(11, &old), Ok(want.clone()));
+            let head = decode_head(11, &old).unwrap();
+            assert_eq!(&*head.key.0, &*want.key.0);
+            assert!(head.scope.0.is_empty());
+            assert_eq!(head.fingerprint, want.fingerprint);
+            assert_eq!(head.first_claimed_wall_ms, 0);
+            // Re-encoded, an old record is a current one that decodes to the same value.
+            let new = encode(11, &want);
+            assert_eq!(&new[..4], &FORMAT_VERSION.to_le_bytes());
+            assert_eq!(decode(11, &new), Ok(want));
+        }
+    }
+
+    #[test]
+    fn version_1_records_are_checked_like_current_ones() {
+        let old = encode_v1(11, &sample());
+        assert!(matches!(
+            decode(12, &old),
+            Err(DecodeError::Checksum { .. })
+        ));
+        for i in 0..old.len() {
+            let mut damaged = old.clone();
+            damaged[i] ^= 0x40;
+            assert!(decode(11, &damaged).is_err(), "flip at {i} not detected");
+        }
+    }
+
+    #[test]
+    fn unknown_versions_are_refused() {
+        for version in [0u32, 3, u32::MAX] {
+            let mut bytes = frame(5, version, &sample());
+            // A valid checksum over an unknown version: refused for the version.
+            let n = bytes.len();
+            bytes.truncate(n - TRAILER_LEN);
+            let crc = crc32c_token(5, &bytes);
+            bytes.extend_from_slice(&crc.to_le_bytes());
+            assert_eq!(decode(5, &bytes), Err(DecodeError::Version(version)));
+        }
     }
 
     #[test]

@@ -150,7 +150,7 @@ impl Slot {
 /// The rare parts of a slot, kept beside it by token.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Extra {
-    pub(crate) fingerprint: Option<u64>,
+    pub(crate) fingerprint: Option<u128>,
     pub(crate) checkpoint: Option<Checkpoint>,
     /// The response of a completed key in a memory-only engine.
     pub(crate) response: Option<Arc<[u8]>>,

@@ -33,7 +33,7 @@ use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordState};
 use crate::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::index::{Extra, Slot};
 use crate::lease::{Busy, Stored};
-use crate::options::Recovery;
+use crate::options::{AskedFingerprint, Recovery};
 use crate::{ImportError, RecordInfo, RecordInfoState};
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,7 +75,7 @@ impl View<'_> {
         extra: None,
     };
 
-    fn fingerprint(&self) -> Option<u64> {
+    fn fingerprint(&self) -> Option<u128> {
         self.extra.and_then(|e| e.fingerprint)
     }
 }
@@ -207,7 +207,7 @@ pub(crate) struct Plan {
     /// The key's previous token (its record is replaced).
     pub(crate) old: Option<u64>,
     pub(crate) attempt: u32,
-    pub(crate) fingerprint: Option<u64>,
+    pub(crate) fingerprint: Option<u128>,
     pub(crate) checkpoint: Option<Checkpoint>,
     /// The claim needs a place in the live count. A takeover of a lease still counted live
     /// inherits its place; every other claim (a takeover of an abandoned lease included)
@@ -229,7 +229,12 @@ pub(crate) enum Acquiring {
 }
 
 /// A claim looks at the key: row `claim` of the table.
-pub(crate) fn claim(view: View<'_>, fingerprint: Option<u64>, now_ns: u64) -> Step<ClaimAnswer> {
+pub(crate) fn claim(
+    view: View<'_>,
+    asked: Option<AskedFingerprint>,
+    now_ns: u64,
+) -> Step<ClaimAnswer> {
+    let fingerprint = asked.map(|a| a.value);
     let fresh = |kind, old| Plan {
         kind,
         old,
@@ -247,8 +252,8 @@ pub(crate) fn claim(view: View<'_>, fingerprint: Option<u64>, now_ns: u64) -> St
         return Step::answer(ClaimAnswer::Acquire(plan), NONE);
     }
     let stored_fp = view.fingerprint();
-    if let (Some(asked), Some(stored)) = (fingerprint, stored_fp) {
-        if asked != stored {
+    if let (Some(asked), Some(stored)) = (asked, stored_fp) {
+        if !asked.matches(stored) {
             let deltas = Deltas {
                 fingerprint_mismatches: 1,
                 ..NONE
@@ -374,17 +379,22 @@ pub(crate) fn acquire(
 /// The InFlight record persisted for a lease.
 pub(crate) fn inflight_record(
     key: &[u8],
-    fingerprint: Option<u64>,
+    fingerprint: Option<u128>,
     attempt: u32,
     checkpoint: Option<Checkpoint>,
     deadline_wall_ms: u64,
 ) -> Record {
     Record {
         key: Blob(Arc::from(key)),
+        scope: Blob::empty(),
         fingerprint,
+        first_claimed_wall_ms: 0,
+        retention_ms: None,
         state: RecordState::InFlight {
             lease_deadline_wall_ms: deadline_wall_ms,
             attempt,
+            attempt_started_wall_ms: 0,
+            failed: false,
             checkpoint,
         },
     }
@@ -504,7 +514,10 @@ fn complete(
         old: None,
         record: Record {
             key: Blob(Arc::from(key)),
+            scope: Blob::empty(),
             fingerprint,
+            first_claimed_wall_ms: 0,
+            retention_ms: None,
             state: RecordState::Completed {
                 attempt: slot.attempt,
                 completed_wall_ms: now.wall_ms,
@@ -621,6 +634,8 @@ pub(crate) fn import(
             let state = RecordState::InFlight {
                 lease_deadline_wall_ms: lease_deadline_ms,
                 attempt: record.attempt,
+                attempt_started_wall_ms: 0,
+                failed: false,
                 checkpoint,
             };
             let slot = Slot::inflight(
@@ -707,7 +722,10 @@ pub(crate) fn import(
         old,
         record: Record {
             key: Blob(Arc::from(record.key.as_slice())),
+            scope: Blob::empty(),
             fingerprint: record.fingerprint,
+            first_claimed_wall_ms: 0,
+            retention_ms: None,
             state,
         },
         publish: true,
@@ -806,7 +824,7 @@ pub(crate) enum Recovered {
 pub(crate) fn recover(
     token: u64,
     head: HeadState,
-    fingerprint: Option<u64>,
+    fingerprint: Option<u128>,
     now: Now,
     reopen: &Reopen,
 ) -> Recovered {
@@ -838,6 +856,7 @@ pub(crate) fn recover(
             lease_deadline_wall_ms,
             attempt,
             checkpoint,
+            ..
         } => {
             // Reaped `retention` after the recorded lease end, as a completion expires
             // `retention` after it was made; taken from the file, not from the in-memory
@@ -961,9 +980,16 @@ mod tests {
         rules(false)
     }
 
+    fn ask(fingerprint: u64) -> Option<AskedFingerprint> {
+        Some(AskedFingerprint {
+            value: u128::from(fingerprint),
+            legacy: None,
+        })
+    }
+
     fn fp(fingerprint: u64) -> Extra {
         Extra {
-            fingerprint: Some(fingerprint),
+            fingerprint: Some(u128::from(fingerprint)),
             ..Extra::default()
         }
     }
@@ -1037,7 +1063,7 @@ mod tests {
 
     #[test]
     fn claim_of_an_absent_key_acquires_a_new_key() {
-        let plan = plan_of(claim(View::ABSENT, Some(9), LIVE));
+        let plan = plan_of(claim(View::ABSENT, ask(9), LIVE));
         assert_eq!(
             plan,
             Plan {
@@ -1093,7 +1119,7 @@ mod tests {
         let st = states();
         let now = EXPIRES;
         // The stored fingerprint belongs to the expired completion: not checked.
-        let plan = plan_of(claim(view(st.done, &st.done_extra), Some(8), now));
+        let plan = plan_of(claim(view(st.done, &st.done_extra), ask(8), now));
         assert_eq!(
             (
                 plan.kind,
@@ -1134,7 +1160,7 @@ mod tests {
         assert_eq!(busy.retry_after, Duration::from_nanos(END - LIVE));
         assert_eq!((busy.attempt, busy.completing), (2, false));
         // One nanosecond before the end it is still live.
-        let busy = busy_of(claim(view(st.lease, &st.lease_extra), Some(7), END - 1));
+        let busy = busy_of(claim(view(st.lease, &st.lease_extra), ask(7), END - 1));
         assert_eq!(busy.retry_after, Duration::from_nanos(1));
     }
 
@@ -1201,7 +1227,7 @@ mod tests {
     fn a_takeover_of_an_abandoned_lease_reserves_a_place_and_adopts_it() {
         let st = states();
         let abandoned = st.lease.into_abandoned();
-        let plan = plan_of(claim(view(abandoned, &st.lease_extra), Some(7), END + 1));
+        let plan = plan_of(claim(view(abandoned, &st.lease_extra), ask(7), END + 1));
         assert_eq!((plan.reserve, plan.adopt, plan.attempt), (true, true, 3));
         let step = acquire(plan, KEY, 21, LEASE, at(END + 1), &memory());
         assert!(matches!(step.change, Change::Put { adopt: true, .. }));
@@ -1212,7 +1238,7 @@ mod tests {
     fn claim_of_a_published_completion_replays_it() {
         let st = states();
         // Memory only: the response is beside the slot.
-        let step = claim(view(st.done, &st.done_extra), Some(7), LIVE);
+        let step = claim(view(st.done, &st.done_extra), ask(7), LIVE);
         assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
         assert_eq!(step.deltas, Deltas { replays: 1, ..NONE });
         let ClaimAnswer::Replay(stored) = step.answer else {
@@ -1237,7 +1263,7 @@ mod tests {
             extra: None,
         };
         assert!(matches!(
-            claim(bare, Some(1), LIVE).answer,
+            claim(bare, ask(1), LIVE).answer,
             ClaimAnswer::ReplayFromFile { token: 5 }
         ));
     }
@@ -1268,7 +1294,7 @@ mod tests {
             ),
         ];
         for (name, v, now) in cells {
-            let step = claim(v, Some(8), now);
+            let step = claim(v, ask(8), now);
             assert!(
                 matches!(step.answer, ClaimAnswer::FingerprintMismatch),
                 "{name}"
@@ -1287,7 +1313,7 @@ mod tests {
                 "{name}"
             );
             // The same fingerprint, or none asked, is never a mismatch.
-            for asked in [Some(7), None] {
+            for asked in [ask(7), None] {
                 let step = claim(v, asked, now);
                 assert!(
                     !matches!(step.answer, ClaimAnswer::FingerprintMismatch),
@@ -1297,11 +1323,11 @@ mod tests {
         }
         // A state without a stored fingerprint is not checked.
         let none = Extra::default();
-        let step = claim(view(st.lease, &none), Some(8), LIVE);
+        let step = claim(view(st.lease, &none), ask(8), LIVE);
         assert!(matches!(step.answer, ClaimAnswer::Busy(_)));
         // Absent and expired have none to compare with.
         assert!(matches!(
-            claim(View::ABSENT, Some(8), LIVE).answer,
+            claim(View::ABSENT, ask(8), LIVE).answer,
             ClaimAnswer::Acquire(_)
         ));
     }
@@ -1379,7 +1405,10 @@ mod tests {
                     old: None,
                     record: Record {
                         key: Blob(Arc::from(KEY)),
+                        scope: Blob::empty(),
                         fingerprint: Some(7),
+                        first_claimed_wall_ms: 0,
+                        retention_ms: None,
                         state: RecordState::Completed {
                             attempt: 2,
                             completed_wall_ms: at(now).wall_ms,
@@ -1682,6 +1711,8 @@ mod tests {
         let head = |lease_deadline_wall_ms| HeadState::InFlight {
             lease_deadline_wall_ms,
             attempt: 2,
+            attempt_started_wall_ms: 0,
+            failed: false,
             checkpoint: cp.clone(),
         };
         let take = reopen(Recovery::TakeOver);

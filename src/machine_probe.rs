@@ -11,6 +11,7 @@ use crate::clock::duration_ns;
 use crate::codec::{Checkpoint, Record, RecordState};
 use crate::index::{Extra, Slot};
 use crate::machine::{self, Change, ClaimAnswer, Holder, HolderAnswer, Now, Rules, View, Write};
+use crate::options::AskedFingerprint;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -221,7 +222,11 @@ impl Probe {
     /// `claim` with `fingerprint` and `lease`: [`machine::claim`], then [`machine::acquire`]
     /// under the next token when it may acquire.
     pub fn claim(&mut self, fingerprint: Option<u64>, lease: Duration) -> ProbeClaim {
-        let step = machine::claim(self.view(), fingerprint, self.now.mono_ns);
+        let asked = fingerprint.map(|f| AskedFingerprint {
+            value: u128::from(f),
+            legacy: None,
+        });
+        let step = machine::claim(self.view(), asked, self.now.mono_ns);
         match step.answer {
             ClaimAnswer::Acquire(plan) => {
                 let token = self.next_token;
@@ -253,7 +258,7 @@ impl Probe {
                     fingerprint: Some(stored),
                     state: RecordState::Completed { .. },
                     ..
-                }) if fingerprint.is_some_and(|asked| asked != *stored) => {
+                }) if fingerprint.is_some_and(|asked| u128::from(asked) != *stored) => {
                     ProbeClaim::FingerprintMismatch
                 }
                 Some(Record {
@@ -389,7 +394,7 @@ impl Probe {
                 attempt: slot.attempt,
                 deadline_ns: slot.deadline_ns,
                 reap_ns: self.reap_ns,
-                fingerprint: extra.fingerprint,
+                fingerprint: narrow(extra.fingerprint),
                 checkpoint: extra.checkpoint.map(|c| (c.phase(), c.data().to_vec())),
                 lease_wall_ms,
             };
@@ -418,7 +423,7 @@ impl Probe {
             attempt: slot.attempt,
             expires_ns: slot.deadline_ns,
             expires_wall_ms,
-            fingerprint,
+            fingerprint: narrow(fingerprint),
             response,
             published: slot.is_published(),
         }
@@ -431,4 +436,12 @@ fn to_hold(answer: HolderAnswer) -> ProbeHold {
         HolderAnswer::NotHeld => ProbeHold::NotHeld,
         HolderAnswer::LeaseLost => ProbeHold::LeaseLost,
     }
+}
+
+/// The probe's fingerprints are a caller's u64, zero-extended by the engine.
+fn narrow(fingerprint: Option<u128>) -> Option<u64> {
+    fingerprint.map(|f| {
+        debug_assert!(f >> 64 == 0, "the probe only asks with 64-bit fingerprints");
+        f as u64
+    })
 }

@@ -67,7 +67,7 @@ pub enum Recovery {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ClaimOptions {
-    pub(crate) fingerprint: Option<u64>,
+    pub(crate) fingerprint: Option<AskedFingerprint>,
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) keep_alive: Option<Duration>,
@@ -77,13 +77,22 @@ impl ClaimOptions {
     /// A request fingerprint (a hash of the payload). A claim whose fingerprint differs from
     /// the stored one is refused with `FingerprintMismatch`. Without one, no check is made.
     pub fn fingerprint(mut self, fingerprint: u64) -> Self {
-        self.fingerprint = Some(fingerprint);
+        // Zero-extended, a caller's u64 matches what the previous format stored for it.
+        self.fingerprint = Some(AskedFingerprint {
+            value: u128::from(fingerprint),
+            legacy: None,
+        });
         self
     }
 
     /// Fingerprints the request payload with a stable 64-bit hash.
-    pub fn payload(self, payload: &[u8]) -> Self {
-        self.fingerprint(fnv1a64(payload))
+    pub fn payload(mut self, payload: &[u8]) -> Self {
+        let fnv = fnv1a64(payload);
+        self.fingerprint = Some(AskedFingerprint {
+            value: u128::from(fnv),
+            legacy: Some(fnv),
+        });
+        self
     }
 
     /// Lease for this claim instead of the engine's default. Zero is valid (the claim can be
@@ -106,6 +115,25 @@ impl ClaimOptions {
     pub fn keep_alive(mut self, max: Duration) -> Self {
         self.keep_alive = Some(max);
         self
+    }
+}
+
+/// The fingerprint a claim asks for, with the 64-bit form that records of the previous
+/// format hold for the same request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct AskedFingerprint {
+    pub(crate) value: u128,
+    /// The previous format's FNV-1a of the payload, when the claim has the payload.
+    pub(crate) legacy: Option<u64>,
+}
+
+impl AskedFingerprint {
+    /// Whether the stored fingerprint is this request's. A stored value whose high half is
+    /// zero is a 64-bit fingerprint (a caller's u64, or the previous format's FNV-1a); a
+    /// 128-bit hash lands there with probability 2^-64.
+    pub(crate) fn matches(&self, stored: u128) -> bool {
+        stored == self.value
+            || (stored >> 64 == 0 && self.legacy.is_some_and(|l| u128::from(l) == stored))
     }
 }
 

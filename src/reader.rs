@@ -123,6 +123,7 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
             lease_deadline_wall_ms,
             attempt,
             checkpoint,
+            ..
         } => (
             attempt,
             RecordInfoState::InFlight {

@@ -8,7 +8,9 @@
 
 use crate::backend::{LockKind, Storage};
 use crate::codec::{self, DecodeError, Record};
-use crate::constants::{CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, READER_CACHE_BYTES, REDB_CACHE_BYTES};
+use crate::constants::{
+    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGIC_V1, READER_CACHE_BYTES, REDB_CACHE_BYTES,
+};
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
 use crate::sync::{Arc, Mutex, RwLock};
@@ -645,6 +647,12 @@ impl Store {
                 .map(|v| v.value().to_vec());
             match format {
                 Some(f) if f == FORMAT_MAGIC => {}
+                // The previous format: its records are read as they are; the marker moves
+                // on in this transaction, before any record of the new format is written.
+                Some(f) if f == FORMAT_MAGIC_V1 => {
+                    meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
+                        .map_err(|e| err(e.into()))?;
+                }
                 Some(f) => {
                     return Err(OpenError::Foreign {
                         detail: format!("unknown idemkv format marker {f:02x?}"),
@@ -858,7 +866,8 @@ fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<(), OpenError> {
     };
     let meta = txn.open_table(META).map_err(|e| damaged(e.into()))?;
     match meta.get(META_FORMAT).map_err(|e| damaged(e.into()))? {
-        Some(v) if v.value() == FORMAT_MAGIC.as_slice() => {}
+        // A reader opens either format without changing it.
+        Some(v) if v.value() == FORMAT_MAGIC.as_slice() || v.value() == FORMAT_MAGIC_V1 => {}
         Some(v) => {
             return Err(OpenError::Foreign {
                 detail: format!("unknown idemkv format marker {:02x?}", v.value()),

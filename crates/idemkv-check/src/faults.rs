@@ -86,7 +86,7 @@ pub struct DurableRec {
     /// Token.
     pub token: u64,
     /// Fingerprint.
-    pub fingerprint: Option<u64>,
+    pub fingerprint: Option<u128>,
     /// Attempt.
     pub attempt: u32,
     /// InFlight with this checkpoint, or Completed with (response, wall end of retention).
@@ -127,7 +127,7 @@ fn view_of_model(model: &Model) -> DurableView {
                 ..
             } => DurableRec {
                 token: *token,
-                fingerprint: *fingerprint,
+                fingerprint: fingerprint.map(u128::from),
                 attempt: *attempt,
                 state: Ok(checkpoint.clone()),
                 reap_wall_ms: Some(lease_wall_ms.saturating_add(retention_ms)),
@@ -141,7 +141,7 @@ fn view_of_model(model: &Model) -> DurableView {
                 ..
             } => DurableRec {
                 token: *token,
-                fingerprint: *fingerprint,
+                fingerprint: fingerprint.map(u128::from),
                 attempt: *attempt,
                 state: Err((response.clone(), *expires_wall_ms)),
                 reap_wall_ms: None,

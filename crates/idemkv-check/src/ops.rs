@@ -434,7 +434,7 @@ impl Model {
                 ) => {
                     let left_ms = deadline_ns.saturating_sub(self.now_ns) / 1_000_000;
                     r.token == *token
-                        && r.fingerprint == *fingerprint
+                        && r.fingerprint == fingerprint.map(u128::from)
                         && r.attempt == *attempt
                         && c == checkpoint
                         && crate::wall_ms(*lease_deadline) == self.wall_ms.saturating_add(left_ms)
@@ -456,7 +456,7 @@ impl Model {
                     },
                 ) => {
                     r.token == *token
-                        && r.fingerprint == *fingerprint
+                        && r.fingerprint == fingerprint.map(u128::from)
                         && r.attempt == *attempt
                         && resp == response
                         && crate::wall_ms(*expires_at) == *expires_wall_ms

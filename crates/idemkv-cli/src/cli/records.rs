@@ -12,8 +12,9 @@
 //!
 //! `key`, `response` and checkpoint `data` are lowercase hex, so any bytes round-trip;
 //! `key_text` is the key decoded as UTF-8 (lossy), for people, and ignored on import. The
-//! fingerprint is a 16-digit hex string rather than a number, because JSON tools that read
-//! numbers as doubles (jq, JavaScript) would round a 64-bit value. Times are milliseconds
+//! fingerprint is a hex string rather than a number (16 digits for a 64-bit fingerprint, 32
+//! for a 128-bit one), because JSON tools that read numbers as doubles (jq, JavaScript)
+//! would round it. Times are milliseconds
 //! since the UNIX epoch. `checkpoint` is `null` when the claim saved none.
 
 use idemkv::{RecordInfo, RecordInfoState};
@@ -88,9 +89,12 @@ pub(crate) fn truncate(text: &str, max: usize) -> String {
     s
 }
 
-/// A fingerprint as 16 hex digits.
-pub(crate) fn fingerprint(fp: Option<u64>) -> Option<String> {
-    fp.map(|f| format!("{f:016x}"))
+/// A fingerprint as 16 hex digits when it is 64 bits wide (its high half zero), else 32.
+pub(crate) fn fingerprint(fp: Option<u128>) -> Option<String> {
+    fp.map(|f| match u64::try_from(f) {
+        Ok(narrow) => format!("{narrow:016x}"),
+        Err(_) => format!("{f:032x}"),
+    })
 }
 
 /// Milliseconds since the epoch as a UTC timestamp: `2025-01-02T03:04:05Z`, or with
@@ -318,8 +322,8 @@ impl RecordLine {
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(f) => Some(
-                u64::from_str_radix(f.trim(), 16)
-                    .map_err(|_| format!("fingerprint: {f:?} is not 1 to 16 hex digits"))?,
+                u128::from_str_radix(f.trim(), 16)
+                    .map_err(|_| format!("fingerprint: {f:?} is not 1 to 32 hex digits"))?,
             ),
         };
         let state = match self.state.as_str() {
@@ -471,7 +475,7 @@ mod tests {
             RecordInfo {
                 key: b"k\x00\xff".to_vec(),
                 token: 7,
-                fingerprint: Some(u64::MAX),
+                fingerprint: Some(u128::from(u64::MAX)),
                 attempt: 1,
                 state: RecordInfoState::Completed {
                     response: b"ok".to_vec(),
