@@ -192,6 +192,14 @@ pub enum ClaimError {
     },
     /// The key is empty. Empty keys are refused because they are almost always a bug.
     KeyEmpty,
+    /// The scope ([`crate::ClaimOptions::scope`]) is longer than the engine accepts
+    /// (255 bytes). Hash or shorten it.
+    ScopeTooLong {
+        /// Length of the scope given.
+        len: usize,
+        /// Longest scope accepted.
+        max: usize,
+    },
     /// The key is known with a different request fingerprint: the same idempotency key was
     /// reused for a different request (HTTP would answer 422). Do not retry with this key.
     FingerprintMismatch,
@@ -223,6 +231,9 @@ impl fmt::Display for ClaimError {
                 write!(f, "key of {len} bytes exceeds the maximum of {max}")
             }
             ClaimError::KeyEmpty => f.write_str("empty key"),
+            ClaimError::ScopeTooLong { len, max } => {
+                write!(f, "scope of {len} bytes exceeds the maximum of {max}")
+            }
             ClaimError::FingerprintMismatch => {
                 f.write_str("the key was used before with a different request fingerprint")
             }
@@ -283,6 +294,13 @@ pub enum LeaseError {
         /// Longest key accepted.
         max: usize,
     },
+    /// The scope is longer than the engine accepts (255 bytes; token forms only).
+    ScopeTooLong {
+        /// Length of the scope given.
+        len: usize,
+        /// Longest scope accepted.
+        max: usize,
+    },
     /// The writer queue stayed full until the lease ended. A holder's call (`complete`,
     /// `release`, `extend`, `checkpoint`) waits for room in the queue while its lease lasts
     /// (on the engine's clock) instead of failing; this is what it reports if the lease
@@ -310,6 +328,9 @@ impl fmt::Display for LeaseError {
             }
             LeaseError::KeyTooLong { len, max } => {
                 write!(f, "key of {len} bytes exceeds the maximum of {max}")
+            }
+            LeaseError::ScopeTooLong { len, max } => {
+                write!(f, "scope of {len} bytes exceeds the maximum of {max}")
             }
             LeaseError::Overloaded(limit) => {
                 write!(f, "overloaded: {limit} reached for the whole lease")

@@ -54,6 +54,7 @@ mod options;
 mod progress;
 mod reader;
 mod recovery;
+mod scope;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod sabotage;
