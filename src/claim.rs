@@ -675,8 +675,9 @@ impl Engine {
 
     /// Time left on the lease of `token` on `key` within the options' scope.
     fn held_for(&self, key: &[u8], opts: &ClaimOptions, token: u64) -> Duration {
-        crate::scope::scoped(&opts.scope, key)
-            .map_or(Duration::ZERO, |scoped| self.lease_remaining(&scoped, token))
+        crate::scope::scoped(&opts.scope, key).map_or(Duration::ZERO, |scoped| {
+            self.lease_remaining(&scoped, token)
+        })
     }
 
     /// [`Engine::run`] for a typed response, stored with serde + bincode. Every caller gets an

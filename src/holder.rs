@@ -242,7 +242,9 @@ impl Engine {
     /// Release from `Drop`: never waits, never fails loudly. If the queue is full the lease
     /// stays and expires on its own, which is equally safe.
     pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
-        self.shared().observe.dropped(crate::scope::key_of(key), token);
+        self.shared()
+            .observe
+            .dropped(crate::scope::key_of(key), token);
         if self.check_open().is_ok() {
             let _ = self.release_locked(key, token);
         }
@@ -326,7 +328,12 @@ impl Engine {
     }
 
     /// Extends the lease on the scoped key `key`.
-    pub(crate) fn extend_at(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
+    pub(crate) fn extend_at(
+        &self,
+        key: &[u8],
+        token: u64,
+        lease: Duration,
+    ) -> Result<(), LeaseError> {
         let seq = self.with_room(key, token, || {
             self.update_inflight(key, token, Holder::Extend { lease })
         })?;

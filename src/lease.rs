@@ -144,7 +144,8 @@ impl Lease {
 
     /// Saves progress so that a takeover after a crash or expiry can resume from it.
     pub fn set_checkpoint(&mut self, phase: u32, data: &[u8]) -> Result<(), LeaseError> {
-        self.engine.checkpoint_at(&self.key, self.token, phase, data)?;
+        self.engine
+            .checkpoint_at(&self.key, self.token, phase, data)?;
         self.checkpoint = Some(Checkpoint::new(phase, data));
         Ok(())
     }

@@ -54,10 +54,10 @@ mod options;
 mod progress;
 mod reader;
 mod recovery;
-mod scope;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod sabotage;
+mod scope;
 mod stats;
 mod storage;
 mod sweep;

@@ -524,9 +524,9 @@ fn claim_error_label(e: &ClaimError) -> &'static str {
     match e {
         ClaimError::FingerprintMismatch => "fingerprint_mismatch",
         ClaimError::Overloaded(_) => "overloaded",
-        ClaimError::KeyTooLong { .. }
-        | ClaimError::KeyEmpty
-        | ClaimError::ScopeTooLong { .. } => "invalid_key",
+        ClaimError::KeyTooLong { .. } | ClaimError::KeyEmpty | ClaimError::ScopeTooLong { .. } => {
+            "invalid_key"
+        }
         ClaimError::TokensExhausted => "tokens_exhausted",
         ClaimError::Poisoned(_) => "poisoned",
         ClaimError::OutcomeUnknown(_) => "outcome_unknown",

@@ -514,3 +514,55 @@ impl EngineBuilder {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{self, Blob, Record, RecordState};
+
+    /// A completed record of `payload`'s request as the previous format wrote it (its
+    /// fingerprint the 64-bit FNV-1a of the payload), read back as the engine reads it.
+    fn version_1_record(payload: &[u8]) -> Record {
+        let record = Record {
+            key: Blob(Arc::from(&b"k"[..])),
+            scope: Blob::empty(),
+            fingerprint: Some(u128::from(fnv1a64(payload))),
+            first_claimed_wall_ms: 0,
+            retention_ms: None,
+            state: RecordState::Completed {
+                attempt: 1,
+                completed_wall_ms: 1,
+                expires_wall_ms: 2,
+                response: Blob(Arc::from(&b"ok"[..])),
+            },
+        };
+        codec::decode(7, &codec::encode_v1(7, &record)).unwrap()
+    }
+
+    fn asked(opts: ClaimOptions) -> AskedFingerprint {
+        opts.fingerprint.unwrap()
+    }
+
+    #[test]
+    fn payload_matches_its_128_bit_fingerprint_and_the_previous_formats_fnv() {
+        let old = version_1_record(b"{\"amount\":42}").fingerprint.unwrap();
+        let payload = asked(ClaimOptions::default().payload(b"{\"amount\":42}"));
+        assert!(payload.matches(old), "a record of the previous format");
+        assert!(payload.matches(Fingerprint::of_bytes(b"{\"amount\":42}").as_u128()));
+        // Another payload matches neither form.
+        let other = asked(ClaimOptions::default().payload(b"{\"amount\":43}"));
+        assert!(!other.matches(old));
+        assert!(!other.matches(Fingerprint::of_bytes(b"{\"amount\":42}").as_u128()));
+        // The FNV-1a is only a fallback for a stored 64-bit value: a 128-bit fingerprint
+        // whose low half equals it is another request's.
+        assert!(!payload.matches(old | 1 << 64));
+        // A fingerprint given as a value has no 64-bit form to fall back on.
+        let value = asked(
+            ClaimOptions::default().with_fingerprint(Fingerprint::of_bytes(b"{\"amount\":42}")),
+        );
+        assert!(!value.matches(old));
+        // A caller's u64 is compared as it is, in either format.
+        let own = asked(ClaimOptions::default().fingerprint(0xfeed));
+        assert!(own.matches(0xfeed) && !own.matches(0xfeed | 1 << 64));
+    }
+}

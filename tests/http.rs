@@ -801,8 +801,7 @@ async fn engine_states_map_to_503_and_500() {
     };
     lease.complete(b"not an HTTP response").unwrap();
     // The layer's fingerprint differs from the one above, so claim without one first.
-    let Claim::Acquired(lease) = engine.claim(b"bad2", &ClaimOptions::default()).unwrap()
-    else {
+    let Claim::Acquired(lease) = engine.claim(b"bad2", &ClaimOptions::default()).unwrap() else {
         panic!("a new key is acquired")
     };
     lease.complete(b"not an HTTP response").unwrap();
