@@ -631,10 +631,7 @@ fn scoped_keys_are_exported_imported_read_and_released_in_their_scope() {
         "{exported}"
     );
     // The unscoped key's line is as before scopes existed.
-    let unscoped: Vec<&str> = exported
-        .lines()
-        .filter(|l| !l.contains("scope"))
-        .collect();
+    let unscoped: Vec<&str> = exported.lines().filter(|l| !l.contains("scope")).collect();
     assert_eq!(unscoped.len(), 1, "{exported}");
     let target = dir.path().join("target.redb");
     let out = idemkv_stdin(
@@ -651,7 +648,12 @@ fn scoped_keys_are_exported_imported_read_and_released_in_their_scope() {
         let out = on(path, &["get", "order-1"], &["--raw"]);
         assert_exit(&out, 0);
         assert_eq!(out.stdout, b"u");
-        let out = on(path, &["get", "order-1"], &["--scope", "676c6f626578", "--hex"]);
+        // With --hex both the key and the scope are hex.
+        let out = on(
+            path,
+            &["get", "6f726465722d31"],
+            &["--scope", "676c6f626578", "--hex"],
+        );
         assert_exit(&out, 0);
         let text = stdout(&out);
         assert!(text.contains("scope       globex"), "{text}");
@@ -663,7 +665,11 @@ fn scoped_keys_are_exported_imported_read_and_released_in_their_scope() {
     // A release names the scope: the unscoped key is completed, nothing to release.
     let out = on(&file, &["release", "order-1"], &[]);
     assert_exit(&out, 1);
-    let out = on(&file, &["release", "order-1"], &["--scope", "globex", "--json"]);
+    let out = on(
+        &file,
+        &["release", "order-1"],
+        &["--scope", "globex", "--json"],
+    );
     assert_exit(&out, 0);
     let json = stdout(&out);
     assert!(
