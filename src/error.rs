@@ -421,7 +421,8 @@ pub enum RunError<E> {
     /// from now. Until then every other caller gets `InProgress` (`run`:
     /// [`RunError::StillInProgress`] once its wait runs out); after it, the next claim takes
     /// the key over (attempt + 1) and runs the handler again. Fix the cause (a response that
-    /// fits) before that; [`crate::Engine::release`] with `token` gives the key up at once.
+    /// fits) before that; [`crate::Engine::release`] with `token` gives the key up at once
+    /// ([`crate::Engine::release_scoped`] for a key claimed within a scope).
     NotStored {
         /// Why the result could not be stored.
         reason: NotStoredReason,
