@@ -15,6 +15,9 @@ use std::time::SystemTime;
 pub struct RecordInfo {
     /// The key.
     pub key: Vec<u8>,
+    /// The scope the key lives in ([`crate::ClaimOptions::scope`]); empty: unscoped.
+    #[serde(default)]
+    pub scope: Vec<u8>,
     /// The fencing token of the claim that owns or completed the key.
     pub token: u64,
     /// The request fingerprint, if the claim gave one (128 bits; one whose high half is
@@ -130,7 +133,8 @@ impl Admin<'_> {
             let shard = stripe.map.lock();
             let now = s.time.mono_ns();
             let wall = s.time.wall_ms();
-            for (key, slot) in shard.iter().filter(|(_, slot)| !slot.is_expired(now)) {
+            for (scoped, slot) in shard.iter().filter(|(_, slot)| !slot.is_expired(now)) {
+                let (scope, key) = crate::scope::split(scoped);
                 let extra = shard.extra(slot);
                 let state = if slot.is_inflight() {
                     RecordInfoState::InFlight {
@@ -160,6 +164,7 @@ impl Admin<'_> {
                 };
                 out.push(RecordInfo {
                     key: key.to_vec(),
+                    scope: scope.to_vec(),
                     token: slot.token,
                     fingerprint: extra.and_then(|e| e.fingerprint),
                     attempt: slot.attempt,
@@ -170,7 +175,8 @@ impl Admin<'_> {
         let mut gone = std::collections::HashSet::new();
         for i in from_file {
             let r = &mut out[i];
-            match self.engine.read_completed(&r.key, r.token, None) {
+            let scoped = crate::scope::scoped(&r.scope, &r.key).unwrap_or_default();
+            match self.engine.read_completed(&scoped, r.token, None) {
                 Ok(Some(read)) => {
                     r.state = RecordInfoState::Completed {
                         response: read.stored.response.to_vec(),
@@ -190,11 +196,20 @@ impl Admin<'_> {
         out
     }
 
-    /// Releases `key` whatever its token, if it is InFlight: the operator's remedy for a
-    /// claim stuck behind a long lease. Returns the record as it was before the release.
+    /// Releases the unscoped `key` whatever its token, if it is InFlight: the operator's
+    /// remedy for a claim stuck behind a long lease. Returns the record as it was before the
+    /// release. [`Admin::force_release_scoped`] releases a key within a scope.
     pub fn force_release(&self, key: &[u8]) -> Result<Option<RecordInfo>, ClaimError> {
-        self.engine.check_key(key)?;
-        let before = match self.engine.get(key)? {
+        self.force_release_scoped(&[], key)
+    }
+
+    /// [`Admin::force_release`] of `key` within `scope`.
+    pub fn force_release_scoped(
+        &self,
+        scope: &[u8],
+        key: &[u8],
+    ) -> Result<Option<RecordInfo>, ClaimError> {
+        let before = match self.engine.get_scoped(scope, key)? {
             Some(KeyState::InFlight {
                 token,
                 attempt,
@@ -204,6 +219,7 @@ impl Admin<'_> {
                 let wall = self.engine.shared().time.wall_ms();
                 RecordInfo {
                     key: key.to_vec(),
+                    scope: scope.to_vec(),
                     token,
                     fingerprint: None,
                     attempt,
@@ -217,7 +233,8 @@ impl Admin<'_> {
             }
             _ => return Ok(None),
         };
-        match self.engine.release(key, before.token) {
+        let scoped = self.engine.scoped_key(scope, key)?;
+        match self.engine.release_at(&scoped, before.token) {
             Ok(true) => Ok(Some(before)),
             // The holder finished or released in between: nothing to force.
             Ok(false) => Ok(None),
@@ -267,8 +284,14 @@ impl Admin<'_> {
                 s.cfg.key_len_max
             )));
         }
-        let key = record.key.as_slice();
-        let (mut shard, changed, k) = s.index.lock(key);
+        let key = crate::scope::scoped(&record.scope, &record.key).ok_or_else(|| {
+            ImportError::Invalid(format!(
+                "scope length {} over {}",
+                record.scope.len(),
+                crate::constants::SCOPE_LEN_MAX
+            ))
+        })?;
+        let (mut shard, changed, k) = s.index.lock(&key);
         let step = machine::import(shard.view(k), record, s.tokens.next(), s.now(), &s.rules())?;
         if step.answer == Imported::Gone {
             return Ok(());

@@ -74,6 +74,7 @@ impl Engine {
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
+        let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let mut looks = 0;
         loop {
@@ -105,6 +106,7 @@ impl Engine {
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
+        let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let s = self.shared();
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
@@ -328,7 +330,7 @@ impl Engine {
                         lease
                             .complete_arc_async(response.clone())
                             .await
-                            .map_err(|e| self.not_stored(key, token, e))?;
+                            .map_err(|e| self.not_stored(key, opts, token, e))?;
                         Ok(Outcome::fresh(response, token))
                     }
                     Err(e) => {
@@ -393,6 +395,7 @@ impl Lease {
             engine.wait_holder_async(seq).await
         }
         .await;
+        let key = crate::scope::key_of(key);
         engine.shared().observe.complete(key, token, || done)
     }
 
@@ -437,11 +440,12 @@ impl Lease {
 }
 
 /// A clonable, `'static` handle on a lease, for async handlers: what the lease is
-/// (key, token, attempt, the checkpoint it took over) and what a holder does while it works
+/// (scope, key, token, attempt, the checkpoint it took over) and what a holder does while it works
 /// (extend, checkpoint). Completing and releasing stay with the [`Lease`] itself.
 #[derive(Clone)]
 pub struct LeaseHandle {
     engine: Engine,
+    /// The scoped key (`scope.rs`).
     key: Arc<[u8]>,
     token: u64,
     attempt: u32,
@@ -451,7 +455,8 @@ pub struct LeaseHandle {
 impl fmt::Debug for LeaseHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LeaseHandle")
-            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("scope", &String::from_utf8_lossy(self.scope()))
+            .field("key", &String::from_utf8_lossy(self.key()))
             .field("token", &self.token)
             .field("attempt", &self.attempt)
             .finish()
@@ -471,7 +476,12 @@ impl LeaseHandle {
 
     /// The key.
     pub fn key(&self) -> &[u8] {
-        &self.key
+        crate::scope::key_of(&self.key)
+    }
+
+    /// The scope of the key (empty: unscoped).
+    pub fn scope(&self) -> &[u8] {
+        crate::scope::split(&self.key).0
     }
 
     /// The checkpoint a previous holder saved, if this claim took over its key.

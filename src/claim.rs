@@ -434,7 +434,8 @@ impl Engine {
         }
     }
 
-    /// Reads the completion stored under `token` for `key` and checks its fingerprint.
+    /// Reads the completion stored under `token` for `key` (scoped) and checks its
+    /// fingerprint.
     /// `Ok(None)`: the record is gone because the key moved on (expired and swept since the
     /// slot was seen); look again. A record missing while the key still names it is
     /// `Corrupted`, never a reason to look again: that read could never succeed.
@@ -479,7 +480,7 @@ impl Engine {
         else {
             return Err(self.corrupted(format!("record under token {token} is not a completion")));
         };
-        if *record.key.0 != *key {
+        if crate::scope::split(key) != (&record.scope.0[..], &record.key.0[..]) {
             return Err(
                 self.corrupted(format!("record under token {token} belongs to another key"))
             );
@@ -517,6 +518,7 @@ impl Engine {
 
     fn claim_unobserved(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
+        let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let mut looks = 0;
         loop {
@@ -542,6 +544,7 @@ impl Engine {
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
         self.check_key(key)?;
+        let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let s = self.shared();
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
@@ -631,7 +634,7 @@ impl Engine {
                         let response: Arc<[u8]> = Arc::from(bytes);
                         lease
                             .complete_arc(response.clone())
-                            .map_err(|e| self.not_stored(key, token, e))?;
+                            .map_err(|e| self.not_stored(key, opts, token, e))?;
                         Ok(Outcome::fresh(response, token))
                     }
                     Err(e) => {
@@ -649,7 +652,13 @@ impl Engine {
 
     /// Sorts a refused completion after the handler ran: the engine's own refusals (the key
     /// stays held, see [`RunError::NotStored`]) from a lost lease or a stopped engine.
-    pub(crate) fn not_stored<E>(&self, key: &[u8], token: u64, e: LeaseError) -> RunError<E> {
+    pub(crate) fn not_stored<E>(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        token: u64,
+        e: LeaseError,
+    ) -> RunError<E> {
         let reason = match e {
             LeaseError::ResponseTooLarge { len, max } => {
                 NotStoredReason::ResponseTooLarge { len, max }
@@ -660,8 +669,15 @@ impl Engine {
         RunError::NotStored {
             reason,
             token,
-            retry_after: self.lease_remaining(key, token),
+            retry_after: self.held_for(key, opts, token),
         }
+    }
+
+    /// Time left on the lease of `token` on `key` within the options' scope.
+    fn held_for(&self, key: &[u8], opts: &ClaimOptions, token: u64) -> Duration {
+        crate::scope::scoped(&opts.scope, key).map_or(Duration::ZERO, |scoped| {
+            self.lease_remaining(&scoped, token)
+        })
     }
 
     /// [`Engine::run`] for a typed response, stored with serde + bincode. Every caller gets an
@@ -688,13 +704,13 @@ impl Engine {
                             return Err(RunError::NotStored {
                                 reason: NotStoredReason::Encode(e),
                                 token,
-                                retry_after: self.lease_remaining(key, token),
+                                retry_after: self.held_for(key, opts, token),
                             });
                         }
                     };
                     lease
                         .complete_arc(Arc::from(bytes))
-                        .map_err(|e| self.not_stored(key, token, e))?;
+                        .map_err(|e| self.not_stored(key, opts, token, e))?;
                     Ok(TypedOutcome {
                         value,
                         replayed: false,
@@ -715,11 +731,19 @@ impl Engine {
         }
     }
 
-    /// The key's visible state, or `None` if it is Absent (never claimed, released, or past
-    /// its retention). A durable engine reads a completed key's response from the file; a
-    /// record missing from the file while the key still names it is `Corrupted`.
+    /// The unscoped key's visible state, or `None` if it is Absent (never claimed,
+    /// released, or past its retention). A durable engine reads a completed key's response
+    /// from the file; a record missing from the file while the key still names it is
+    /// `Corrupted`. [`Engine::get_scoped`] reads a key within a scope.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
+        self.get_scoped(&[], key)
+    }
+
+    /// [`Engine::get`] of `key` within `scope` ([`ClaimOptions::scope`]); the empty scope is
+    /// the unscoped key.
+    pub fn get_scoped(&self, scope: &[u8], key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
         self.check_key(key)?;
+        let key = &*self.scoped_key(scope, key)?;
         self.check_open()?;
         let s = self.shared();
         // Each look after the first follows a completion that expired and was swept while
@@ -773,8 +797,11 @@ impl Engine {
     #[doc(hidden)]
     pub fn lose_record(&self, key: &[u8]) -> Result<bool, FlushError> {
         let s = self.shared();
+        let Some(key) = crate::scope::scoped(&[], key) else {
+            return Ok(false);
+        };
         {
-            let (shard, _, k) = s.index.lock(key);
+            let (shard, _, k) = s.index.lock(&key);
             let Some(slot) = shard.get(k) else {
                 return Ok(false);
             };

@@ -10,6 +10,11 @@ pub(crate) const KEY_LEN_MAX_DEFAULT: usize = 255;
 /// Hard ceiling for the key length a builder may configure.
 pub(crate) const KEY_LEN_LIMIT: usize = 4096;
 
+/// Longest scope, in bytes ([`crate::ClaimOptions::scope`]): a tenant, client or operation
+/// name, or a hash of one. Inside the engine a scoped key is the scope's length (one byte),
+/// the scope and the key, so the ceiling is a byte's.
+pub(crate) const SCOPE_LEN_MAX: usize = 255;
+
 /// Default largest stored response, in bytes.
 pub(crate) const RESPONSE_LEN_MAX_DEFAULT: usize = 1 << 20;
 /// Hard ceiling for a response: redb values stay far below its 3 GiB value limit, and one
@@ -140,17 +145,31 @@ pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x02";
 /// The marker of the previous format, whose files are still opened.
 pub(crate) const FORMAT_MAGIC_V1: &[u8; 8] = b"idemkv\0\x01";
 
+// Request fingerprints (src/fingerprint.rs). Fingerprints are persisted: changing an
+// encoding or a context string changes every fingerprint and needs a new context.
+
+/// Deepest nesting `Fingerprint::of` accepts: the top value is at depth 0, and every value
+/// inside another (an element, a map key or value, a field, an `Option`'s or a newtype's
+/// content, a variant's content) one deeper. serde_json parses at most 128 levels of
+/// arrays and objects, so every `serde_json::Value` it produces fits.
+pub(crate) const FINGERPRINT_DEPTH_MAX: usize = 128;
+/// Longest canonical encoding `Fingerprint::of` builds, in bytes (it is held in memory
+/// while maps are sorted). A JSON document grows at most about 8.5 times (`1,` becomes a
+/// 17-byte integer), so any parsed body up to 7 MiB fits.
+pub(crate) const FINGERPRINT_ENCODING_LEN_MAX: usize = 64 << 20;
+/// BLAKE3 key-derivation context of `Fingerprint::of_bytes` (raw bytes).
+pub(crate) const FINGERPRINT_CONTEXT_BYTES: &str = "idemkv 2026 request fingerprint v1: raw bytes";
+/// BLAKE3 key-derivation context of `Fingerprint::of` (the canonical encoding of a value).
+pub(crate) const FINGERPRINT_CONTEXT_VALUE: &str =
+    "idemkv 2026 request fingerprint v1: canonical serde value";
+
 // The Idempotency-Key layer for HTTP services (feature `http`, src/http/).
 
-/// Bytes the layer puts before an Idempotency-Key in the engine key: the scope's length
-/// (u16, big-endian), then the scope.
-#[cfg(feature = "http")]
-pub(crate) const HTTP_SCOPE_PREFIX_LEN: usize = 2;
 /// Default longest Idempotency-Key, in bytes after unescaping: the engine's default key
-/// limit less the prefix of an empty scope, so that a default layer on a default engine
-/// never builds a key the engine refuses.
+/// limit (the scope is carried apart and has its own), so that a default layer on a
+/// default engine never passes a key the engine refuses.
 #[cfg(feature = "http")]
-pub(crate) const HTTP_KEY_LEN_MAX_DEFAULT: usize = KEY_LEN_MAX_DEFAULT - HTTP_SCOPE_PREFIX_LEN;
+pub(crate) const HTTP_KEY_LEN_MAX_DEFAULT: usize = KEY_LEN_MAX_DEFAULT;
 /// Default largest request body buffered for the fingerprint (1 MiB); larger ones get 413.
 #[cfg(feature = "http")]
 pub(crate) const HTTP_BODY_LEN_MAX_DEFAULT: usize = 1 << 20;

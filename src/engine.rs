@@ -338,7 +338,11 @@ impl Shared {
                 token,
                 old,
                 value: crate::codec::encode(token, &record),
-                publish: publish.then(|| record.key.0.clone()),
+                // The index names the key by its scoped key.
+                publish: publish
+                    .then(|| crate::scope::scoped(&record.scope.0, &record.key.0))
+                    .flatten()
+                    .map(Arc::from),
             },
             Some(Write::Delete { token }) => Op::Delete { token },
         };
@@ -622,6 +626,15 @@ impl Engine {
         Ok(())
     }
 
+    /// The scoped key (`scope.rs`) of `key` within `scope`, the form every internal call
+    /// takes; a scope past its limit is refused.
+    pub(crate) fn scoped_key(&self, scope: &[u8], key: &[u8]) -> Result<Box<[u8]>, ClaimError> {
+        crate::scope::scoped(scope, key).ok_or(ClaimError::ScopeTooLong {
+            len: scope.len(),
+            max: SCOPE_LEN_MAX,
+        })
+    }
+
     pub(crate) fn check_open(&self) -> Result<(), ClaimError> {
         let s = self.shared();
         if let Some(why) = s.poison_reason() {
@@ -633,7 +646,9 @@ impl Engine {
         Ok(())
     }
 
-    pub(crate) fn check_lease_call(&self, key: &[u8]) -> Result<(), LeaseError> {
+    /// The checks of a holder's call on the scoped key `scoped`.
+    pub(crate) fn check_lease_call(&self, scoped: &[u8]) -> Result<(), LeaseError> {
+        let key = crate::scope::key_of(scoped);
         match self.check_key(key).and_then(|()| self.check_open()) {
             Ok(()) => Ok(()),
             Err(ClaimError::KeyTooLong { len, max }) => Err(LeaseError::KeyTooLong { len, max }),

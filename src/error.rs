@@ -192,6 +192,14 @@ pub enum ClaimError {
     },
     /// The key is empty. Empty keys are refused because they are almost always a bug.
     KeyEmpty,
+    /// The scope ([`crate::ClaimOptions::scope`]) is longer than the engine accepts
+    /// (255 bytes). Hash or shorten it.
+    ScopeTooLong {
+        /// Length of the scope given.
+        len: usize,
+        /// Longest scope accepted.
+        max: usize,
+    },
     /// The key is known with a different request fingerprint: the same idempotency key was
     /// reused for a different request (HTTP would answer 422). Do not retry with this key.
     FingerprintMismatch,
@@ -223,6 +231,9 @@ impl fmt::Display for ClaimError {
                 write!(f, "key of {len} bytes exceeds the maximum of {max}")
             }
             ClaimError::KeyEmpty => f.write_str("empty key"),
+            ClaimError::ScopeTooLong { len, max } => {
+                write!(f, "scope of {len} bytes exceeds the maximum of {max}")
+            }
             ClaimError::FingerprintMismatch => {
                 f.write_str("the key was used before with a different request fingerprint")
             }
@@ -283,6 +294,13 @@ pub enum LeaseError {
         /// Longest key accepted.
         max: usize,
     },
+    /// The scope is longer than the engine accepts (255 bytes; token forms only).
+    ScopeTooLong {
+        /// Length of the scope given.
+        len: usize,
+        /// Longest scope accepted.
+        max: usize,
+    },
     /// The writer queue stayed full until the lease ended. A holder's call (`complete`,
     /// `release`, `extend`, `checkpoint`) waits for room in the queue while its lease lasts
     /// (on the engine's clock) instead of failing; this is what it reports if the lease
@@ -310,6 +328,9 @@ impl fmt::Display for LeaseError {
             }
             LeaseError::KeyTooLong { len, max } => {
                 write!(f, "key of {len} bytes exceeds the maximum of {max}")
+            }
+            LeaseError::ScopeTooLong { len, max } => {
+                write!(f, "scope of {len} bytes exceeds the maximum of {max}")
             }
             LeaseError::Overloaded(limit) => {
                 write!(f, "overloaded: {limit} reached for the whole lease")
@@ -400,7 +421,8 @@ pub enum RunError<E> {
     /// from now. Until then every other caller gets `InProgress` (`run`:
     /// [`RunError::StillInProgress`] once its wait runs out); after it, the next claim takes
     /// the key over (attempt + 1) and runs the handler again. Fix the cause (a response that
-    /// fits) before that; [`crate::Engine::release`] with `token` gives the key up at once.
+    /// fits) before that; [`crate::Engine::release`] with `token` gives the key up at once
+    /// ([`crate::Engine::release_scoped`] for a key claimed within a scope).
     NotStored {
         /// Why the result could not be stored.
         reason: NotStoredReason,
@@ -478,3 +500,52 @@ impl<E> From<LeaseError> for RunError<E> {
         RunError::Lease(e)
     }
 }
+
+/// Why [`crate::Fingerprint::of`] could not fingerprint a value. Nothing was stored; the
+/// value itself is the cause, so the same value fails the same way every time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FingerprintError {
+    /// The value nests deeper than `max` levels (each element, map key or value, field,
+    /// `Option` content, newtype or enum variant content is one level). Flatten the request
+    /// or fingerprint its bytes.
+    TooDeep {
+        /// Deepest nesting accepted.
+        max: usize,
+    },
+    /// The value's canonical encoding is longer than `max` bytes. Fingerprint the request's
+    /// bytes instead ([`crate::Fingerprint::of_bytes`]), which has no such limit.
+    TooLarge {
+        /// Longest encoding accepted, in bytes.
+        max: usize,
+    },
+    /// A map has two entries whose keys are the same canonical value (for example a
+    /// struct field and a `#[serde(flatten)]`ed map key of the same name, or the keys `1u8`
+    /// and `1i64`). Which entry a fingerprint should take is undefined, so none is chosen.
+    DuplicateKey,
+    /// The value's `Serialize` implementation failed (or broke serde's calling contract);
+    /// the message is its own.
+    Serialize {
+        /// What the implementation reported.
+        message: String,
+    },
+}
+
+impl fmt::Display for FingerprintError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FingerprintError::TooDeep { max } => {
+                write!(f, "value nests deeper than {max} levels")
+            }
+            FingerprintError::TooLarge { max } => {
+                write!(f, "value's canonical encoding exceeds {max} bytes")
+            }
+            FingerprintError::DuplicateKey => f.write_str("a map has two equal keys"),
+            FingerprintError::Serialize { message } => {
+                write!(f, "the value failed to serialize: {message}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for FingerprintError {}

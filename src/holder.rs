@@ -36,10 +36,34 @@ impl Engine {
     /// lease ends, so other callers see `InProgress` and only a claim after the lease ended
     /// takes it over. Within the lease, a completion that fits or a [`Engine::release`] still
     /// settles it.
+    ///
+    /// `key` is the unscoped key; [`Engine::complete_scoped`] completes a key within a scope.
     pub fn complete(&self, key: &[u8], token: u64, response: &[u8]) -> Result<(), LeaseError> {
-        self.complete_arc(key, token, Arc::from(response))
+        self.complete_scoped(&[], key, token, response)
     }
 
+    /// [`Engine::complete`] of `key` within `scope` ([`crate::ClaimOptions::scope`],
+    /// [`crate::Detached::scope`]).
+    pub fn complete_scoped(
+        &self,
+        scope: &[u8],
+        key: &[u8],
+        token: u64,
+        response: &[u8],
+    ) -> Result<(), LeaseError> {
+        let scoped = self.lease_key(scope, key)?;
+        self.complete_arc(&scoped, token, Arc::from(response))
+    }
+
+    /// The scoped key of a holder's call by key and token.
+    fn lease_key(&self, scope: &[u8], key: &[u8]) -> Result<Box<[u8]>, LeaseError> {
+        crate::scope::scoped(scope, key).ok_or(LeaseError::ScopeTooLong {
+            len: scope.len(),
+            max: crate::constants::SCOPE_LEN_MAX,
+        })
+    }
+
+    /// Completes the scoped key `key` (`scope.rs`); every holder's call below takes one.
     pub(crate) fn complete_arc(
         &self,
         key: &[u8],
@@ -47,7 +71,7 @@ impl Engine {
         response: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
         let observe = &self.shared().observe;
-        observe.complete(key, token, || {
+        observe.complete(crate::scope::key_of(key), token, || {
             self.complete_unobserved(key, token, response)
         })
     }
@@ -189,9 +213,23 @@ impl Engine {
     /// Releases `key` if `token` still owns it as InFlight; returns whether it did. A
     /// released key is Absent: the next claim (or a waiting caller) acquires it. A full
     /// writer queue is waited out as long as the lease lasts (see [`Engine::complete`]).
+    /// `key` is the unscoped key; [`Engine::release_scoped`] releases a key within a scope.
     pub fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        self.release_scoped(&[], key, token)
+    }
+
+    /// [`Engine::release`] of `key` within `scope`.
+    pub fn release_scoped(&self, scope: &[u8], key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        let scoped = self.lease_key(scope, key)?;
+        self.release_at(&scoped, token)
+    }
+
+    /// Releases the scoped key `key`.
+    pub(crate) fn release_at(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         let observe = &self.shared().observe;
-        observe.release(key, token, || self.release_unobserved(key, token))
+        observe.release(crate::scope::key_of(key), token, || {
+            self.release_unobserved(key, token)
+        })
     }
 
     fn release_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
@@ -204,7 +242,9 @@ impl Engine {
     /// Release from `Drop`: never waits, never fails loudly. If the queue is full the lease
     /// stays and expires on its own, which is equally safe.
     pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
-        self.shared().observe.dropped(key, token);
+        self.shared()
+            .observe
+            .dropped(crate::scope::key_of(key), token);
         if self.check_open().is_ok() {
             let _ = self.release_locked(key, token);
         }
@@ -269,16 +309,64 @@ impl Engine {
         Ok(self.durable_wait(seq))
     }
 
-    /// Sets the lease of `token` on `key` to end `lease` from now.
+    /// Sets the lease of `token` on the unscoped `key` to end `lease` from now
+    /// ([`Engine::extend_scoped`] within a scope).
     pub fn extend(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
+        self.extend_scoped(&[], key, token, lease)
+    }
+
+    /// [`Engine::extend`] of `key` within `scope`.
+    pub fn extend_scoped(
+        &self,
+        scope: &[u8],
+        key: &[u8],
+        token: u64,
+        lease: Duration,
+    ) -> Result<(), LeaseError> {
+        let scoped = self.lease_key(scope, key)?;
+        self.extend_at(&scoped, token, lease)
+    }
+
+    /// Extends the lease on the scoped key `key`.
+    pub(crate) fn extend_at(
+        &self,
+        key: &[u8],
+        token: u64,
+        lease: Duration,
+    ) -> Result<(), LeaseError> {
         let seq = self.with_room(key, token, || {
             self.update_inflight(key, token, Holder::Extend { lease })
         })?;
         self.wait_holder(seq)
     }
 
-    /// Saves a checkpoint for `token` on `key`; a takeover receives it.
+    /// Saves a checkpoint for `token` on the unscoped `key`; a takeover receives it
+    /// ([`Engine::checkpoint_scoped`] within a scope).
     pub fn checkpoint(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+    ) -> Result<(), LeaseError> {
+        self.checkpoint_scoped(&[], key, token, phase, data)
+    }
+
+    /// [`Engine::checkpoint`] of `key` within `scope`.
+    pub fn checkpoint_scoped(
+        &self,
+        scope: &[u8],
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+    ) -> Result<(), LeaseError> {
+        let scoped = self.lease_key(scope, key)?;
+        self.checkpoint_at(&scoped, token, phase, data)
+    }
+
+    /// Saves a checkpoint on the scoped key `key`.
+    pub(crate) fn checkpoint_at(
         &self,
         key: &[u8],
         token: u64,

@@ -31,6 +31,7 @@ pub enum Claim {
 /// refused (see [`Lease::complete`]).
 pub struct Lease {
     pub(crate) engine: Engine,
+    /// The scoped key (`scope.rs`).
     pub(crate) key: Box<[u8]>,
     pub(crate) token: u64,
     pub(crate) attempt: u32,
@@ -43,7 +44,8 @@ pub struct Lease {
 impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
-            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("scope", &String::from_utf8_lossy(self.scope()))
+            .field("key", &String::from_utf8_lossy(self.key()))
             .field("token", &self.token)
             .field("attempt", &self.attempt)
             .finish()
@@ -64,7 +66,12 @@ impl Lease {
 
     /// The key this lease is for.
     pub fn key(&self) -> &[u8] {
-        &self.key
+        crate::scope::key_of(&self.key)
+    }
+
+    /// The scope of the key ([`crate::ClaimOptions::scope`]; empty: unscoped).
+    pub fn scope(&self) -> &[u8] {
+        crate::scope::split(&self.key).0
     }
 
     /// The checkpoint a previous holder saved, if this claim took over its key.
@@ -100,8 +107,8 @@ impl Lease {
     ///
     /// The returned [`Detached`] keeps what is needed to settle the key later from anywhere
     /// that holds the engine ([`crate::Engine::complete`], [`crate::Engine::release`] and
-    /// [`crate::Engine::extend`] take the key and token), e.g. after handing the work to
-    /// another thread or process step.
+    /// [`crate::Engine::extend`] take the key and token; their `_scoped` forms the scope
+    /// too), e.g. after handing the work to another thread or process step.
     ///
     /// ```
     /// use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
@@ -127,17 +134,18 @@ impl Lease {
     /// (or a waiting caller) acquires it. Returns whether this lease still owned the key.
     pub fn release(mut self) -> Result<bool, LeaseError> {
         self.settled = true;
-        self.engine.release(&self.key, self.token)
+        self.engine.release_at(&self.key, self.token)
     }
 
     /// Sets the lease to end `lease` from now (zero and very large values are valid).
     pub fn extend(&self, lease: Duration) -> Result<(), LeaseError> {
-        self.engine.extend(&self.key, self.token, lease)
+        self.engine.extend_at(&self.key, self.token, lease)
     }
 
     /// Saves progress so that a takeover after a crash or expiry can resume from it.
     pub fn set_checkpoint(&mut self, phase: u32, data: &[u8]) -> Result<(), LeaseError> {
-        self.engine.checkpoint(&self.key, self.token, phase, data)?;
+        self.engine
+            .checkpoint_at(&self.key, self.token, phase, data)?;
         self.checkpoint = Some(Checkpoint::new(phase, data));
         Ok(())
     }
@@ -151,10 +159,11 @@ impl Drop for Lease {
     }
 }
 
-/// What remains of a lease let go with [`Lease::detach`]: the key and the fencing token
-/// that still own it until the lease ends.
+/// What remains of a lease let go with [`Lease::detach`]: the key (and its scope) and the
+/// fencing token that still own it until the lease ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detached {
+    /// The scoped key (`scope.rs`).
     key: Box<[u8]>,
     token: u64,
     attempt: u32,
@@ -163,7 +172,13 @@ pub struct Detached {
 impl Detached {
     /// The key the lease was for.
     pub fn key(&self) -> &[u8] {
-        &self.key
+        crate::scope::key_of(&self.key)
+    }
+
+    /// The scope of the key (empty: unscoped). Settle a scoped key with the `_scoped`
+    /// calls, e.g. [`crate::Engine::complete_scoped`].
+    pub fn scope(&self) -> &[u8] {
+        crate::scope::split(&self.key).0
     }
 
     /// The lease's fencing token.

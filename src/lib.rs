@@ -38,6 +38,7 @@ mod codec;
 mod constants;
 mod engine;
 mod error;
+mod fingerprint;
 mod holder;
 #[cfg(feature = "http")]
 pub mod http;
@@ -56,6 +57,7 @@ mod recovery;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod sabotage;
+mod scope;
 mod stats;
 mod storage;
 mod sweep;
@@ -73,8 +75,10 @@ pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;
 pub use crate::error::{
-    ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
+    ClaimError, FingerprintError, FlushError, LeaseError, Limit, NotStoredReason, OpenError,
+    OpenErrorKind, RunError,
 };
+pub use crate::fingerprint::Fingerprint;
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::observe::key_hash;

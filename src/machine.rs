@@ -376,7 +376,7 @@ pub(crate) fn acquire(
     }
 }
 
-/// The InFlight record persisted for a lease.
+/// The InFlight record persisted for a lease of the scoped key `key` (`scope.rs`).
 pub(crate) fn inflight_record(
     key: &[u8],
     fingerprint: Option<u128>,
@@ -384,9 +384,10 @@ pub(crate) fn inflight_record(
     checkpoint: Option<Checkpoint>,
     deadline_wall_ms: u64,
 ) -> Record {
+    let (scope, key) = crate::scope::split(key);
     Record {
         key: Blob(Arc::from(key)),
-        scope: Blob::empty(),
+        scope: Blob(Arc::from(scope)),
         fingerprint,
         first_claimed_wall_ms: 0,
         retention_ms: None,
@@ -509,12 +510,13 @@ fn complete(
 ) -> Step<HolderAnswer> {
     let fingerprint = view.fingerprint();
     let expires_wall_ms = now.wall_ms.saturating_add(duration_ms(rules.retention));
+    let (scope, key) = crate::scope::split(key);
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
         old: None,
         record: Record {
             key: Blob(Arc::from(key)),
-            scope: Blob::empty(),
+            scope: Blob(Arc::from(scope)),
             fingerprint,
             first_claimed_wall_ms: 0,
             retention_ms: None,
@@ -722,7 +724,7 @@ pub(crate) fn import(
         old,
         record: Record {
             key: Blob(Arc::from(record.key.as_slice())),
-            scope: Blob::empty(),
+            scope: Blob(Arc::from(record.scope.as_slice())),
             fingerprint: record.fingerprint,
             first_claimed_wall_ms: 0,
             retention_ms: None,
@@ -1796,6 +1798,7 @@ mod tests {
     fn record(token: u64, state: RecordInfoState) -> RecordInfo {
         RecordInfo {
             key: KEY.to_vec(),
+            scope: Vec::new(),
             token,
             fingerprint: Some(7),
             attempt: 2,

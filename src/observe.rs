@@ -524,7 +524,9 @@ fn claim_error_label(e: &ClaimError) -> &'static str {
     match e {
         ClaimError::FingerprintMismatch => "fingerprint_mismatch",
         ClaimError::Overloaded(_) => "overloaded",
-        ClaimError::KeyTooLong { .. } | ClaimError::KeyEmpty => "invalid_key",
+        ClaimError::KeyTooLong { .. } | ClaimError::KeyEmpty | ClaimError::ScopeTooLong { .. } => {
+            "invalid_key"
+        }
         ClaimError::TokensExhausted => "tokens_exhausted",
         ClaimError::Poisoned(_) => "poisoned",
         ClaimError::OutcomeUnknown(_) => "outcome_unknown",
@@ -542,7 +544,7 @@ fn lease_error_label(e: &LeaseError) -> &'static str {
         LeaseError::LeaseLost => "lease_lost",
         LeaseError::ResponseTooLarge { .. } => "response_too_large",
         LeaseError::CheckpointTooLarge { .. } => "checkpoint_too_large",
-        LeaseError::KeyTooLong { .. } => "invalid_key",
+        LeaseError::KeyTooLong { .. } | LeaseError::ScopeTooLong { .. } => "invalid_key",
         LeaseError::Overloaded(_) => "overloaded",
         LeaseError::Poisoned(_) => "poisoned",
         LeaseError::OutcomeUnknown(_) => "outcome_unknown",

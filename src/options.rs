@@ -4,8 +4,10 @@ use crate::backend::Storage;
 use crate::clock::{Clock, SystemClock};
 use crate::codec::fnv1a64;
 use crate::constants::*;
-use crate::error::OpenError;
+use crate::error::{FingerprintError, OpenError};
+use crate::fingerprint::Fingerprint;
 use crate::sync::{Arc, Mutex};
+use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -62,11 +64,13 @@ pub enum Recovery {
 /// use idemkv::ClaimOptions;
 /// use std::time::Duration;
 /// let opts = ClaimOptions::default()
+///     .scope(b"tenant-7")
 ///     .payload(b"{\"amount\":42}")
 ///     .lease(Duration::from_secs(10));
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct ClaimOptions {
+    pub(crate) scope: Box<[u8]>,
     pub(crate) fingerprint: Option<AskedFingerprint>,
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
@@ -74,8 +78,33 @@ pub struct ClaimOptions {
 }
 
 impl ClaimOptions {
-    /// A request fingerprint (a hash of the payload). A claim whose fingerprint differs from
-    /// the stored one is refused with `FingerprintMismatch`. Without one, no check is made.
+    /// The scope the key lives in: a tenant, a client, an operation. Keys are unique within
+    /// their scope only, so two scopes' equal keys are two independent keys (claims,
+    /// completions, replays, fingerprints), and no caller has to build a delimiter into the
+    /// key. The scope has its own limit (255 bytes; [`crate::ClaimError::ScopeTooLong`])
+    /// and does not count against the key's. The empty scope (the default) is the unscoped
+    /// key that every call without a scope uses.
+    ///
+    /// ```
+    /// use idemkv::{Claim, ClaimOptions, Durability, Engine};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let alice = ClaimOptions::default().scope(b"alice");
+    /// let bob = ClaimOptions::default().scope(b"bob");
+    /// let Claim::Acquired(lease) = engine.claim(b"order-1", &alice)? else { unreachable!() };
+    /// // Bob's `order-1` is another key.
+    /// assert!(matches!(engine.claim(b"order-1", &bob)?, Claim::Acquired(_)));
+    /// assert_eq!(lease.scope(), b"alice");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn scope(mut self, scope: &[u8]) -> Self {
+        self.scope = Box::from(scope);
+        self
+    }
+
+    /// A request fingerprint of your own, 64 bits wide (a hash or version you already
+    /// keep). A claim whose fingerprint differs from the stored one is refused with
+    /// `FingerprintMismatch`. Without a fingerprint, no check is made. It matches exactly
+    /// what the same call stored, in files of either record format.
     pub fn fingerprint(mut self, fingerprint: u64) -> Self {
         // Zero-extended, a caller's u64 matches what the previous format stored for it.
         self.fingerprint = Some(AskedFingerprint {
@@ -85,12 +114,47 @@ impl ClaimOptions {
         self
     }
 
-    /// Fingerprints the request payload with a stable 64-bit hash.
+    /// Fingerprints the request's bytes, byte for byte ([`Fingerprint::of_bytes`], 128
+    /// bits). It also matches a record that an earlier version stored for the same payload
+    /// (which kept a 64-bit FNV-1a of it), so upgrading does not turn retries into
+    /// `FingerprintMismatch`.
     pub fn payload(mut self, payload: &[u8]) -> Self {
-        let fnv = fnv1a64(payload);
         self.fingerprint = Some(AskedFingerprint {
-            value: u128::from(fnv),
-            legacy: Some(fnv),
+            value: Fingerprint::of_bytes(payload).as_u128(),
+            legacy: Some(fnv1a64(payload)),
+        });
+        self
+    }
+
+    /// Fingerprints a structured request ([`Fingerprint::of`]): the same value matches
+    /// however its maps were ordered, e.g. the same JSON body with its members reordered,
+    /// parsed into the same type. Fails only for a value past the fingerprint's limits or
+    /// whose `Serialize` fails.
+    ///
+    /// ```
+    /// use idemkv::{ClaimOptions, Durability, Engine};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let first: serde_json::Value = serde_json::from_str(r#"{"order":42,"amount":1999}"#)?;
+    /// let retry: serde_json::Value = serde_json::from_str(r#"{"amount":1999,"order":42}"#)?;
+    /// let charge = |_: &idemkv::Lease| Ok::<_, std::io::Error>(b"charged".to_vec());
+    /// engine.run(b"pay-1", &ClaimOptions::default().fingerprint_of(&first)?, charge)?;
+    /// let again = engine.run(b"pay-1", &ClaimOptions::default().fingerprint_of(&retry)?, charge)?;
+    /// assert!(again.replayed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fingerprint_of<T: Serialize + ?Sized>(
+        self,
+        request: &T,
+    ) -> Result<Self, FingerprintError> {
+        Ok(self.with_fingerprint(Fingerprint::of(request)?))
+    }
+
+    /// A [`Fingerprint`] computed beforehand (by [`Fingerprint::of_bytes`] or
+    /// [`Fingerprint::of`]).
+    pub fn with_fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = Some(AskedFingerprint {
+            value: fingerprint.as_u128(),
+            legacy: None,
         });
         self
     }
@@ -129,8 +193,8 @@ pub(crate) struct AskedFingerprint {
 
 impl AskedFingerprint {
     /// Whether the stored fingerprint is this request's. A stored value whose high half is
-    /// zero is a 64-bit fingerprint (a caller's u64, or the previous format's FNV-1a); a
-    /// 128-bit hash lands there with probability 2^-64.
+    /// zero is a 64-bit fingerprint (a caller's u64, or the previous format's FNV-1a of the
+    /// payload); a [`Fingerprint`] never has a zero high half, so the two never meet.
     pub(crate) fn matches(&self, stored: u128) -> bool {
         stored == self.value
             || (stored >> 64 == 0 && self.legacy.is_some_and(|l| u128::from(l) == stored))
@@ -448,5 +512,57 @@ impl EngineBuilder {
             return bad("a path is required unless durability is None".into());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{self, Blob, Record, RecordState};
+
+    /// A completed record of `payload`'s request as the previous format wrote it (its
+    /// fingerprint the 64-bit FNV-1a of the payload), read back as the engine reads it.
+    fn version_1_record(payload: &[u8]) -> Record {
+        let record = Record {
+            key: Blob(Arc::from(&b"k"[..])),
+            scope: Blob::empty(),
+            fingerprint: Some(u128::from(fnv1a64(payload))),
+            first_claimed_wall_ms: 0,
+            retention_ms: None,
+            state: RecordState::Completed {
+                attempt: 1,
+                completed_wall_ms: 1,
+                expires_wall_ms: 2,
+                response: Blob(Arc::from(&b"ok"[..])),
+            },
+        };
+        codec::decode(7, &codec::encode_v1(7, &record)).unwrap()
+    }
+
+    fn asked(opts: ClaimOptions) -> AskedFingerprint {
+        opts.fingerprint.unwrap()
+    }
+
+    #[test]
+    fn payload_matches_its_128_bit_fingerprint_and_the_previous_formats_fnv() {
+        let old = version_1_record(b"{\"amount\":42}").fingerprint.unwrap();
+        let payload = asked(ClaimOptions::default().payload(b"{\"amount\":42}"));
+        assert!(payload.matches(old), "a record of the previous format");
+        assert!(payload.matches(Fingerprint::of_bytes(b"{\"amount\":42}").as_u128()));
+        // Another payload matches neither form.
+        let other = asked(ClaimOptions::default().payload(b"{\"amount\":43}"));
+        assert!(!other.matches(old));
+        assert!(!other.matches(Fingerprint::of_bytes(b"{\"amount\":42}").as_u128()));
+        // The FNV-1a is only a fallback for a stored 64-bit value: a 128-bit fingerprint
+        // whose low half equals it is another request's.
+        assert!(!payload.matches(old | 1 << 64));
+        // A fingerprint given as a value has no 64-bit form to fall back on.
+        let value = asked(
+            ClaimOptions::default().with_fingerprint(Fingerprint::of_bytes(b"{\"amount\":42}")),
+        );
+        assert!(!value.matches(old));
+        // A caller's u64 is compared as it is, in either format.
+        let own = asked(ClaimOptions::default().fingerprint(0xfeed));
+        assert!(own.matches(0xfeed) && !own.matches(0xfeed | 1 << 64));
     }
 }

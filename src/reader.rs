@@ -92,15 +92,20 @@ impl FileReader {
         })
     }
 
-    /// The record of `key` (the newest, if a damaged history left two), as persisted: a
-    /// completion past its retention is returned too; compare its `expires_at` with the
-    /// time. `None`: the file holds no record of the key.
+    /// The record of the unscoped `key` (the newest, if a damaged history left two), as
+    /// persisted: a completion past its retention is returned too; compare its `expires_at`
+    /// with the time. `None`: the file holds no record of the key.
     pub fn get(&self, key: &[u8]) -> Result<Option<RecordInfo>, OpenError> {
+        self.get_scoped(&[], key)
+    }
+
+    /// [`FileReader::get`] of `key` within `scope` (the empty scope is the unscoped key).
+    pub fn get_scoped(&self, scope: &[u8], key: &[u8]) -> Result<Option<RecordInfo>, OpenError> {
         let txn = self.store.begin_read()?;
         let mut newest = None;
         self.store.scan(&txn, |token, bytes| {
             let head = codec::decode_head(token, bytes).map_err(|e| corrupted(token, e))?;
-            if &head.key.0[..] == key {
+            if head.key.0[..] == *key && head.scope.0[..] == *scope {
                 newest = Some(info(token, bytes)?);
             }
             Ok::<(), OpenError>(())
@@ -147,6 +152,7 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
     };
     Ok(RecordInfo {
         key: record.key.0.to_vec(),
+        scope: record.scope.0.to_vec(),
         token,
         fingerprint: record.fingerprint,
         attempt,

@@ -138,6 +138,8 @@ fn scan_range(
 ) -> Result<(), OpenError> {
     let mut local = Found::default();
     let (mut inflight, mut completed) = (0u64, 0u64);
+    // One buffer for every record's scoped key: the index copies what it keeps.
+    let mut scoped = Vec::new();
     let now = Now {
         mono_ns: now_ns,
         wall_ms: now_wall,
@@ -152,7 +154,17 @@ fn scan_range(
             detail: format!("record under token {token}: {e}"),
         })?;
         local.max_token = local.max_token.max(token);
-        let key = &head.key.0[..];
+        // The index names a key by its scoped key (`scope.rs`), rebuilt from the record's
+        // scope and key.
+        if !crate::scope::write_scoped(&mut scoped, &head.scope.0, &head.key.0) {
+            return Err(OpenError::Corrupted {
+                detail: format!(
+                    "record under token {token}: a scope of {} bytes, longer than any written",
+                    head.scope.0.len()
+                ),
+            });
+        }
+        let key = &scoped[..];
         let (slot, extra, reap_ns) =
             match machine::recover(token, head.state, head.fingerprint, now, &reopen) {
                 Recovered::Expired => {

@@ -11,7 +11,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idemkv::http::{IdempotencyConfig, IdempotencyLayer, InFlight, PROBLEM_JSON};
-use idemkv::{Claim, ClaimOptions, Durability, Engine, MockClock};
+use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, MockClock};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -355,13 +355,13 @@ async fn strict_keys_refuse_bare_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn too_long_key_is_400_and_the_default_fits_the_engine() {
     let (server, runs, client) = plain_server(IdempotencyConfig::default()).await;
-    // The default limit (253) with the empty scope's 2-byte prefix fits the engine's 255.
-    let longest = "k".repeat(253);
+    // The default limit is the engine's (255): the scope is carried apart from the key.
+    let longest = "k".repeat(255);
     assert_eq!(
         post_key(&client, server.addr, &longest, "{}").await.status,
         201
     );
-    let r = post_key(&client, server.addr, &"k".repeat(254), "{}").await;
+    let r = post_key(&client, server.addr, &"k".repeat(256), "{}").await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.problem()["type"], "urn:idemkv:problem:key-too-long");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -691,7 +691,8 @@ async fn scopes_separate_identical_keys() {
             .get("x-tenant")
             .map_or(Vec::new(), |v| v.as_bytes().to_vec())
     });
-    let server = serve(charges(engine(), config, runs.clone())).await;
+    let engine = engine();
+    let server = serve(charges(engine.clone(), config, runs.clone())).await;
     let client = client();
     let as_tenant = |tenant: &'static str, body: &'static str| {
         let client = client.clone();
@@ -740,6 +741,20 @@ async fn scopes_separate_identical_keys() {
     assert!(a2.replayed() && b2.replayed());
     assert_eq!((a2.body, b2.body), (a.body, b.body));
     assert_eq!(runs.load(Ordering::SeqCst), 4);
+    // The engine holds each tenant's key in its scope, not one key with a delimiter.
+    for tenant in [&b"acme"[..], b"globex", b"ab"] {
+        assert!(matches!(
+            engine.get_scoped(tenant, b"k").unwrap(),
+            Some(KeyState::Completed { .. })
+        ));
+    }
+    assert_eq!(engine.get(b"k").unwrap(), None);
+    // A scope past the engine's limit is the service's misconfiguration, not the client's.
+    let long: &'static str = Box::leak("t".repeat(256).into_boxed_str());
+    let r = as_tenant(long, "e").await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(r.problem()["type"], "urn:idemkv:problem:misconfigured");
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
     drop(client);
     server.stop().await;
 }
@@ -779,15 +794,14 @@ async fn engine_states_map_to_503_and_500() {
 
     // A stored value that is not a stored response: 500, never a panic.
     let Claim::Acquired(lease) = engine
-        .claim(b"\0\0bad", &ClaimOptions::default().payload(&[]))
+        .claim(b"bad", &ClaimOptions::default().payload(&[]))
         .unwrap()
     else {
         panic!("a new key is acquired")
     };
     lease.complete(b"not an HTTP response").unwrap();
     // The layer's fingerprint differs from the one above, so claim without one first.
-    let Claim::Acquired(lease) = engine.claim(b"\0\0bad2", &ClaimOptions::default()).unwrap()
-    else {
+    let Claim::Acquired(lease) = engine.claim(b"bad2", &ClaimOptions::default()).unwrap() else {
         panic!("a new key is acquired")
     };
     lease.complete(b"not an HTTP response").unwrap();

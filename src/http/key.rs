@@ -1,6 +1,5 @@
-//! Parsing the `Idempotency-Key` header and building the engine key from it.
+//! Parsing the `Idempotency-Key` header.
 
-use crate::constants::HTTP_SCOPE_PREFIX_LEN;
 use std::fmt;
 
 /// Why an `Idempotency-Key` header was refused (each is answered with 400).
@@ -123,18 +122,6 @@ fn is_tchar(c: u8) -> bool {
     c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
 }
 
-/// The engine key of `key` within `scope`: the scope's length (u16, big-endian), the scope,
-/// then the key. The length prefix makes the split unambiguous, so two scopes never share an
-/// engine key whatever bytes their keys hold. `None` if the scope is longer than a u16 counts.
-pub(crate) fn engine_key(scope: &[u8], key: &[u8]) -> Option<Vec<u8>> {
-    let len = u16::try_from(scope.len()).ok()?;
-    let mut out = Vec::with_capacity(HTTP_SCOPE_PREFIX_LEN + scope.len() + key.len());
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(scope);
-    out.extend_from_slice(key);
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,13 +174,5 @@ mod tests {
             parse(b"\"abcde\"", false, 4),
             Err(KeyError::TooLong { len: 5, max: 4 })
         );
-    }
-
-    #[test]
-    fn engine_keys_are_unambiguous() {
-        // Without the length prefix, ("ab", "c") and ("a", "bc") would collide.
-        assert_ne!(engine_key(b"ab", b"c"), engine_key(b"a", b"bc"));
-        assert_eq!(engine_key(b"", b"k").unwrap(), b"\0\0k");
-        assert!(engine_key(&vec![0; 70_000], b"k").is_none());
     }
 }

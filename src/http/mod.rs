@@ -112,7 +112,7 @@ pub struct IdempotencyConfig {
 }
 
 impl Default for IdempotencyConfig {
-    /// POST and PATCH protected; quoted and bare keys of up to 253 bytes; one empty scope;
+    /// POST and PATCH protected; quoted and bare keys of up to 255 bytes; one empty scope;
     /// no header fingerprinted; [`InFlight::Conflict`]; content-type, content-language,
     /// location, etag and cache-control replayed; every status below 500 stored; bodies up
     /// to 1 MiB; the engine's lease.
@@ -153,17 +153,19 @@ impl IdempotencyConfig {
         self
     }
 
-    /// Longest key accepted, in bytes after unescaping (default 253); longer ones get 400.
-    /// The engine key is the key plus 2 bytes plus the scope, and must fit the engine's
-    /// [`crate::EngineBuilder::key_len_max`] (default 255): with a non-empty scope, lower
-    /// this or raise that, or requests with long keys get 500 (misconfigured).
+    /// Longest key accepted, in bytes after unescaping (default 255); longer ones get 400.
+    /// It must not exceed the engine's [`crate::EngineBuilder::key_len_max`] (default 255),
+    /// or requests with keys between the two get 500 (misconfigured). The scope does not
+    /// count against it.
     pub fn key_len_max(mut self, max: usize) -> Self {
         self.key_len_max = max;
         self
     }
 
     /// Derives the scope of a request's key (the tenant, the API key), so that identical
-    /// keys of two clients never meet. Default: one empty scope for every request.
+    /// keys of two clients never meet: the engine keeps the scope apart from the key
+    /// ([`crate::ClaimOptions::scope`]). At most 255 bytes (hash a longer one); a longer
+    /// scope gets 500 (misconfigured). Default: one empty scope for every request.
     pub fn scope(mut self, scope: impl Fn(&Parts) -> Vec<u8> + Send + Sync + 'static) -> Self {
         self.scope = Arc::new(scope);
         self

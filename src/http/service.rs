@@ -146,13 +146,8 @@ where
             return Ok(problem(kind, &e.to_string()));
         }
     };
+    // The engine keeps scopes apart from keys: two scopes' equal keys never meet.
     let scope = (cfg.scope)(&parts);
-    let Some(engine_key) = key::engine_key(&scope, &key) else {
-        return Ok(problem(
-            problem::MISCONFIGURED,
-            "the scope of the request is longer than 65535 bytes",
-        ));
-    };
 
     // A declared length over the limit is refused before a byte is read; a body that
     // declares none (or lies) is cut off by the limit while it is read.
@@ -172,15 +167,17 @@ where
         }
     };
 
-    let mut opts = ClaimOptions::default().payload(&fingerprint(&parts, cfg, &body));
+    let mut opts = ClaimOptions::default()
+        .scope(&scope)
+        .payload(&fingerprint(&parts, cfg, &body));
     if let Some(lease) = cfg.lease {
         opts = opts.lease(lease);
     }
     let claim = match cfg.in_flight {
-        InFlight::Conflict => shared.engine.claim_async(&engine_key, &opts).await,
+        InFlight::Conflict => shared.engine.claim_async(&key, &opts).await,
         InFlight::Wait(wait) => {
             let opts = opts.wait(wait);
-            shared.engine.claim_or_wait_async(&engine_key, &opts).await
+            shared.engine.claim_or_wait_async(&key, &opts).await
         }
     };
     match claim {
@@ -369,7 +366,11 @@ fn claim_error<B>(e: ClaimError) -> Response<ResponseBody<B>> {
         ),
         ClaimError::KeyTooLong { .. } | ClaimError::KeyEmpty => problem(
             problem::MISCONFIGURED,
-            "the scope and key exceed the engine's key limit",
+            "the key exceeds the engine's key limit",
+        ),
+        ClaimError::ScopeTooLong { .. } => problem(
+            problem::MISCONFIGURED,
+            "the scope of the request exceeds the engine's scope limit",
         ),
         // The engine's error enums may grow; a new variant is a 500 until it is mapped.
         #[allow(unreachable_patterns)]

@@ -591,6 +591,100 @@ fn export_import_round_trips_every_record() {
     assert_eq!(persisted_records(&target2), source);
 }
 
+/// The same key, `order-1`, three times: completed in scope `acme` ("a"), in flight in
+/// scope `globex` (a 1 h lease), completed unscoped ("u").
+fn scoped_sample(dir: &Path) -> PathBuf {
+    let path = dir.join("scoped.redb");
+    let e = Engine::builder()
+        .path(&path)
+        .sweep_interval(None)
+        .open()
+        .expect("open");
+    let claim = |scope: &[u8]| {
+        let opts = ClaimOptions::default()
+            .scope(scope)
+            .lease(Duration::from_secs(3600));
+        match e.claim(b"order-1", &opts).expect("claim") {
+            Claim::Acquired(lease) => lease,
+            other => panic!("a fresh key is acquired: {other:?}"),
+        }
+    };
+    claim(b"acme").complete(b"a").expect("complete");
+    let held = claim(b"globex");
+    claim(b"").complete(b"u").expect("complete");
+    e.close().expect("close");
+    held.detach();
+    path
+}
+
+#[test]
+fn scoped_keys_are_exported_imported_read_and_released_in_their_scope() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = scoped_sample(dir.path());
+
+    let out = on(&file, &["export"], &[]);
+    assert_exit(&out, 0);
+    let exported = stdout(&out);
+    assert_eq!(exported.lines().count(), 3, "{exported}");
+    assert!(
+        exported.contains(r#""key_text":"order-1","scope":"61636d65","scope_text":"acme","#),
+        "{exported}"
+    );
+    // The unscoped key's line is as before scopes existed.
+    let unscoped: Vec<&str> = exported.lines().filter(|l| !l.contains("scope")).collect();
+    assert_eq!(unscoped.len(), 1, "{exported}");
+    let target = dir.path().join("target.redb");
+    let out = idemkv_stdin(
+        &["import", target.to_str().expect("utf-8")],
+        exported.as_bytes(),
+    );
+    assert_exit(&out, 0);
+    assert_eq!(persisted_records(&target), persisted_records(&file));
+
+    for path in [&file, &target] {
+        let out = on(path, &["get", "order-1"], &["--scope", "acme", "--raw"]);
+        assert_exit(&out, 0);
+        assert_eq!(out.stdout, b"a");
+        let out = on(path, &["get", "order-1"], &["--raw"]);
+        assert_exit(&out, 0);
+        assert_eq!(out.stdout, b"u");
+        // With --hex both the key and the scope are hex.
+        let out = on(
+            path,
+            &["get", "6f726465722d31"],
+            &["--scope", "676c6f626578", "--hex"],
+        );
+        assert_exit(&out, 0);
+        let text = stdout(&out);
+        assert!(text.contains("scope       globex"), "{text}");
+        assert!(text.contains("inflight"), "{text}");
+        let out = on(path, &["get", "order-1"], &["--scope", "initech", "--json"]);
+        assert_exit(&out, 1);
+    }
+
+    // A release names the scope: the unscoped key is completed, nothing to release.
+    let out = on(&file, &["release", "order-1"], &[]);
+    assert_exit(&out, 1);
+    let out = on(
+        &file,
+        &["release", "order-1"],
+        &["--scope", "globex", "--json"],
+    );
+    assert_exit(&out, 0);
+    let json = stdout(&out);
+    assert!(
+        json.contains(r#""released":true"#) && json.contains(r#""scope":"676c6f626578""#),
+        "{json}"
+    );
+    let e = Engine::open(&file).expect("open");
+    assert_eq!(e.get_scoped(b"globex", b"order-1").expect("get"), None);
+    assert!(matches!(
+        e.get_scoped(b"acme", b"order-1").expect("get"),
+        Some(KeyState::Completed { .. })
+    ));
+    e.close().expect("close");
+}
+
 #[test]
 fn import_reports_bad_lines_and_refused_records() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -24,7 +24,11 @@ pub(crate) struct GetArgs {
     #[arg(value_name = "KEY")]
     key: String,
 
-    /// KEY is hex (for binary keys; `inspect --json` prints every key as hex)
+    /// The scope the key lives in, as text (or as hex with --hex); default: unscoped
+    #[arg(long, value_name = "SCOPE")]
+    scope: Option<String>,
+
+    /// KEY (and SCOPE) are hex (for binary keys; `inspect --json` prints every key as hex)
     #[arg(long)]
     hex: bool,
 
@@ -35,6 +39,17 @@ pub(crate) struct GetArgs {
     /// Write only the stored response, byte for byte (fails unless the key is completed)
     #[arg(long)]
     raw: bool,
+}
+
+/// Parses a `--scope` argument (text, or hex with `--hex`); none is the empty scope.
+pub(crate) fn scope_arg(scope: Option<&str>, is_hex: bool) -> Result<Vec<u8>, CliError> {
+    match scope {
+        None => Ok(Vec::new()),
+        Some(s) if is_hex => {
+            unhex(s).map_err(|e| CliError::usage(format!("SCOPE is not hex: {e}")))
+        }
+        Some(s) => Ok(s.as_bytes().to_vec()),
+    }
 }
 
 /// Parses a KEY argument: text, or hex with `--hex`.
@@ -53,9 +68,10 @@ pub(crate) fn key_arg(key: &str, is_hex: bool) -> Result<Vec<u8>, CliError> {
 pub(crate) fn run(args: &GetArgs) -> Result<(), CliError> {
     crate::cli::quiet_panics();
     let key = key_arg(&args.key, args.hex)?;
+    let scope = scope_arg(args.scope.as_deref(), args.hex)?;
     let reader = file::read(&args.file, false)?;
     let record = reader
-        .get(&key)
+        .get_scoped(&scope, &key)
         .map_err(|e| CliError::io(format!("reading {}", printable(&key)), e))?;
     drop(reader);
     let now = file::now_ms();
@@ -84,9 +100,9 @@ pub(crate) fn run(args: &GetArgs) -> Result<(), CliError> {
         };
     }
     if args.json {
-        output::print(&format!("{}\n", to_json(&key, &record, now)))?;
+        output::print(&format!("{}\n", to_json(&scope, &key, &record, now)))?;
     } else {
-        output::print(&text(&key, &record, now))?;
+        output::print(&text(&scope, &key, &record, now))?;
     }
     if live {
         Ok(())
@@ -102,8 +118,12 @@ fn name(record: &Option<RecordInfo>, now: u64) -> &'static str {
     }
 }
 
-fn text(key: &[u8], record: &Option<RecordInfo>, now: u64) -> String {
-    let mut lines: Vec<(&str, String)> = vec![("key", printable(key))];
+fn text(scope: &[u8], key: &[u8], record: &Option<RecordInfo>, now: u64) -> String {
+    let mut lines: Vec<(&str, String)> = Vec::new();
+    if !scope.is_empty() {
+        lines.push(("scope", printable(scope)));
+    }
+    lines.push(("key", printable(key)));
     match record {
         None => lines.push((
             "state",
@@ -185,12 +205,16 @@ fn text(key: &[u8], record: &Option<RecordInfo>, now: u64) -> String {
     out
 }
 
-fn to_json(key: &[u8], record: &Option<RecordInfo>, now: u64) -> serde_json::Value {
+fn to_json(scope: &[u8], key: &[u8], record: &Option<RecordInfo>, now: u64) -> serde_json::Value {
     let mut v = json!({
         "key": hex(key),
         "key_text": String::from_utf8_lossy(key),
         "state": name(record, now),
     });
+    if !scope.is_empty() {
+        v["scope"] = json!(hex(scope));
+        v["scope_text"] = json!(String::from_utf8_lossy(scope));
+    }
     let Some(r) = record else { return v };
     v["token"] = json!(r.token);
     v["attempt"] = json!(r.attempt);

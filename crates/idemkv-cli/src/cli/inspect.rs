@@ -183,8 +183,14 @@ fn row(r: &RecordInfo, now: u64) -> Vec<String> {
         }
         _ => ("-".into(), "-".into()),
     };
+    // A scoped key shows its scope in brackets before it (the JSON has them apart).
+    let key = if r.scope.is_empty() {
+        printable(&r.key)
+    } else {
+        format!("[{}] {}", printable(&r.scope), printable(&r.key))
+    };
     vec![
-        truncate(&printable(&r.key), KEY_WIDTH),
+        truncate(&key, KEY_WIDTH),
         state_name(r, now).into(),
         r.token.to_string(),
         r.attempt.to_string(),
@@ -203,6 +209,7 @@ fn record_json(r: &RecordInfo, now: u64) -> serde_json::Value {
     let mut v = json!({
         "key": records::hex(&r.key),
         "key_text": String::from_utf8_lossy(&r.key),
+        "scope": records::hex(&r.scope),
         "state": state_name(r, now),
         "token": r.token,
         "attempt": r.attempt,

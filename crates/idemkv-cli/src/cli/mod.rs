@@ -111,10 +111,11 @@ enum Command {
 
     /// Write every live record as JSON lines, in token order, for backup and migration
     ///
-    /// One JSON object per line: key (hex) and key_text, token, fingerprint (16 hex digits
-    /// or null), attempt, state; then response (hex) and expires_at_ms for a completed
-    /// record, or lease_deadline_ms and checkpoint ({phase, data (hex)} or null) for an
-    /// inflight one. `idemkv import` reads it back exactly. Read-only; the output file is
+    /// One JSON object per line: key (hex) and key_text, scope (hex) and scope_text for a
+    /// scoped key, token, fingerprint (16 or 32 hex digits, or null), attempt, state; then
+    /// response (hex) and expires_at_ms for a completed record, or lease_deadline_ms and
+    /// checkpoint ({phase, data (hex)} or null) for an inflight one. `idemkv import` reads
+    /// it back exactly. Read-only; the output file is
     /// created owner-only (0600). Exit codes: 0 ok, 2 error.
     Export(export::ExportArgs),
 

@@ -11,7 +11,9 @@
 //! ```
 //!
 //! `key`, `response` and checkpoint `data` are lowercase hex, so any bytes round-trip;
-//! `key_text` is the key decoded as UTF-8 (lossy), for people, and ignored on import. The
+//! `key_text` is the key decoded as UTF-8 (lossy), for people, and ignored on import. A
+//! scoped key's line has `scope` (hex) and `scope_text` after `key_text`; an unscoped key's
+//! has neither, and a line without `scope` imports as unscoped. The
 //! fingerprint is a hex string rather than a number (16 digits for a 64-bit fingerprint, 32
 //! for a 128-bit one), because JSON tools that read numbers as doubles (jq, JavaScript)
 //! would round it. Times are milliseconds
@@ -232,6 +234,12 @@ pub(crate) struct RecordLine {
     /// Lossy UTF-8, for people; ignored on import.
     #[serde(default)]
     pub(crate) key_text: String,
+    /// Hex; absent (empty) for an unscoped key.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) scope: String,
+    /// Lossy UTF-8, for people; ignored on import.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub(crate) scope_text: String,
     pub(crate) token: u64,
     /// 16 hex digits, or null.
     pub(crate) fingerprint: Option<String>,
@@ -272,6 +280,8 @@ impl RecordLine {
         let mut line = RecordLine {
             key: hex(&r.key),
             key_text: String::from_utf8_lossy(&r.key).into_owned(),
+            scope: hex(&r.scope),
+            scope_text: String::from_utf8_lossy(&r.scope).into_owned(),
             token: r.token,
             fingerprint: fingerprint(r.fingerprint),
             attempt: r.attempt,
@@ -319,6 +329,7 @@ impl RecordLine {
         if key.is_empty() {
             return Err("key: empty".into());
         }
+        let scope = unhex(&self.scope).map_err(|e| format!("scope: {e}"))?;
         let fingerprint = match &self.fingerprint {
             None => None,
             Some(f) => Some(
@@ -378,6 +389,7 @@ impl RecordLine {
         };
         Ok(RecordInfo {
             key,
+            scope,
             token: self.token,
             fingerprint,
             attempt: self.attempt,
@@ -474,6 +486,7 @@ mod tests {
         let records = [
             RecordInfo {
                 key: b"k\x00\xff".to_vec(),
+                scope: Vec::new(),
                 token: 7,
                 fingerprint: Some(u128::from(u64::MAX)),
                 attempt: 1,
@@ -485,6 +498,7 @@ mod tests {
             },
             RecordInfo {
                 key: b"job".to_vec(),
+                scope: b"tenant\x00\xff".to_vec(),
                 token: 9,
                 fingerprint: None,
                 attempt: 2,
@@ -495,6 +509,7 @@ mod tests {
             },
             RecordInfo {
                 key: b"job2".to_vec(),
+                scope: Vec::new(),
                 token: 10,
                 fingerprint: None,
                 attempt: 1,
@@ -514,6 +529,13 @@ mod tests {
         assert!(line.contains("\"lease_deadline_ms\":5,"), "{line}");
         let line = serde_json::to_string(&RecordLine::from_record(&records[0]).unwrap()).unwrap();
         assert!(line.contains("\"expires_at_ms\":1767225600000"), "{line}");
+        // An unscoped key's line has no scope; a scoped one's names it.
+        assert!(!line.contains("scope"), "{line}");
+        let line = serde_json::to_string(&RecordLine::from_record(&records[1]).unwrap()).unwrap();
+        assert!(
+            line.contains(r#""key_text":"job","scope":"74656e616e7400ff","#),
+            "{line}"
+        );
         let bad: RecordLine = serde_json::from_str(
             r#"{"key":"6b","token":1,"fingerprint":null,"attempt":1,"state":"completed","expires_at_ms":1}"#,
         )

@@ -10,7 +10,7 @@
 
 use crate::cli::error::{CliError, EXIT_VIOLATION};
 use crate::cli::file::{self, How};
-use crate::cli::get::key_arg;
+use crate::cli::get::{key_arg, scope_arg};
 use crate::cli::output;
 use crate::cli::records::{self, printable};
 use idemkv::{KeyState, RecordInfoState};
@@ -28,7 +28,11 @@ pub(crate) struct ReleaseArgs {
     #[arg(value_name = "KEY")]
     key: String,
 
-    /// KEY is hex (for binary keys)
+    /// The scope the key lives in, as text (or as hex with --hex); default: unscoped
+    #[arg(long, value_name = "SCOPE")]
+    scope: Option<String>,
+
+    /// KEY (and SCOPE) are hex (for binary keys)
     #[arg(long)]
     hex: bool,
 
@@ -40,12 +44,17 @@ pub(crate) struct ReleaseArgs {
 pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
     crate::cli::quiet_panics();
     let key = key_arg(&args.key, args.hex)?;
-    let shown = printable(&key);
+    let scope = scope_arg(args.scope.as_deref(), args.hex)?;
+    let shown = if scope.is_empty() {
+        printable(&key)
+    } else {
+        format!("{} in scope {}", printable(&key), printable(&scope))
+    };
     let engine = file::open(&args.file, How::Snapshot)?;
-    let released = engine.admin().force_release(&key);
+    let released = engine.admin().force_release_scoped(&scope, &key);
     // Why there was nothing to release, for the message.
     let now_state = match &released {
-        Ok(None) => engine.get(&key).ok().flatten(),
+        Ok(None) => engine.get_scoped(&scope, &key).ok().flatten(),
         _ => None,
     };
     file::close(engine, &args.file)?;
@@ -66,7 +75,10 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
             Some(_) => "it is not in flight".to_string(),
         };
         if args.json {
-            let out = json!({ "key": records::hex(&key), "released": false, "reason": why });
+            let mut out = json!({ "key": records::hex(&key), "released": false, "reason": why });
+            if !scope.is_empty() {
+                out["scope"] = json!(records::hex(&scope));
+            }
             output::print(&format!("{out}\n"))?;
         } else {
             output::print(&format!("nothing to release: {shown}: {why}\n"))?;
@@ -93,7 +105,10 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
                 None => serde_json::Value::Null,
             };
         }
-        let out = json!({ "key": records::hex(&key), "released": true, "before": record });
+        let mut out = json!({ "key": records::hex(&key), "released": true, "before": record });
+        if !scope.is_empty() {
+            out["scope"] = json!(records::hex(&scope));
+        }
         return output::print(&format!("{out}\n"));
     }
     let mut out = format!("released {shown}: it is now absent; the next claim starts afresh\n");

@@ -1,0 +1,92 @@
+//! Scopes: the namespace (tenant, client, operation) a key lives in, carried beside the
+//! key so that two scopes' equal keys are two keys and no caller has to invent a delimiter
+//! inside the key limit.
+//!
+//! Inside the engine a key is its *scoped key*: the scope's length (one byte), the scope,
+//! then the key. The length prefix makes the encoding injective (`("ab", "c")` and
+//! `("a", "bc")` differ), and the empty scope, the unscoped key, is the key behind a zero
+//! byte. The index, the writer's publication and every internal call work on scoped keys;
+//! records store the scope and the key apart, and recovery rebuilds the scoped key from
+//! them. Only the public calls take a scope and a key.
+
+use crate::constants::SCOPE_LEN_MAX;
+
+// The length prefix is one byte.
+const _: () = assert!(SCOPE_LEN_MAX <= u8::MAX as usize);
+
+/// The scoped key of `key` within `scope`, or `None` if the scope is longer than
+/// `SCOPE_LEN_MAX` (no key lives there).
+pub(crate) fn scoped(scope: &[u8], key: &[u8]) -> Option<Box<[u8]>> {
+    let mut out = Vec::with_capacity(1 + scope.len() + key.len());
+    write_scoped(&mut out, scope, key).then(|| out.into_boxed_slice())
+}
+
+/// Writes the scoped key of `key` within `scope` into `out` (cleared first); false, with
+/// `out` empty, if the scope is longer than `SCOPE_LEN_MAX`.
+pub(crate) fn write_scoped(out: &mut Vec<u8>, scope: &[u8], key: &[u8]) -> bool {
+    out.clear();
+    let Some(len) = u8::try_from(scope.len())
+        .ok()
+        .filter(|&l| usize::from(l) <= SCOPE_LEN_MAX)
+    else {
+        return false;
+    };
+    out.push(len);
+    out.extend_from_slice(scope);
+    out.extend_from_slice(key);
+    true
+}
+
+/// The scope and the key of a scoped key. Every scoped key is built by [`scoped`]; bytes
+/// that are not one (which the engine never makes) read as an unscoped key.
+pub(crate) fn split(scoped: &[u8]) -> (&[u8], &[u8]) {
+    let parts = scoped
+        .split_first()
+        .and_then(|(&len, rest)| rest.split_at_checked(usize::from(len)));
+    parts.unwrap_or((&[], scoped))
+}
+
+/// The key part of a scoped key.
+pub(crate) fn key_of(scoped: &[u8]) -> &[u8] {
+    split(scoped).1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scoped_keys_split_back_and_never_meet() {
+        let pairs: [(&[u8], &[u8]); 5] = [
+            (b"", b"k"),
+            (b"ab", b"c"),
+            (b"a", b"bc"),
+            (b"\x01", b"k"),
+            (b"", b"\x01k"),
+        ];
+        let keys: Vec<Box<[u8]>> = pairs.iter().map(|(s, k)| scoped(s, k).unwrap()).collect();
+        for (i, (scope, key)) in pairs.iter().enumerate() {
+            assert_eq!(split(&keys[i]), (*scope, *key));
+            for j in i + 1..pairs.len() {
+                assert_ne!(keys[i], keys[j], "{:?} and {:?}", pairs[i], pairs[j]);
+            }
+        }
+        // The unscoped key is the key behind a zero byte.
+        assert_eq!(&*scoped(b"", b"order-42").unwrap(), b"\0order-42");
+        assert_eq!(key_of(b"\0order-42"), b"order-42");
+    }
+
+    #[test]
+    fn a_scope_past_its_limit_has_no_key() {
+        let longest = vec![7u8; SCOPE_LEN_MAX];
+        let key = scoped(&longest, b"k").unwrap();
+        assert_eq!(split(&key), (&longest[..], &b"k"[..]));
+        assert!(scoped(&[7u8; SCOPE_LEN_MAX + 1], b"k").is_none());
+        let mut buf = vec![1, 2, 3];
+        assert!(!write_scoped(&mut buf, &[7u8; SCOPE_LEN_MAX + 1], b"k"));
+        assert!(buf.is_empty());
+        // Bytes the engine never builds read as unscoped, without a panic.
+        assert_eq!(split(b""), (&b""[..], &b""[..]));
+        assert_eq!(split(b"\x09ab"), (&b""[..], &b"\x09ab"[..]));
+    }
+}
