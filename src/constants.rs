@@ -134,6 +134,26 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 /// Marks a redb file as an idemkv file.
 pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x01";
 
+// Application tables and the outbox (`write_set.rs`, `tables.rs`, `outbox.rs`). Hard limits:
+// a write set rides in one queued operation and is committed in one transaction, so each
+// bounds what one completion can make the writer do.
+
+/// Longest application table name, in bytes (stored as a one-byte length before the name).
+pub(crate) const TABLE_NAME_LEN_MAX: usize = 64;
+/// Longest key of an application table row, in bytes.
+pub(crate) const TABLE_KEY_LEN_MAX: usize = 1024;
+/// Largest value of an application table row, in bytes.
+pub(crate) const TABLE_VALUE_LEN_MAX: usize = 1 << 20;
+/// Largest outbox message, in bytes.
+pub(crate) const OUTBOX_MESSAGE_LEN_MAX: usize = 1 << 20;
+/// Most operations (puts, deletes and emitted messages) in one write set.
+pub(crate) const WRITE_SET_OPS_MAX: usize = 1024;
+/// Most bytes in one write set: table names, keys, values and messages added up.
+pub(crate) const WRITE_SET_BYTES_MAX: usize = 4 << 20;
+/// Most rows one table scan returns, and most messages one `Outbox::pending` returns or
+/// one `Outbox::mark_sent` removes.
+pub(crate) const TABLE_SCAN_LIMIT_MAX: usize = 10_000;
+
 // The Idempotency-Key layer for HTTP services (feature `http`, src/http/).
 
 /// Bytes the layer puts before an Idempotency-Key in the engine key: the scope's length

@@ -13,6 +13,7 @@ use crate::error::{FlushError, LeaseError, Limit};
 use crate::machine::{self, Holder, HolderAnswer};
 use crate::stats::bump;
 use crate::sync::Arc;
+use crate::write_set::WriteSet;
 use std::time::Duration;
 
 fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
@@ -37,7 +38,21 @@ impl Engine {
     /// takes it over. Within the lease, a completion that fits or a [`Engine::release`] still
     /// settles it.
     pub fn complete(&self, key: &[u8], token: u64, response: &[u8]) -> Result<(), LeaseError> {
-        self.complete_arc(key, token, Arc::from(response))
+        self.complete_arc(key, token, Arc::from(response), None)
+    }
+
+    /// [`Engine::complete`] with `writes` to the application's tables and outbox, applied
+    /// in the same transaction as the completion, or not at all (see
+    /// [`crate::Lease::complete_with`]). A repeat for a token that already completed the
+    /// key succeeds without applying `writes` again.
+    pub fn complete_with(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: &[u8],
+        writes: &WriteSet,
+    ) -> Result<(), LeaseError> {
+        self.complete_arc(key, token, Arc::from(response), Some(writes))
     }
 
     pub(crate) fn complete_arc(
@@ -45,10 +60,11 @@ impl Engine {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
         let observe = &self.shared().observe;
         observe.complete(key, token, || {
-            self.complete_unobserved(key, token, response)
+            self.complete_unobserved(key, token, response, writes)
         })
     }
 
@@ -57,9 +73,10 @@ impl Engine {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
         let seq = self.with_room(key, token, || {
-            self.try_complete(key, token, response.clone())
+            self.try_complete(key, token, response.clone(), writes)
         })?;
         self.wait_holder(seq)
     }
@@ -130,12 +147,14 @@ impl Engine {
             })
     }
 
-    /// One attempt at a completion, never blocking; returns the number to wait for.
+    /// One attempt at a completion (with `writes`, queued in the same operation), never
+    /// blocking; returns the number to wait for.
     pub(crate) fn try_complete(
         &self,
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
@@ -160,7 +179,8 @@ impl Engine {
         match step.answer {
             HolderAnswer::Done => {}
             HolderAnswer::Repeat { published } => {
-                // The first completion stands. It is settled once all queued is.
+                // The first completion stands, with its writes; this one's are not applied.
+                // It is settled once all queued is.
                 drop(shard);
                 if published {
                     return Ok(0);
@@ -175,7 +195,9 @@ impl Engine {
                 return Err(LeaseError::LeaseLost);
             }
         }
-        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
+        let seq = s
+            .queue_with(step.write, writes)
+            .map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
@@ -240,8 +262,9 @@ impl Engine {
         key: &[u8],
         token: u64,
         op: Holder,
+        writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
-        self.update_inflight_at(key, token, |_| op)
+        self.update_inflight_at(key, token, |_| op, writes)
     }
 
     /// [`Engine::update_inflight`] with the operation chosen from the instant the transition
@@ -252,6 +275,7 @@ impl Engine {
         key: &[u8],
         token: u64,
         op: impl FnOnce(u64) -> Holder,
+        writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
@@ -263,7 +287,9 @@ impl Engine {
             s.count(&mut shard.events, &step.deltas);
             return Err(LeaseError::LeaseLost);
         }
-        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
+        let seq = s
+            .queue_with(step.write, writes)
+            .map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
         drop(shard);
         Ok(self.durable_wait(seq))
@@ -272,7 +298,7 @@ impl Engine {
     /// Sets the lease of `token` on `key` to end `lease` from now.
     pub fn extend(&self, key: &[u8], token: u64, lease: Duration) -> Result<(), LeaseError> {
         let seq = self.with_room(key, token, || {
-            self.update_inflight(key, token, Holder::Extend { lease })
+            self.update_inflight(key, token, Holder::Extend { lease }, None)
         })?;
         self.wait_holder(seq)
     }
@@ -285,6 +311,41 @@ impl Engine {
         phase: u32,
         data: &[u8],
     ) -> Result<(), LeaseError> {
+        self.checkpoint_writes(key, token, phase, data, None)
+    }
+
+    /// [`Engine::checkpoint`] with `writes` to the application's tables and outbox, applied
+    /// in the same transaction as the checkpoint, or not at all (see
+    /// [`crate::Lease::set_checkpoint_with`]).
+    pub fn checkpoint_with(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+        writes: &WriteSet,
+    ) -> Result<(), LeaseError> {
+        self.checkpoint_writes(key, token, phase, data, Some(writes))
+    }
+
+    fn checkpoint_writes(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+        writes: Option<&WriteSet>,
+    ) -> Result<(), LeaseError> {
+        self.check_checkpoint(data)?;
+        let seq = self.with_room(key, token, || {
+            let checkpoint = Holder::Checkpoint(Checkpoint::new(phase, data));
+            self.update_inflight(key, token, checkpoint, writes)
+        })?;
+        self.wait_holder(seq)
+    }
+
+    /// Refuses a checkpoint payload over the limit.
+    pub(crate) fn check_checkpoint(&self, data: &[u8]) -> Result<(), LeaseError> {
         let max = self.shared().cfg.checkpoint_len_max;
         if data.len() > max {
             return Err(LeaseError::CheckpointTooLarge {
@@ -292,9 +353,6 @@ impl Engine {
                 max,
             });
         }
-        let seq = self.with_room(key, token, || {
-            self.update_inflight(key, token, Holder::Checkpoint(Checkpoint::new(phase, data)))
-        })?;
-        self.wait_holder(seq)
+        Ok(())
     }
 }

@@ -50,6 +50,7 @@ mod machine;
 pub mod machine_probe;
 mod observe;
 mod options;
+mod outbox;
 mod progress;
 mod reader;
 mod recovery;
@@ -60,10 +61,12 @@ mod stats;
 mod storage;
 mod sweep;
 mod sync;
+mod tables;
 pub mod testing;
 mod timer;
 mod token;
 mod wake;
+mod write_set;
 mod writer;
 
 pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};
@@ -74,10 +77,13 @@ pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;
 pub use crate::error::{
     ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
+    TableError, WriteSetError,
 };
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::observe::key_hash;
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;
+pub use crate::write_set::WriteSet;
