@@ -478,7 +478,10 @@ impl fmt::Display for WriteSetError {
                 write!(f, "row value of {len} bytes exceeds the maximum of {max}")
             }
             WriteSetError::MessageTooLarge { len, max } => {
-                write!(f, "outbox message of {len} bytes exceeds the maximum of {max}")
+                write!(
+                    f,
+                    "outbox message of {len} bytes exceeds the maximum of {max}"
+                )
             }
             WriteSetError::TooManyOps { max } => {
                 write!(f, "a write set holds at most {max} operations; split it")
@@ -523,7 +526,10 @@ impl fmt::Display for TableError {
         match self {
             TableError::Invalid(e) => write!(f, "invalid table access: {e}"),
             TableError::LimitTooLarge { limit, max } => {
-                write!(f, "a limit of {limit} exceeds the maximum of {max} per call")
+                write!(
+                    f,
+                    "a limit of {limit} exceeds the maximum of {max} per call"
+                )
             }
             TableError::Poisoned(why) => write!(f, "engine poisoned by a storage failure: {why}"),
             TableError::OutcomeUnknown(why) => write!(

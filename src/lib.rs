@@ -86,4 +86,4 @@ pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;
-pub use crate::write_set::WriteSet;
+pub use crate::write_set::{TableRow, WriteSet};

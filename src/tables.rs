@@ -25,7 +25,7 @@ use crate::error::TableError;
 use crate::machine::Write;
 use crate::storage::Snapshot;
 use crate::sync::{Arc, Mutex, MutexGuard};
-use crate::write_set::{row_key, Span, WriteSet};
+use crate::write_set::{row_key, RowWrite, Span, TableRow, WriteSet};
 use crate::writer::Op;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -34,7 +34,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Batch {
     pub(crate) ordinal: u64,
-    pub(crate) rows: Vec<(Arc<[u8]>, Option<Arc<[u8]>>)>,
+    pub(crate) rows: Vec<RowWrite>,
     pub(crate) messages: Vec<(u64, Arc<[u8]>)>,
     pub(crate) sent: Vec<u64>,
 }
@@ -240,9 +240,6 @@ impl Shared {
     }
 }
 
-/// One row a scan returns: the key (without the table) and the value.
-pub(crate) type Found = (Vec<u8>, Vec<u8>);
-
 impl Engine {
     /// The value of `key` in the application table `table`, or `None`.
     ///
@@ -283,7 +280,7 @@ impl Engine {
         start: &[u8],
         end: Option<&[u8]>,
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TableError> {
+    ) -> Result<Vec<TableRow>, TableError> {
         let span = Span::range(table, start, end).map_err(TableError::Invalid)?;
         self.scan(&span, limit)
     }
@@ -295,12 +292,12 @@ impl Engine {
         table: &str,
         prefix: &[u8],
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, TableError> {
+    ) -> Result<Vec<TableRow>, TableError> {
         let span = Span::prefix(table, prefix).map_err(TableError::Invalid)?;
         self.scan(&span, limit)
     }
 
-    fn scan(&self, span: &Span, limit: usize) -> Result<Vec<Found>, TableError> {
+    fn scan(&self, span: &Span, limit: usize) -> Result<Vec<TableRow>, TableError> {
         check_limit(limit)?;
         self.check_tables()?;
         let s = self.shared();
@@ -314,7 +311,7 @@ impl Engine {
         let (overlay, snapshot) = {
             let state = s.tables.lock();
             let mut live = 0;
-            let mut overlay: Vec<(Arc<[u8]>, Option<Arc<[u8]>>)> = Vec::new();
+            let mut overlay: Vec<RowWrite> = Vec::new();
             for (row, r) in state.rows.range::<[u8], _>((
                 std::ops::Bound::Included(&span.lo[..]),
                 std::ops::Bound::Excluded(&span.hi[..]),
@@ -327,7 +324,7 @@ impl Engine {
             }
             (overlay, self.snapshot()?)
         };
-        let mut out: Vec<Found> = Vec::new();
+        let mut out: Vec<TableRow> = Vec::new();
         let mut pending = overlay.into_iter().peekable();
         if let Some(snapshot) = snapshot {
             snapshot

@@ -41,7 +41,7 @@ use std::fmt;
 #[derive(Clone, Default)]
 pub struct WriteSet {
     /// Row keys (table prefix and key) with their new value, `None` to delete.
-    pub(crate) rows: Vec<(Arc<[u8]>, Option<Arc<[u8]>>)>,
+    pub(crate) rows: Vec<RowWrite>,
     /// Messages for the outbox, in emission order.
     pub(crate) messages: Vec<Arc<[u8]>>,
     bytes: usize,
@@ -145,6 +145,12 @@ impl WriteSet {
         Ok(())
     }
 }
+
+/// A row's stored key and its new value (`None`: deleted).
+pub(crate) type RowWrite = (Arc<[u8]>, Option<Arc<[u8]>>);
+
+/// A row a table scan returns: its key (without the table) and its value.
+pub type TableRow = (Vec<u8>, Vec<u8>);
 
 /// Checks a table name: 1 to `TABLE_NAME_LEN_MAX` bytes.
 fn check_table(table: &str) -> Result<(), WriteSetError> {

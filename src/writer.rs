@@ -15,9 +15,9 @@ use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
 use crate::storage::{Closing, Write};
-use crate::tables::Batch;
 use crate::sync::channel::{Receiver, RecvTimeoutError};
 use crate::sync::{Arc, Ordering};
+use crate::tables::Batch;
 use std::time::Instant;
 
 /// One operation in the writer's queue, with its durability sequence number (0 for the
