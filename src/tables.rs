@@ -259,10 +259,10 @@ impl Engine {
             if let Some(r) = state.rows.get(&row[..]) {
                 return Ok(r.value.as_ref().map(|v| v.to_vec()));
             }
-            match self.snapshot()? {
-                Some(snapshot) => snapshot,
-                None => return Ok(None),
-            }
+            self.snapshot()
+        };
+        let Some(snapshot) = snapshot.map_err(|e| self.unread(e))? else {
+            return Ok(None);
         };
         snapshot
             .row(&row)
@@ -322,8 +322,9 @@ impl Engine {
                 live += usize::from(r.value.is_some());
                 overlay.push((row.clone(), r.value.clone()));
             }
-            (overlay, self.snapshot()?)
+            (overlay, self.snapshot())
         };
+        let snapshot = snapshot.map_err(|e| self.unread(e))?;
         let mut out: Vec<TableRow> = Vec::new();
         let mut pending = overlay.into_iter().peekable();
         if let Some(snapshot) = snapshot {
@@ -381,18 +382,32 @@ impl Engine {
     }
 
     /// The store's snapshot of its last commit (`None`: a memory-only engine). Taken under
-    /// the tables lock, it holds every drained write and no write accepted later.
-    pub(crate) fn snapshot(&self) -> Result<Option<Snapshot>, TableError> {
+    /// the tables lock, it holds every drained write and no write accepted later. A failure
+    /// is turned into an error by [`Engine::unread`] once the tables lock is released
+    /// (poisoning wakes the stripes, whose locks come first).
+    fn snapshot(&self) -> Result<Option<Snapshot>, Unread> {
         let s = self.shared();
         if s.tx.is_none() {
             return Ok(None);
         }
-        let store = s.store().ok_or(TableError::Closed)?;
-        store
-            .snapshot()
-            .map(Some)
-            .map_err(|why| TableError::Poisoned(s.poison(why)))
+        let store = s.store().ok_or(Unread::Closed)?;
+        store.snapshot().map(Some).map_err(Unread::Failed)
     }
+
+    /// The error of a snapshot that could not be had: a read failure poisons the engine
+    /// (redb refuses writes after an I/O error), as a failed replay read does.
+    fn unread(&self, e: Unread) -> TableError {
+        match e {
+            Unread::Closed => TableError::Closed,
+            Unread::Failed(why) => TableError::Poisoned(self.shared().poison(why)),
+        }
+    }
+}
+
+/// Why no snapshot could be had.
+enum Unread {
+    Closed,
+    Failed(String),
 }
 
 /// Refuses a per-call count over the limit.
@@ -432,7 +447,9 @@ impl Engine {
             return Ok(OutboxView::Memory(first));
         }
         let sent = state.sent.keys().copied().collect();
-        match self.snapshot()? {
+        let snapshot = self.snapshot();
+        drop(state);
+        match snapshot.map_err(|e| self.unread(e))? {
             Some(snapshot) => Ok(OutboxView::Durable { sent, snapshot }),
             None => Ok(OutboxView::Memory(Vec::new())),
         }

@@ -113,7 +113,7 @@ fn run_child(dir: &Path, durability: Durability, kill: Option<Kill>) {
     let reader = thread::spawn(move || {
         let (mut staged, mut applied) = (0, 0);
         let (mut last_staged, mut last_applied) = (Instant::now(), Instant::now());
-        let (mut commit_span, mut cycle_span) = (Duration::ZERO, Duration::ZERO);
+        let mut commit_span = Duration::ZERO;
         for line in BufReader::new(stdout).lines() {
             let Ok(line) = line else { break };
             let Some(at) = line.find(MARK) else { continue };
@@ -131,7 +131,7 @@ fn run_child(dir: &Path, durability: Durability, kill: Option<Kill>) {
                 }
                 ["APPLIED", _] => {
                     applied += 1;
-                    cycle_span = last_applied.elapsed();
+                    let cycle_span = last_applied.elapsed();
                     if last_staged > last_applied {
                         commit_span = last_staged.elapsed();
                     }
