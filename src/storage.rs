@@ -714,7 +714,22 @@ impl Store {
     pub(crate) fn check_tables(&self) -> Result<(), OpenError> {
         contain("table check", || {
             let txn = self.begin_read()?;
-            check_tables(&txn, &self.path)
+            check_tables(&txn, &self.path)?;
+            // The application tables and the outbox (which the format check created):
+            // their definitions and both ends of their trees.
+            let damaged = |e: redb::Error| match open_error(&self.path, e) {
+                OpenError::Corrupted { detail } => OpenError::Corrupted {
+                    detail: format!("the table definitions do not decode: {detail}"),
+                },
+                other => other,
+            };
+            let rows = txn.open_table(TABLES).map_err(|e| damaged(e.into()))?;
+            rows.first().map_err(|e| damaged(e.into()))?;
+            rows.last().map_err(|e| damaged(e.into()))?;
+            let outbox = txn.open_table(OUTBOX).map_err(|e| damaged(e.into()))?;
+            outbox.first().map_err(|e| damaged(e.into()))?;
+            outbox.last().map_err(|e| damaged(e.into()))?;
+            Ok(())
         })
         .map_err(panicked)?
     }

@@ -12,7 +12,7 @@ use crate::constants::{
     WRITE_SET_BYTES_MAX, WRITE_SET_OPS_MAX,
 };
 use crate::error::{LeaseError, WriteSetError};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, Mutex, OnceLock};
 use std::fmt;
 
 /// Writes to the application's tables and messages for the outbox, applied all together
@@ -254,14 +254,16 @@ pub(crate) struct StagedState {
 }
 
 /// A lease's staged writes. Allocated at the first `stage` or `handle`, so a lease that
-/// stages nothing costs nothing.
+/// stages nothing costs nothing (and the lease stays small).
 #[derive(Default)]
-pub(crate) struct Staged(Mutex<Option<Arc<Mutex<StagedState>>>>);
+pub(crate) struct Staged(OnceLock<Arc<Mutex<StagedState>>>);
 
 impl Staged {
     /// The shared set, created on first use (for a handle).
     pub(crate) fn shared(&self) -> Arc<Mutex<StagedState>> {
-        self.0.lock().get_or_insert_with(Default::default).clone()
+        self.0
+            .get_or_init(|| Arc::new(Mutex::new(StagedState::default())))
+            .clone()
     }
 
     /// Adds `writes` to what the completion will apply.
@@ -272,7 +274,7 @@ impl Staged {
     /// Takes the staged writes for the completion (or drops them with a release): the lease
     /// is settled, and later staging is refused.
     pub(crate) fn settle(&self) -> WriteSet {
-        match self.0.lock().as_ref() {
+        match self.0.get() {
             Some(shared) => {
                 let mut state = shared.lock();
                 state.settled = true;
