@@ -645,12 +645,27 @@ impl Store {
         txn.set_two_phase_commit(true);
         {
             let names = our_tables(txn.list_tables().map_err(|e| err(e.into()))?)?;
+            // A database that never held a table has no table tree at all; one that names
+            // no table but has table tree pages (an entry count damaged to zero) held data.
+            // (Asked before any table is opened here, which would add to the tree.)
+            let tree_pages = match names.is_empty() {
+                true => txn.stats().map_err(|e| err(e.into()))?.branch_pages(),
+                false => 0,
+            };
             let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
             let format = meta
                 .get(META_FORMAT)
                 .map_err(|e| err(e.into()))?
                 .map(|v| v.value().to_vec());
             match format {
+                // The marker and the records table are created in one commit: a marker
+                // without the table is a damaged table tree, whose records must not be
+                // replaced by an empty table.
+                Some(f) if f == FORMAT_MAGIC && !names.iter().any(|n| n == RECORDS.name()) => {
+                    return Err(OpenError::Corrupted {
+                        detail: "a format marker without the records table".into(),
+                    })
+                }
                 Some(f) if f == FORMAT_MAGIC => {}
                 Some(f) => {
                     return Err(OpenError::Foreign {
@@ -660,6 +675,11 @@ impl Store {
                 None if names.iter().any(|n| n == RECORDS.name()) => {
                     return Err(OpenError::Corrupted {
                         detail: "records without a format marker".into(),
+                    })
+                }
+                None if tree_pages > 0 => {
+                    return Err(OpenError::Corrupted {
+                        detail: "the table tree names no idemkv table but holds pages".into(),
                     })
                 }
                 None => {
