@@ -3,8 +3,8 @@
 //! with redeliveries (each payment claimed by its id; balance, applied count, offset and a
 //! confirmation in one completion) while a relay thread publishes confirmations to a file.
 //! The parent kills it at a random point (during a completion's commit, or anywhere in a
-//! payment's handling) after a few payments, round after round
-//! (seeded; two rounds in three under `Immediate`, the third `Buffered`, on one file), then lets it finish.
+//! payment's handling) after a few payments, round after round (seeded; 21 rounds on one
+//! file, two in three under `Immediate`, the others `Buffered`), then lets it finish.
 //!
 //! After every kill the file must be consistent: a payment's completion is there exactly
 //! when its writes are (applied once, in the balance, its confirmation recorded under one
