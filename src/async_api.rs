@@ -29,7 +29,8 @@ use crate::machine::Holder;
 use crate::options::ClaimOptions;
 use crate::progress::Failed;
 use crate::stats::bump;
-use crate::sync::Arc;
+use crate::sync::{Arc, Mutex};
+use crate::write_set::{merged, stage, StagedState, WriteSet};
 use std::fmt;
 use std::future::{poll_fn, Future};
 use std::task::{Context, Poll};
@@ -247,7 +248,7 @@ impl Engine {
     /// Waits until the writer has taken what is queued now off the queue (its commit is
     /// published), `deadline_ns` passes, or the engine stops. False only when the deadline
     /// passed first.
-    async fn room(&self, deadline_ns: u64) -> bool {
+    pub(crate) async fn room(&self, deadline_ns: u64) -> bool {
         let s = self.shared();
         let queued = s.progress.issued();
         let mut timer_set = false;
@@ -328,7 +329,7 @@ impl Engine {
                     Ok(bytes) => {
                         let response: Arc<[u8]> = Arc::from(bytes);
                         lease
-                            .complete_arc_async(response.clone())
+                            .complete_arc_async(response.clone(), None)
                             .await
                             .map_err(|e| self.not_stored(key, opts, token, e))?;
                         Ok(Outcome::fresh(response, token))
@@ -376,20 +377,34 @@ impl Lease {
     /// before its first poll releases the lease (nothing was stored); dropping it later
     /// never releases the key.
     pub async fn complete_async(self, response: &[u8]) -> Result<(), LeaseError> {
-        self.complete_arc_async(Arc::from(response)).await
+        self.complete_arc_async(Arc::from(response), None).await
+    }
+
+    /// The async form of [`Lease::complete_with`]: the completion and `writes` (after the
+    /// staged ones) in one transaction, or neither.
+    pub async fn complete_with_async(
+        self,
+        response: &[u8],
+        writes: &WriteSet,
+    ) -> Result<(), LeaseError> {
+        self.complete_arc_async(Arc::from(response), Some(writes))
+            .await
     }
 
     pub(crate) async fn complete_arc_async(
         mut self,
         response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
         // Settled whatever happens: a refused completion keeps the key until the lease ends.
         self.settled = true;
+        let writes = merged(self.staged.settle(), writes)?;
+        let writes = Some(&writes).filter(|w| !w.is_empty());
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         let done = async {
             let seq = engine
                 .with_room_async(key, token, || {
-                    engine.try_complete(key, token, response.clone())
+                    engine.try_complete(key, token, response.clone(), writes)
                 })
                 .await?;
             engine.wait_holder_async(seq).await
@@ -402,6 +417,7 @@ impl Lease {
     /// The async form of [`Lease::release`].
     pub async fn release_async(mut self) -> Result<bool, LeaseError> {
         self.settled = true;
+        self.staged.settle();
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         engine.check_lease_call(key)?;
         let (released, seq) = engine
@@ -435,13 +451,15 @@ impl Lease {
             token: self.token,
             attempt: self.attempt,
             checkpoint: self.checkpoint.clone(),
+            staged: self.staged.shared(),
         }
     }
 }
 
 /// A clonable, `'static` handle on a lease, for async handlers: what the lease is
-/// (scope, key, token, attempt, the checkpoint it took over) and what a holder does while it works
-/// (extend, checkpoint). Completing and releasing stay with the [`Lease`] itself.
+/// (scope, key, token, attempt, the checkpoint it took over) and what a holder does while it
+/// works (extend, checkpoint, stage writes for the completion). Completing and releasing
+/// stay with the [`Lease`] itself.
 #[derive(Clone)]
 pub struct LeaseHandle {
     engine: Engine,
@@ -450,6 +468,7 @@ pub struct LeaseHandle {
     token: u64,
     attempt: u32,
     checkpoint: Option<Checkpoint>,
+    staged: Arc<Mutex<StagedState>>,
 }
 
 impl fmt::Debug for LeaseHandle {
@@ -491,27 +510,41 @@ impl LeaseHandle {
 
     /// The async form of [`Lease::extend`].
     pub async fn extend(&self, lease: Duration) -> Result<(), LeaseError> {
-        self.update(Holder::Extend { lease }).await
+        self.update(Holder::Extend { lease }, None).await
     }
 
     /// The async form of [`Lease::set_checkpoint`]: a takeover receives it.
     pub async fn set_checkpoint(&self, phase: u32, data: &[u8]) -> Result<(), LeaseError> {
-        let max = self.engine.shared().cfg.checkpoint_len_max;
-        if data.len() > max {
-            return Err(LeaseError::CheckpointTooLarge {
-                len: data.len(),
-                max,
-            });
-        }
-        self.update(Holder::Checkpoint(Checkpoint::new(phase, data)))
+        self.engine.check_checkpoint(data)?;
+        self.update(Holder::Checkpoint(Checkpoint::new(phase, data)), None)
             .await
     }
 
-    async fn update(&self, op: Holder) -> Result<(), LeaseError> {
+    /// The async form of [`Lease::set_checkpoint_with`]: the checkpoint and `writes` in one
+    /// transaction, or neither.
+    pub async fn set_checkpoint_with(
+        &self,
+        phase: u32,
+        data: &[u8],
+        writes: &WriteSet,
+    ) -> Result<(), LeaseError> {
+        self.engine.check_checkpoint(data)?;
+        let op = Holder::Checkpoint(Checkpoint::new(phase, data));
+        self.update(op, Some(writes)).await
+    }
+
+    /// Stages `writes` for the lease's completion (see [`Lease::stage`]): in
+    /// [`Engine::run_async`], they are applied with the completion made when the handler's
+    /// future returns `Ok`, and dropped when it fails or is dropped.
+    pub fn stage(&self, writes: WriteSet) -> Result<(), LeaseError> {
+        stage(&self.staged, writes)
+    }
+
+    async fn update(&self, op: Holder, writes: Option<&WriteSet>) -> Result<(), LeaseError> {
         let (engine, key, token) = (&self.engine, &self.key[..], self.token);
         let seq = engine
             .with_room_async(key, token, || {
-                engine.update_inflight(key, token, op.clone())
+                engine.update_inflight(key, token, op.clone(), writes)
             })
             .await?;
         engine.wait_holder_async(seq).await

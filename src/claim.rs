@@ -291,6 +291,7 @@ impl Engine {
                     checkpoint,
                     lease: opts.lease.unwrap_or(self.shared().cfg.lease),
                     settled: false,
+                    staged: Default::default(),
                 };
                 Ok(if durable == 0 {
                     Prepared::Ready(Ok(Claim::Acquired(lease)))
@@ -664,6 +665,7 @@ impl Engine {
                 NotStoredReason::ResponseTooLarge { len, max }
             }
             LeaseError::Overloaded(_) => NotStoredReason::QueueFull,
+            LeaseError::WriteSet(e) => NotStoredReason::WriteSet(e),
             other => return RunError::Lease(other),
         };
         RunError::NotStored {

@@ -163,6 +163,26 @@ pub(crate) const FINGERPRINT_CONTEXT_BYTES: &str = "idemkv 2026 request fingerpr
 pub(crate) const FINGERPRINT_CONTEXT_VALUE: &str =
     "idemkv 2026 request fingerprint v1: canonical serde value";
 
+// Application tables and the outbox (`write_set.rs`, `tables.rs`, `outbox.rs`). Hard limits:
+// a write set rides in one queued operation and is committed in one transaction, so each
+// bounds what one completion can make the writer do.
+
+/// Longest application table name, in bytes (stored as a one-byte length before the name).
+pub(crate) const TABLE_NAME_LEN_MAX: usize = 64;
+/// Longest key of an application table row, in bytes.
+pub(crate) const TABLE_KEY_LEN_MAX: usize = 1024;
+/// Largest value of an application table row, in bytes.
+pub(crate) const TABLE_VALUE_LEN_MAX: usize = 1 << 20;
+/// Largest outbox message, in bytes.
+pub(crate) const OUTBOX_MESSAGE_LEN_MAX: usize = 1 << 20;
+/// Most operations (puts, deletes and emitted messages) in one write set.
+pub(crate) const WRITE_SET_OPS_MAX: usize = 1024;
+/// Most bytes in one write set: table names, keys, values and messages added up.
+pub(crate) const WRITE_SET_BYTES_MAX: usize = 4 << 20;
+/// Most rows one table scan returns, and most messages one `Outbox::pending` returns or
+/// one `Outbox::mark_sent` removes.
+pub(crate) const TABLE_SCAN_LIMIT_MAX: usize = 10_000;
+
 // The Idempotency-Key layer for HTTP services (feature `http`, src/http/).
 
 /// Default longest Idempotency-Key, in bytes after unescaping: the engine's default key

@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     /// Which claims the writer queue admits (by the writer's measured rate under
     /// `Buffered`).
     pub(crate) admission: crate::admission::Admission,
+    /// The application tables and the outbox: the overlay of accepted writes not yet
+    /// committed (all of them in a memory-only engine), outbox ids.
+    pub(crate) tables: crate::tables::Tables,
     /// The file, for replay reads. Emptied by `close`, so the file is released with it.
     store: RwLock<Option<Arc<Closing>>>,
     poisoned: AtomicBool,
@@ -197,6 +200,16 @@ impl Shared {
     /// Returns the operation's durability sequence number (0 without a file): it is durable
     /// once the writer's watermark reaches it.
     pub(crate) fn send(&self, op: Op, claim: bool) -> Result<u64, SendRefused> {
+        self.send_with(op, None, claim)
+    }
+
+    /// [`Shared::send`] with table writes riding in the same queued operation.
+    pub(crate) fn send_with(
+        &self,
+        op: Op,
+        tables: Option<Box<crate::tables::Batch>>,
+        claim: bool,
+    ) -> Result<u64, SendRefused> {
         let Some(tx) = &self.tx else { return Ok(0) };
         if let Some(why) = self.poison_reason() {
             return Err(SendRefused::Poisoned(why));
@@ -218,7 +231,13 @@ impl Shared {
         let seq = self.progress.issue();
         // Under `Buffered` an operation carries its acknowledgement time for the writer.
         let acked_at = buffered.then(std::time::Instant::now);
-        let refused = match tx.try_send(Queued { seq, op, acked_at }) {
+        let queued = Queued {
+            seq,
+            op,
+            tables,
+            acked_at,
+        };
+        let refused = match tx.try_send(queued) {
             Ok(()) => return Ok(seq),
             Err(TrySendError::Full(_)) => SendRefused::Full,
             // A writer that died of a panic poisoned the engine before dropping the queue.
@@ -325,16 +344,22 @@ impl Shared {
     /// Queues a state machine's write (see [`Shared::send`]) and returns its durability
     /// sequence number; nothing to write is queued as nothing (0).
     pub(crate) fn queue(&self, write: Option<Write>, claim: bool) -> Result<u64, SendRefused> {
-        let op = match write {
-            None => return Ok(0),
-            // Encoded here, on the caller's thread: the writer's one thread only does the
-            // B-tree work and the commit.
-            Some(Write::Put {
+        match write {
+            None => Ok(0),
+            Some(write) => self.send(self.op(write), claim),
+        }
+    }
+
+    /// The queued form of a state machine's write. Encoded here, on the caller's thread: the
+    /// writer's one thread only does the B-tree work and the commit.
+    pub(crate) fn op(&self, write: Write) -> Op {
+        match write {
+            Write::Put {
                 token,
                 old,
                 record,
                 publish,
-            }) => Op::Put {
+            } => Op::Put {
                 token,
                 old,
                 value: crate::codec::encode(token, &record),
@@ -344,9 +369,8 @@ impl Shared {
                     .flatten()
                     .map(Arc::from),
             },
-            Some(Write::Delete { token }) => Op::Delete { token },
-        };
-        self.send(op, claim)
+            Write::Delete { token } => Op::Delete { token },
+        }
     }
 
     /// Applies a state machine's counter deltas: the gauges to the engine-wide counters that
@@ -449,6 +473,7 @@ fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushEr
             let _ = tx.send(Queued {
                 seq: 0,
                 op: Op::Shutdown,
+                tables: None,
                 acked_at: None,
             });
         }
@@ -479,8 +504,8 @@ impl EngineBuilder {
             counters.inflight.clone(),
             counters.abandoned.clone(),
         );
-        let (tokens, store) = if self.durability == Durability::None {
-            (Tokens::new(1, u64::MAX), None)
+        let (tokens, store, outbox_next) = if self.durability == Durability::None {
+            (Tokens::new(1, u64::MAX), None, 1)
         } else {
             let store = Store::open(&self)?;
             // A damaged file can make redb panic mid-scan: contain it as corruption.
@@ -491,8 +516,9 @@ impl EngineBuilder {
             // Every replay opens the tables again: a table tree that only decodes in the
             // write path must be refused now, not on each read.
             store.check_tables()?;
+            let outbox_next = store.outbox_next()?;
             let limit = next.saturating_add(TOKEN_RESERVE);
-            (Tokens::new(next, limit), Some(Arc::new(store)))
+            (Tokens::new(next, limit), Some(Arc::new(store)), outbox_next)
         };
         let claim_queue_max = self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
         let cfg = Config {
@@ -532,6 +558,7 @@ impl EngineBuilder {
                 },
                 claim_queue_max,
             ),
+            tables: crate::tables::Tables::new(outbox_next),
             store: RwLock::new(store.clone()),
             poisoned: AtomicBool::new(false),
             poison_why: Mutex::new(None),

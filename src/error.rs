@@ -314,6 +314,15 @@ pub enum LeaseError {
     OutcomeUnknown(Arc<str>),
     /// The engine was closed.
     Closed,
+    /// The writes attached to a completion or checkpoint (with those staged on the lease)
+    /// are over a limit of one write set. Nothing was queued or applied; as for
+    /// [`LeaseError::ResponseTooLarge`], a consumed [`crate::Lease`] does **not** release the
+    /// key: it stays InFlight under this token until its lease ends. Split the writes, or
+    /// settle the key with [`crate::Engine::complete_with`] and writes that fit.
+    WriteSet(WriteSetError),
+    /// Writes were staged on a lease that is already settled (completed, released or
+    /// detached): they would never be applied, so they are refused.
+    Settled,
 }
 
 impl fmt::Display for LeaseError {
@@ -343,11 +352,22 @@ impl fmt::Display for LeaseError {
                 )
             }
             LeaseError::Closed => f.write_str("engine closed"),
+            LeaseError::WriteSet(e) => write!(f, "the attached writes were refused: {e}"),
+            LeaseError::Settled => {
+                f.write_str("the lease is already settled; staged writes would not be applied")
+            }
         }
     }
 }
 
-impl std::error::Error for LeaseError {}
+impl std::error::Error for LeaseError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            LeaseError::WriteSet(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Why [`crate::Engine::flush`] or [`crate::Engine::close`] failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -387,6 +407,9 @@ pub enum NotStoredReason {
     QueueFull,
     /// [`crate::Engine::run_typed`]: the handler's value could not be encoded.
     Encode(String),
+    /// The writes the handler staged ([`crate::Lease::stage`]) are over a limit of one
+    /// write set; none was applied.
+    WriteSet(WriteSetError),
 }
 
 impl fmt::Display for NotStoredReason {
@@ -399,11 +422,154 @@ impl fmt::Display for NotStoredReason {
                 f.write_str("the writer queue stayed full until the lease ended")
             }
             NotStoredReason::Encode(e) => write!(f, "the value could not be encoded: {e}"),
+            NotStoredReason::WriteSet(e) => write!(f, "the staged writes were refused: {e}"),
         }
     }
 }
 
-impl std::error::Error for NotStoredReason {}
+impl std::error::Error for NotStoredReason {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            NotStoredReason::WriteSet(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// Why a [`crate::WriteSet`] refused an operation: one of its limits
+/// (`docs/outbox.md`, "Limits"). The set is unchanged by a refused operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteSetError {
+    /// A table name must not be empty.
+    TableNameEmpty,
+    /// The table name is longer than the limit.
+    TableNameTooLong {
+        /// Length of the name given, in bytes.
+        len: usize,
+        /// Longest name accepted.
+        max: usize,
+    },
+    /// The row key is longer than the limit.
+    KeyTooLong {
+        /// Length of the key given.
+        len: usize,
+        /// Longest key accepted.
+        max: usize,
+    },
+    /// The row value is larger than the limit.
+    ValueTooLarge {
+        /// Length of the value given.
+        len: usize,
+        /// Largest value accepted.
+        max: usize,
+    },
+    /// The outbox message is larger than the limit.
+    MessageTooLarge {
+        /// Length of the message given.
+        len: usize,
+        /// Largest message accepted.
+        max: usize,
+    },
+    /// The set already holds the most operations (puts, deletes, messages) one set may.
+    TooManyOps {
+        /// Most operations in one set.
+        max: usize,
+    },
+    /// The set would hold more bytes (names, keys, values, messages) than one set may.
+    TooManyBytes {
+        /// Bytes the set would hold.
+        len: usize,
+        /// Most bytes in one set.
+        max: usize,
+    },
+}
+
+impl fmt::Display for WriteSetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WriteSetError::TableNameEmpty => f.write_str("empty table name"),
+            WriteSetError::TableNameTooLong { len, max } => {
+                write!(f, "table name of {len} bytes exceeds the maximum of {max}")
+            }
+            WriteSetError::KeyTooLong { len, max } => {
+                write!(f, "row key of {len} bytes exceeds the maximum of {max}")
+            }
+            WriteSetError::ValueTooLarge { len, max } => {
+                write!(f, "row value of {len} bytes exceeds the maximum of {max}")
+            }
+            WriteSetError::MessageTooLarge { len, max } => {
+                write!(
+                    f,
+                    "outbox message of {len} bytes exceeds the maximum of {max}"
+                )
+            }
+            WriteSetError::TooManyOps { max } => {
+                write!(f, "a write set holds at most {max} operations; split it")
+            }
+            WriteSetError::TooManyBytes { len, max } => write!(
+                f,
+                "a write set of {len} bytes exceeds the maximum of {max}; split it"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WriteSetError {}
+
+/// Why a read of an application table ([`crate::Engine::table_get`], `table_range`,
+/// `table_prefix`) or a call of the outbox relay ([`crate::Outbox`]) failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TableError {
+    /// The table name or the key is over a limit (it could never have been written).
+    Invalid(WriteSetError),
+    /// A scan, `pending` or `mark_sent` asked for more rows or messages than one call
+    /// returns or removes. Ask for fewer and page.
+    LimitTooLarge {
+        /// The number asked for.
+        limit: usize,
+        /// Most one call handles.
+        max: usize,
+    },
+    /// A storage failure stopped the engine; it shows and acknowledges nothing more
+    /// (what it held in memory may be lost). Reopen it.
+    Poisoned(Arc<str>),
+    /// `mark_sent` was queued, but the engine failed before confirming it: after a reopen
+    /// the messages may still be pending (and be published again).
+    OutcomeUnknown(Arc<str>),
+    /// The engine was closed.
+    Closed,
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableError::Invalid(e) => write!(f, "invalid table access: {e}"),
+            TableError::LimitTooLarge { limit, max } => {
+                write!(
+                    f,
+                    "a limit of {limit} exceeds the maximum of {max} per call"
+                )
+            }
+            TableError::Poisoned(why) => write!(f, "engine poisoned by a storage failure: {why}"),
+            TableError::OutcomeUnknown(why) => write!(
+                f,
+                "outcome unknown, the engine failed before confirming: {why}"
+            ),
+            TableError::Closed => f.write_str("engine closed"),
+        }
+    }
+}
+
+impl std::error::Error for TableError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TableError::Invalid(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Why [`crate::Engine::run`] or [`crate::Engine::run_typed`] did not produce an outcome.
 #[derive(Debug)]

@@ -13,6 +13,7 @@ use crate::error::{FlushError, LeaseError, Limit};
 use crate::machine::{self, Holder, HolderAnswer};
 use crate::stats::bump;
 use crate::sync::Arc;
+use crate::write_set::WriteSet;
 use std::time::Duration;
 
 fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
@@ -42,6 +43,21 @@ impl Engine {
         self.complete_scoped(&[], key, token, response)
     }
 
+    /// [`Engine::complete`] with `writes` to the application's tables and outbox, applied
+    /// in the same transaction as the completion, or not at all (see
+    /// [`crate::Lease::complete_with`]). A repeat for a token that already completed the
+    /// key succeeds without applying `writes` again. `key` is the unscoped key.
+    pub fn complete_with(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: &[u8],
+        writes: &WriteSet,
+    ) -> Result<(), LeaseError> {
+        let scoped = self.lease_key(&[], key)?;
+        self.complete_arc(&scoped, token, Arc::from(response), Some(writes))
+    }
+
     /// [`Engine::complete`] of `key` within `scope` ([`crate::ClaimOptions::scope`],
     /// [`crate::Detached::scope`]).
     pub fn complete_scoped(
@@ -52,7 +68,7 @@ impl Engine {
         response: &[u8],
     ) -> Result<(), LeaseError> {
         let scoped = self.lease_key(scope, key)?;
-        self.complete_arc(&scoped, token, Arc::from(response))
+        self.complete_arc(&scoped, token, Arc::from(response), None)
     }
 
     /// The scoped key of a holder's call by key and token.
@@ -69,10 +85,11 @@ impl Engine {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
         let observe = &self.shared().observe;
         observe.complete(crate::scope::key_of(key), token, || {
-            self.complete_unobserved(key, token, response)
+            self.complete_unobserved(key, token, response, writes)
         })
     }
 
@@ -81,9 +98,10 @@ impl Engine {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
         let seq = self.with_room(key, token, || {
-            self.try_complete(key, token, response.clone())
+            self.try_complete(key, token, response.clone(), writes)
         })?;
         self.wait_holder(seq)
     }
@@ -154,12 +172,14 @@ impl Engine {
             })
     }
 
-    /// One attempt at a completion, never blocking; returns the number to wait for.
+    /// One attempt at a completion (with `writes`, queued in the same operation), never
+    /// blocking; returns the number to wait for.
     pub(crate) fn try_complete(
         &self,
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
@@ -184,7 +204,8 @@ impl Engine {
         match step.answer {
             HolderAnswer::Done => {}
             HolderAnswer::Repeat { published } => {
-                // The first completion stands. It is settled once all queued is.
+                // The first completion stands, with its writes; this one's are not applied.
+                // It is settled once all queued is.
                 drop(shard);
                 if published {
                     return Ok(0);
@@ -199,7 +220,9 @@ impl Engine {
                 return Err(LeaseError::LeaseLost);
             }
         }
-        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
+        let seq = s
+            .queue_with(step.write, writes)
+            .map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
@@ -280,8 +303,9 @@ impl Engine {
         key: &[u8],
         token: u64,
         op: Holder,
+        writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
-        self.update_inflight_at(key, token, |_| op)
+        self.update_inflight_at(key, token, |_| op, writes)
     }
 
     /// [`Engine::update_inflight`] with the operation chosen from the instant the transition
@@ -292,6 +316,7 @@ impl Engine {
         key: &[u8],
         token: u64,
         op: impl FnOnce(u64) -> Holder,
+        writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
@@ -303,7 +328,9 @@ impl Engine {
             s.count(&mut shard.events, &step.deltas);
             return Err(LeaseError::LeaseLost);
         }
-        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
+        let seq = s
+            .queue_with(step.write, writes)
+            .map_err(|r| refused(self, r))?;
         shard.apply(k, step.change);
         drop(shard);
         Ok(self.durable_wait(seq))
@@ -335,7 +362,7 @@ impl Engine {
         lease: Duration,
     ) -> Result<(), LeaseError> {
         let seq = self.with_room(key, token, || {
-            self.update_inflight(key, token, Holder::Extend { lease })
+            self.update_inflight(key, token, Holder::Extend { lease }, None)
         })?;
         self.wait_holder(seq)
     }
@@ -352,6 +379,21 @@ impl Engine {
         self.checkpoint_scoped(&[], key, token, phase, data)
     }
 
+    /// [`Engine::checkpoint`] with `writes` to the application's tables and outbox, applied
+    /// in the same transaction as the checkpoint, or not at all (see
+    /// [`crate::Lease::set_checkpoint_with`]). `key` is the unscoped key.
+    pub fn checkpoint_with(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+        writes: &WriteSet,
+    ) -> Result<(), LeaseError> {
+        let scoped = self.lease_key(&[], key)?;
+        self.checkpoint_at(&scoped, token, phase, data, Some(writes))
+    }
+
     /// [`Engine::checkpoint`] of `key` within `scope`.
     pub fn checkpoint_scoped(
         &self,
@@ -362,17 +404,28 @@ impl Engine {
         data: &[u8],
     ) -> Result<(), LeaseError> {
         let scoped = self.lease_key(scope, key)?;
-        self.checkpoint_at(&scoped, token, phase, data)
+        self.checkpoint_at(&scoped, token, phase, data, None)
     }
 
-    /// Saves a checkpoint on the scoped key `key`.
+    /// Saves a checkpoint on the scoped key `key`, with `writes` in its transaction.
     pub(crate) fn checkpoint_at(
         &self,
         key: &[u8],
         token: u64,
         phase: u32,
         data: &[u8],
+        writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
+        self.check_checkpoint(data)?;
+        let seq = self.with_room(key, token, || {
+            let checkpoint = Holder::Checkpoint(Checkpoint::new(phase, data));
+            self.update_inflight(key, token, checkpoint, writes)
+        })?;
+        self.wait_holder(seq)
+    }
+
+    /// Refuses a checkpoint payload over the limit.
+    pub(crate) fn check_checkpoint(&self, data: &[u8]) -> Result<(), LeaseError> {
         let max = self.shared().cfg.checkpoint_len_max;
         if data.len() > max {
             return Err(LeaseError::CheckpointTooLarge {
@@ -380,9 +433,6 @@ impl Engine {
                 max,
             });
         }
-        let seq = self.with_room(key, token, || {
-            self.update_inflight(key, token, Holder::Checkpoint(Checkpoint::new(phase, data)))
-        })?;
-        self.wait_holder(seq)
+        Ok(())
     }
 }

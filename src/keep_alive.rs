@@ -99,7 +99,7 @@ impl KeepAlives {
             let next_ns =
                 match renewal
                     .engine
-                    .update_inflight_at(&renewal.key, renewal.token, extend)
+                    .update_inflight_at(&renewal.key, renewal.token, extend, None)
                 {
                     // The lease now ends at the maximum: nothing more to renew.
                     Ok(_) if capped => continue,

@@ -4,6 +4,7 @@
 use crate::codec::Checkpoint;
 use crate::engine::Engine;
 use crate::error::LeaseError;
+use crate::write_set::{merged, Staged, WriteSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -39,6 +40,8 @@ pub struct Lease {
     /// The lease length it was claimed with (what a keep-alive renews by).
     pub(crate) lease: Duration,
     pub(crate) settled: bool,
+    /// Writes staged for the completion ([`Lease::stage`]), shared with its handles.
+    pub(crate) staged: Staged,
 }
 
 impl fmt::Debug for Lease {
@@ -89,15 +92,69 @@ impl Lease {
     /// other callers see `InProgress` until then, and the first claim after it takes the key
     /// over (attempt + 1). Within the lease [`crate::Engine::complete`] (a response that
     /// fits) or [`crate::Engine::release`] with the token still settle it.
+    ///
+    /// Writes staged on the lease ([`Lease::stage`]) are applied with the completion.
     pub fn complete(self, response: &[u8]) -> Result<(), LeaseError> {
         self.complete_arc(Arc::from(response))
     }
 
     /// Like [`Lease::complete`], sharing the caller's bytes.
-    pub(crate) fn complete_arc(mut self, response: Arc<[u8]>) -> Result<(), LeaseError> {
+    pub(crate) fn complete_arc(self, response: Arc<[u8]>) -> Result<(), LeaseError> {
+        self.complete_arc_with(response, None)
+    }
+
+    /// Stores `response` as the key's outcome and applies `writes` (after any writes staged
+    /// on the lease) to the application's tables and outbox **in the same transaction**:
+    /// after a crash either both are there or neither is, and a relay sees the emitted
+    /// messages only once they are committed. Acknowledged as [`Lease::complete`] is (under
+    /// `Immediate`, one fsync for both).
+    ///
+    /// None of the writes is applied if the completion is not: a lease lost to a takeover
+    /// (`LeaseLost`), a refused completion (`ResponseTooLarge`, `WriteSet` when the writes
+    /// with the staged ones are over a limit, `Overloaded`; the key is kept as for
+    /// [`Lease::complete`]), or a storage failure. A repeated completion of a key this
+    /// token already completed applies nothing again.
+    ///
+    /// ```
+    /// use idemkv::{Claim, ClaimOptions, Durability, Engine, WriteSet};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let Claim::Acquired(lease) = engine.claim(b"msg-7", &ClaimOptions::default())? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// let balance = engine.table_get("balances", b"alice")?.map_or(0, |b| b.len());
+    /// let mut writes = WriteSet::new();
+    /// writes.put("balances", b"alice", &vec![1; balance + 1])?.emit(b"msg-7 applied")?;
+    /// lease.complete_with(b"ok", &writes)?;
+    /// assert_eq!(engine.table_get("balances", b"alice")?, Some(vec![1]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn complete_with(self, response: &[u8], writes: &WriteSet) -> Result<(), LeaseError> {
+        self.complete_arc_with(Arc::from(response), Some(writes))
+    }
+
+    fn complete_arc_with(
+        mut self,
+        response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
+    ) -> Result<(), LeaseError> {
         // Settled whatever happens: a refused completion keeps the key until the lease ends.
         self.settled = true;
-        self.engine.complete_arc(&self.key, self.token, response)
+        let writes = merged(self.staged.settle(), writes)?;
+        let writes = Some(&writes).filter(|w| !w.is_empty());
+        self.engine
+            .complete_arc(&self.key, self.token, response, writes)
+    }
+
+    /// Stages `writes` to be applied with this lease's completion: by [`Lease::complete`],
+    /// [`Lease::complete_with`] (before its own writes), or the completion
+    /// [`crate::Engine::run`] and `run_typed` make when the handler returns `Ok`. Staged
+    /// writes are dropped, never applied, when the lease is released (a handler error in
+    /// `run`), dropped, detached, or its completion is refused.
+    ///
+    /// Refused with `LeaseError::WriteSet` when the staged writes would be over a limit of
+    /// one set (nothing is staged then), and `LeaseError::Settled` once the lease settled.
+    pub fn stage(&self, writes: WriteSet) -> Result<(), LeaseError> {
+        self.staged.stage(writes)
     }
 
     /// Lets the lease go on purpose **without** releasing the key, as if its holder had
@@ -123,6 +180,7 @@ impl Lease {
     /// ```
     pub fn detach(mut self) -> Detached {
         self.settled = true;
+        self.staged.settle();
         Detached {
             key: std::mem::take(&mut self.key),
             token: self.token,
@@ -134,6 +192,7 @@ impl Lease {
     /// (or a waiting caller) acquires it. Returns whether this lease still owned the key.
     pub fn release(mut self) -> Result<bool, LeaseError> {
         self.settled = true;
+        self.staged.settle();
         self.engine.release_at(&self.key, self.token)
     }
 
@@ -145,7 +204,24 @@ impl Lease {
     /// Saves progress so that a takeover after a crash or expiry can resume from it.
     pub fn set_checkpoint(&mut self, phase: u32, data: &[u8]) -> Result<(), LeaseError> {
         self.engine
-            .checkpoint_at(&self.key, self.token, phase, data)?;
+            .checkpoint_at(&self.key, self.token, phase, data, None)?;
+        self.checkpoint = Some(Checkpoint::new(phase, data));
+        Ok(())
+    }
+
+    /// Saves a checkpoint and applies `writes` to the application's tables and outbox in the
+    /// same transaction, or neither: a takeover after a crash finds the checkpoint exactly
+    /// when it finds the writes, so it can resume from the state they describe. Under
+    /// `Immediate` it returns once both are durable. Writes staged for the completion are
+    /// not applied here.
+    pub fn set_checkpoint_with(
+        &mut self,
+        phase: u32,
+        data: &[u8],
+        writes: &WriteSet,
+    ) -> Result<(), LeaseError> {
+        self.engine
+            .checkpoint_at(&self.key, self.token, phase, data, Some(writes))?;
         self.checkpoint = Some(Checkpoint::new(phase, data));
         Ok(())
     }
@@ -154,6 +230,7 @@ impl Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         if !self.settled {
+            self.staged.settle();
             self.engine.release_on_drop(&self.key, self.token);
         }
     }

@@ -51,6 +51,7 @@ mod machine;
 pub mod machine_probe;
 mod observe;
 mod options;
+mod outbox;
 mod progress;
 mod reader;
 mod recovery;
@@ -62,10 +63,12 @@ mod stats;
 mod storage;
 mod sweep;
 mod sync;
+mod tables;
 pub mod testing;
 mod timer;
 mod token;
 mod wake;
+mod write_set;
 mod writer;
 
 pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};
@@ -76,12 +79,14 @@ pub use crate::codec::Checkpoint;
 pub use crate::engine::Engine;
 pub use crate::error::{
     ClaimError, FingerprintError, FlushError, LeaseError, Limit, NotStoredReason, OpenError,
-    OpenErrorKind, RunError,
+    OpenErrorKind, RunError, TableError, WriteSetError,
 };
 pub use crate::fingerprint::Fingerprint;
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::observe::key_hash;
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;
+pub use crate::write_set::{TableRow, WriteSet};

@@ -549,6 +549,8 @@ fn lease_error_label(e: &LeaseError) -> &'static str {
         LeaseError::Poisoned(_) => "poisoned",
         LeaseError::OutcomeUnknown(_) => "outcome_unknown",
         LeaseError::Closed => "closed",
+        LeaseError::WriteSet(_) => "write_set_refused",
+        LeaseError::Settled => "settled",
         #[allow(unreachable_patterns)]
         _ => "error",
     }

@@ -14,6 +14,7 @@ use crate::constants::{
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
 use crate::sync::{Arc, Mutex, RwLock};
+use crate::tables::Batch;
 use redb::backends::FileBackend;
 use redb::{
     BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
@@ -29,8 +30,14 @@ use std::path::{Path, PathBuf};
 
 pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_records");
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemkv_meta");
+/// Every application table's rows, each under its table's prefix (`write_set.rs`).
+const TABLES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemkv_tables");
+/// The outbox: messages by id, until a relay marks them sent.
+const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_outbox");
 const META_FORMAT: &str = "format";
 const META_TOKEN_HWM: &str = "token_hwm";
+/// The next outbox id: ids are never reused, also after every message was marked sent.
+const META_OUTBOX_NEXT: &str = "outbox_next";
 
 /// redb's file magic, to tell a foreign file from a damaged redb file.
 const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -640,12 +647,27 @@ impl Store {
         txn.set_two_phase_commit(true);
         {
             let names = our_tables(txn.list_tables().map_err(|e| err(e.into()))?)?;
+            // A database that never held a table has no table tree at all; one that names
+            // no table but has table tree pages (an entry count damaged to zero) held data.
+            // (Asked before any table is opened here, which would add to the tree.)
+            let tree_pages = match names.is_empty() {
+                true => txn.stats().map_err(|e| err(e.into()))?.branch_pages(),
+                false => 0,
+            };
             let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
             let format = meta
                 .get(META_FORMAT)
                 .map_err(|e| err(e.into()))?
                 .map(|v| v.value().to_vec());
             match format {
+                // The marker and the records table are created in one commit: a marker
+                // without the table is a damaged table tree, whose records must not be
+                // replaced by an empty table.
+                Some(f) if f == FORMAT_MAGIC && !names.iter().any(|n| n == RECORDS.name()) => {
+                    return Err(OpenError::Corrupted {
+                        detail: "a format marker without the records table".into(),
+                    })
+                }
                 Some(f) if f == FORMAT_MAGIC => {}
                 // The previous format: its records are read as they are; the marker moves
                 // on in this transaction, before any record of the new format is written.
@@ -663,15 +685,55 @@ impl Store {
                         detail: "records without a format marker".into(),
                     })
                 }
+                None if tree_pages > 0 => {
+                    return Err(OpenError::Corrupted {
+                        detail: "the table tree names no idemkv table but holds pages".into(),
+                    })
+                }
                 None => {
                     meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
                         .map_err(|e| err(e.into()))?;
                 }
             }
             txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
+            // Created by the first open of this version, opened by every later one.
+            txn.open_table(TABLES).map_err(|e| err(e.into()))?;
+            txn.open_table(OUTBOX).map_err(|e| err(e.into()))?;
         }
         txn.commit().map_err(|e| err(e.into()))?;
         Ok(())
+    }
+
+    /// The first outbox id to issue: above every id the file holds or ever held.
+    pub(crate) fn outbox_next(&self) -> Result<u64, OpenError> {
+        let err = |e: redb::Error| open_error(&self.path, e);
+        let txn = self.begin_read()?;
+        let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        let marked = match meta.get(META_OUTBOX_NEXT).map_err(|e| err(e.into()))? {
+            Some(v) => {
+                let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
+                    detail: "the next outbox id is not 8 bytes".into(),
+                })?;
+                u64::from_le_bytes(bytes)
+            }
+            None => 0,
+        };
+        let outbox = txn.open_table(OUTBOX).map_err(|e| err(e.into()))?;
+        let last = outbox
+            .last()
+            .map_err(|e| err(e.into()))?
+            .map_or(0, |(k, _)| k.value().saturating_add(1));
+        Ok(marked.max(last).max(1))
+    }
+
+    /// A read transaction on the last commit (the one replays use), for reads of the
+    /// application tables and the outbox.
+    pub(crate) fn snapshot(&self) -> Result<Snapshot, String> {
+        if let Some(txn) = self.snapshot.read().clone() {
+            return Ok(Snapshot(txn));
+        }
+        contain("read", || self.db.begin_read().map_err(|e| e.to_string()))?
+            .map(|txn| Snapshot(Arc::new(txn)))
     }
 
     /// Checks that both tables open and their definitions decode in a read transaction, as
@@ -680,7 +742,22 @@ impl Store {
     pub(crate) fn check_tables(&self) -> Result<(), OpenError> {
         contain("table check", || {
             let txn = self.begin_read()?;
-            check_tables(&txn, &self.path)
+            check_tables(&txn, &self.path)?;
+            // The application tables and the outbox (which the format check created):
+            // their definitions and both ends of their trees.
+            let damaged = |e: redb::Error| match open_error(&self.path, e) {
+                OpenError::Corrupted { detail } => OpenError::Corrupted {
+                    detail: format!("the table definitions do not decode: {detail}"),
+                },
+                other => other,
+            };
+            let rows = txn.open_table(TABLES).map_err(|e| damaged(e.into()))?;
+            rows.first().map_err(|e| damaged(e.into()))?;
+            rows.last().map_err(|e| damaged(e.into()))?;
+            let outbox = txn.open_table(OUTBOX).map_err(|e| damaged(e.into()))?;
+            outbox.first().map_err(|e| damaged(e.into()))?;
+            outbox.last().map_err(|e| damaged(e.into()))?;
+            Ok(())
         })
         .map_err(panicked)?
     }
@@ -745,9 +822,15 @@ impl Store {
         })?
     }
 
-    /// Applies `writes` in order and raises the token mark to `hwm`, in one fsynced commit.
-    pub(crate) fn commit(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), String> {
-        contain("commit", || self.commit_inner(writes, hwm))?.map_err(|e| e.to_string())
+    /// Applies `writes` and the table batches `tables` (each in order) and raises the token
+    /// mark to `hwm`, in one fsynced commit.
+    pub(crate) fn commit(
+        &self,
+        writes: &[Write],
+        tables: &[&Batch],
+        hwm: Option<u64>,
+    ) -> Result<(), String> {
+        contain("commit", || self.commit_inner(writes, tables, hwm))?.map_err(|e| e.to_string())
     }
 
     /// [`Store::commit`] during open: a failure is a typed open error (a full disk is not
@@ -757,12 +840,17 @@ impl Store {
         writes: &[Write],
         hwm: Option<u64>,
     ) -> Result<(), OpenError> {
-        contain("commit", || self.commit_inner(writes, hwm))
+        contain("commit", || self.commit_inner(writes, &[], hwm))
             .map_err(panicked)?
             .map_err(|e| open_error(&self.path, e))
     }
 
-    fn commit_inner(&self, writes: &[Write], hwm: Option<u64>) -> Result<(), redb::Error> {
+    fn commit_inner(
+        &self,
+        writes: &[Write],
+        tables: &[&Batch],
+        hwm: Option<u64>,
+    ) -> Result<(), redb::Error> {
         let mut txn = self.db.begin_write()?;
         // Keys and responses come from clients: two-phase commit keeps a torn write from
         // ever being mistaken for a valid commit (see `EngineBuilder::two_phase_commit`).
@@ -791,6 +879,30 @@ impl Store {
                 let mut meta = txn.open_table(META)?;
                 meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())?;
             }
+            if !tables.is_empty() {
+                let mut rows = txn.open_table(TABLES)?;
+                let mut outbox = txn.open_table(OUTBOX)?;
+                let mut next = None;
+                for batch in tables {
+                    for (row, value) in &batch.rows {
+                        match value {
+                            Some(value) => rows.insert(&row[..], &value[..])?,
+                            None => rows.remove(&row[..])?,
+                        };
+                    }
+                    for (id, message) in &batch.messages {
+                        outbox.insert(*id, &message[..])?;
+                        next = next.max(Some(id.saturating_add(1)));
+                    }
+                    for id in &batch.sent {
+                        outbox.remove(*id)?;
+                    }
+                }
+                if let Some(next) = next {
+                    let mut meta = txn.open_table(META)?;
+                    meta.insert(META_OUTBOX_NEXT, next.to_le_bytes().as_slice())?;
+                }
+            }
         }
         txn.commit()?;
         // (A failed commit returned above and left the previous snapshot, which holds every
@@ -799,6 +911,71 @@ impl Store {
         let fresh = self.db.begin_read().ok().map(Arc::new);
         *self.snapshot.write() = fresh;
         Ok(())
+    }
+}
+
+/// A read transaction on one commit, for the application tables and the outbox. Cheap to
+/// clone; its reads never change.
+#[derive(Clone)]
+pub(crate) struct Snapshot(Arc<ReadTransaction>);
+
+/// A table this snapshot predates reads as empty.
+fn missing_is_empty<T>(opened: Result<T, redb::TableError>) -> Result<Option<T>, String> {
+    match opened {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl Snapshot {
+    /// The value stored under the row key `row`. `Err`: redb failed (the caller poisons).
+    pub(crate) fn row(&self, row: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        contain("read", || {
+            let Some(table) = missing_is_empty(self.0.open_table(TABLES))? else {
+                return Ok(None);
+            };
+            let value = table.get(row).map_err(|e| e.to_string())?;
+            Ok(value.map(|v| v.value().to_vec()))
+        })?
+    }
+
+    /// Calls `f` with each row whose key is in `[lo, hi)`, in key order, while it returns
+    /// true.
+    pub(crate) fn rows(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), String> {
+        contain("scan", || {
+            let Some(table) = missing_is_empty(self.0.open_table(TABLES))? else {
+                return Ok(());
+            };
+            for entry in table.range(lo..hi).map_err(|e| e.to_string())? {
+                let (k, v) = entry.map_err(|e| e.to_string())?;
+                if !f(k.value(), v.value()) {
+                    break;
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// Calls `f` with each outbox message, in id order, while it returns true.
+    pub(crate) fn messages(&self, mut f: impl FnMut(u64, &[u8]) -> bool) -> Result<(), String> {
+        contain("scan", || {
+            let Some(table) = missing_is_empty(self.0.open_table(OUTBOX))? else {
+                return Ok(());
+            };
+            for entry in table.iter().map_err(|e| e.to_string())? {
+                let (k, v) = entry.map_err(|e| e.to_string())?;
+                if !f(k.value(), v.value()) {
+                    break;
+                }
+            }
+            Ok(())
+        })?
     }
 }
 
@@ -846,7 +1023,7 @@ fn our_tables(
     tables: impl Iterator<Item = redb::UntypedTableHandle>,
 ) -> Result<Vec<String>, OpenError> {
     let names: Vec<String> = tables.map(|t| t.name().to_string()).collect();
-    let ours = [META.name(), RECORDS.name()];
+    let ours = [META.name(), RECORDS.name(), TABLES.name(), OUTBOX.name()];
     if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
         return Err(OpenError::Foreign {
             detail: format!("redb file holds a foreign table {other:?}"),

@@ -17,6 +17,9 @@
 //! `channel::bounded`, `Sender::try_send`, `Receiver::recv_deadline`.
 
 pub(crate) use std::sync::atomic::Ordering;
+/// One-time initialization (a lease's staged writes, made on first use): std's in every
+/// build, since no initialization in the engine waits on another thread's work.
+pub(crate) use std::sync::OnceLock;
 pub(crate) use std::sync::{Arc, Weak};
 
 /// The writer's queue and its acknowledgements: crossbeam's bounded channels.

@@ -17,6 +17,7 @@ use crate::stats::bump;
 use crate::storage::{Closing, Write};
 use crate::sync::channel::{Receiver, RecvTimeoutError};
 use crate::sync::{Arc, Ordering};
+use crate::tables::Batch;
 use std::time::Instant;
 
 /// One operation in the writer's queue, with its durability sequence number (0 for the
@@ -25,6 +26,9 @@ use std::time::Instant;
 pub(crate) struct Queued {
     pub(crate) seq: u64,
     pub(crate) op: Op,
+    /// Writes to the application tables and the outbox that ride with `op`: committed in
+    /// the same transaction as its record, or not at all.
+    pub(crate) tables: Option<Box<Batch>>,
     pub(crate) acked_at: Option<Instant>,
 }
 
@@ -33,6 +37,7 @@ impl Queued {
         Queued {
             seq,
             op: Op::Barrier,
+            tables: None,
             acked_at: None,
         }
     }
@@ -52,6 +57,8 @@ pub(crate) enum Op {
     },
     /// Remove the record under `token`.
     Delete { token: u64 },
+    /// No record: only the operation's table writes (an outbox relay's `mark_sent`).
+    TablesOnly,
     /// Commit everything queued before it (flush, token reservation).
     Barrier,
     /// Commit what is queued and stop.
@@ -221,9 +228,12 @@ impl Writer {
                     value: value.as_slice(),
                 }),
                 Op::Delete { token } => Some(Write::Delete { token: *token }),
-                Op::Barrier | Op::Shutdown => None,
+                Op::TablesOnly | Op::Barrier | Op::Shutdown => None,
             })
             .collect();
+        // Table writes keep their queue order (which is their acceptance order): a later
+        // holder may have built on an earlier one's writes.
+        let tables: Vec<&Batch> = batch.iter().filter_map(|q| q.tables.as_deref()).collect();
         // Token order makes the B-tree work sequential: claims already arrive nearly in
         // order, and the sweeper's deletions come stripe by stripe, scattered over the tree.
         // The sort is stable, so the writes of one token keep their queue order; writes of
@@ -233,13 +243,18 @@ impl Writer {
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
         let hwm = self.shared.tokens.reserve_target();
-        if writes.is_empty() && hwm.is_none() {
+        if writes.is_empty() && tables.is_empty() && hwm.is_none() {
             return Ok(());
         }
         let started = crate::observe::commit_started();
         let began = Instant::now();
-        match self.store.commit(&writes, hwm) {
+        match self.store.commit(&writes, &tables, hwm) {
             Ok(()) => {
+                // The store renewed its snapshot in the commit: reads of the application
+                // tables find these writes there from now on, not in the overlay.
+                if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
+                    self.shared.tables.committed(last);
+                }
                 self.shared
                     .admission
                     .committed(writes.len(), began.elapsed());

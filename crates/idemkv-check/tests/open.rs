@@ -441,16 +441,25 @@ fn damaged_table_definitions_are_refused_at_open_or_harmless() {
     drop(engine);
     let original = disk.live_image();
 
-    // The table tree's leaves: a leaf page (type 1) of two entries naming both tables. Its
-    // header is the type, a reserved byte, the entry count (u16), then the end offsets of
-    // the two keys and the two values (u32 each); the last one ends the definitions.
+    // The table tree's leaves: a leaf page (type 1) with one entry per table, naming each.
+    // Its header is the type, a reserved byte, the entry count (u16), then the end offsets
+    // of the keys and of the values (u32 each); the last one ends the definitions.
+    let ours: [&[u8]; 4] = [
+        b"idemkv_meta",
+        b"idemkv_outbox",
+        b"idemkv_records",
+        b"idemkv_tables",
+    ];
     let mut damage = Vec::new();
     for (p, page) in original.chunks(4096).enumerate() {
         let names = |n: &[u8]| page.windows(n.len()).any(|w| w == n);
-        if page[0] == 1 && page[2..4] == [2, 0] && names(b"idemkv_records") && names(b"idemkv_meta")
-        {
-            let end = u32::from_le_bytes([page[16], page[17], page[18], page[19]]) as usize;
-            assert!((64..=512).contains(&end), "definitions end at {end}");
+        let entries = u16::from_le_bytes([page[2], page[3]]) as usize;
+        if page[0] == 1 && entries == ours.len() && ours.iter().all(|n| names(n)) {
+            let last = 4 + 4 * (2 * entries - 1);
+            let end =
+                u32::from_le_bytes([page[last], page[last + 1], page[last + 2], page[last + 3]])
+                    as usize;
+            assert!((64..=1024).contains(&end), "definitions end at {end}");
             damage.extend((0..end).map(|o| (p * 4096 + o, 1u8 << (o % 8))));
         }
     }
