@@ -26,7 +26,7 @@ use crate::error::{ClaimError, FlushError, LeaseError, Limit, RunError};
 use crate::keep_alive::KeepAlive;
 use crate::lease::{Claim, Lease, Outcome};
 use crate::machine::Holder;
-use crate::options::ClaimOptions;
+use crate::options::{ClaimOptions, CompleteOptions};
 use crate::progress::Failed;
 use crate::stats::bump;
 use crate::sync::Arc;
@@ -325,11 +325,11 @@ impl Engine {
                 match out {
                     Ok(bytes) => {
                         let response: Arc<[u8]> = Arc::from(bytes);
-                        lease
-                            .complete_arc_async(response.clone())
+                        let expires_wall_ms = lease
+                            .complete_kept_async(response.clone(), None)
                             .await
                             .map_err(|e| self.not_stored(key, token, e))?;
-                        Ok(Outcome::fresh(response, token))
+                        Ok(Outcome::fresh(response, token, expires_wall_ms))
                     }
                     Err(e) => {
                         // The handler's failure is the error to report; a failed release
@@ -377,23 +377,55 @@ impl Lease {
         self.complete_arc_async(Arc::from(response)).await
     }
 
-    pub(crate) async fn complete_arc_async(
+    pub(crate) async fn complete_arc_async(self, response: Arc<[u8]>) -> Result<(), LeaseError> {
+        self.complete_kept_async(response, None).await.map(|_| ())
+    }
+
+    /// The async form of [`Lease::complete_with_options`].
+    pub async fn complete_with_options_async(
+        mut self,
+        response: &[u8],
+        opts: &CompleteOptions,
+    ) -> Result<(), LeaseError> {
+        let retention_ms = match opts.retention_ms() {
+            Ok(ms) => ms,
+            Err(e) => {
+                // The work is done: a refused completion keeps the key.
+                self.settled = true;
+                return Err(e);
+            }
+        };
+        self.complete_kept_async(Arc::from(response), retention_ms)
+            .await
+            .map(|_| ())
+    }
+
+    /// Completes with the key's own retention `retention_ms` if given; resolves to the
+    /// wall-clock end of the stored response's retention (ms).
+    pub(crate) async fn complete_kept_async(
         mut self,
         response: Arc<[u8]>,
-    ) -> Result<(), LeaseError> {
+        retention_ms: Option<u64>,
+    ) -> Result<u64, LeaseError> {
         // Settled whatever happens: a refused completion keeps the key until the lease ends.
         self.settled = true;
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         let done = async {
-            let seq = engine
+            let (seq, expires_wall_ms) = engine
                 .with_room_async(key, token, || {
-                    engine.try_complete(key, token, response.clone())
+                    engine.try_complete_kept(key, token, response.clone(), retention_ms)
                 })
                 .await?;
-            engine.wait_holder_async(seq).await
+            engine.wait_holder_async(seq).await?;
+            Ok(expires_wall_ms)
         }
         .await;
-        engine.shared().observe.complete(key, token, || done)
+        let mut expires_wall_ms = 0;
+        engine
+            .shared()
+            .observe
+            .complete(key, token, || done.map(|expires| expires_wall_ms = expires))?;
+        Ok(expires_wall_ms)
     }
 
     /// The async form of [`Lease::release`].

@@ -214,6 +214,14 @@ pub enum ClaimError {
     Contended,
     /// The engine was closed.
     Closed,
+    /// [`crate::ClaimOptions::retention`] asked for more than the engine keeps a key
+    /// (ten years). Nothing changed; ask for less.
+    RetentionTooLong {
+        /// The retention asked for.
+        asked: Duration,
+        /// The longest retention accepted.
+        max: Duration,
+    },
 }
 
 impl fmt::Display for ClaimError {
@@ -240,6 +248,9 @@ impl fmt::Display for ClaimError {
                 f.write_str("the key kept changing while the call looked at it; retry")
             }
             ClaimError::Closed => f.write_str("engine closed"),
+            ClaimError::RetentionTooLong { asked, max } => {
+                write!(f, "retention of {asked:?} exceeds the maximum of {max:?}")
+            }
         }
     }
 }
@@ -296,6 +307,16 @@ pub enum LeaseError {
     OutcomeUnknown(Arc<str>),
     /// The engine was closed.
     Closed,
+    /// [`crate::CompleteOptions::retention`] asked for more than the engine keeps a key
+    /// (ten years). Nothing changed and, as for `ResponseTooLarge`, the key is not released:
+    /// it stays InFlight under this token until its lease ends, and the holder may still
+    /// complete it with a retention that fits.
+    RetentionTooLong {
+        /// The retention asked for.
+        asked: Duration,
+        /// The longest retention accepted.
+        max: Duration,
+    },
 }
 
 impl fmt::Display for LeaseError {
@@ -322,6 +343,9 @@ impl fmt::Display for LeaseError {
                 )
             }
             LeaseError::Closed => f.write_str("engine closed"),
+            LeaseError::RetentionTooLong { asked, max } => {
+                write!(f, "retention of {asked:?} exceeds the maximum of {max:?}")
+            }
         }
     }
 }

@@ -78,6 +78,6 @@ pub use crate::error::{
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::observe::key_hash;
-pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::options::{ClaimOptions, CompleteOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;

@@ -215,6 +215,19 @@ pub(crate) struct Plan {
     pub(crate) reserve: bool,
     /// A takeover of an abandoned lease (see [`Change::Put::adopt`]).
     pub(crate) adopt: bool,
+    /// The key's own retention in ms (`None`: the engine's): a takeover keeps the one of
+    /// the claim it replaces, unless the new claim asks for its own
+    /// ([`Plan::asking_retention`]).
+    pub(crate) retention_ms: Option<u64>,
+}
+
+impl Plan {
+    /// The claim asks for its own retention (in ms): it wins over the one a takeover keeps,
+    /// as a retrying client's options are the newer word on its key.
+    pub(crate) fn asking_retention(mut self, asked_ms: Option<u64>) -> Self {
+        self.retention_ms = asked_ms.or(self.retention_ms);
+        self
+    }
 }
 
 /// Which column of the table a claim acquires from.
@@ -243,6 +256,7 @@ pub(crate) fn claim(
         checkpoint: None,
         reserve: true,
         adopt: false,
+        retention_ms: None,
     };
     let Some(slot) = view.slot else {
         return Step::answer(ClaimAnswer::Acquire(fresh(Acquiring::New, None)), NONE);
@@ -283,6 +297,7 @@ pub(crate) fn claim(
                     response,
                     token: slot.token,
                     attempt: slot.attempt,
+                    expires_wall_ms: view.extra.map_or(0, |e| e.expires_wall_ms),
                 };
                 let deltas = Deltas { replays: 1, ..NONE };
                 Step::answer(ClaimAnswer::Replay(stored), deltas)
@@ -302,6 +317,7 @@ pub(crate) fn claim(
         checkpoint: view.extra.and_then(|e| e.checkpoint.clone()),
         reserve: adopt,
         adopt,
+        retention_ms: view.extra.and_then(|e| e.retention_ms),
     };
     Step::answer(ClaimAnswer::Acquire(plan), NONE)
 }
@@ -330,13 +346,16 @@ pub(crate) fn acquire(
     let write = rules.durable.then(|| Write::Put {
         token,
         old: plan.old,
-        record: inflight_record(
-            key,
-            plan.fingerprint,
-            plan.attempt,
-            plan.checkpoint.clone(),
-            now.wall_ms.saturating_add(duration_ms(lease)),
-        ),
+        record: Record {
+            retention_ms: plan.retention_ms,
+            ..inflight_record(
+                key,
+                plan.fingerprint,
+                plan.attempt,
+                plan.checkpoint.clone(),
+                now.wall_ms.saturating_add(duration_ms(lease)),
+            )
+        },
         publish: false,
     });
     let slot = Slot::inflight(
@@ -347,6 +366,7 @@ pub(crate) fn acquire(
     let extra = Extra {
         fingerprint: plan.fingerprint,
         checkpoint: plan.checkpoint.clone(),
+        retention_ms: plan.retention_ms,
         ..Extra::default()
     };
     let deltas = Deltas {
@@ -407,8 +427,12 @@ pub(crate) fn inflight_record(
 /// What the holder of a token does to its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Holder {
-    /// Store the response; the key is Completed for `retention`.
-    Complete { response: Arc<[u8]> },
+    /// Store the response; the key is Completed for `retention_ms` if given, else for the
+    /// retention its claim chose, else for the engine's.
+    Complete {
+        response: Arc<[u8]>,
+        retention_ms: Option<u64>,
+    },
     /// Give the key up: it is Absent.
     Release,
     /// Set the lease to end `lease` from now.
@@ -451,7 +475,10 @@ pub(crate) fn hold(
     };
     let held = view.slot.filter(|slot| slot.token == token);
     match op {
-        Holder::Complete { response } => {
+        Holder::Complete {
+            response,
+            retention_ms,
+        } => {
             let Some(slot) = held.filter(|slot| !slot.is_expired(now.mono_ns)) else {
                 return lost();
             };
@@ -459,7 +486,7 @@ pub(crate) fn hold(
                 let published = slot.is_published();
                 return Step::answer(HolderAnswer::Repeat { published }, NONE);
             }
-            complete(view, key, slot, response, now, rules)
+            complete(view, key, slot, response, retention_ms, now, rules)
         }
         Holder::Release => {
             let Some(slot) = held.filter(Slot::is_inflight) else {
@@ -498,17 +525,25 @@ pub(crate) fn hold(
 
 /// `complete` of the InFlight `slot`. The response and fingerprint stay beside the slot
 /// until the completion is published (a mismatch is refused and `records` reports it
-/// meanwhile); a memory-only engine keeps them and publishes at once.
+/// meanwhile); a memory-only engine keeps them and publishes at once. The retention is the
+/// completion's own (`retention_ms`), else the claim's, else the engine's; a key's own
+/// retention is whole milliseconds, so memory and file agree on its end to the ns.
 fn complete(
     view: View<'_>,
     key: &[u8],
     slot: Slot,
     response: Arc<[u8]>,
+    retention_ms: Option<u64>,
     now: Now,
     rules: &Rules,
 ) -> Step<HolderAnswer> {
     let fingerprint = view.fingerprint();
-    let expires_wall_ms = now.wall_ms.saturating_add(duration_ms(rules.retention));
+    let own_ms = retention_ms.or(view.extra.and_then(|e| e.retention_ms));
+    let (keep_ms, keep_ns) = match own_ms {
+        Some(ms) => (ms, ms.saturating_mul(1_000_000)),
+        None => (duration_ms(rules.retention), duration_ns(rules.retention)),
+    };
+    let expires_wall_ms = now.wall_ms.saturating_add(keep_ms);
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
         old: None,
@@ -517,7 +552,7 @@ fn complete(
             scope: Blob::empty(),
             fingerprint,
             first_claimed_wall_ms: 0,
-            retention_ms: None,
+            retention_ms: own_ms,
             state: RecordState::Completed {
                 attempt: slot.attempt,
                 completed_wall_ms: now.wall_ms,
@@ -527,11 +562,12 @@ fn complete(
         },
         publish: true,
     });
-    let expires_ns = now.mono_ns.saturating_add(duration_ns(rules.retention));
+    let expires_ns = now.mono_ns.saturating_add(keep_ns);
     let extra = Extra {
         fingerprint,
         response: Some(response),
         expires_wall_ms,
+        retention_ms: own_ms,
         ..Extra::default()
     };
     let deltas = Deltas {
@@ -560,13 +596,16 @@ fn update(key: &[u8], slot: Slot, extra: Extra, now: Now, rules: &Rules) -> Step
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
         old: None,
-        record: inflight_record(
-            key,
-            extra.fingerprint,
-            slot.attempt,
-            extra.checkpoint.clone(),
-            wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
-        ),
+        record: Record {
+            retention_ms: extra.retention_ms,
+            ..inflight_record(
+                key,
+                extra.fingerprint,
+                slot.attempt,
+                extra.checkpoint.clone(),
+                wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+            )
+        },
         publish: false,
     });
     Step {
@@ -820,15 +859,18 @@ pub(crate) enum Recovered {
     },
 }
 
-/// Recovery classifies the record under `token`, decoded to its head, at `now`.
+/// Recovery classifies the record under `token`, decoded to its head, at `now`. An InFlight
+/// record with its own `retention_ms` is reaped that long after its lease end, and keeps it
+/// for its completion and takeover.
 pub(crate) fn recover(
     token: u64,
     head: HeadState,
     fingerprint: Option<u128>,
+    own_retention_ms: Option<u64>,
     now: Now,
     reopen: &Reopen,
 ) -> Recovered {
-    let retention_ms = duration_ms(reopen.retention);
+    let retention_ms = own_retention_ms.unwrap_or_else(|| duration_ms(reopen.retention));
     match head {
         HeadState::Completed {
             expires_wall_ms, ..
@@ -881,6 +923,7 @@ pub(crate) fn recover(
             let extra = Extra {
                 fingerprint,
                 checkpoint,
+                retention_ms: own_retention_ms,
                 ..Extra::default()
             };
             Recovered::Load {
@@ -1074,6 +1117,7 @@ mod tests {
                 checkpoint: None,
                 reserve: true,
                 adopt: false,
+                retention_ms: None,
             }
         );
         let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
@@ -1179,6 +1223,7 @@ mod tests {
                 // It still holds its place in the live count: inherited.
                 reserve: false,
                 adopt: false,
+                retention_ms: None,
             }
         );
         let step = acquire(plan, KEY, 20, LEASE, at(END), &durable());
@@ -1337,6 +1382,7 @@ mod tests {
     fn complete_op() -> Holder {
         Holder::Complete {
             response: Arc::from(&b"out"[..]),
+            retention_ms: None,
         }
     }
 
@@ -1690,11 +1736,11 @@ mod tests {
         };
         let r = reopen(Recovery::TakeOver);
         assert_eq!(
-            recover(5, head(now.wall_ms), None, now, &r),
+            recover(5, head(now.wall_ms), None, None, now, &r),
             Recovered::Expired
         );
         assert_eq!(
-            recover(5, head(now.wall_ms + 3), Some(7), now, &r),
+            recover(5, head(now.wall_ms + 3), Some(7), None, now, &r),
             Recovered::Load {
                 slot: Slot::completed(5, LIVE + 3 * MS, 2, true),
                 extra: Extra::default(),
@@ -1719,7 +1765,10 @@ mod tests {
         let honour = reopen(Recovery::HonourLeases);
         // Past its lease end plus retention: reaped.
         let ended = now.wall_ms - retention_ms;
-        assert_eq!(recover(5, head(ended), None, now, &take), Recovered::Reaped);
+        assert_eq!(
+            recover(5, head(ended), None, None, now, &take),
+            Recovered::Reaped
+        );
         // Before: loaded, reaped at its recorded end plus retention.
         let extra = Extra {
             fingerprint: Some(7),
@@ -1728,7 +1777,7 @@ mod tests {
         };
         let end_wall = now.wall_ms - 1;
         assert_eq!(
-            recover(5, head(end_wall), Some(7), now, &take),
+            recover(5, head(end_wall), Some(7), None, now, &take),
             Recovered::Load {
                 slot: Slot::inflight(5, LIVE, 2),
                 extra: extra.clone(),
@@ -1737,16 +1786,18 @@ mod tests {
         );
         // Honoured leases keep their time left, capped at one configured lease.
         let far = now.wall_ms + 3_600_000;
-        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &honour) else {
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), None, now, &honour)
+        else {
             panic!("expected Load");
         };
         assert_eq!(slot, Slot::inflight(5, LIVE + LEASE.as_nanos() as u64, 2));
-        let Recovered::Load { slot, .. } = recover(5, head(now.wall_ms + 2), Some(7), now, &honour)
+        let Recovered::Load { slot, .. } =
+            recover(5, head(now.wall_ms + 2), Some(7), None, now, &honour)
         else {
             panic!("expected Load");
         };
         assert_eq!(slot, Slot::inflight(5, LIVE + 2 * MS, 2));
-        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &take) else {
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), None, now, &take) else {
             panic!("expected Load");
         };
         assert_eq!(slot.deadline_ns, LIVE, "taken over at once");

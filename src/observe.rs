@@ -531,6 +531,7 @@ fn claim_error_label(e: &ClaimError) -> &'static str {
         ClaimError::Corrupted(_) => "corrupted",
         ClaimError::Contended => "contended",
         ClaimError::Closed => "closed",
+        ClaimError::RetentionTooLong { .. } => "invalid_retention",
         #[allow(unreachable_patterns)]
         _ => "error",
     }
@@ -547,6 +548,7 @@ fn lease_error_label(e: &LeaseError) -> &'static str {
         LeaseError::Poisoned(_) => "poisoned",
         LeaseError::OutcomeUnknown(_) => "outcome_unknown",
         LeaseError::Closed => "closed",
+        LeaseError::RetentionTooLong { .. } => "invalid_retention",
         #[allow(unreachable_patterns)]
         _ => "error",
     }
