@@ -189,7 +189,7 @@ pub(crate) fn retention_ms(retention: Duration) -> Option<u64> {
         return None;
     }
     let ms = retention.as_millis();
-    let ceil = if retention.as_nanos() % 1_000_000 == 0 {
+    let ceil = if retention.as_nanos().is_multiple_of(1_000_000) {
         ms
     } else {
         ms + 1
