@@ -1716,6 +1716,82 @@ mod tests {
         assert_eq!(reap(&st.done, reap_at, u64::MAX), None);
     }
 
+    // --- a key's own retention ------------------------------------------------------------
+
+    /// The claim's retention is persisted and kept beside the lease, handed to a takeover,
+    /// and used by the completion unless the completion chooses its own.
+    #[test]
+    fn a_claims_own_retention_is_kept_through_a_takeover_and_used_by_its_completion() {
+        let plan = plan_of(claim(View::ABSENT, None, LIVE)).asking_retention(Some(4_000));
+        let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
+        let Change::Put { extra, .. } = &step.change else {
+            panic!("a claim puts")
+        };
+        assert_eq!(extra.retention_ms, Some(4_000));
+        let Some(Write::Put { record, .. }) = &step.write else {
+            panic!("a durable claim writes")
+        };
+        assert_eq!(record.retention_ms, Some(4_000));
+        // A takeover keeps it; a claim asking for its own replaces it.
+        let lease = Slot::inflight(11, END, 1);
+        let kept = plan_of(claim(view(lease, extra), None, END));
+        assert_eq!(
+            kept.clone().asking_retention(None).retention_ms,
+            Some(4_000)
+        );
+        assert_eq!(kept.asking_retention(Some(9)).retention_ms, Some(9));
+        // Completed with the claim's retention, or the completion's own.
+        for (asked, keep_ms) in [(None, 4_000u64), (Some(250), 250)] {
+            let op = Holder::Complete {
+                response: Arc::from(&b"out"[..]),
+                retention_ms: asked,
+            };
+            for rules in [durable(), memory()] {
+                let done = hold(view(lease, extra), KEY, 11, op.clone(), at(END), &rules);
+                let Change::Put { slot, extra: e, .. } = &done.change else {
+                    panic!("a completion puts")
+                };
+                assert_eq!(slot.deadline_ns, END + keep_ms * MS);
+                assert_eq!(e.expires_wall_ms, at(END).wall_ms + keep_ms);
+                assert_eq!(e.retention_ms, Some(keep_ms));
+                if let Some(Write::Put { record, .. }) = &done.write {
+                    assert_eq!(record.retention_ms, Some(keep_ms));
+                }
+            }
+        }
+    }
+
+    /// Recovery reaps an InFlight record by its own retention, and keeps it for the key.
+    #[test]
+    fn recovery_reaps_a_claim_by_its_own_retention() {
+        let now = at(LIVE);
+        let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_deadline_wall_ms,
+            attempt: 1,
+            attempt_started_wall_ms: 0,
+            failed: false,
+            checkpoint: None,
+        };
+        let take = reopen(Recovery::TakeOver);
+        // Ended 2 s ago: past its own 1 s, not the engine's 10 s.
+        let ended = now.wall_ms - 2_000;
+        assert_eq!(
+            recover(5, head(ended), None, Some(1_000), now, &take),
+            Recovered::Reaped
+        );
+        assert_eq!(
+            recover(5, head(ended), None, Some(3_000), now, &take),
+            Recovered::Load {
+                slot: Slot::inflight(5, LIVE, 1),
+                extra: Extra {
+                    retention_ms: Some(3_000),
+                    ..Extra::default()
+                },
+                reap_ns: Some(LIVE + 1_000 * MS),
+            }
+        );
+    }
+
     // --- recovery ----------------------------------------------------------------------------
 
     fn reopen(recovery: Recovery) -> Reopen {
