@@ -10,6 +10,17 @@
 //! - `claim_refused_at_budget`: a claim of a new key refused with `Overloaded(Keys)` when the
 //!   key budget is full and nothing is due anywhere.
 //!
+//! Mixed retentions (`mixed_retention`): the same engine filled twice, once with every key
+//! kept for the engine's retention and once with half the keys choosing their own
+//! (uniform in 0.1 to 2 retentions, through `CompleteOptions::retention`), so that half the
+//! completions wait in each stripe's heap instead of its FIFO:
+//!
+//! - `claim_sweeper_working_{default,mixed}`: a claim while keys keep expiring and the
+//!   background sweeper reclaims them (as `claim_sweeper_working`);
+//! - the sweep's cost per expired key: `Admin::sweep_now` on an engine without a background
+//!   sweeper, after the clock moved by 1/20 of the retention, divided by the keys it
+//!   removed (printed as `expiry: sweep` lines).
+//!
 //! The engine is memory-only (`Durability::None`): the index is what is measured, and
 //! filling a file with 10 M records would take minutes. Completion deadlines are spread over
 //! the retention window (the clock advances while the keys are filled), as in a service.
@@ -23,7 +34,9 @@ mod common;
 
 use common::{key, percentile_us, rss_bytes, Latencies};
 use criterion::{criterion_group, criterion_main, Criterion};
-use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, Limit, MockClock};
+use idemkv::{
+    Claim, ClaimError, ClaimOptions, CompleteOptions, Durability, Engine, Limit, MockClock,
+};
 use std::time::{Duration, Instant};
 
 /// Retention of the bench engine; the fill spreads completion deadlines over it.
@@ -252,5 +265,128 @@ fn expiry(c: &mut Criterion) {
     engine.close().expect("close");
 }
 
-criterion_group!(benches, expiry);
+/// How long the `mixed` fill keeps key `i`: the engine's retention for half the keys (and
+/// for every key when `!mixed`), else its own, uniform in 0.1 to 2 retentions.
+fn own_retention(mixed: bool, rng: &mut fastrand::Rng) -> Option<Duration> {
+    (mixed && rng.bool()).then(|| {
+        let ms = RETENTION.as_millis() as u64;
+        Duration::from_millis(rng.u64(ms / 10..2 * ms))
+    })
+}
+
+fn complete_kept(engine: &Engine, k: &[u8], own: Option<Duration>) {
+    match engine.claim(k, &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => match own {
+            None => lease.complete(b"ok").expect("complete"),
+            Some(d) => lease
+                .complete_with_options(b"ok", &CompleteOptions::default().retention(d))
+                .expect("complete"),
+        },
+        other => panic!("fresh key answered {other:?}"),
+    }
+}
+
+/// A memory-only engine filled with `n` keys over one retention, each kept by
+/// [`own_retention`].
+fn filled(n: u64, mixed: bool, sweep: Option<Duration>) -> (Engine, MockClock, Keys, Duration) {
+    let clock = MockClock::new();
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(clock.clone())
+        .retention(RETENTION)
+        .keys_max((n + HEADROOM) as usize)
+        .sweep_interval(sweep)
+        .open()
+        .expect("open");
+    let step = RETENTION / (n / STEP_KEYS).max(1) as u32;
+    let mut rng = fastrand::Rng::with_seed(common::SEED);
+    let mut keys = Keys(if mixed { 1 << 40 } else { 1 << 41 });
+    for i in 0..n {
+        if i > 0 && i % STEP_KEYS == 0 {
+            clock.advance(step);
+        }
+        complete_kept(&engine, &keys.next(), own_retention(mixed, &mut rng));
+    }
+    (engine, clock, keys, step)
+}
+
+fn mixed_retention(c: &mut Criterion) {
+    let n = keys();
+    let mut group = c.benchmark_group("expiry");
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_secs(1));
+    group.measurement_time(Duration::from_secs(2));
+    let mut report = Vec::new();
+    for (label, mixed) in [("default", false), ("mixed", true)] {
+        // Claims while keys keep expiring and the background sweeper reclaims them.
+        let (engine, clock, mut keys, step) = filled(n, mixed, Some(Duration::from_millis(1)));
+        let mut rng = fastrand::Rng::with_seed(common::SEED ^ 1);
+        let mut working = Latencies::default();
+        let mut since_step = 0u64;
+        let before = engine.stats().expirations;
+        group.bench_function(format!("claim_sweeper_working_{label}"), |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    if since_step == 0 {
+                        clock.advance(step);
+                    }
+                    since_step = (since_step + 1) % STEP_KEYS;
+                    let k = keys.next();
+                    let own = own_retention(mixed, &mut rng);
+                    let t = Instant::now();
+                    let claim = engine.claim(&k, &ClaimOptions::default());
+                    let d = t.elapsed();
+                    match (claim, own) {
+                        (Ok(Claim::Acquired(lease)), None) => {
+                            lease.complete(b"ok").expect("complete")
+                        }
+                        (Ok(Claim::Acquired(lease)), Some(d)) => lease
+                            .complete_with_options(b"ok", &CompleteOptions::default().retention(d))
+                            .expect("complete"),
+                        (other, _) => panic!("fresh key answered {other:?}"),
+                    }
+                    working.push(d);
+                    total += d;
+                }
+                total
+            })
+        });
+        let swept = engine.stats().expirations - before;
+        engine.close().expect("close");
+        drop(engine);
+        // The sweep alone: nothing else runs, the clock moves 1/20 retention per round.
+        let (engine, clock, _, _) = filled(n, mixed, None);
+        let (mut removed, mut spent) = (0u64, Duration::ZERO);
+        for _ in 0..20 {
+            clock.advance(RETENTION / 20);
+            let t = Instant::now();
+            removed += engine.admin().sweep_now().expect("sweep");
+            spent += t.elapsed();
+        }
+        let (p50, p99) = summary(&format!("claim, sweeper working, {label}"), &mut working);
+        report.push((label, p50, p99, swept, removed, spent));
+        engine.close().expect("close");
+    }
+    group.finish();
+    for (label, p50, p99, swept, removed, spent) in &report {
+        eprintln!(
+            "expiry: {label}: {n} keys; claim p50 {p50:.2}us p99 {p99:.2}us while the \
+             sweeper reclaimed {swept}; sweep {removed} keys in {spent:.1?} = {:.0} ns per \
+             expired key",
+            spent.as_nanos() as f64 / (*removed).max(1) as f64
+        );
+    }
+    if let [d, m] = &report[..] {
+        eprintln!(
+            "expiry: mixed / default: claim p50 {:.2}x, p99 {:.2}x; sweep per key {:.2}x",
+            m.1 / d.1,
+            m.2 / d.2,
+            (m.5.as_nanos() as f64 / m.4.max(1) as f64)
+                / (d.5.as_nanos() as f64 / d.4.max(1) as f64)
+        );
+    }
+}
+
+criterion_group!(benches, expiry, mixed_retention);
 criterion_main!(benches);

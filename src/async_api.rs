@@ -26,7 +26,7 @@ use crate::error::{ClaimError, FlushError, LeaseError, Limit, RunError};
 use crate::keep_alive::KeepAlive;
 use crate::lease::{Claim, Lease, Outcome};
 use crate::machine::Holder;
-use crate::options::ClaimOptions;
+use crate::options::{ClaimOptions, CompleteOptions};
 use crate::progress::Failed;
 use crate::stats::bump;
 use crate::sync::{Arc, Mutex};
@@ -328,11 +328,11 @@ impl Engine {
                 match out {
                     Ok(bytes) => {
                         let response: Arc<[u8]> = Arc::from(bytes);
-                        lease
-                            .complete_arc_async(response.clone(), None)
+                        let expires_wall_ms = lease
+                            .complete_kept_async(response.clone(), None, None)
                             .await
                             .map_err(|e| self.not_stored(key, opts, token, e))?;
-                        Ok(Outcome::fresh(response, token))
+                        Ok(Outcome::fresh(response, token, expires_wall_ms))
                     }
                     Err(e) => {
                         // The handler's failure is the error to report; a failed release
@@ -392,26 +392,65 @@ impl Lease {
     }
 
     pub(crate) async fn complete_arc_async(
-        mut self,
+        self,
         response: Arc<[u8]>,
         writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
+        self.complete_kept_async(response, None, writes)
+            .await
+            .map(|_| ())
+    }
+
+    /// The async form of [`Lease::complete_with_options`].
+    pub async fn complete_with_options_async(
+        mut self,
+        response: &[u8],
+        opts: &CompleteOptions,
+    ) -> Result<(), LeaseError> {
+        let retention_ms = match opts.retention_ms() {
+            Ok(ms) => ms,
+            Err(e) => {
+                // The work is done: a refused completion keeps the key.
+                self.settled = true;
+                return Err(e);
+            }
+        };
+        self.complete_kept_async(Arc::from(response), retention_ms, None)
+            .await
+            .map(|_| ())
+    }
+
+    /// Completes with the key's own retention `retention_ms` if given; resolves to the
+    /// wall-clock end of the stored response's retention (ms).
+    pub(crate) async fn complete_kept_async(
+        mut self,
+        response: Arc<[u8]>,
+        retention_ms: Option<u64>,
+        writes: Option<&WriteSet>,
+    ) -> Result<u64, LeaseError> {
         // Settled whatever happens: a refused completion keeps the key until the lease ends.
         self.settled = true;
         let writes = merged(self.staged.settle(), writes)?;
         let writes = Some(&writes).filter(|w| !w.is_empty());
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         let done = async {
-            let seq = engine
+            let (seq, expires_wall_ms) = engine
                 .with_room_async(key, token, || {
-                    engine.try_complete(key, token, response.clone(), writes)
+                    engine.try_complete_kept(key, token, response.clone(), retention_ms, writes)
                 })
                 .await?;
-            engine.wait_holder_async(seq).await
+            engine.wait_holder_async(seq).await?;
+            Ok(expires_wall_ms)
         }
         .await;
-        let key = crate::scope::key_of(key);
-        engine.shared().observe.complete(key, token, || done)
+        let mut expires_wall_ms = 0;
+        engine
+            .shared()
+            .observe
+            .complete(crate::scope::key_of(key), token, || {
+                done.map(|expires| expires_wall_ms = expires)
+            })?;
+        Ok(expires_wall_ms)
     }
 
     /// The async form of [`Lease::release`].

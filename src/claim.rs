@@ -125,6 +125,7 @@ impl Engine {
         let key = k.bytes();
         let s = self.shared();
         let c = &s.counters;
+        let retention_ms = opts.retention_ms()?;
         let rules = s.rules();
         // A claim writes a record only with a file behind the engine, and reports no wall
         // time: without a file it needs no wall reading.
@@ -181,6 +182,7 @@ impl Engine {
             MutexGuard::unlocked(shard, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
+        let plan = plan.asking_retention(retention_ms);
         let step = machine::acquire(plan, key, token, lease, now, &rules);
         let seq = match s.queue(step.write, true) {
             Ok(seq) => seq,
@@ -497,6 +499,7 @@ impl Engine {
                 response: response.0,
                 token,
                 attempt,
+                expires_wall_ms,
             },
             expires_wall_ms,
             fingerprint: record.fingerprint,
@@ -633,10 +636,10 @@ impl Engine {
                 match kept_alive(&lease, opts, handler) {
                     Ok(bytes) => {
                         let response: Arc<[u8]> = Arc::from(bytes);
-                        lease
-                            .complete_arc(response.clone())
+                        let expires_wall_ms = lease
+                            .complete_kept(response.clone(), None, None)
                             .map_err(|e| self.not_stored(key, opts, token, e))?;
-                        Ok(Outcome::fresh(response, token))
+                        Ok(Outcome::fresh(response, token, expires_wall_ms))
                     }
                     Err(e) => {
                         // The handler's failure is the error to report; a failed release
@@ -710,12 +713,13 @@ impl Engine {
                             });
                         }
                     };
-                    lease
-                        .complete_arc(Arc::from(bytes))
+                    let expires_wall_ms = lease
+                        .complete_kept(Arc::from(bytes), None, None)
                         .map_err(|e| self.not_stored(key, opts, token, e))?;
                     Ok(TypedOutcome {
                         value,
                         replayed: false,
+                        expires_at: wall_time(expires_wall_ms),
                     })
                 }
                 Err(e) => {
@@ -726,6 +730,7 @@ impl Engine {
             Claim::Completed(stored) => Ok(TypedOutcome {
                 value: codec::decode_value(&stored.response).map_err(RunError::Codec)?,
                 replayed: true,
+                expires_at: stored.expires_at(),
             }),
             Claim::InProgress(busy) => Err(RunError::StillInProgress {
                 retry_after: busy.retry_after,

@@ -71,6 +71,10 @@ pub(crate) const TOKEN_RESERVE: u64 = 1 << 22;
 pub(crate) const LEASE_DEFAULT: Duration = Duration::from_secs(30);
 /// Default retention of a completed record.
 pub(crate) const RETENTION_DEFAULT: Duration = Duration::from_secs(24 * 3600);
+/// Hard ceiling for a key's own retention (`ClaimOptions::retention`,
+/// `CompleteOptions::retention`): ten years. A record kept longer defeats the bounded store
+/// the sweeper maintains, and the ceiling keeps every deadline far from saturating.
+pub(crate) const RETENTION_LIMIT: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Default most a `Buffered` acknowledgement may wait before it is durable.
 pub(crate) const BUFFERED_DELAY_DEFAULT: Duration = Duration::from_millis(10);
 /// Default time `run` waits for another holder of the same key before giving up.

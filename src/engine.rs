@@ -639,6 +639,14 @@ impl Engine {
         self.shared().cfg.durability
     }
 
+    /// The engine's retention ([`EngineBuilder::retention`]): how long a completed key is
+    /// remembered unless its claim or completion chose its own
+    /// ([`crate::ClaimOptions::retention`], [`crate::CompleteOptions::retention`]). A
+    /// replay tells the instant its key expires ([`crate::Stored::expires_at`]).
+    pub fn retention(&self) -> Duration {
+        self.shared().cfg.retention
+    }
+
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<(), ClaimError> {
         let max = self.shared().cfg.key_len_max;
         if key.is_empty() {

@@ -222,6 +222,14 @@ pub enum ClaimError {
     Contended,
     /// The engine was closed.
     Closed,
+    /// [`crate::ClaimOptions::retention`] asked for more than the engine keeps a key
+    /// (ten years). Nothing changed; ask for less.
+    RetentionTooLong {
+        /// The retention asked for.
+        asked: Duration,
+        /// The longest retention accepted.
+        max: Duration,
+    },
 }
 
 impl fmt::Display for ClaimError {
@@ -251,6 +259,9 @@ impl fmt::Display for ClaimError {
                 f.write_str("the key kept changing while the call looked at it; retry")
             }
             ClaimError::Closed => f.write_str("engine closed"),
+            ClaimError::RetentionTooLong { asked, max } => {
+                write!(f, "retention of {asked:?} exceeds the maximum of {max:?}")
+            }
         }
     }
 }
@@ -323,6 +334,16 @@ pub enum LeaseError {
     /// Writes were staged on a lease that is already settled (completed, released or
     /// detached): they would never be applied, so they are refused.
     Settled,
+    /// [`crate::CompleteOptions::retention`] asked for more than the engine keeps a key
+    /// (ten years). Nothing changed and, as for `ResponseTooLarge`, the key is not released:
+    /// it stays InFlight under this token until its lease ends, and the holder may still
+    /// complete it with a retention that fits.
+    RetentionTooLong {
+        /// The retention asked for.
+        asked: Duration,
+        /// The longest retention accepted.
+        max: Duration,
+    },
 }
 
 impl fmt::Display for LeaseError {
@@ -355,6 +376,9 @@ impl fmt::Display for LeaseError {
             LeaseError::WriteSet(e) => write!(f, "the attached writes were refused: {e}"),
             LeaseError::Settled => {
                 f.write_str("the lease is already settled; staged writes would not be applied")
+            }
+            LeaseError::RetentionTooLong { asked, max } => {
+                write!(f, "retention of {asked:?} exceeds the maximum of {max:?}")
             }
         }
     }

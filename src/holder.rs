@@ -7,6 +7,7 @@
 //! and a refused completion leaves the key InFlight under the holder's token until its lease
 //! ends. Only an explicit release, or the end of the lease, lets another caller run the work.
 
+use crate::clock::wall_ms_at;
 use crate::codec::Checkpoint;
 use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{FlushError, LeaseError, Limit};
@@ -87,23 +88,30 @@ impl Engine {
         response: Arc<[u8]>,
         writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
-        let observe = &self.shared().observe;
-        observe.complete(crate::scope::key_of(key), token, || {
-            self.complete_unobserved(key, token, response, writes)
-        })
+        self.complete_kept(key, token, response, None, writes)
+            .map(|_| ())
     }
 
-    fn complete_unobserved(
+    /// [`Engine::complete`] for `retention_ms` (the key's own retention, if the completion
+    /// chose one); returns the wall-clock end of the stored response's retention, in ms.
+    pub(crate) fn complete_kept(
         &self,
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        retention_ms: Option<u64>,
         writes: Option<&WriteSet>,
-    ) -> Result<(), LeaseError> {
-        let seq = self.with_room(key, token, || {
-            self.try_complete(key, token, response.clone(), writes)
+    ) -> Result<u64, LeaseError> {
+        let observe = &self.shared().observe;
+        let mut expires_wall_ms = 0;
+        observe.complete(crate::scope::key_of(key), token, || {
+            let (seq, expires) = self.with_room(key, token, || {
+                self.try_complete_kept(key, token, response.clone(), retention_ms, writes)
+            })?;
+            expires_wall_ms = expires;
+            self.wait_holder(seq)
         })?;
-        self.wait_holder(seq)
+        Ok(expires_wall_ms)
     }
 
     /// Waits until a holder's write numbered `seq` is durable (0: nothing to wait for).
@@ -172,15 +180,18 @@ impl Engine {
             })
     }
 
-    /// One attempt at a completion (with `writes`, queued in the same operation), never
-    /// blocking; returns the number to wait for.
-    pub(crate) fn try_complete(
+    /// One attempt at a completion (with `writes`, queued in the same operation), for
+    /// `retention_ms` (the key's own retention, if the completion chose one), never
+    /// blocking; returns the number to wait for and the wall-clock end of the stored
+    /// response's retention (ms).
+    pub(crate) fn try_complete_kept(
         &self,
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
+        retention_ms: Option<u64>,
         writes: Option<&WriteSet>,
-    ) -> Result<u64, LeaseError> {
+    ) -> Result<(u64, u64), LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
         let max = s.cfg.response_len_max;
@@ -199,8 +210,22 @@ impl Engine {
             _ => token,
         };
         let rules = s.rules();
-        let op = Holder::Complete { response };
-        let step = machine::hold(view, key, token, op, s.now(), &rules);
+        let op = Holder::Complete {
+            response,
+            retention_ms,
+        };
+        let now = s.now();
+        let step = machine::hold(view, key, token, op, now, &rules);
+        let expires_wall_ms = match (&step.change, view.slot) {
+            (machine::Change::Put { extra, .. }, _) => extra.expires_wall_ms,
+            // A repeat: the first completion's end, from its side data while it has any,
+            // else from its deadline.
+            (_, Some(slot)) => view.extra.map_or_else(
+                || wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+                |e| e.expires_wall_ms,
+            ),
+            (_, None) => 0,
+        };
         match step.answer {
             HolderAnswer::Done => {}
             HolderAnswer::Repeat { published } => {
@@ -208,12 +233,15 @@ impl Engine {
                 // It is settled once all queued is.
                 drop(shard);
                 if published {
-                    return Ok(0);
+                    return Ok((0, expires_wall_ms));
                 }
-                return s.send_barrier().map_err(|e| match e {
-                    FlushError::Poisoned(why) => LeaseError::OutcomeUnknown(why),
-                    FlushError::Closed => LeaseError::Closed,
-                });
+                return s
+                    .send_barrier()
+                    .map(|seq| (seq, expires_wall_ms))
+                    .map_err(|e| match e {
+                        FlushError::Poisoned(why) => LeaseError::OutcomeUnknown(why),
+                        FlushError::Closed => LeaseError::Closed,
+                    });
             }
             HolderAnswer::LeaseLost | HolderAnswer::NotHeld => {
                 s.count(&mut shard.events, &step.deltas);
@@ -230,7 +258,7 @@ impl Engine {
         if !rules.durable {
             changed.notify_all();
         }
-        Ok(self.durable_wait(seq))
+        Ok((self.durable_wait(seq), expires_wall_ms))
     }
 
     /// Releases `key` if `token` still owns it as InFlight; returns whether it did. A

@@ -13,10 +13,13 @@
 //! Expiry order: beside its table, each stripe keeps the order in which its slots fall due,
 //! so that no caller walks the table to find work:
 //!
-//! - `done`: every completed slot, by end of retention. Retention is engine-wide and a
-//!   completion's deadline is `now + retention`, read under the stripe lock, so completions
-//!   arrive in deadline order and a deque suffices. Recovery loads out of order and sorts
-//!   once; an import out of order is inserted in place.
+//! - `done`: the completed slots kept for the engine's retention, by end of retention. Their
+//!   deadline is `now + retention`, read under the stripe lock, so they arrive in deadline
+//!   order and a deque suffices. Recovery loads out of order and sorts once.
+//! - `kept`: every other completed slot — one with its own retention longer than the
+//!   engine's (whose deadline would break the deque's order for every later completion), or
+//!   one that arrives out of order (an import, a key with a shorter retention of its own) —
+//!   by end of retention, in a min-heap: O(log n) to enter or leave, O(1) for the next due.
 //! - `leases`: every InFlight slot whose end has not been seen yet, by lease end. Leases
 //!   have per-claim durations (and `extend`), so this is a heap.
 //! - `ended`: every abandoned slot — its lease was seen to end and nobody took it over —
@@ -25,9 +28,10 @@
 //! Entries are deleted lazily: a slot that changes leaves its old entry behind, and the
 //! entry is recognised as stale when it comes up (no slot matches it any more) and dropped.
 //! A queue is compacted when its stale entries outnumber its live ones by
-//! `EXPIRY_COMPACT_SLACK`, so every stale entry costs O(1) amortized. Per-stripe counts and
-//! two lock-free boards ("nothing of this stripe is due before t") let the engine answer
-//! "what is due, where" without a walk.
+//! `EXPIRY_COMPACT_SLACK` (`done` and `kept` count together, as they hold one kind of
+//! slot), so every stale entry costs O(1) amortized. Per-stripe counts and two lock-free
+//! boards ("nothing of this stripe is due before t", the minimum over every queue's head)
+//! let the engine answer "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
@@ -157,6 +161,11 @@ pub(crate) struct Extra {
     /// Wall-clock end of retention of a completion whose record is not in the file (memory
     /// only, or not yet published), for reports.
     pub(crate) expires_wall_ms: u64,
+    /// The key's own retention, in ms, when its claim or completion chose one (`None`: the
+    /// engine's). A lease hands it to its completion and its takeover, and is reaped this
+    /// long after it ended; a completion's deadline already applies it, and it decides
+    /// which expiry queue the completion waits in.
+    pub(crate) retention_ms: Option<u64>,
 }
 
 impl Extra {
@@ -165,6 +174,7 @@ impl Extra {
             && self.checkpoint.is_none()
             && self.response.is_none()
             && self.expires_wall_ms == 0
+            && self.retention_ms.is_none()
     }
 
     fn heap_bytes(&self) -> usize {
@@ -195,7 +205,8 @@ impl Hasher for TokenHasher {
     }
 }
 
-/// A completed slot's place in `done`: its retention deadline and its key's table hash (the
+/// A completed slot's place in `done` or `kept`: its retention deadline and its key's table
+/// hash (the
 /// key itself is not copied; the slot is found by hash and deadline, and its tag rules out
 /// most neighbours in the same probe sequence: one with the same tag and the same deadline
 /// to the nanosecond is due at the same instant, so removing it first is as right, and the
@@ -204,6 +215,100 @@ impl Hasher for TokenHasher {
 struct DoneEntry {
     deadline_ns: u64,
     hash: u64,
+}
+
+/// A min-heap of completions by deadline, laid out as the usual implicit binary tree in a
+/// vector (children of `i` at `2i + 1` and `2i + 2`), so that the entries due at `now` —
+/// a subtree around the root — can be counted without looking at the others.
+#[derive(Debug, Default)]
+struct DueHeap {
+    v: Vec<DoneEntry>,
+}
+
+impl DueHeap {
+    fn len(&self) -> usize {
+        self.v.len()
+    }
+
+    fn capacity(&self) -> usize {
+        self.v.capacity()
+    }
+
+    fn peek(&self) -> Option<&DoneEntry> {
+        self.v.first()
+    }
+
+    fn push(&mut self, e: DoneEntry) {
+        self.v.push(e);
+        self.sift_up(self.v.len() - 1);
+    }
+
+    fn pop(&mut self) -> Option<DoneEntry> {
+        let last = self.v.pop()?;
+        if self.v.is_empty() {
+            return Some(last);
+        }
+        let top = std::mem::replace(&mut self.v[0], last);
+        self.sift_down(0);
+        Some(top)
+    }
+
+    /// Keeps the entries `keep` accepts and restores the heap order: O(n).
+    fn retain(&mut self, keep: impl FnMut(&DoneEntry) -> bool) {
+        self.v.retain(keep);
+        for i in (0..self.v.len() / 2).rev() {
+            self.sift_down(i);
+        }
+    }
+
+    /// How many entries are due at `now`: every due entry's parent is due, so the walk
+    /// visits the due entries and at most two others for each: O(due).
+    fn count_due(&self, now: u64) -> usize {
+        let mut count = 0;
+        let mut stack = Vec::new();
+        if self.v.first().is_some_and(|e| e.deadline_ns <= now) {
+            stack.push(0);
+        }
+        while let Some(i) = stack.pop() {
+            count += 1;
+            for child in [2 * i + 1, 2 * i + 2] {
+                if self.v.get(child).is_some_and(|e| e.deadline_ns <= now) {
+                    stack.push(child);
+                }
+            }
+        }
+        count
+    }
+
+    fn sift_up(&mut self, mut i: usize) {
+        while i > 0 {
+            let parent = (i - 1) / 2;
+            if self.v[parent].deadline_ns <= self.v[i].deadline_ns {
+                break;
+            }
+            self.v.swap(parent, i);
+            i = parent;
+        }
+    }
+
+    fn sift_down(&mut self, mut i: usize) {
+        let len = self.v.len();
+        loop {
+            let (l, r) = (2 * i + 1, 2 * i + 2);
+            let mut least = i;
+            if l < len && self.v[l].deadline_ns < self.v[least].deadline_ns {
+                least = l;
+            }
+            if r < len && self.v[r].deadline_ns < self.v[least].deadline_ns {
+                least = r;
+            }
+            if least == i {
+                break;
+            }
+            self.v.swap(i, least);
+            i = least;
+        }
+    }
 }
 
 /// A lease's place in `leases` (by end) or `ended` (by reap instant).
@@ -338,10 +443,13 @@ pub(crate) struct Shard {
     extras: HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
     /// Heap bytes of keys and extras, for the memory estimate.
     heap_bytes: usize,
-    /// Every completed slot once, earliest deadline first, and stale entries (all of them
-    /// already due: a completion leaves before its deadline only through recovery's
-    /// deduplication, which compacts).
+    /// Completed slots kept for the engine's retention, earliest deadline first, and stale
+    /// entries (all of them already due: a completion leaves before its deadline only
+    /// through recovery's deduplication, which compacts).
     done: VecDeque<DoneEntry>,
+    /// Every other completed slot (see the module docs), and stale entries (all due, as in
+    /// `done`). Every completed slot is in exactly one of `done` and `kept`.
+    kept: DueHeap,
     /// Every InFlight slot not yet seen to end, and stale entries.
     leases: BinaryHeap<ByEnd>,
     /// Every abandoned slot, and stale entries.
@@ -369,6 +477,7 @@ impl Shard {
             extras: HashMap::default(),
             heap_bytes: 0,
             done: VecDeque::new(),
+            kept: DueHeap::default(),
             leases: BinaryHeap::new(),
             ended: BinaryHeap::new(),
             live: 0,
@@ -448,6 +557,7 @@ impl Shard {
     fn put_with(&mut self, key: Key<'_>, mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
         let (hash, tag, key) = (key.hash, key.tag, key.bytes);
         let has_extra = !extra.is_empty();
+        let own_retention_ns = extra.retention_ms.map(|ms| ms.saturating_mul(1_000_000));
         // The caller's copy may carry stale flags and no tag; this table decides them.
         slot.flags &= !(HAS_EXTRA | ABANDONED);
         let [a, b, c, _] = tag.to_le_bytes();
@@ -486,7 +596,7 @@ impl Shard {
                 if let Some(old) = old {
                     self.leave(hash, &old);
                 }
-                self.enter(hash, &slot, reap_ns);
+                self.enter(hash, &slot, reap_ns, own_retention_ns);
                 self.compact_if_stale();
                 self.refresh_due();
             }
@@ -499,12 +609,11 @@ impl Shard {
     fn leave(&mut self, hash: u64, old: &Slot) {
         if !old.is_inflight() {
             self.completed -= 1;
-            if self
-                .done
-                .front()
-                .is_some_and(|e| e.hash == hash && e.deadline_ns == old.deadline_ns)
-            {
+            let is_old = |e: &DoneEntry| e.hash == hash && e.deadline_ns == old.deadline_ns;
+            if self.done.front().is_some_and(is_old) {
                 self.done.pop_front();
+            } else if self.kept.peek().is_some_and(is_old) {
+                self.kept.pop();
             }
         } else if old.is_abandoned() {
             self.abandoned -= 1;
@@ -545,12 +654,20 @@ impl Shard {
         }
     }
 
-    /// The slot takes its place in the expiry order.
-    fn enter(&mut self, hash: u64, slot: &Slot, reap_ns: Option<u64>) {
+    /// The slot takes its place in the expiry order. `own_retention_ns` is the key's own
+    /// retention, if it has one: an abandoned lease is reaped that long after its end, and a
+    /// completion that keeps the key longer than the engine does waits in `kept`.
+    fn enter(
+        &mut self,
+        hash: u64,
+        slot: &Slot,
+        reap_ns: Option<u64>,
+        own_retention_ns: Option<u64>,
+    ) {
         if slot.is_inflight() {
             self.live += 1;
-            let reap_ns = reap_ns
-                .unwrap_or_else(|| slot.deadline_ns.saturating_add(self.common.retention_ns));
+            let retention_ns = own_retention_ns.unwrap_or(self.common.retention_ns);
+            let reap_ns = reap_ns.unwrap_or_else(|| slot.deadline_ns.saturating_add(retention_ns));
             self.leases.push(ByEnd(LeaseEntry {
                 deadline_ns: slot.deadline_ns,
                 reap_ns,
@@ -563,19 +680,18 @@ impl Shard {
                 deadline_ns: slot.deadline_ns,
                 hash,
             };
-            if self.loading
-                || self
+            // A completion kept no longer than the engine's retention and not before the
+            // deque's last entry never holds back a later completion of the engine's
+            // retention (whose deadline is `now + retention`): the deque stays ordered.
+            let fits = own_retention_ns.is_none_or(|r| r <= self.common.retention_ns)
+                && self
                     .done
                     .back()
-                    .is_none_or(|b| b.deadline_ns <= e.deadline_ns)
-            {
+                    .is_none_or(|b| b.deadline_ns <= e.deadline_ns);
+            if self.loading || fits {
                 self.done.push_back(e);
             } else {
-                // Only an import arrives out of order while running; shift the short side.
-                let at = self
-                    .done
-                    .partition_point(|d| d.deadline_ns <= e.deadline_ns);
-                self.done.insert(at, e);
+                self.kept.push(e);
             }
         }
     }
@@ -599,8 +715,10 @@ impl Shard {
                     .is_some()
             });
         }
-        if !self.loading && self.done.len() > 2 * self.completed + slack {
+        if !self.loading && self.done.len() + self.kept.len() > 2 * self.completed + slack {
             self.done
+                .retain(|e| slots.find(e.hash, |(_, s)| done_matches(s, e)).is_some());
+            self.kept
                 .retain(|e| slots.find(e.hash, |(_, s)| done_matches(s, e)).is_some());
         }
     }
@@ -609,6 +727,7 @@ impl Shard {
     fn refresh_due(&self) {
         let lease = self.leases.peek().map_or(u64::MAX, |e| e.0.deadline_ns);
         let done = self.done.front().map_or(u64::MAX, |e| e.deadline_ns);
+        let kept = self.kept.peek().map_or(u64::MAX, |e| e.deadline_ns);
         let reap = self.ended.peek().map_or(u64::MAX, |e| e.0.reap_ns);
         let set = |cell: &AtomicU64, v: u64| {
             // Read first: the boards are shared by many stripes and rarely change.
@@ -617,7 +736,7 @@ impl Shard {
             }
         };
         set(&self.common.lease_due[self.id], lease);
-        set(&self.common.reclaim_due[self.id], done.min(reap));
+        set(&self.common.reclaim_due[self.id], done.min(kept).min(reap));
     }
 
     /// Marks the completion of `key` by `token` durable, dropping its side data (the file
@@ -719,16 +838,20 @@ impl Shard {
         now: u64,
         send: &mut dyn FnMut(&Step<()>) -> bool,
     ) -> Reclaimed {
-        let done_at = self
-            .done
-            .front()
-            .map(|e| e.deadline_ns)
-            .filter(|&d| d <= now);
+        let fifo_at = self.done.front().map(|e| e.deadline_ns);
+        let kept_at = self.kept.peek().map(|e| e.deadline_ns);
+        // The earlier completion of the two queues' heads; the deque's on a tie.
+        let (done_at, from_kept) = match (fifo_at, kept_at) {
+            (Some(f), Some(k)) if k < f => (Some(k), true),
+            (None, Some(k)) => (Some(k), true),
+            (f, _) => (f, false),
+        };
+        let done_at = done_at.filter(|&d| d <= now);
         let reap_at = self.ended.peek().map(|e| e.0.reap_ns).filter(|&r| r <= now);
         let out = match (done_at, reap_at) {
             (None, None) => return Reclaimed::Nothing,
             (Some(d), Some(r)) if r < d => self.reap_head(now, send),
-            (Some(_), _) => self.expire_head(now, send),
+            (Some(_), _) => self.expire_head(now, send, from_kept),
             (None, Some(_)) => self.reap_head(now, send),
         };
         if out != Reclaimed::Refused {
@@ -737,9 +860,27 @@ impl Shard {
         out
     }
 
-    fn expire_head(&mut self, now: u64, send: &mut dyn FnMut(&Step<()>) -> bool) -> Reclaimed {
-        let Some(e) = self.done.front().copied() else {
+    /// Removes the completion at the head of `done`, or of `kept` if `from_kept`.
+    fn expire_head(
+        &mut self,
+        now: u64,
+        send: &mut dyn FnMut(&Step<()>) -> bool,
+        from_kept: bool,
+    ) -> Reclaimed {
+        let head = if from_kept {
+            self.kept.peek().copied()
+        } else {
+            self.done.front().copied()
+        };
+        let Some(e) = head else {
             return Reclaimed::Nothing;
+        };
+        let pop = |shard: &mut Self| {
+            if from_kept {
+                shard.kept.pop();
+            } else {
+                shard.done.pop_front();
+            }
         };
         let found = self
             .slots
@@ -747,14 +888,14 @@ impl Shard {
             .ok()
             .and_then(|entry| machine::expire(&entry.get().1, now).map(|step| (entry, step)));
         let Some((entry, step)) = found else {
-            self.done.pop_front();
+            pop(self);
             return Reclaimed::Stale;
         };
         if !send(&step) {
             return Reclaimed::Refused;
         }
         let ((key, slot), _) = entry.remove();
-        self.done.pop_front();
+        pop(self);
         self.heap_bytes -= key.len();
         self.drop_extra(&slot);
         self.completed -= 1;
@@ -793,14 +934,17 @@ impl Shard {
     pub(crate) fn has_due(&self, now: u64) -> bool {
         self.leases.peek().is_some_and(|e| e.0.deadline_ns <= now)
             || self.done.front().is_some_and(|e| e.deadline_ns <= now)
+            || self.kept.peek().is_some_and(|e| e.deadline_ns <= now)
             || self.ended.peek().is_some_and(|e| e.0.reap_ns <= now)
     }
 
     /// Completed keys past their retention at `now` and not yet removed: O(log due) from
-    /// the head of `done`. Every stale entry of `done` is due, so they are subtracted.
+    /// the head of `done`, O(due) from the root of `kept` (only entries that are due are
+    /// looked at, none when the sweeper keeps up). Every stale entry of either queue is
+    /// due, so they are subtracted.
     pub(crate) fn expired_unswept(&self, now: u64) -> u64 {
-        let due = due_prefix(&self.done, now);
-        let stale = self.done.len().saturating_sub(self.completed);
+        let due = due_prefix(&self.done, now) + self.kept.count_due(now);
+        let stale = (self.done.len() + self.kept.len()).saturating_sub(self.completed);
         due.saturating_sub(stale) as u64
     }
 
@@ -809,8 +953,11 @@ impl Shard {
         self.loading = true;
     }
 
-    /// Recovery is done: order `done` once (dropping what a deduplicated record left).
-    fn finish_load(&mut self) {
+    /// Recovery is done: order `done` once (dropping what a deduplicated record left), and
+    /// move the completions due after `now + retention` (kept longer than the engine keeps
+    /// a key, by their own retention or an earlier, longer engine retention) to `kept`, so
+    /// that every completion made from now on still finds `done` in order.
+    fn finish_load(&mut self, now: u64) {
         self.loading = false;
         if self.done.len() != self.completed {
             let slots = &self.slots;
@@ -820,6 +967,11 @@ impl Shard {
         self.done
             .make_contiguous()
             .sort_unstable_by_key(|e| e.deadline_ns);
+        let horizon = now.saturating_add(self.common.retention_ns);
+        let at = self.done.partition_point(|e| e.deadline_ns <= horizon);
+        for e in self.done.drain(at..) {
+            self.kept.push(e);
+        }
         self.compact_if_stale();
         self.refresh_due();
     }
@@ -845,7 +997,7 @@ impl Shard {
         let extra_bucket = std::mem::size_of::<(u64, Extra)>() + 1;
         self.slots.capacity() * slot_bucket
             + self.extras.capacity() * extra_bucket
-            + self.done.capacity() * std::mem::size_of::<DoneEntry>()
+            + (self.done.capacity() + self.kept.capacity()) * std::mem::size_of::<DoneEntry>()
             + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
             + self.heap_bytes
     }
@@ -1038,10 +1190,10 @@ impl Index {
         }
     }
 
-    /// Recovery is done: every stripe orders its completions once.
-    pub(crate) fn finish_load(&self) {
+    /// Recovery is done (at `now`): every stripe orders its completions once.
+    pub(crate) fn finish_load(&self, now: u64) {
         for s in self.stripes() {
-            s.map.lock().finish_load();
+            s.map.lock().finish_load(now);
         }
     }
 
@@ -1099,6 +1251,19 @@ mod tests {
                 self.shard.key(key.as_bytes()),
                 Slot::completed(token, expires, 1, true),
                 Extra::default(),
+            );
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+
+        /// Completes a lease with the key's own retention, if any.
+        fn complete_kept(&mut self, key: &str, token: u64, expires: u64, own_ms: Option<u64>) {
+            self.shard.put(
+                self.shard.key(key.as_bytes()),
+                Slot::completed(token, expires, 1, true),
+                Extra {
+                    retention_ms: own_ms,
+                    ..Extra::default()
+                },
             );
             self.live.fetch_sub(1, Ordering::AcqRel);
         }
@@ -1307,9 +1472,10 @@ mod tests {
     }
 
     #[test]
-    fn out_of_order_completions_are_placed_in_order() {
+    fn out_of_order_completions_wait_in_the_heap_and_leave_in_deadline_order() {
         let mut f = fixture();
-        for (i, deadline) in [50u64, 30, 70, 10, 30].into_iter().enumerate() {
+        let deadlines = [50u64, 30, 70, 10, 30];
+        for (i, deadline) in deadlines.into_iter().enumerate() {
             let key = format!("k{i}");
             f.shard.put(
                 f.shard.key(key.as_bytes()),
@@ -1317,8 +1483,199 @@ mod tests {
                 Extra::default(),
             );
         }
-        let tokens: Vec<u64> = f.reclaim_all(100).iter().map(|g| g.1).collect();
-        assert_eq!(tokens, vec![4, 2, 5, 1, 3]);
+        // 50 and 70 arrived in order; 30, 10 and 30 would have broken it.
+        assert_eq!((f.shard.done.len(), f.shard.kept.len()), (2, 3));
+        assert_eq!(
+            f.boards().1,
+            10,
+            "the board is the earlier of the two heads"
+        );
+        let got: Vec<u64> = f
+            .reclaim_all(100)
+            .iter()
+            .map(|g| deadlines[g.1 as usize - 1])
+            .collect();
+        assert_eq!(got, vec![10, 30, 30, 50, 70]);
+        assert_eq!(f.boards().1, u64::MAX);
+    }
+
+    /// Per-key retention: a completion kept longer than the engine's retention waits in the
+    /// heap, so the completions of the engine's retention made after it still append to the
+    /// deque; removal follows deadlines across both, never before one.
+    #[test]
+    fn a_key_kept_longer_than_the_engine_never_holds_back_the_deque() {
+        let mut f = fixture();
+        let ms = 1_000_000;
+        // Completed at 0 and kept 2 ms; the engine keeps keys 1,000 ns.
+        f.claim("long", 1, 0);
+        f.complete_kept("long", 1, 2 * ms, Some(2));
+        f.claim("short", 2, 0);
+        // A retention of its own no longer than the engine's, in order: the deque.
+        f.complete_kept("short", 2, 500, Some(0));
+        for i in 0..100u64 {
+            let key = format!("d{i}");
+            f.claim(&key, 10 + i, i * 10);
+            f.complete(&key, 10 + i, i * 10 + RETENTION);
+        }
+        assert_eq!(f.shard.kept.len(), 1, "only the long one");
+        assert_eq!(f.shard.done.len(), 101);
+        assert_eq!(f.boards().1, 500);
+        assert_eq!(f.shard.expired_unswept(2 * ms - 1), 101);
+        let got = f.reclaim_all(2 * ms - 1);
+        assert_eq!(got.len(), 101);
+        assert!(got.iter().all(|g| g.0 == Reclaimed::Expired && g.1 != 1));
+        assert_eq!(f.boards().1, 2 * ms, "only the long one is left");
+        assert_eq!(f.shard.expired_unswept(2 * ms - 1), 0);
+        assert_eq!(f.reclaim_all(2 * ms), vec![(Reclaimed::Expired, 1)]);
+        assert_eq!(f.shard.completed, 0);
+    }
+
+    #[test]
+    fn an_abandoned_lease_is_reaped_by_its_own_retention() {
+        let mut f = fixture();
+        let ms = 1_000_000;
+        f.live.fetch_add(1, Ordering::AcqRel);
+        f.shard.put(
+            f.shard.key(b"own"),
+            Slot::inflight(1, 10, 1),
+            Extra {
+                retention_ms: Some(3),
+                ..Extra::default()
+            },
+        );
+        f.claim("engine", 2, 10);
+        f.shard.end_leases(10, usize::MAX);
+        assert_eq!(f.boards().1, 10 + RETENTION);
+        assert_eq!(f.reclaim_all(10 + RETENTION), vec![(Reclaimed::Reaped, 2)]);
+        assert_eq!(f.boards().1, 10 + 3 * ms);
+        assert_eq!(f.reclaim_all(10 + 3 * ms - 1), vec![]);
+        assert_eq!(f.reclaim_all(10 + 3 * ms), vec![(Reclaimed::Reaped, 1)]);
+    }
+
+    /// Lazy deletion in the heap: a completion that leaves pops its entry if it is on top,
+    /// and otherwise leaves it stale, to be dropped when it comes up or by a compaction that
+    /// keeps the heap within twice its keys plus the slack.
+    #[test]
+    fn stale_entries_of_the_heap_are_skipped_and_compacted() {
+        let mut f = fixture();
+        let ms = 1_000_000;
+        f.claim("a", 1, 0);
+        f.complete_kept("a", 1, 5 * ms, Some(5));
+        f.claim("b", 2, 0);
+        f.complete_kept("b", 2, 9 * ms, Some(9));
+        // "b" is claimed again after its retention: its entry, below the top, goes stale.
+        f.claim("b", 3, 20 * ms);
+        assert_eq!(f.shard.kept.len(), 2);
+        assert_eq!(
+            f.shard.expired_unswept(20 * ms),
+            1,
+            "the stale entry is not counted"
+        );
+        assert_eq!(
+            f.reclaim_all(20 * ms),
+            vec![(Reclaimed::Expired, 1), (Reclaimed::Stale, 0)]
+        );
+        assert_eq!(f.shard.kept.len(), 0);
+        // An entry on top is popped at once when its slot leaves.
+        f.complete_kept("b", 3, 30 * ms, Some(10));
+        f.claim("b", 4, 30 * ms);
+        assert_eq!(f.shard.kept.len(), 0);
+        // Keys completed again and again after their retention without a sweep: one stale
+        // entry per key and round, far more than the 100 keys; the heap stays bounded.
+        let mut f = fixture();
+        let mut token = 0;
+        for round in 0..60u64 {
+            let now = round * 10 * ms;
+            for i in 0..100u64 {
+                let key = format!("k{i}");
+                token += 1;
+                f.claim(&key, token, now);
+                // Kept 10 ms, minus a little per key: out of order, so in the heap.
+                f.complete_kept(&key, token, now + 10 * ms - i, Some(10));
+                let total = f.shard.done.len() + f.shard.kept.len();
+                assert!(total <= 2 * 100 + EXPIRY_COMPACT_SLACK + 1, "{total}");
+            }
+        }
+        assert_eq!(f.shard.completed, 100);
+        assert_eq!(f.shard.expired_unswept(u64::MAX), 100);
+        let removed = f.reclaim_all(u64::MAX);
+        let expired = removed.iter().filter(|g| g.0 == Reclaimed::Expired).count();
+        assert_eq!(expired, 100);
+        assert_eq!(f.shard.completed, 0);
+        assert_eq!(f.boards().1, u64::MAX);
+    }
+
+    /// The heap against a sorted list: every push, pop, count of the due entries and
+    /// compaction, on pseudo-random deadlines with many ties.
+    #[test]
+    fn the_heap_pops_earliest_first_and_counts_what_is_due() {
+        let mut heap = DueHeap::default();
+        let mut model: Vec<u64> = Vec::new();
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for step in 0..5_000u64 {
+            let r = next();
+            match r % 4 {
+                0 | 1 => {
+                    let d = next() % 500;
+                    heap.push(DoneEntry {
+                        deadline_ns: d,
+                        hash: step,
+                    });
+                    model.push(d);
+                }
+                2 => {
+                    model.sort_unstable();
+                    let expected = (!model.is_empty()).then(|| model.remove(0));
+                    assert_eq!(heap.pop().map(|e| e.deadline_ns), expected);
+                }
+                _ => {
+                    let now = next() % 600;
+                    let due = model.iter().filter(|&&d| d <= now).count();
+                    assert_eq!(heap.count_due(now), due, "now {now}");
+                }
+            }
+            if step % 1000 == 999 {
+                // Compaction keeps what it is told to, in heap order.
+                heap.retain(|e| e.hash % 3 != 0);
+                model = heap.v.iter().map(|e| e.deadline_ns).collect();
+            }
+            assert_eq!(
+                heap.peek().map(|e| e.deadline_ns),
+                model.iter().min().copied()
+            );
+        }
+    }
+
+    /// After a restart, completions due after `now + retention` (a key's own longer
+    /// retention) wait in the heap, so new completions still find the deque in order.
+    #[test]
+    fn recovery_moves_what_outlives_the_engine_retention_to_the_heap() {
+        let mut f = fixture();
+        f.shard.begin_load();
+        for (i, deadline) in [5_000u64, 300, 2_000, 100].into_iter().enumerate() {
+            let key = format!("k{i}");
+            f.shard.put(
+                f.shard.key(key.as_bytes()),
+                Slot::completed(i as u64 + 1, deadline, 1, true),
+                Extra::default(),
+            );
+        }
+        f.shard.finish_load(500);
+        let fifo: Vec<u64> = f.shard.done.iter().map(|e| e.deadline_ns).collect();
+        assert_eq!(fifo, vec![100, 300]);
+        assert_eq!(f.shard.kept.len(), 2);
+        // A completion of the engine's retention made at the reopen goes to the deque.
+        f.claim("new", 10, 500);
+        f.complete("new", 10, 500 + RETENTION);
+        assert_eq!(f.shard.done.len(), 3);
+        let got: Vec<u64> = f.reclaim_all(u64::MAX).iter().map(|g| g.1).collect();
+        assert_eq!(got, vec![4, 2, 10, 3, 1]);
     }
 
     #[test]
@@ -1339,7 +1696,7 @@ mod tests {
             Slot::completed(9, 4, 1, true),
             Extra::default(),
         );
-        f.shard.finish_load();
+        f.shard.finish_load(0);
         assert_eq!(f.shard.done.len(), 5, "the replaced entry is gone");
         let deadlines: Vec<u64> = f.shard.done.iter().map(|e| e.deadline_ns).collect();
         assert_eq!(deadlines, vec![1, 3, 4, 5, 7]);

@@ -1,9 +1,11 @@
 //! What a claim returns: the lease of a winner, the stored response of a replay, or the
 //! "in progress" answer of a loser.
 
+use crate::clock::wall_time;
 use crate::codec::Checkpoint;
 use crate::engine::Engine;
 use crate::error::LeaseError;
+use crate::options::CompleteOptions;
 use crate::write_set::{merged, Staged, WriteSet};
 use std::fmt;
 use std::sync::Arc;
@@ -100,7 +102,7 @@ impl Lease {
 
     /// Like [`Lease::complete`], sharing the caller's bytes.
     pub(crate) fn complete_arc(self, response: Arc<[u8]>) -> Result<(), LeaseError> {
-        self.complete_arc_with(response, None)
+        self.complete_kept(response, None, None).map(|_| ())
     }
 
     /// Stores `response` as the key's outcome and applies `writes` (after any writes staged
@@ -129,20 +131,62 @@ impl Lease {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn complete_with(self, response: &[u8], writes: &WriteSet) -> Result<(), LeaseError> {
-        self.complete_arc_with(Arc::from(response), Some(writes))
+        self.complete_kept(Arc::from(response), None, Some(writes))
+            .map(|_| ())
     }
 
-    fn complete_arc_with(
+    /// [`Lease::complete`] with options: [`CompleteOptions::retention`] sets how long the
+    /// key is remembered from this completion on (over the claim's and the engine's).
+    /// Refused as [`Lease::complete`] is, and with [`LeaseError::RetentionTooLong`] for a
+    /// retention past the maximum (the key stays held, as for `ResponseTooLarge`).
+    ///
+    /// ```
+    /// use idemkv::{Claim, ClaimOptions, CompleteOptions, Durability, Engine};
+    /// use std::time::Duration;
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let Claim::Acquired(lease) = engine.claim(b"k", &ClaimOptions::default())? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// let week = Duration::from_secs(7 * 24 * 3600);
+    /// lease.complete_with_options(b"done", &CompleteOptions::default().retention(week))?;
+    /// let Claim::Completed(stored) = engine.claim(b"k", &ClaimOptions::default())? else {
+    ///     unreachable!("the key was completed")
+    /// };
+    /// assert!(stored.expires_at() > std::time::SystemTime::now() + week / 2);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn complete_with_options(
+        mut self,
+        response: &[u8],
+        opts: &CompleteOptions,
+    ) -> Result<(), LeaseError> {
+        let retention_ms = match opts.retention_ms() {
+            Ok(ms) => ms,
+            Err(e) => {
+                // The work is done: a refused completion keeps the key (see `complete`).
+                self.settled = true;
+                return Err(e);
+            }
+        };
+        self.complete_kept(Arc::from(response), retention_ms, None)
+            .map(|_| ())
+    }
+
+    /// Completes with `writes` (after any staged on the lease) and the key's own retention
+    /// `retention_ms` if given; returns the wall-clock end of the stored response's
+    /// retention (ms).
+    pub(crate) fn complete_kept(
         mut self,
         response: Arc<[u8]>,
+        retention_ms: Option<u64>,
         writes: Option<&WriteSet>,
-    ) -> Result<(), LeaseError> {
+    ) -> Result<u64, LeaseError> {
         // Settled whatever happens: a refused completion keeps the key until the lease ends.
         self.settled = true;
         let writes = merged(self.staged.settle(), writes)?;
         let writes = Some(&writes).filter(|w| !w.is_empty());
         self.engine
-            .complete_arc(&self.key, self.token, response, writes)
+            .complete_kept(&self.key, self.token, response, retention_ms, writes)
     }
 
     /// Stages `writes` to be applied with this lease's completion: by [`Lease::complete`],
@@ -297,6 +341,8 @@ pub struct Stored {
     pub(crate) response: Arc<[u8]>,
     pub(crate) token: u64,
     pub(crate) attempt: u32,
+    /// Wall-clock end of retention, ms since the epoch.
+    pub(crate) expires_wall_ms: u64,
 }
 
 impl Stored {
@@ -314,6 +360,15 @@ impl Stored {
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
+
+    /// When the key stops being remembered (wall clock, stored to the millisecond): the
+    /// completion's instant plus the retention in effect for the key (the completion's own,
+    /// else its claim's, else the engine's; an imported record keeps its own). From then on
+    /// a claim of the key acquires it afresh. The same instant whether the response is
+    /// replayed from memory or from the file, before or after a restart.
+    pub fn expires_at(&self) -> SystemTime {
+        wall_time(self.expires_wall_ms)
+    }
 }
 
 /// What [`Engine::run`] hands back to every caller of a key: the same bytes, and whether
@@ -323,15 +378,18 @@ pub struct Outcome {
     pub(crate) response: Arc<[u8]>,
     pub(crate) replayed: bool,
     pub(crate) token: u64,
+    /// Wall-clock end of retention of the stored response, ms since the epoch.
+    pub(crate) expires_wall_ms: u64,
 }
 
 impl Outcome {
-    /// The winner's own outcome.
-    pub(crate) fn fresh(response: Arc<[u8]>, token: u64) -> Self {
+    /// The winner's own outcome, stored until `expires_wall_ms`.
+    pub(crate) fn fresh(response: Arc<[u8]>, token: u64, expires_wall_ms: u64) -> Self {
         Outcome {
             response,
             replayed: false,
             token,
+            expires_wall_ms,
         }
     }
 
@@ -341,6 +399,7 @@ impl Outcome {
             response: stored.response,
             replayed: true,
             token: stored.token,
+            expires_wall_ms: stored.expires_wall_ms,
         }
     }
 }
@@ -360,6 +419,12 @@ impl Outcome {
     pub fn token(&self) -> u64 {
         self.token
     }
+
+    /// When the stored response stops being remembered (see [`Stored::expires_at`]); for
+    /// the caller whose handler ran, when the response it just stored will expire.
+    pub fn expires_at(&self) -> SystemTime {
+        wall_time(self.expires_wall_ms)
+    }
 }
 
 /// What [`Engine::run_typed`] hands back: the value, and whether it is a replay.
@@ -369,6 +434,8 @@ pub struct TypedOutcome<T> {
     pub value: T,
     /// False for the caller whose handler ran.
     pub replayed: bool,
+    /// When the stored value stops being remembered (see [`Stored::expires_at`]).
+    pub expires_at: SystemTime,
 }
 
 /// A key's visible state, as [`Engine::get`] reports it.

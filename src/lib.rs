@@ -85,7 +85,7 @@ pub use crate::fingerprint::Fingerprint;
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::observe::key_hash;
-pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::options::{ClaimOptions, CompleteOptions, Durability, EngineBuilder, Recovery};
 pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;

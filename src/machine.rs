@@ -215,6 +215,19 @@ pub(crate) struct Plan {
     pub(crate) reserve: bool,
     /// A takeover of an abandoned lease (see [`Change::Put::adopt`]).
     pub(crate) adopt: bool,
+    /// The key's own retention in ms (`None`: the engine's): a takeover keeps the one of
+    /// the claim it replaces, unless the new claim asks for its own
+    /// ([`Plan::asking_retention`]).
+    pub(crate) retention_ms: Option<u64>,
+}
+
+impl Plan {
+    /// The claim asks for its own retention (in ms): it wins over the one a takeover keeps,
+    /// as a retrying client's options are the newer word on its key.
+    pub(crate) fn asking_retention(mut self, asked_ms: Option<u64>) -> Self {
+        self.retention_ms = asked_ms.or(self.retention_ms);
+        self
+    }
 }
 
 /// Which column of the table a claim acquires from.
@@ -243,6 +256,7 @@ pub(crate) fn claim(
         checkpoint: None,
         reserve: true,
         adopt: false,
+        retention_ms: None,
     };
     let Some(slot) = view.slot else {
         return Step::answer(ClaimAnswer::Acquire(fresh(Acquiring::New, None)), NONE);
@@ -283,6 +297,7 @@ pub(crate) fn claim(
                     response,
                     token: slot.token,
                     attempt: slot.attempt,
+                    expires_wall_ms: view.extra.map_or(0, |e| e.expires_wall_ms),
                 };
                 let deltas = Deltas { replays: 1, ..NONE };
                 Step::answer(ClaimAnswer::Replay(stored), deltas)
@@ -302,6 +317,7 @@ pub(crate) fn claim(
         checkpoint: view.extra.and_then(|e| e.checkpoint.clone()),
         reserve: adopt,
         adopt,
+        retention_ms: view.extra.and_then(|e| e.retention_ms),
     };
     Step::answer(ClaimAnswer::Acquire(plan), NONE)
 }
@@ -330,13 +346,16 @@ pub(crate) fn acquire(
     let write = rules.durable.then(|| Write::Put {
         token,
         old: plan.old,
-        record: inflight_record(
-            key,
-            plan.fingerprint,
-            plan.attempt,
-            plan.checkpoint.clone(),
-            now.wall_ms.saturating_add(duration_ms(lease)),
-        ),
+        record: Record {
+            retention_ms: plan.retention_ms,
+            ..inflight_record(
+                key,
+                plan.fingerprint,
+                plan.attempt,
+                plan.checkpoint.clone(),
+                now.wall_ms.saturating_add(duration_ms(lease)),
+            )
+        },
         publish: false,
     });
     let slot = Slot::inflight(
@@ -347,6 +366,7 @@ pub(crate) fn acquire(
     let extra = Extra {
         fingerprint: plan.fingerprint,
         checkpoint: plan.checkpoint.clone(),
+        retention_ms: plan.retention_ms,
         ..Extra::default()
     };
     let deltas = Deltas {
@@ -408,8 +428,12 @@ pub(crate) fn inflight_record(
 /// What the holder of a token does to its key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Holder {
-    /// Store the response; the key is Completed for `retention`.
-    Complete { response: Arc<[u8]> },
+    /// Store the response; the key is Completed for `retention_ms` if given, else for the
+    /// retention its claim chose, else for the engine's.
+    Complete {
+        response: Arc<[u8]>,
+        retention_ms: Option<u64>,
+    },
     /// Give the key up: it is Absent.
     Release,
     /// Set the lease to end `lease` from now.
@@ -452,7 +476,10 @@ pub(crate) fn hold(
     };
     let held = view.slot.filter(|slot| slot.token == token);
     match op {
-        Holder::Complete { response } => {
+        Holder::Complete {
+            response,
+            retention_ms,
+        } => {
             let Some(slot) = held.filter(|slot| !slot.is_expired(now.mono_ns)) else {
                 return lost();
             };
@@ -460,7 +487,7 @@ pub(crate) fn hold(
                 let published = slot.is_published();
                 return Step::answer(HolderAnswer::Repeat { published }, NONE);
             }
-            complete(view, key, slot, response, now, rules)
+            complete(view, key, slot, response, retention_ms, now, rules)
         }
         Holder::Release => {
             let Some(slot) = held.filter(Slot::is_inflight) else {
@@ -499,17 +526,25 @@ pub(crate) fn hold(
 
 /// `complete` of the InFlight `slot`. The response and fingerprint stay beside the slot
 /// until the completion is published (a mismatch is refused and `records` reports it
-/// meanwhile); a memory-only engine keeps them and publishes at once.
+/// meanwhile); a memory-only engine keeps them and publishes at once. The retention is the
+/// completion's own (`retention_ms`), else the claim's, else the engine's; a key's own
+/// retention is whole milliseconds, so memory and file agree on its end to the ns.
 fn complete(
     view: View<'_>,
     key: &[u8],
     slot: Slot,
     response: Arc<[u8]>,
+    retention_ms: Option<u64>,
     now: Now,
     rules: &Rules,
 ) -> Step<HolderAnswer> {
     let fingerprint = view.fingerprint();
-    let expires_wall_ms = now.wall_ms.saturating_add(duration_ms(rules.retention));
+    let own_ms = retention_ms.or(view.extra.and_then(|e| e.retention_ms));
+    let (keep_ms, keep_ns) = match own_ms {
+        Some(ms) => (ms, ms.saturating_mul(1_000_000)),
+        None => (duration_ms(rules.retention), duration_ns(rules.retention)),
+    };
+    let expires_wall_ms = now.wall_ms.saturating_add(keep_ms);
     let (scope, key) = crate::scope::split(key);
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
@@ -519,7 +554,7 @@ fn complete(
             scope: Blob(Arc::from(scope)),
             fingerprint,
             first_claimed_wall_ms: 0,
-            retention_ms: None,
+            retention_ms: own_ms,
             state: RecordState::Completed {
                 attempt: slot.attempt,
                 completed_wall_ms: now.wall_ms,
@@ -529,11 +564,12 @@ fn complete(
         },
         publish: true,
     });
-    let expires_ns = now.mono_ns.saturating_add(duration_ns(rules.retention));
+    let expires_ns = now.mono_ns.saturating_add(keep_ns);
     let extra = Extra {
         fingerprint,
         response: Some(response),
         expires_wall_ms,
+        retention_ms: own_ms,
         ..Extra::default()
     };
     let deltas = Deltas {
@@ -562,13 +598,16 @@ fn update(key: &[u8], slot: Slot, extra: Extra, now: Now, rules: &Rules) -> Step
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
         old: None,
-        record: inflight_record(
-            key,
-            extra.fingerprint,
-            slot.attempt,
-            extra.checkpoint.clone(),
-            wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
-        ),
+        record: Record {
+            retention_ms: extra.retention_ms,
+            ..inflight_record(
+                key,
+                extra.fingerprint,
+                slot.attempt,
+                extra.checkpoint.clone(),
+                wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+            )
+        },
         publish: false,
     });
     Step {
@@ -822,15 +861,18 @@ pub(crate) enum Recovered {
     },
 }
 
-/// Recovery classifies the record under `token`, decoded to its head, at `now`.
+/// Recovery classifies the record under `token`, decoded to its head, at `now`. An InFlight
+/// record with its own `retention_ms` is reaped that long after its lease end, and keeps it
+/// for its completion and takeover.
 pub(crate) fn recover(
     token: u64,
     head: HeadState,
     fingerprint: Option<u128>,
+    own_retention_ms: Option<u64>,
     now: Now,
     reopen: &Reopen,
 ) -> Recovered {
-    let retention_ms = duration_ms(reopen.retention);
+    let retention_ms = own_retention_ms.unwrap_or_else(|| duration_ms(reopen.retention));
     match head {
         HeadState::Completed {
             expires_wall_ms, ..
@@ -883,6 +925,7 @@ pub(crate) fn recover(
             let extra = Extra {
                 fingerprint,
                 checkpoint,
+                retention_ms: own_retention_ms,
                 ..Extra::default()
             };
             Recovered::Load {
@@ -1076,6 +1119,7 @@ mod tests {
                 checkpoint: None,
                 reserve: true,
                 adopt: false,
+                retention_ms: None,
             }
         );
         let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
@@ -1181,6 +1225,7 @@ mod tests {
                 // It still holds its place in the live count: inherited.
                 reserve: false,
                 adopt: false,
+                retention_ms: None,
             }
         );
         let step = acquire(plan, KEY, 20, LEASE, at(END), &durable());
@@ -1339,6 +1384,7 @@ mod tests {
     fn complete_op() -> Holder {
         Holder::Complete {
             response: Arc::from(&b"out"[..]),
+            retention_ms: None,
         }
     }
 
@@ -1672,6 +1718,82 @@ mod tests {
         assert_eq!(reap(&st.done, reap_at, u64::MAX), None);
     }
 
+    // --- a key's own retention ------------------------------------------------------------
+
+    /// The claim's retention is persisted and kept beside the lease, handed to a takeover,
+    /// and used by the completion unless the completion chooses its own.
+    #[test]
+    fn a_claims_own_retention_is_kept_through_a_takeover_and_used_by_its_completion() {
+        let plan = plan_of(claim(View::ABSENT, None, LIVE)).asking_retention(Some(4_000));
+        let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
+        let Change::Put { extra, .. } = &step.change else {
+            panic!("a claim puts")
+        };
+        assert_eq!(extra.retention_ms, Some(4_000));
+        let Some(Write::Put { record, .. }) = &step.write else {
+            panic!("a durable claim writes")
+        };
+        assert_eq!(record.retention_ms, Some(4_000));
+        // A takeover keeps it; a claim asking for its own replaces it.
+        let lease = Slot::inflight(11, END, 1);
+        let kept = plan_of(claim(view(lease, extra), None, END));
+        assert_eq!(
+            kept.clone().asking_retention(None).retention_ms,
+            Some(4_000)
+        );
+        assert_eq!(kept.asking_retention(Some(9)).retention_ms, Some(9));
+        // Completed with the claim's retention, or the completion's own.
+        for (asked, keep_ms) in [(None, 4_000u64), (Some(250), 250)] {
+            let op = Holder::Complete {
+                response: Arc::from(&b"out"[..]),
+                retention_ms: asked,
+            };
+            for rules in [durable(), memory()] {
+                let done = hold(view(lease, extra), KEY, 11, op.clone(), at(END), &rules);
+                let Change::Put { slot, extra: e, .. } = &done.change else {
+                    panic!("a completion puts")
+                };
+                assert_eq!(slot.deadline_ns, END + keep_ms * MS);
+                assert_eq!(e.expires_wall_ms, at(END).wall_ms + keep_ms);
+                assert_eq!(e.retention_ms, Some(keep_ms));
+                if let Some(Write::Put { record, .. }) = &done.write {
+                    assert_eq!(record.retention_ms, Some(keep_ms));
+                }
+            }
+        }
+    }
+
+    /// Recovery reaps an InFlight record by its own retention, and keeps it for the key.
+    #[test]
+    fn recovery_reaps_a_claim_by_its_own_retention() {
+        let now = at(LIVE);
+        let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_deadline_wall_ms,
+            attempt: 1,
+            attempt_started_wall_ms: 0,
+            failed: false,
+            checkpoint: None,
+        };
+        let take = reopen(Recovery::TakeOver);
+        // Ended 2 s ago: past its own 1 s, not the engine's 10 s.
+        let ended = now.wall_ms - 2_000;
+        assert_eq!(
+            recover(5, head(ended), None, Some(1_000), now, &take),
+            Recovered::Reaped
+        );
+        assert_eq!(
+            recover(5, head(ended), None, Some(3_000), now, &take),
+            Recovered::Load {
+                slot: Slot::inflight(5, LIVE, 1),
+                extra: Extra {
+                    retention_ms: Some(3_000),
+                    ..Extra::default()
+                },
+                reap_ns: Some(LIVE + 1_000 * MS),
+            }
+        );
+    }
+
     // --- recovery ----------------------------------------------------------------------------
 
     fn reopen(recovery: Recovery) -> Reopen {
@@ -1692,11 +1814,11 @@ mod tests {
         };
         let r = reopen(Recovery::TakeOver);
         assert_eq!(
-            recover(5, head(now.wall_ms), None, now, &r),
+            recover(5, head(now.wall_ms), None, None, now, &r),
             Recovered::Expired
         );
         assert_eq!(
-            recover(5, head(now.wall_ms + 3), Some(7), now, &r),
+            recover(5, head(now.wall_ms + 3), Some(7), None, now, &r),
             Recovered::Load {
                 slot: Slot::completed(5, LIVE + 3 * MS, 2, true),
                 extra: Extra::default(),
@@ -1721,7 +1843,10 @@ mod tests {
         let honour = reopen(Recovery::HonourLeases);
         // Past its lease end plus retention: reaped.
         let ended = now.wall_ms - retention_ms;
-        assert_eq!(recover(5, head(ended), None, now, &take), Recovered::Reaped);
+        assert_eq!(
+            recover(5, head(ended), None, None, now, &take),
+            Recovered::Reaped
+        );
         // Before: loaded, reaped at its recorded end plus retention.
         let extra = Extra {
             fingerprint: Some(7),
@@ -1730,7 +1855,7 @@ mod tests {
         };
         let end_wall = now.wall_ms - 1;
         assert_eq!(
-            recover(5, head(end_wall), Some(7), now, &take),
+            recover(5, head(end_wall), Some(7), None, now, &take),
             Recovered::Load {
                 slot: Slot::inflight(5, LIVE, 2),
                 extra: extra.clone(),
@@ -1739,16 +1864,18 @@ mod tests {
         );
         // Honoured leases keep their time left, capped at one configured lease.
         let far = now.wall_ms + 3_600_000;
-        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &honour) else {
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), None, now, &honour)
+        else {
             panic!("expected Load");
         };
         assert_eq!(slot, Slot::inflight(5, LIVE + LEASE.as_nanos() as u64, 2));
-        let Recovered::Load { slot, .. } = recover(5, head(now.wall_ms + 2), Some(7), now, &honour)
+        let Recovered::Load { slot, .. } =
+            recover(5, head(now.wall_ms + 2), Some(7), None, now, &honour)
         else {
             panic!("expected Load");
         };
         assert_eq!(slot, Slot::inflight(5, LIVE + 2 * MS, 2));
-        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), now, &take) else {
+        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), None, now, &take) else {
             panic!("expected Load");
         };
         assert_eq!(slot.deadline_ns, LIVE, "taken over at once");

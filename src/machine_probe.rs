@@ -94,6 +94,9 @@ pub enum ProbeState {
         checkpoint: Option<(u32, Vec<u8>)>,
         /// The lease end written in its record (wall ms), when the probe is durable.
         lease_wall_ms: Option<u64>,
+        /// The key's own retention, ms: from its record when the probe is durable, else
+        /// from its side data.
+        retention_ms: Option<u64>,
     },
     /// A completion.
     Completed {
@@ -194,11 +197,13 @@ impl Probe {
                     fresh
                 });
                 if fresh.is_inflight() {
-                    self.reap_ns = reap_ns.unwrap_or_else(|| {
-                        fresh
-                            .deadline_ns
-                            .saturating_add(duration_ns(self.rules.retention))
-                    });
+                    // As the index does: the key's own retention, else the engine's.
+                    let retention_ns = extra.retention_ms.map_or_else(
+                        || duration_ns(self.rules.retention),
+                        |ms| ms.saturating_mul(1_000_000),
+                    );
+                    self.reap_ns =
+                        reap_ns.unwrap_or_else(|| fresh.deadline_ns.saturating_add(retention_ns));
                 }
                 self.extra = Some(extra);
             }
@@ -222,6 +227,16 @@ impl Probe {
     /// `claim` with `fingerprint` and `lease`: [`machine::claim`], then [`machine::acquire`]
     /// under the next token when it may acquire.
     pub fn claim(&mut self, fingerprint: Option<u64>, lease: Duration) -> ProbeClaim {
+        self.claim_kept(fingerprint, lease, None)
+    }
+
+    /// [`Probe::claim`] with the claim's own retention, in ms.
+    pub fn claim_kept(
+        &mut self,
+        fingerprint: Option<u64>,
+        lease: Duration,
+        retention_ms: Option<u64>,
+    ) -> ProbeClaim {
         let asked = fingerprint.map(|f| AskedFingerprint {
             value: u128::from(f),
             legacy: None,
@@ -229,6 +244,7 @@ impl Probe {
         let step = machine::claim(self.view(), asked, self.now.mono_ns);
         match step.answer {
             ClaimAnswer::Acquire(plan) => {
+                let plan = plan.asking_retention(retention_ms);
                 let token = self.next_token;
                 self.next_token += 1;
                 let step = machine::acquire(plan, KEY, token, lease, self.now, &self.rules);
@@ -291,12 +307,26 @@ impl Probe {
     /// `complete(token, response)`. A repeat of an unpublished completion waits for the
     /// writer, as the engine's does: the probe publishes it first.
     pub fn complete(&mut self, token: u64, response: &[u8]) -> ProbeHold {
+        self.complete_kept(token, response, None)
+    }
+
+    /// [`Probe::complete`] with the completion's own retention, in ms.
+    pub fn complete_kept(
+        &mut self,
+        token: u64,
+        response: &[u8],
+        retention_ms: Option<u64>,
+    ) -> ProbeHold {
         let token = match self.slot {
             Some(slot) if self.skip_token_check_on_complete => slot.token,
             _ => token,
         };
         let response: Arc<[u8]> = Arc::from(response);
-        match self.hold(token, Holder::Complete { response }) {
+        let op = Holder::Complete {
+            response,
+            retention_ms,
+        };
+        match self.hold(token, op) {
             HolderAnswer::Done => ProbeHold::Done,
             HolderAnswer::Repeat { published } => {
                 if !published {
@@ -389,6 +419,10 @@ impl Probe {
                 }) => Some(*lease_deadline_wall_ms),
                 _ => None,
             };
+            let retention_ms = match record {
+                Some(r) if self.rules.durable => r.retention_ms,
+                _ => extra.retention_ms,
+            };
             return ProbeState::InFlight {
                 token: slot.token,
                 attempt: slot.attempt,
@@ -397,6 +431,7 @@ impl Probe {
                 fingerprint: narrow(extra.fingerprint),
                 checkpoint: extra.checkpoint.map(|c| (c.phase(), c.data().to_vec())),
                 lease_wall_ms,
+                retention_ms,
             };
         }
         // Until it is published the completion's data sits beside the slot; after, in the

@@ -533,6 +533,7 @@ fn claim_error_label(e: &ClaimError) -> &'static str {
         ClaimError::Corrupted(_) => "corrupted",
         ClaimError::Contended => "contended",
         ClaimError::Closed => "closed",
+        ClaimError::RetentionTooLong { .. } => "invalid_retention",
         #[allow(unreachable_patterns)]
         _ => "error",
     }
@@ -551,6 +552,7 @@ fn lease_error_label(e: &LeaseError) -> &'static str {
         LeaseError::Closed => "closed",
         LeaseError::WriteSet(_) => "write_set_refused",
         LeaseError::Settled => "settled",
+        LeaseError::RetentionTooLong { .. } => "invalid_retention",
         #[allow(unreachable_patterns)]
         _ => "error",
     }

@@ -75,6 +75,7 @@ pub struct ClaimOptions {
     pub(crate) lease: Option<Duration>,
     pub(crate) wait: Option<Duration>,
     pub(crate) keep_alive: Option<Duration>,
+    pub(crate) retention: Option<Duration>,
 }
 
 impl ClaimOptions {
@@ -180,6 +181,84 @@ impl ClaimOptions {
         self.keep_alive = Some(max);
         self
     }
+
+    /// How long the key is remembered once completed, instead of the engine's retention
+    /// ([`EngineBuilder::retention`]). Kept with the claim: persisted in its record, handed
+    /// on to a takeover (unless the taking claim asks for its own), used by the completion
+    /// unless it chooses its own ([`CompleteOptions::retention`]), and it also sets when an
+    /// abandoned claim of the key is reaped (lease end + this retention).
+    ///
+    /// Kept to the millisecond, rounded up. At most ten years: a claim asking for more is
+    /// refused with [`crate::ClaimError::RetentionTooLong`]. Zero is valid: the completed
+    /// key is forgotten at once (Absent from the instant of its completion, so a duplicate
+    /// runs again), as with an engine retention of zero.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+}
+
+/// Per-call options for [`crate::Lease::complete_with_options`].
+///
+/// ```
+/// use idemkv::CompleteOptions;
+/// use std::time::Duration;
+/// let opts = CompleteOptions::default().retention(Duration::from_secs(7 * 24 * 3600));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct CompleteOptions {
+    pub(crate) retention: Option<Duration>,
+}
+
+impl CompleteOptions {
+    /// How long the key is remembered from this completion on. Wins over the claim's
+    /// [`ClaimOptions::retention`] and the engine's. Kept to the millisecond, rounded up;
+    /// at most ten years ([`crate::LeaseError::RetentionTooLong`] beyond); zero forgets the
+    /// key at once.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
+    }
+}
+
+impl CompleteOptions {
+    /// The completion's own retention in ms, checked against the limit.
+    pub(crate) fn retention_ms(&self) -> Result<Option<u64>, crate::LeaseError> {
+        checked_retention_ms(self.retention).map_err(|asked| crate::LeaseError::RetentionTooLong {
+            asked,
+            max: RETENTION_LIMIT,
+        })
+    }
+}
+
+impl ClaimOptions {
+    /// The claim's own retention in ms, checked against the limit.
+    pub(crate) fn retention_ms(&self) -> Result<Option<u64>, crate::ClaimError> {
+        checked_retention_ms(self.retention).map_err(|asked| crate::ClaimError::RetentionTooLong {
+            asked,
+            max: RETENTION_LIMIT,
+        })
+    }
+}
+
+/// `retention` in ms if given, or the retention asked for when it is past the limit.
+fn checked_retention_ms(retention: Option<Duration>) -> Result<Option<u64>, Duration> {
+    retention.map(|r| retention_ms(r).ok_or(r)).transpose()
+}
+
+/// A key's own retention, in whole milliseconds (rounded up, so a key is never forgotten
+/// before the time asked), or `None` past [`RETENTION_LIMIT`].
+pub(crate) fn retention_ms(retention: Duration) -> Option<u64> {
+    if retention > RETENTION_LIMIT {
+        return None;
+    }
+    let ms = retention.as_millis();
+    let ceil = if retention.as_nanos().is_multiple_of(1_000_000) {
+        ms
+    } else {
+        ms + 1
+    };
+    u64::try_from(ceil).ok()
 }
 
 /// The fingerprint a claim asks for, with the 64-bit form that records of the previous

@@ -99,7 +99,7 @@ pub(crate) fn recover(
             r?;
         }
     }
-    index.finish_load();
+    index.finish_load(now_ns);
     let found = found.into_inner();
     // A damaged key can end a range scan early without any checksum failing: every record
     // the table counts must have been seen.
@@ -165,23 +165,29 @@ fn scan_range(
             });
         }
         let key = &scoped[..];
-        let (slot, extra, reap_ns) =
-            match machine::recover(token, head.state, head.fingerprint, now, &reopen) {
-                Recovered::Expired => {
-                    local.stale.push(token);
-                    return Ok(());
-                }
-                Recovered::Reaped => {
-                    local.stale.push(token);
-                    local.reaped += 1;
-                    return Ok(());
-                }
-                Recovered::Load {
-                    slot,
-                    extra,
-                    reap_ns,
-                } => (slot, extra, reap_ns),
-            };
+        let (slot, extra, reap_ns) = match machine::recover(
+            token,
+            head.state,
+            head.fingerprint,
+            head.retention_ms,
+            now,
+            &reopen,
+        ) {
+            Recovered::Expired => {
+                local.stale.push(token);
+                return Ok(());
+            }
+            Recovered::Reaped => {
+                local.stale.push(token);
+                local.reaped += 1;
+                return Ok(());
+            }
+            Recovered::Load {
+                slot,
+                extra,
+                reap_ns,
+            } => (slot, extra, reap_ns),
+        };
         let k = index.key(key);
         let mut shard = index.stripe(k).map.lock();
         let step = machine::load(shard.get(k), slot, extra, reap_ns);

@@ -223,6 +223,7 @@ pub fn run_script(
                     fingerprint: fingerprint.fingerprint(),
                     lease_ns: Some(ns(lease)),
                     wait,
+                    retention_ms: None,
                 };
                 let ret = rec.call(thread, Some(&k), op, || {
                     let r = if wait {
@@ -248,6 +249,7 @@ pub fn run_script(
                 let op = KeyOp::Complete {
                     token,
                     response: response.clone(),
+                    retention_ms: None,
                 };
                 rec.call(thread, Some(&k), op, || {
                     spec::unit_ret(engine.complete(&k, token, &response))

@@ -124,13 +124,14 @@ fn view_of_model(model: &Model) -> DurableView {
                 attempt,
                 checkpoint,
                 lease_wall_ms,
+                retention_ms: own,
                 ..
             } => DurableRec {
                 token: *token,
                 fingerprint: fingerprint.map(u128::from),
                 attempt: *attempt,
                 state: Ok(checkpoint.clone()),
-                reap_wall_ms: Some(lease_wall_ms.saturating_add(retention_ms)),
+                reap_wall_ms: Some(lease_wall_ms.saturating_add(own.unwrap_or(retention_ms))),
             },
             KeyModel::Completed {
                 token,

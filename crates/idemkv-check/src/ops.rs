@@ -390,19 +390,23 @@ impl Model {
                 _ if absent => k.state = KeyModel::Absent,
                 // Recovery deletes a claim past its recorded lease end plus retention, and
                 // reaps the others that much after their recorded end.
-                KeyModel::InFlight { lease_wall_ms, .. }
-                    if lease_wall_ms.saturating_add(retention_ms) <= wall =>
-                {
+                // A key's own retention, if it has one, stands in for the engine's.
+                KeyModel::InFlight {
+                    lease_wall_ms,
+                    retention_ms: own,
+                    ..
+                } if lease_wall_ms.saturating_add(own.unwrap_or(retention_ms)) <= wall => {
                     k.state = KeyModel::Absent;
                 }
                 KeyModel::InFlight {
                     deadline_ns,
                     reap_ns,
                     lease_wall_ms,
+                    retention_ms: own,
                     ..
                 } => {
                     *deadline_ns = now;
-                    let left_ms = lease_wall_ms.saturating_add(retention_ms) - wall;
+                    let left_ms = lease_wall_ms.saturating_add(own.unwrap_or(retention_ms)) - wall;
                     *reap_ns = now.saturating_add(left_ms.saturating_mul(1_000_000));
                 }
                 KeyModel::Completed { published, .. } => *published = true,
@@ -748,6 +752,7 @@ pub fn call(engine: &Engine, model: &Model, parked: &mut Vec<Lease>, op: &Op) ->
                 fingerprint: fingerprint.fingerprint(),
                 lease_ns: lease.lease().map(ns),
                 wait,
+                retention_ms: None,
             };
             (key, kop, ret)
         }
@@ -760,7 +765,12 @@ pub fn call(engine: &Engine, model: &Model, parked: &mut Vec<Lease>, op: &Op) ->
             let token = pick_token(model, &key, token);
             let response = response.bytes(RESPONSE_LEN_MAX);
             let ret = spec::unit_ret(e.complete(&key, token, &response));
-            (key, KeyOp::Complete { token, response }, ret)
+            let kop = KeyOp::Complete {
+                token,
+                response,
+                retention_ms: None,
+            };
+            (key, kop, ret)
         }
         Op::Release { key, token } => {
             let key = key.key();

@@ -74,6 +74,9 @@ pub enum KeyModel {
         reap_ns: u64,
         /// Wall-clock lease end written in its record, ms.
         lease_wall_ms: u64,
+        /// The key's own retention, ms (`None`: the engine's): its claim's, or the one a
+        /// takeover kept. It sets `reap_ns` and is its completion's unless that chooses one.
+        retention_ms: Option<u64>,
     },
     /// Completed.
     Completed {
@@ -118,13 +121,17 @@ pub enum KeyOp {
         lease_ns: Option<u64>,
         /// Whether it was `claim_or_wait`.
         wait: bool,
+        /// The claim's own retention, ms (`ClaimOptions::retention`).
+        retention_ms: Option<u64>,
     },
-    /// `complete(token, response)`.
+    /// `complete(token, response)`, or `complete_with_options` with a retention.
     Complete {
         /// Token given.
         token: u64,
         /// Response given.
         response: Vec<u8>,
+        /// The completion's own retention, ms (`CompleteOptions::retention`).
+        retention_ms: Option<u64>,
     },
     /// `release(token)`.
     Release {
@@ -290,6 +297,16 @@ fn bad<T>(op: &KeyOp, ret: &KeyRet, state: &KeySpec, allowed: &str) -> Result<T,
     )))
 }
 
+/// How long a key is kept, ns: its own retention (ms) if it has one, else the engine's.
+fn keep_ns(cfg: &SpecConfig, own_ms: Option<u64>) -> u64 {
+    own_ms.map_or(cfg.retention_ns, |ms| ms.saturating_mul(1_000_000))
+}
+
+/// The same in whole ms, as records store it.
+fn keep_ms(cfg: &SpecConfig, own_ms: Option<u64>) -> u64 {
+    own_ms.unwrap_or(cfg.retention_ns / 1_000_000)
+}
+
 /// Whether the key is Absent at `now` (no slot, or a completion past its retention).
 fn is_absent(state: &KeyModel, now: u64) -> bool {
     match state {
@@ -364,8 +381,13 @@ impl KeySpec {
                 fingerprint,
                 lease_ns,
                 wait: _,
-            } => self.claim(cfg, op, ret, *fingerprint, *lease_ns),
-            KeyOp::Complete { token, response } => {
+                retention_ms,
+            } => self.claim(cfg, op, ret, *fingerprint, *lease_ns, *retention_ms),
+            KeyOp::Complete {
+                token,
+                response,
+                retention_ms: asked_ms,
+            } => {
                 if response.len() > cfg.response_len_max {
                     return match ret {
                         KeyRet::LeaseErr(LeaseError::ResponseTooLarge { len, max })
@@ -391,19 +413,22 @@ impl KeySpec {
                         token: t,
                         fingerprint,
                         attempt,
+                        retention_ms,
                         ..
                     } if t == token => {
                         if *ret != KeyRet::Done {
                             return bad(op, ret, self, "Ok (the token owns the key)");
                         }
-                        let retention_ms = cfg.retention_ns / 1_000_000;
+                        // The completion's own retention, else its claim's, else the
+                        // engine's.
+                        let own = asked_ms.or(*retention_ms);
                         next.state = KeyModel::Completed {
                             token: *t,
                             fingerprint: *fingerprint,
                             attempt: *attempt,
                             response: response.clone(),
-                            expires_ns: now.saturating_add(cfg.retention_ns),
-                            expires_wall_ms: self.wall_ms.saturating_add(retention_ms),
+                            expires_ns: now.saturating_add(keep_ns(cfg, own)),
+                            expires_wall_ms: self.wall_ms.saturating_add(keep_ms(cfg, own)),
                             published: cfg.publishes_at_once(),
                         };
                         Ok(next)
@@ -433,13 +458,14 @@ impl KeySpec {
                     deadline_ns,
                     reap_ns,
                     lease_wall_ms,
+                    retention_ms,
                     ..
                 } if t == token => {
                     if *ret != KeyRet::Done {
                         return bad(op, ret, self, "Ok");
                     }
                     *deadline_ns = now.saturating_add(*lease_ns);
-                    *reap_ns = deadline_ns.saturating_add(cfg.retention_ns);
+                    *reap_ns = deadline_ns.saturating_add(keep_ns(cfg, *retention_ms));
                     *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
                     Ok(next)
                 }
@@ -493,6 +519,7 @@ impl KeySpec {
         ret: &KeyRet,
         asked_fp: Option<u64>,
         lease_ns: Option<u64>,
+        asked_retention_ms: Option<u64>,
     ) -> Result<KeySpec, Mismatch> {
         let now = self.now_ns;
         let lease = lease_ns.unwrap_or(cfg.lease_ns);
@@ -500,7 +527,8 @@ impl KeySpec {
         let acquire = |next: &mut KeySpec,
                        attempt: u32,
                        checkpoint: Option<(u32, Vec<u8>)>,
-                       fingerprint: Option<u64>|
+                       fingerprint: Option<u64>,
+                       retention_ms: Option<u64>|
          -> Result<(), Mismatch> {
             match ret {
                 KeyRet::Acquired {
@@ -520,8 +548,9 @@ impl KeySpec {
                         fingerprint,
                         attempt,
                         checkpoint,
-                        reap_ns: deadline_ns.saturating_add(cfg.retention_ns),
+                        reap_ns: deadline_ns.saturating_add(keep_ns(cfg, retention_ms)),
                         lease_wall_ms: self.wall_ms.saturating_add(lease / 1_000_000),
+                        retention_ms,
                     };
                     Ok(())
                 }
@@ -538,7 +567,7 @@ impl KeySpec {
         };
         let state = self.visible().clone();
         if let KeyModel::Absent = state {
-            acquire(&mut next, 1, None, asked_fp)?;
+            acquire(&mut next, 1, None, asked_fp, asked_retention_ms)?;
             return Ok(next);
         }
         let stored_fp = match &state {
@@ -617,13 +646,16 @@ impl KeySpec {
                 fingerprint,
                 attempt,
                 checkpoint,
+                retention_ms,
                 ..
             } => {
+                // A takeover keeps the key's retention unless the claim asks for its own.
                 acquire(
                     &mut next,
                     attempt.saturating_add(1),
                     checkpoint,
                     asked_fp.or(fingerprint),
+                    asked_retention_ms.or(retention_ms),
                 )?;
                 Ok(next)
             }

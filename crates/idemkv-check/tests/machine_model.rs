@@ -2,7 +2,8 @@
 //! hidden probe (`idemkv::machine_probe`), against the sequential spec (`spec.rs`): random
 //! operation sequences from fixed seeds, and after every operation the spec must accept the
 //! machine's answer and both must hold the same state (token, attempt, fingerprint,
-//! checkpoint, response, lease end, reap instant, retention end, published). The teeth: a
+//! checkpoint, response, lease end, reap instant, retention end, the key's own retention,
+//! published), with claims and completions that choose their own retention. The teeth: a
 //! probe whose `complete` skips the token comparison must be caught. Built only with
 //! `--cfg idemkv_sabotage` (docs/testing.md):
 //! `RUSTFLAGS="--cfg idemkv_sabotage" CARGO_TARGET_DIR=target/sabotage
@@ -109,6 +110,7 @@ fn expected(spec: &KeyModel, durable: bool) -> ProbeState {
             checkpoint,
             reap_ns,
             lease_wall_ms,
+            retention_ms,
         } => ProbeState::InFlight {
             token,
             attempt,
@@ -117,6 +119,7 @@ fn expected(spec: &KeyModel, durable: bool) -> ProbeState {
             fingerprint,
             checkpoint,
             lease_wall_ms: durable.then_some(lease_wall_ms),
+            retention_ms,
         },
         KeyModel::Completed {
             token,
@@ -186,6 +189,16 @@ impl Run {
         }
     }
 
+    /// A key's own retention (ms), or none: shorter and longer than the engine's, zero.
+    fn retention_ms(&mut self) -> Option<u64> {
+        match self.rng.u8(0..6) {
+            0 => Some(0),
+            1 => Some(self.rng.u64(1..RETENTION_NS / MS)),
+            2 => Some(self.rng.u64(RETENTION_NS / MS..4 * RETENTION_NS / MS)),
+            _ => None,
+        }
+    }
+
     fn lease_ns(&mut self) -> u64 {
         match self.rng.u8(0..4) {
             0 => 0,
@@ -240,10 +253,12 @@ impl Run {
                     n => Some(u64::from(n)),
                 };
                 let lease_ns = self.lease_ns();
-                let ret = claim_ret(
-                    self.probe
-                        .claim(fingerprint, Duration::from_nanos(lease_ns)),
-                );
+                let retention_ms = self.retention_ms();
+                let ret = claim_ret(self.probe.claim_kept(
+                    fingerprint,
+                    Duration::from_nanos(lease_ns),
+                    retention_ms,
+                ));
                 match &ret {
                     KeyRet::Acquired { token, attempt, .. } => {
                         self.issued.push(*token);
@@ -258,15 +273,22 @@ impl Run {
                     fingerprint,
                     lease_ns: Some(lease_ns),
                     wait: false,
+                    retention_ms,
                 };
                 (op, ret)
             }
             6..=8 => {
                 let token = self.token();
                 let response = vec![self.rng.u8(..); self.rng.usize(0..4)];
-                let ret = unit_ret(self.probe.complete(token, &response));
+                let retention_ms = self.retention_ms();
+                let ret = unit_ret(self.probe.complete_kept(token, &response, retention_ms));
                 self.seen.completes += u64::from(ret == KeyRet::Done);
-                (KeyOp::Complete { token, response }, ret)
+                let op = KeyOp::Complete {
+                    token,
+                    response,
+                    retention_ms,
+                };
+                (op, ret)
             }
             9..=10 => {
                 let token = self.token();

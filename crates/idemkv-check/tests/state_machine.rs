@@ -1365,7 +1365,8 @@ fn run_typed_winner_is_fresh_and_replays_decode_an_equal_value() {
             first,
             TypedOutcome {
                 value: receipt.clone(),
-                replayed: false
+                replayed: false,
+                expires_at: first.expires_at,
             }
         );
         let calls = AtomicUsize::new(0);
@@ -1386,7 +1387,9 @@ fn run_typed_winner_is_fresh_and_replays_decode_an_equal_value() {
             again,
             TypedOutcome {
                 value: receipt.clone(),
-                replayed: true
+                replayed: true,
+                // The replay tells the winner's expiry, to the millisecond.
+                expires_at: first.expires_at,
             }
         );
         assert_eq!(calls.load(Ordering::SeqCst), 0);
