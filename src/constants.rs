@@ -140,6 +140,9 @@ pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x02";
 /// The marker of the previous format, whose files are still opened.
 pub(crate) const FORMAT_MAGIC_V1: &[u8; 8] = b"idemkv\0\x01";
 
+/// Default most claims one `Admin::abandoned` (or `FileReader::abandoned`) listing returns.
+pub(crate) const ABANDONED_LIMIT_DEFAULT: usize = 1000;
+
 // The Idempotency-Key layer for HTTP services (feature `http`, src/http/).
 
 /// Bytes the layer puts before an Idempotency-Key in the engine key: the scope's length

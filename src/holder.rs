@@ -73,7 +73,7 @@ impl Engine {
 
     /// The number a holder's call must wait for before it returns: its write's under
     /// `Immediate`, none otherwise.
-    fn durable_wait(&self, seq: u64) -> u64 {
+    pub(crate) fn durable_wait(&self, seq: u64) -> u64 {
         if self.waits_for_durability() {
             seq
         } else {
@@ -229,6 +229,41 @@ impl Engine {
         shard.apply(k, step.change);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
+        changed.notify_all();
+        Ok((true, seq))
+    }
+
+    /// Fails the attempt of `token` on `key` if `token` still owns it as InFlight; returns
+    /// whether it did (see [`crate::Lease::fail`]): the lease ends now (a lease already over
+    /// keeps its end), and the record stays, marked failed, with its checkpoint and
+    /// fingerprint, so the next claim takes it over at once. Waiting callers are woken. A
+    /// full writer queue is waited out as long as the lease lasts (see [`Engine::complete`]).
+    pub fn fail(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        let observe = &self.shared().observe;
+        observe.fail(key, token, || self.fail_unobserved(key, token))
+    }
+
+    fn fail_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        self.check_lease_call(key)?;
+        let (failed, seq) = self.with_room(key, token, || self.fail_locked(key, token))?;
+        self.wait_holder(self.durable_wait(seq))?;
+        Ok(failed)
+    }
+
+    /// One attempt at a fail, never blocking: whether it failed the attempt, and its
+    /// write's number.
+    pub(crate) fn fail_locked(&self, key: &[u8], token: u64) -> Result<(bool, u64), LeaseError> {
+        let s = self.shared();
+        let (mut shard, changed, k) = s.index.lock(key);
+        let step = machine::hold(shard.view(k), key, token, Holder::Fail, s.now(), &s.rules());
+        if step.answer != HolderAnswer::Done {
+            return Ok((false, 0));
+        }
+        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
+        shard.apply(k, step.change);
+        s.count(&mut shard.events, &step.deltas);
+        drop(shard);
+        // The key can be taken over now: a waiting caller takes it.
         changed.notify_all();
         Ok((true, seq))
     }

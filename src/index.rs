@@ -157,6 +157,19 @@ pub(crate) struct Extra {
     /// Wall-clock end of retention of a completion whose record is not in the file (memory
     /// only, or not yet published), for reports.
     pub(crate) expires_wall_ms: u64,
+    /// Wall-clock instant (ms) of the key's first claim, kept across takeovers and fails;
+    /// 0: unknown (a record of the first format). Kept for a completion only while its
+    /// record is not in the file.
+    pub(crate) first_claimed_wall_ms: u64,
+    /// Wall-clock instant (ms) the current attempt started (InFlight); 0: unknown.
+    pub(crate) attempt_started_wall_ms: u64,
+    /// The holder failed the attempt (`Lease::fail`): its lease ended, its progress kept.
+    pub(crate) failed: bool,
+    /// Wall-clock instant (ms) a lease ended when it was already over in the file it was
+    /// loaded from (recovery, import): such a lease's monotonic deadline is the instant it
+    /// was loaded, which says when it could be taken over, not when it ended. 0: the lease
+    /// ends at its deadline. Reports only.
+    pub(crate) ended_wall_ms: u64,
 }
 
 impl Extra {
@@ -165,6 +178,10 @@ impl Extra {
             && self.checkpoint.is_none()
             && self.response.is_none()
             && self.expires_wall_ms == 0
+            && self.first_claimed_wall_ms == 0
+            && self.attempt_started_wall_ms == 0
+            && !self.failed
+            && self.ended_wall_ms == 0
     }
 
     fn heap_bytes(&self) -> usize {

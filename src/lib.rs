@@ -66,7 +66,9 @@ mod token;
 mod wake;
 mod writer;
 
-pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};
+pub use crate::admin::{
+    AbandonedClaim, AbandonedQuery, Admin, ImportError, RecordInfo, RecordInfoState,
+};
 pub use crate::async_api::LeaseHandle;
 pub use crate::backend::{LockKind, Storage};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
@@ -78,6 +80,6 @@ pub use crate::error::{
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::observe::key_hash;
-pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
+pub use crate::options::{ClaimOptions, Durability, EngineBuilder, OnHandlerError, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;

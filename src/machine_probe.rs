@@ -94,6 +94,10 @@ pub enum ProbeState {
         checkpoint: Option<(u32, Vec<u8>)>,
         /// The lease end written in its record (wall ms), when the probe is durable.
         lease_wall_ms: Option<u64>,
+        /// Failed by its holder (its side data).
+        failed: bool,
+        /// The failure flag written in its record, when the probe is durable.
+        failed_on_file: Option<bool>,
     },
     /// A completion.
     Completed {
@@ -127,6 +131,9 @@ pub struct Probe {
     /// A deliberate bug for the checker's teeth: `complete` acts with the key's current
     /// token whatever token it is given, as if the fencing comparison were skipped.
     pub skip_token_check_on_complete: bool,
+    /// A deliberate bug for the checker's teeth: `fail` releases the key (forgetting its
+    /// progress) instead of keeping it.
+    pub release_on_fail: bool,
 }
 
 impl Probe {
@@ -146,6 +153,7 @@ impl Probe {
                 durable,
             },
             skip_token_check_on_complete: false,
+            release_on_fail: false,
         }
     }
 
@@ -318,6 +326,16 @@ impl Probe {
         }
     }
 
+    /// `fail(token)`: `Done` is `Ok(true)`, `NotHeld` is `Ok(false)`.
+    pub fn fail(&mut self, token: u64) -> ProbeHold {
+        let op = if self.release_on_fail {
+            Holder::Release
+        } else {
+            Holder::Fail
+        };
+        to_hold(self.hold(token, op))
+    }
+
     /// `extend(token, lease)`.
     pub fn extend(&mut self, token: u64, lease: Duration) -> ProbeHold {
         to_hold(self.hold(token, Holder::Extend { lease }))
@@ -382,12 +400,13 @@ impl Probe {
         let extra = self.extra.clone().unwrap_or_default();
         let record = self.records.get(&slot.token);
         if slot.is_inflight() {
-            let lease_wall_ms = match record.map(|r| &r.state) {
+            let (lease_wall_ms, failed_on_file) = match record.map(|r| &r.state) {
                 Some(RecordState::InFlight {
                     lease_deadline_wall_ms,
+                    failed,
                     ..
-                }) => Some(*lease_deadline_wall_ms),
-                _ => None,
+                }) => (Some(*lease_deadline_wall_ms), Some(*failed)),
+                _ => (None, None),
             };
             return ProbeState::InFlight {
                 token: slot.token,
@@ -397,6 +416,8 @@ impl Probe {
                 fingerprint: narrow(extra.fingerprint),
                 checkpoint: extra.checkpoint.map(|c| (c.phase(), c.data().to_vec())),
                 lease_wall_ms,
+                failed: extra.failed,
+                failed_on_file,
             };
         }
         // Until it is published the completion's data sits beside the slot; after, in the

@@ -153,23 +153,29 @@ fn scan_range(
         })?;
         local.max_token = local.max_token.max(token);
         let key = &head.key.0[..];
-        let (slot, extra, reap_ns) =
-            match machine::recover(token, head.state, head.fingerprint, now, &reopen) {
-                Recovered::Expired => {
-                    local.stale.push(token);
-                    return Ok(());
-                }
-                Recovered::Reaped => {
-                    local.stale.push(token);
-                    local.reaped += 1;
-                    return Ok(());
-                }
-                Recovered::Load {
-                    slot,
-                    extra,
-                    reap_ns,
-                } => (slot, extra, reap_ns),
-            };
+        let (slot, extra, reap_ns) = match machine::recover(
+            token,
+            head.state,
+            head.fingerprint,
+            now,
+            &reopen,
+            head.first_claimed_wall_ms,
+        ) {
+            Recovered::Expired => {
+                local.stale.push(token);
+                return Ok(());
+            }
+            Recovered::Reaped => {
+                local.stale.push(token);
+                local.reaped += 1;
+                return Ok(());
+            }
+            Recovered::Load {
+                slot,
+                extra,
+                reap_ns,
+            } => (slot, extra, reap_ns),
+        };
         let k = index.key(key);
         let mut shard = index.stripe(k).map.lock();
         let step = machine::load(shard.get(k), slot, extra, reap_ns);

@@ -74,6 +74,8 @@ pub enum KeyModel {
         reap_ns: u64,
         /// Wall-clock lease end written in its record, ms.
         lease_wall_ms: u64,
+        /// Its holder failed the attempt (`fail`): the lease ended, the record kept.
+        failed: bool,
     },
     /// Completed.
     Completed {
@@ -128,6 +130,11 @@ pub enum KeyOp {
     },
     /// `release(token)`.
     Release {
+        /// Token given.
+        token: u64,
+    },
+    /// `fail(token)`: end the attempt, keep the record.
+    Fail {
         /// Token given.
         token: u64,
     },
@@ -195,6 +202,8 @@ pub enum KeyRet {
     Done,
     /// `release` returned `Ok(b)`.
     Released(bool),
+    /// `fail` returned `Ok(b)`.
+    Failed(bool),
     /// `get` returned this.
     Got(Option<GotState>),
     /// A claim or get failed.
@@ -216,6 +225,8 @@ pub enum GotState {
         lease_remaining_ns: u64,
         /// Checkpoint.
         checkpoint: Option<(u32, Vec<u8>)>,
+        /// Failed by its holder.
+        failed: bool,
     },
     /// Completion not yet durable.
     Completing {
@@ -244,11 +255,14 @@ impl GotState {
                 attempt,
                 lease_remaining,
                 checkpoint,
+                failed,
+                ..
             } => GotState::InFlight {
                 token: *token,
                 attempt: *attempt,
                 lease_remaining_ns: ns(*lease_remaining),
                 checkpoint: checkpoint.as_ref().map(|c| (c.phase(), c.data().to_vec())),
+                failed: *failed,
             },
             KeyState::Completing { token } => GotState::Completing { token: *token },
             KeyState::Completed {
@@ -427,12 +441,39 @@ impl KeySpec {
                     _ => bad(op, ret, self, "Ok(false)"),
                 },
             },
+            KeyOp::Fail { token } => match &mut next.state {
+                KeyModel::InFlight {
+                    token: t,
+                    deadline_ns,
+                    reap_ns,
+                    lease_wall_ms,
+                    failed,
+                    ..
+                } if t == token => match ret {
+                    KeyRet::Failed(true) => {
+                        // The lease ends now; one already over keeps its end and reap instant.
+                        if now < *deadline_ns {
+                            *deadline_ns = now;
+                            *reap_ns = now.saturating_add(cfg.retention_ns);
+                        }
+                        *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
+                        *failed = true;
+                        Ok(next)
+                    }
+                    _ => bad(op, ret, self, "Ok(true)"),
+                },
+                _ => match ret {
+                    KeyRet::Failed(false) => Ok(next),
+                    _ => bad(op, ret, self, "Ok(false)"),
+                },
+            },
             KeyOp::Extend { token, lease_ns } => match &mut next.state {
                 KeyModel::InFlight {
                     token: t,
                     deadline_ns,
                     reap_ns,
                     lease_wall_ms,
+                    failed,
                     ..
                 } if t == token => {
                     if *ret != KeyRet::Done {
@@ -441,6 +482,7 @@ impl KeySpec {
                     *deadline_ns = now.saturating_add(*lease_ns);
                     *reap_ns = deadline_ns.saturating_add(cfg.retention_ns);
                     *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
+                    *failed = false;
                     Ok(next)
                 }
                 _ => match ret {
@@ -522,6 +564,7 @@ impl KeySpec {
                         checkpoint,
                         reap_ns: deadline_ns.saturating_add(cfg.retention_ns),
                         lease_wall_ms: self.wall_ms.saturating_add(lease / 1_000_000),
+                        failed: false,
                     };
                     Ok(())
                 }
@@ -643,6 +686,7 @@ impl KeySpec {
                     deadline_ns,
                     attempt,
                     checkpoint,
+                    failed,
                     ..
                 },
                 Some(GotState::InFlight {
@@ -650,12 +694,14 @@ impl KeySpec {
                     attempt: a,
                     lease_remaining_ns,
                     checkpoint: c,
+                    failed: f,
                 }),
             ) => {
                 t == token
                     && a == attempt
                     && c == checkpoint
                     && *lease_remaining_ns == deadline_ns.saturating_sub(self.now_ns)
+                    && f == failed
             }
             (
                 KeyModel::Completed {
@@ -739,6 +785,14 @@ pub fn unit_ret(r: Result<(), LeaseError>) -> KeyRet {
 pub fn release_ret(r: Result<bool, LeaseError>) -> KeyRet {
     match r {
         Ok(b) => KeyRet::Released(b),
+        Err(e) => KeyRet::LeaseErr(e),
+    }
+}
+
+/// Converts `fail`'s result.
+pub fn fail_ret(r: Result<bool, LeaseError>) -> KeyRet {
+    match r {
+        Ok(b) => KeyRet::Failed(b),
         Err(e) => KeyRet::LeaseErr(e),
     }
 }

@@ -254,6 +254,19 @@ pub(crate) struct RecordLine {
         deserialize_with = "present"
     )]
     pub(crate) checkpoint: Option<Option<CheckpointLine>>,
+    /// When the key was first claimed; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) first_claimed_ms: Option<u64>,
+    /// InFlight: when the attempt started; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) attempt_started_ms: Option<u64>,
+    /// InFlight: the holder failed the attempt; absent when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) failed: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A field that is present, even as `null`, deserializes to `Some`.
@@ -280,13 +293,20 @@ impl RecordLine {
             expires_at_ms: None,
             lease_deadline_ms: None,
             checkpoint: None,
+            first_claimed_ms: opt_ms(r.first_claimed_at),
+            attempt_started_ms: None,
+            failed: false,
         };
         match &r.state {
             RecordInfoState::InFlight {
                 lease_deadline,
                 checkpoint,
+                attempt_started_at,
+                failed,
             } => {
                 line.state = "inflight".into();
+                line.attempt_started_ms = opt_ms(*attempt_started_at);
+                line.failed = *failed;
                 line.lease_deadline_ms = Some(wall_ms(*lease_deadline));
                 line.checkpoint = Some(checkpoint.as_ref().map(|(phase, data)| CheckpointLine {
                     phase: *phase,
@@ -347,14 +367,19 @@ impl RecordLine {
                 RecordInfoState::InFlight {
                     lease_deadline: wall_time(lease_deadline_ms),
                     checkpoint,
+                    attempt_started_at: self.attempt_started_ms.map(wall_time),
+                    failed: self.failed,
                 }
             }
             "completed" => {
-                if self.lease_deadline_ms.is_some() || self.checkpoint.is_some() {
-                    return Err(
-                        "a completed record has no lease_deadline_ms or checkpoint (inflight fields)"
-                            .into(),
-                    );
+                if self.lease_deadline_ms.is_some()
+                    || self.checkpoint.is_some()
+                    || self.attempt_started_ms.is_some()
+                    || self.failed
+                {
+                    return Err("a completed record has no lease_deadline_ms, checkpoint, \
+                         attempt_started_ms or failed (inflight fields)"
+                        .into());
                 }
                 let response = self
                     .response
@@ -382,6 +407,7 @@ impl RecordLine {
             fingerprint,
             attempt: self.attempt,
             state,
+            first_claimed_at: self.first_claimed_ms.map(wall_time),
         })
     }
 }
@@ -403,6 +429,22 @@ pub(crate) fn wall_time(ms: u64) -> SystemTime {
             return t;
         }
         d /= 2;
+    }
+}
+
+/// A known instant in ms since the epoch; `None` stays `None` (unknown).
+pub(crate) fn opt_ms(t: Option<SystemTime>) -> Option<u64> {
+    t.map(wall_ms)
+}
+
+/// A known instant as `2025-01-02T03:04:05.678Z (4m 10s ago)`, or `unknown`.
+pub(crate) fn instant(t: Option<SystemTime>, now_ms: u64) -> String {
+    match t {
+        Some(t) => {
+            let ms = wall_ms(t);
+            format!("{} ({})", utc(ms, true), left(ms, now_ms))
+        }
+        None => "unknown".into(),
     }
 }
 
