@@ -524,6 +524,7 @@ mod tests {
                     expires_at: UNIX_EPOCH + Duration::from_millis(1_767_225_600_000),
                     published: true,
                 },
+                first_claimed_at: Some(UNIX_EPOCH + Duration::from_millis(1_767_000_000_000)),
             },
             RecordInfo {
                 key: b"job".to_vec(),
@@ -533,7 +534,10 @@ mod tests {
                 state: RecordInfoState::InFlight {
                     lease_deadline: UNIX_EPOCH + Duration::from_millis(5),
                     checkpoint: Some((3, vec![0, 255])),
+                    attempt_started_at: Some(UNIX_EPOCH + Duration::from_millis(4)),
+                    failed: true,
                 },
+                first_claimed_at: Some(UNIX_EPOCH + Duration::from_millis(2)),
             },
             RecordInfo {
                 key: b"job2".to_vec(),
@@ -543,7 +547,10 @@ mod tests {
                 state: RecordInfoState::InFlight {
                     lease_deadline: UNIX_EPOCH + Duration::from_millis(5),
                     checkpoint: None,
+                    attempt_started_at: None,
+                    failed: false,
                 },
+                first_claimed_at: None,
             },
         ];
         for r in &records {
@@ -551,8 +558,16 @@ mod tests {
             let back: RecordLine = serde_json::from_str(&line).unwrap();
             assert_eq!(&back.to_record().unwrap(), r, "{line}");
         }
+        let line = serde_json::to_string(&RecordLine::from_record(&records[1]).unwrap()).unwrap();
+        assert!(
+            line.ends_with("\"first_claimed_ms\":2,\"attempt_started_ms\":4,\"failed\":true}"),
+            "{line}"
+        );
         let line = serde_json::to_string(&RecordLine::from_record(&records[2]).unwrap()).unwrap();
         assert!(line.contains("\"checkpoint\":null"), "{line}");
+        // Unknown instants and a claim not failed are left out (older exports read alike).
+        assert!(!line.contains("first_claimed_ms"), "{line}");
+        assert!(!line.contains("failed"), "{line}");
         assert!(line.contains("\"lease_deadline_ms\":5,"), "{line}");
         let line = serde_json::to_string(&RecordLine::from_record(&records[0]).unwrap()).unwrap();
         assert!(line.contains("\"expires_at_ms\":1767225600000"), "{line}");
