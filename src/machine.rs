@@ -703,11 +703,7 @@ pub(crate) fn import(
                 first_claimed_wall_ms,
                 attempt_started_wall_ms: attempt_started_at.map_or(0, wall_ms),
                 failed: *failed,
-                ended_wall_ms: if over {
-                    lease_deadline_ms.min(now.wall_ms)
-                } else {
-                    0
-                },
+                ended_wall_ms: if over { lease_deadline_ms } else { 0 },
                 ..Extra::default()
             };
             let state = RecordState::InFlight {
@@ -970,8 +966,10 @@ pub(crate) fn recover(
                     now.mono_ns.saturating_add(left_ns)
                 }
             };
-            // A lease already over when the file recorded it keeps that end for reports.
-            let over = deadline_ns <= now.mono_ns && lease_deadline_wall_ms <= now.wall_ms;
+            // A lease already over when the file recorded it keeps that end for reports (a
+            // failed one's record holds the instant of the fail, whatever the clock says).
+            let over =
+                deadline_ns <= now.mono_ns && (failed || lease_deadline_wall_ms <= now.wall_ms);
             let extra = Extra {
                 fingerprint,
                 checkpoint,

@@ -183,9 +183,13 @@ fn row(r: &RecordInfo, now: u64) -> Vec<String> {
         }
         _ => ("-".into(), "-".into()),
     };
+    let state = match &r.state {
+        RecordInfoState::InFlight { failed: true, .. } => format!("{}, failed", state_name(r, now)),
+        _ => state_name(r, now).into(),
+    };
     vec![
         truncate(&printable(&r.key), KEY_WIDTH),
-        state_name(r, now).into(),
+        state,
         r.token.to_string(),
         r.attempt.to_string(),
         records::fingerprint(r.fingerprint).unwrap_or_else(|| "-".into()),
