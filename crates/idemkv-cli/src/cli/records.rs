@@ -7,8 +7,13 @@
 //! {"key":"6f726465722d3432","key_text":"order-42","token":7,"fingerprint":"0123456789abcdef",
 //!  "attempt":1,"state":"completed","response":"6f6b","expires_at_ms":1767225600000}
 //! {"key":"6a6f622d31","key_text":"job-1","token":9,"fingerprint":null,"attempt":2,
-//!  "state":"inflight","lease_deadline_ms":1767139230000,"checkpoint":{"phase":3,"data":"00ff"}}
+//!  "state":"inflight","lease_deadline_ms":1767139230000,"checkpoint":{"phase":3,"data":"00ff"},
+//!  "first_claimed_ms":1767139000000,"attempt_started_ms":1767139200000,"failed":true}
 //! ```
+//!
+//! `first_claimed_ms` (any record) and `attempt_started_ms` (inflight) are left out when
+//! unknown (records of the first file format), `failed` (inflight) when false; lines
+//! without them import as such.
 //!
 //! `key`, `response` and checkpoint `data` are lowercase hex, so any bytes round-trip;
 //! `key_text` is the key decoded as UTF-8 (lossy), for people, and ignored on import. The
