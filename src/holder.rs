@@ -238,6 +238,8 @@ impl Engine {
     /// keeps its end), and the record stays, marked failed, with its checkpoint and
     /// fingerprint, so the next claim takes it over at once. Waiting callers are woken. A
     /// full writer queue is waited out as long as the lease lasts (see [`Engine::complete`]).
+    /// Until someone takes it over, the token may still complete, checkpoint or release the
+    /// key; an [`Engine::extend`] is `LeaseLost` (a failed attempt is never revived).
     pub fn fail(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         let observe = &self.shared().observe;
         observe.fail(key, token, || self.fail_unobserved(key, token))

@@ -15,12 +15,12 @@
 //! | `complete` | [`hold`] + [`Holder::Complete`] | `LeaseLost` | `Done` | `Done` (same token) | `Repeat` (same token), else `LeaseLost` |
 //! | `release` | [`hold`] + [`Holder::Release`] | `NotHeld` | `Done` | `Done` (same token) | `NotHeld` |
 //! | `fail` | [`hold`] + [`Holder::Fail`] | `NotHeld` | `Done`: the lease ends now, the record stays (failed) | `Done` (same token; the end stays) | `NotHeld` |
-//! | `extend`, `checkpoint` | [`hold`] + [`Holder::Extend`] / [`Holder::Checkpoint`] | `LeaseLost` | `Done` | `Done` (same token) | `LeaseLost` |
+//! | `extend`, `checkpoint` | [`hold`] + [`Holder::Extend`] / [`Holder::Checkpoint`] | `LeaseLost` | `Done` | `Done` (same token; `extend` of a failed key: `LeaseLost`) | `LeaseLost` |
 //!
 //! A claim whose fingerprint differs from the stored one gets `FingerprintMismatch` in every
-//! state that has one. A failed key is "InFlight, over" for every call: the next claim takes
-//! it over at once (attempt + 1, checkpoint and fingerprint kept), an `extend` by its token
-//! revives it. Beside the table: [`import`] (an operator adds a record), [`expire`]
+//! state that has one. A failed key is "InFlight, over" for every call but `extend`, which is
+//! `LeaseLost` (a failed attempt is never revived): the next claim takes it over at once
+//! (attempt + 1, checkpoint and fingerprint kept). Beside the table: [`import`] (an operator adds a record), [`expire`]
 //! and [`reap`] (the sweeper removes a completion past its retention, an abandoned claim past
 //! its lease end plus retention), [`recover`] and [`load`] (recovery classifies a record of
 //! the file and loads it over what an earlier record left).
@@ -525,13 +525,15 @@ pub(crate) fn hold(
             }
         }
         Holder::Extend { lease } => {
-            let Some(mut slot) = held.filter(Slot::is_inflight) else {
+            // A failed attempt is over for good: nothing revives it (not even a keep-alive
+            // renewal racing the fail), and the next claim takes it over.
+            let failed = view.extra.is_some_and(|e| e.failed);
+            let Some(mut slot) = held.filter(|slot| slot.is_inflight() && !failed) else {
                 return lost();
             };
             slot.deadline_ns = now.mono_ns.saturating_add(duration_ns(lease));
             let mut extra = view.extra.cloned().unwrap_or_default();
-            // A live lease again: neither failed nor ended.
-            extra.failed = false;
+            // A live lease again: its end is its deadline.
             extra.ended_wall_ms = 0;
             update(key, slot, extra, now, rules)
         }
@@ -1800,20 +1802,45 @@ mod tests {
     }
 
     #[test]
-    fn extend_revives_a_failed_lease() {
+    fn a_failed_lease_is_never_extended_but_its_holder_may_still_settle_it() {
         let st = states();
         let failed = Extra {
             failed: true,
-            ended_wall_ms: WALL0,
             ..st.lease_extra.clone()
         };
         let v = view(Slot::inflight(5, LIVE, 2), &failed);
-        let op = Holder::Extend { lease: LEASE };
-        let step = hold(v, KEY, 5, op, at(LIVE), &durable());
+        lost(&hold(
+            v,
+            KEY,
+            5,
+            Holder::Extend { lease: LEASE },
+            at(LIVE),
+            &durable(),
+        ));
+        // Until someone takes it over, the failed token may complete, checkpoint or release.
+        let cp = Holder::Checkpoint(Checkpoint::new(9, b"more"));
+        for op in [complete_op(), cp, Holder::Release] {
+            let step = hold(v, KEY, 5, op.clone(), at(LIVE + MS), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done, "{op:?}");
+        }
+        // An extend of a lease loaded already over forgets the recorded end.
+        let loaded = Extra {
+            ended_wall_ms: WALL0,
+            ..st.lease_extra.clone()
+        };
+        let v = view(Slot::inflight(5, LIVE, 2), &loaded);
+        let step = hold(
+            v,
+            KEY,
+            5,
+            Holder::Extend { lease: LEASE },
+            at(LIVE),
+            &durable(),
+        );
         let Change::Put { extra, .. } = &step.change else {
             panic!("expected Put");
         };
-        assert_eq!((extra.failed, extra.ended_wall_ms), (false, 0));
+        assert_eq!(extra.ended_wall_ms, 0);
     }
 
     #[test]

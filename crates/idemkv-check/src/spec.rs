@@ -467,13 +467,14 @@ impl KeySpec {
                     _ => bad(op, ret, self, "Ok(false)"),
                 },
             },
+            // A failed attempt is never extended: its token gets `LeaseLost`.
             KeyOp::Extend { token, lease_ns } => match &mut next.state {
                 KeyModel::InFlight {
                     token: t,
                     deadline_ns,
                     reap_ns,
                     lease_wall_ms,
-                    failed,
+                    failed: false,
                     ..
                 } if t == token => {
                     if *ret != KeyRet::Done {
@@ -482,7 +483,6 @@ impl KeySpec {
                     *deadline_ns = now.saturating_add(*lease_ns);
                     *reap_ns = deadline_ns.saturating_add(cfg.retention_ns);
                     *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
-                    *failed = false;
                     Ok(next)
                 }
                 _ => match ret {
