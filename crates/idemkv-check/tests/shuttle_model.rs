@@ -212,6 +212,9 @@ fn claim_or_wait_losers_get_the_winners_bytes_random() {
     shuttle::check_random(|| waiters_get_the_winners_bytes(false), 1_000);
 }
 
+/// What a `run` caller got: the bytes and whether they were replayed, or the error.
+type RunAnswer = Result<(Vec<u8>, bool), RunError<String>>;
+
 /// A failed attempt against racing callers: three `run` callers of one key with the fail
 /// choice; the first attempt saves a checkpoint and fails. On every schedule the handler runs
 /// twice (the failed attempt, then a takeover that resumes from its checkpoint), every
@@ -265,7 +268,7 @@ fn a_failed_attempt_is_resumed_by_a_waiter(asynk: bool) {
             })
         })
         .collect();
-    let outs: Vec<Result<(Vec<u8>, bool), RunError<String>>> = handles
+    let outs: Vec<RunAnswer> = handles
         .into_iter()
         .map(|h| h.join().expect("join"))
         .collect();
