@@ -2,13 +2,16 @@
 //! They serve the `idemkv` command and tests; services rarely need them.
 
 use crate::clock::{duration_ms, wall_time};
+use crate::codec::Checkpoint;
+use crate::constants::ABANDONED_LIMIT_DEFAULT;
 use crate::engine::Engine;
 use crate::error::{ClaimError, LeaseError, Limit};
-use crate::lease::KeyState;
-use crate::machine::{self, Imported};
+use crate::index::{Extra, Slot};
+use crate::machine::{self, Imported, Now};
 use serde::{Deserialize, Serialize};
+use std::collections::BinaryHeap;
 use std::fmt;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// One key's record as an operator sees it (and as `export`/`import` move it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,6 +30,10 @@ pub struct RecordInfo {
     pub attempt: u32,
     /// The state.
     pub state: RecordInfoState,
+    /// When the key was first claimed (kept across takeovers and fails, to the
+    /// millisecond); `None`: unknown (a record written by the first file format).
+    #[serde(default)]
+    pub first_claimed_at: Option<SystemTime>,
 }
 
 /// The state part of a [`RecordInfo`].
@@ -35,10 +42,18 @@ pub struct RecordInfo {
 pub enum RecordInfoState {
     /// Claimed, not completed.
     InFlight {
-        /// Wall-clock end of the lease (stored to the millisecond).
+        /// Wall-clock end of the lease (stored to the millisecond): when it ends, or for a
+        /// lease that is over, when it ended.
         lease_deadline: SystemTime,
         /// The saved checkpoint: phase and payload.
         checkpoint: Option<(u32, Vec<u8>)>,
+        /// When the current attempt started (to the millisecond); `None`: unknown.
+        #[serde(default)]
+        attempt_started_at: Option<SystemTime>,
+        /// The holder ended the attempt with `Lease::fail`: the lease is over, the
+        /// progress kept, and the next claim takes the key over at once.
+        #[serde(default)]
+        failed: bool,
     },
     /// Completed (a completion not yet durable is listed too, as `published: false`).
     Completed {
@@ -62,6 +77,196 @@ impl RecordInfo {
             RecordInfoState::Completed { .. } => "completed",
         }
     }
+}
+
+/// `Some` of the wall-clock time `ms` after the epoch, or `None` for 0 (unknown).
+pub(crate) fn known_time(ms: u64) -> Option<SystemTime> {
+    (ms != 0).then(|| wall_time(ms))
+}
+
+/// The state of the InFlight `slot` as an operator sees it at `now`.
+fn inflight_state(slot: &Slot, extra: Option<&Extra>, now: Now) -> RecordInfoState {
+    RecordInfoState::InFlight {
+        lease_deadline: wall_time(machine::lease_end_wall_ms(slot, extra, now)),
+        checkpoint: extra
+            .and_then(|e| e.checkpoint.as_ref())
+            .map(|c| (c.phase(), c.data().to_vec())),
+        attempt_started_at: known_time(extra.map_or(0, |e| e.attempt_started_wall_ms)),
+        failed: extra.is_some_and(|e| e.failed),
+    }
+}
+
+/// What [`Admin::abandoned`] (and [`crate::FileReader::abandoned`]) look for: claims whose
+/// lease is over and that nobody completed — their holder crashed, gave up, or failed them
+/// with [`crate::Lease::fail`] — old enough and idle long enough for a background
+/// completer to finish them.
+///
+/// ```
+/// use idemkv::AbandonedQuery;
+/// use std::time::Duration;
+/// let query = AbandonedQuery {
+///     older_than: Duration::from_secs(600),
+///     idle_for: Duration::from_secs(300),
+///     ..AbandonedQuery::default()
+/// };
+/// assert_eq!(query.limit, 1000);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbandonedQuery {
+    /// Only claims whose key was first claimed at least this long ago. A claim whose first
+    /// claim is unknown (a record of the first file format) counts as old enough.
+    pub older_than: Duration,
+    /// Only claims whose lease ended at least this long ago.
+    pub idle_for: Duration,
+    /// At most this many claims, the earliest first claimed first (ties in token order).
+    pub limit: usize,
+}
+
+impl Default for AbandonedQuery {
+    /// Every abandoned claim, however recent, up to 1000.
+    fn default() -> Self {
+        AbandonedQuery {
+            older_than: Duration::ZERO,
+            idle_for: Duration::ZERO,
+            limit: ABANDONED_LIMIT_DEFAULT,
+        }
+    }
+}
+
+impl AbandonedQuery {
+    /// Whether a claim first claimed at `first_ms` (0: unknown) whose lease ended at
+    /// `ended_ms` qualifies at `now_ms` (all wall-clock ms).
+    fn admits(&self, first_ms: u64, ended_ms: u64, now_ms: u64) -> bool {
+        ended_ms <= now_ms
+            && now_ms.saturating_sub(first_ms) >= duration_ms(self.older_than)
+            && now_ms - ended_ms >= duration_ms(self.idle_for)
+    }
+}
+
+/// A claim whose lease is over and that nobody completed, as [`Admin::abandoned`] lists it:
+/// what a completer needs to finish it. Claiming the key takes it over (a new token,
+/// attempt + 1, the checkpoint handed over); completing that lease settles it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AbandonedClaim {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The key's scope (empty: unscoped); the completer claims with it
+    /// ([`crate::ClaimOptions::scope`]).
+    pub scope: Vec<u8>,
+    /// The token of the claim whose lease is over.
+    pub token: u64,
+    /// Its attempt (1 + takeovers); the completer's claim will be `attempt + 1`.
+    pub attempt: u32,
+    /// The request fingerprint stored with the key, if any: a claim with another one is
+    /// refused.
+    pub fingerprint: Option<u128>,
+    /// When the key was first claimed; `None`: unknown.
+    pub first_claimed_at: Option<SystemTime>,
+    /// When the attempt whose lease is over started; `None`: unknown.
+    pub attempt_started_at: Option<SystemTime>,
+    /// When its lease ended (for a failed claim: when it failed).
+    pub lease_ended_at: SystemTime,
+    /// Whether its holder failed it ([`crate::Lease::fail`]) rather than let it lapse.
+    pub failed: bool,
+    /// The last checkpoint saved for the key.
+    pub checkpoint: Option<Checkpoint>,
+}
+
+impl AbandonedClaim {
+    /// The record's claim, if it is InFlight with its lease over at `now_ms` and `query`
+    /// admits it (an InFlight record's lease deadline is when its lease ends or ended).
+    pub(crate) fn from_record(
+        r: &RecordInfo,
+        query: &AbandonedQuery,
+        now_ms: u64,
+    ) -> Option<AbandonedClaim> {
+        let RecordInfoState::InFlight {
+            lease_deadline,
+            checkpoint,
+            attempt_started_at,
+            failed,
+        } = &r.state
+        else {
+            return None;
+        };
+        let first_ms = r.first_claimed_at.map_or(0, crate::clock::wall_ms);
+        let ended_ms = crate::clock::wall_ms(*lease_deadline);
+        if !query.admits(first_ms, ended_ms, now_ms) {
+            return None;
+        }
+        Some(AbandonedClaim {
+            key: r.key.clone(),
+            scope: r.scope.clone(),
+            token: r.token,
+            attempt: r.attempt,
+            fingerprint: r.fingerprint,
+            first_claimed_at: r.first_claimed_at,
+            attempt_started_at: *attempt_started_at,
+            lease_ended_at: *lease_deadline,
+            failed: *failed,
+            checkpoint: checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d)),
+        })
+    }
+
+    /// The order of a listing: earliest first claimed first (unknown first), then tokens.
+    pub(crate) fn order(&self) -> (u64, u64) {
+        (
+            self.first_claimed_at.map_or(0, crate::clock::wall_ms),
+            self.token,
+        )
+    }
+}
+
+/// An [`AbandonedClaim`] in the bounded heap of a listing: the latest in listing order on
+/// top, so that it is the one dropped when the heap is over its limit.
+struct ByOrder(AbandonedClaim);
+
+impl PartialEq for ByOrder {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.order() == other.0.order()
+    }
+}
+
+impl Eq for ByOrder {}
+
+impl PartialOrd for ByOrder {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ByOrder {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.order().cmp(&other.0.order())
+    }
+}
+
+/// The first `limit` of `claims` in listing order, holding at most `limit + 1` at a time.
+pub(crate) fn first_in_order(
+    claims: impl IntoIterator<Item = AbandonedClaim>,
+    limit: usize,
+) -> Vec<AbandonedClaim> {
+    let mut heap = BinaryHeap::new();
+    for claim in claims {
+        if limit == 0 {
+            break;
+        }
+        if heap.len() == limit
+            && heap
+                .peek()
+                .is_some_and(|top: &ByOrder| top.0.order() <= claim.order())
+        {
+            continue;
+        }
+        heap.push(ByOrder(claim));
+        if heap.len() > limit {
+            heap.pop();
+        }
+    }
+    let mut out: Vec<AbandonedClaim> = heap.into_iter().map(|c| c.0).collect();
+    out.sort_by_key(AbandonedClaim::order);
+    out
 }
 
 /// Why [`Admin::import`] refused a record.
@@ -131,20 +336,15 @@ impl Admin<'_> {
         let mut from_file = Vec::new();
         for stripe in s.index.stripes() {
             let shard = stripe.map.lock();
-            let now = s.time.mono_ns();
-            let wall = s.time.wall_ms();
-            for (scoped, slot) in shard.iter().filter(|(_, slot)| !slot.is_expired(now)) {
+            let now = s.now();
+            for (scoped, slot) in shard
+                .iter()
+                .filter(|(_, slot)| !slot.is_expired(now.mono_ns))
+            {
                 let (scope, key) = crate::scope::split(scoped);
                 let extra = shard.extra(slot);
                 let state = if slot.is_inflight() {
-                    RecordInfoState::InFlight {
-                        lease_deadline: wall_time(
-                            wall.saturating_add(slot.deadline_ns.saturating_sub(now) / 1_000_000),
-                        ),
-                        checkpoint: extra
-                            .and_then(|e| e.checkpoint.as_ref())
-                            .map(|c| (c.phase(), c.data().to_vec())),
-                    }
+                    inflight_state(slot, extra, now)
                 } else if let Some(response) = extra.and_then(|e| e.response.as_ref()) {
                     RecordInfoState::Completed {
                         response: response.to_vec(),
@@ -169,6 +369,7 @@ impl Admin<'_> {
                     fingerprint: extra.and_then(|e| e.fingerprint),
                     attempt: slot.attempt,
                     state,
+                    first_claimed_at: known_time(extra.map_or(0, |e| e.first_claimed_wall_ms)),
                 });
             }
         }
@@ -184,6 +385,7 @@ impl Admin<'_> {
                         published: true,
                     };
                     r.fingerprint = read.fingerprint;
+                    r.first_claimed_at = known_time(read.first_claimed_wall_ms);
                 }
                 // Expired and swept since the walk, or unreadable: not a live record.
                 _ => {
@@ -194,6 +396,72 @@ impl Admin<'_> {
         out.retain(|r| !gone.contains(&r.token));
         out.sort_by_key(|r| r.token);
         out
+    }
+
+    /// The claims whose lease is over and that nobody completed (their holder crashed, gave
+    /// up, or failed them), first claimed at least `query.older_than` ago and idle (lease
+    /// over) for at least `query.idle_for`, with their checkpoints: at most `query.limit`,
+    /// the earliest first claimed first. A background completer finishes each by claiming
+    /// its key (a takeover: attempt + 1, the checkpoint handed over) and completing that
+    /// lease; a claim someone else takes over meanwhile simply answers `InProgress` or
+    /// `Completed`.
+    ///
+    /// Takes each stripe lock once, briefly, and walks its keys (an operator's call, like
+    /// [`Admin::records`]); reads nothing from the file.
+    ///
+    /// ```
+    /// use idemkv::{AbandonedQuery, Claim, ClaimOptions, Durability, Engine};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let Claim::Acquired(mut lease) = engine.claim(b"job-7", &ClaimOptions::default())? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// lease.set_checkpoint(1, b"step 1 done")?;
+    /// lease.fail()?; // the attempt ends, the progress stays
+    /// let found = engine.admin().abandoned(&AbandonedQuery::default());
+    /// assert_eq!(found.len(), 1);
+    /// assert!(found[0].failed);
+    /// let opts = ClaimOptions::default().scope(&found[0].scope);
+    /// let Claim::Acquired(lease) = engine.claim(&found[0].key, &opts)? else {
+    ///     unreachable!("a failed claim is taken over at once")
+    /// };
+    /// assert_eq!(lease.checkpoint().map(|c| c.data()), Some(&b"step 1 done"[..]));
+    /// lease.complete(b"finished by the completer")?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn abandoned(&self, query: &AbandonedQuery) -> Vec<AbandonedClaim> {
+        let s = self.engine.shared();
+        let mut found = Vec::new();
+        for stripe in s.index.stripes() {
+            let shard = stripe.map.lock();
+            let now = s.now();
+            let over = |slot: &Slot| slot.is_inflight() && slot.deadline_ns <= now.mono_ns;
+            for (scoped, slot) in shard.iter().filter(|(_, slot)| over(slot)) {
+                let (scope, key) = crate::scope::split(scoped);
+                let extra = shard.extra(slot);
+                let first_ms = extra.map_or(0, |e| e.first_claimed_wall_ms);
+                let ended_ms = machine::lease_end_wall_ms(slot, extra, now);
+                if !query.admits(first_ms, ended_ms, now.wall_ms) {
+                    continue;
+                }
+                found.push(AbandonedClaim {
+                    key: key.to_vec(),
+                    scope: scope.to_vec(),
+                    token: slot.token,
+                    attempt: slot.attempt,
+                    fingerprint: extra.and_then(|e| e.fingerprint),
+                    first_claimed_at: known_time(first_ms),
+                    attempt_started_at: known_time(extra.map_or(0, |e| e.attempt_started_wall_ms)),
+                    lease_ended_at: wall_time(ended_ms),
+                    failed: extra.is_some_and(|e| e.failed),
+                    checkpoint: extra.and_then(|e| e.checkpoint.clone()),
+                });
+            }
+            // Bounded while walking: at most `limit` kept beyond one stripe's finds.
+            if found.len() > query.limit.saturating_mul(2) {
+                found = first_in_order(found, query.limit);
+            }
+        }
+        first_in_order(found, query.limit)
     }
 
     /// Releases the unscoped `key` whatever its token, if it is InFlight: the operator's
@@ -209,31 +477,26 @@ impl Admin<'_> {
         scope: &[u8],
         key: &[u8],
     ) -> Result<Option<RecordInfo>, ClaimError> {
-        let before = match self.engine.get_scoped(scope, key)? {
-            Some(KeyState::InFlight {
-                token,
-                attempt,
-                lease_remaining,
-                checkpoint,
-            }) => {
-                let wall = self.engine.shared().time.wall_ms();
-                RecordInfo {
-                    key: key.to_vec(),
-                    scope: scope.to_vec(),
-                    token,
-                    fingerprint: None,
-                    attempt,
-                    state: RecordInfoState::InFlight {
-                        lease_deadline: wall_time(
-                            wall.saturating_add(duration_ms(lease_remaining)),
-                        ),
-                        checkpoint: checkpoint.map(|c| (c.phase(), c.data().to_vec())),
-                    },
-                }
-            }
-            _ => return Ok(None),
-        };
+        self.engine.check_key(key)?;
+        self.engine.check_open()?;
         let scoped = self.engine.scoped_key(scope, key)?;
+        let before = {
+            let s = self.engine.shared();
+            let (shard, _, k) = s.index.lock(&scoped);
+            let Some(slot) = shard.get(k).filter(|slot| slot.is_inflight()) else {
+                return Ok(None);
+            };
+            let extra = shard.extra(&slot);
+            RecordInfo {
+                key: key.to_vec(),
+                scope: scope.to_vec(),
+                token: slot.token,
+                fingerprint: extra.and_then(|e| e.fingerprint),
+                attempt: slot.attempt,
+                state: inflight_state(&slot, extra, s.now()),
+                first_claimed_at: known_time(extra.map_or(0, |e| e.first_claimed_wall_ms)),
+            }
+        };
         match self.engine.release_at(&scoped, before.token) {
             Ok(true) => Ok(Some(before)),
             // The holder finished or released in between: nothing to force.

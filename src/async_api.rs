@@ -26,7 +26,7 @@ use crate::error::{ClaimError, FlushError, LeaseError, Limit, RunError};
 use crate::keep_alive::KeepAlive;
 use crate::lease::{Claim, Lease, Outcome};
 use crate::machine::Holder;
-use crate::options::{ClaimOptions, CompleteOptions};
+use crate::options::{ClaimOptions, CompleteOptions, OnHandlerError};
 use crate::progress::Failed;
 use crate::stats::bump;
 use crate::sync::{Arc, Mutex};
@@ -303,7 +303,9 @@ impl Engine {
 
     /// The async form of [`Engine::run`]: the winner's `handler` is a future, given a
     /// [`LeaseHandle`] (`'static`, so the future can own it); every concurrent or later
-    /// caller waits without blocking and receives the same bytes with `replayed` set.
+    /// caller waits without blocking and receives the same bytes with `replayed` set. A
+    /// handler's error releases or fails the claim, as [`ClaimOptions::on_handler_error`]
+    /// says (see [`Engine::run`]).
     ///
     /// With [`ClaimOptions::keep_alive`] the lease is renewed while the handler's future is
     /// alive, up to the given maximum. Dropping the returned future while the handler runs
@@ -335,9 +337,12 @@ impl Engine {
                         Ok(Outcome::fresh(response, token, expires_wall_ms))
                     }
                     Err(e) => {
-                        // The handler's failure is the error to report; a failed release
-                        // leaves the lease to expire, which is also safe.
-                        let _ = lease.release_async().await;
+                        // The handler's failure is the error to report; a failed release or
+                        // fail leaves the lease to expire, which is also safe.
+                        let _ = match opts.on_handler_error {
+                            OnHandlerError::Release => lease.release_async().await,
+                            OnHandlerError::Fail => lease.fail_async().await,
+                        };
                         Err(RunError::Handler(e))
                     }
                 }
@@ -471,6 +476,29 @@ impl Lease {
         Ok(released)
     }
 
+    /// The async form of [`Lease::fail`]: the lease ends now and the record stays, marked
+    /// failed, with its checkpoint and fingerprint; resolves once the failed record is
+    /// durable under `Immediate`, waiting for room in a full queue without blocking.
+    /// Dropping the future before its first poll releases the lease instead; dropping it
+    /// later leaves the fail queued (or, if it was still waiting for room, the lease to run
+    /// out).
+    pub async fn fail_async(mut self) -> Result<bool, LeaseError> {
+        self.settled = true;
+        self.staged.settle();
+        let (engine, key, token) = (&self.engine, &self.key, self.token);
+        let done = async {
+            engine.check_lease_call(key)?;
+            let (failed, seq) = engine
+                .with_room_async(key, token, || engine.fail_locked(key, token))
+                .await?;
+            engine.wait_holder_async(engine.durable_wait(seq)).await?;
+            Ok(failed)
+        }
+        .await;
+        let key = crate::scope::key_of(key);
+        engine.shared().observe.fail(key, token, || done)
+    }
+
     /// Renews this lease while the returned guard lives: every third of the lease, its end
     /// is moved a full lease ahead, but never past `max` from now. Drop the guard when the
     /// work ends (completing or releasing the lease also stops the renewals).
@@ -497,8 +525,10 @@ impl Lease {
 
 /// A clonable, `'static` handle on a lease, for async handlers: what the lease is
 /// (scope, key, token, attempt, the checkpoint it took over) and what a holder does while it
-/// works (extend, checkpoint, stage writes for the completion). Completing and releasing
-/// stay with the [`Lease`] itself.
+/// works (extend, checkpoint, stage writes for the completion). Completing, releasing and
+/// failing stay with the [`Lease`] itself: under [`Engine::run_async`] the handler's result
+/// decides (an error releases or fails the claim, as [`ClaimOptions::on_handler_error`]
+/// says), so that one owner ends the lease.
 #[derive(Clone)]
 pub struct LeaseHandle {
     engine: Engine,

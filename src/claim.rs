@@ -5,6 +5,7 @@
 //! (non-blocking), change the slot. Waiting for
 //! durability and reading a stored response from the file happen after the lock is dropped.
 
+use crate::admin::known_time;
 use crate::clock::{duration_ns, wall_time};
 use crate::codec::{self, Checkpoint, RecordState};
 use crate::constants::*;
@@ -13,6 +14,8 @@ use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, R
 use crate::index::{Key, Shard};
 use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
 use crate::machine::{self, Acquired, Acquiring, ClaimAnswer};
+#[cfg(doc)]
+use crate::options::OnHandlerError;
 use crate::options::{AskedFingerprint, ClaimOptions};
 use crate::stats::bump;
 use crate::sweep::Room;
@@ -111,6 +114,7 @@ pub(crate) struct FromFile {
     pub(crate) stored: Stored,
     pub(crate) expires_wall_ms: u64,
     pub(crate) fingerprint: Option<u128>,
+    pub(crate) first_claimed_wall_ms: u64,
 }
 
 impl Engine {
@@ -127,9 +131,9 @@ impl Engine {
         let c = &s.counters;
         let retention_ms = opts.retention_ms()?;
         let rules = s.rules();
-        // A claim writes a record only with a file behind the engine, and reports no wall
-        // time: without a file it needs no wall reading.
-        let now = s.now_with(rules.durable);
+        // A claim that does not acquire writes nothing and reports no wall time: without a
+        // file it needs no wall reading, and one that acquires reads it below.
+        let mut now = s.now_with(rules.durable);
         let decided = machine::claim(shard.view(k), opts.fingerprint, now.mono_ns);
         s.count(&mut shard.events, &decided.deltas);
         let mut plan = match decided.answer {
@@ -183,6 +187,10 @@ impl Engine {
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let plan = plan.asking_retention(retention_ms);
+        if !rules.durable {
+            // The attempt's start (and a new key's first claim) are kept in memory too.
+            now.wall_ms = s.time.wall_ms();
+        }
         let step = machine::acquire(plan, key, token, lease, now, &rules);
         let seq = match s.queue(step.write, true) {
             Ok(seq) => seq,
@@ -503,6 +511,7 @@ impl Engine {
             },
             expires_wall_ms,
             fingerprint: record.fingerprint,
+            first_claimed_wall_ms: record.first_claimed_wall_ms,
         }))
     }
 
@@ -604,8 +613,13 @@ impl Engine {
     /// What the other callers see depends on how the winner's run ends:
     ///
     /// - **Stored**: they receive its bytes (`replayed`).
-    /// - **The handler failed** ([`RunError::Handler`]): the claim is released, and a waiting
-    ///   caller acquires the key at once and runs its own handler.
+    /// - **The handler failed** ([`RunError::Handler`]): what [`ClaimOptions::on_handler_error`]
+    ///   says. By default ([`OnHandlerError::Release`]) the claim is released: the key is
+    ///   Absent, and a waiting caller acquires it at once as a new key (attempt 1, no
+    ///   checkpoint) and runs its own handler. With [`OnHandlerError::Fail`] the claim is
+    ///   failed ([`Lease::fail`]): the record stays with its checkpoint and fingerprint, and
+    ///   a waiting caller takes it over at once (attempt + 1, the checkpoint handed over).
+    ///   A panicking handler drops its lease, which releases it either way.
     /// - **The handler ran but the engine refused its result** ([`RunError::NotStored`]: a
     ///   response over `response_len_max`, or a writer queue that stayed full for the whole
     ///   lease): the key is *not* released, because the work is done. It stays InFlight under
@@ -642,9 +656,9 @@ impl Engine {
                         Ok(Outcome::fresh(response, token, expires_wall_ms))
                     }
                     Err(e) => {
-                        // The handler's failure is the error to report; a failed release
-                        // leaves the lease to expire, which is also safe.
-                        let _ = lease.release();
+                        // The handler's failure is the error to report; a failed release or
+                        // fail leaves the lease to expire, which is also safe.
+                        let _ = lease.end_after_error(opts);
                         Err(RunError::Handler(e))
                     }
                 }
@@ -723,7 +737,7 @@ impl Engine {
                     })
                 }
                 Err(e) => {
-                    let _ = lease.release();
+                    let _ = lease.end_after_error(opts);
                     Err(RunError::Handler(e))
                 }
             },
@@ -769,6 +783,11 @@ impl Engine {
                         attempt: slot.attempt,
                         lease_remaining: Duration::from_nanos(slot.deadline_ns.saturating_sub(now)),
                         checkpoint: extra.and_then(|e| e.checkpoint.clone()),
+                        first_claimed_at: known_time(extra.map_or(0, |e| e.first_claimed_wall_ms)),
+                        attempt_started_at: known_time(
+                            extra.map_or(0, |e| e.attempt_started_wall_ms),
+                        ),
+                        failed: extra.is_some_and(|e| e.failed),
                     }));
                 }
                 if !slot.is_published() {

@@ -186,6 +186,8 @@ pub(crate) const WRITE_SET_BYTES_MAX: usize = 4 << 20;
 /// Most rows one table scan returns, and most messages one `Outbox::pending` returns or
 /// one `Outbox::mark_sent` removes.
 pub(crate) const TABLE_SCAN_LIMIT_MAX: usize = 10_000;
+/// Default most claims one `Admin::abandoned` (or `FileReader::abandoned`) listing returns.
+pub(crate) const ABANDONED_LIMIT_DEFAULT: usize = 1000;
 
 // The Idempotency-Key layer for HTTP services (feature `http`, src/http/).
 

@@ -740,6 +740,7 @@ impl Engine {
             corrupt_reads: read(&c.corrupt_reads),
             completions: events.completions,
             releases: events.releases,
+            failures: events.failures,
             leases_lost: events.leases_lost,
             waits: read(&c.waits),
             overloaded: read(&c.overloaded),

@@ -123,7 +123,7 @@ impl Engine {
 
     /// The number a holder's call must wait for before it returns: its write's under
     /// `Immediate`, none otherwise.
-    fn durable_wait(&self, seq: u64) -> u64 {
+    pub(crate) fn durable_wait(&self, seq: u64) -> u64 {
         if self.waits_for_durability() {
             seq
         } else {
@@ -320,6 +320,57 @@ impl Engine {
         shard.apply(k, step.change);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
+        changed.notify_all();
+        Ok((true, seq))
+    }
+
+    /// Fails the attempt of `token` on `key` if `token` still owns it as InFlight; returns
+    /// whether it did (see [`crate::Lease::fail`]): the lease ends now (a lease already over
+    /// keeps its end), and the record stays, marked failed, with its checkpoint and
+    /// fingerprint, so the next claim takes it over at once. Waiting callers are woken. A
+    /// full writer queue is waited out as long as the lease lasts (see [`Engine::complete`]).
+    /// Until someone takes it over, the token may still complete, checkpoint or release the
+    /// key; an [`Engine::extend`] is `LeaseLost` (a failed attempt is never revived).
+    /// `key` is the unscoped key; [`Engine::fail_scoped`] fails a key within a scope.
+    pub fn fail(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        self.fail_scoped(&[], key, token)
+    }
+
+    /// [`Engine::fail`] of `key` within `scope`.
+    pub fn fail_scoped(&self, scope: &[u8], key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        let scoped = self.lease_key(scope, key)?;
+        self.fail_at(&scoped, token)
+    }
+
+    /// Fails the attempt on the scoped key `key`.
+    pub(crate) fn fail_at(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        let observe = &self.shared().observe;
+        observe.fail(crate::scope::key_of(key), token, || {
+            self.fail_unobserved(key, token)
+        })
+    }
+
+    fn fail_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        self.check_lease_call(key)?;
+        let (failed, seq) = self.with_room(key, token, || self.fail_locked(key, token))?;
+        self.wait_holder(self.durable_wait(seq))?;
+        Ok(failed)
+    }
+
+    /// One attempt at a fail, never blocking: whether it failed the attempt, and its
+    /// write's number.
+    pub(crate) fn fail_locked(&self, key: &[u8], token: u64) -> Result<(bool, u64), LeaseError> {
+        let s = self.shared();
+        let (mut shard, changed, k) = s.index.lock(key);
+        let step = machine::hold(shard.view(k), key, token, Holder::Fail, s.now(), &s.rules());
+        if step.answer != HolderAnswer::Done {
+            return Ok((false, 0));
+        }
+        let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
+        shard.apply(k, step.change);
+        s.count(&mut shard.events, &step.deltas);
+        drop(shard);
+        // The key can be taken over now: a waiting caller takes it.
         changed.notify_all();
         Ok((true, seq))
     }

@@ -166,6 +166,19 @@ pub(crate) struct Extra {
     /// long after it ended; a completion's deadline already applies it, and it decides
     /// which expiry queue the completion waits in.
     pub(crate) retention_ms: Option<u64>,
+    /// Wall-clock instant (ms) of the key's first claim, kept across takeovers and fails;
+    /// 0: unknown (a record of the first format). Kept for a completion only while its
+    /// record is not in the file.
+    pub(crate) first_claimed_wall_ms: u64,
+    /// Wall-clock instant (ms) the current attempt started (InFlight); 0: unknown.
+    pub(crate) attempt_started_wall_ms: u64,
+    /// The holder failed the attempt (`Lease::fail`): its lease ended, its progress kept.
+    pub(crate) failed: bool,
+    /// Wall-clock instant (ms) a lease ended when it was already over in the file it was
+    /// loaded from (recovery, import): such a lease's monotonic deadline is the instant it
+    /// was loaded, which says when it could be taken over, not when it ended. 0: the lease
+    /// ends at its deadline. Reports only.
+    pub(crate) ended_wall_ms: u64,
 }
 
 impl Extra {
@@ -175,6 +188,10 @@ impl Extra {
             && self.response.is_none()
             && self.expires_wall_ms == 0
             && self.retention_ms.is_none()
+            && self.first_claimed_wall_ms == 0
+            && self.attempt_started_wall_ms == 0
+            && !self.failed
+            && self.ended_wall_ms == 0
     }
 
     fn heap_bytes(&self) -> usize {

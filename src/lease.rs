@@ -5,7 +5,7 @@ use crate::clock::wall_time;
 use crate::codec::Checkpoint;
 use crate::engine::Engine;
 use crate::error::LeaseError;
-use crate::options::CompleteOptions;
+use crate::options::{ClaimOptions, CompleteOptions, OnHandlerError};
 use crate::write_set::{merged, Staged, WriteSet};
 use std::fmt;
 use std::sync::Arc;
@@ -27,11 +27,15 @@ pub enum Claim {
     Completed(Stored),
 }
 
-/// The exclusive right to act for one key, fenced by a token. Dropping a lease on which
-/// neither `complete` nor `release` was called releases it (a retryable failure: the work
-/// was abandoned, e.g. the handler panicked), so the next caller can run it at once. Once
-/// `complete` was called the lease never releases the key, even if the completion was
-/// refused (see [`Lease::complete`]).
+/// The exclusive right to act for one key, fenced by a token. A lease ends in one of four
+/// ways, each explicit: [`Lease::complete`] (the outcome is stored), [`Lease::release`]
+/// (forget the attempt: the key is Absent), [`Lease::fail`] (end the attempt, keep its
+/// progress: the next claim takes the key over at once with the checkpoint) or
+/// [`Lease::detach`] (let the lease run out as if its holder had crashed). Dropping a lease
+/// on which none was called releases it (a retryable failure: the work was abandoned, e.g.
+/// the handler panicked), so the next caller can run it at once. Once `complete` was called
+/// the lease never releases the key, even if the completion was refused (see
+/// [`Lease::complete`]).
 pub struct Lease {
     pub(crate) engine: Engine,
     /// The scoped key (`scope.rs`).
@@ -238,6 +242,46 @@ impl Lease {
         self.settled = true;
         self.staged.settle();
         self.engine.release_at(&self.key, self.token)
+    }
+
+    /// Ends the attempt after a failure and **keeps** the key's progress: the lease ends
+    /// now, and the key stays InFlight under this token, marked failed, with its checkpoint
+    /// and fingerprint. The next claim (or a caller waiting in `claim_or_wait` or `run`,
+    /// woken by the fail) takes it over at once: a new token, attempt + 1, the last
+    /// checkpoint handed over; a claim with another payload is refused with
+    /// `FingerprintMismatch`, so the key cannot be reused for a different request. Nobody
+    /// retrying, the claim is reaped `retention` after the fail, as an abandoned one is,
+    /// and [`crate::Admin::abandoned`] lists it meanwhile. Under `Immediate` it returns once
+    /// the failed record is durable.
+    ///
+    /// Compare [`Lease::release`], which forgets the attempt (the key becomes Absent, its
+    /// checkpoint and fingerprint gone). Returns whether this lease still owned the key.
+    ///
+    /// ```
+    /// use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let opts = ClaimOptions::default().payload(b"order 42");
+    /// let Claim::Acquired(mut lease) = engine.claim(b"k", &opts)? else { unreachable!() };
+    /// lease.set_checkpoint(1, b"charged")?;
+    /// assert!(lease.fail()?);
+    /// assert!(matches!(engine.get(b"k")?, Some(KeyState::InFlight { failed: true, .. })));
+    /// let Claim::Acquired(retry) = engine.claim(b"k", &opts)? else { unreachable!() };
+    /// assert_eq!((retry.attempt(), retry.checkpoint().map(|c| c.phase())), (2, Some(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fail(mut self) -> Result<bool, LeaseError> {
+        self.settled = true;
+        // Staged writes belong to a completion, which a fail is not.
+        self.staged.settle();
+        self.engine.fail_at(&self.key, self.token)
+    }
+
+    /// What `run` does with the lease after its handler's error, as `opts` says.
+    pub(crate) fn end_after_error(self, opts: &ClaimOptions) -> Result<bool, LeaseError> {
+        match opts.on_handler_error {
+            OnHandlerError::Release => self.release(),
+            OnHandlerError::Fail => self.fail(),
+        }
     }
 
     /// Sets the lease to end `lease` from now (zero and very large values are valid).
@@ -452,6 +496,14 @@ pub enum KeyState {
         lease_remaining: Duration,
         /// The latest checkpoint saved for the key.
         checkpoint: Option<Checkpoint>,
+        /// When the key was first claimed (kept across takeovers and fails); `None`:
+        /// unknown (a record of the first file format).
+        first_claimed_at: Option<SystemTime>,
+        /// When the current attempt started; `None`: unknown.
+        attempt_started_at: Option<SystemTime>,
+        /// The holder failed the attempt ([`Lease::fail`]): the lease is over, the
+        /// progress kept, and the next claim takes the key over at once.
+        failed: bool,
     },
     /// A completion is written but not yet durable; it is not replayed until it is.
     Completing {

@@ -71,7 +71,9 @@ mod wake;
 mod write_set;
 mod writer;
 
-pub use crate::admin::{Admin, ImportError, RecordInfo, RecordInfoState};
+pub use crate::admin::{
+    AbandonedClaim, AbandonedQuery, Admin, ImportError, RecordInfo, RecordInfoState,
+};
 pub use crate::async_api::LeaseHandle;
 pub use crate::backend::{LockKind, Storage};
 pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
@@ -85,7 +87,9 @@ pub use crate::fingerprint::Fingerprint;
 pub use crate::keep_alive::KeepAlive;
 pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
 pub use crate::observe::key_hash;
-pub use crate::options::{ClaimOptions, CompleteOptions, Durability, EngineBuilder, Recovery};
+pub use crate::options::{
+    ClaimOptions, CompleteOptions, Durability, EngineBuilder, OnHandlerError, Recovery,
+};
 pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
 pub use crate::stats::Stats;

@@ -14,10 +14,13 @@
 //! | `claim` | [`claim`], then [`acquire`] | `Acquire` (new) | `Busy` | `Acquire` (takeover) | `Replay` / `ReplayFromFile` (published), `Busy` (not yet) |
 //! | `complete` | [`hold`] + [`Holder::Complete`] | `LeaseLost` | `Done` | `Done` (same token) | `Repeat` (same token), else `LeaseLost` |
 //! | `release` | [`hold`] + [`Holder::Release`] | `NotHeld` | `Done` | `Done` (same token) | `NotHeld` |
-//! | `extend`, `checkpoint` | [`hold`] + [`Holder::Extend`] / [`Holder::Checkpoint`] | `LeaseLost` | `Done` | `Done` (same token) | `LeaseLost` |
+//! | `fail` | [`hold`] + [`Holder::Fail`] | `NotHeld` | `Done`: the lease ends now, the record stays (failed) | `Done` (same token; the end stays) | `NotHeld` |
+//! | `extend`, `checkpoint` | [`hold`] + [`Holder::Extend`] / [`Holder::Checkpoint`] | `LeaseLost` | `Done` | `Done` (same token; `extend` of a failed key: `LeaseLost`) | `LeaseLost` |
 //!
 //! A claim whose fingerprint differs from the stored one gets `FingerprintMismatch` in every
-//! state that has one. Beside the table: [`import`] (an operator adds a record), [`expire`]
+//! state that has one. A failed key is "InFlight, over" for every call but `extend`, which is
+//! `LeaseLost` (a failed attempt is never revived): the next claim takes it over at once
+//! (attempt + 1, checkpoint and fingerprint kept). Beside the table: [`import`] (an operator adds a record), [`expire`]
 //! and [`reap`] (the sweeper removes a completion past its retention, an abandoned claim past
 //! its lease end plus retention), [`recover`] and [`load`] (recovery classifies a record of
 //! the file and loads it over what an earlier record left).
@@ -164,6 +167,8 @@ pub(crate) struct Deltas {
     pub(crate) leases_lost: u64,
     pub(crate) expirations: u64,
     pub(crate) abandoned_reaped: u64,
+    /// Leases ended by their holder's failure, the record kept.
+    pub(crate) failures: u64,
 }
 
 const NONE: Deltas = Deltas {
@@ -179,6 +184,7 @@ const NONE: Deltas = Deltas {
     leases_lost: 0,
     expirations: 0,
     abandoned_reaped: 0,
+    failures: 0,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -219,6 +225,9 @@ pub(crate) struct Plan {
     /// the claim it replaces, unless the new claim asks for its own
     /// ([`Plan::asking_retention`]).
     pub(crate) retention_ms: Option<u64>,
+    /// A takeover keeps the key's first-claimed instant (wall ms, 0: unknown); `None`: the
+    /// key is claimed for the first time now.
+    pub(crate) first_claimed_wall_ms: Option<u64>,
 }
 
 impl Plan {
@@ -257,6 +266,7 @@ pub(crate) fn claim(
         reserve: true,
         adopt: false,
         retention_ms: None,
+        first_claimed_wall_ms: None,
     };
     let Some(slot) = view.slot else {
         return Step::answer(ClaimAnswer::Acquire(fresh(Acquiring::New, None)), NONE);
@@ -318,6 +328,7 @@ pub(crate) fn claim(
         reserve: adopt,
         adopt,
         retention_ms: view.extra.and_then(|e| e.retention_ms),
+        first_claimed_wall_ms: Some(view.extra.map_or(0, |e| e.first_claimed_wall_ms)),
     };
     Step::answer(ClaimAnswer::Acquire(plan), NONE)
 }
@@ -343,17 +354,28 @@ pub(crate) fn acquire(
         plan.old.is_none_or(|old| old < token),
         "a key's tokens only increase"
     );
+    let extra = Extra {
+        fingerprint: plan.fingerprint,
+        checkpoint: plan.checkpoint.clone(),
+        first_claimed_wall_ms: plan.first_claimed_wall_ms.unwrap_or(now.wall_ms),
+        attempt_started_wall_ms: now.wall_ms,
+        retention_ms: plan.retention_ms,
+        ..Extra::default()
+    };
     let write = rules.durable.then(|| Write::Put {
         token,
         old: plan.old,
         record: Record {
             retention_ms: plan.retention_ms,
-            ..inflight_record(
-                key,
-                plan.fingerprint,
-                plan.attempt,
-                plan.checkpoint.clone(),
-                now.wall_ms.saturating_add(duration_ms(lease)),
+            ..with_progress(
+                inflight_record(
+                    key,
+                    plan.fingerprint,
+                    plan.attempt,
+                    plan.checkpoint.clone(),
+                    now.wall_ms.saturating_add(duration_ms(lease)),
+                ),
+                &extra,
             )
         },
         publish: false,
@@ -363,12 +385,6 @@ pub(crate) fn acquire(
         now.mono_ns.saturating_add(duration_ns(lease)),
         plan.attempt,
     );
-    let extra = Extra {
-        fingerprint: plan.fingerprint,
-        checkpoint: plan.checkpoint.clone(),
-        retention_ms: plan.retention_ms,
-        ..Extra::default()
-    };
     let deltas = Deltas {
         completed: if plan.kind == Acquiring::Expired {
             -1
@@ -421,6 +437,33 @@ pub(crate) fn inflight_record(
     }
 }
 
+/// `record` with the key's instants and failure flag, as its side data holds them: the
+/// first claim (kept across takeovers and fails), and for an InFlight record the start of
+/// its attempt and whether its holder failed it.
+pub(crate) fn with_progress(mut record: Record, extra: &Extra) -> Record {
+    record.first_claimed_wall_ms = extra.first_claimed_wall_ms;
+    if let RecordState::InFlight {
+        attempt_started_wall_ms,
+        failed,
+        ..
+    } = &mut record.state
+    {
+        *attempt_started_wall_ms = extra.attempt_started_wall_ms;
+        *failed = extra.failed;
+    }
+    record
+}
+
+/// When the lease of the InFlight `slot` ends or ended, on the wall clock (ms): its
+/// deadline, or for a lease that was already over in the file it was loaded from, the end
+/// that file recorded.
+pub(crate) fn lease_end_wall_ms(slot: &Slot, extra: Option<&Extra>, now: Now) -> u64 {
+    match extra.map_or(0, |e| e.ended_wall_ms) {
+        ended if ended != 0 && slot.deadline_ns <= now.mono_ns => ended,
+        _ => wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // what a holder does
 // ---------------------------------------------------------------------------------------
@@ -440,17 +483,21 @@ pub(crate) enum Holder {
     Extend { lease: Duration },
     /// Save a checkpoint, which a takeover receives.
     Checkpoint(Checkpoint),
+    /// End the attempt and keep the key: the lease ends now (or stays ended), the record
+    /// stays InFlight and marked failed, with its checkpoint and fingerprint, so the next
+    /// claim takes it over at once.
+    Fail,
 }
 
 /// What a holder's call answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HolderAnswer {
-    /// The call changed the key (completed, released, extended, checkpointed).
+    /// The call changed the key (completed, released, failed, extended, checkpointed).
     Done,
     /// A repeated completion with the same token: the first stands. Settled once everything
     /// queued is, so an unpublished one waits for a flush.
     Repeat { published: bool },
-    /// `release` of a key the token does not hold as InFlight: `Ok(false)`.
+    /// `release` or `fail` of a key the token does not hold as InFlight: `Ok(false)`.
     NotHeld,
     /// The token does not hold the key.
     LeaseLost,
@@ -506,12 +553,29 @@ pub(crate) fn hold(
             }
         }
         Holder::Extend { lease } => {
-            let Some(mut slot) = held.filter(Slot::is_inflight) else {
+            // A failed attempt is over for good: nothing revives it (not even a keep-alive
+            // renewal racing the fail), and the next claim takes it over.
+            let failed = view.extra.is_some_and(|e| e.failed);
+            let Some(mut slot) = held.filter(|slot| slot.is_inflight() && !failed) else {
                 return lost();
             };
             slot.deadline_ns = now.mono_ns.saturating_add(duration_ns(lease));
-            let extra = view.extra.cloned().unwrap_or_default();
+            let mut extra = view.extra.cloned().unwrap_or_default();
+            // A live lease again: its end is its deadline.
+            extra.ended_wall_ms = 0;
             update(key, slot, extra, now, rules)
+        }
+        Holder::Fail => {
+            let Some(mut slot) = held.filter(Slot::is_inflight) else {
+                return Step::answer(HolderAnswer::NotHeld, NONE);
+            };
+            // A lease already over keeps its end, and so its reap instant.
+            slot.deadline_ns = slot.deadline_ns.min(now.mono_ns);
+            let mut extra = view.extra.cloned().unwrap_or_default();
+            extra.failed = true;
+            let mut step = update(key, slot, extra, now, rules);
+            step.deltas.failures = 1;
+            step
         }
         Holder::Checkpoint(checkpoint) => {
             let Some(slot) = held.filter(Slot::is_inflight) else {
@@ -545,6 +609,7 @@ fn complete(
         None => (duration_ms(rules.retention), duration_ns(rules.retention)),
     };
     let expires_wall_ms = now.wall_ms.saturating_add(keep_ms);
+    let first_claimed_wall_ms = view.extra.map_or(0, |e| e.first_claimed_wall_ms);
     let (scope, key) = crate::scope::split(key);
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
@@ -553,7 +618,7 @@ fn complete(
             key: Blob(Arc::from(key)),
             scope: Blob(Arc::from(scope)),
             fingerprint,
-            first_claimed_wall_ms: 0,
+            first_claimed_wall_ms,
             retention_ms: own_ms,
             state: RecordState::Completed {
                 attempt: slot.attempt,
@@ -570,6 +635,7 @@ fn complete(
         response: Some(response),
         expires_wall_ms,
         retention_ms: own_ms,
+        first_claimed_wall_ms,
         ..Extra::default()
     };
     let deltas = Deltas {
@@ -600,12 +666,15 @@ fn update(key: &[u8], slot: Slot, extra: Extra, now: Now, rules: &Rules) -> Step
         old: None,
         record: Record {
             retention_ms: extra.retention_ms,
-            ..inflight_record(
-                key,
-                extra.fingerprint,
-                slot.attempt,
-                extra.checkpoint.clone(),
-                wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+            ..with_progress(
+                inflight_record(
+                    key,
+                    extra.fingerprint,
+                    slot.attempt,
+                    extra.checkpoint.clone(),
+                    wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+                ),
+                &extra,
             )
         },
         publish: false,
@@ -648,6 +717,7 @@ pub(crate) fn import(
 ) -> Result<Step<Imported>, ImportError> {
     let gone = || Ok(Step::answer(Imported::Gone, NONE));
     let retention_ms = duration_ms(rules.retention);
+    let first_claimed_wall_ms = record.first_claimed_at.map_or(0, wall_ms);
     let ms_left = |until_ms: u64| {
         until_ms
             .saturating_sub(now.wall_ms)
@@ -664,24 +734,37 @@ pub(crate) fn import(
         RecordInfoState::InFlight {
             lease_deadline,
             checkpoint,
+            attempt_started_at,
+            failed,
         } => {
             let lease_deadline_ms = wall_ms(*lease_deadline);
             let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
+            let over = *failed || lease_deadline_ms <= now.wall_ms;
             let extra = Extra {
                 fingerprint: record.fingerprint,
                 checkpoint: checkpoint.clone(),
+                first_claimed_wall_ms,
+                attempt_started_wall_ms: attempt_started_at.map_or(0, wall_ms),
+                failed: *failed,
+                ended_wall_ms: if over { lease_deadline_ms } else { 0 },
                 ..Extra::default()
             };
             let state = RecordState::InFlight {
                 lease_deadline_wall_ms: lease_deadline_ms,
                 attempt: record.attempt,
-                attempt_started_wall_ms: 0,
-                failed: false,
+                attempt_started_wall_ms: extra.attempt_started_wall_ms,
+                failed: *failed,
                 checkpoint,
+            };
+            // A failed claim is taken over at once, whatever end its record gives.
+            let left_ns = if *failed {
+                0
+            } else {
+                ms_left(lease_deadline_ms)
             };
             let slot = Slot::inflight(
                 record.token,
-                now.mono_ns.saturating_add(ms_left(lease_deadline_ms)),
+                now.mono_ns.saturating_add(left_ns),
                 record.attempt,
             );
             let reap_ns = now
@@ -713,6 +796,7 @@ pub(crate) fn import(
                 // Until the writer publishes it, the fingerprint is checked from here.
                 Extra {
                     fingerprint: record.fingerprint,
+                    first_claimed_wall_ms,
                     ..Extra::default()
                 }
             } else {
@@ -720,6 +804,7 @@ pub(crate) fn import(
                     fingerprint: record.fingerprint,
                     response: Some(response.clone()),
                     expires_wall_ms: expires_at_ms,
+                    first_claimed_wall_ms,
                     ..Extra::default()
                 }
             };
@@ -765,7 +850,7 @@ pub(crate) fn import(
             key: Blob(Arc::from(record.key.as_slice())),
             scope: Blob(Arc::from(record.scope.as_slice())),
             fingerprint: record.fingerprint,
-            first_claimed_wall_ms: 0,
+            first_claimed_wall_ms,
             retention_ms: None,
             state,
         },
@@ -863,7 +948,8 @@ pub(crate) enum Recovered {
 
 /// Recovery classifies the record under `token`, decoded to its head, at `now`. An InFlight
 /// record with its own `retention_ms` is reaped that long after its lease end, and keeps it
-/// for its completion and takeover.
+/// for its completion and takeover. `first_claimed_wall_ms` is the record's first-claimed
+/// instant (0: unknown).
 pub(crate) fn recover(
     token: u64,
     head: HeadState,
@@ -871,6 +957,7 @@ pub(crate) fn recover(
     own_retention_ms: Option<u64>,
     now: Now,
     reopen: &Reopen,
+    first_claimed_wall_ms: u64,
 ) -> Recovered {
     let retention_ms = own_retention_ms.unwrap_or_else(|| duration_ms(reopen.retention));
     match head {
@@ -900,7 +987,8 @@ pub(crate) fn recover(
             lease_deadline_wall_ms,
             attempt,
             checkpoint,
-            ..
+            attempt_started_wall_ms,
+            failed,
         } => {
             // Reaped `retention` after the recorded lease end, as a completion expires
             // `retention` after it was made; taken from the file, not from the in-memory
@@ -912,8 +1000,10 @@ pub(crate) fn recover(
                 .mono_ns
                 .saturating_add(reap_left_ms.saturating_mul(1_000_000));
             let deadline_ns = match reopen.recovery {
-                // The owner is dead: redb locks the file to one process.
+                // The owner is dead: redb locks the file to one process. A failed claim's
+                // lease ended when its holder failed it.
                 Recovery::TakeOver => now.mono_ns,
+                _ if failed => now.mono_ns,
                 Recovery::HonourLeases => {
                     let left_ns = lease_deadline_wall_ms
                         .saturating_sub(now.wall_ms)
@@ -922,10 +1012,18 @@ pub(crate) fn recover(
                     now.mono_ns.saturating_add(left_ns)
                 }
             };
+            // A lease already over when the file recorded it keeps that end for reports (a
+            // failed one's record holds the instant of the fail, whatever the clock says).
+            let over =
+                deadline_ns <= now.mono_ns && (failed || lease_deadline_wall_ms <= now.wall_ms);
             let extra = Extra {
                 fingerprint,
                 checkpoint,
                 retention_ms: own_retention_ms,
+                first_claimed_wall_ms,
+                attempt_started_wall_ms,
+                failed,
+                ended_wall_ms: if over { lease_deadline_wall_ms } else { 0 },
                 ..Extra::default()
             };
             Recovered::Load {
@@ -999,6 +1097,8 @@ mod tests {
     const EXPIRES: u64 = 500 * MS;
     const LIVE: u64 = 50 * MS;
     const WALL0: u64 = 1_700_000_000_000;
+    /// When the fixtures' key was first claimed (wall ms), before its current attempt.
+    const FIRST_CLAIMED: u64 = WALL0 - 60_000;
     const RETENTION: Duration = Duration::from_secs(10);
     const LEASE: Duration = Duration::from_secs(30);
 
@@ -1055,6 +1155,8 @@ mod tests {
             lease_extra: Extra {
                 fingerprint: Some(7),
                 checkpoint: Some(Checkpoint::new(3, b"half")),
+                first_claimed_wall_ms: FIRST_CLAIMED,
+                attempt_started_wall_ms: WALL0,
                 ..Extra::default()
             },
             done: Slot::completed(5, EXPIRES, 2, true),
@@ -1120,26 +1222,43 @@ mod tests {
                 reserve: true,
                 adopt: false,
                 retention_ms: None,
+                first_claimed_wall_ms: None,
             }
         );
         let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
         let deadline = LIVE + LEASE.as_nanos() as u64;
+        // A new key: first claimed now, and its attempt started now.
+        let extra = Extra {
+            first_claimed_wall_ms: at(LIVE).wall_ms,
+            attempt_started_wall_ms: at(LIVE).wall_ms,
+            ..fp(9)
+        };
         assert_eq!(
             step.change,
             Change::Put {
                 slot: Slot::inflight(11, deadline, 1),
-                extra: fp(9),
+                extra: extra.clone(),
                 reap_ns: None,
                 adopt: false,
             }
         );
         let lease_end_wall = at(LIVE).wall_ms + 30_000;
+        let record = with_progress(
+            inflight_record(KEY, Some(9), 1, None, lease_end_wall),
+            &extra,
+        );
+        assert_eq!(record.first_claimed_wall_ms, at(LIVE).wall_ms);
+        assert!(matches!(
+            record.state,
+            RecordState::InFlight { attempt_started_wall_ms, failed: false, .. }
+                if attempt_started_wall_ms == at(LIVE).wall_ms
+        ));
         assert_eq!(
             step.write,
             Some(Write::Put {
                 token: 11,
                 old: None,
-                record: inflight_record(KEY, Some(9), 1, None, lease_end_wall),
+                record,
                 publish: false,
             })
         );
@@ -1226,19 +1345,24 @@ mod tests {
                 reserve: false,
                 adopt: false,
                 retention_ms: None,
+                first_claimed_wall_ms: Some(FIRST_CLAIMED),
             }
         );
         let step = acquire(plan, KEY, 20, LEASE, at(END), &durable());
         let cp = st.lease_extra.checkpoint.clone();
+        // The first claim is kept; the new attempt starts now.
+        let extra = Extra {
+            fingerprint: Some(7),
+            checkpoint: cp.clone(),
+            first_claimed_wall_ms: FIRST_CLAIMED,
+            attempt_started_wall_ms: at(END).wall_ms,
+            ..Extra::default()
+        };
         assert_eq!(
             step.change,
             Change::Put {
                 slot: Slot::inflight(20, END + LEASE.as_nanos() as u64, 3),
-                extra: Extra {
-                    fingerprint: Some(7),
-                    checkpoint: cp.clone(),
-                    ..Extra::default()
-                },
+                extra: extra.clone(),
                 reap_ns: None,
                 adopt: false,
             }
@@ -1248,7 +1372,10 @@ mod tests {
             Some(Write::Put {
                 token: 20,
                 old: Some(5),
-                record: inflight_record(KEY, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
+                record: with_progress(
+                    inflight_record(KEY, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
+                    &extra
+                ),
                 publish: false,
             })
         );
@@ -1436,10 +1563,12 @@ mod tests {
                 Change::Put {
                     // Unpublished until the writer commits it.
                     slot: Slot::completed(5, now + RETENTION.as_nanos() as u64, 2, false),
+                    // The first claim is kept with the completion (the record has it).
                     extra: Extra {
                         fingerprint: Some(7),
                         response: Some(Arc::from(&b"out"[..])),
                         expires_wall_ms,
+                        first_claimed_wall_ms: FIRST_CLAIMED,
                         ..Extra::default()
                     },
                     reap_ns: None,
@@ -1455,7 +1584,7 @@ mod tests {
                         key: Blob(Arc::from(KEY)),
                         scope: Blob::empty(),
                         fingerprint: Some(7),
-                        first_claimed_wall_ms: 0,
+                        first_claimed_wall_ms: FIRST_CLAIMED,
                         retention_ms: None,
                         state: RecordState::Completed {
                             attempt: 2,
@@ -1571,6 +1700,320 @@ mod tests {
         ));
     }
 
+    // --- fail ------------------------------------------------------------------------------
+
+    #[test]
+    fn fail_by_the_holder_ends_a_live_lease_now_and_keeps_the_record() {
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        let step = hold(v, KEY, 5, Holder::Fail, at(LIVE), &durable());
+        assert_eq!(step.answer, HolderAnswer::Done);
+        let extra = Extra {
+            failed: true,
+            ..st.lease_extra.clone()
+        };
+        // The lease ends now: the index reaps it `retention` after this instant.
+        assert_eq!(
+            step.change,
+            Change::Put {
+                slot: Slot::inflight(5, LIVE, 2),
+                extra: extra.clone(),
+                reap_ns: None,
+                adopt: false,
+            }
+        );
+        let record = with_progress(
+            inflight_record(
+                KEY,
+                Some(7),
+                2,
+                st.lease_extra.checkpoint.clone(),
+                at(LIVE).wall_ms,
+            ),
+            &extra,
+        );
+        assert!(matches!(
+            record.state,
+            RecordState::InFlight {
+                failed: true,
+                attempt_started_wall_ms: WALL0,
+                ..
+            }
+        ));
+        assert_eq!(record.first_claimed_wall_ms, FIRST_CLAIMED);
+        assert_eq!(
+            step.write,
+            Some(Write::Put {
+                token: 5,
+                old: None,
+                record,
+                publish: false,
+            })
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                failures: 1,
+                ..NONE
+            }
+        );
+        // A memory-only engine keeps the same state and writes nothing.
+        let step = hold(v, KEY, 5, Holder::Fail, at(LIVE), &memory());
+        assert_eq!(step.write, None);
+        assert!(matches!(step.change, Change::Put { slot, .. } if slot.deadline_ns == LIVE));
+    }
+
+    #[test]
+    fn fail_of_a_lease_already_over_keeps_its_end() {
+        let st = states();
+        for slot in [st.lease, st.lease.into_abandoned()] {
+            let v = view(slot, &st.lease_extra);
+            let step = hold(v, KEY, 5, Holder::Fail, at(END + 7 * MS), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done);
+            let Change::Put {
+                slot: after, extra, ..
+            } = &step.change
+            else {
+                panic!("expected Put, got {:?}", step.change);
+            };
+            assert_eq!(
+                after.deadline_ns, END,
+                "the end, and so the reap instant, stay"
+            );
+            assert!(extra.failed);
+            assert!(matches!(
+                &step.write,
+                Some(Write::Put { record, .. }) if matches!(
+                    record.state,
+                    RecordState::InFlight { lease_deadline_wall_ms, failed: true, .. }
+                        if lease_deadline_wall_ms == at(END).wall_ms
+                )
+            ));
+        }
+    }
+
+    #[test]
+    fn fail_without_the_key_is_not_held() {
+        let st = states();
+        let cells = [
+            ("Absent", View::ABSENT),
+            ("another token", view(st.lease, &st.lease_extra)),
+            ("Completed", view(st.done, &st.done_extra)),
+            (
+                "Completed, unpublished",
+                view(st.done_unpublished, &st.done_extra),
+            ),
+        ];
+        for (name, v) in cells {
+            let token = if name == "another token" { 4 } else { 5 };
+            let step = hold(v, KEY, token, Holder::Fail, at(LIVE), &durable());
+            assert_eq!(step.answer, HolderAnswer::NotHeld, "{name}");
+            assert_eq!(
+                (&step.change, &step.write),
+                (&Change::Keep, &None),
+                "{name}"
+            );
+            assert_eq!(step.deltas, NONE, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_failed_key_is_taken_over_at_once_with_its_progress_and_guarded_by_its_fingerprint() {
+        let st = states();
+        let failed = Extra {
+            failed: true,
+            ..st.lease_extra.clone()
+        };
+        let slot = Slot::inflight(5, LIVE, 2);
+        // At the instant of the fail, as any time after.
+        let plan = plan_of(claim(view(slot, &failed), ask(7), LIVE));
+        assert_eq!(
+            (plan.kind, plan.attempt, &plan.checkpoint, plan.fingerprint),
+            (Acquiring::Takeover, 3, &failed.checkpoint, Some(7))
+        );
+        assert_eq!(plan.first_claimed_wall_ms, Some(FIRST_CLAIMED));
+        let step = acquire(plan, KEY, 9, LEASE, at(LIVE + MS), &durable());
+        let Change::Put { extra, .. } = &step.change else {
+            panic!("expected Put");
+        };
+        // The new attempt is not failed; it started now; the first claim is kept.
+        assert!(!extra.failed);
+        assert_eq!(
+            (extra.first_claimed_wall_ms, extra.attempt_started_wall_ms),
+            (FIRST_CLAIMED, at(LIVE + MS).wall_ms)
+        );
+        // Another payload cannot take the key.
+        assert!(matches!(
+            claim(view(slot, &failed), ask(8), LIVE).answer,
+            ClaimAnswer::FingerprintMismatch
+        ));
+    }
+
+    #[test]
+    fn a_failed_lease_is_never_extended_but_its_holder_may_still_settle_it() {
+        let st = states();
+        let failed = Extra {
+            failed: true,
+            ..st.lease_extra.clone()
+        };
+        let v = view(Slot::inflight(5, LIVE, 2), &failed);
+        lost(&hold(
+            v,
+            KEY,
+            5,
+            Holder::Extend { lease: LEASE },
+            at(LIVE),
+            &durable(),
+        ));
+        // Until someone takes it over, the failed token may complete, checkpoint or release.
+        let cp = Holder::Checkpoint(Checkpoint::new(9, b"more"));
+        for op in [complete_op(), cp, Holder::Release] {
+            let step = hold(v, KEY, 5, op.clone(), at(LIVE + MS), &durable());
+            assert_eq!(step.answer, HolderAnswer::Done, "{op:?}");
+        }
+        // An extend of a lease loaded already over forgets the recorded end.
+        let loaded = Extra {
+            ended_wall_ms: WALL0,
+            ..st.lease_extra.clone()
+        };
+        let v = view(Slot::inflight(5, LIVE, 2), &loaded);
+        let step = hold(
+            v,
+            KEY,
+            5,
+            Holder::Extend { lease: LEASE },
+            at(LIVE),
+            &durable(),
+        );
+        let Change::Put { extra, .. } = &step.change else {
+            panic!("expected Put");
+        };
+        assert_eq!(extra.ended_wall_ms, 0);
+    }
+
+    #[test]
+    fn the_lease_end_reported_is_when_it_ended() {
+        let st = states();
+        // Live: its deadline; over: its deadline, in the past (not now).
+        assert_eq!(
+            lease_end_wall_ms(&st.lease, Some(&st.lease_extra), at(LIVE)),
+            at(END).wall_ms
+        );
+        assert_eq!(
+            lease_end_wall_ms(&st.lease, Some(&st.lease_extra), at(END + 500 * MS)),
+            at(END).wall_ms
+        );
+        // Loaded already over: the end the file recorded.
+        let loaded = Extra {
+            ended_wall_ms: WALL0 - 9_000,
+            ..st.lease_extra.clone()
+        };
+        let at_open = Slot::inflight(5, LIVE, 2);
+        assert_eq!(
+            lease_end_wall_ms(&at_open, Some(&loaded), at(LIVE + MS)),
+            WALL0 - 9_000
+        );
+    }
+
+    #[test]
+    fn recovery_takes_a_failed_record_over_at_once_in_both_modes() {
+        let now = at(LIVE);
+        let failed_at = now.wall_ms - 5;
+        let head = HeadState::InFlight {
+            lease_deadline_wall_ms: failed_at,
+            attempt: 2,
+            attempt_started_wall_ms: failed_at - 100,
+            failed: true,
+            checkpoint: Some(Checkpoint::new(1, b"c")),
+        };
+        for recovery in [Recovery::TakeOver, Recovery::HonourLeases] {
+            let Recovered::Load {
+                slot,
+                extra,
+                reap_ns,
+            } = recover(
+                5,
+                head.clone(),
+                Some(7),
+                None,
+                now,
+                &reopen(recovery),
+                FIRST_CLAIMED,
+            )
+            else {
+                panic!("expected Load");
+            };
+            assert_eq!(slot, Slot::inflight(5, LIVE, 2), "{recovery:?}");
+            assert_eq!(
+                reap_ns,
+                Some(LIVE + (RETENTION.as_millis() as u64 - 5) * MS),
+                "reaped at the fail plus retention"
+            );
+            assert!(extra.failed);
+            assert_eq!(
+                (
+                    extra.first_claimed_wall_ms,
+                    extra.attempt_started_wall_ms,
+                    extra.ended_wall_ms
+                ),
+                (FIRST_CLAIMED, failed_at - 100, failed_at)
+            );
+        }
+        // Even with a lease end the wall clock has not reached (a clock stepped back).
+        let ahead = HeadState::InFlight {
+            lease_deadline_wall_ms: now.wall_ms + 60_000,
+            attempt: 2,
+            attempt_started_wall_ms: 0,
+            failed: true,
+            checkpoint: None,
+        };
+        let Recovered::Load { slot, .. } = recover(
+            5,
+            ahead,
+            None,
+            None,
+            now,
+            &reopen(Recovery::HonourLeases),
+            0,
+        ) else {
+            panic!("expected Load");
+        };
+        assert_eq!(slot.deadline_ns, LIVE);
+    }
+
+    #[test]
+    fn import_of_a_failed_record_keeps_it_failed_and_over() {
+        let now = at(LIVE);
+        let info = RecordInfo {
+            state: RecordInfoState::InFlight {
+                lease_deadline: wall_time(now.wall_ms - 3),
+                checkpoint: Some((1, b"c".to_vec())),
+                attempt_started_at: Some(wall_time(now.wall_ms - 50)),
+                failed: true,
+            },
+            ..record(42, completed_info(0, b"", true))
+        };
+        let step = import(View::ABSENT, &info, 42, now, &durable()).expect("imported");
+        let Change::Put { slot, extra, .. } = &step.change else {
+            panic!("expected Put");
+        };
+        assert_eq!(slot.deadline_ns, LIVE, "taken over at once");
+        assert_eq!(
+            (
+                extra.failed,
+                extra.first_claimed_wall_ms,
+                extra.attempt_started_wall_ms,
+                extra.ended_wall_ms
+            ),
+            (true, FIRST_CLAIMED, now.wall_ms - 50, now.wall_ms - 3)
+        );
+        assert!(matches!(
+            &step.write,
+            Some(Write::Put { record, .. }) if record.first_claimed_wall_ms == FIRST_CLAIMED
+                && matches!(record.state, RecordState::InFlight { failed: true, .. })
+        ));
+    }
+
     // --- extend and checkpoint ---------------------------------------------------------------
 
     #[test]
@@ -1597,12 +2040,15 @@ mod tests {
                 Some(Write::Put {
                     token: 5,
                     old: None,
-                    record: inflight_record(
-                        KEY,
-                        Some(7),
-                        2,
-                        st.lease_extra.checkpoint.clone(),
-                        at(now).wall_ms + 5_000
+                    record: with_progress(
+                        inflight_record(
+                            KEY,
+                            Some(7),
+                            2,
+                            st.lease_extra.checkpoint.clone(),
+                            at(now).wall_ms + 5_000
+                        ),
+                        &st.lease_extra
                     ),
                     publish: false,
                 })
@@ -1622,15 +2068,14 @@ mod tests {
             let step = hold(v, KEY, 5, op.clone(), at(now), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             let extra = Extra {
-                fingerprint: Some(7),
                 checkpoint: Some(cp.clone()),
-                ..Extra::default()
+                ..st.lease_extra.clone()
             };
             assert_eq!(
                 step.change,
                 Change::Put {
                     slot: st.lease,
-                    extra,
+                    extra: extra.clone(),
                     reap_ns: None,
                     adopt: false,
                 }
@@ -1641,7 +2086,10 @@ mod tests {
                 Some(Write::Put {
                     token: 5,
                     old: None,
-                    record: inflight_record(KEY, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
+                    record: with_progress(
+                        inflight_record(KEY, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
+                        &extra
+                    ),
                     publish: false,
                 })
             );
@@ -1778,15 +2226,17 @@ mod tests {
         // Ended 2 s ago: past its own 1 s, not the engine's 10 s.
         let ended = now.wall_ms - 2_000;
         assert_eq!(
-            recover(5, head(ended), None, Some(1_000), now, &take),
+            recover(5, head(ended), None, Some(1_000), now, &take, 0),
             Recovered::Reaped
         );
         assert_eq!(
-            recover(5, head(ended), None, Some(3_000), now, &take),
+            recover(5, head(ended), None, Some(3_000), now, &take, 0),
             Recovered::Load {
                 slot: Slot::inflight(5, LIVE, 1),
                 extra: Extra {
                     retention_ms: Some(3_000),
+                    // Over when the file recorded it: its end is kept for reports.
+                    ended_wall_ms: ended,
                     ..Extra::default()
                 },
                 reap_ns: Some(LIVE + 1_000 * MS),
@@ -1814,11 +2264,11 @@ mod tests {
         };
         let r = reopen(Recovery::TakeOver);
         assert_eq!(
-            recover(5, head(now.wall_ms), None, None, now, &r),
+            recover(5, head(now.wall_ms), None, None, now, &r, 0),
             Recovered::Expired
         );
         assert_eq!(
-            recover(5, head(now.wall_ms + 3), Some(7), None, now, &r),
+            recover(5, head(now.wall_ms + 3), Some(7), None, now, &r, 0),
             Recovered::Load {
                 slot: Slot::completed(5, LIVE + 3 * MS, 2, true),
                 extra: Extra::default(),
@@ -1844,18 +2294,21 @@ mod tests {
         // Past its lease end plus retention: reaped.
         let ended = now.wall_ms - retention_ms;
         assert_eq!(
-            recover(5, head(ended), None, None, now, &take),
+            recover(5, head(ended), None, None, now, &take, FIRST_CLAIMED),
             Recovered::Reaped
         );
         // Before: loaded, reaped at its recorded end plus retention.
+        let end_wall = now.wall_ms - 1;
+        // The instants are loaded, and the lease's recorded end is kept for reports.
         let extra = Extra {
             fingerprint: Some(7),
             checkpoint: cp.clone(),
+            first_claimed_wall_ms: FIRST_CLAIMED,
+            ended_wall_ms: end_wall,
             ..Extra::default()
         };
-        let end_wall = now.wall_ms - 1;
         assert_eq!(
-            recover(5, head(end_wall), Some(7), None, now, &take),
+            recover(5, head(end_wall), Some(7), None, now, &take, FIRST_CLAIMED),
             Recovered::Load {
                 slot: Slot::inflight(5, LIVE, 2),
                 extra: extra.clone(),
@@ -1864,18 +2317,27 @@ mod tests {
         );
         // Honoured leases keep their time left, capped at one configured lease.
         let far = now.wall_ms + 3_600_000;
-        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), None, now, &honour)
+        let Recovered::Load { slot, .. } =
+            recover(5, head(far), Some(7), None, now, &honour, FIRST_CLAIMED)
         else {
             panic!("expected Load");
         };
         assert_eq!(slot, Slot::inflight(5, LIVE + LEASE.as_nanos() as u64, 2));
-        let Recovered::Load { slot, .. } =
-            recover(5, head(now.wall_ms + 2), Some(7), None, now, &honour)
-        else {
+        let Recovered::Load { slot, .. } = recover(
+            5,
+            head(now.wall_ms + 2),
+            Some(7),
+            None,
+            now,
+            &honour,
+            FIRST_CLAIMED,
+        ) else {
             panic!("expected Load");
         };
         assert_eq!(slot, Slot::inflight(5, LIVE + 2 * MS, 2));
-        let Recovered::Load { slot, .. } = recover(5, head(far), Some(7), None, now, &take) else {
+        let Recovered::Load { slot, .. } =
+            recover(5, head(far), Some(7), None, now, &take, FIRST_CLAIMED)
+        else {
             panic!("expected Load");
         };
         assert_eq!(slot.deadline_ns, LIVE, "taken over at once");
@@ -1930,6 +2392,7 @@ mod tests {
             fingerprint: Some(7),
             attempt: 2,
             state,
+            first_claimed_at: Some(wall_time(FIRST_CLAIMED)),
         }
     }
 
@@ -1952,19 +2415,22 @@ mod tests {
             Change::Put {
                 // Published by the writer once committed.
                 slot: Slot::completed(40, LIVE + 3 * MS, 2, false),
-                extra: fp(7),
+                extra: Extra {
+                    first_claimed_wall_ms: FIRST_CLAIMED,
+                    ..fp(7)
+                },
                 reap_ns: None,
                 adopt: false,
             }
         );
         assert!(matches!(
-            step.write,
+            &step.write,
             Some(Write::Put {
                 token: 40,
                 old: None,
                 publish: true,
-                ..
-            })
+                record,
+            }) if record.first_claimed_wall_ms == FIRST_CLAIMED
         ));
         assert_eq!(
             step.deltas,
@@ -1990,6 +2456,8 @@ mod tests {
             RecordInfoState::InFlight {
                 lease_deadline: wall_time(now.wall_ms + 2),
                 checkpoint: Some((1, b"c".to_vec())),
+                attempt_started_at: None,
+                failed: false,
             },
         );
         let step = import(View::ABSENT, &info, 42, now, &durable()).expect("imported");
@@ -2054,6 +2522,8 @@ mod tests {
             RecordInfoState::InFlight {
                 lease_deadline: wall_time(now.wall_ms - retention_ms),
                 checkpoint: None,
+                attempt_started_at: None,
+                failed: false,
             },
         ];
         for state in gone {

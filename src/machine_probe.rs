@@ -97,6 +97,10 @@ pub enum ProbeState {
         /// The key's own retention, ms: from its record when the probe is durable, else
         /// from its side data.
         retention_ms: Option<u64>,
+        /// Failed by its holder (its side data).
+        failed: bool,
+        /// The failure flag written in its record, when the probe is durable.
+        failed_on_file: Option<bool>,
     },
     /// A completion.
     Completed {
@@ -130,6 +134,9 @@ pub struct Probe {
     /// A deliberate bug for the checker's teeth: `complete` acts with the key's current
     /// token whatever token it is given, as if the fencing comparison were skipped.
     pub skip_token_check_on_complete: bool,
+    /// A deliberate bug for the checker's teeth: `fail` releases the key (forgetting its
+    /// progress) instead of keeping it.
+    pub release_on_fail: bool,
 }
 
 impl Probe {
@@ -149,6 +156,7 @@ impl Probe {
                 durable,
             },
             skip_token_check_on_complete: false,
+            release_on_fail: false,
         }
     }
 
@@ -348,6 +356,16 @@ impl Probe {
         }
     }
 
+    /// `fail(token)`: `Done` is `Ok(true)`, `NotHeld` is `Ok(false)`.
+    pub fn fail(&mut self, token: u64) -> ProbeHold {
+        let op = if self.release_on_fail {
+            Holder::Release
+        } else {
+            Holder::Fail
+        };
+        to_hold(self.hold(token, op))
+    }
+
     /// `extend(token, lease)`.
     pub fn extend(&mut self, token: u64, lease: Duration) -> ProbeHold {
         to_hold(self.hold(token, Holder::Extend { lease }))
@@ -412,12 +430,13 @@ impl Probe {
         let extra = self.extra.clone().unwrap_or_default();
         let record = self.records.get(&slot.token);
         if slot.is_inflight() {
-            let lease_wall_ms = match record.map(|r| &r.state) {
+            let (lease_wall_ms, failed_on_file) = match record.map(|r| &r.state) {
                 Some(RecordState::InFlight {
                     lease_deadline_wall_ms,
+                    failed,
                     ..
-                }) => Some(*lease_deadline_wall_ms),
-                _ => None,
+                }) => (Some(*lease_deadline_wall_ms), Some(*failed)),
+                _ => (None, None),
             };
             let retention_ms = match record {
                 Some(r) if self.rules.durable => r.retention_ms,
@@ -432,6 +451,8 @@ impl Probe {
                 checkpoint: extra.checkpoint.map(|c| (c.phase(), c.data().to_vec())),
                 lease_wall_ms,
                 retention_ms,
+                failed: extra.failed,
+                failed_on_file,
             };
         }
         // Until it is published the completion's data sits beside the slot; after, in the

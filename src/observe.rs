@@ -87,7 +87,7 @@ impl Counted {
 /// by the same amounts. Without the `metrics` feature it holds nothing and does nothing.
 pub(crate) struct EventMetrics {
     #[cfg(feature = "metrics")]
-    m: [metrics::Counter; 11],
+    m: [metrics::Counter; 12],
 }
 
 impl EventMetrics {
@@ -107,6 +107,7 @@ impl EventMetrics {
                 metrics::counter!(name::LEASES_LOST),
                 metrics::counter!(name::EXPIRATIONS),
                 metrics::counter!(name::ABANDONED_REAPED),
+                metrics::counter!(name::FAILURES),
             ],
         }
     }
@@ -134,6 +135,7 @@ impl EventMetrics {
                 d.leases_lost,
                 d.expirations,
                 d.abandoned_reaped,
+                d.failures,
             ];
             for (metric, n) in self.m[1..].iter().zip(counts) {
                 if n > 0 {
@@ -176,6 +178,8 @@ pub(crate) mod name {
     pub(crate) const COMMITS: &str = "idemkv_commits_total";
     pub(crate) const COMMITTED_OPS: &str = "idemkv_committed_ops_total";
     pub(crate) const ABANDONED_REAPED: &str = "idemkv_abandoned_reaped_total";
+    #[cfg(feature = "metrics")]
+    pub(crate) const FAILURES: &str = "idemkv_failures_total";
     #[cfg(feature = "metrics")]
     pub(crate) const EXPIRATIONS: &str = "idemkv_expirations_total";
     #[cfg(feature = "metrics")]
@@ -304,6 +308,34 @@ impl Observer {
                     Err(e) => Err(e),
                 };
                 span.in_scope(|| lease_event("release answered", token, outcome));
+                return answer;
+            }
+        }
+        #[cfg(not(feature = "tracing"))]
+        let _ = (key, token);
+        call()
+    }
+
+    /// Runs a holder's `fail` of `token` in its span and reports its answer.
+    #[inline]
+    pub(crate) fn fail(
+        &self,
+        key: &[u8],
+        token: u64,
+        call: impl FnOnce() -> Result<bool, LeaseError>,
+    ) -> Result<bool, LeaseError> {
+        #[cfg(feature = "tracing")]
+        {
+            let span = tracing::debug_span!(target: TARGET, "fail", key_hash = %Hex(key_hash(key)), key = tracing::field::Empty, token);
+            if !span.is_disabled() {
+                self.record_key(&span, key);
+                let answer = span.in_scope(call);
+                let outcome = match &answer {
+                    Ok(true) => Ok("failed"),
+                    Ok(false) => Ok("not_held"),
+                    Err(e) => Err(e),
+                };
+                span.in_scope(|| lease_event("fail answered", token, outcome));
                 return answer;
             }
         }
@@ -453,6 +485,10 @@ fn describe() {
         (name::COMMITS, "Group commits made by the writer"),
         (name::COMMITTED_OPS, "Records written by group commits"),
         (name::ABANDONED_REAPED, "Abandoned claims reaped"),
+        (
+            name::FAILURES,
+            "Attempts failed by their holder, the record kept",
+        ),
         (
             name::EXPIRATIONS,
             "Completed keys reclaimed after retention",

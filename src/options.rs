@@ -76,6 +76,30 @@ pub struct ClaimOptions {
     pub(crate) wait: Option<Duration>,
     pub(crate) keep_alive: Option<Duration>,
     pub(crate) retention: Option<Duration>,
+    pub(crate) on_handler_error: OnHandlerError,
+}
+
+/// What [`crate::Engine::run`], [`crate::Engine::run_typed`] and
+/// [`crate::Engine::run_async`] do with the claim when the handler returns an error (set
+/// with [`ClaimOptions::on_handler_error`]). Either way the error is returned as
+/// `RunError::Handler`, and a handler that panics (or a `run_async` future dropped while
+/// its handler runs) drops its lease, which releases it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnHandlerError {
+    /// Forget the attempt ([`crate::Lease::release`]): the key becomes Absent, its
+    /// checkpoint and fingerprint are dropped, and the next claim starts afresh (attempt 1),
+    /// with any payload. For errors that mean nothing was done.
+    #[default]
+    Release,
+    /// End the attempt and keep its progress ([`crate::Lease::fail`]): the record stays
+    /// InFlight, marked failed, with its checkpoint and fingerprint; the next claim (or a
+    /// waiting caller) takes it over at once with attempt + 1 and the checkpoint, and a
+    /// claim with another payload is refused with `FingerprintMismatch`. Nobody retrying,
+    /// the claim is reaped `retention` after the failure, like an abandoned one; a
+    /// completer finds it with [`crate::Admin::abandoned`]. For internal errors after which
+    /// a retry should resume.
+    Fail,
 }
 
 impl ClaimOptions {
@@ -179,6 +203,34 @@ impl ClaimOptions {
     /// lease later.
     pub fn keep_alive(mut self, max: Duration) -> Self {
         self.keep_alive = Some(max);
+        self
+    }
+
+    /// What `run`, `run_typed` and `run_async` do with the claim when the handler returns
+    /// an error: release it (the default: forget the attempt) or fail it (keep its
+    /// checkpoint and fingerprint for the next attempt). See [`OnHandlerError`].
+    ///
+    /// ```
+    /// use idemkv::{ClaimOptions, Durability, Engine, OnHandlerError, RunError};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let opts = ClaimOptions::default().on_handler_error(OnHandlerError::Fail);
+    /// let first = engine.run(b"job", &opts, |lease| {
+    ///     engine
+    ///         .checkpoint(lease.key(), lease.token(), 1, b"step 1 done")
+    ///         .map_err(|e| e.to_string())?;
+    ///     Err::<Vec<u8>, _>("step 2 failed".to_string())
+    /// });
+    /// assert!(matches!(first, Err(RunError::Handler(_))));
+    /// let second = engine.run(b"job", &opts, |lease| {
+    ///     assert_eq!(lease.attempt(), 2);
+    ///     assert_eq!(lease.checkpoint().map(|c| c.data()), Some(&b"step 1 done"[..]));
+    ///     Ok::<_, String>(b"done".to_vec())
+    /// })?;
+    /// assert!(!second.replayed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_handler_error(mut self, choice: OnHandlerError) -> Self {
+        self.on_handler_error = choice;
         self
     }
 

@@ -1,12 +1,13 @@
 //! Reading an idemkv file without changing it: what the operator commands (`idemkv stats`,
 //! `inspect`, `get`, `verify`, `export`) use, and what a backup tool can use.
 
-use crate::admin::{RecordInfo, RecordInfoState};
+use crate::admin::{known_time, AbandonedClaim, AbandonedQuery, RecordInfo, RecordInfoState};
 use crate::clock::wall_time;
 use crate::codec::{self, RecordState};
 use crate::error::OpenError;
 use crate::storage::ReadOnlyStore;
 use std::path::Path;
+use std::time::SystemTime;
 
 /// A read-only view of an idemkv file. Nothing it does changes a byte of the file or its
 /// modification time: it never recovers, sweeps, takes over or reserves tokens.
@@ -112,6 +113,24 @@ impl FileReader {
         })??;
         Ok(newest)
     }
+
+    /// The abandoned claims of the file at `now`, as [`crate::Admin::abandoned`] lists an
+    /// engine's: InFlight records whose persisted lease end is at least `query.idle_for`
+    /// before `now`, first claimed at least `query.older_than` before it, at most
+    /// `query.limit`, the earliest first claimed first. As persisted: a lease a running
+    /// engine extended but has not committed yet shows its last committed end.
+    pub fn abandoned(
+        &self,
+        query: &AbandonedQuery,
+        now: SystemTime,
+    ) -> Result<Vec<AbandonedClaim>, OpenError> {
+        let now_ms = crate::clock::wall_ms(now);
+        let records = self.snapshot()?.records;
+        let found = records
+            .iter()
+            .filter_map(|r| AbandonedClaim::from_record(r, query, now_ms));
+        Ok(crate::admin::first_in_order(found, query.limit))
+    }
 }
 
 fn corrupted(token: u64, e: impl std::fmt::Display) -> OpenError {
@@ -128,12 +147,15 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
             lease_deadline_wall_ms,
             attempt,
             checkpoint,
-            ..
+            attempt_started_wall_ms,
+            failed,
         } => (
             attempt,
             RecordInfoState::InFlight {
                 lease_deadline: wall_time(lease_deadline_wall_ms),
                 checkpoint: checkpoint.map(|c| (c.phase(), c.data().to_vec())),
+                attempt_started_at: known_time(attempt_started_wall_ms),
+                failed,
             },
         ),
         RecordState::Completed {
@@ -157,5 +179,6 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
         fingerprint: record.fingerprint,
         attempt,
         state,
+        first_claimed_at: known_time(record.first_claimed_wall_ms),
     })
 }

@@ -172,6 +172,7 @@ fn scan_range(
             head.retention_ms,
             now,
             &reopen,
+            head.first_claimed_wall_ms,
         ) {
             Recovered::Expired => {
                 local.stale.push(token);

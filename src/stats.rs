@@ -47,6 +47,9 @@ pub struct Stats {
     pub completions: u64,
     /// Leases released.
     pub releases: u64,
+    /// Attempts failed by their holder ([`crate::Lease::fail`]): the lease ended, the record
+    /// kept for the next claim to take over.
+    pub failures: u64,
     /// Lease operations refused with LeaseLost.
     pub leases_lost: u64,
     /// Times a caller slept waiting for another holder.
@@ -146,6 +149,7 @@ pub(crate) struct Events {
     pub(crate) leases_lost: u64,
     pub(crate) expirations: u64,
     pub(crate) abandoned_reaped: u64,
+    pub(crate) failures: u64,
 }
 
 impl Events {
@@ -161,6 +165,7 @@ impl Events {
         self.leases_lost += d.leases_lost;
         self.expirations += d.expirations;
         self.abandoned_reaped += d.abandoned_reaped;
+        self.failures += d.failures;
     }
 
     /// Adds another stripe's (or a batch's) events.
@@ -176,6 +181,7 @@ impl Events {
         self.leases_lost += o.leases_lost;
         self.expirations += o.expirations;
         self.abandoned_reaped += o.abandoned_reaped;
+        self.failures += o.failures;
     }
 }
 

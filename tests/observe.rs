@@ -407,6 +407,8 @@ fn mixed_workload(engine: &Engine, clock: &MockClock) {
         engine.claim(b"a", &mismatch),
         Err(ClaimError::FingerprintMismatch)
     ));
+    // A failed attempt, taken over at once, then released.
+    assert!(acquire(b"b").fail().unwrap());
     assert!(acquire(b"b").release().unwrap());
     // The key budget is 4: a, c, d, e fill it; f is refused.
     acquire(b"c").complete(b"C").unwrap();
@@ -428,6 +430,25 @@ fn mixed_workload(engine: &Engine, clock: &MockClock) {
     engine.flush().unwrap();
 }
 
+#[test]
+fn fail_has_a_span_and_an_answer_event() {
+    let clock = MockClock::new();
+    let engine = memory_engine(&clock, false);
+    let lease = match engine.claim(KEY, &ClaimOptions::default()).unwrap() {
+        Claim::Acquired(l) => l,
+        _ => panic!("a new key is acquired"),
+    };
+    let token = lease.token();
+    let seen = traced(|| assert_eq!(lease.fail(), Ok(true)));
+    let e = answer(&seen, "fail");
+    assert_eq!(e.level, Level::DEBUG);
+    assert_eq!(e.field("outcome"), Some("failed"));
+    assert_eq!(e.field("token"), Some(token.to_string().as_str()));
+    assert_eq!(e.span_field("key_hash"), Some(hash_hex(KEY).as_str()));
+    let seen = traced(|| assert_eq!(engine.fail(KEY, token + 1), Ok(false)));
+    assert_eq!(answer(&seen, "fail").field("outcome"), Some("not_held"));
+}
+
 fn assert_mirrors_stats(m: &Metrics, s: &Stats) {
     assert_eq!(m.counter("idemkv_claim_calls_total"), s.claims);
     assert_eq!(m.claims("acquired"), s.acquired);
@@ -437,6 +458,7 @@ fn assert_mirrors_stats(m: &Metrics, s: &Stats) {
     assert_eq!(m.claims("fingerprint_mismatch"), s.fingerprint_mismatches);
     assert_eq!(m.counter("idemkv_completions_total"), s.completions);
     assert_eq!(m.counter("idemkv_releases_total"), s.releases);
+    assert_eq!(m.counter("idemkv_failures_total"), s.failures);
     assert_eq!(m.counter("idemkv_leases_lost_total"), s.leases_lost);
     assert_eq!(m.counter("idemkv_expirations_total"), s.expirations);
     assert_eq!(
@@ -461,8 +483,9 @@ fn assert_mirrors_stats(m: &Metrics, s: &Stats) {
 /// The workload's expected counts, so that a mirror of a counter stuck at zero on both
 /// sides cannot pass.
 fn assert_workload_counted(s: &Stats) {
-    assert_eq!(s.acquired, 6);
-    assert_eq!(s.takeovers, 1);
+    assert_eq!(s.acquired, 7);
+    assert_eq!(s.takeovers, 2);
+    assert_eq!(s.failures, 1);
     assert_eq!(s.replays, 3);
     assert_eq!(s.in_progress, 2);
     assert_eq!(s.fingerprint_mismatches, 2);

@@ -267,6 +267,10 @@ pub struct Model {
     pub now_ns: u64,
     /// Wall clock, ms.
     pub wall_ms: u64,
+    /// Per key, the claim (its token) whose lease was already over in the file a restart
+    /// loaded it from, and when the file says it ended (wall ms): what `records` reports as
+    /// its lease end until the claim is extended or replaced.
+    pub ended: BTreeMap<Vec<u8>, (u64, u64)>,
 }
 
 impl Model {
@@ -279,6 +283,7 @@ impl Model {
             max_token: 0,
             now_ns: ns(clock.monotonic()),
             wall_ms: crate::wall_ms(clock.wall()),
+            ended: BTreeMap::new(),
         }
     }
 
@@ -343,6 +348,9 @@ impl Model {
             self.max_token = *token;
             self.tokens.entry(key.to_vec()).or_default().push(*token);
         }
+        if let (KeyOp::Extend { .. }, KeyRet::Done) = (op, ret) {
+            self.ended.remove(key);
+        }
         self.keys.insert(key.to_vec(), next);
         Ok(())
     }
@@ -384,7 +392,8 @@ impl Model {
         }
         let (now, wall) = (self.now_ns, self.wall_ms);
         let retention_ms = self.cfg.retention_ns / 1_000_000;
-        for k in self.keys.values_mut() {
+        self.ended.clear();
+        for (key, k) in self.keys.iter_mut() {
             let absent = matches!(k.visible(), KeyModel::Absent);
             match &mut k.state {
                 _ if absent => k.state = KeyModel::Absent,
@@ -399,12 +408,16 @@ impl Model {
                     k.state = KeyModel::Absent;
                 }
                 KeyModel::InFlight {
+                    token,
                     deadline_ns,
                     reap_ns,
                     lease_wall_ms,
                     retention_ms: own,
                     ..
                 } => {
+                    if *lease_wall_ms <= wall {
+                        self.ended.insert(key.clone(), (*token, *lease_wall_ms));
+                    }
                     *deadline_ns = now;
                     let left_ms = lease_wall_ms.saturating_add(own.unwrap_or(retention_ms)) - wall;
                     *reap_ns = now.saturating_add(left_ms.saturating_mul(1_000_000));
@@ -429,19 +442,34 @@ impl Model {
                         fingerprint,
                         attempt,
                         checkpoint,
+                        failed,
                         ..
                     },
                     RecordInfoState::InFlight {
                         lease_deadline,
                         checkpoint: c,
+                        failed: f,
+                        ..
                     },
                 ) => {
-                    let left_ms = deadline_ns.saturating_sub(self.now_ns) / 1_000_000;
+                    // A lease that is over is reported with the instant it ended.
+                    let lease_end_ms = match self.ended.get(&r.key) {
+                        Some((t, ended_ms)) if t == token && *deadline_ns <= self.now_ns => {
+                            *ended_ms
+                        }
+                        _ if *deadline_ns >= self.now_ns => self
+                            .wall_ms
+                            .saturating_add((deadline_ns - self.now_ns) / 1_000_000),
+                        _ => self
+                            .wall_ms
+                            .saturating_sub((self.now_ns - deadline_ns) / 1_000_000),
+                    };
                     r.token == *token
                         && r.fingerprint == fingerprint.map(u128::from)
                         && r.attempt == *attempt
                         && c == checkpoint
-                        && crate::wall_ms(*lease_deadline) == self.wall_ms.saturating_add(left_ms)
+                        && f == failed
+                        && crate::wall_ms(*lease_deadline) == lease_end_ms
                 }
                 (
                     KeyModel::Completed {

@@ -77,6 +77,8 @@ pub enum KeyModel {
         /// The key's own retention, ms (`None`: the engine's): its claim's, or the one a
         /// takeover kept. It sets `reap_ns` and is its completion's unless that chooses one.
         retention_ms: Option<u64>,
+        /// Its holder failed the attempt (`fail`): the lease ended, the record kept.
+        failed: bool,
     },
     /// Completed.
     Completed {
@@ -135,6 +137,11 @@ pub enum KeyOp {
     },
     /// `release(token)`.
     Release {
+        /// Token given.
+        token: u64,
+    },
+    /// `fail(token)`: end the attempt, keep the record.
+    Fail {
         /// Token given.
         token: u64,
     },
@@ -202,6 +209,8 @@ pub enum KeyRet {
     Done,
     /// `release` returned `Ok(b)`.
     Released(bool),
+    /// `fail` returned `Ok(b)`.
+    Failed(bool),
     /// `get` returned this.
     Got(Option<GotState>),
     /// A claim or get failed.
@@ -223,6 +232,8 @@ pub enum GotState {
         lease_remaining_ns: u64,
         /// Checkpoint.
         checkpoint: Option<(u32, Vec<u8>)>,
+        /// Failed by its holder.
+        failed: bool,
     },
     /// Completion not yet durable.
     Completing {
@@ -251,11 +262,14 @@ impl GotState {
                 attempt,
                 lease_remaining,
                 checkpoint,
+                failed,
+                ..
             } => GotState::InFlight {
                 token: *token,
                 attempt: *attempt,
                 lease_remaining_ns: ns(*lease_remaining),
                 checkpoint: checkpoint.as_ref().map(|c| (c.phase(), c.data().to_vec())),
+                failed: *failed,
             },
             KeyState::Completing { token } => GotState::Completing { token: *token },
             KeyState::Completed {
@@ -452,6 +466,33 @@ impl KeySpec {
                     _ => bad(op, ret, self, "Ok(false)"),
                 },
             },
+            KeyOp::Fail { token } => match &mut next.state {
+                KeyModel::InFlight {
+                    token: t,
+                    deadline_ns,
+                    reap_ns,
+                    lease_wall_ms,
+                    failed,
+                    ..
+                } if t == token => match ret {
+                    KeyRet::Failed(true) => {
+                        // The lease ends now; one already over keeps its end and reap instant.
+                        if now < *deadline_ns {
+                            *deadline_ns = now;
+                            *reap_ns = now.saturating_add(cfg.retention_ns);
+                        }
+                        *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
+                        *failed = true;
+                        Ok(next)
+                    }
+                    _ => bad(op, ret, self, "Ok(true)"),
+                },
+                _ => match ret {
+                    KeyRet::Failed(false) => Ok(next),
+                    _ => bad(op, ret, self, "Ok(false)"),
+                },
+            },
+            // A failed attempt is never extended: its token gets `LeaseLost`.
             KeyOp::Extend { token, lease_ns } => match &mut next.state {
                 KeyModel::InFlight {
                     token: t,
@@ -459,6 +500,7 @@ impl KeySpec {
                     reap_ns,
                     lease_wall_ms,
                     retention_ms,
+                    failed: false,
                     ..
                 } if t == token => {
                     if *ret != KeyRet::Done {
@@ -551,6 +593,7 @@ impl KeySpec {
                         reap_ns: deadline_ns.saturating_add(keep_ns(cfg, retention_ms)),
                         lease_wall_ms: self.wall_ms.saturating_add(lease / 1_000_000),
                         retention_ms,
+                        failed: false,
                     };
                     Ok(())
                 }
@@ -675,6 +718,7 @@ impl KeySpec {
                     deadline_ns,
                     attempt,
                     checkpoint,
+                    failed,
                     ..
                 },
                 Some(GotState::InFlight {
@@ -682,12 +726,14 @@ impl KeySpec {
                     attempt: a,
                     lease_remaining_ns,
                     checkpoint: c,
+                    failed: f,
                 }),
             ) => {
                 t == token
                     && a == attempt
                     && c == checkpoint
                     && *lease_remaining_ns == deadline_ns.saturating_sub(self.now_ns)
+                    && f == failed
             }
             (
                 KeyModel::Completed {
@@ -771,6 +817,14 @@ pub fn unit_ret(r: Result<(), LeaseError>) -> KeyRet {
 pub fn release_ret(r: Result<bool, LeaseError>) -> KeyRet {
     match r {
         Ok(b) => KeyRet::Released(b),
+        Err(e) => KeyRet::LeaseErr(e),
+    }
+}
+
+/// Converts `fail`'s result.
+pub fn fail_ret(r: Result<bool, LeaseError>) -> KeyRet {
+    match r {
+        Ok(b) => KeyRet::Failed(b),
         Err(e) => KeyRet::LeaseErr(e),
     }
 }

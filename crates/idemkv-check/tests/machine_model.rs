@@ -3,7 +3,7 @@
 //! operation sequences from fixed seeds, and after every operation the spec must accept the
 //! machine's answer and both must hold the same state (token, attempt, fingerprint,
 //! checkpoint, response, lease end, reap instant, retention end, the key's own retention,
-//! published), with claims and completions that choose their own retention. The teeth: a
+//! published, failed), with claims and completions that choose their own retention. The teeth: a
 //! probe whose `complete` skips the token comparison must be caught. Built only with
 //! `--cfg idemkv_sabotage` (docs/testing.md):
 //! `RUSTFLAGS="--cfg idemkv_sabotage" CARGO_TARGET_DIR=target/sabotage
@@ -33,6 +33,7 @@ struct Seen {
     completes: u64,
     lost: u64,
     released: u64,
+    failed: u64,
     extended: u64,
     checkpointed: u64,
     expired: u64,
@@ -97,6 +98,14 @@ fn release_ret(h: ProbeHold) -> KeyRet {
     }
 }
 
+fn fail_ret(h: ProbeHold) -> KeyRet {
+    match h {
+        ProbeHold::Done => KeyRet::Failed(true),
+        ProbeHold::NotHeld => KeyRet::Failed(false),
+        ProbeHold::LeaseLost => KeyRet::LeaseErr(LeaseError::LeaseLost),
+    }
+}
+
 /// The spec's state in the probe's terms (`durable`: the probe reports the record's lease
 /// end).
 fn expected(spec: &KeyModel, durable: bool) -> ProbeState {
@@ -111,6 +120,7 @@ fn expected(spec: &KeyModel, durable: bool) -> ProbeState {
             reap_ns,
             lease_wall_ms,
             retention_ms,
+            failed,
         } => ProbeState::InFlight {
             token,
             attempt,
@@ -120,6 +130,8 @@ fn expected(spec: &KeyModel, durable: bool) -> ProbeState {
             checkpoint,
             lease_wall_ms: durable.then_some(lease_wall_ms),
             retention_ms,
+            failed,
+            failed_on_file: durable.then_some(failed),
         },
         KeyModel::Completed {
             token,
@@ -246,7 +258,7 @@ impl Run {
     /// One random operation on both sides; `Err` with the history's last step when they
     /// disagree.
     fn step(&mut self) -> Result<(), String> {
-        let (op, ret) = match self.rng.u8(0..20) {
+        let (op, ret) = match self.rng.u8(0..22) {
             0..=5 => {
                 let fingerprint = match self.rng.u8(0..3) {
                     0 => None,
@@ -317,6 +329,12 @@ impl Run {
                 (KeyOp::Advance { ns }, KeyRet::Done)
             }
             17..=18 => return self.sweep(),
+            20..=21 => {
+                let token = self.token();
+                let ret = fail_ret(self.probe.fail(token));
+                self.seen.failed += u64::from(ret == KeyRet::Failed(true));
+                (KeyOp::Fail { token }, ret)
+            }
             _ => {
                 let Some(token) = self.probe.publish() else {
                     return self.compare("publish (nothing to publish)");
@@ -377,10 +395,21 @@ impl Run {
     }
 }
 
+/// A deliberate bug of the probe, for the teeth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bug {
+    None,
+    /// `complete` skips the token comparison.
+    NoFence,
+    /// `fail` releases the key instead of keeping it.
+    FailReleases,
+}
+
 /// Runs `STEPS` random operations from `seed`; the first disagreement, if any.
-fn run(seed: u64, durable: bool, bug: bool, seen: &mut Seen) -> Result<(), String> {
+fn run(seed: u64, durable: bool, bug: Bug, seen: &mut Seen) -> Result<(), String> {
     let mut r = Run::new(seed, durable);
-    r.probe.skip_token_check_on_complete = bug;
+    r.probe.skip_token_check_on_complete = bug == Bug::NoFence;
+    r.probe.release_on_fail = bug == Bug::FailReleases;
     for i in 0..STEPS {
         r.step()
             .map_err(|e| format!("seed {seed}, durable {durable}, step {i}: {e}"))?;
@@ -394,6 +423,7 @@ fn run(seed: u64, durable: bool, bug: bool, seen: &mut Seen) -> Result<(), Strin
     seen.completes += s.completes;
     seen.lost += s.lost;
     seen.released += s.released;
+    seen.failed += s.failed;
     seen.extended += s.extended;
     seen.checkpointed += s.checkpointed;
     seen.expired += s.expired;
@@ -405,7 +435,7 @@ fn run(seed: u64, durable: bool, bug: bool, seen: &mut Seen) -> Result<(), Strin
 fn agrees(durable: bool) {
     let mut seen = Seen::default();
     for seed in 0..6 {
-        if let Err(e) = run(seed, durable, false, &mut seen) {
+        if let Err(e) = run(seed, durable, Bug::None, &mut seen) {
             panic!("{e}");
         }
     }
@@ -418,6 +448,7 @@ fn agrees(durable: bool) {
         ("completes", seen.completes),
         ("leases lost", seen.lost),
         ("releases", seen.released),
+        ("fails", seen.failed),
         ("extends", seen.extended),
         ("checkpoints", seen.checkpointed),
         ("expirations", seen.expired),
@@ -448,7 +479,7 @@ fn a_complete_that_skips_the_token_comparison_is_caught() {
     for durable in [false, true] {
         let mut seen = Seen::default();
         let caught = (0..6)
-            .filter_map(|seed| run(seed, durable, true, &mut seen).err())
+            .filter_map(|seed| run(seed, durable, Bug::NoFence, &mut seen).err())
             .collect::<Vec<_>>();
         assert_eq!(
             caught.len(),
@@ -457,6 +488,25 @@ fn a_complete_that_skips_the_token_comparison_is_caught() {
         );
         assert!(
             caught.iter().all(|e| e.contains("Complete")),
+            "caught for another reason: {caught:?}"
+        );
+    }
+}
+
+#[test]
+fn a_fail_that_forgets_the_progress_is_caught() {
+    for durable in [false, true] {
+        let mut seen = Seen::default();
+        let caught = (0..6)
+            .filter_map(|seed| run(seed, durable, Bug::FailReleases, &mut seen).err())
+            .collect::<Vec<_>>();
+        assert_eq!(
+            caught.len(),
+            6,
+            "durable {durable}: a fail that releases went unnoticed in some seeds"
+        );
+        assert!(
+            caught.iter().all(|e| e.contains("Fail")),
             "caught for another reason: {caught:?}"
         );
     }

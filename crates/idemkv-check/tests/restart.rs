@@ -302,6 +302,7 @@ fn inflight_records_are_taken_over_at_once_after_reopen() {
     each_file_mode(|site| {
         let engine = site.open();
         let fp = ClaimOptions::default().payload(b"body");
+        let t0 = site.clock.wall();
         let mut with_cp = acquired(engine.claim(b"with-cp", &fp).unwrap());
         with_cp.set_checkpoint(2, b"step two").unwrap();
         let plain = acquired(claim(&engine, b"plain"));
@@ -344,6 +345,9 @@ fn inflight_records_are_taken_over_at_once_after_reopen() {
                 attempt: 1,
                 lease_remaining: Duration::ZERO,
                 checkpoint: Some(Checkpoint::new(2, b"step two")),
+                first_claimed_at: Some(t0),
+                attempt_started_at: Some(t0),
+                failed: false,
             })
         );
         let max_old = *old_tokens.iter().max().unwrap();

@@ -7,7 +7,8 @@
 //!   committed corpus replayed.
 //! - The claim critical section of the real engine (`Durability::None`, every lock and atomic
 //!   a shuttle one): one winner among racing claims, and waiters that all get the winner's
-//!   bytes, under PCT and random schedules.
+//!   bytes, under PCT and random schedules; a failed attempt (the fail choice of `run`) is
+//!   taken over by one waiter, woken by the fail, which resumes from its checkpoint.
 //! - The real writer (`src/writer.rs`: gather, commit, publish, acknowledge) of an engine on
 //!   a simulated disk, its thread, queue and acknowledgements all shuttle's (`src/sync.rs`),
 //!   redb running on memory: three `run` callers and a `get` caller of one key, under PCT
@@ -20,7 +21,7 @@
 
 use arbtest::arbitrary::Unstructured;
 use idemkv::sabotage::CommittedRecord;
-use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState};
+use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, OnHandlerError, RunError};
 use idemkv_check::backend::FaultyBackend;
 use idemkv_check::concurrent::{check_under_shuttle, Scenario};
 use idemkv_check::{sabotage, Bug};
@@ -209,6 +210,95 @@ fn claim_or_wait_losers_get_the_winners_bytes_pct() {
 #[test]
 fn claim_or_wait_losers_get_the_winners_bytes_random() {
     shuttle::check_random(|| waiters_get_the_winners_bytes(false), 1_000);
+}
+
+/// What a `run` caller got: the bytes and whether they were replayed, or the error.
+type RunAnswer = Result<(Vec<u8>, bool), RunError<String>>;
+
+/// A failed attempt against racing callers: three `run` callers of one key with the fail
+/// choice; the first attempt saves a checkpoint and fails. On every schedule the handler runs
+/// twice (the failed attempt, then a takeover that resumes from its checkpoint), every
+/// other caller gets the second attempt's bytes, and nobody waits forever: shuttle has no
+/// time, so a waiter can only take the key over because the fail woke it.
+fn a_failed_attempt_is_resumed_by_a_waiter(asynk: bool) {
+    let engine = engine();
+    let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
+    let handles: Vec<_> = (0..3u8)
+        .map(|_| {
+            let (engine, runs) = (engine.clone(), runs.clone());
+            shuttle::thread::spawn(move || {
+                let opts = ClaimOptions::default()
+                    .wait(Duration::from_secs(3600))
+                    .on_handler_error(OnHandlerError::Fail);
+                let step = |attempt: u32, checkpoint: Option<Vec<u8>>| {
+                    runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if attempt == 1 {
+                        return Err("the first attempt fails".to_string());
+                    }
+                    assert_eq!(checkpoint.as_deref(), Some(&b"step 1"[..]));
+                    Ok(format!("done by attempt {attempt}").into_bytes())
+                };
+                if asynk {
+                    shuttle::future::block_on(engine.run_async(b"k", &opts, |lease| async move {
+                        if lease.attempt() == 1 {
+                            lease
+                                .set_checkpoint(1, b"step 1")
+                                .await
+                                .map_err(|e| e.to_string())?;
+                        }
+                        step(
+                            lease.attempt(),
+                            lease.checkpoint().map(|c| c.data().to_vec()),
+                        )
+                    }))
+                } else {
+                    engine.run(b"k", &opts, |lease| {
+                        if lease.attempt() == 1 {
+                            engine
+                                .checkpoint(lease.key(), lease.token(), 1, b"step 1")
+                                .map_err(|e| e.to_string())?;
+                        }
+                        step(
+                            lease.attempt(),
+                            lease.checkpoint().map(|c| c.data().to_vec()),
+                        )
+                    })
+                }
+                .map(|out| (out.response().to_vec(), out.replayed()))
+            })
+        })
+        .collect();
+    let outs: Vec<RunAnswer> = handles
+        .into_iter()
+        .map(|h| h.join().expect("join"))
+        .collect();
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "{outs:?}"
+    );
+    let ok: Vec<&(Vec<u8>, bool)> = outs.iter().filter_map(|o| o.as_ref().ok()).collect();
+    assert_eq!(ok.len(), 2, "{outs:?}");
+    assert!(
+        ok.iter().all(|(r, _)| r == b"done by attempt 2"),
+        "{outs:?}"
+    );
+    assert_eq!(ok.iter().filter(|(_, replayed)| !replayed).count(), 1);
+}
+
+#[test]
+fn a_failed_attempt_is_resumed_by_a_waiter_pct() {
+    shuttle::check_pct(|| a_failed_attempt_is_resumed_by_a_waiter(false), 1_000, 3);
+}
+
+#[test]
+fn a_failed_attempt_is_resumed_by_a_waiter_random() {
+    shuttle::check_random(|| a_failed_attempt_is_resumed_by_a_waiter(false), 1_000);
+}
+
+#[test]
+fn a_failed_async_attempt_is_resumed_by_a_waiter_pct() {
+    shuttle::check_pct(|| a_failed_attempt_is_resumed_by_a_waiter(true), 1_000, 3);
 }
 
 // ---------------------------------------------------------------------------------------

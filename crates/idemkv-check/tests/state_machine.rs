@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tempfile::TempDir;
 
 const LEASE: Duration = Duration::from_secs(30);
@@ -63,6 +63,17 @@ impl Env {
     fn get(&self, key: &[u8]) -> Option<KeyState> {
         self.engine.get(key).unwrap()
     }
+
+    /// The mock clock's wall time now, to the millisecond the engine keeps.
+    fn wall_ms(&self) -> SystemTime {
+        let ms = self
+            .clock
+            .wall()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis();
+        UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap())
+    }
 }
 
 /// Runs `f` once per durability mode; a failure names the mode.
@@ -105,6 +116,7 @@ fn claim_on_absent_acquires_a_fresh_lease() {
     each_mode(|e| {
         assert_eq!(e.get(b"k"), None);
         let before = e.engine.stats().token_next;
+        let t0 = e.wall_ms();
         let lease = acquired(e.claim(b"k"));
         assert!(lease.token() >= before, "token below token_next");
         assert!(lease.token() > 0);
@@ -119,6 +131,9 @@ fn claim_on_absent_acquires_a_fresh_lease() {
                 attempt: 1,
                 lease_remaining: LEASE,
                 checkpoint: None,
+                first_claimed_at: Some(t0),
+                attempt_started_at: Some(t0),
+                failed: false,
             })
         );
         // Distinct keys are independent: each gets its own, larger token.
@@ -165,6 +180,7 @@ fn claim_on_live_lease_is_in_progress_with_remaining_lease() {
 #[test]
 fn claim_after_lease_over_takes_over_with_new_token_attempt_and_checkpoint() {
     each_mode(|e| {
+        let t0 = e.wall_ms();
         let mut first = acquired(e.claim(b"k"));
         first.set_checkpoint(3, b"half done").unwrap();
         assert_eq!(first.checkpoint(), Some(&Checkpoint::new(3, b"half done")));
@@ -173,6 +189,7 @@ fn claim_after_lease_over_takes_over_with_new_token_attempt_and_checkpoint() {
         e.clock.advance(LEASE - NS);
         in_progress(e.claim(b"k"));
         e.clock.advance(NS);
+        let t1 = e.wall_ms();
         let mut second = acquired(e.claim(b"k"));
         assert!(second.token() > first.token());
         assert_eq!(second.attempt(), 2);
@@ -185,6 +202,10 @@ fn claim_after_lease_over_takes_over_with_new_token_attempt_and_checkpoint() {
                 attempt: 2,
                 lease_remaining: LEASE,
                 checkpoint: Some(Checkpoint::new(3, b"half done")),
+                // The key's first claim is kept; the attempt started at the takeover.
+                first_claimed_at: Some(t0),
+                attempt_started_at: Some(t1),
+                failed: false,
             })
         );
         // The new holder is live: others are told to wait.
@@ -538,6 +559,7 @@ fn release_with_matching_token_makes_the_key_absent() {
 #[test]
 fn release_with_stale_token_has_no_effect() {
     each_mode(|e| {
+        let t0 = e.wall_ms();
         let old = acquired(e.claim(b"k"));
         e.clock.advance(LEASE);
         let new = acquired(e.claim(b"k"));
@@ -549,6 +571,9 @@ fn release_with_stale_token_has_no_effect() {
                 attempt: 2,
                 lease_remaining: LEASE,
                 checkpoint: None,
+                first_claimed_at: Some(t0),
+                attempt_started_at: Some(t0 + LEASE),
+                failed: false,
             })
         );
         assert_eq!(e.engine.release(b"k", new.token() + 1), Ok(false));
@@ -667,6 +692,7 @@ fn checkpoint_with_matching_token_is_saved_and_replaced() {
 #[test]
 fn extend_and_checkpoint_with_stale_token_are_lease_lost() {
     each_mode(|e| {
+        let t0 = e.wall_ms();
         let mut old = acquired(e.claim(b"k"));
         old.set_checkpoint(1, b"old").unwrap();
         e.clock.advance(LEASE);
@@ -690,6 +716,9 @@ fn extend_and_checkpoint_with_stale_token_are_lease_lost() {
                 attempt: 2,
                 lease_remaining: LEASE,
                 checkpoint: Some(Checkpoint::new(1, b"old")),
+                first_claimed_at: Some(t0),
+                attempt_started_at: Some(t0 + LEASE),
+                failed: false,
             })
         );
         // On an absent key too.
@@ -737,6 +766,7 @@ fn expired_lease_not_yet_taken_over_still_owns_the_key() {
         let opts = ClaimOptions::default().lease(Duration::from_secs(10));
 
         // complete after the lease ran out, nobody took over: accepted.
+        let t0 = e.wall_ms();
         let lease = acquired(e.claim_with(b"complete", &opts));
         let token = lease.token();
         e.clock.advance(Duration::from_secs(20));
@@ -747,6 +777,9 @@ fn expired_lease_not_yet_taken_over_still_owns_the_key() {
                 attempt: 1,
                 lease_remaining: Duration::ZERO,
                 checkpoint: None,
+                first_claimed_at: Some(t0),
+                attempt_started_at: Some(t0),
+                failed: false,
             })
         );
         lease.complete(b"late but current").unwrap();
@@ -1056,6 +1089,7 @@ fn retention_expiry_is_exact_and_the_key_is_new_again() {
 fn get_reports_each_state() {
     each_mode(|e| {
         assert_eq!(e.get(b"k"), None);
+        let at = e.wall_ms();
         let mut lease = acquired(e.claim(b"k"));
         let t1 = lease.token();
         lease.set_checkpoint(2, b"cp").unwrap();
@@ -1067,6 +1101,9 @@ fn get_reports_each_state() {
                 attempt: 1,
                 lease_remaining: LEASE - Duration::from_secs(10),
                 checkpoint: Some(Checkpoint::new(2, b"cp")),
+                first_claimed_at: Some(at),
+                attempt_started_at: Some(at),
+                failed: false,
             })
         );
         // Lease over, not yet taken over: still InFlight, nothing remaining.
@@ -1078,6 +1115,9 @@ fn get_reports_each_state() {
                 attempt: 1,
                 lease_remaining: Duration::ZERO,
                 checkpoint: Some(Checkpoint::new(2, b"cp")),
+                first_claimed_at: Some(at),
+                attempt_started_at: Some(at),
+                failed: false,
             })
         );
         // `get` is a read: it took nothing over.

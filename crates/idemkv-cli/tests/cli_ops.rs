@@ -16,8 +16,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const BIN: &str = env!("CARGO_BIN_EXE_idemkv");
 
 /// Every subcommand that reads or changes an existing file.
-const FILE_COMMANDS: [&[&str]; 7] = [
+const FILE_COMMANDS: [&[&str]; 8] = [
     &["stats"],
+    &["abandoned"],
     &["inspect"],
     &["get", "order-0"],
     &["verify"],
@@ -254,7 +255,16 @@ fn every_subcommand_has_help() {
     let top = idemkv(&["--help"]);
     assert_exit(&top, 0);
     for sub in [
-        "stats", "inspect", "get", "verify", "release", "sweep", "export", "import", "bench",
+        "stats",
+        "inspect",
+        "get",
+        "verify",
+        "release",
+        "sweep",
+        "export",
+        "import",
+        "bench",
+        "abandoned",
     ] {
         assert!(stdout(&top).contains(sub), "{sub} in {}", stdout(&top));
         let out = idemkv(&[sub, "--help"]);
@@ -392,6 +402,160 @@ fn inspect_lists_every_record_as_persisted_and_filters() {
 
     let out = on(&file, &["inspect"], &["--expiring-within", "10"]);
     assert_one_line_error(&out, 2, "needs a unit");
+}
+
+/// A file with claims a completer would look for: written with a mock clock at
+/// 2024-01-01T00:00:00Z, `lapsed` (its 10 s lease ran out, checkpoint 1 "paid") and
+/// `failed` (claimed at +20 s, failed at +25 s); `held` has a ten-year lease; and, on the
+/// real clock, `just-failed` failed a moment ago.
+fn abandoned_sample(dir: &Path) -> PathBuf {
+    let path = dir.join("abandoned.redb");
+    let clock = MockClock::new();
+    let e = Engine::builder()
+        .path(&path)
+        .clock(clock.clone())
+        .sweep_interval(None)
+        .open()
+        .expect("open");
+    let Claim::Acquired(mut lapsed) = e
+        .claim(
+            b"lapsed",
+            &ClaimOptions::default().lease(Duration::from_secs(10)),
+        )
+        .expect("claim")
+    else {
+        panic!("a fresh key is acquired")
+    };
+    lapsed.set_checkpoint(1, b"paid").expect("checkpoint");
+    clock.advance(Duration::from_secs(20));
+    let Claim::Acquired(failed) = e
+        .claim(b"failed", &ClaimOptions::default().payload(b"job"))
+        .expect("claim")
+    else {
+        panic!("a fresh key is acquired")
+    };
+    clock.advance(Duration::from_secs(5));
+    assert_eq!(failed.fail(), Ok(true));
+    let Claim::Acquired(held) = e
+        .claim(b"held", &ClaimOptions::default().lease(STUCK_LEASE))
+        .expect("claim")
+    else {
+        panic!("a fresh key is acquired")
+    };
+    e.close().expect("close");
+    lapsed.detach();
+    held.detach();
+    let e = Engine::builder()
+        .path(&path)
+        .sweep_interval(None)
+        // The old claims' retention has not run out on the real clock.
+        .retention(Duration::from_secs(100 * 365 * 86_400))
+        .recovery(Recovery::HonourLeases)
+        .lease(STUCK_LEASE)
+        .open()
+        .expect("open");
+    let Claim::Acquired(fresh) = e
+        .claim(b"just-failed", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("a fresh key is acquired")
+    };
+    assert_eq!(fresh.fail(), Ok(true));
+    e.close().expect("close");
+    path
+}
+
+#[test]
+fn abandoned_lists_lapsed_and_failed_claims_for_a_completer() {
+    const START_MS: u64 = 1_704_067_200_000;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = abandoned_sample(dir.path());
+    let out = on(
+        &file,
+        &["abandoned"],
+        &["--older-than", "10m", "--idle", "5m"],
+    );
+    assert_exit(&out, 0);
+    let text = stdout(&out);
+    assert!(text.contains("2 abandoned claims"), "{text}");
+    assert!(row(&text, "lapsed").contains(" no "), "{text}");
+    assert!(row(&text, "lapsed").contains("1/4"), "checkpoint: {text}");
+    assert!(row(&text, "failed").contains("yes"), "{text}");
+    assert!(
+        !text.contains("just-failed") && !text.contains("held"),
+        "{text}"
+    );
+    // Earliest first claimed first.
+    assert!(text.find("lapsed") < text.find("failed"), "{text}");
+
+    let out = on(&file, &["abandoned"], &["--json"]);
+    assert_exit(&out, 0);
+    let json = stdout(&out);
+    assert!(json.contains("\"shown\":3"), "{json}");
+    assert!(
+        json.contains(&format!("\"lease_ended_ms\":{}", START_MS + 10_000)),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!("\"lease_ended_ms\":{}", START_MS + 25_000)),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!("\"first_claimed_ms\":{}", START_MS + 20_000)),
+        "{json}"
+    );
+    assert!(
+        json.contains("\"checkpoint\":{\"data\":\"70616964\",\"phase\":1}"),
+        "{json}"
+    );
+    assert!(json.contains("\"failed\":true"), "{json}");
+    // The limit keeps the earliest first claimed.
+    let out = on(&file, &["abandoned"], &["--limit", "1", "--json"]);
+    let json = stdout(&out);
+    assert!(
+        json.contains("\"shown\":1") && json.contains("\"key_text\":\"lapsed\""),
+        "{json}"
+    );
+    // inspect and get show the instants and the failure too.
+    let out = on(&file, &["inspect"], &["--json"]);
+    let json = stdout(&out);
+    assert!(
+        json.contains(&format!("\"first_claimed_ms\":{START_MS}")),
+        "{json}"
+    );
+    assert!(row(&stdout(&on(&file, &["inspect"], &[])), "failed").contains("inflight, failed"));
+    let out = on(&file, &["get", "failed"], &[]);
+    let text = stdout(&out);
+    assert!(
+        text.contains("failed (its holder ended the attempt"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lease ended") && text.contains("2024-01-01T00:00:25.000Z"),
+        "{text}"
+    );
+
+    // A completer takes the listed claims over and completes them: nothing is left.
+    let e = Engine::builder()
+        .path(&file)
+        .sweep_interval(None)
+        .retention(Duration::from_secs(100 * 365 * 86_400))
+        .open()
+        .expect("open");
+    for key in [&b"lapsed"[..], b"failed"] {
+        let Claim::Acquired(lease) = e.claim(key, &ClaimOptions::default()).expect("claim") else {
+            panic!("an abandoned claim is taken over")
+        };
+        assert_eq!(lease.attempt(), 2);
+        lease.complete(b"finished").expect("complete");
+    }
+    e.close().expect("close");
+    let out = on(&file, &["abandoned"], &["--older-than", "10m"]);
+    assert!(
+        stdout(&out).contains("no abandoned claims"),
+        "{}",
+        show(&out)
+    );
 }
 
 #[test]
@@ -842,8 +1006,9 @@ fn fingerprint_of(path: &Path) -> (Vec<u8>, SystemTime) {
 }
 
 /// The commands that only look at a file.
-const READ_COMMANDS: [&[&str]; 6] = [
+const READ_COMMANDS: [&[&str]; 7] = [
     &["stats"],
+    &["abandoned"],
     &["inspect"],
     &["get", "order-0"],
     &["get", "old-0"],

@@ -133,13 +133,29 @@ fn text(scope: &[u8], key: &[u8], record: &Option<RecordInfo>, now: u64) -> Stri
             RecordInfoState::InFlight {
                 lease_deadline,
                 checkpoint,
+                attempt_started_at,
+                failed,
             } => {
                 let deadline = records::wall_ms(*lease_deadline);
-                lines.push(("state", "inflight (claimed, not completed)".into()));
+                lines.push((
+                    "state",
+                    if *failed {
+                        "inflight, failed (its holder ended the attempt; the next claim                          takes it over with its checkpoint)"
+                            .into()
+                    } else {
+                        "inflight (claimed, not completed)".into()
+                    },
+                ));
                 lines.push(("token", r.token.to_string()));
                 lines.push(("attempt", r.attempt.to_string()));
+                lines.push(("first claim", records::instant(r.first_claimed_at, now)));
+                lines.push(("attempt at", records::instant(*attempt_started_at, now)));
                 lines.push((
-                    "lease ends",
+                    if deadline <= now {
+                        "lease ended"
+                    } else {
+                        "lease ends"
+                    },
                     format!(
                         "{} ({})",
                         records::utc(deadline, true),
@@ -219,11 +235,16 @@ fn to_json(scope: &[u8], key: &[u8], record: &Option<RecordInfo>, now: u64) -> s
     v["token"] = json!(r.token);
     v["attempt"] = json!(r.attempt);
     v["fingerprint"] = json!(records::fingerprint(r.fingerprint));
+    v["first_claimed_ms"] = json!(records::opt_ms(r.first_claimed_at));
     match &r.state {
         RecordInfoState::InFlight {
             lease_deadline,
             checkpoint,
+            attempt_started_at,
+            failed,
         } => {
+            v["attempt_started_ms"] = json!(records::opt_ms(*attempt_started_at));
+            v["failed"] = json!(failed);
             let lease_deadline_ms = records::wall_ms(*lease_deadline);
             v["lease_deadline_ms"] = json!(lease_deadline_ms);
             v["left_ms"] = json!(records::signed_left_ms(lease_deadline_ms, now));

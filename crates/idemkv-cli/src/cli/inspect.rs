@@ -189,9 +189,13 @@ fn row(r: &RecordInfo, now: u64) -> Vec<String> {
     } else {
         format!("[{}] {}", printable(&r.scope), printable(&r.key))
     };
+    let state = match &r.state {
+        RecordInfoState::InFlight { failed: true, .. } => format!("{}, failed", state_name(r, now)),
+        _ => state_name(r, now).into(),
+    };
     vec![
         truncate(&key, KEY_WIDTH),
-        state_name(r, now).into(),
+        state,
         r.token.to_string(),
         r.attempt.to_string(),
         records::fingerprint(r.fingerprint).unwrap_or_else(|| "-".into()),
@@ -217,11 +221,16 @@ fn record_json(r: &RecordInfo, now: u64) -> serde_json::Value {
         "deadline_utc": records::utc(deadline, true),
         "left_ms": records::signed_left_ms(deadline, now),
     });
+    v["first_claimed_ms"] = json!(records::opt_ms(r.first_claimed_at));
     match &r.state {
         RecordInfoState::InFlight {
             lease_deadline,
             checkpoint,
+            attempt_started_at,
+            failed,
         } => {
+            v["attempt_started_ms"] = json!(records::opt_ms(*attempt_started_at));
+            v["failed"] = json!(failed);
             v["lease_deadline_ms"] = json!(records::wall_ms(*lease_deadline));
             v["checkpoint"] = match checkpoint {
                 Some((phase, data)) => json!({ "phase": phase, "bytes": data.len() }),

@@ -8,6 +8,7 @@
 //! Adding a subcommand: a module `src/cli/<name>.rs` with a `clap::Args` struct and a
 //! `run(&Args) -> Result<(), CliError>`, a variant in [`Command`], and a line in [`dispatch`].
 
+mod abandoned;
 mod bench;
 mod demo;
 pub(crate) mod error;
@@ -104,6 +105,16 @@ enum Command {
     /// 0 released, 1 nothing to release (absent or completed), 2 error.
     Release(release::ReleaseArgs),
 
+    /// List abandoned claims (lease over, not completed, failed ones included) for a completer
+    ///
+    /// Shows each claim whose key was first claimed at least --older-than ago and whose lease
+    /// ended at least --idle ago: key, token, attempt, whether its holder failed it, when it
+    /// was first claimed, when its lease ended, its checkpoint. A completer finishes one by
+    /// claiming its key (a takeover, with the checkpoint) and completing it. Read-only:
+    /// nothing in the file changes, and a running service's file shows its last commit.
+    /// Exit codes: 0 ok, 2 error.
+    Abandoned(abandoned::AbandonedArgs),
+
     /// Reclaim every completion past its retention now, and print how many
     ///
     /// Exit codes: 0 ok, 2 error.
@@ -141,6 +152,7 @@ fn dispatch(cli: &Cli) -> Result<(), CliError> {
         Command::Get(args) => get::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Release(args) => release::run(args),
+        Command::Abandoned(args) => abandoned::run(args),
         Command::Sweep(args) => sweep::run(args),
         Command::Export(args) => export::run(args),
         Command::Import(args) => import::run(args),

@@ -7,8 +7,13 @@
 //! {"key":"6f726465722d3432","key_text":"order-42","token":7,"fingerprint":"0123456789abcdef",
 //!  "attempt":1,"state":"completed","response":"6f6b","expires_at_ms":1767225600000}
 //! {"key":"6a6f622d31","key_text":"job-1","token":9,"fingerprint":null,"attempt":2,
-//!  "state":"inflight","lease_deadline_ms":1767139230000,"checkpoint":{"phase":3,"data":"00ff"}}
+//!  "state":"inflight","lease_deadline_ms":1767139230000,"checkpoint":{"phase":3,"data":"00ff"},
+//!  "first_claimed_ms":1767139000000,"attempt_started_ms":1767139200000,"failed":true}
 //! ```
+//!
+//! `first_claimed_ms` (any record) and `attempt_started_ms` (inflight) are left out when
+//! unknown (records of the first file format), `failed` (inflight) when false; lines
+//! without them import as such.
 //!
 //! `key`, `response` and checkpoint `data` are lowercase hex, so any bytes round-trip;
 //! `key_text` is the key decoded as UTF-8 (lossy), for people, and ignored on import. A
@@ -262,6 +267,19 @@ pub(crate) struct RecordLine {
         deserialize_with = "present"
     )]
     pub(crate) checkpoint: Option<Option<CheckpointLine>>,
+    /// When the key was first claimed; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) first_claimed_ms: Option<u64>,
+    /// InFlight: when the attempt started; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) attempt_started_ms: Option<u64>,
+    /// InFlight: the holder failed the attempt; absent when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub(crate) failed: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A field that is present, even as `null`, deserializes to `Some`.
@@ -290,13 +308,20 @@ impl RecordLine {
             expires_at_ms: None,
             lease_deadline_ms: None,
             checkpoint: None,
+            first_claimed_ms: opt_ms(r.first_claimed_at),
+            attempt_started_ms: None,
+            failed: false,
         };
         match &r.state {
             RecordInfoState::InFlight {
                 lease_deadline,
                 checkpoint,
+                attempt_started_at,
+                failed,
             } => {
                 line.state = "inflight".into();
+                line.attempt_started_ms = opt_ms(*attempt_started_at);
+                line.failed = *failed;
                 line.lease_deadline_ms = Some(wall_ms(*lease_deadline));
                 line.checkpoint = Some(checkpoint.as_ref().map(|(phase, data)| CheckpointLine {
                     phase: *phase,
@@ -358,14 +383,19 @@ impl RecordLine {
                 RecordInfoState::InFlight {
                     lease_deadline: wall_time(lease_deadline_ms),
                     checkpoint,
+                    attempt_started_at: self.attempt_started_ms.map(wall_time),
+                    failed: self.failed,
                 }
             }
             "completed" => {
-                if self.lease_deadline_ms.is_some() || self.checkpoint.is_some() {
-                    return Err(
-                        "a completed record has no lease_deadline_ms or checkpoint (inflight fields)"
-                            .into(),
-                    );
+                if self.lease_deadline_ms.is_some()
+                    || self.checkpoint.is_some()
+                    || self.attempt_started_ms.is_some()
+                    || self.failed
+                {
+                    return Err("a completed record has no lease_deadline_ms, checkpoint, \
+                         attempt_started_ms or failed (inflight fields)"
+                        .into());
                 }
                 let response = self
                     .response
@@ -394,6 +424,7 @@ impl RecordLine {
             fingerprint,
             attempt: self.attempt,
             state,
+            first_claimed_at: self.first_claimed_ms.map(wall_time),
         })
     }
 }
@@ -415,6 +446,22 @@ pub(crate) fn wall_time(ms: u64) -> SystemTime {
             return t;
         }
         d /= 2;
+    }
+}
+
+/// A known instant in ms since the epoch; `None` stays `None` (unknown).
+pub(crate) fn opt_ms(t: Option<SystemTime>) -> Option<u64> {
+    t.map(wall_ms)
+}
+
+/// A known instant as `2025-01-02T03:04:05.678Z (4m 10s ago)`, or `unknown`.
+pub(crate) fn instant(t: Option<SystemTime>, now_ms: u64) -> String {
+    match t {
+        Some(t) => {
+            let ms = wall_ms(t);
+            format!("{} ({})", utc(ms, true), left(ms, now_ms))
+        }
+        None => "unknown".into(),
     }
 }
 
@@ -495,6 +542,7 @@ mod tests {
                     expires_at: UNIX_EPOCH + Duration::from_millis(1_767_225_600_000),
                     published: true,
                 },
+                first_claimed_at: Some(UNIX_EPOCH + Duration::from_millis(1_767_000_000_000)),
             },
             RecordInfo {
                 key: b"job".to_vec(),
@@ -505,7 +553,10 @@ mod tests {
                 state: RecordInfoState::InFlight {
                     lease_deadline: UNIX_EPOCH + Duration::from_millis(5),
                     checkpoint: Some((3, vec![0, 255])),
+                    attempt_started_at: Some(UNIX_EPOCH + Duration::from_millis(4)),
+                    failed: true,
                 },
+                first_claimed_at: Some(UNIX_EPOCH + Duration::from_millis(2)),
             },
             RecordInfo {
                 key: b"job2".to_vec(),
@@ -516,7 +567,10 @@ mod tests {
                 state: RecordInfoState::InFlight {
                     lease_deadline: UNIX_EPOCH + Duration::from_millis(5),
                     checkpoint: None,
+                    attempt_started_at: None,
+                    failed: false,
                 },
+                first_claimed_at: None,
             },
         ];
         for r in &records {
@@ -524,8 +578,16 @@ mod tests {
             let back: RecordLine = serde_json::from_str(&line).unwrap();
             assert_eq!(&back.to_record().unwrap(), r, "{line}");
         }
+        let line = serde_json::to_string(&RecordLine::from_record(&records[1]).unwrap()).unwrap();
+        assert!(
+            line.ends_with("\"first_claimed_ms\":2,\"attempt_started_ms\":4,\"failed\":true}"),
+            "{line}"
+        );
         let line = serde_json::to_string(&RecordLine::from_record(&records[2]).unwrap()).unwrap();
         assert!(line.contains("\"checkpoint\":null"), "{line}");
+        // Unknown instants and a claim not failed are left out (older exports read alike).
+        assert!(!line.contains("first_claimed_ms"), "{line}");
+        assert!(!line.contains("failed"), "{line}");
         assert!(line.contains("\"lease_deadline_ms\":5,"), "{line}");
         let line = serde_json::to_string(&RecordLine::from_record(&records[0]).unwrap()).unwrap();
         assert!(line.contains("\"expires_at_ms\":1767225600000"), "{line}");

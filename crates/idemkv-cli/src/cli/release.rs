@@ -87,18 +87,21 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
     };
 
     if args.json {
-        // `force_release` does not report the fingerprint, so the record is not shown as an
-        // export line (which would say `null`).
         let mut record = json!({
             "state": "inflight",
             "token": before.token,
             "attempt": before.attempt,
+            "fingerprint": records::fingerprint(before.fingerprint),
+            "first_claimed_ms": records::opt_ms(before.first_claimed_at),
         });
         if let RecordInfoState::InFlight {
             lease_deadline,
             checkpoint,
+            failed,
+            ..
         } = &before.state
         {
+            record["failed"] = json!(failed);
             record["lease_deadline_ms"] = json!(records::wall_ms(*lease_deadline));
             record["checkpoint"] = match checkpoint {
                 Some((phase, data)) => json!({ "phase": phase, "data": records::hex(data) }),
@@ -117,14 +120,27 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
     line("state", "inflight".into());
     line("token", before.token.to_string());
     line("attempt", before.attempt.to_string());
+    line(
+        "first claim",
+        records::instant(before.first_claimed_at, now),
+    );
     if let RecordInfoState::InFlight {
         lease_deadline,
         checkpoint,
+        failed,
+        ..
     } = &before.state
     {
+        if *failed {
+            line("failed", "yes (its holder ended the attempt)".into());
+        }
         let lease_deadline_ms = records::wall_ms(*lease_deadline);
         line(
-            "lease ends",
+            if lease_deadline_ms <= now {
+                "lease ended"
+            } else {
+                "lease ends"
+            },
             format!(
                 "{} ({})",
                 records::utc(lease_deadline_ms, true),
