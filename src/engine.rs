@@ -7,8 +7,8 @@
 use crate::clock::{ClockListener, Time};
 use crate::constants::*;
 use crate::error::{ClaimError, FlushError, LeaseError, OpenError};
-use crate::index::Index;
-use crate::machine::{Deltas, Now, Rules, Write};
+use crate::index::{Index, KeyHasher, Keying};
+use crate::machine::{Deltas, MarkerRules, Now, Rules, Write};
 use crate::options::{Durability, EngineBuilder};
 use crate::progress::{Failed, Progress, Stopped};
 use crate::stats::{read, Counters, Events, Stats};
@@ -28,6 +28,8 @@ pub(crate) struct Config {
     pub(crate) durability: Durability,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
+    /// The second tier of retention (`None`: no markers).
+    pub(crate) marker_retention: Option<Duration>,
     pub(crate) key_len_max: usize,
     pub(crate) response_len_max: usize,
     pub(crate) checkpoint_len_max: usize,
@@ -325,6 +327,17 @@ impl Shared {
     /// Queues a state machine's write (see [`Shared::send`]) and returns its durability
     /// sequence number; nothing to write is queued as nothing (0).
     pub(crate) fn queue(&self, write: Option<Write>, claim: bool) -> Result<u64, SendRefused> {
+        self.queue_dropping(write, None, claim)
+    }
+
+    /// [`Shared::queue`] for a claim that acquires a key over its marker `(hash, token)`:
+    /// the marker row is removed in the commit that stores the claim's record.
+    pub(crate) fn queue_dropping(
+        &self,
+        write: Option<Write>,
+        drop_marker: Option<(u64, u64)>,
+        claim: bool,
+    ) -> Result<u64, SendRefused> {
         let op = match write {
             None => return Ok(0),
             // Encoded here, on the caller's thread: the writer's one thread only does the
@@ -339,8 +352,21 @@ impl Shared {
                 old,
                 value: crate::codec::encode(token, &record),
                 publish: publish.then(|| record.key.0.clone()),
+                drop_marker,
             },
             Some(Write::Delete { token }) => Op::Delete { token },
+            Some(Write::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            }) => Op::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            },
+            Some(Write::DropMarker { hash, token }) => Op::DropMarker { hash, token },
         };
         self.send(op, claim)
     }
@@ -469,32 +495,52 @@ impl EngineBuilder {
         self.validate()?;
         let time = Time::new(self.clock.clone());
         let counters = Counters::default();
+        let memory_only = self.durability == Durability::None;
+        // A durable engine's hashes are keyed by the secret its file keeps, so a key hashes
+        // the same after a restart and its marker finds it.
+        let opened = if memory_only {
+            None
+        } else {
+            Some(Store::open(&self)?)
+        };
+        let hasher = match &opened {
+            Some(store) => KeyHasher::from_secret(&store.hash_secret()?),
+            None => KeyHasher::random(),
+        };
         let index = Index::new(
             self.stripes,
             crate::clock::duration_ns(self.retention),
             counters.inflight.clone(),
             counters.abandoned.clone(),
+            Keying {
+                hasher,
+                markers: self.marker_retention.map(|retention| MarkerRules {
+                    retention,
+                    durable: !memory_only,
+                }),
+            },
         );
-        let (tokens, store) = if self.durability == Durability::None {
-            (Tokens::new(1, u64::MAX), None)
-        } else {
-            let store = Store::open(&self)?;
-            // A damaged file can make redb panic mid-scan: contain it as corruption.
-            let next = crate::storage::contain("recovery", || {
-                crate::recovery::recover(&store, &self, &index, &time, &counters)
-            })
-            .map_err(|detail| OpenError::Corrupted { detail })??;
-            // Every replay opens the tables again: a table tree that only decodes in the
-            // write path must be refused now, not on each read.
-            store.check_tables()?;
-            let limit = next.saturating_add(TOKEN_RESERVE);
-            (Tokens::new(next, limit), Some(Arc::new(store)))
+        let (tokens, store) = match opened {
+            None => (Tokens::new(1, u64::MAX), None),
+            Some(store) => {
+                // A damaged file can make redb panic mid-scan: contain it as corruption.
+                let next = crate::storage::contain("recovery", || {
+                    crate::recovery::recover(&store, &self, &index, &time, &counters)
+                })
+                .map_err(|detail| OpenError::Corrupted { detail })??;
+                // Every replay opens the tables again: a table tree that only decodes in the
+                // write path must be refused now, not on each read.
+                store.check_tables()?;
+                let limit = next.saturating_add(TOKEN_RESERVE);
+                (Tokens::new(next, limit), Some(Arc::new(store)))
+            }
         };
         let claim_queue_max = self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
         let cfg = Config {
             durability: self.durability,
             lease: self.lease,
             retention: self.retention,
+            marker_retention: self.marker_retention,
             key_len_max: self.key_len_max,
             response_len_max: self.response_len_max,
             checkpoint_len_max: self.checkpoint_len_max,
@@ -657,7 +703,7 @@ impl Engine {
         let s = self.shared();
         let c = &s.counters;
         let now = s.time.mono_ns();
-        let (mut expired_unswept, mut index_bytes) = (0u64, 0u64);
+        let (mut expired_unswept, mut index_bytes, mut markers) = (0u64, 0u64, 0u64);
         let mut events = Events::default();
         for (i, stripe) in s.index.stripes().enumerate() {
             let mut shard = stripe.map.lock();
@@ -669,6 +715,7 @@ impl Engine {
                 expired_unswept += shard.expired_unswept(now);
             }
             index_bytes += shard.memory_bytes() as u64;
+            markers += shard.markers_len() as u64;
         }
         crate::observe::gauges(s);
         let commits = read(&c.commits);
@@ -679,6 +726,8 @@ impl Engine {
             completed: read(&c.completed).saturating_sub(expired_unswept),
             expired_unswept,
             expirations: events.expirations,
+            markers,
+            forgotten: events.forgotten,
             index_bytes,
             claims: events.claims,
             claims_cancelled: read(&c.claims_cancelled),

@@ -30,12 +30,14 @@
 //! "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
-use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
-use crate::machine::{self, Change, Step, View};
+use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
+use crate::machine::{self, Change, MarkerRules, Step, View};
+use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
 use crate::stats::Events;
 use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::wake::Changed;
 use hashbrown::HashTable;
+use siphasher::sip::SipHasher13;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -157,6 +159,9 @@ pub(crate) struct Extra {
     /// Wall-clock end of retention of a completion whose record is not in the file (memory
     /// only, or not yet published), for reports.
     pub(crate) expires_wall_ms: u64,
+    /// Wall-clock instant of that completion, for the marker it leaves (a memory-only
+    /// engine's; a durable engine's marker takes it from the record).
+    pub(crate) completed_wall_ms: u64,
 }
 
 impl Extra {
@@ -165,6 +170,7 @@ impl Extra {
             && self.checkpoint.is_none()
             && self.response.is_none()
             && self.expires_wall_ms == 0
+            && self.completed_wall_ms == 0
     }
 
     fn heap_bytes(&self) -> usize {
@@ -290,6 +296,10 @@ fn due_prefix(done: &VecDeque<DoneEntry>, now: u64) -> usize {
 /// What every stripe shares: the engine-wide gauges it keeps current, and the boards.
 pub(crate) struct Common {
     retention_ns: u64,
+    /// The keyed hashes, for the marker a completion leaves (its key's hashes).
+    hasher: KeyHasher,
+    /// Markers of completions past their retention, if the engine keeps them.
+    markers: Option<MarkerRules>,
     /// Leases counted against the in-flight limit (the engine's `inflight` counter).
     live: Arc<AtomicU64>,
     /// Abandoned leases (the engine's `abandoned` counter).
@@ -334,7 +344,7 @@ pub(crate) struct Shard {
     slots: HashTable<(Box<[u8]>, Slot)>,
     /// The index's hasher, for tests that make keys from a shard.
     #[cfg(test)]
-    hasher: RandomState,
+    hasher: KeyHasher,
     extras: HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
     /// Heap bytes of keys and extras, for the memory estimate.
     heap_bytes: usize,
@@ -346,6 +356,9 @@ pub(crate) struct Shard {
     leases: BinaryHeap<ByEnd>,
     /// Every abandoned slot, and stale entries.
     ended: BinaryHeap<ByReap>,
+    /// What completions past their retention left behind, when the engine keeps markers:
+    /// apart from the slots and their expiry order (`marker.rs`).
+    markers: Markers,
     /// InFlight slots counted live, abandoned slots, completed slots.
     live: usize,
     abandoned: usize,
@@ -359,7 +372,7 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    fn new(hasher: &RandomState, common: Arc<Common>, id: usize) -> Self {
+    fn new(hasher: &KeyHasher, common: Arc<Common>, id: usize) -> Self {
         #[cfg(not(test))]
         let _ = hasher;
         Self {
@@ -371,6 +384,7 @@ impl Shard {
             done: VecDeque::new(),
             leases: BinaryHeap::new(),
             ended: BinaryHeap::new(),
+            markers: Markers::default(),
             live: 0,
             abandoned: 0,
             completed: 0,
@@ -610,6 +624,7 @@ impl Shard {
         let lease = self.leases.peek().map_or(u64::MAX, |e| e.0.deadline_ns);
         let done = self.done.front().map_or(u64::MAX, |e| e.deadline_ns);
         let reap = self.ended.peek().map_or(u64::MAX, |e| e.0.reap_ns);
+        let marker = self.markers.next_end().unwrap_or(u64::MAX);
         let set = |cell: &AtomicU64, v: u64| {
             // Read first: the boards are shared by many stripes and rarely change.
             if cell.load(Ordering::Relaxed) != v {
@@ -617,7 +632,10 @@ impl Shard {
             }
         };
         set(&self.common.lease_due[self.id], lease);
-        set(&self.common.reclaim_due[self.id], done.min(reap));
+        set(
+            &self.common.reclaim_due[self.id],
+            done.min(reap).min(marker),
+        );
     }
 
     /// Marks the completion of `key` by `token` durable, dropping its side data (the file
@@ -741,12 +759,16 @@ impl Shard {
         let Some(e) = self.done.front().copied() else {
             return Reclaimed::Nothing;
         };
+        let (common, extras) = (&self.common, &self.extras);
         let found = self
             .slots
             .find_entry(e.hash, |(_, s)| done_matches(s, &e))
             .ok()
-            .and_then(|entry| machine::expire(&entry.get().1, now).map(|step| (entry, step)));
-        let Some((entry, step)) = found else {
+            .and_then(|entry| {
+                let (key, slot) = entry.get();
+                expiry(common, extras, key, slot, now).map(|step| (entry, step))
+            });
+        let Some((entry, (step, marker))) = found else {
             self.done.pop_front();
             return Reclaimed::Stale;
         };
@@ -758,6 +780,9 @@ impl Shard {
         self.heap_bytes -= key.len();
         self.drop_extra(&slot);
         self.completed -= 1;
+        if let Some(marker) = marker {
+            self.markers.insert(marker);
+        }
         Reclaimed::Expired
     }
 
@@ -788,12 +813,106 @@ impl Shard {
         Reclaimed::Reaped
     }
 
+    /// The key's marker, if it has one: found by the key's keyed hash, and taken for this
+    /// key's only if the second, independent hash matches too (computed only on a hit).
+    pub(crate) fn marker(&self, key: Key<'_>) -> Option<Marker> {
+        let m = self.markers.get(key.keyed)?;
+        (m.check == self.common.hasher.check(key.bytes)).then_some(*m)
+    }
+
+    /// Markers held by this stripe.
+    pub(crate) fn markers_len(&self) -> usize {
+        self.markers.len()
+    }
+
+    /// A claim found `key`'s completion past its retention while markers are on: it is
+    /// expired now, as the sweeper would expire it, once `send` has queued the step, and
+    /// leaves its marker. Nothing is done if the key has no such completion, or if the
+    /// marker's window is over too (the claim then replaces the completion as it would
+    /// without markers).
+    pub(crate) fn forget(
+        &mut self,
+        key: Key<'_>,
+        now: u64,
+        send: &mut dyn FnMut(&Step<()>) -> bool,
+    ) -> Forgot {
+        let Some(slot) = self.get(key) else {
+            return Forgot::Nothing;
+        };
+        let step = expiry(&self.common, &self.extras, key.bytes, &slot, now);
+        let Some((step, Some(marker))) = step else {
+            return Forgot::Nothing;
+        };
+        if !send(&step) {
+            return Forgot::Refused;
+        }
+        self.remove(key);
+        self.markers.insert(marker);
+        self.refresh_due();
+        Forgot::Marked(marker)
+    }
+
+    /// Drops the marker of `hash` left by the completion `token` (a claim acquires its key).
+    pub(crate) fn drop_marker(&mut self, hash: u64, token: u64) {
+        if self.markers.remove(hash, token).is_some() {
+            self.refresh_due();
+        }
+    }
+
+    /// The writer committed the row of the marker `hash` left by `token`: a pending marker
+    /// takes the row's fingerprint, completion time and attempt (`None`: the record was not
+    /// in the file, so no row was written and the marker goes). Returns whether a pending
+    /// marker was there.
+    pub(crate) fn settle_marker(
+        &mut self,
+        hash: u64,
+        token: u64,
+        row: Option<&crate::codec::MarkerRecord>,
+    ) -> bool {
+        let Some(marker) = self.markers.pending_mut(hash, token) else {
+            return false;
+        };
+        match row {
+            Some(r) => Markers::settle(marker, r.fingerprint, r.completed_wall_ms, r.attempt),
+            None => {
+                self.markers.remove(hash, token);
+                self.refresh_due();
+            }
+        }
+        true
+    }
+
+    /// Recovery loads a marker from the file (or from a completion it found past its
+    /// retention). The later of two markers of one hash wins.
+    pub(crate) fn load_marker(&mut self, marker: Marker) {
+        self.markers.insert(marker);
+        self.refresh_due();
+    }
+
+    /// Removes this stripe's earliest marker if it has ended by `now`, once `send` has
+    /// queued the deletion of its row (the state machine's [`machine::end_marker`]).
+    pub(crate) fn end_marker(
+        &mut self,
+        now: u64,
+        send: &mut dyn FnMut(&Step<()>) -> bool,
+    ) -> MarkerEnded {
+        let durable = self.common.markers.is_some_and(|r| r.durable);
+        let out = self.markers.end_head(now, &mut |m| {
+            machine::end_marker(m, now, durable).is_some_and(|step| send(&step))
+        });
+        if out != MarkerEnded::Nothing && out != MarkerEnded::Refused {
+            self.refresh_due();
+        }
+        out
+    }
+
     /// Whether anything is due at `now`: a lease to end, a completion or an abandoned lease
     /// to remove (possibly a stale entry).
     pub(crate) fn has_due(&self, now: u64) -> bool {
         self.leases.peek().is_some_and(|e| e.0.deadline_ns <= now)
             || self.done.front().is_some_and(|e| e.deadline_ns <= now)
             || self.ended.peek().is_some_and(|e| e.0.reap_ns <= now)
+            || self.markers.next_end().is_some_and(|end| end <= now)
     }
 
     /// Completed keys past their retention at `now` and not yet removed: O(log due) from
@@ -828,6 +947,11 @@ impl Shard {
         self.slots.iter().map(|(k, s)| (&**k, s))
     }
 
+    /// Pre-sizes the markers (recovery); a failed reservation only means growing later.
+    pub(crate) fn reserve_markers(&mut self, additional: usize) -> bool {
+        self.markers.try_reserve(additional)
+    }
+
     /// Pre-sizes the table and the completion order; a failed reservation only means
     /// growing later.
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
@@ -847,8 +971,123 @@ impl Shard {
             + self.extras.capacity() * extra_bucket
             + self.done.capacity() * std::mem::size_of::<DoneEntry>()
             + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
+            + self.markers.memory_bytes()
             + self.heap_bytes
     }
+}
+
+/// The step that removes the expired completion `slot` of `key`, and the marker it leaves
+/// when the engine keeps markers and the marker's window is not over yet
+/// ([`machine::forget`]); a plain expiry otherwise ([`machine::expire`]). `None` if the slot
+/// is not a completion past its retention at `now`.
+fn expiry(
+    common: &Common,
+    extras: &HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
+    key: &[u8],
+    slot: &Slot,
+    now: u64,
+) -> Option<(Step<()>, Option<Marker>)> {
+    let Some(rules) = &common.markers else {
+        return machine::expire(slot, now).map(|step| (step, None));
+    };
+    let extra = if slot.has_extra() {
+        extras.get(&slot.token)
+    } else {
+        None
+    };
+    let id = MarkerId {
+        hash: common.hasher.hash(key),
+        check: common.hasher.check(key),
+    };
+    let step = machine::forget(slot, extra, id, rules, now)?;
+    let marker = step.answer;
+    let step = Step {
+        change: step.change,
+        write: step.write,
+        answer: (),
+        deltas: step.deltas,
+    };
+    Some((step, marker))
+}
+
+/// What [`Shard::forget`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forgot {
+    /// The key has no completion past its retention with a marker window left.
+    Nothing,
+    /// The completion was removed and left this marker.
+    Marked(Marker),
+    /// Its step could not be queued; nothing changed.
+    Refused,
+}
+
+/// The index's keyed hashes: SipHash-1-3 under a secret of two 128-bit keys, one for the
+/// hash that picks a key's stripe and table bucket (and names its marker), one for the
+/// markers' second hash. A durable engine keeps the secret in its file (`storage.rs`), so a
+/// key hashes the same after a restart and a marker, which holds no key bytes, finds its
+/// key again; a memory-only engine draws one at open. Clients choose keys: without the
+/// secret they can neither aim keys at one stripe nor make a key collide with a marker.
+#[derive(Clone)]
+pub(crate) struct KeyHasher {
+    table: (u64, u64),
+    check: (u64, u64),
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The keys are secret.
+        f.write_str("KeyHasher")
+    }
+}
+
+impl KeyHasher {
+    pub(crate) fn from_secret(secret: &[u8; HASH_SECRET_LEN]) -> Self {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&secret[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        Self {
+            table: (word(0), word(1)),
+            check: (word(2), word(3)),
+        }
+    }
+
+    /// A fresh secret, drawn from the standard library's randomly keyed hasher (seeded by
+    /// the operating system): each word is a keyed hash under keys nobody outside the
+    /// process knows.
+    pub(crate) fn random_secret() -> [u8; HASH_SECRET_LEN] {
+        let state = RandomState::new();
+        let mut secret = [0u8; HASH_SECRET_LEN];
+        for (i, word) in secret.chunks_exact_mut(8).enumerate() {
+            word.copy_from_slice(&state.hash_one(i as u64).to_le_bytes());
+        }
+        secret
+    }
+
+    /// A hasher under a fresh secret (memory-only engines, tests).
+    pub(crate) fn random() -> Self {
+        Self::from_secret(&Self::random_secret())
+    }
+
+    /// The keyed hash of `bytes` that picks its stripe and bucket and names its marker.
+    pub(crate) fn hash(&self, bytes: &[u8]) -> u64 {
+        sip(self.table, bytes)
+    }
+
+    /// The second, independent keyed hash of `bytes` that a marker keeps.
+    pub(crate) fn check(&self, bytes: &[u8]) -> u64 {
+        sip(self.check, bytes)
+    }
+}
+
+/// SipHash-1-3 of `bytes` under `keys`, length first: a fixed byte stream on every platform,
+/// since the hashes are persisted.
+fn sip(keys: (u64, u64), bytes: &[u8]) -> u64 {
+    let mut h = SipHasher13::new_with_keys(keys.0, keys.1);
+    h.write(&(bytes.len() as u64).to_le_bytes());
+    h.write(bytes);
+    h.finish()
 }
 
 /// A key with its keyed hash. Made once per operation ([`Index::lock`]), so the key is
@@ -862,6 +1101,8 @@ impl Shard {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Key<'a> {
     bytes: &'a [u8],
+    /// The whole keyed hash: a marker's name for the key.
+    keyed: u64,
     /// The table hash: `table_hash(tag)`.
     hash: u64,
     tag: u32,
@@ -879,11 +1120,12 @@ fn table_hash(tag: u32) -> u64 {
 }
 
 impl<'a> Key<'a> {
-    fn new(hasher: &RandomState, bytes: &'a [u8]) -> Self {
-        let keyed = hasher.hash_one(bytes);
+    fn new(hasher: &KeyHasher, bytes: &'a [u8]) -> Self {
+        let keyed = hasher.hash(bytes);
         let tag = (keyed as u32) & ((1 << TAG_BITS) - 1);
         Key {
             bytes,
+            keyed,
             hash: table_hash(tag),
             tag,
             stripe_bits: (keyed >> 32) as u32,
@@ -907,23 +1149,31 @@ pub(crate) struct Stripe {
 #[repr(align(128))]
 struct Padded(Stripe);
 
+/// How the index hashes keys and whether it keeps markers.
+pub(crate) struct Keying {
+    pub(crate) hasher: KeyHasher,
+    pub(crate) markers: Option<MarkerRules>,
+}
+
 pub(crate) struct Index {
     stripes: Box<[Padded]>,
     mask: u64,
-    /// Keyed with per-process random keys: clients choose keys, and must not be able to aim
-    /// them all at one stripe.
-    hasher: RandomState,
+    /// Keyed with a secret (see [`KeyHasher`]): clients choose keys, and must not be able to
+    /// aim them all at one stripe.
+    hasher: KeyHasher,
     common: Arc<Common>,
 }
 
 impl Index {
     /// An index of `stripes` stripes (a power of two) that reaps an abandoned lease
-    /// `retention_ns` after its end and keeps the engine's `live` and `abandoned` gauges.
+    /// `retention_ns` after its end and keeps the engine's `live` and `abandoned` gauges,
+    /// hashing keys and keeping markers as `keying` says.
     pub(crate) fn new(
         stripes: usize,
         retention_ns: u64,
         live: Arc<AtomicU64>,
         abandoned: Arc<AtomicU64>,
+        keying: Keying,
     ) -> Self {
         assert!(
             stripes.is_power_of_two(),
@@ -931,14 +1181,16 @@ impl Index {
         );
         let board =
             || -> Box<[AtomicU64]> { (0..stripes).map(|_| AtomicU64::new(u64::MAX)).collect() };
+        let hasher = keying.hasher;
         let common = Arc::new(Common {
             retention_ns,
+            hasher: hasher.clone(),
+            markers: keying.markers,
             live,
             abandoned,
             lease_due: board(),
             reclaim_due: board(),
         });
-        let hasher = RandomState::new();
         let stripes: Box<[Padded]> = (0..stripes)
             .map(|id| {
                 Padded(Stripe {
@@ -964,6 +1216,19 @@ impl Index {
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
         &self.stripes[self.stripe_index(key)].0
+    }
+
+    /// The hashes that name `bytes`'s marker.
+    pub(crate) fn marker_id(&self, bytes: &[u8]) -> MarkerId {
+        MarkerId {
+            hash: self.hasher.hash(bytes),
+            check: self.hasher.check(bytes),
+        }
+    }
+
+    /// The position of the stripe of the key whose keyed hash is `keyed` (a marker's).
+    pub(crate) fn stripe_of_hash(&self, keyed: u64) -> usize {
+        ((keyed >> 32) & self.mask) as usize
     }
 
     /// The position of `key`'s stripe, for callers that group keys by stripe.
@@ -1067,15 +1332,18 @@ mod tests {
         let live = Arc::new(AtomicU64::new(0));
         let abandoned = Arc::new(AtomicU64::new(0));
         let board = || -> Box<[AtomicU64]> { vec![AtomicU64::new(u64::MAX)].into() };
+        let hasher = KeyHasher::random();
         let common = Arc::new(Common {
             retention_ns: RETENTION,
+            hasher: hasher.clone(),
+            markers: None,
             live: live.clone(),
             abandoned: abandoned.clone(),
             lease_due: board(),
             reclaim_due: board(),
         });
         Fixture {
-            shard: Shard::new(&RandomState::new(), common.clone(), 0),
+            shard: Shard::new(&hasher, common.clone(), 0),
             live,
             abandoned,
             common,

@@ -48,6 +48,7 @@ mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod machine_probe;
+mod marker;
 mod observe;
 mod options;
 mod progress;
@@ -76,7 +77,9 @@ pub use crate::error::{
     ClaimError, FlushError, LeaseError, Limit, NotStoredReason, OpenError, OpenErrorKind, RunError,
 };
 pub use crate::keep_alive::KeepAlive;
-pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
+pub use crate::lease::{
+    Busy, Claim, Detached, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome,
+};
 pub use crate::observe::key_hash;
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};

@@ -87,7 +87,7 @@ impl Counted {
 /// by the same amounts. Without the `metrics` feature it holds nothing and does nothing.
 pub(crate) struct EventMetrics {
     #[cfg(feature = "metrics")]
-    m: [metrics::Counter; 11],
+    m: [metrics::Counter; 12],
 }
 
 impl EventMetrics {
@@ -107,6 +107,7 @@ impl EventMetrics {
                 metrics::counter!(name::LEASES_LOST),
                 metrics::counter!(name::EXPIRATIONS),
                 metrics::counter!(name::ABANDONED_REAPED),
+                metrics::counter!(name::CLAIMS, "outcome" => "forgotten"),
             ],
         }
     }
@@ -134,6 +135,7 @@ impl EventMetrics {
                 d.leases_lost,
                 d.expirations,
                 d.abandoned_reaped,
+                d.forgotten,
             ];
             for (metric, n) in self.m[1..].iter().zip(counts) {
                 if n > 0 {
@@ -495,6 +497,9 @@ fn claim_event(answer: &Result<Claim, ClaimError>) {
         }
         Ok(Claim::Completed(stored)) => {
             tracing::debug!(target: TARGET, outcome = "replay", token = stored.token(), attempt = stored.attempt(), MSG);
+        }
+        Ok(Claim::Forgotten(forgotten)) => {
+            tracing::debug!(target: TARGET, outcome = "forgotten", attempt = forgotten.attempt(), MSG);
         }
         Err(e @ (ClaimError::OutcomeUnknown(_) | ClaimError::Corrupted(_))) => {
             tracing::warn!(target: TARGET, outcome = claim_error_label(e), error = %e, MSG);

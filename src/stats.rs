@@ -23,6 +23,11 @@ pub struct Stats {
     pub expired_unswept: u64,
     /// Keys reclaimed by the sweeper since open.
     pub expirations: u64,
+    /// Markers held now: completions past their retention whose marker has not ended
+    /// (`EngineBuilder::marker_retention`; 0 without markers).
+    pub markers: u64,
+    /// Claims answered `Forgotten` from a marker: late duplicates that did not run again.
+    pub forgotten: u64,
     /// Bytes held by the in-memory index: table buckets at capacity, keys and side data.
     pub index_bytes: u64,
     /// Claims answered (any outcome).
@@ -146,6 +151,7 @@ pub(crate) struct Events {
     pub(crate) leases_lost: u64,
     pub(crate) expirations: u64,
     pub(crate) abandoned_reaped: u64,
+    pub(crate) forgotten: u64,
 }
 
 impl Events {
@@ -161,6 +167,7 @@ impl Events {
         self.leases_lost += d.leases_lost;
         self.expirations += d.expirations;
         self.abandoned_reaped += d.abandoned_reaped;
+        self.forgotten += d.forgotten;
     }
 
     /// Adds another stripe's (or a batch's) events.
@@ -176,6 +183,7 @@ impl Events {
         self.leases_lost += o.leases_lost;
         self.expirations += o.expirations;
         self.abandoned_reaped += o.abandoned_reaped;
+        self.forgotten += o.forgotten;
     }
 }
 

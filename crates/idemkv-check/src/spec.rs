@@ -191,6 +191,13 @@ pub enum KeyRet {
         /// Stored response.
         response: Vec<u8>,
     },
+    /// `Claim::Forgotten`: the key was completed, its response is no longer kept.
+    Forgotten {
+        /// Wall-clock instant of the completion, ms.
+        completed_wall_ms: u64,
+        /// Completing attempt.
+        attempt: u32,
+    },
     /// `Ok(())` of complete, extend, checkpoint; the pseudo-op `Publish`; `Advance`.
     Done,
     /// `release` returned `Ok(b)`.
@@ -722,6 +729,10 @@ pub fn claim_ret(r: Result<idemkv::Claim, ClaimError>, park: &mut Vec<idemkv::Le
             token: stored.token(),
             attempt: stored.attempt(),
             response: stored.response().to_vec(),
+        },
+        Ok(idemkv::Claim::Forgotten(forgotten)) => KeyRet::Forgotten {
+            completed_wall_ms: crate::wall_ms(forgotten.completed_at()),
+            attempt: forgotten.attempt(),
         },
         Err(e) => KeyRet::ClaimErr(e),
     }
