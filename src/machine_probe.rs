@@ -281,11 +281,12 @@ impl Probe {
                     self.marker_row = row;
                 }
             }
-            Some(Write::DropMarker { token, .. }) => {
-                if self.marker_row.is_some_and(|r| r.token == token) {
-                    self.marker_row = None;
-                }
+            Some(Write::DropMarker { token, .. })
+                if self.marker_row.is_some_and(|r| r.token == token) =>
+            {
+                self.marker_row = None;
             }
+            Some(Write::DropMarker { .. }) => {}
         }
     }
 
