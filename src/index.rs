@@ -1320,6 +1320,8 @@ mod tests {
     use super::*;
 
     const RETENTION: u64 = 1_000;
+    const GOLDEN_HASH: u64 = 14064908793807524591;
+    const GOLDEN_CHECK: u64 = 2102196403203803230;
 
     struct Fixture {
         shard: Shard,
@@ -1329,6 +1331,10 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
+        fixture_with(None)
+    }
+
+    fn fixture_with(markers: Option<MarkerRules>) -> Fixture {
         let live = Arc::new(AtomicU64::new(0));
         let abandoned = Arc::new(AtomicU64::new(0));
         let board = || -> Box<[AtomicU64]> { vec![AtomicU64::new(u64::MAX)].into() };
@@ -1336,7 +1342,7 @@ mod tests {
         let common = Arc::new(Common {
             retention_ns: RETENTION,
             hasher: hasher.clone(),
-            markers: None,
+            markers,
             live: live.clone(),
             abandoned: abandoned.clone(),
             lease_due: board(),
@@ -1401,6 +1407,119 @@ mod tests {
                 self.common.reclaim_due[0].load(Ordering::Relaxed),
             )
         }
+    }
+
+    /// Hashes are persisted (marker rows are keyed by them): for a given secret they must
+    /// never change, on any platform or version. The values were computed once, and agree
+    /// with an independent SipHash-1-3 of the same bytes (the length as a little-endian u64,
+    /// then the key).
+    #[test]
+    fn keyed_hashes_are_fixed_by_the_secret() {
+        let mut secret = [0u8; HASH_SECRET_LEN];
+        for (i, b) in secret.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let h = KeyHasher::from_secret(&secret);
+        assert_eq!(h.hash(b"order-42"), GOLDEN_HASH);
+        assert_eq!(h.check(b"order-42"), GOLDEN_CHECK);
+        assert_ne!(
+            h.hash(b"order-42"),
+            h.check(b"order-42"),
+            "independent keys"
+        );
+        // Length first: a key is not confused with its prefix padded by zeros.
+        assert_ne!(h.hash(b"k"), h.hash(b"k\0"));
+        let other = KeyHasher::random();
+        assert_ne!(
+            other.hash(b"order-42"),
+            GOLDEN_HASH,
+            "another secret, another hash"
+        );
+    }
+
+    /// A memory-only stripe keeping markers for 500 ns after a completion's retention.
+    fn marking() -> Fixture {
+        fixture_with(Some(MarkerRules {
+            retention: std::time::Duration::from_nanos(500),
+            durable: false,
+        }))
+    }
+
+    fn complete_with(f: &mut Fixture, key: &str, token: u64, expires: u64, fingerprint: u128) {
+        f.claim(key, token, 1);
+        let extra = Extra {
+            fingerprint: Some(fingerprint),
+            response: Some(Arc::from(&b"r"[..])),
+            expires_wall_ms: 77,
+            completed_wall_ms: 66,
+            ..Extra::default()
+        };
+        f.shard.put(
+            f.shard.key(key.as_bytes()),
+            Slot::completed(token, expires, 1, true),
+            extra,
+        );
+        f.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn an_expired_completion_leaves_a_marker_that_ends_at_its_instant() {
+        let mut f = marking();
+        complete_with(&mut f, "k", 1, 10, 9);
+        assert_eq!(f.reclaim_all(10), vec![(Reclaimed::Expired, 1)]);
+        assert_eq!(f.shard.get(f.shard.key(b"k")), None, "the slot went");
+        let m = f.shard.marker(f.shard.key(b"k")).expect("a marker");
+        assert_eq!(
+            (m.token, m.fingerprint(), m.completed_wall_ms, m.end_ns),
+            (1, Some(9), 66, 510)
+        );
+        assert!(!m.is_pending(), "a memory-only marker is complete at once");
+        assert_eq!(f.shard.marker(f.shard.key(b"other")), None);
+        assert_eq!(f.boards().1, 510, "the sweeper is told when it ends");
+        let mut ended = |now| {
+            let mut sent = Vec::new();
+            let r = f.shard.end_marker(now, &mut |step| {
+                sent.push(step.write.clone());
+                true
+            });
+            (r, sent)
+        };
+        assert_eq!(ended(509), (MarkerEnded::Nothing, vec![]));
+        assert_eq!(
+            ended(510),
+            (MarkerEnded::Ended, vec![None]),
+            "memory only: no row"
+        );
+        assert_eq!(f.shard.markers_len(), 0);
+        assert_eq!(f.boards().1, u64::MAX);
+    }
+
+    #[test]
+    fn a_claim_forgets_an_expired_completion_only_within_its_marker_window() {
+        let mut f = marking();
+        complete_with(&mut f, "in", 1, 10, 9);
+        complete_with(&mut f, "over", 2, 10, 9);
+        let mut sent = 0;
+        let forgot = f.shard.forget(f.shard.key(b"in"), 509, &mut |_| {
+            sent += 1;
+            true
+        });
+        assert!(matches!(forgot, Forgot::Marked(m) if m.token == 1 && m.end_ns == 510));
+        assert_eq!(f.shard.completed, 1);
+        // Past the window too: nothing changes, the claim replaces the completion itself.
+        let forgot = f.shard.forget(f.shard.key(b"over"), 510, &mut |_| {
+            sent += 1;
+            true
+        });
+        assert_eq!(forgot, Forgot::Nothing);
+        assert!(f.shard.get(f.shard.key(b"over")).is_some());
+        // Refused: nothing changes either.
+        complete_with(&mut f, "refused", 3, 10, 9);
+        let key = f.shard.key(b"refused");
+        assert_eq!(f.shard.forget(key, 11, &mut |_| false), Forgot::Refused);
+        assert!(f.shard.get(key).is_some());
+        assert_eq!(f.shard.marker(key), None);
+        assert_eq!(sent, 1);
     }
 
     #[test]

@@ -1893,6 +1893,159 @@ mod tests {
         assert_eq!(reap(&st.done, reap_at, u64::MAX), None);
     }
 
+    // --- markers ------------------------------------------------------------------------------
+
+    const WINDOW: Duration = Duration::from_secs(100);
+    const ID: MarkerId = MarkerId { hash: 3, check: 4 };
+
+    fn marking(durable: bool) -> MarkerRules {
+        MarkerRules {
+            retention: WINDOW,
+            durable,
+        }
+    }
+
+    #[test]
+    fn an_expired_completion_leaves_a_marker_pending_in_a_durable_engine() {
+        let st = states();
+        let end = EXPIRES + WINDOW.as_nanos() as u64;
+        assert_eq!(
+            forget(&st.done, None, ID, &marking(true), EXPIRES - 1),
+            None
+        );
+        let step = forget(&st.done, None, ID, &marking(true), EXPIRES).expect("due");
+        assert_eq!(step.change, Change::Remove);
+        assert_eq!(
+            step.write,
+            Some(Write::Forget {
+                token: 5,
+                hash: 3,
+                check: 4,
+                marker_retention_ms: 100_000,
+            })
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: -1,
+                expirations: 1,
+                ..NONE
+            }
+        );
+        let marker = step.answer.expect("a marker");
+        assert!(marker.is_pending());
+        assert_eq!((marker.token, marker.attempt, marker.end_ns), (5, 2, end));
+    }
+
+    #[test]
+    fn a_memory_only_marker_takes_the_completion_from_its_side_data() {
+        let st = states();
+        let mut extra = st.done_extra.clone();
+        extra.completed_wall_ms = WALL0 + 1;
+        let step = forget(&st.done, Some(&extra), ID, &marking(false), EXPIRES).expect("due");
+        let marker = step.answer.expect("a marker");
+        assert!(!marker.is_pending());
+        assert_eq!(
+            (marker.fingerprint(), marker.completed_wall_ms),
+            (Some(7), WALL0 + 1)
+        );
+        // Past the window as well: a plain expiry, no marker.
+        let late = EXPIRES + WINDOW.as_nanos() as u64;
+        let step = forget(&st.done, Some(&extra), ID, &marking(false), late).expect("due");
+        assert_eq!(step.answer, None);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(forget(&st.lease, None, ID, &marking(false), u64::MAX), None);
+    }
+
+    #[test]
+    fn a_claim_of_a_marker_is_forgotten_until_its_end() {
+        let end = EXPIRES + WINDOW.as_nanos() as u64;
+        let m = Marker::kept(ID, 5, 2, Some(7), WALL0 + 3, end);
+        let answer = |asked, rerun, now| claim_marker(&m, asked, rerun, at(now));
+        let step = answer(None, false, end - 1);
+        let MarkerAnswer::Forgotten(f) = step.answer else {
+            panic!("{:?}", step.answer)
+        };
+        assert_eq!(
+            (f.completed_wall_ms, f.attempt, f.kept_until_wall_ms),
+            // The end on the wall clock, as read a nanosecond before it.
+            (WALL0 + 3, 2, at(end - 1).wall_ms)
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                forgotten: 1,
+                ..NONE
+            }
+        );
+        assert!(matches!(
+            answer(ask(7), false, end - 1).answer,
+            MarkerAnswer::Forgotten(_)
+        ));
+        let step = answer(ask(8), true, end - 1);
+        assert!(matches!(step.answer, MarkerAnswer::FingerprintMismatch));
+        assert_eq!(step.deltas.fingerprint_mismatches, 1);
+        assert!(matches!(
+            answer(ask(7), true, end - 1).answer,
+            MarkerAnswer::Acquire
+        ));
+        assert!(matches!(
+            answer(ask(8), false, end).answer,
+            MarkerAnswer::Acquire
+        ));
+        let pending = Marker::pending(ID, 5, 2, end);
+        let step = claim_marker(&pending, ask(8), false, at(LIVE));
+        let MarkerAnswer::Busy(busy) = step.answer else {
+            panic!("{:?}", step.answer)
+        };
+        assert_eq!(
+            (busy.retry_after, busy.completing),
+            (RETRY_AFTER_UNPUBLISHED, true)
+        );
+    }
+
+    #[test]
+    fn the_sweeper_ends_a_marker_at_its_end_and_deletes_its_row() {
+        let m = Marker::kept(ID, 5, 2, None, WALL0, 1_000);
+        assert_eq!(end_marker(&m, 999, true), None);
+        let step = end_marker(&m, 1_000, true).expect("due");
+        assert_eq!(step.write, Some(Write::DropMarker { hash: 3, token: 5 }));
+        assert_eq!(step.change, Change::Keep, "no slot is touched");
+        assert_eq!(end_marker(&m, 1_000, false).and_then(|s| s.write), None);
+    }
+
+    #[test]
+    fn recovery_turns_a_completion_past_retention_into_its_marker_within_the_window() {
+        let now = at(LIVE);
+        let head = |expires_wall_ms| HeadState::Completed {
+            attempt: 2,
+            completed_wall_ms: expires_wall_ms - 10_000,
+            expires_wall_ms,
+        };
+        let window_ms = WINDOW.as_millis() as u64;
+        let rules = marking(true);
+        // Expired 1 s ago: 99 s of its window are left.
+        let m = recover_marker(5, &head(now.wall_ms - 1_000), Some(7), ID, &rules, now)
+            .expect("a marker");
+        assert_eq!(m.end_ns, LIVE + (window_ms - 1_000) * MS);
+        assert_eq!(
+            (m.completed_wall_ms, m.fingerprint()),
+            (now.wall_ms - 11_000, Some(7))
+        );
+        assert!(!m.is_pending(), "its row is written at open");
+        // Its window is over too: none.
+        let gone = head(now.wall_ms - window_ms);
+        assert_eq!(recover_marker(5, &gone, None, ID, &rules, now), None);
+        let lease = HeadState::InFlight {
+            lease_deadline_wall_ms: 0,
+            attempt: 1,
+            attempt_started_wall_ms: 0,
+            failed: false,
+            checkpoint: None,
+        };
+        assert_eq!(recover_marker(5, &lease, None, ID, &rules, now), None);
+    }
+
     // --- recovery ----------------------------------------------------------------------------
 
     fn reopen(recovery: Recovery) -> Reopen {
