@@ -413,6 +413,8 @@ pub(crate) enum SendRefused {
 ///     Claim::Acquired(lease) => lease.complete(b"charged")?,
 ///     Claim::InProgress(busy) => println!("retry in {:?}", busy.retry_after()),
 ///     Claim::Completed(stored) => println!("replay {:?}", stored.response()),
+///     // Only with `EngineBuilder::marker_retention`: completed, response no longer kept.
+///     Claim::Forgotten(f) => println!("done at {:?}, response gone", f.completed_at()),
 /// }
 /// let again = engine.claim(b"order-42", &opts)?;
 /// assert!(matches!(again, Claim::Completed(s) if s.response() == b"charged"));
