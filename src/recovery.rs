@@ -3,9 +3,9 @@
 //! Every record is checksummed in full, but only its head is decoded: responses stay in the
 //! file. Expired completions are deleted (with markers on, a completion whose marker window
 //! is still open becomes a marker, as the sweeper would have made it), InFlight records of
-//! the dead process are made ready for takeover, markers are loaded (ended ones deleted,
-//! and every one when the engine no longer keeps markers), and the token mark is made
-//! durable above every token the file has seen before the engine serves anything.
+//! the dead process are made ready for takeover, markers are loaded (ended ones deleted),
+//! and the token mark is made durable above every token the file has seen before the engine
+//! serves anything. An engine opened without markers neither loads nor deletes marker rows.
 
 use crate::clock::{duration_ms, Time};
 use crate::codec::{self, HeadState};
@@ -147,17 +147,21 @@ pub(crate) fn recover(
     Ok(next)
 }
 
-/// Loads the file's markers into the index: each one that has not ended, when the engine
-/// keeps markers. Returns the rows to delete `(hash, token)`: ended markers, and all of them
-/// when it does not. A row that fails its checks is `Corrupted`, as a record is.
+/// Loads the file's markers into the index: each one that has not ended. Returns the rows
+/// to delete `(hash, token)`: the ended ones. A row that fails its checks is `Corrupted`, as
+/// a record is. An engine opened without markers leaves the rows alone (`keep` false): an
+/// operator's tool that opens the file with the defaults must not erase them.
 fn load_markers(
     store: &Store,
     index: &Index,
     keep: bool,
     now: Now,
 ) -> Result<Vec<(u64, u64)>, OpenError> {
+    if !keep {
+        return Ok(Vec::new());
+    }
     let rows = store.markers_len()?;
-    if keep && rows > 0 {
+    if rows > 0 {
         let per_stripe = rows.min(RECOVERY_PRESIZE_MAX) / index.len() as u64;
         let per_stripe = usize::try_from(per_stripe).unwrap_or(0);
         for stripe in index.stripes() {
@@ -185,7 +189,7 @@ fn load_markers(
             row.end_wall_ms,
             now,
         );
-        match marker.filter(|_| keep) {
+        match marker {
             Some(marker) => {
                 let stripe = index.stripe_of_hash(hash);
                 if let Some(stripe) = index.stripe_at(stripe) {

@@ -223,6 +223,31 @@ fn markers_survive_a_restart() {
 }
 
 #[test]
+fn an_open_without_markers_leaves_the_rows_for_the_next_open_with_markers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let clock = MockClock::new();
+    let mode = Durability::Immediate;
+    let engine = builder(&path, &clock, mode).open().unwrap();
+    complete(&engine, &clock, b"k", b"p");
+    clock.advance(RETENTION);
+    assert_eq!(sweep(&engine), 1);
+    engine.close().unwrap();
+    drop(engine);
+    // An operator's tool opens the file with the defaults: no markers, the old behaviour...
+    let plain = builder(&path, &clock, mode)
+        .marker_retention(None)
+        .open()
+        .unwrap();
+    assert_eq!(plain.stats().markers, 0);
+    plain.close().unwrap();
+    drop(plain);
+    // ...and the row is still there for the service.
+    let engine = builder(&path, &clock, mode).open().unwrap();
+    assert!(forgotten(&engine, b"k", &ClaimOptions::default()).is_some());
+}
+
+#[test]
 fn the_sweeper_removes_a_marker_at_its_end_and_not_a_tick_before() {
     for mode in MODES {
         let dir = tempfile::tempdir().unwrap();
