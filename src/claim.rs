@@ -848,7 +848,7 @@ impl Engine {
     }
 
     /// The key's visible state, or `None` if it is Absent (never claimed, released, or past
-    /// its retention). A durable engine reads a completed key's response from the file; a
+    /// its retention; also while a marker of it is kept, which only a claim answers from). A durable engine reads a completed key's response from the file; a
     /// record missing from the file while the key still names it is `Corrupted`.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
         self.check_key(key)?;
