@@ -109,6 +109,9 @@ fn contention(c: &mut Criterion) {
                             Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
                             Ok(Claim::Completed(_) | Claim::InProgress(_)) => {}
                             Err(e) => panic!("claim: {e}"),
+                            Ok(Claim::Forgotten(forgotten)) => {
+                                panic!("unexpected Forgotten without markers: {forgotten:?}")
+                            }
                         }
                     }),
                 )

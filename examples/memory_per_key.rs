@@ -16,10 +16,16 @@
 //! With the engine's default 256 stripes, both phases end at the same load factor of the
 //! index's tables (they double when 7/8 full: 1 M and 2 M keys both sit just after a
 //! doubling), so the two phases are comparable.
+//!
+//! A last case measures markers (`EngineBuilder::marker_retention`): each phase completes N
+//! keys, moves a mock clock past their retention and sweeps, so each phase leaves N markers
+//! and frees its completions. Phase 2's completions reuse what phase 1's freed, so its growth
+//! is the markers alone (memory-only engine: markers are the same in memory under every
+//! mode, and a memory-only engine keeps redb's page cache out of the measurement).
 
-use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine};
+use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, MockClock};
 use std::process::Command;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const RESPONSE: &[u8; 32] = b"a typical 32-byte response......";
 const KEY_LENS: [usize; 2] = [16, 36];
@@ -56,11 +62,76 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             print!("{}", String::from_utf8_lossy(&out.stdout));
         }
     }
+    println!();
+    println!("idemkv memory per marker: {n} markers per phase, memory-only engine");
+    println!(
+        "{:<10} {:>5}  {:>16} {:>16} {:>18}",
+        "mode", "key", "phase 1 (B/mk)", "phase 2 (B/mk)", "index_bytes (B/mk)"
+    );
+    let out = Command::new(&exe)
+        .args(["--case", "markers", "16"])
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "case markers failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    Ok(())
+}
+
+/// The markers case: each phase leaves `n` markers (see the module docs).
+fn run_markers(key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let n = keys();
+    let retention = Duration::from_secs(3600);
+    let clock = MockClock::new();
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(clock.clone())
+        .retention(retention)
+        .marker_retention(Some(Duration::from_secs(30 * 24 * 3600)))
+        .sweep_interval(None)
+        .open()?;
+    let opts = ClaimOptions::default();
+    let mut key = vec![0u8; key_len];
+    let mut phase = |from: u64| -> Result<(u64, u64), Box<dyn std::error::Error>> {
+        for i in from..from + n {
+            claim_complete(&engine, make_key(i, &mut key), &opts)?;
+        }
+        clock.advance(retention);
+        engine.admin().sweep_now()?;
+        let stats = engine.stats();
+        if stats.markers != from + n || stats.completed != 0 {
+            return Err(format!("expected {} markers: {stats:?}", from + n).into());
+        }
+        Ok((rss_bytes()?, stats.index_bytes))
+    };
+    let rss0 = rss_bytes()?;
+    let started = Instant::now();
+    let (rss1, index1) = phase(0)?;
+    let (rss2, index2) = phase(n)?;
+    let elapsed = started.elapsed();
+    engine.close()?;
+    let per = |bytes: u64| bytes as f64 / n as f64;
+    println!(
+        "{:<10} {:>4}B  {:>16.0} {:>16.0} {:>18.0}   ({:.1?})",
+        "markers",
+        key_len,
+        per(rss1.saturating_sub(rss0)),
+        per(rss2.saturating_sub(rss1)),
+        per(index2.saturating_sub(index1)),
+        elapsed
+    );
     Ok(())
 }
 
 /// One measurement, in this (child) process.
 fn run_case(mode: &str, key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
+    if mode == "markers" {
+        return run_markers(key_len);
+    }
     let n = keys();
     let dir = tempfile::Builder::new()
         .prefix("idemkv-memory-")

@@ -208,6 +208,12 @@ impl Engine {
                 self.flush_async().await.map_err(flush_to_claim)?;
                 Err(Again::Tokens)
             }
+            Prepared::Marker { seq } => {
+                self.durable(seq)
+                    .await
+                    .map_err(|_| self.marker_wait_failed())?;
+                Err(Again::Marker)
+            }
         };
         self.count_look(answer, looks)
     }
@@ -349,6 +355,7 @@ impl Engine {
             }
             Claim::Completed(stored) => Ok(Outcome::replay(stored)),
             Claim::InProgress(busy) => Err(RunError::still_in_progress(&busy)),
+            Claim::Forgotten(forgotten) => Err(RunError::Forgotten(forgotten)),
         }
     }
 }

@@ -11,13 +11,13 @@ use crate::codec::{self, Checkpoint, RecordState};
 use crate::constants::*;
 use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
-use crate::index::{Key, Shard};
-use crate::lease::{Busy, Claim, KeyState, Lease, Outcome, Stored, TypedOutcome};
-use crate::machine::{self, Acquired, Acquiring, ClaimAnswer};
+use crate::index::{Forgot, Key, Shard};
+use crate::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome};
+use crate::machine::{self, Acquired, Acquiring, ClaimAnswer, MarkerAnswer, Now};
 #[cfg(doc)]
 use crate::options::OnHandlerError;
 use crate::options::{AskedFingerprint, ClaimOptions};
-use crate::stats::bump;
+use crate::stats::{bump, Events};
 use crate::sweep::Room;
 use crate::sync::{Arc, MutexGuard, Ordering};
 use crate::token::Shortage;
@@ -41,6 +41,13 @@ pub(crate) enum Step {
     ReplayFromFile {
         token: u64,
     },
+    /// The key was completed and its response is no longer kept: a marker answered.
+    Forgotten(Forgotten),
+    /// The claim found the key's completion past its retention and turned it into its
+    /// marker: look again once the marker's row (operation `seq`) is committed.
+    Forgetting {
+        seq: u64,
+    },
     NeedTokens,
     /// The key budget is full: reclaim what is due elsewhere, then look again.
     NeedRoom,
@@ -61,6 +68,11 @@ pub(crate) enum Prepared {
     /// Tokens ran out: a barrier commits a new high-water mark; look again once it is
     /// durable.
     Tokens,
+    /// A marker is being made (`Step::Forgetting`): look again once operation `seq` is
+    /// durable, when the writer has settled the marker.
+    Marker {
+        seq: u64,
+    },
 }
 
 /// Runs a blocking handler, renewing its lease meanwhile if the options ask for it.
@@ -90,6 +102,8 @@ pub(crate) enum Again {
     Leases,
     /// The stored record changed (expired and swept) before it could be read.
     Record,
+    /// The key's completion was turned into its marker, whose row is now committed.
+    Marker,
 }
 
 impl Again {
@@ -104,9 +118,18 @@ impl Again {
                 bump(&engine.shared().counters.overloaded);
                 ClaimError::Overloaded(Limit::InFlightClaims)
             }
-            Again::Tokens | Again::Record => ClaimError::Contended,
+            Again::Tokens | Again::Record | Again::Marker => ClaimError::Contended,
         }
     }
+}
+
+/// What a claim's look at the key's marker decided.
+enum MarkerLook {
+    /// The answer, from the marker (or the wait for its commit).
+    Answer(Step),
+    /// Decide on the slot as without markers; an acquiring claim drops the marker
+    /// `(hash, token)` with its write.
+    Proceed(Option<(u64, u64)>),
 }
 
 /// A completion read back from the file, verified.
@@ -134,6 +157,15 @@ impl Engine {
         // A claim that does not acquire writes nothing and reports no wall time: without a
         // file it needs no wall reading, and one that acquires reads it below.
         let mut now = s.now_with(rules.durable);
+        // The second tier (docs/retention.md): a key without a slot is answered from its
+        // marker, and a completion past its retention becomes its marker first.
+        let mut drop_marker = None;
+        if s.cfg.marker_retention.is_some() {
+            match self.marker_step(shard, k, opts, now)? {
+                MarkerLook::Answer(step) => return Ok(step),
+                MarkerLook::Proceed(dropped) => drop_marker = dropped,
+            }
+        }
         let decided = machine::claim(shard.view(k), opts.fingerprint, now.mono_ns);
         s.count(&mut shard.events, &decided.deltas);
         let mut plan = match decided.answer {
@@ -192,7 +224,7 @@ impl Engine {
             now.wall_ms = s.time.wall_ms();
         }
         let step = machine::acquire(plan, key, token, lease, now, &rules);
-        let seq = match s.queue(step.write, true) {
+        let seq = match s.queue_dropping(step.write, drop_marker, true) {
             Ok(seq) => seq,
             Err(refused) => {
                 undo();
@@ -207,6 +239,9 @@ impl Engine {
             }
         };
         shard.apply(k, step.change);
+        if let Some((hash, marker_token)) = drop_marker {
+            shard.drop_marker(hash, marker_token);
+        }
         s.count(&mut shard.events, &step.deltas);
         let Acquired {
             token,
@@ -224,6 +259,82 @@ impl Engine {
             } else {
                 0
             },
+        })
+    }
+
+    /// The claim's look at the key's marker, under the stripe lock (markers on). A
+    /// completion past its retention whose marker window is open is expired first, as the
+    /// sweeper would expire it, leaving its marker (a durable engine's look waits for the
+    /// marker's commit, then looks again). A key without a slot is then decided on its
+    /// marker by the state machine ([`machine::claim_marker`]).
+    fn marker_step(
+        &self,
+        shard: &mut MutexGuard<'_, Shard>,
+        k: Key<'_>,
+        opts: &ClaimOptions,
+        now: Now,
+    ) -> Result<MarkerLook, ClaimError> {
+        let s = self.shared();
+        match shard.get(k) {
+            Some(slot) if !slot.is_expired(now.mono_ns) => return Ok(MarkerLook::Proceed(None)),
+            Some(_) => {
+                let mut queued = 0;
+                let mut refused = None;
+                let mut events = Events::default();
+                let forgot = shard.forget(k, now.mono_ns, &mut |step| match s
+                    .queue(step.write.clone(), false)
+                {
+                    Ok(seq) => {
+                        s.count(&mut events, &step.deltas);
+                        queued = seq;
+                        true
+                    }
+                    Err(why) => {
+                        refused = Some(why);
+                        false
+                    }
+                });
+                shard.events.merge(&events);
+                match forgot {
+                    // Its marker window is over too: the claim replaces it as without markers.
+                    Forgot::Nothing => return Ok(MarkerLook::Proceed(None)),
+                    Forgot::Marked(marker) if marker.is_pending() => {
+                        return Ok(MarkerLook::Answer(Step::Forgetting { seq: queued }))
+                    }
+                    Forgot::Marked(_) => {}
+                    Forgot::Refused => {
+                        return Err(match refused {
+                            Some(SendRefused::Poisoned(why)) => ClaimError::Poisoned(why),
+                            Some(SendRefused::Closed) => ClaimError::Closed,
+                            Some(SendRefused::Full) | None => {
+                                bump(&s.counters.overloaded);
+                                ClaimError::Overloaded(Limit::WriterQueue)
+                            }
+                        })
+                    }
+                }
+            }
+            None => {}
+        }
+        let Some(marker) = shard.marker(k) else {
+            return Ok(MarkerLook::Proceed(None));
+        };
+        // A memory-only claim skipped the wall clock; the answer reports wall times.
+        let now = Now {
+            wall_ms: if now.wall_ms == 0 {
+                s.time.wall_ms()
+            } else {
+                now.wall_ms
+            },
+            ..now
+        };
+        let decided = machine::claim_marker(&marker, opts.fingerprint, opts.rerun_forgotten, now);
+        s.count(&mut shard.events, &decided.deltas);
+        Ok(match decided.answer {
+            MarkerAnswer::Forgotten(forgotten) => MarkerLook::Answer(Step::Forgotten(forgotten)),
+            MarkerAnswer::Busy(busy) => MarkerLook::Answer(Step::Busy(busy)),
+            MarkerAnswer::FingerprintMismatch => return Err(ClaimError::FingerprintMismatch),
+            MarkerAnswer::Acquire => MarkerLook::Proceed(Some((marker.hash, marker.token))),
         })
     }
 
@@ -323,6 +434,8 @@ impl Engine {
                     None => Ok(Prepared::Ready(Err(Again::Record))),
                 }
             }
+            Step::Forgotten(forgotten) => Ok(Prepared::Ready(Ok(Claim::Forgotten(forgotten)))),
+            Step::Forgetting { seq } => Ok(Prepared::Marker { seq }),
             Step::NeedTokens => Ok(Prepared::Tokens),
             step => self.make_room(step).map(Prepared::Ready),
         }
@@ -332,6 +445,15 @@ impl Engine {
     /// (`Acquired`) may or may not have been committed.
     pub(crate) fn claim_wait_failed(&self, why: Arc<str>) -> ClaimError {
         ClaimError::OutcomeUnknown(why)
+    }
+
+    /// The error of a failed wait for a marker's commit: the claim changed nothing of its
+    /// own, so the engine's state is the answer.
+    pub(crate) fn marker_wait_failed(&self) -> ClaimError {
+        match self.shared().poison_reason() {
+            Some(why) => ClaimError::Poisoned(why),
+            None => ClaimError::Closed,
+        }
     }
 
     /// The blocking driver of [`Engine::prepare`].
@@ -352,6 +474,12 @@ impl Engine {
             Prepared::Tokens => {
                 self.shared().flush().map_err(flush_to_claim)?;
                 Ok(Err(Again::Tokens))
+            }
+            Prepared::Marker { seq } => {
+                self.shared()
+                    .wait_durable(seq)
+                    .map_err(|_| self.marker_wait_failed())?;
+                Ok(Err(Again::Marker))
             }
         }
     }
@@ -522,6 +650,8 @@ impl Engine {
     /// - InFlight with an expired lease: taken over with a new token, attempt + 1 and the
     ///   checkpoint kept (`Acquired`).
     /// - Completed (and durable): `Completed` with the stored response.
+    /// - Completed, retention over, marker kept (`EngineBuilder::marker_retention`):
+    ///   `Forgotten`, unless [`ClaimOptions::rerun_forgotten`] asks to acquire it again.
     ///
     /// Under `Immediate` an `Acquired` answer is returned once the InFlight record is durable.
     pub fn claim(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
@@ -665,6 +795,7 @@ impl Engine {
             }
             Claim::Completed(stored) => Ok(Outcome::replay(stored)),
             Claim::InProgress(busy) => Err(RunError::still_in_progress(&busy)),
+            Claim::Forgotten(forgotten) => Err(RunError::Forgotten(forgotten)),
         }
     }
 
@@ -749,13 +880,15 @@ impl Engine {
             Claim::InProgress(busy) => Err(RunError::StillInProgress {
                 retry_after: busy.retry_after,
             }),
+            Claim::Forgotten(forgotten) => Err(RunError::Forgotten(forgotten)),
         }
     }
 
     /// The unscoped key's visible state, or `None` if it is Absent (never claimed,
-    /// released, or past its retention). A durable engine reads a completed key's response
-    /// from the file; a record missing from the file while the key still names it is
-    /// `Corrupted`. [`Engine::get_scoped`] reads a key within a scope.
+    /// released, or past its retention; also while a marker of it is kept, which only a
+    /// claim answers from). A durable engine reads a completed key's response from the
+    /// file; a record missing from the file while the key still names it is `Corrupted`.
+    /// [`Engine::get_scoped`] reads a key within a scope.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
         self.get_scoped(&[], key)
     }

@@ -5,7 +5,7 @@
 //! Every value is checked after it is encoded and before it is trusted after a read (pair
 //! assertions), so a damaged record is refused instead of replayed.
 
-use crate::constants::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN};
+use crate::constants::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
@@ -474,6 +474,79 @@ pub(crate) fn decode_head(token: u64, bytes: &[u8]) -> Result<RecordHead, Decode
     }
 }
 
+/// A marker row (docs/retention.md, "Markers: the second tier"), stored under the key's
+/// keyed hash in the markers table: what is left of a completion after its retention. It
+/// holds no key bytes and no response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MarkerRecord {
+    /// The second keyed hash of the key (see `marker.rs`).
+    pub(crate) check: u64,
+    /// The token of the completion it stands for.
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    pub(crate) fingerprint: Option<u128>,
+    pub(crate) completed_wall_ms: u64,
+    /// Wall-clock end of the marker, ms since the epoch: the completion's end of retention
+    /// plus the marker retention.
+    pub(crate) end_wall_ms: u64,
+}
+
+/// Encodes a marker row stored under `hash`: `version | body | crc32c(hash, version | body)`,
+/// framed as records are (the checksum covers its key, so a row copied under another hash is
+/// caught).
+pub(crate) fn encode_marker(hash: u64, marker: &MarkerRecord) -> Vec<u8> {
+    let out = frame(hash, MARKER_FORMAT_VERSION, marker);
+    debug_assert_eq!(decode_marker(hash, &out), Ok(*marker));
+    out
+}
+
+/// The marker row a completion leaves, from its record stored under `token`: its
+/// fingerprint, attempt and completion time, ending `marker_retention_ms` after the record's
+/// end of retention. `None` for a value that is not a completion or does not decode (a
+/// damaged record leaves no marker: the key is then new, as without markers).
+pub(crate) fn marker_of_record(
+    token: u64,
+    bytes: &[u8],
+    check: u64,
+    marker_retention_ms: u64,
+) -> Option<MarkerRecord> {
+    let head = decode_head(token, bytes).ok()?;
+    let HeadState::Completed {
+        attempt,
+        completed_wall_ms,
+        expires_wall_ms,
+    } = head.state
+    else {
+        return None;
+    };
+    Some(MarkerRecord {
+        check,
+        token,
+        attempt,
+        fingerprint: head.fingerprint,
+        completed_wall_ms,
+        end_wall_ms: expires_wall_ms.saturating_add(marker_retention_ms),
+    })
+}
+
+/// Decodes and verifies a marker row read under `hash`.
+pub(crate) fn decode_marker(hash: u64, bytes: &[u8]) -> Result<MarkerRecord, DecodeError> {
+    if bytes.len() < HEADER_LEN + TRAILER_LEN {
+        return Err(DecodeError::TooShort(bytes.len()));
+    }
+    let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
+    let stored = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+    let computed = crc32c_token(hash, body);
+    if stored != computed {
+        return Err(DecodeError::Checksum { stored, computed });
+    }
+    let version = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
+    if version != MARKER_FORMAT_VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    decode_whole(&body[HEADER_LEN..])
+}
+
 /// Encodes a typed response for [`crate::Engine::run_typed`].
 pub(crate) fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, String> {
     bincode::serde::encode_to_vec(value, config()).map_err(|e| e.to_string())
@@ -673,6 +746,34 @@ mod tests {
             decode(6, &bytes),
             Err(DecodeError::Checksum { .. })
         ));
+    }
+
+    #[test]
+    fn marker_rows_round_trip_and_every_damage_is_refused() {
+        let m = MarkerRecord {
+            check: 0xDEAD_BEEF,
+            token: 42,
+            attempt: 3,
+            fingerprint: Some(7 << 64 | 1),
+            completed_wall_ms: 1_700_000_000_000,
+            end_wall_ms: 1_700_000_999_000,
+        };
+        let bytes = encode_marker(9, &m);
+        assert_eq!(decode_marker(9, &bytes), Ok(m));
+        assert!(matches!(
+            decode_marker(10, &bytes),
+            Err(DecodeError::Checksum { .. })
+        ));
+        for i in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x40;
+            assert!(decode_marker(9, &damaged).is_err(), "flip at {i}");
+        }
+        for n in 0..bytes.len() {
+            assert!(decode_marker(9, &bytes[..n]).is_err());
+        }
+        // A record is not a marker, even under the same key.
+        assert!(decode_marker(5, &encode(5, &sample())).is_err());
     }
 
     #[test]

@@ -115,6 +115,14 @@ pub(crate) const EXPIRY_COMPACT_SLACK: usize = 1024;
 /// each): more than the one it leaves, so the heap drains whenever its top is stale.
 pub(crate) const EXPIRY_TRIM_MAX: usize = 4;
 
+/// Longest marker retention a builder may configure (`EngineBuilder::marker_retention`):
+/// markers are kept in memory, so their window is bounded like every other count.
+pub(crate) const MARKER_RETENTION_LIMIT: Duration = Duration::from_secs(400 * 24 * 3600);
+/// Bytes of the secret that keys the index's hashes (two SipHash keys of 16 bytes: one for
+/// the table and stripe hash, one for the markers' second hash), kept in the file's meta
+/// table so that hashes are the same after a restart.
+pub(crate) const HASH_SECRET_LEN: usize = 32;
+
 /// Default most keys held (InFlight plus Completed); past it new keys get `Overloaded`.
 pub(crate) const KEYS_MAX_DEFAULT: usize = 64 << 20;
 
@@ -142,6 +150,9 @@ pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 pub(crate) const FORMAT_VERSION: u32 = 2;
 /// The oldest record version still read (and converted on the way in); never written.
 pub(crate) const FORMAT_VERSION_READ_MIN: u32 = 1;
+/// Version of the marker row encoding (the markers table, docs/retention.md). Bumped on any
+/// incompatible change.
+pub(crate) const MARKER_FORMAT_VERSION: u32 = 1;
 /// Marks a redb file as an idemkv file of the current format. A writable open of a file of
 /// the previous format rewrites its marker, so that an older engine refuses the file
 /// instead of misreading the records this one adds.

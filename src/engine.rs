@@ -7,8 +7,8 @@
 use crate::clock::{ClockListener, Time};
 use crate::constants::*;
 use crate::error::{ClaimError, FlushError, LeaseError, OpenError};
-use crate::index::Index;
-use crate::machine::{Deltas, Now, Rules, Write};
+use crate::index::{Index, KeyHasher, Keying};
+use crate::machine::{Deltas, MarkerRules, Now, Rules, Write};
 use crate::options::{Durability, EngineBuilder};
 use crate::progress::{Failed, Progress, Stopped};
 use crate::stats::{read, Counters, Events, Stats};
@@ -28,6 +28,8 @@ pub(crate) struct Config {
     pub(crate) durability: Durability,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
+    /// The second tier of retention (`None`: no markers).
+    pub(crate) marker_retention: Option<Duration>,
     pub(crate) key_len_max: usize,
     pub(crate) response_len_max: usize,
     pub(crate) checkpoint_len_max: usize,
@@ -344,15 +346,27 @@ impl Shared {
     /// Queues a state machine's write (see [`Shared::send`]) and returns its durability
     /// sequence number; nothing to write is queued as nothing (0).
     pub(crate) fn queue(&self, write: Option<Write>, claim: bool) -> Result<u64, SendRefused> {
+        self.queue_dropping(write, None, claim)
+    }
+
+    /// [`Shared::queue`] for a claim that acquires a key over its marker `(hash, token)`:
+    /// the marker row is removed in the commit that stores the claim's record.
+    pub(crate) fn queue_dropping(
+        &self,
+        write: Option<Write>,
+        drop_marker: Option<(u64, u64)>,
+        claim: bool,
+    ) -> Result<u64, SendRefused> {
         match write {
             None => Ok(0),
-            Some(write) => self.send(self.op(write), claim),
+            Some(write) => self.send(self.op(write, drop_marker), claim),
         }
     }
 
-    /// The queued form of a state machine's write. Encoded here, on the caller's thread: the
-    /// writer's one thread only does the B-tree work and the commit.
-    pub(crate) fn op(&self, write: Write) -> Op {
+    /// The queued form of a state machine's write, with the marker row `drop_marker` its
+    /// commit removes (a claim that acquires a key over its marker). Encoded here, on the
+    /// caller's thread: the writer's one thread only does the B-tree work and the commit.
+    pub(crate) fn op(&self, write: Write, drop_marker: Option<(u64, u64)>) -> Op {
         match write {
             Write::Put {
                 token,
@@ -368,8 +382,21 @@ impl Shared {
                     .then(|| crate::scope::scoped(&record.scope.0, &record.key.0))
                     .flatten()
                     .map(Arc::from),
+                drop_marker,
             },
             Write::Delete { token } => Op::Delete { token },
+            Write::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            } => Op::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            },
+            Write::DropMarker { hash, token } => Op::DropMarker { hash, token },
         }
     }
 
@@ -415,6 +442,8 @@ pub(crate) enum SendRefused {
 ///     Claim::Acquired(lease) => lease.complete(b"charged")?,
 ///     Claim::InProgress(busy) => println!("retry in {:?}", busy.retry_after()),
 ///     Claim::Completed(stored) => println!("replay {:?}", stored.response()),
+///     // Only with `EngineBuilder::marker_retention`: completed, response no longer kept.
+///     Claim::Forgotten(f) => println!("done at {:?}, response gone", f.completed_at()),
 /// }
 /// let again = engine.claim(b"order-42", &opts)?;
 /// assert!(matches!(again, Claim::Completed(s) if s.response() == b"charged"));
@@ -498,33 +527,53 @@ impl EngineBuilder {
         self.validate()?;
         let time = Time::new(self.clock.clone());
         let counters = Counters::default();
+        let memory_only = self.durability == Durability::None;
+        // A durable engine's hashes are keyed by the secret its file keeps, so a key hashes
+        // the same after a restart and its marker finds it.
+        let opened = if memory_only {
+            None
+        } else {
+            Some(Store::open(&self)?)
+        };
+        let hasher = match &opened {
+            Some(store) => KeyHasher::from_secret(&store.hash_secret()?),
+            None => KeyHasher::random(),
+        };
         let index = Index::new(
             self.stripes,
             crate::clock::duration_ns(self.retention),
             counters.inflight.clone(),
             counters.abandoned.clone(),
+            Keying {
+                hasher,
+                markers: self.marker_retention.map(|retention| MarkerRules {
+                    retention,
+                    durable: !memory_only,
+                }),
+            },
         );
-        let (tokens, store, outbox_next) = if self.durability == Durability::None {
-            (Tokens::new(1, u64::MAX), None, 1)
-        } else {
-            let store = Store::open(&self)?;
-            // A damaged file can make redb panic mid-scan: contain it as corruption.
-            let next = crate::storage::contain("recovery", || {
-                crate::recovery::recover(&store, &self, &index, &time, &counters)
-            })
-            .map_err(|detail| OpenError::Corrupted { detail })??;
-            // Every replay opens the tables again: a table tree that only decodes in the
-            // write path must be refused now, not on each read.
-            store.check_tables()?;
-            let outbox_next = store.outbox_next()?;
-            let limit = next.saturating_add(TOKEN_RESERVE);
-            (Tokens::new(next, limit), Some(Arc::new(store)), outbox_next)
+        let (tokens, store, outbox_next) = match opened {
+            None => (Tokens::new(1, u64::MAX), None, 1),
+            Some(store) => {
+                // A damaged file can make redb panic mid-scan: contain it as corruption.
+                let next = crate::storage::contain("recovery", || {
+                    crate::recovery::recover(&store, &self, &index, &time, &counters)
+                })
+                .map_err(|detail| OpenError::Corrupted { detail })??;
+                // Every replay opens the tables again: a table tree that only decodes in the
+                // write path must be refused now, not on each read.
+                store.check_tables()?;
+                let outbox_next = store.outbox_next()?;
+                let limit = next.saturating_add(TOKEN_RESERVE);
+                (Tokens::new(next, limit), Some(Arc::new(store)), outbox_next)
+            }
         };
         let claim_queue_max = self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
         let cfg = Config {
             durability: self.durability,
             lease: self.lease,
             retention: self.retention,
+            marker_retention: self.marker_retention,
             key_len_max: self.key_len_max,
             response_len_max: self.response_len_max,
             checkpoint_len_max: self.checkpoint_len_max,
@@ -707,7 +756,7 @@ impl Engine {
         let s = self.shared();
         let c = &s.counters;
         let now = s.time.mono_ns();
-        let (mut expired_unswept, mut index_bytes) = (0u64, 0u64);
+        let (mut expired_unswept, mut index_bytes, mut markers) = (0u64, 0u64, 0u64);
         let mut events = Events::default();
         for (i, stripe) in s.index.stripes().enumerate() {
             let mut shard = stripe.map.lock();
@@ -719,6 +768,7 @@ impl Engine {
                 expired_unswept += shard.expired_unswept(now);
             }
             index_bytes += shard.memory_bytes() as u64;
+            markers += shard.markers_len() as u64;
         }
         crate::observe::gauges(s);
         let commits = read(&c.commits);
@@ -729,6 +779,8 @@ impl Engine {
             completed: read(&c.completed).saturating_sub(expired_unswept),
             expired_unswept,
             expirations: events.expirations,
+            markers,
+            forgotten: events.forgotten,
             index_bytes,
             claims: events.claims,
             claims_cancelled: read(&c.claims_cancelled),

@@ -631,6 +631,10 @@ pub enum RunError<E> {
     },
     /// A replayed typed response could not be decoded (see [`crate::Engine::run_typed`]).
     Codec(String),
+    /// The key was completed, but its response is no longer kept (a marker answered, see
+    /// [`crate::Claim::Forgotten`]); the handler did not run. Run it again only on purpose,
+    /// with [`crate::ClaimOptions::rerun_forgotten`].
+    Forgotten(crate::Forgotten),
 }
 
 impl<E> RunError<E> {
@@ -664,6 +668,7 @@ impl<E: fmt::Display> fmt::Display for RunError<E> {
                 )
             }
             RunError::Codec(e) => write!(f, "typed response codec: {e}"),
+            RunError::Forgotten(forgotten) => forgotten.fmt(f),
         }
     }
 }

@@ -34,12 +34,14 @@
 //! let the engine answer "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
-use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX};
-use crate::machine::{self, Change, Step, View};
+use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
+use crate::machine::{self, Change, MarkerRules, Step, View};
+use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
 use crate::stats::Events;
 use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::wake::Changed;
 use hashbrown::HashTable;
+use siphasher::sip::SipHasher13;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -179,6 +181,9 @@ pub(crate) struct Extra {
     /// was loaded, which says when it could be taken over, not when it ended. 0: the lease
     /// ends at its deadline. Reports only.
     pub(crate) ended_wall_ms: u64,
+    /// Wall-clock instant of that completion, for the marker it leaves (a memory-only
+    /// engine's; a durable engine's marker takes it from the record).
+    pub(crate) completed_wall_ms: u64,
 }
 
 impl Extra {
@@ -192,6 +197,7 @@ impl Extra {
             && self.attempt_started_wall_ms == 0
             && !self.failed
             && self.ended_wall_ms == 0
+            && self.completed_wall_ms == 0
     }
 
     fn heap_bytes(&self) -> usize {
@@ -412,6 +418,10 @@ fn due_prefix(done: &VecDeque<DoneEntry>, now: u64) -> usize {
 /// What every stripe shares: the engine-wide gauges it keeps current, and the boards.
 pub(crate) struct Common {
     retention_ns: u64,
+    /// The keyed hashes, for the marker a completion leaves (its key's hashes).
+    hasher: KeyHasher,
+    /// Markers of completions past their retention, if the engine keeps them.
+    markers: Option<MarkerRules>,
     /// Leases counted against the in-flight limit (the engine's `inflight` counter).
     live: Arc<AtomicU64>,
     /// Abandoned leases (the engine's `abandoned` counter).
@@ -456,7 +466,7 @@ pub(crate) struct Shard {
     slots: HashTable<(Box<[u8]>, Slot)>,
     /// The index's hasher, for tests that make keys from a shard.
     #[cfg(test)]
-    hasher: RandomState,
+    hasher: KeyHasher,
     extras: HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
     /// Heap bytes of keys and extras, for the memory estimate.
     heap_bytes: usize,
@@ -471,6 +481,9 @@ pub(crate) struct Shard {
     leases: BinaryHeap<ByEnd>,
     /// Every abandoned slot, and stale entries.
     ended: BinaryHeap<ByReap>,
+    /// What completions past their retention left behind, when the engine keeps markers:
+    /// apart from the slots and their expiry order (`marker.rs`).
+    markers: Markers,
     /// InFlight slots counted live, abandoned slots, completed slots.
     live: usize,
     abandoned: usize,
@@ -484,7 +497,7 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    fn new(hasher: &RandomState, common: Arc<Common>, id: usize) -> Self {
+    fn new(hasher: &KeyHasher, common: Arc<Common>, id: usize) -> Self {
         #[cfg(not(test))]
         let _ = hasher;
         Self {
@@ -497,6 +510,7 @@ impl Shard {
             kept: DueHeap::default(),
             leases: BinaryHeap::new(),
             ended: BinaryHeap::new(),
+            markers: Markers::default(),
             live: 0,
             abandoned: 0,
             completed: 0,
@@ -746,6 +760,7 @@ impl Shard {
         let done = self.done.front().map_or(u64::MAX, |e| e.deadline_ns);
         let kept = self.kept.peek().map_or(u64::MAX, |e| e.deadline_ns);
         let reap = self.ended.peek().map_or(u64::MAX, |e| e.0.reap_ns);
+        let marker = self.markers.next_end().unwrap_or(u64::MAX);
         let set = |cell: &AtomicU64, v: u64| {
             // Read first: the boards are shared by many stripes and rarely change.
             if cell.load(Ordering::Relaxed) != v {
@@ -753,7 +768,10 @@ impl Shard {
             }
         };
         set(&self.common.lease_due[self.id], lease);
-        set(&self.common.reclaim_due[self.id], done.min(kept).min(reap));
+        set(
+            &self.common.reclaim_due[self.id],
+            done.min(kept).min(reap).min(marker),
+        );
     }
 
     /// Marks the completion of `key` by `token` durable, dropping its side data (the file
@@ -899,12 +917,16 @@ impl Shard {
                 shard.done.pop_front();
             }
         };
+        let (common, extras) = (&self.common, &self.extras);
         let found = self
             .slots
             .find_entry(e.hash, |(_, s)| done_matches(s, &e))
             .ok()
-            .and_then(|entry| machine::expire(&entry.get().1, now).map(|step| (entry, step)));
-        let Some((entry, step)) = found else {
+            .and_then(|entry| {
+                let (key, slot) = entry.get();
+                expiry(common, extras, key, slot, now).map(|step| (entry, step))
+            });
+        let Some((entry, (step, marker))) = found else {
             pop(self);
             return Reclaimed::Stale;
         };
@@ -916,6 +938,9 @@ impl Shard {
         self.heap_bytes -= key.len();
         self.drop_extra(&slot);
         self.completed -= 1;
+        if let Some(marker) = marker {
+            self.markers.insert(marker);
+        }
         Reclaimed::Expired
     }
 
@@ -946,6 +971,99 @@ impl Shard {
         Reclaimed::Reaped
     }
 
+    /// The key's marker, if it has one: found by the key's keyed hash, and taken for this
+    /// key's only if the second, independent hash matches too (computed only on a hit).
+    pub(crate) fn marker(&self, key: Key<'_>) -> Option<Marker> {
+        let m = self.markers.get(key.keyed)?;
+        (m.check == self.common.hasher.check(key.bytes)).then_some(*m)
+    }
+
+    /// Markers held by this stripe.
+    pub(crate) fn markers_len(&self) -> usize {
+        self.markers.len()
+    }
+
+    /// A claim found `key`'s completion past its retention while markers are on: it is
+    /// expired now, as the sweeper would expire it, once `send` has queued the step, and
+    /// leaves its marker. Nothing is done if the key has no such completion, or if the
+    /// marker's window is over too (the claim then replaces the completion as it would
+    /// without markers).
+    pub(crate) fn forget(
+        &mut self,
+        key: Key<'_>,
+        now: u64,
+        send: &mut dyn FnMut(&Step<()>) -> bool,
+    ) -> Forgot {
+        let Some(slot) = self.get(key) else {
+            return Forgot::Nothing;
+        };
+        let step = expiry(&self.common, &self.extras, key.bytes, &slot, now);
+        let Some((step, Some(marker))) = step else {
+            return Forgot::Nothing;
+        };
+        if !send(&step) {
+            return Forgot::Refused;
+        }
+        self.remove(key);
+        self.markers.insert(marker);
+        self.refresh_due();
+        Forgot::Marked(marker)
+    }
+
+    /// Drops the marker of `hash` left by the completion `token` (a claim acquires its key).
+    pub(crate) fn drop_marker(&mut self, hash: u64, token: u64) {
+        if self.markers.remove(hash, token).is_some() {
+            self.refresh_due();
+        }
+    }
+
+    /// The writer committed the row of the marker `hash` left by `token`: a pending marker
+    /// takes the row's fingerprint, completion time and attempt (`None`: the record was not
+    /// in the file, so no row was written and the marker goes). Returns whether a pending
+    /// marker was there.
+    pub(crate) fn settle_marker(
+        &mut self,
+        hash: u64,
+        token: u64,
+        row: Option<&crate::codec::MarkerRecord>,
+    ) -> bool {
+        let Some(marker) = self.markers.pending_mut(hash, token) else {
+            return false;
+        };
+        match row {
+            Some(r) => Markers::settle(marker, r.fingerprint, r.completed_wall_ms, r.attempt),
+            None => {
+                self.markers.remove(hash, token);
+                self.refresh_due();
+            }
+        }
+        true
+    }
+
+    /// Recovery loads a marker from the file (or from a completion it found past its
+    /// retention). The later of two markers of one hash wins.
+    pub(crate) fn load_marker(&mut self, marker: Marker) {
+        self.markers.insert(marker);
+        self.refresh_due();
+    }
+
+    /// Removes this stripe's earliest marker if it has ended by `now`, once `send` has
+    /// queued the deletion of its row (the state machine's [`machine::end_marker`]).
+    pub(crate) fn end_marker(
+        &mut self,
+        now: u64,
+        send: &mut dyn FnMut(&Step<()>) -> bool,
+    ) -> MarkerEnded {
+        let durable = self.common.markers.is_some_and(|r| r.durable);
+        let out = self.markers.end_head(now, &mut |m| {
+            machine::end_marker(m, now, durable).is_some_and(|step| send(&step))
+        });
+        if out != MarkerEnded::Nothing && out != MarkerEnded::Refused {
+            self.refresh_due();
+        }
+        out
+    }
+
     /// Whether anything is due at `now`: a lease to end, a completion or an abandoned lease
     /// to remove (possibly a stale entry).
     pub(crate) fn has_due(&self, now: u64) -> bool {
@@ -953,6 +1071,7 @@ impl Shard {
             || self.done.front().is_some_and(|e| e.deadline_ns <= now)
             || self.kept.peek().is_some_and(|e| e.deadline_ns <= now)
             || self.ended.peek().is_some_and(|e| e.0.reap_ns <= now)
+            || self.markers.next_end().is_some_and(|end| end <= now)
     }
 
     /// Completed keys past their retention at `now` and not yet removed: O(log due) from
@@ -997,6 +1116,11 @@ impl Shard {
         self.slots.iter().map(|(k, s)| (&**k, s))
     }
 
+    /// Pre-sizes the markers (recovery); a failed reservation only means growing later.
+    pub(crate) fn reserve_markers(&mut self, additional: usize) -> bool {
+        self.markers.try_reserve(additional)
+    }
+
     /// Pre-sizes the table and the completion order; a failed reservation only means
     /// growing later.
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
@@ -1016,8 +1140,123 @@ impl Shard {
             + self.extras.capacity() * extra_bucket
             + (self.done.capacity() + self.kept.capacity()) * std::mem::size_of::<DoneEntry>()
             + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
+            + self.markers.memory_bytes()
             + self.heap_bytes
     }
+}
+
+/// The step that removes the expired completion `slot` of `key`, and the marker it leaves
+/// when the engine keeps markers and the marker's window is not over yet
+/// ([`machine::forget`]); a plain expiry otherwise ([`machine::expire`]). `None` if the slot
+/// is not a completion past its retention at `now`.
+fn expiry(
+    common: &Common,
+    extras: &HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
+    key: &[u8],
+    slot: &Slot,
+    now: u64,
+) -> Option<(Step<()>, Option<Marker>)> {
+    let Some(rules) = &common.markers else {
+        return machine::expire(slot, now).map(|step| (step, None));
+    };
+    let extra = if slot.has_extra() {
+        extras.get(&slot.token)
+    } else {
+        None
+    };
+    let id = MarkerId {
+        hash: common.hasher.hash(key),
+        check: common.hasher.check(key),
+    };
+    let step = machine::forget(slot, extra, id, rules, now)?;
+    let marker = step.answer;
+    let step = Step {
+        change: step.change,
+        write: step.write,
+        answer: (),
+        deltas: step.deltas,
+    };
+    Some((step, marker))
+}
+
+/// What [`Shard::forget`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Forgot {
+    /// The key has no completion past its retention with a marker window left.
+    Nothing,
+    /// The completion was removed and left this marker.
+    Marked(Marker),
+    /// Its step could not be queued; nothing changed.
+    Refused,
+}
+
+/// The index's keyed hashes: SipHash-1-3 under a secret of two 128-bit keys, one for the
+/// hash that picks a key's stripe and table bucket (and names its marker), one for the
+/// markers' second hash. A durable engine keeps the secret in its file (`storage.rs`), so a
+/// key hashes the same after a restart and a marker, which holds no key bytes, finds its
+/// key again; a memory-only engine draws one at open. Clients choose keys: without the
+/// secret they can neither aim keys at one stripe nor make a key collide with a marker.
+#[derive(Clone)]
+pub(crate) struct KeyHasher {
+    table: (u64, u64),
+    check: (u64, u64),
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The keys are secret.
+        f.write_str("KeyHasher")
+    }
+}
+
+impl KeyHasher {
+    pub(crate) fn from_secret(secret: &[u8; HASH_SECRET_LEN]) -> Self {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&secret[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        Self {
+            table: (word(0), word(1)),
+            check: (word(2), word(3)),
+        }
+    }
+
+    /// A fresh secret, drawn from the standard library's randomly keyed hasher (seeded by
+    /// the operating system): each word is a keyed hash under keys nobody outside the
+    /// process knows.
+    pub(crate) fn random_secret() -> [u8; HASH_SECRET_LEN] {
+        let state = RandomState::new();
+        let mut secret = [0u8; HASH_SECRET_LEN];
+        for (i, word) in secret.chunks_exact_mut(8).enumerate() {
+            word.copy_from_slice(&state.hash_one(i as u64).to_le_bytes());
+        }
+        secret
+    }
+
+    /// A hasher under a fresh secret (memory-only engines, tests).
+    pub(crate) fn random() -> Self {
+        Self::from_secret(&Self::random_secret())
+    }
+
+    /// The keyed hash of `bytes` that picks its stripe and bucket and names its marker.
+    pub(crate) fn hash(&self, bytes: &[u8]) -> u64 {
+        sip(self.table, bytes)
+    }
+
+    /// The second, independent keyed hash of `bytes` that a marker keeps.
+    pub(crate) fn check(&self, bytes: &[u8]) -> u64 {
+        sip(self.check, bytes)
+    }
+}
+
+/// SipHash-1-3 of `bytes` under `keys`, length first: a fixed byte stream on every platform,
+/// since the hashes are persisted.
+fn sip(keys: (u64, u64), bytes: &[u8]) -> u64 {
+    let mut h = SipHasher13::new_with_keys(keys.0, keys.1);
+    h.write(&(bytes.len() as u64).to_le_bytes());
+    h.write(bytes);
+    h.finish()
 }
 
 /// A key with its keyed hash. Made once per operation ([`Index::lock`]), so the key is
@@ -1031,6 +1270,8 @@ impl Shard {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Key<'a> {
     bytes: &'a [u8],
+    /// The whole keyed hash: a marker's name for the key.
+    keyed: u64,
     /// The table hash: `table_hash(tag)`.
     hash: u64,
     tag: u32,
@@ -1048,11 +1289,12 @@ fn table_hash(tag: u32) -> u64 {
 }
 
 impl<'a> Key<'a> {
-    fn new(hasher: &RandomState, bytes: &'a [u8]) -> Self {
-        let keyed = hasher.hash_one(bytes);
+    fn new(hasher: &KeyHasher, bytes: &'a [u8]) -> Self {
+        let keyed = hasher.hash(bytes);
         let tag = (keyed as u32) & ((1 << TAG_BITS) - 1);
         Key {
             bytes,
+            keyed,
             hash: table_hash(tag),
             tag,
             stripe_bits: (keyed >> 32) as u32,
@@ -1076,23 +1318,31 @@ pub(crate) struct Stripe {
 #[repr(align(128))]
 struct Padded(Stripe);
 
+/// How the index hashes keys and whether it keeps markers.
+pub(crate) struct Keying {
+    pub(crate) hasher: KeyHasher,
+    pub(crate) markers: Option<MarkerRules>,
+}
+
 pub(crate) struct Index {
     stripes: Box<[Padded]>,
     mask: u64,
-    /// Keyed with per-process random keys: clients choose keys, and must not be able to aim
-    /// them all at one stripe.
-    hasher: RandomState,
+    /// Keyed with a secret (see [`KeyHasher`]): clients choose keys, and must not be able to
+    /// aim them all at one stripe.
+    hasher: KeyHasher,
     common: Arc<Common>,
 }
 
 impl Index {
     /// An index of `stripes` stripes (a power of two) that reaps an abandoned lease
-    /// `retention_ns` after its end and keeps the engine's `live` and `abandoned` gauges.
+    /// `retention_ns` after its end and keeps the engine's `live` and `abandoned` gauges,
+    /// hashing keys and keeping markers as `keying` says.
     pub(crate) fn new(
         stripes: usize,
         retention_ns: u64,
         live: Arc<AtomicU64>,
         abandoned: Arc<AtomicU64>,
+        keying: Keying,
     ) -> Self {
         assert!(
             stripes.is_power_of_two(),
@@ -1100,14 +1350,16 @@ impl Index {
         );
         let board =
             || -> Box<[AtomicU64]> { (0..stripes).map(|_| AtomicU64::new(u64::MAX)).collect() };
+        let hasher = keying.hasher;
         let common = Arc::new(Common {
             retention_ns,
+            hasher: hasher.clone(),
+            markers: keying.markers,
             live,
             abandoned,
             lease_due: board(),
             reclaim_due: board(),
         });
-        let hasher = RandomState::new();
         let stripes: Box<[Padded]> = (0..stripes)
             .map(|id| {
                 Padded(Stripe {
@@ -1133,6 +1385,19 @@ impl Index {
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
         &self.stripes[self.stripe_index(key)].0
+    }
+
+    /// The hashes that name `bytes`'s marker.
+    pub(crate) fn marker_id(&self, bytes: &[u8]) -> MarkerId {
+        MarkerId {
+            hash: self.hasher.hash(bytes),
+            check: self.hasher.check(bytes),
+        }
+    }
+
+    /// The position of the stripe of the key whose keyed hash is `keyed` (a marker's).
+    pub(crate) fn stripe_of_hash(&self, keyed: u64) -> usize {
+        ((keyed >> 32) & self.mask) as usize
     }
 
     /// The position of `key`'s stripe, for callers that group keys by stripe.
@@ -1224,6 +1489,8 @@ mod tests {
     use super::*;
 
     const RETENTION: u64 = 1_000;
+    const GOLDEN_HASH: u64 = 14064908793807524591;
+    const GOLDEN_CHECK: u64 = 2102196403203803230;
 
     struct Fixture {
         shard: Shard,
@@ -1233,18 +1500,25 @@ mod tests {
     }
 
     fn fixture() -> Fixture {
+        fixture_with(None)
+    }
+
+    fn fixture_with(markers: Option<MarkerRules>) -> Fixture {
         let live = Arc::new(AtomicU64::new(0));
         let abandoned = Arc::new(AtomicU64::new(0));
         let board = || -> Box<[AtomicU64]> { vec![AtomicU64::new(u64::MAX)].into() };
+        let hasher = KeyHasher::random();
         let common = Arc::new(Common {
             retention_ns: RETENTION,
+            hasher: hasher.clone(),
+            markers,
             live: live.clone(),
             abandoned: abandoned.clone(),
             lease_due: board(),
             reclaim_due: board(),
         });
         Fixture {
-            shard: Shard::new(&RandomState::new(), common.clone(), 0),
+            shard: Shard::new(&hasher, common.clone(), 0),
             live,
             abandoned,
             common,
@@ -1315,6 +1589,119 @@ mod tests {
                 self.common.reclaim_due[0].load(Ordering::Relaxed),
             )
         }
+    }
+
+    /// Hashes are persisted (marker rows are keyed by them): for a given secret they must
+    /// never change, on any platform or version. The values were computed once, and agree
+    /// with an independent SipHash-1-3 of the same bytes (the length as a little-endian u64,
+    /// then the key).
+    #[test]
+    fn keyed_hashes_are_fixed_by_the_secret() {
+        let mut secret = [0u8; HASH_SECRET_LEN];
+        for (i, b) in secret.iter_mut().enumerate() {
+            *b = i as u8;
+        }
+        let h = KeyHasher::from_secret(&secret);
+        assert_eq!(h.hash(b"order-42"), GOLDEN_HASH);
+        assert_eq!(h.check(b"order-42"), GOLDEN_CHECK);
+        assert_ne!(
+            h.hash(b"order-42"),
+            h.check(b"order-42"),
+            "independent keys"
+        );
+        // Length first: a key is not confused with its prefix padded by zeros.
+        assert_ne!(h.hash(b"k"), h.hash(b"k\0"));
+        let other = KeyHasher::random();
+        assert_ne!(
+            other.hash(b"order-42"),
+            GOLDEN_HASH,
+            "another secret, another hash"
+        );
+    }
+
+    /// A memory-only stripe keeping markers for 500 ns after a completion's retention.
+    fn marking() -> Fixture {
+        fixture_with(Some(MarkerRules {
+            retention: std::time::Duration::from_nanos(500),
+            durable: false,
+        }))
+    }
+
+    fn complete_with(f: &mut Fixture, key: &str, token: u64, expires: u64, fingerprint: u128) {
+        f.claim(key, token, 1);
+        let extra = Extra {
+            fingerprint: Some(fingerprint),
+            response: Some(Arc::from(&b"r"[..])),
+            expires_wall_ms: 77,
+            completed_wall_ms: 66,
+            ..Extra::default()
+        };
+        f.shard.put(
+            f.shard.key(key.as_bytes()),
+            Slot::completed(token, expires, 1, true),
+            extra,
+        );
+        f.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    #[test]
+    fn an_expired_completion_leaves_a_marker_that_ends_at_its_instant() {
+        let mut f = marking();
+        complete_with(&mut f, "k", 1, 10, 9);
+        assert_eq!(f.reclaim_all(10), vec![(Reclaimed::Expired, 1)]);
+        assert_eq!(f.shard.get(f.shard.key(b"k")), None, "the slot went");
+        let m = f.shard.marker(f.shard.key(b"k")).expect("a marker");
+        assert_eq!(
+            (m.token, m.fingerprint(), m.completed_wall_ms, m.end_ns),
+            (1, Some(9), 66, 510)
+        );
+        assert!(!m.is_pending(), "a memory-only marker is complete at once");
+        assert_eq!(f.shard.marker(f.shard.key(b"other")), None);
+        assert_eq!(f.boards().1, 510, "the sweeper is told when it ends");
+        let mut ended = |now| {
+            let mut sent = Vec::new();
+            let r = f.shard.end_marker(now, &mut |step| {
+                sent.push(step.write.clone());
+                true
+            });
+            (r, sent)
+        };
+        assert_eq!(ended(509), (MarkerEnded::Nothing, vec![]));
+        assert_eq!(
+            ended(510),
+            (MarkerEnded::Ended, vec![None]),
+            "memory only: no row"
+        );
+        assert_eq!(f.shard.markers_len(), 0);
+        assert_eq!(f.boards().1, u64::MAX);
+    }
+
+    #[test]
+    fn a_claim_forgets_an_expired_completion_only_within_its_marker_window() {
+        let mut f = marking();
+        complete_with(&mut f, "in", 1, 10, 9);
+        complete_with(&mut f, "over", 2, 10, 9);
+        let mut sent = 0;
+        let forgot = f.shard.forget(f.shard.key(b"in"), 509, &mut |_| {
+            sent += 1;
+            true
+        });
+        assert!(matches!(forgot, Forgot::Marked(m) if m.token == 1 && m.end_ns == 510));
+        assert_eq!(f.shard.completed, 1);
+        // Past the window too: nothing changes, the claim replaces the completion itself.
+        let forgot = f.shard.forget(f.shard.key(b"over"), 510, &mut |_| {
+            sent += 1;
+            true
+        });
+        assert_eq!(forgot, Forgot::Nothing);
+        assert!(f.shard.get(f.shard.key(b"over")).is_some());
+        // Refused: nothing changes either.
+        complete_with(&mut f, "refused", 3, 10, 9);
+        let key = f.shard.key(b"refused");
+        assert_eq!(f.shard.forget(key, 11, &mut |_| false), Forgot::Refused);
+        assert!(f.shard.get(key).is_some());
+        assert_eq!(f.shard.marker(key), None);
+        assert_eq!(sent, 1);
     }
 
     #[test]

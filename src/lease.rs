@@ -1,5 +1,6 @@
-//! What a claim returns: the lease of a winner, the stored response of a replay, or the
-//! "in progress" answer of a loser.
+//! What a claim returns: the lease of a winner, the stored response of a replay, the
+//! "in progress" answer of a loser, or the "completed, response no longer kept" answer of a
+//! late duplicate.
 
 use crate::clock::wall_time;
 use crate::codec::Checkpoint;
@@ -13,9 +14,10 @@ use std::time::{Duration, SystemTime};
 
 /// The answer to a claim.
 ///
-/// Exhaustive on purpose: a key is Absent, InFlight or Completed, and a claim answers with
-/// one of the three outcomes of that state machine. A new answer would change what every
-/// caller must do, so it would be a breaking change whether or not a wildcard arm compiled.
+/// Exhaustive on purpose: a key is Absent, InFlight or Completed (or, with markers, was
+/// completed and its response is no longer kept), and a claim answers with one of the
+/// outcomes of that state machine. A new answer would change what every caller must do, so
+/// it would be a breaking change whether or not a wildcard arm compiled.
 #[derive(Debug)]
 #[must_use = "an Acquired lease is released when dropped; complete it"]
 pub enum Claim {
@@ -25,6 +27,11 @@ pub enum Claim {
     InProgress(Busy),
     /// The key was completed: here is the stored response.
     Completed(Stored),
+    /// The key was completed, but its retention ended and its response is no longer kept:
+    /// only a marker of the completion is (`EngineBuilder::marker_retention`). The work must
+    /// not run again; a caller that really wants it to asks with
+    /// [`crate::ClaimOptions::rerun_forgotten`].
+    Forgotten(Forgotten),
 }
 
 /// The exclusive right to act for one key, fenced by a token. A lease ends in one of four
@@ -412,6 +419,44 @@ impl Stored {
     /// replayed from memory or from the file, before or after a restart.
     pub fn expires_at(&self) -> SystemTime {
         wall_time(self.expires_wall_ms)
+    }
+}
+
+/// A late duplicate's answer: the key was completed at [`Forgotten::completed_at`], and its
+/// response is no longer kept (docs/retention.md, "Markers: the second tier").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forgotten {
+    pub(crate) completed_wall_ms: u64,
+    pub(crate) attempt: u32,
+    pub(crate) kept_until_wall_ms: u64,
+}
+
+impl Forgotten {
+    /// When the key was completed (wall clock, to the millisecond). Zero (the epoch) for a
+    /// completion whose record did not say.
+    pub fn completed_at(&self) -> SystemTime {
+        crate::clock::wall_time(self.completed_wall_ms)
+    }
+
+    /// The attempt that completed the key.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the marker ends: from then on the key is new and a claim runs it again.
+    pub fn kept_until(&self) -> SystemTime {
+        crate::clock::wall_time(self.kept_until_wall_ms)
+    }
+}
+
+impl fmt::Display for Forgotten {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the key was completed at {} ms since the epoch (attempt {}); its response is no \
+             longer kept",
+            self.completed_wall_ms, self.attempt
+        )
     }
 }
 

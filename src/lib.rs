@@ -49,6 +49,7 @@ mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod machine_probe;
+mod marker;
 mod observe;
 mod options;
 mod outbox;
@@ -85,7 +86,9 @@ pub use crate::error::{
 };
 pub use crate::fingerprint::Fingerprint;
 pub use crate::keep_alive::KeepAlive;
-pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, TypedOutcome};
+pub use crate::lease::{
+    Busy, Claim, Detached, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome,
+};
 pub use crate::observe::key_hash;
 pub use crate::options::{
     ClaimOptions, CompleteOptions, Durability, EngineBuilder, OnHandlerError, Recovery,

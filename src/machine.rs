@@ -35,7 +35,8 @@ use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at};
 use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordState};
 use crate::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::index::{Extra, Slot};
-use crate::lease::{Busy, Stored};
+use crate::lease::{Busy, Forgotten, Stored};
+use crate::marker::{Marker, MarkerId};
 use crate::options::{AskedFingerprint, Recovery};
 use crate::{ImportError, RecordInfo, RecordInfoState};
 use std::sync::Arc;
@@ -137,13 +138,28 @@ pub(crate) enum Write {
     },
     /// Remove the record under `token`.
     Delete { token: u64 },
+    /// Remove the completion's record under `token` and, in the same commit, store the
+    /// marker row it leaves under `hash`, built by the writer from the record (its
+    /// fingerprint, attempt and completion time; its end is the record's end of retention
+    /// plus `marker_retention_ms`).
+    Forget {
+        token: u64,
+        hash: u64,
+        check: u64,
+        marker_retention_ms: u64,
+    },
+    /// Remove the marker row under `hash` if it is the one the completion `token` left.
+    DropMarker { hash: u64, token: u64 },
 }
 
 impl Write {
-    /// The token the write stores or removes.
+    /// The token the write stores or removes (a marker's: the token of its completion).
     pub(crate) fn token(&self) -> u64 {
         match self {
-            Write::Put { token, .. } | Write::Delete { token } => *token,
+            Write::Put { token, .. }
+            | Write::Delete { token }
+            | Write::Forget { token, .. }
+            | Write::DropMarker { token, .. } => *token,
         }
     }
 }
@@ -169,6 +185,8 @@ pub(crate) struct Deltas {
     pub(crate) abandoned_reaped: u64,
     /// Leases ended by their holder's failure, the record kept.
     pub(crate) failures: u64,
+    /// Claims answered from a marker (`Forgotten`).
+    pub(crate) forgotten: u64,
 }
 
 const NONE: Deltas = Deltas {
@@ -185,6 +203,7 @@ const NONE: Deltas = Deltas {
     expirations: 0,
     abandoned_reaped: 0,
     failures: 0,
+    forgotten: 0,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -636,6 +655,7 @@ fn complete(
         expires_wall_ms,
         retention_ms: own_ms,
         first_claimed_wall_ms,
+        completed_wall_ms: now.wall_ms,
         ..Extra::default()
     };
     let deltas = Deltas {
@@ -805,6 +825,7 @@ pub(crate) fn import(
                     response: Some(response.clone()),
                     expires_wall_ms: expires_at_ms,
                     first_claimed_wall_ms,
+                    completed_wall_ms: now.wall_ms,
                     ..Extra::default()
                 }
             };
@@ -915,6 +936,207 @@ fn removal(slot: &Slot, deltas: Deltas) -> Step<()> {
         answer: (),
         deltas,
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// markers: the second tier of retention
+// ---------------------------------------------------------------------------------------
+
+/// The second tier of retention: after a completion's retention, a marker of it is kept
+/// for `retention` more (docs/retention.md, "Markers: the second tier").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MarkerRules {
+    pub(crate) retention: Duration,
+    /// A file backs the engine: the writer builds the marker's row from the completion's
+    /// record in the commit that deletes it, and settles the marker in memory after it.
+    pub(crate) durable: bool,
+}
+
+/// A completion past its retention is removed (as [`expire`] removes it) and leaves a
+/// marker `id` until its end of retention plus the marker retention. The marker is `None`
+/// when that end has passed too: the removal is then a plain expiry. A durable engine's
+/// marker is pending until the writer has committed its row (its fingerprint and completion
+/// time come from the record); a memory-only engine's comes from the side data, which holds
+/// the response, the fingerprint and the completion time. `None` if `slot` is not a
+/// completion past its retention.
+pub(crate) fn forget(
+    slot: &Slot,
+    extra: Option<&Extra>,
+    id: MarkerId,
+    rules: &MarkerRules,
+    now_ns: u64,
+) -> Option<Step<Option<Marker>>> {
+    let expired = expire(slot, now_ns)?;
+    let end_ns = slot
+        .deadline_ns
+        .saturating_add(duration_ns(rules.retention));
+    if end_ns <= now_ns {
+        return Some(Step {
+            change: expired.change,
+            write: expired.write,
+            answer: None,
+            deltas: expired.deltas,
+        });
+    }
+    let marker = if rules.durable {
+        Marker::pending(id, slot.token, slot.attempt, end_ns)
+    } else {
+        Marker::kept(
+            id,
+            slot.token,
+            slot.attempt,
+            extra.and_then(|e| e.fingerprint),
+            extra.map_or(0, |e| e.completed_wall_ms),
+            end_ns,
+        )
+    };
+    let write = Write::Forget {
+        token: slot.token,
+        hash: id.hash,
+        check: id.check,
+        marker_retention_ms: duration_ms(rules.retention),
+    };
+    Some(Step {
+        change: Change::Remove,
+        write: Some(write),
+        answer: Some(marker),
+        deltas: expired.deltas,
+    })
+}
+
+/// The sweeper removes a marker at its end (`None` before it). The key's slot, if any, is
+/// not touched.
+pub(crate) fn end_marker(marker: &Marker, now_ns: u64, durable: bool) -> Option<Step<()>> {
+    if !marker.is_ended(now_ns) {
+        return None;
+    }
+    let write = durable.then_some(Write::DropMarker {
+        hash: marker.hash,
+        token: marker.token,
+    });
+    Some(Step {
+        change: Change::Keep,
+        write,
+        answer: (),
+        deltas: NONE,
+    })
+}
+
+/// What a claim of a key without a slot decides on the key's marker.
+#[derive(Debug, Clone)]
+pub(crate) enum MarkerAnswer {
+    /// The key was completed and its response is no longer kept.
+    Forgotten(Forgotten),
+    /// The marker's row is not committed yet (a durable engine, for one commit).
+    Busy(Busy),
+    FingerprintMismatch,
+    /// The key is new (the marker ended), or the caller asked to run it again: the claim
+    /// acquires it as a new key, dropping the marker with its write.
+    Acquire,
+}
+
+/// A claim looks at the marker of a key that has no slot: `Forgotten` while the marker
+/// lasts, unless the claim's fingerprint differs (`FingerprintMismatch`, as for a
+/// completion) or it asks to run a forgotten key again (`rerun`).
+pub(crate) fn claim_marker(
+    marker: &Marker,
+    asked: Option<AskedFingerprint>,
+    rerun: bool,
+    now: Now,
+) -> Step<MarkerAnswer> {
+    if marker.is_ended(now.mono_ns) {
+        return Step::answer(MarkerAnswer::Acquire, NONE);
+    }
+    if marker.is_pending() {
+        let busy = Busy {
+            retry_after: RETRY_AFTER_UNPUBLISHED,
+            attempt: marker.attempt,
+            completing: true,
+        };
+        let deltas = Deltas {
+            in_progress: 1,
+            ..NONE
+        };
+        return Step::answer(MarkerAnswer::Busy(busy), deltas);
+    }
+    if let (Some(asked), Some(stored)) = (asked, marker.fingerprint()) {
+        if !asked.matches(stored) {
+            let deltas = Deltas {
+                fingerprint_mismatches: 1,
+                ..NONE
+            };
+            return Step::answer(MarkerAnswer::FingerprintMismatch, deltas);
+        }
+    }
+    if rerun {
+        return Step::answer(MarkerAnswer::Acquire, NONE);
+    }
+    let forgotten = Forgotten {
+        completed_wall_ms: marker.completed_wall_ms,
+        attempt: marker.attempt,
+        kept_until_wall_ms: wall_ms_at(now.wall_ms, now.mono_ns, marker.end_ns),
+    };
+    let deltas = Deltas {
+        forgotten: 1,
+        ..NONE
+    };
+    Step::answer(MarkerAnswer::Forgotten(forgotten), deltas)
+}
+
+/// Recovery finds a completion past its retention: with markers on and its marker's window
+/// still open at `now`, it leaves the marker it would have left had the sweeper removed it
+/// before the restart (the writer builds the same row from the record, with
+/// [`Write::Forget`]). `None`: no marker.
+pub(crate) fn recover_marker(
+    token: u64,
+    head: &HeadState,
+    fingerprint: Option<u128>,
+    id: MarkerId,
+    rules: &MarkerRules,
+    now: Now,
+) -> Option<Marker> {
+    let HeadState::Completed {
+        attempt,
+        completed_wall_ms,
+        expires_wall_ms,
+    } = *head
+    else {
+        return None;
+    };
+    let end_wall_ms = expires_wall_ms.saturating_add(duration_ms(rules.retention));
+    loaded_marker(
+        id,
+        token,
+        attempt,
+        fingerprint,
+        completed_wall_ms,
+        end_wall_ms,
+        now,
+    )
+}
+
+/// A marker row read from the file at `now`, in memory: `None` if it has ended.
+pub(crate) fn loaded_marker(
+    id: MarkerId,
+    token: u64,
+    attempt: u32,
+    fingerprint: Option<u128>,
+    completed_wall_ms: u64,
+    end_wall_ms: u64,
+    now: Now,
+) -> Option<Marker> {
+    if end_wall_ms <= now.wall_ms {
+        return None;
+    }
+    let left_ns = (end_wall_ms - now.wall_ms).saturating_mul(1_000_000);
+    Some(Marker::kept(
+        id,
+        token,
+        attempt,
+        fingerprint,
+        completed_wall_ms,
+        now.mono_ns.saturating_add(left_ns),
+    ))
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1569,6 +1791,7 @@ mod tests {
                         response: Some(Arc::from(&b"out"[..])),
                         expires_wall_ms,
                         first_claimed_wall_ms: FIRST_CLAIMED,
+                        completed_wall_ms: at(now).wall_ms,
                         ..Extra::default()
                     },
                     reap_ns: None,
@@ -2242,6 +2465,159 @@ mod tests {
                 reap_ns: Some(LIVE + 1_000 * MS),
             }
         );
+    }
+
+    // --- markers ------------------------------------------------------------------------------
+
+    const WINDOW: Duration = Duration::from_secs(100);
+    const ID: MarkerId = MarkerId { hash: 3, check: 4 };
+
+    fn marking(durable: bool) -> MarkerRules {
+        MarkerRules {
+            retention: WINDOW,
+            durable,
+        }
+    }
+
+    #[test]
+    fn an_expired_completion_leaves_a_marker_pending_in_a_durable_engine() {
+        let st = states();
+        let end = EXPIRES + WINDOW.as_nanos() as u64;
+        assert_eq!(
+            forget(&st.done, None, ID, &marking(true), EXPIRES - 1),
+            None
+        );
+        let step = forget(&st.done, None, ID, &marking(true), EXPIRES).expect("due");
+        assert_eq!(step.change, Change::Remove);
+        assert_eq!(
+            step.write,
+            Some(Write::Forget {
+                token: 5,
+                hash: 3,
+                check: 4,
+                marker_retention_ms: 100_000,
+            })
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                completed: -1,
+                expirations: 1,
+                ..NONE
+            }
+        );
+        let marker = step.answer.expect("a marker");
+        assert!(marker.is_pending());
+        assert_eq!((marker.token, marker.attempt, marker.end_ns), (5, 2, end));
+    }
+
+    #[test]
+    fn a_memory_only_marker_takes_the_completion_from_its_side_data() {
+        let st = states();
+        let mut extra = st.done_extra.clone();
+        extra.completed_wall_ms = WALL0 + 1;
+        let step = forget(&st.done, Some(&extra), ID, &marking(false), EXPIRES).expect("due");
+        let marker = step.answer.expect("a marker");
+        assert!(!marker.is_pending());
+        assert_eq!(
+            (marker.fingerprint(), marker.completed_wall_ms),
+            (Some(7), WALL0 + 1)
+        );
+        // Past the window as well: a plain expiry, no marker.
+        let late = EXPIRES + WINDOW.as_nanos() as u64;
+        let step = forget(&st.done, Some(&extra), ID, &marking(false), late).expect("due");
+        assert_eq!(step.answer, None);
+        assert_eq!(step.write, Some(Write::Delete { token: 5 }));
+        assert_eq!(forget(&st.lease, None, ID, &marking(false), u64::MAX), None);
+    }
+
+    #[test]
+    fn a_claim_of_a_marker_is_forgotten_until_its_end() {
+        let end = EXPIRES + WINDOW.as_nanos() as u64;
+        let m = Marker::kept(ID, 5, 2, Some(7), WALL0 + 3, end);
+        let answer = |asked, rerun, now| claim_marker(&m, asked, rerun, at(now));
+        let step = answer(None, false, end - 1);
+        let MarkerAnswer::Forgotten(f) = step.answer else {
+            panic!("{:?}", step.answer)
+        };
+        assert_eq!(
+            (f.completed_wall_ms, f.attempt, f.kept_until_wall_ms),
+            // The end on the wall clock, as read a nanosecond before it.
+            (WALL0 + 3, 2, at(end - 1).wall_ms)
+        );
+        assert_eq!(
+            step.deltas,
+            Deltas {
+                forgotten: 1,
+                ..NONE
+            }
+        );
+        assert!(matches!(
+            answer(ask(7), false, end - 1).answer,
+            MarkerAnswer::Forgotten(_)
+        ));
+        let step = answer(ask(8), true, end - 1);
+        assert!(matches!(step.answer, MarkerAnswer::FingerprintMismatch));
+        assert_eq!(step.deltas.fingerprint_mismatches, 1);
+        assert!(matches!(
+            answer(ask(7), true, end - 1).answer,
+            MarkerAnswer::Acquire
+        ));
+        assert!(matches!(
+            answer(ask(8), false, end).answer,
+            MarkerAnswer::Acquire
+        ));
+        let pending = Marker::pending(ID, 5, 2, end);
+        let step = claim_marker(&pending, ask(8), false, at(LIVE));
+        let MarkerAnswer::Busy(busy) = step.answer else {
+            panic!("{:?}", step.answer)
+        };
+        assert_eq!(
+            (busy.retry_after, busy.completing),
+            (RETRY_AFTER_UNPUBLISHED, true)
+        );
+    }
+
+    #[test]
+    fn the_sweeper_ends_a_marker_at_its_end_and_deletes_its_row() {
+        let m = Marker::kept(ID, 5, 2, None, WALL0, 1_000);
+        assert_eq!(end_marker(&m, 999, true), None);
+        let step = end_marker(&m, 1_000, true).expect("due");
+        assert_eq!(step.write, Some(Write::DropMarker { hash: 3, token: 5 }));
+        assert_eq!(step.change, Change::Keep, "no slot is touched");
+        assert_eq!(end_marker(&m, 1_000, false).and_then(|s| s.write), None);
+    }
+
+    #[test]
+    fn recovery_turns_a_completion_past_retention_into_its_marker_within_the_window() {
+        let now = at(LIVE);
+        let head = |expires_wall_ms| HeadState::Completed {
+            attempt: 2,
+            completed_wall_ms: expires_wall_ms - 10_000,
+            expires_wall_ms,
+        };
+        let window_ms = WINDOW.as_millis() as u64;
+        let rules = marking(true);
+        // Expired 1 s ago: 99 s of its window are left.
+        let m = recover_marker(5, &head(now.wall_ms - 1_000), Some(7), ID, &rules, now)
+            .expect("a marker");
+        assert_eq!(m.end_ns, LIVE + (window_ms - 1_000) * MS);
+        assert_eq!(
+            (m.completed_wall_ms, m.fingerprint()),
+            (now.wall_ms - 11_000, Some(7))
+        );
+        assert!(!m.is_pending(), "its row is written at open");
+        // Its window is over too: none.
+        let gone = head(now.wall_ms - window_ms);
+        assert_eq!(recover_marker(5, &gone, None, ID, &rules, now), None);
+        let lease = HeadState::InFlight {
+            lease_deadline_wall_ms: 0,
+            attempt: 1,
+            attempt_started_wall_ms: 0,
+            failed: false,
+            checkpoint: None,
+        };
+        assert_eq!(recover_marker(5, &lease, None, ID, &rules, now), None);
     }
 
     // --- recovery ----------------------------------------------------------------------------

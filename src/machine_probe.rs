@@ -3,20 +3,30 @@
 //! specification. Compiled only with `--cfg idemkv_sabotage`; hidden from the documentation.
 //!
 //! The [`Probe`] holds what the index and the file hold for one key (its slot, its side data,
-//! its reap instant, its records by token) and applies each step's change and write the way
-//! the index and the writer do, without admission, locks, queues or I/O. Tokens are issued
-//! in increasing order, as the token counter does.
+//! its reap instant, its records by token, and with markers on its marker and marker row)
+//! and applies each step's change and write the way the index and the writer do, without
+//! admission, locks, queues or I/O. Tokens are issued in increasing order, as the token
+//! counter does.
 
 use crate::clock::duration_ns;
-use crate::codec::{Checkpoint, Record, RecordState};
+use crate::codec::{self, Checkpoint, MarkerRecord, Record, RecordState};
 use crate::index::{Extra, Slot};
-use crate::machine::{self, Change, ClaimAnswer, Holder, HolderAnswer, Now, Rules, View, Write};
+use crate::machine::{
+    self, Change, ClaimAnswer, Holder, HolderAnswer, MarkerAnswer, MarkerRules, Now, Rules, Step,
+    View, Write,
+};
+use crate::marker::{Marker, MarkerId, Markers};
 use crate::options::AskedFingerprint;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 const KEY: &[u8] = b"probe";
+/// The probe key's marker hashes (any fixed pair: the probe holds one key).
+const ID: MarkerId = MarkerId {
+    hash: 0x5EED,
+    check: 0xC0DE,
+};
 
 /// What a claim answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +58,13 @@ pub enum ProbeClaim {
     },
     /// The fingerprint differs from the stored one.
     FingerprintMismatch,
+    /// A marker answered: completed, response no longer kept.
+    Forgotten {
+        /// Wall-clock instant of the completion, ms.
+        completed_wall_ms: u64,
+        /// The completing attempt.
+        attempt: u32,
+    },
 }
 
 /// What a holder's call answered, in the public API's terms.
@@ -70,6 +87,8 @@ pub enum Swept {
     Expired,
     /// An abandoned claim past its reap instant.
     Reaped,
+    /// A marker at its end.
+    MarkerEnded,
 }
 
 /// The key's state as the probe holds it (a completion past its retention is still there
@@ -119,6 +138,21 @@ pub enum ProbeState {
         /// Shown to other callers.
         published: bool,
     },
+    /// A marker (markers on): no slot.
+    Forgotten {
+        /// Completing token.
+        token: u64,
+        /// Completing attempt.
+        attempt: u32,
+        /// Stored fingerprint.
+        fingerprint: Option<u64>,
+        /// Wall-clock instant of the completion, ms.
+        completed_wall_ms: u64,
+        /// Monotonic end, ns.
+        end_ns: u64,
+        /// Settled (a durable probe's marker is pending until [`Probe::publish`]).
+        settled: bool,
+    },
 }
 
 /// One key, its file and its clock, driven through the state machine.
@@ -131,6 +165,10 @@ pub struct Probe {
     next_token: u64,
     now: Now,
     rules: Rules,
+    markers: Option<MarkerRules>,
+    marker: Option<Marker>,
+    /// The marker row the file holds (a durable probe).
+    marker_row: Option<MarkerRecord>,
     /// A deliberate bug for the checker's teeth: `complete` acts with the key's current
     /// token whatever token it is given, as if the fencing comparison were skipped.
     pub skip_token_check_on_complete: bool,
@@ -155,9 +193,21 @@ impl Probe {
                 response_len_max: usize::MAX,
                 durable,
             },
+            markers: None,
+            marker: None,
+            marker_row: None,
             skip_token_check_on_complete: false,
             release_on_fail: false,
         }
+    }
+
+    /// The same probe keeping markers for `window` after a completion's retention.
+    pub fn with_markers(mut self, window: Duration) -> Self {
+        self.markers = Some(MarkerRules {
+            retention: window,
+            durable: self.rules.durable,
+        });
+        self
     }
 
     fn view(&self) -> View<'_> {
@@ -229,7 +279,65 @@ impl Probe {
             Some(Write::Delete { token }) => {
                 self.records.remove(&token);
             }
+            // As the storage does: the row is built from the record the commit deletes.
+            Some(Write::Forget {
+                token,
+                check,
+                marker_retention_ms,
+                ..
+            }) => {
+                let row = self.records.remove(&token).and_then(|record| {
+                    let bytes = codec::encode(token, &record);
+                    codec::marker_of_record(token, &bytes, check, marker_retention_ms)
+                });
+                if row.is_some() {
+                    self.marker_row = row;
+                }
+            }
+            Some(Write::DropMarker { token, .. })
+                if self.marker_row.is_some_and(|r| r.token == token) =>
+            {
+                self.marker_row = None;
+            }
+            Some(Write::DropMarker { .. }) => {}
         }
+    }
+
+    /// The expiry of the slot at `now` as the index makes it: with markers on, the slot
+    /// leaves its marker (`machine::forget`); otherwise (or past the marker's window) a plain
+    /// expiry. Returns whether the slot was expired.
+    fn expire_slot(&mut self, slot: &Slot) -> bool {
+        let now = self.now.mono_ns;
+        let step = match &self.markers {
+            Some(rules) => machine::forget(slot, self.extra.as_ref(), ID, rules, now),
+            None => machine::expire(slot, now).map(|step| Step {
+                change: step.change,
+                write: step.write,
+                answer: None,
+                deltas: step.deltas,
+            }),
+        };
+        let Some(step) = step else {
+            return false;
+        };
+        self.apply(step.change, step.write);
+        if let Some(marker) = step.answer {
+            self.marker = Some(marker);
+        }
+        true
+    }
+
+    /// The writer settles a pending marker after its row's commit.
+    fn settle_marker(&mut self) -> Option<u64> {
+        let marker = self.marker.as_mut().filter(|m| m.is_pending())?;
+        let token = marker.token;
+        match self.marker_row.filter(|r| r.token == token) {
+            Some(row) => {
+                Markers::settle(marker, row.fingerprint, row.completed_wall_ms, row.attempt)
+            }
+            None => self.marker = None,
+        }
+        Some(token)
     }
 
     /// `claim` with `fingerprint` and `lease`: [`machine::claim`], then [`machine::acquire`]
@@ -249,6 +357,55 @@ impl Probe {
             value: u128::from(f),
             legacy: None,
         });
+        // With markers on, as the engine's claim does (`Engine::marker_step`): a completion
+        // past its retention becomes its marker first (a durable claim waits for its commit),
+        // and a key without a slot is answered from its marker.
+        let now = self.now.mono_ns;
+        if let (Some(rules), Some(slot)) = (self.markers, self.slot.filter(|s| s.is_expired(now))) {
+            // Past the marker's window too, nothing is done: the claim replaces the
+            // completion as without markers.
+            let step = machine::forget(&slot, self.extra.as_ref(), ID, &rules, now);
+            if let Some(Step {
+                change,
+                write,
+                answer: Some(marker),
+                ..
+            }) = step
+            {
+                self.apply(change, write);
+                self.marker = Some(marker);
+                self.settle_marker();
+            }
+        }
+        if let Some(marker) = self.marker.filter(|_| self.slot.is_none()) {
+            let step = machine::claim_marker(&marker, asked, false, self.now);
+            match step.answer {
+                MarkerAnswer::Forgotten(f) => {
+                    return ProbeClaim::Forgotten {
+                        completed_wall_ms: crate::clock::wall_ms(f.completed_at()),
+                        attempt: f.attempt(),
+                    }
+                }
+                MarkerAnswer::Busy(busy) => {
+                    return ProbeClaim::InProgress {
+                        retry_after_ns: duration_ns(busy.retry_after),
+                        attempt: busy.attempt,
+                    }
+                }
+                MarkerAnswer::FingerprintMismatch => return ProbeClaim::FingerprintMismatch,
+                // The claim acquires below, dropping the marker with its write.
+                MarkerAnswer::Acquire => {
+                    self.apply(
+                        Change::Keep,
+                        Some(Write::DropMarker {
+                            hash: marker.hash,
+                            token: marker.token,
+                        }),
+                    );
+                    self.marker = None;
+                }
+            }
+        }
         let step = machine::claim(self.view(), asked, self.now.mono_ns);
         match step.answer {
             ClaimAnswer::Acquire(plan) => {
@@ -380,6 +537,9 @@ impl Probe {
     /// slot is shown and its side data dropped (the record holds it). Returns the token
     /// published, if any.
     pub fn publish(&mut self) -> Option<u64> {
+        if self.slot.is_none() {
+            return self.settle_marker();
+        }
         let slot = self
             .slot
             .filter(|s| !s.is_inflight() && !s.is_published())?;
@@ -405,14 +565,22 @@ impl Probe {
     /// [`machine::expire`] and [`machine::reap`] decide whether it goes.
     pub fn sweep(&mut self) -> Swept {
         let Some(mut slot) = self.slot else {
-            return Swept::Nothing;
+            let Some(marker) = self.marker else {
+                return Swept::Nothing;
+            };
+            let durable = self.rules.durable;
+            let Some(step) = machine::end_marker(&marker, self.now.mono_ns, durable) else {
+                return Swept::Nothing;
+            };
+            self.apply(step.change, step.write);
+            self.marker = None;
+            return Swept::MarkerEnded;
         };
         if slot.is_inflight() && !slot.is_abandoned() && self.now.mono_ns >= slot.deadline_ns {
             slot = slot.into_abandoned();
             self.slot = Some(slot);
         }
-        if let Some(step) = machine::expire(&slot, self.now.mono_ns) {
-            self.apply(step.change, step.write);
+        if self.expire_slot(&slot) {
             return Swept::Expired;
         }
         if let Some(step) = machine::reap(&slot, self.reap_ns, self.now.mono_ns) {
@@ -425,7 +593,34 @@ impl Probe {
     /// The key's state now.
     pub fn state(&self) -> ProbeState {
         let Some(slot) = self.slot else {
-            return ProbeState::Absent;
+            let Some(m) = self.marker else {
+                return ProbeState::Absent;
+            };
+            // A settled durable marker must agree with its row, which a restart would load.
+            let row_agrees = !self.rules.durable
+                || m.is_pending()
+                || self.marker_row.is_some_and(|r| {
+                    r.token == m.token
+                        && r.fingerprint == m.fingerprint()
+                        && r.completed_wall_ms == m.completed_wall_ms
+                        && r.attempt == m.attempt
+                });
+            // A pending marker knows only its token and end: the rest is in the row its
+            // commit stored, which the writer will settle it from.
+            let (fingerprint, completed_wall_ms, attempt) = match self.marker_row {
+                Some(r) if m.is_pending() && r.token == m.token => {
+                    (r.fingerprint, r.completed_wall_ms, r.attempt)
+                }
+                _ => (m.fingerprint(), m.completed_wall_ms, m.attempt),
+            };
+            return ProbeState::Forgotten {
+                token: m.token,
+                attempt,
+                fingerprint: narrow(fingerprint),
+                completed_wall_ms,
+                end_ns: m.end_ns,
+                settled: !m.is_pending() && row_agrees,
+            };
         };
         let extra = self.extra.clone().unwrap_or_default();
         let record = self.records.get(&slot.token);

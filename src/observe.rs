@@ -108,6 +108,7 @@ impl EventMetrics {
                 metrics::counter!(name::EXPIRATIONS),
                 metrics::counter!(name::ABANDONED_REAPED),
                 metrics::counter!(name::FAILURES),
+                metrics::counter!(name::CLAIMS, "outcome" => "forgotten"),
             ],
         }
     }
@@ -136,6 +137,7 @@ impl EventMetrics {
                 d.expirations,
                 d.abandoned_reaped,
                 d.failures,
+                d.forgotten,
             ];
             for (metric, n) in self.m[1..].iter().zip(counts) {
                 if n > 0 {
@@ -531,6 +533,9 @@ fn claim_event(answer: &Result<Claim, ClaimError>) {
         }
         Ok(Claim::Completed(stored)) => {
             tracing::debug!(target: TARGET, outcome = "replay", token = stored.token(), attempt = stored.attempt(), MSG);
+        }
+        Ok(Claim::Forgotten(forgotten)) => {
+            tracing::debug!(target: TARGET, outcome = "forgotten", attempt = forgotten.attempt(), MSG);
         }
         Err(e @ (ClaimError::OutcomeUnknown(_) | ClaimError::Corrupted(_))) => {
             tracing::warn!(target: TARGET, outcome = claim_error_label(e), error = %e, MSG);

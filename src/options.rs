@@ -77,6 +77,7 @@ pub struct ClaimOptions {
     pub(crate) keep_alive: Option<Duration>,
     pub(crate) retention: Option<Duration>,
     pub(crate) on_handler_error: OnHandlerError,
+    pub(crate) rerun_forgotten: bool,
 }
 
 /// What [`crate::Engine::run`], [`crate::Engine::run_typed`] and
@@ -248,6 +249,16 @@ impl ClaimOptions {
         self.retention = Some(retention);
         self
     }
+
+    /// Runs the work again for a key that was completed but whose response is no longer
+    /// kept (the claim would otherwise answer [`crate::Claim::Forgotten`]): the claim
+    /// acquires the key as a new one (attempt 1) and its marker is gone for good, even if
+    /// the new attempt is released. A fingerprint that differs from the marker's is still
+    /// refused with `FingerprintMismatch`. No effect on any other state of the key.
+    pub fn rerun_forgotten(mut self) -> Self {
+        self.rerun_forgotten = true;
+        self
+    }
 }
 
 /// Per-call options for [`crate::Lease::complete_with_options`].
@@ -351,6 +362,9 @@ pub struct EngineBuilder {
     pub(crate) durability: Durability,
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
+    /// The second tier of retention: how long a marker of a completion is kept after its
+    /// retention (`None`: no markers).
+    pub(crate) marker_retention: Option<Duration>,
     pub(crate) recovery: Recovery,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) key_len_max: usize,
@@ -414,6 +428,7 @@ impl Default for EngineBuilder {
             durability: Durability::Immediate,
             lease: LEASE_DEFAULT,
             retention: RETENTION_DEFAULT,
+            marker_retention: None,
             recovery: Recovery::TakeOver,
             clock: Arc::new(SystemClock::new()),
             key_len_max: KEY_LEN_MAX_DEFAULT,
@@ -458,6 +473,30 @@ impl EngineBuilder {
     /// How long a completed key is remembered (default 24 h). After it, the key is new again.
     pub fn retention(mut self, retention: Duration) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// The second tier of retention (default `None`: off). With `Some(window)`, a completion
+    /// whose retention ends leaves a marker for `window` more: its key's keyed hashes, its
+    /// fingerprint, attempt and completion time, and no key bytes and no response (64 bytes
+    /// in memory plus about 30 of overhead; a row in the file). A late duplicate within the
+    /// window is answered [`crate::Claim::Forgotten`] ("completed at T, response no longer
+    /// kept") instead of running the work again; after it the key is new. Markers survive
+    /// restarts (in memory only under [`Durability::None`]). At most 400 days; see
+    /// docs/retention.md, "Markers: the second tier".
+    ///
+    /// ```
+    /// use idemkv::{Durability, Engine};
+    /// use std::time::Duration;
+    /// let engine = Engine::builder()
+    ///     .durability(Durability::None)
+    ///     .retention(Duration::from_secs(24 * 3600))
+    ///     .marker_retention(Some(Duration::from_secs(30 * 24 * 3600)))
+    ///     .open()?;
+    /// # Ok::<(), idemkv::OpenError>(())
+    /// ```
+    pub fn marker_retention(mut self, window: Option<Duration>) -> Self {
+        self.marker_retention = window;
         self
     }
 
@@ -616,6 +655,15 @@ impl EngineBuilder {
             return bad(format!(
                 "checkpoint_len_max must be at most {CHECKPOINT_LEN_LIMIT}"
             ));
+        }
+        if let Some(window) = self.marker_retention {
+            if window.is_zero() || window > MARKER_RETENTION_LIMIT {
+                return bad(format!(
+                    "marker_retention must be above zero and at most {} days (None turns \
+                     markers off)",
+                    MARKER_RETENTION_LIMIT.as_secs() / 86_400
+                ));
+            }
         }
         if self.keys_max == 0 {
             return bad("keys_max must be at least 1".into());

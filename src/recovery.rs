@@ -1,16 +1,19 @@
 //! Rebuilding the index from the file on open.
 //!
 //! Every record is checksummed in full, but only its head is decoded: responses stay in the
-//! file. Expired completions are deleted, InFlight records of the dead process are made
-//! ready for takeover, and the token mark is made durable above every token the file has
-//! seen before the engine serves anything.
+//! file. Expired completions are deleted (with markers on, a completion whose marker window
+//! is still open becomes a marker, as the sweeper would have made it), InFlight records of
+//! the dead process are made ready for takeover, markers are loaded (ended ones deleted),
+//! and the token mark is made durable above every token the file has seen before the engine
+//! serves anything. An engine opened without markers neither loads nor deletes marker rows.
 
-use crate::clock::Time;
-use crate::codec;
+use crate::clock::{duration_ms, Time};
+use crate::codec::{self, HeadState};
 use crate::constants::{RECOVERY_PRESIZE_MAX, RECOVERY_THREADS_MAX, TOKEN_RESERVE};
 use crate::error::OpenError;
 use crate::index::Index;
-use crate::machine::{self, Now, Recovered, Reopen};
+use crate::machine::{self, MarkerRules, Now, Recovered, Reopen};
+use crate::marker::MarkerId;
 use crate::options::EngineBuilder;
 use crate::stats::Counters;
 use crate::storage::{Store, Write};
@@ -20,6 +23,8 @@ use crate::sync::{Mutex, Ordering};
 #[derive(Default)]
 struct Found {
     stale: Vec<u64>,
+    /// Completions past their retention that leave a marker: `(token, id)`.
+    forgotten: Vec<(u64, MarkerId)>,
     max_token: u64,
     scanned: u64,
     /// InFlight records past their reap instant, deleted instead of loaded.
@@ -49,6 +54,15 @@ pub(crate) fn recover(
             .lock()
             .try_reserve(per_stripe.saturating_add(per_stripe / 8));
     }
+    let now = Now {
+        mono_ns: now_ns,
+        wall_ms: now_wall,
+    };
+    let markers = b.marker_retention.map(|retention| MarkerRules {
+        retention,
+        durable: true,
+    });
+    let dropped = load_markers(store, index, markers.is_some(), now)?;
     let found = Mutex::new(Found::default());
     index.begin_load();
     if let Some((first, last)) = store.token_bounds()? {
@@ -71,16 +85,7 @@ pub(crate) fn recover(
                     };
                     let found = &found;
                     scope.spawn(move || {
-                        scan_range(
-                            store,
-                            b,
-                            index,
-                            counters,
-                            start..end,
-                            now_ns,
-                            now_wall,
-                            found,
-                        )
+                        scan_range(store, b, index, counters, start..end, now, markers, found)
                     })
                 })
                 .collect();
@@ -116,13 +121,86 @@ pub(crate) fn recover(
         .fetch_add(found.reaped, Ordering::Relaxed);
     let hwm = store.token_hwm()?;
     let next = hwm.max(found.max_token.saturating_add(1)).max(1);
+    let marker_retention_ms = markers.map_or(0, |m| duration_ms(m.retention));
     let writes: Vec<Write> = found
         .stale
         .into_iter()
         .map(|token| Write::Delete { token })
+        .chain(
+            found
+                .forgotten
+                .into_iter()
+                .map(|(token, id)| Write::Forget {
+                    token,
+                    hash: id.hash,
+                    check: id.check,
+                    marker_retention_ms,
+                }),
+        )
+        .chain(
+            dropped
+                .into_iter()
+                .map(|(hash, token)| Write::DropMarker { hash, token }),
+        )
         .collect();
     store.commit_on_open(&writes, Some(next.saturating_add(TOKEN_RESERVE)))?;
     Ok(next)
+}
+
+/// Loads the file's markers into the index: each one that has not ended. Returns the rows
+/// to delete `(hash, token)`: the ended ones. A row that fails its checks is `Corrupted`, as
+/// a record is. An engine opened without markers leaves the rows alone (`keep` false): an
+/// operator's tool that opens the file with the defaults must not erase them.
+fn load_markers(
+    store: &Store,
+    index: &Index,
+    keep: bool,
+    now: Now,
+) -> Result<Vec<(u64, u64)>, OpenError> {
+    if !keep {
+        return Ok(Vec::new());
+    }
+    let rows = store.markers_len()?;
+    if rows > 0 {
+        let per_stripe = rows.min(RECOVERY_PRESIZE_MAX) / index.len() as u64;
+        let per_stripe = usize::try_from(per_stripe).unwrap_or(0);
+        for stripe in index.stripes() {
+            let _ = stripe
+                .map
+                .lock()
+                .reserve_markers(per_stripe.saturating_add(per_stripe / 8));
+        }
+    }
+    let mut dropped = Vec::new();
+    store.scan_markers(|hash, bytes| {
+        let row = codec::decode_marker(hash, bytes).map_err(|e| OpenError::Corrupted {
+            detail: format!("marker row under hash {hash:#018x}: {e}"),
+        })?;
+        let id = MarkerId {
+            hash,
+            check: row.check,
+        };
+        let marker = machine::loaded_marker(
+            id,
+            row.token,
+            row.attempt,
+            row.fingerprint,
+            row.completed_wall_ms,
+            row.end_wall_ms,
+            now,
+        );
+        match marker {
+            Some(marker) => {
+                let stripe = index.stripe_of_hash(hash);
+                if let Some(stripe) = index.stripe_at(stripe) {
+                    stripe.map.lock().load_marker(marker);
+                }
+            }
+            None => dropped.push((hash, row.token)),
+        }
+        Ok(())
+    })??;
+    Ok(dropped)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -132,18 +210,14 @@ fn scan_range(
     index: &Index,
     counters: &Counters,
     range: std::ops::Range<u64>,
-    now_ns: u64,
-    now_wall: u64,
+    now: Now,
+    markers: Option<MarkerRules>,
     found: &Mutex<Found>,
 ) -> Result<(), OpenError> {
     let mut local = Found::default();
     let (mut inflight, mut completed) = (0u64, 0u64);
     // One buffer for every record's scoped key: the index copies what it keeps.
     let mut scoped = Vec::new();
-    let now = Now {
-        mono_ns: now_ns,
-        wall_ms: now_wall,
-    };
     let reopen = Reopen {
         recovery: b.recovery,
         lease: b.lease,
@@ -165,6 +239,19 @@ fn scan_range(
             });
         }
         let key = &scoped[..];
+        // A completion's head, kept for the marker it may leave (`recover` takes the state).
+        let done = match head.state {
+            HeadState::Completed {
+                attempt,
+                completed_wall_ms,
+                expires_wall_ms,
+            } => Some(HeadState::Completed {
+                attempt,
+                completed_wall_ms,
+                expires_wall_ms,
+            }),
+            HeadState::InFlight { .. } => None,
+        };
         let (slot, extra, reap_ns) = match machine::recover(
             token,
             head.state,
@@ -175,7 +262,29 @@ fn scan_range(
             head.first_claimed_wall_ms,
         ) {
             Recovered::Expired => {
-                local.stale.push(token);
+                let marker = match (&markers, &done) {
+                    (Some(rules), Some(done)) => {
+                        let id = index.marker_id(key);
+                        machine::recover_marker(token, done, head.fingerprint, id, rules, now)
+                    }
+                    _ => None,
+                };
+                match marker {
+                    Some(marker) => {
+                        local.forgotten.push((
+                            token,
+                            MarkerId {
+                                hash: marker.hash,
+                                check: marker.check,
+                            },
+                        ));
+                        let stripe = index.stripe_of_hash(marker.hash);
+                        if let Some(stripe) = index.stripe_at(stripe) {
+                            stripe.map.lock().load_marker(marker);
+                        }
+                    }
+                    None => local.stale.push(token),
+                }
                 return Ok(());
             }
             Recovered::Reaped => {
@@ -208,6 +317,7 @@ fn scan_range(
     counters.completed.fetch_add(completed, Ordering::Relaxed);
     let mut found = found.lock();
     found.stale.append(&mut local.stale);
+    found.forgotten.append(&mut local.forgotten);
     found.max_token = found.max_token.max(local.max_token);
     found.scanned += local.scanned;
     found.reaped += local.reaped;

@@ -23,6 +23,11 @@ pub struct Stats {
     pub expired_unswept: u64,
     /// Keys reclaimed by the sweeper since open.
     pub expirations: u64,
+    /// Markers held now: completions past their retention whose marker has not ended
+    /// (`EngineBuilder::marker_retention`; 0 without markers).
+    pub markers: u64,
+    /// Claims answered `Forgotten` from a marker: late duplicates that did not run again.
+    pub forgotten: u64,
     /// Bytes held by the in-memory index: table buckets at capacity, keys and side data.
     pub index_bytes: u64,
     /// Claims answered (any outcome).
@@ -150,6 +155,7 @@ pub(crate) struct Events {
     pub(crate) expirations: u64,
     pub(crate) abandoned_reaped: u64,
     pub(crate) failures: u64,
+    pub(crate) forgotten: u64,
 }
 
 impl Events {
@@ -166,6 +172,7 @@ impl Events {
         self.expirations += d.expirations;
         self.abandoned_reaped += d.abandoned_reaped;
         self.failures += d.failures;
+        self.forgotten += d.forgotten;
     }
 
     /// Adds another stripe's (or a batch's) events.
@@ -182,6 +189,7 @@ impl Events {
         self.expirations += o.expirations;
         self.abandoned_reaped += o.abandoned_reaped;
         self.failures += o.failures;
+        self.forgotten += o.forgotten;
     }
 }
 

@@ -1,15 +1,18 @@
 //! The redb file: opening, recovery scans and group commits. Only the writer thread and
 //! `Engine::open` call into this module.
 //!
-//! Layout: one table keyed by fencing token (`u64`) holding each key's latest record, and a
-//! small meta table (format marker, token high-water mark). Tokens are issued in time order,
+//! Layout: one table keyed by fencing token (`u64`) holding each key's latest record, a
+//! small meta table (format marker, token high-water mark, the secret that keys the index's
+//! hashes), and, once an engine with markers has left one, a markers table keyed by the
+//! key's keyed hash (docs/retention.md, "Markers: the second tier"). Tokens are issued in time order,
 //! so inserts land at the right edge of the B-tree and expiry deletes from the left edge,
 //! several times cheaper than inserting random client keys (see docs/design.md).
 
 use crate::backend::{LockKind, Storage};
-use crate::codec::{self, DecodeError, Record};
+use crate::codec::{self, DecodeError, MarkerRecord, Record};
 use crate::constants::{
-    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGIC_V1, READER_CACHE_BYTES, REDB_CACHE_BYTES,
+    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGIC_V1, HASH_SECRET_LEN, READER_CACHE_BYTES,
+    REDB_CACHE_BYTES,
 };
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
@@ -34,10 +37,16 @@ pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idem
 const TABLES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemkv_tables");
 /// The outbox: messages by id, until a relay marks them sent.
 const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_outbox");
+/// Marker rows by the key's keyed hash. Created by the first commit that stores one, so a
+/// file that never held a marker has the same tables as before markers existed.
+pub(crate) const MARKERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_markers");
 const META_FORMAT: &str = "format";
 const META_TOKEN_HWM: &str = "token_hwm";
 /// The next outbox id: ids are never reused, also after every message was marked sent.
 const META_OUTBOX_NEXT: &str = "outbox_next";
+/// The secret that keys the index's hashes (`index::KeyHasher`), drawn when the file is
+/// first opened for writing and never changed: markers name keys by these hashes.
+const META_HASH_SECRET: &str = "hash_secret";
 
 /// redb's file magic, to tell a foreign file from a damaged redb file.
 const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -53,15 +62,38 @@ pub(crate) enum Write<'a> {
     },
     /// Remove the record under `token`.
     Delete { token: u64 },
+    /// Remove the completion under `token` and store the marker row it leaves under `hash`,
+    /// built from the removed record (`codec::marker_of_record`).
+    Forget {
+        token: u64,
+        hash: u64,
+        check: u64,
+        marker_retention_ms: u64,
+    },
+    /// Remove the marker row under `hash` if it is the one the completion `token` left (or
+    /// if it is damaged).
+    DropMarker { hash: u64, token: u64 },
 }
 
 impl Write<'_> {
-    /// The record this write creates, replaces or removes.
+    /// The record this write creates, replaces or removes (a marker's: its completion's).
     pub(crate) fn token(&self) -> u64 {
         match self {
-            Write::Put { token, .. } | Write::Delete { token } => *token,
+            Write::Put { token, .. }
+            | Write::Delete { token }
+            | Write::Forget { token, .. }
+            | Write::DropMarker { token, .. } => *token,
         }
     }
+}
+
+/// The marker row a [`Write::Forget`] stored, for the writer to settle the marker in memory
+/// after the commit. `row` is `None` when the record was not in the file (nothing stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Marked {
+    pub(crate) hash: u64,
+    pub(crate) token: u64,
+    pub(crate) row: Option<MarkerRecord>,
 }
 
 pub(crate) struct Store {
@@ -695,6 +727,15 @@ impl Store {
                         .map_err(|e| err(e.into()))?;
                 }
             }
+            let secret = meta
+                .get(META_HASH_SECRET)
+                .map_err(|e| err(e.into()))?
+                .is_some();
+            if !secret {
+                let fresh = crate::index::KeyHasher::random_secret();
+                meta.insert(META_HASH_SECRET, fresh.as_slice())
+                    .map_err(|e| err(e.into()))?;
+            }
             txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
             // Created by the first open of this version, opened by every later one.
             txn.open_table(TABLES).map_err(|e| err(e.into()))?;
@@ -734,6 +775,53 @@ impl Store {
         }
         contain("read", || self.db.begin_read().map_err(|e| e.to_string()))?
             .map(|txn| Snapshot(Arc::new(txn)))
+    }
+
+    /// The secret that keys the index's hashes (written by the open's format check).
+    pub(crate) fn hash_secret(&self) -> Result<[u8; HASH_SECRET_LEN], OpenError> {
+        let txn = self.begin_read()?;
+        let meta = txn
+            .open_table(META)
+            .map_err(|e| open_error(&self.path, e))?;
+        let value = meta
+            .get(META_HASH_SECRET)
+            .map_err(|e| open_error(&self.path, e))?;
+        value
+            .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.value()).ok())
+            .ok_or_else(|| OpenError::Corrupted {
+                detail: format!("the hash secret is missing or not {HASH_SECRET_LEN} bytes"),
+            })
+    }
+
+    /// Number of marker rows (for sizing the index before loading them).
+    pub(crate) fn markers_len(&self) -> Result<u64, OpenError> {
+        let txn = self.begin_read()?;
+        match txn.open_table(MARKERS) {
+            Ok(table) => table.len().map_err(|e| open_error(&self.path, e)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+            Err(e) => Err(open_error(&self.path, e)),
+        }
+    }
+
+    /// Calls `f` with every marker row (its hash and raw value), in hash order; stops at the
+    /// first error `f` returns. A file without a markers table has none.
+    pub(crate) fn scan_markers<E>(
+        &self,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<Result<(), E>, OpenError> {
+        let txn = self.begin_read()?;
+        let table = match txn.open_table(MARKERS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Ok(())),
+            Err(e) => return Err(open_error(&self.path, e)),
+        };
+        for entry in table.iter().map_err(|e| open_error(&self.path, e))? {
+            let (k, v) = entry.map_err(|e| open_error(&self.path, e))?;
+            if let Err(e) = f(k.value(), v.value()) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
     }
 
     /// Checks that both tables open and their definitions decode in a read transaction, as
@@ -822,15 +910,18 @@ impl Store {
         })?
     }
 
-    /// Applies `writes` and the table batches `tables` (each in order) and raises the token
-    /// mark to `hwm`, in one fsynced commit.
+    /// Applies `writes`, then the table batches `tables` (each in order), and raises the
+    /// token mark to `hwm`, in one fsynced commit. The marker rows its [`Write::Forget`]s
+    /// stored are added to `marked` (whose content means nothing if the commit fails).
     pub(crate) fn commit(
         &self,
         writes: &[Write],
         tables: &[&Batch],
         hwm: Option<u64>,
+        marked: &mut Vec<Marked>,
     ) -> Result<(), String> {
-        contain("commit", || self.commit_inner(writes, tables, hwm))?.map_err(|e| e.to_string())
+        contain("commit", || self.commit_inner(writes, tables, hwm, marked))?
+            .map_err(|e| e.to_string())
     }
 
     /// [`Store::commit`] during open: a failure is a typed open error (a full disk is not
@@ -840,9 +931,12 @@ impl Store {
         writes: &[Write],
         hwm: Option<u64>,
     ) -> Result<(), OpenError> {
-        contain("commit", || self.commit_inner(writes, &[], hwm))
-            .map_err(panicked)?
-            .map_err(|e| open_error(&self.path, e))
+        let mut marked = Vec::new();
+        contain("commit", || {
+            self.commit_inner(writes, &[], hwm, &mut marked)
+        })
+        .map_err(panicked)?
+        .map_err(|e| open_error(&self.path, e))
     }
 
     fn commit_inner(
@@ -850,6 +944,7 @@ impl Store {
         writes: &[Write],
         tables: &[&Batch],
         hwm: Option<u64>,
+        marked: &mut Vec<Marked>,
     ) -> Result<(), redb::Error> {
         let mut txn = self.db.begin_write()?;
         // Keys and responses come from clients: two-phase commit keeps a torn write from
@@ -858,6 +953,8 @@ impl Store {
         txn.set_durability(redb::Durability::Immediate)?;
         {
             let mut table = txn.open_table(RECORDS)?;
+            // Opened (and so created) only by a batch that touches a marker.
+            let mut markers = None;
             for w in writes {
                 match w {
                     Write::Put { token, old, value } => {
@@ -868,6 +965,46 @@ impl Store {
                     }
                     Write::Delete { token } => {
                         table.remove(*token)?;
+                    }
+                    Write::Forget {
+                        token,
+                        hash,
+                        check,
+                        marker_retention_ms,
+                    } => {
+                        let row = table.remove(*token)?.and_then(|old| {
+                            codec::marker_of_record(
+                                *token,
+                                old.value(),
+                                *check,
+                                *marker_retention_ms,
+                            )
+                        });
+                        if let Some(row) = &row {
+                            let markers = match &mut markers {
+                                Some(m) => m,
+                                None => markers.insert(txn.open_table(MARKERS)?),
+                            };
+                            markers.insert(*hash, codec::encode_marker(*hash, row).as_slice())?;
+                        }
+                        marked.push(Marked {
+                            hash: *hash,
+                            token: *token,
+                            row,
+                        });
+                    }
+                    Write::DropMarker { hash, token } => {
+                        let markers = match &mut markers {
+                            Some(m) => m,
+                            None => markers.insert(txn.open_table(MARKERS)?),
+                        };
+                        let ours = markers.get(*hash)?.is_some_and(|v| {
+                            codec::decode_marker(*hash, v.value())
+                                .map_or(true, |r| r.token == *token)
+                        });
+                        if ours {
+                            markers.remove(*hash)?;
+                        }
                     }
                 }
             }
@@ -1023,7 +1160,13 @@ fn our_tables(
     tables: impl Iterator<Item = redb::UntypedTableHandle>,
 ) -> Result<Vec<String>, OpenError> {
     let names: Vec<String> = tables.map(|t| t.name().to_string()).collect();
-    let ours = [META.name(), RECORDS.name(), TABLES.name(), OUTBOX.name()];
+    let ours = [
+        META.name(),
+        RECORDS.name(),
+        TABLES.name(),
+        OUTBOX.name(),
+        MARKERS.name(),
+    ];
     if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
         return Err(OpenError::Foreign {
             detail: format!("redb file holds a foreign table {other:?}"),

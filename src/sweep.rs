@@ -1,5 +1,6 @@
 //! Background expiry: reclaims keys past their retention, and abandoned claims past their
-//! reap instant, from the index and the file.
+//! reap instant, from the index and the file; with markers on, each expired completion
+//! leaves its marker, and markers are removed at their end.
 //!
 //! Expired keys are already Absent to every call (each call checks the deadline); the
 //! sweeper only gives their memory and disk space back. An abandoned claim — an InFlight key
@@ -21,6 +22,7 @@ use crate::engine::SendRefused;
 use crate::engine::Shared;
 use crate::index::{Reclaimed, Shard};
 use crate::machine::Step;
+use crate::marker::MarkerEnded;
 use crate::stats::{bump, Events};
 use crate::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -103,8 +105,9 @@ pub(crate) struct Swept {
 }
 
 /// Works off what is due on this stripe at `now`, earliest first, looking at most at `max`
-/// entries: ends leases past their deadline, removes completions past their retention and
-/// abandoned claims past their reap instant, and queues the deletion of their records.
+/// entries: ends leases past their deadline, removes completions past their retention
+/// (leaving their markers, with markers on) and abandoned claims past their reap instant,
+/// and queues the deletion of their records; then removes markers at their end.
 pub(crate) fn sweep_stripe(
     s: &Shared,
     shard: &mut MutexGuard<'_, Shard>,
@@ -136,10 +139,35 @@ pub(crate) fn sweep_stripe(
         let reclaimed = shard.reclaim(now, &mut send);
         shard.events.merge(&events);
         match reclaimed {
-            Reclaimed::Nothing => return out,
+            Reclaimed::Nothing => break,
             Reclaimed::Stale => {}
             Reclaimed::Expired | Reclaimed::Reaped => out.removed += 1,
             Reclaimed::Refused => {
+                if matches!(refused, Some(SendRefused::Full)) {
+                    bump(&c.overloaded);
+                }
+                out.refused = refused;
+                out.more = true;
+                return out;
+            }
+        }
+    }
+    // Markers at their end, with what the budget left; they hold no key, so they free no
+    // room under the key budget and are not counted as removed.
+    while budget > 0 {
+        budget -= 1;
+        let mut refused = None;
+        let mut send = |step: &Step<()>| match s.queue(step.write.clone(), false) {
+            Ok(_) => true,
+            Err(why) => {
+                refused = Some(why);
+                false
+            }
+        };
+        match shard.end_marker(now, &mut send) {
+            MarkerEnded::Nothing => break,
+            MarkerEnded::Stale | MarkerEnded::Ended => {}
+            MarkerEnded::Refused => {
                 if matches!(refused, Some(SendRefused::Full)) {
                     bump(&c.overloaded);
                 }

@@ -209,7 +209,7 @@ impl Shared {
             return Ok(0);
         }
         // Encoded before the tables lock is taken: only the acceptance is under it.
-        let op = write.map_or(Op::TablesOnly, |w| self.op(w));
+        let op = write.map_or(Op::TablesOnly, |w| self.op(w, None));
         let mut state = self.tables.lock();
         let batch = state.batch(writes);
         let seq = self.send_with(op, Some(Box::new(batch.clone())), false)?;

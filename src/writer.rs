@@ -14,7 +14,7 @@ use crate::index::Key;
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
-use crate::storage::{Closing, Write};
+use crate::storage::{Closing, Marked, Write};
 use crate::sync::channel::{Receiver, RecvTimeoutError};
 use crate::sync::{Arc, Ordering};
 use crate::tables::Batch;
@@ -54,11 +54,24 @@ pub(crate) enum Op {
         value: Vec<u8>,
         /// After the commit, mark this key's completion with this token as visible.
         publish: Option<Arc<[u8]>>,
+        /// In the same commit, remove the marker row `(hash, token)`: a claim acquires a key
+        /// whose marker ended or that it asked to run again.
+        drop_marker: Option<(u64, u64)>,
     },
     /// Remove the record under `token`.
     Delete { token: u64 },
     /// No record: only the operation's table writes (an outbox relay's `mark_sent`).
     TablesOnly,
+    /// Remove the expired completion under `token` and store the marker row it leaves under
+    /// `hash`; after the commit, settle the pending marker in memory.
+    Forget {
+        token: u64,
+        hash: u64,
+        check: u64,
+        marker_retention_ms: u64,
+    },
+    /// Remove the marker row under `hash` if it is the completion `token`'s.
+    DropMarker { hash: u64, token: u64 },
     /// Commit everything queued before it (flush, token reservation).
     Barrier,
     /// Commit what is queued and stop.
@@ -77,6 +90,7 @@ pub(crate) fn spawn(
             rx,
             tracker: Tracker::default(),
             voided: Vec::new(),
+            marked: Vec::new(),
         }
         .run()
     })
@@ -89,6 +103,8 @@ struct Writer {
     tracker: Tracker,
     /// Scratch space for the numbers voided since the last commit.
     voided: Vec<u64>,
+    /// Scratch space for the marker rows the current commit stored.
+    marked: Vec<Marked>,
 }
 
 /// Poisons the engine if the writer thread panics, so that nothing more is acknowledged and
@@ -197,6 +213,9 @@ impl Writer {
             if !publish_early {
                 self.publish(batch);
             }
+            // Before the watermark moves: a claim that waits for its marker's commit finds
+            // it settled.
+            self.settle_markers();
             if !ack_early {
                 self.advance(batch);
             }
@@ -215,22 +234,49 @@ impl Writer {
         self.shared.progress.publish(self.tracker.watermark());
     }
 
-    fn write(&self, batch: &[Queued]) -> Result<(), Arc<str>> {
-        let mut writes: Vec<Write> = batch
-            .iter()
-            .filter_map(|q| match &q.op {
+    fn write(&mut self, batch: &[Queued]) -> Result<(), Arc<str>> {
+        let mut writes: Vec<Write> = Vec::with_capacity(batch.len());
+        for q in batch {
+            match &q.op {
                 Op::Put {
-                    token, old, value, ..
-                } => Some(Write::Put {
+                    token,
+                    old,
+                    value,
+                    drop_marker,
+                    ..
+                } => {
+                    if let Some((hash, token)) = drop_marker {
+                        writes.push(Write::DropMarker {
+                            hash: *hash,
+                            token: *token,
+                        });
+                    }
+                    writes.push(Write::Put {
+                        token: *token,
+                        // Test-only sabotage: leave the replaced record in the file.
+                        old: old.filter(|_| !self.shared.sabotaged(Sabotage::DropOldRemoval)),
+                        value: value.as_slice(),
+                    });
+                }
+                Op::Delete { token } => writes.push(Write::Delete { token: *token }),
+                Op::Forget {
+                    token,
+                    hash,
+                    check,
+                    marker_retention_ms,
+                } => writes.push(Write::Forget {
                     token: *token,
-                    // Test-only sabotage: leave the replaced record in the file.
-                    old: old.filter(|_| !self.shared.sabotaged(Sabotage::DropOldRemoval)),
-                    value: value.as_slice(),
+                    hash: *hash,
+                    check: *check,
+                    marker_retention_ms: *marker_retention_ms,
                 }),
-                Op::Delete { token } => Some(Write::Delete { token: *token }),
-                Op::TablesOnly | Op::Barrier | Op::Shutdown => None,
-            })
-            .collect();
+                Op::DropMarker { hash, token } => writes.push(Write::DropMarker {
+                    hash: *hash,
+                    token: *token,
+                }),
+                Op::TablesOnly | Op::Barrier | Op::Shutdown => {}
+            }
+        }
         // Table writes keep their queue order (which is their acceptance order): a later
         // holder may have built on an earlier one's writes.
         let tables: Vec<&Batch> = batch.iter().filter_map(|q| q.tables.as_deref()).collect();
@@ -239,6 +285,8 @@ impl Writer {
         // The sort is stable, so the writes of one token keep their queue order; writes of
         // different tokens touch different records (an `old` removal only deletes a token
         // that no later write recreates), so reordering them changes nothing committed.
+        // A marker row's writes carry its completion's token, and a later marker of the same
+        // key has a larger token, so they too keep their order.
         writes.sort_by_key(Write::token);
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
@@ -248,7 +296,8 @@ impl Writer {
         }
         let started = crate::observe::commit_started();
         let began = Instant::now();
-        match self.store.commit(&writes, &tables, hwm) {
+        self.marked.clear();
+        match self.store.commit(&writes, &tables, hwm, &mut self.marked) {
             Ok(()) => {
                 // The store renewed its snapshot in the commit: reads of the application
                 // tables find these writes there from now on, not in the overlay.
@@ -272,6 +321,38 @@ impl Writer {
             }
             Err(why) => Err(self.shared.poison(why)),
         }
+    }
+
+    /// Settles the markers whose rows the commit stored (or drops those whose record was
+    /// gone), and wakes the claims waiting on their stripes: each stripe is locked and
+    /// notified once per batch.
+    fn settle_markers(&mut self) {
+        if self.marked.is_empty() {
+            return;
+        }
+        let index = &self.shared.index;
+        self.marked.sort_by_key(|m| index.stripe_of_hash(m.hash));
+        for group in self
+            .marked
+            .chunk_by(|a, b| index.stripe_of_hash(a.hash) == index.stripe_of_hash(b.hash))
+        {
+            let Some(stripe) = group
+                .first()
+                .and_then(|m| index.stripe_at(index.stripe_of_hash(m.hash)))
+            else {
+                continue;
+            };
+            let mut shard = stripe.map.lock();
+            let mut settled = false;
+            for m in group {
+                settled |= shard.settle_marker(m.hash, m.token, m.row.as_ref());
+            }
+            drop(shard);
+            if settled {
+                stripe.changed.notify_all();
+            }
+        }
+        self.marked.clear();
     }
 
     /// Makes committed completions visible and wakes their waiters: each stripe is locked

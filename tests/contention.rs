@@ -207,6 +207,9 @@ fn claim_one_winner(mode: Durability) {
                         Claim::Completed(stored) => {
                             break (stored.response().to_vec(), stored.token());
                         }
+                        Claim::Forgotten(forgotten) => {
+                            panic!("unexpected Forgotten without markers: {forgotten:?}")
+                        }
                     }
                 };
                 // Completed is final: another claim replays the same bytes. (The winner's
@@ -648,6 +651,9 @@ fn churn(mode: Durability, ticker: bool) {
                         }
                         Claim::Completed(stored) => {
                             break (stored.response().to_vec(), stored.token());
+                        }
+                        Claim::Forgotten(forgotten) => {
+                            panic!("unexpected Forgotten without markers: {forgotten:?}")
                         }
                     };
                     let start = mono(clock);

@@ -760,6 +760,50 @@ async fn scopes_separate_identical_keys() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_duplicate_whose_response_is_no_longer_kept_is_410_and_does_not_run() {
+    let clock = MockClock::new();
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(clock.clone())
+        .retention(Duration::from_secs(60))
+        .marker_retention(Some(Duration::from_secs(3600)))
+        .open()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let server = serve(charges(engine, IdempotencyConfig::default(), runs.clone())).await;
+    let client = client();
+    let first = post_key(&client, server.addr, "\"late\"", "{\"amount\":1}").await;
+    assert_eq!(first.status, 201);
+    clock.advance(Duration::from_secs(61));
+    let late = post_key(&client, server.addr, "\"late\"", "{\"amount\":1}").await;
+    assert_eq!(late.status, StatusCode::GONE, "{late:?}");
+    let problem = late.problem();
+    assert_eq!(problem["type"], "urn:idemkv:problem:response-forgotten");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no longer kept"),
+        "{problem}"
+    );
+    // The same key with another request is still a reuse.
+    let reused = post_key(&client, server.addr, "\"late\"", "{\"amount\":2}").await;
+    assert_eq!(reused.status, 422);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the late duplicate did not run"
+    );
+    // After the marker's window the key is new.
+    clock.advance(Duration::from_secs(3600));
+    let again = post_key(&client, server.addr, "\"late\"", "{\"amount\":1}").await;
+    assert_eq!(again.status, 201);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    drop(client);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_states_map_to_503_and_500() {
     // A limit: one claim in flight at most; the second key gets 503 with Retry-After.
     let engine = Engine::builder()

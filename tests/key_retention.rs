@@ -58,6 +58,7 @@ fn replay(engine: &Engine, key: &str) -> Option<Stored> {
             None
         }
         Claim::InProgress(busy) => panic!("{key} unexpectedly in progress: {busy:?}"),
+        Claim::Forgotten(f) => panic!("{key} unexpectedly forgotten (markers are off): {f:?}"),
     }
 }
 

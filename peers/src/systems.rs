@@ -109,7 +109,7 @@ impl Peer for Idem {
                         .map(|()| Delivery::Executed)
                         .map_err(|e| format!("complete: {e}"));
                 }
-                Ok(Claim::InProgress(_)) | Ok(Claim::Completed(_)) => {
+                Ok(Claim::InProgress(_) | Claim::Completed(_) | Claim::Forgotten(_)) => {
                     return Ok(Delivery::Duplicate)
                 }
                 Err(ClaimError::Overloaded(_)) => {

@@ -36,6 +36,7 @@ kinds! {
     BODY_TOO_LARGE = ("body-too-large", "The request body is too large", PAYLOAD_TOO_LARGE);
     IN_FLIGHT = ("in-flight", "A request with this Idempotency-Key is being processed", CONFLICT);
     KEY_REUSED = ("key-reused", "Idempotency-Key reused with a different request", UNPROCESSABLE_ENTITY);
+    RESPONSE_FORGOTTEN = ("response-forgotten", "The response to this Idempotency-Key is no longer kept", GONE);
     OVERLOADED = ("overloaded", "The idempotency store is overloaded", SERVICE_UNAVAILABLE);
     UNAVAILABLE = ("unavailable", "The idempotency store is unavailable", SERVICE_UNAVAILABLE);
     OUTCOME_UNKNOWN = ("outcome-unknown", "The idempotency store failed before confirming", INTERNAL_SERVER_ERROR);

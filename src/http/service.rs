@@ -190,6 +190,18 @@ where
         )
         .map(Either::Right)),
         Ok(Claim::Completed(stored)) => Ok(replay(stored.response())),
+        // The request was processed; only a marker of it is left. Running the handler again
+        // is what the key exists to prevent, so this is final for the key.
+        Ok(Claim::Forgotten(forgotten)) => Ok(problem(
+            problem::RESPONSE_FORGOTTEN,
+            &format!(
+                "a request with this Idempotency-Key was processed at {} (ms since the Unix \
+                 epoch, attempt {}), but its response is no longer kept; it is not processed \
+                 again (use a new key for a new request)",
+                crate::clock::wall_ms(forgotten.completed_at()),
+                forgotten.attempt()
+            ),
+        )),
         Ok(Claim::Acquired(lease)) => {
             let req = Request::from_parts(parts, ReqBody::from(body));
             run(cfg, lease, inner.call(req)).await

@@ -161,6 +161,7 @@ pub fn spec_config(mode: Durability) -> SpecConfig {
         response_len_max: 1 << 20,
         checkpoint_len_max: 64 << 10,
         check_wall: false,
+        marker_retention_ns: None,
     }
 }
 

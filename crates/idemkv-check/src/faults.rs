@@ -117,7 +117,8 @@ fn view_of_model(model: &Model) -> DurableView {
     let mut v = DurableView::new();
     for (key, spec) in &model.keys {
         let rec = match &spec.state {
-            KeyModel::Absent => continue,
+            // A marker holds no record (these runs keep no markers).
+            KeyModel::Absent | KeyModel::Forgotten { .. } => continue,
             KeyModel::InFlight {
                 token,
                 fingerprint,

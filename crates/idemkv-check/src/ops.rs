@@ -215,6 +215,7 @@ pub fn spec_config(mode: Durability) -> SpecConfig {
         response_len_max: RESPONSE_LEN_MAX,
         checkpoint_len_max: CHECKPOINT_LEN_MAX,
         check_wall: true,
+        marker_retention_ns: None,
     }
 }
 
@@ -317,7 +318,8 @@ impl Model {
         // while the live leases of other keys fill the limit. Ended leases do not count.
         if let KeyOp::Claim { fingerprint, .. } = op {
             let needs_place = match spec.visible() {
-                KeyModel::Absent => true,
+                // A marker answers without a lease (these runs keep no markers).
+                KeyModel::Absent | KeyModel::Forgotten { .. } => true,
                 KeyModel::InFlight {
                     deadline_ns,
                     fingerprint: stored,
@@ -423,7 +425,7 @@ impl Model {
                     *reap_ns = now.saturating_add(left_ms.saturating_mul(1_000_000));
                 }
                 KeyModel::Completed { published, .. } => *published = true,
-                KeyModel::Absent => {}
+                KeyModel::Absent | KeyModel::Forgotten { .. } => {}
             }
         }
     }

@@ -42,6 +42,9 @@ pub struct SpecConfig {
     /// Check wall-clock fields (`expires_at`). Only sound when the clock moves between
     /// operations, never during one (sequential runs).
     pub check_wall: bool,
+    /// The engine's marker retention, in ns (`None`: no markers): a completion past its
+    /// retention is answered `Forgotten` for this much longer.
+    pub marker_retention_ns: Option<u64>,
 }
 
 impl SpecConfig {
@@ -96,6 +99,23 @@ pub enum KeyModel {
         expires_wall_ms: u64,
         /// Whether another caller may see it yet.
         published: bool,
+    },
+    /// What a completion past its retention left (markers on): the key was completed and
+    /// its response is no longer kept. To every call but a claim it is Absent.
+    Forgotten {
+        /// Completing token.
+        token: u64,
+        /// Stored fingerprint.
+        fingerprint: Option<u64>,
+        /// Completing attempt.
+        attempt: u32,
+        /// Wall-clock instant of the completion, ms.
+        completed_wall_ms: u64,
+        /// Monotonic end of the marker, ns: the key is new from then on.
+        end_ns: u64,
+        /// Whether its row is committed (a durable engine's marker left by a sweep is
+        /// settled when the writer publishes it; until then claims get InProgress).
+        settled: bool,
     },
 }
 
@@ -204,6 +224,13 @@ pub enum KeyRet {
         attempt: u32,
         /// Stored response.
         response: Vec<u8>,
+    },
+    /// `Claim::Forgotten`: the key was completed, its response is no longer kept.
+    Forgotten {
+        /// Wall-clock instant of the completion, ms.
+        completed_wall_ms: u64,
+        /// Completing attempt.
+        attempt: u32,
     },
     /// `Ok(())` of complete, extend, checkpoint; the pseudo-op `Publish`; `Advance`.
     Done,
@@ -321,12 +348,43 @@ fn keep_ms(cfg: &SpecConfig, own_ms: Option<u64>) -> u64 {
     own_ms.unwrap_or(cfg.retention_ns / 1_000_000)
 }
 
-/// Whether the key is Absent at `now` (no slot, or a completion past its retention).
+/// Whether the key is Absent at `now` (no slot, or a completion past its retention) to
+/// every call but a claim, which also looks at a marker.
 fn is_absent(state: &KeyModel, now: u64) -> bool {
     match state {
-        KeyModel::Absent => true,
+        KeyModel::Absent | KeyModel::Forgotten { .. } => true,
         KeyModel::Completed { expires_ns, .. } => now >= *expires_ns,
         KeyModel::InFlight { .. } => false,
+    }
+}
+
+impl KeyModel {
+    /// The marker this state is at `now` under `cfg`, if a claim is to be answered from one:
+    /// a marker not yet at its end, or a completion past its retention within the marker
+    /// window (which the claim turns into its marker, waiting for its commit).
+    pub fn marker_at(&self, cfg: &SpecConfig, now: u64) -> Option<KeyModel> {
+        let window = cfg.marker_retention_ns?;
+        match self {
+            KeyModel::Forgotten { end_ns, .. } if now < *end_ns => Some(self.clone()),
+            KeyModel::Completed {
+                token,
+                fingerprint,
+                attempt,
+                expires_ns,
+                expires_wall_ms,
+                ..
+            } if now >= *expires_ns && now < expires_ns.saturating_add(window) => {
+                Some(KeyModel::Forgotten {
+                    token: *token,
+                    fingerprint: *fingerprint,
+                    attempt: *attempt,
+                    completed_wall_ms: expires_wall_ms.saturating_sub(cfg.retention_ns / 1_000_000),
+                    end_ns: expires_ns.saturating_add(window),
+                    settled: true,
+                })
+            }
+            _ => None,
+        }
     }
 }
 
@@ -387,6 +445,9 @@ impl KeySpec {
                         published,
                         ..
                     } if t == token => *published = true,
+                    KeyModel::Forgotten {
+                        token: t, settled, ..
+                    } if t == token => *settled = true,
                     _ => {}
                 }
                 Ok(next)
@@ -608,6 +669,52 @@ impl KeySpec {
                 ),
             }
         };
+        if let Some(marker) = self.state.marker_at(cfg, now) {
+            let KeyModel::Forgotten {
+                fingerprint,
+                attempt,
+                completed_wall_ms,
+                settled,
+                ..
+            } = marker
+            else {
+                unreachable!("a marker is Forgotten")
+            };
+            next.state = marker;
+            return match ret {
+                KeyRet::ClaimErr(ClaimError::FingerprintMismatch)
+                    if asked_fp.is_some() && fingerprint.is_some() && asked_fp != fingerprint =>
+                {
+                    Ok(next)
+                }
+                KeyRet::InProgress {
+                    retry_after_ns,
+                    attempt: a,
+                } if !settled
+                    && *retry_after_ns == ns(RETRY_AFTER_UNPUBLISHED)
+                    && *a == attempt =>
+                {
+                    Ok(next)
+                }
+                KeyRet::Forgotten {
+                    completed_wall_ms: c,
+                    attempt: a,
+                } if settled
+                    && *a == attempt
+                    && (!cfg.check_wall || *c == completed_wall_ms)
+                    && (asked_fp.is_none() || fingerprint.is_none() || asked_fp == fingerprint) =>
+                {
+                    Ok(next)
+                }
+                _ => bad(
+                    op,
+                    ret,
+                    self,
+                    "Forgotten with the completion's time and attempt (FingerprintMismatch for \
+                     another fingerprint; InProgress until a marker's row is committed)",
+                ),
+            };
+        }
         let state = self.visible().clone();
         if let KeyModel::Absent = state {
             acquire(&mut next, 1, None, asked_fp, asked_retention_ms)?;
@@ -617,7 +724,7 @@ impl KeySpec {
             KeyModel::InFlight { fingerprint, .. } | KeyModel::Completed { fingerprint, .. } => {
                 *fingerprint
             }
-            KeyModel::Absent => None,
+            KeyModel::Absent | KeyModel::Forgotten { .. } => None,
         };
         if let (Some(a), Some(s)) = (asked_fp, stored_fp) {
             if a != s {
@@ -628,7 +735,7 @@ impl KeySpec {
             }
         }
         match state {
-            KeyModel::Absent => unreachable!("handled above"),
+            KeyModel::Absent | KeyModel::Forgotten { .. } => unreachable!("handled above"),
             KeyModel::Completed {
                 token,
                 attempt,
@@ -800,6 +907,10 @@ pub fn claim_ret(r: Result<idemkv::Claim, ClaimError>, park: &mut Vec<idemkv::Le
             token: stored.token(),
             attempt: stored.attempt(),
             response: stored.response().to_vec(),
+        },
+        Ok(idemkv::Claim::Forgotten(forgotten)) => KeyRet::Forgotten {
+            completed_wall_ms: crate::wall_ms(forgotten.completed_at()),
+            attempt: forgotten.attempt(),
         },
         Err(e) => KeyRet::ClaimErr(e),
     }

@@ -3,7 +3,8 @@
 //! operation sequences from fixed seeds, and after every operation the spec must accept the
 //! machine's answer and both must hold the same state (token, attempt, fingerprint,
 //! checkpoint, response, lease end, reap instant, retention end, the key's own retention,
-//! published, failed), with claims and completions that choose their own retention. The teeth: a
+//! published, failed; with markers on, the marker's completion time, end and whether it is
+//! settled), with claims and completions that choose their own retention. The teeth: a
 //! probe whose `complete` skips the token comparison must be caught. Built only with
 //! `--cfg idemkv_sabotage` (docs/testing.md):
 //! `RUSTFLAGS="--cfg idemkv_sabotage" CARGO_TARGET_DIR=target/sabotage
@@ -19,6 +20,8 @@ const MS: u64 = 1_000_000;
 const RETENTION_NS: u64 = 50 * MS;
 const SHORT_NS: u64 = 5 * MS;
 const LONG_NS: u64 = 200 * MS;
+/// The marker window of the runs with markers on.
+const MARKER_NS: u64 = 100 * MS;
 const STEPS: usize = 3_000;
 
 /// How often each interesting transition happened, so that a run that never reaches one
@@ -39,6 +42,8 @@ struct Seen {
     expired: u64,
     reaped: u64,
     published: u64,
+    forgotten: u64,
+    markers_ended: u64,
 }
 
 struct Run {
@@ -78,6 +83,13 @@ fn claim_ret(c: ProbeClaim) -> KeyRet {
             response,
         },
         ProbeClaim::FingerprintMismatch => KeyRet::ClaimErr(ClaimError::FingerprintMismatch),
+        ProbeClaim::Forgotten {
+            completed_wall_ms,
+            attempt,
+        } => KeyRet::Forgotten {
+            completed_wall_ms,
+            attempt,
+        },
     }
 }
 
@@ -150,11 +162,26 @@ fn expected(spec: &KeyModel, durable: bool) -> ProbeState {
             response,
             published,
         },
+        KeyModel::Forgotten {
+            token,
+            fingerprint,
+            attempt,
+            completed_wall_ms,
+            end_ns,
+            settled,
+        } => ProbeState::Forgotten {
+            token,
+            attempt,
+            fingerprint,
+            completed_wall_ms,
+            end_ns,
+            settled,
+        },
     }
 }
 
 impl Run {
-    fn new(seed: u64, durable: bool) -> Self {
+    fn new(seed: u64, durable: bool, markers: bool) -> Self {
         let (mono_ns, wall_ms) = (1_000 * MS, 1_700_000_000_000);
         let durability = if durable {
             Durability::Immediate
@@ -162,12 +189,19 @@ impl Run {
             Durability::None
         };
         Run {
-            probe: Probe::new(
-                Duration::from_nanos(RETENTION_NS),
-                durable,
-                mono_ns,
-                wall_ms,
-            ),
+            probe: {
+                let probe = Probe::new(
+                    Duration::from_nanos(RETENTION_NS),
+                    durable,
+                    mono_ns,
+                    wall_ms,
+                );
+                if markers {
+                    probe.with_markers(Duration::from_nanos(MARKER_NS))
+                } else {
+                    probe
+                }
+            },
             spec: KeySpec::new(mono_ns, wall_ms),
             cfg: SpecConfig {
                 durability,
@@ -176,6 +210,7 @@ impl Run {
                 response_len_max: usize::MAX,
                 checkpoint_len_max: usize::MAX,
                 check_wall: true,
+                marker_retention_ns: markers.then_some(MARKER_NS),
             },
             issued: Vec::new(),
             rng: fastrand::Rng::with_seed(seed),
@@ -190,7 +225,9 @@ impl Run {
     /// The current token, a stale one, one never issued, or zero.
     fn token(&mut self) -> u64 {
         let current = match &self.spec.state {
-            KeyModel::InFlight { token, .. } | KeyModel::Completed { token, .. } => Some(*token),
+            KeyModel::InFlight { token, .. }
+            | KeyModel::Completed { token, .. }
+            | KeyModel::Forgotten { token, .. } => Some(*token),
             KeyModel::Absent => None,
         };
         match self.rng.u8(0..10) {
@@ -236,7 +273,11 @@ impl Run {
                     *reap_ns
                 }
             }
-            KeyModel::Completed { expires_ns, .. } => *expires_ns,
+            KeyModel::Completed { expires_ns, .. } => match self.cfg.marker_retention_ns {
+                Some(window) if self.rng.bool() && now >= *expires_ns => expires_ns + window,
+                _ => *expires_ns,
+            },
+            KeyModel::Forgotten { end_ns, .. } => *end_ns,
             KeyModel::Absent => now,
         };
         if edge > now && self.rng.u8(0..3) > 0 {
@@ -279,6 +320,7 @@ impl Run {
                     }
                     KeyRet::Replayed { .. } => self.seen.replays += 1,
                     KeyRet::InProgress { .. } => self.seen.busy += 1,
+                    KeyRet::Forgotten { .. } => self.seen.forgotten += 1,
                     _ => self.seen.mismatches += 1,
                 }
                 let op = KeyOp::Claim {
@@ -362,6 +404,7 @@ impl Run {
                 reap_ns,
                 ..
             } if now >= *deadline_ns && now >= *reap_ns => Swept::Reaped,
+            KeyModel::Forgotten { end_ns, .. } if now >= *end_ns => Swept::MarkerEnded,
             _ => Swept::Nothing,
         };
         if swept != due {
@@ -374,9 +417,29 @@ impl Run {
             Swept::Nothing => {}
             Swept::Expired => self.seen.expired += 1,
             Swept::Reaped => self.seen.reaped += 1,
+            Swept::MarkerEnded => self.seen.markers_ended += 1,
         }
         if swept != Swept::Nothing {
-            self.spec.state = KeyModel::Absent;
+            // An expired completion leaves its marker while its window is open; a durable
+            // one is settled when the writer publishes its row.
+            self.spec.state = match self.spec.state.marker_at(&self.cfg, now) {
+                Some(KeyModel::Forgotten {
+                    token,
+                    fingerprint,
+                    attempt,
+                    completed_wall_ms,
+                    end_ns,
+                    ..
+                }) if swept == Swept::Expired => KeyModel::Forgotten {
+                    token,
+                    fingerprint,
+                    attempt,
+                    completed_wall_ms,
+                    end_ns,
+                    settled: !self.durable(),
+                },
+                _ => KeyModel::Absent,
+            };
         }
         self.compare("sweep")
     }
@@ -406,13 +469,14 @@ enum Bug {
 }
 
 /// Runs `STEPS` random operations from `seed`; the first disagreement, if any.
-fn run(seed: u64, durable: bool, bug: Bug, seen: &mut Seen) -> Result<(), String> {
-    let mut r = Run::new(seed, durable);
+fn run(seed: u64, durable: bool, markers: bool, bug: Bug, seen: &mut Seen) -> Result<(), String> {
+    let mut r = Run::new(seed, durable, markers);
     r.probe.skip_token_check_on_complete = bug == Bug::NoFence;
     r.probe.release_on_fail = bug == Bug::FailReleases;
     for i in 0..STEPS {
-        r.step()
-            .map_err(|e| format!("seed {seed}, durable {durable}, step {i}: {e}"))?;
+        r.step().map_err(|e| {
+            format!("seed {seed}, durable {durable}, markers {markers}, step {i}: {e}")
+        })?;
     }
     let s = r.seen;
     seen.acquired += s.acquired;
@@ -429,13 +493,15 @@ fn run(seed: u64, durable: bool, bug: Bug, seen: &mut Seen) -> Result<(), String
     seen.expired += s.expired;
     seen.reaped += s.reaped;
     seen.published += s.published;
+    seen.forgotten += s.forgotten;
+    seen.markers_ended += s.markers_ended;
     Ok(())
 }
 
-fn agrees(durable: bool) {
+fn agrees(durable: bool, markers: bool) {
     let mut seen = Seen::default();
     for seed in 0..6 {
-        if let Err(e) = run(seed, durable, Bug::None, &mut seen) {
+        if let Err(e) = run(seed, durable, markers, Bug::None, &mut seen) {
             panic!("{e}");
         }
     }
@@ -458,6 +524,11 @@ fn agrees(durable: bool) {
         assert!(n > 0, "the runs never reached {name}: {seen:?}");
     }
     assert_eq!(
+        (seen.forgotten > 0, seen.markers_ended > 0),
+        (markers, markers),
+        "markers answer and end only when kept: {seen:?}"
+    );
+    assert_eq!(
         seen.published > 0,
         durable,
         "only a durable probe publishes later: {seen:?}"
@@ -466,12 +537,22 @@ fn agrees(durable: bool) {
 
 #[test]
 fn the_memory_only_machine_agrees_with_the_spec_step_by_step() {
-    agrees(false);
+    agrees(false, false);
 }
 
 #[test]
 fn the_durable_machine_agrees_with_the_spec_step_by_step() {
-    agrees(true);
+    agrees(true, false);
+}
+
+#[test]
+fn the_memory_only_machine_with_markers_agrees_with_the_spec_step_by_step() {
+    agrees(false, true);
+}
+
+#[test]
+fn the_durable_machine_with_markers_agrees_with_the_spec_step_by_step() {
+    agrees(true, true);
 }
 
 #[test]
@@ -479,7 +560,7 @@ fn a_complete_that_skips_the_token_comparison_is_caught() {
     for durable in [false, true] {
         let mut seen = Seen::default();
         let caught = (0..6)
-            .filter_map(|seed| run(seed, durable, Bug::NoFence, &mut seen).err())
+            .filter_map(|seed| run(seed, durable, false, Bug::NoFence, &mut seen).err())
             .collect::<Vec<_>>();
         assert_eq!(
             caught.len(),

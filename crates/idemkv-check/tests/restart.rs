@@ -287,6 +287,9 @@ fn tokens_keep_increasing_across_restarts() {
                 }
                 Claim::Completed(stored) => assert_eq!(key, "done-0", "{stored:?}"),
                 Claim::InProgress(busy) => panic!("{key}: {busy:?}"),
+                Claim::Forgotten(forgotten) => {
+                    panic!("unexpected Forgotten without markers: {forgotten:?}")
+                }
             }
         }
         let mut sorted = seen.clone();

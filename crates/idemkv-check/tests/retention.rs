@@ -43,6 +43,9 @@ fn replay(engine: &Engine, key: &str) -> Option<Vec<u8>> {
             None
         }
         Claim::InProgress(_) => panic!("{key} unexpectedly in progress"),
+        Claim::Forgotten(forgotten) => {
+            panic!("unexpected Forgotten without markers: {forgotten:?}")
+        }
     }
 }
 

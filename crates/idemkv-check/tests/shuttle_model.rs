@@ -99,6 +99,7 @@ fn one_winner() {
                 }
                 Claim::InProgress(_) => None,
                 Claim::Completed(s) => panic!("nothing completed the key: {s:?}"),
+                Claim::Forgotten(f) => panic!("nothing completed the key: {f:?}"),
             })
         })
         .collect();

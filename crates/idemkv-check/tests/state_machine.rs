@@ -282,6 +282,9 @@ fn buffered_completion_is_visible_after_flush() {
             Claim::InProgress(busy) => assert!(busy.retry_after() <= Duration::from_millis(10)),
             Claim::Completed(stored) => assert_eq!(stored.response(), i.to_le_bytes()),
             Claim::Acquired(lease) => panic!("a completed key was acquired again: {lease:?}"),
+            Claim::Forgotten(forgotten) => {
+                panic!("unexpected Forgotten without markers: {forgotten:?}")
+            }
         }
         match env.get(key.as_bytes()) {
             Some(KeyState::Completing { .. }) => {}
