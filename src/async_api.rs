@@ -73,6 +73,10 @@ impl Engine {
         key: &[u8],
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim_async(self, key, opts, false).await;
+        }
         self.check_key(key)?;
         self.check_open()?;
         let mut looks = 0;
@@ -104,6 +108,10 @@ impl Engine {
         key: &[u8],
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim_async(self, key, opts, true).await;
+        }
         self.check_key(key)?;
         self.check_open()?;
         let s = self.shared();
@@ -223,6 +231,10 @@ impl Engine {
     /// The async form of [`Engine::flush`]: resolves once every call acknowledged so far is
     /// durable. A full writer queue is waited out without blocking.
     pub async fn flush_async(&self) -> Result<(), FlushError> {
+        #[cfg(feature = "postgres")]
+        if self.pg().is_some() {
+            return self.flush();
+        }
         let s = self.shared();
         if let Some(why) = s.poison_reason() {
             return Err(FlushError::Poisoned(why));
@@ -384,6 +396,11 @@ impl Lease {
         // Settled whatever happens: a refused completion keeps the key until the lease ends.
         self.settled = true;
         let (engine, key, token) = (&self.engine, &self.key, self.token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = engine.pg() {
+            let done = pg.complete_async(engine, key, token, response).await;
+            return engine.shared().observe.complete(key, token, || done);
+        }
         let done = async {
             let seq = engine
                 .with_room_async(key, token, || {
@@ -400,6 +417,10 @@ impl Lease {
     pub async fn release_async(mut self) -> Result<bool, LeaseError> {
         self.settled = true;
         let (engine, key, token) = (&self.engine, &self.key, self.token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = engine.pg() {
+            return pg.release_async(engine, key, token).await;
+        }
         engine.check_lease_call(key)?;
         let (released, seq) = engine
             .with_room_async(key, token, || engine.release_locked(key, token))
@@ -499,6 +520,10 @@ impl LeaseHandle {
 
     async fn update(&self, op: Holder) -> Result<(), LeaseError> {
         let (engine, key, token) = (&self.engine, &self.key[..], self.token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = engine.pg() {
+            return pg.update_async(engine, key, token, op).await;
+        }
         let seq = engine
             .with_room_async(key, token, || {
                 engine.update_inflight(key, token, op.clone())

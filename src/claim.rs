@@ -516,6 +516,10 @@ impl Engine {
     }
 
     fn claim_unobserved(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim(self, key, opts, false);
+        }
         self.check_key(key)?;
         self.check_open()?;
         let mut looks = 0;
@@ -541,6 +545,10 @@ impl Engine {
         key: &[u8],
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim(self, key, opts, true);
+        }
         self.check_key(key)?;
         self.check_open()?;
         let s = self.shared();
@@ -719,6 +727,10 @@ impl Engine {
     /// its retention). A durable engine reads a completed key's response from the file; a
     /// record missing from the file while the key still names it is `Corrupted`.
     pub fn get(&self, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.get(self, key);
+        }
         self.check_key(key)?;
         self.check_open()?;
         let s = self.shared();

@@ -58,6 +58,10 @@ impl Engine {
         token: u64,
         response: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.complete(self, key, token, response);
+        }
         let seq = self.with_room(key, token, || {
             self.try_complete(key, token, response.clone())
         })?;
@@ -123,6 +127,10 @@ impl Engine {
 
     /// Time left on the lease of `token` on `key` (zero if it ended or `token` lost it).
     pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.lease_remaining(key, token);
+        }
         let now = self.shared().time.mono_ns();
         self.lease_deadline_ns(key, token)
             .map_or(Duration::ZERO, |d| {
@@ -195,6 +203,10 @@ impl Engine {
     }
 
     fn release_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.release(self, key, token);
+        }
         self.check_lease_call(key)?;
         let (released, seq) = self.with_room(key, token, || self.release_locked(key, token))?;
         self.wait_holder(self.durable_wait(seq))?;
@@ -205,6 +217,10 @@ impl Engine {
     /// stays and expires on its own, which is equally safe.
     pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
         self.shared().observe.dropped(key, token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.release_on_drop(key, token);
+        }
         if self.check_open().is_ok() {
             let _ = self.release_locked(key, token);
         }
@@ -255,6 +271,10 @@ impl Engine {
     ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.update(key, token, op(s.time.mono_ns())).map(|()| 0);
+        }
         let (mut shard, _, k) = s.index.lock(key);
         let now = s.now();
         let op = op(now.mono_ns);

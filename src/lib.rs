@@ -56,6 +56,8 @@ mod recovery;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub mod sabotage;
+#[cfg(feature = "postgres")]
+mod shared;
 mod stats;
 mod storage;
 mod sweep;
@@ -80,4 +82,6 @@ pub use crate::lease::{Busy, Claim, Detached, KeyState, Lease, Outcome, Stored, 
 pub use crate::observe::key_hash;
 pub use crate::options::{ClaimOptions, Durability, EngineBuilder, Recovery};
 pub use crate::reader::{FileReader, FileSnapshot};
+#[cfg(feature = "postgres")]
+pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
 pub use crate::stats::Stats;
