@@ -4,6 +4,7 @@
 #   scripts/pg.sh start   # install it with apt-get if missing, initdb, start on 127.0.0.1
 #   scripts/pg.sh env     # print `export IDEMKV_PG_URL=...` (eval "$(scripts/pg.sh env)")
 #   scripts/pg.sh test    # start, run `cargo test --features postgres --test shared`, stop
+#                         # (a server already running is reused and left running)
 #   scripts/pg.sh stop    # stop it and remove its directory
 #   scripts/pg.sh restart # restart the running server (pg_ctl restart -m fast)
 #
@@ -44,6 +45,8 @@ install_pg() {
     [ -n "$PG_BIN" ] || { log "no PostgreSQL binaries under /usr/lib/postgresql"; exit 1; }
 }
 
+STARTED=0
+
 running() {
     [ -f "$PG_DIR/data/postmaster.pid" ] && as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" status >/dev/null 2>&1
 }
@@ -69,6 +72,7 @@ fsync = on
 synchronous_commit = on
 CONF
     as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/sock/postgres.log" -w start >/dev/null
+    STARTED=1
     log "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT ($PG_DIR)"
 }
 
@@ -92,8 +96,11 @@ case "${1:-}" in
     test)
         shift
         start
-        trap stop EXIT
+        # A server that was already running is left running.
+        if [ "$STARTED" = 1 ]; then trap stop EXIT; fi
         cd "$ROOT"
+        # The statement texts that docs/shared.md reproduces, then the suite.
+        cargo test -q -p idemkv --features postgres --lib shared::
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared "$@"
         ;;
     *)

@@ -82,12 +82,15 @@ struct RowLock(Child);
 
 impl RowLock {
     fn take(prefix: &str, key: &[u8]) -> RowLock {
-        let mut child = Command::new("psql")
-            .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("run psql");
+        let mut session = RowLock(
+            Command::new("psql")
+                .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("run psql"),
+        );
+        let child = &mut session.0;
         let stdin = child.stdin.as_mut().expect("psql stdin");
         writeln!(
             stdin,
@@ -99,7 +102,7 @@ impl RowLock {
         let mut lines = BufReader::new(child.stdout.take().expect("psql stdout")).lines();
         for line in lines.by_ref() {
             if line.expect("read psql") == "locked" {
-                return RowLock(child);
+                return session;
             }
         }
         panic!("psql ended before it held the row lock");

@@ -213,3 +213,32 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Sql;
+
+    /// docs/shared.md shows every statement as sent with the default names; a change here
+    /// must change the page too.
+    #[test]
+    fn the_documentation_shows_every_statement() {
+        let doc = include_str!("../../docs/shared.md");
+        let sql = Sql::new(None, "idemkv_");
+        let mut all = vec![
+            sql.claim.clone(),
+            sql.complete.clone(),
+            sql.release.clone(),
+            sql.extend.clone(),
+            sql.checkpoint.clone(),
+            sql.get.clone(),
+            sql.sweep.clone(),
+            sql.version.clone(),
+            sql.create_meta(),
+        ];
+        all.extend(sql.create.iter().cloned());
+        for stmt in all {
+            assert!(doc.contains(&stmt), "docs/shared.md lacks:\n{stmt}");
+        }
+        assert!(doc.contains(&format!("LISTEN \"{}\"", sql.channel)));
+    }
+}
