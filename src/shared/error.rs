@@ -98,7 +98,7 @@ pub(crate) fn kind_of(code: &str) -> DatabaseErrorKind {
     match code {
         "42501" | "28000" | "28P01" | "42P06" => DatabaseErrorKind::PermissionDenied,
         "57014" => DatabaseErrorKind::StatementTimeout,
-        "42P01" | "42703" | "42P07" | "42804" => DatabaseErrorKind::Schema,
+        "42P01" | "3F000" | "42703" | "42P07" | "42804" => DatabaseErrorKind::Schema,
         c if c.starts_with("53") => DatabaseErrorKind::DiskFull,
         c if c.starts_with("08") || c.starts_with("57P") => DatabaseErrorKind::Unavailable,
         _ => DatabaseErrorKind::Rejected,
