@@ -74,6 +74,10 @@ impl Engine {
         key: &[u8],
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim_async(self, key, opts, false).await;
+        }
         self.check_key(key)?;
         let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
@@ -106,6 +110,10 @@ impl Engine {
         key: &[u8],
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim_async(self, key, opts, true).await;
+        }
         self.check_key(key)?;
         let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
@@ -232,6 +240,10 @@ impl Engine {
     /// The async form of [`Engine::flush`]: resolves once every call acknowledged so far is
     /// durable. A full writer queue is waited out without blocking.
     pub async fn flush_async(&self) -> Result<(), FlushError> {
+        #[cfg(feature = "postgres")]
+        if self.pg().is_some() {
+            return self.flush();
+        }
         let s = self.shared();
         if let Some(why) = s.poison_reason() {
             return Err(FlushError::Poisoned(why));
@@ -445,6 +457,22 @@ impl Lease {
         let writes = merged(self.staged.settle(), writes)?;
         let writes = Some(&writes).filter(|w| !w.is_empty());
         let (engine, key, token) = (&self.engine, &self.key, self.token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = engine.pg() {
+            let done = if retention_ms.is_some() || writes.is_some() {
+                Err(LeaseError::Unsupported(
+                    "a completion's own retention or writes on the shared backend",
+                ))
+            } else {
+                pg.complete_async(engine, key, token, response).await
+            };
+            let key = crate::scope::key_of(key);
+            return engine
+                .shared()
+                .observe
+                .complete(key, token, || done)
+                .map(|()| 0);
+        }
         let done = async {
             let (seq, expires_wall_ms) = engine
                 .with_room_async(key, token, || {
@@ -470,6 +498,10 @@ impl Lease {
         self.settled = true;
         self.staged.settle();
         let (engine, key, token) = (&self.engine, &self.key, self.token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = engine.pg() {
+            return pg.release_async(engine, key, token).await;
+        }
         engine.check_lease_call(key)?;
         let (released, seq) = engine
             .with_room_async(key, token, || engine.release_locked(key, token))
@@ -494,6 +526,10 @@ impl Lease {
         self.staged.settle();
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         let done = async {
+            #[cfg(feature = "postgres")]
+            if engine.pg().is_some() {
+                return Err(LeaseError::Unsupported("fail on the shared backend"));
+            }
             engine.check_lease_call(key)?;
             let (failed, seq) = engine
                 .with_room_async(key, token, || engine.fail_locked(key, token))
@@ -618,6 +654,10 @@ impl LeaseHandle {
 
     async fn update(&self, op: Holder, writes: Option<&WriteSet>) -> Result<(), LeaseError> {
         let (engine, key, token) = (&self.engine, &self.key[..], self.token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = engine.pg() {
+            return pg.update_async(engine, key, token, op).await;
+        }
         let seq = engine
             .with_room_async(key, token, || {
                 engine.update_inflight(key, token, op.clone(), writes)

@@ -660,6 +660,10 @@ impl Engine {
     }
 
     fn claim_unobserved(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim(self, key, opts, false);
+        }
         self.check_key(key)?;
         let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
@@ -686,6 +690,10 @@ impl Engine {
         key: &[u8],
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.claim(self, key, opts, true);
+        }
         self.check_key(key)?;
         let key = &*self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
@@ -896,6 +904,11 @@ impl Engine {
     /// [`Engine::get`] of `key` within `scope` ([`ClaimOptions::scope`]); the empty scope is
     /// the unscoped key.
     pub fn get_scoped(&self, scope: &[u8], key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            self.check_key(key)?;
+            return pg.get(self, &self.scoped_key(scope, key)?);
+        }
         self.check_key(key)?;
         let key = &*self.scoped_key(scope, key)?;
         self.check_open()?;

@@ -217,3 +217,81 @@ pub(crate) const HTTP_OVERLOADED_RETRY_AFTER_SECS: u64 = 1;
 /// change; a stored response of an unknown version is answered with 500, never misread.
 #[cfg(feature = "http")]
 pub(crate) const HTTP_STORED_VERSION: u8 = 1;
+
+// The shared backend over PostgreSQL (feature `postgres`, src/shared/, docs/shared.md).
+
+/// Default number of pooled connections of one shared engine (the listener is one more).
+#[cfg(feature = "postgres")]
+pub(crate) const PG_POOL_SIZE_DEFAULT: usize = 16;
+/// Most pooled connections a `PostgresConfig` may ask for.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_POOL_SIZE_LIMIT: usize = 1024;
+/// Default server-side `statement_timeout` of the backend's connections.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default time to open a connection, or to wait for a free one in the pool.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Shortest statement or connect timeout accepted.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_TIMEOUT_MIN: Duration = Duration::from_millis(1);
+/// Longest statement or connect timeout accepted.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_TIMEOUT_LIMIT: Duration = Duration::from_secs(3600);
+/// Default prefix of the backend's tables, sequence and channel.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_TABLE_PREFIX_DEFAULT: &str = "idemkv_";
+/// Longest table prefix: with the longest schema it keeps every name (and the notification
+/// channel) under PostgreSQL's 63-byte identifier limit.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_TABLE_PREFIX_LEN_MAX: usize = 30;
+/// Longest schema name.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_SCHEMA_LEN_MAX: usize = 20;
+/// The schema version this build creates and reads (the version row of the meta table).
+#[cfg(feature = "postgres")]
+pub(crate) const PG_SCHEMA_VERSION: i64 = 1;
+/// Longest lease or retention sent to the database (about 100 years): the interval and
+/// the timestamp it is added to stay far inside PostgreSQL's ranges, and the microsecond
+/// count stays exact in a double.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_INTERVAL_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// Times one claim asks the database again after a statement that could not decide from
+/// its snapshot (a row committed or changed between the statement's snapshot and its
+/// conflict check). Each re-ask follows a commit by another caller.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_CLAIM_ASKS_MAX: u32 = 16;
+/// Most a waiter on a key held by another process sleeps before asking the database
+/// again when no notification woke it (a notification lost with the listening
+/// connection): the poll is bounded, and never faster than a lease's end.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_WAIT_POLL_MAX: Duration = Duration::from_secs(1);
+/// Shortest sleep of a waiter before asking again, so that a tiny remaining lease never
+/// turns into a loop of statements.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_WAIT_POLL_MIN: Duration = Duration::from_millis(2);
+/// Completed records one shared engine caches for replays without a round trip.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_CACHE_ENTRIES_MAX: usize = 64 << 10;
+/// Response bytes one shared engine caches; a larger response is never cached.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_CACHE_BYTES_MAX: usize = 64 << 20;
+/// Stripes of the local front (a power of two).
+#[cfg(feature = "postgres")]
+pub(crate) const PG_FRONT_STRIPES: usize = 64;
+/// Rows one sweep statement deletes at most (retention and abandoned claims).
+#[cfg(feature = "postgres")]
+pub(crate) const PG_SWEEP_BATCH: i64 = 1000;
+/// Sweep statements one background pass issues at most before it waits for the next.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_SWEEP_BATCHES_PER_PASS: u32 = 16;
+/// Pause of the listening connection before it connects again after losing its link.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_LISTEN_RETRY: Duration = Duration::from_millis(500);
+/// Worker threads of the private runtime that drives a shared engine's connections.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_RUNTIME_THREADS: usize = 2;
+/// How long `close` waits for calls still running on the backend's runtime (a release
+/// sent by a dropped lease) before it stops the runtime.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_CLOSE_GRACE: Duration = Duration::from_secs(5);

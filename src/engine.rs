@@ -463,6 +463,10 @@ struct Inner {
     threads: Mutex<Threads>,
     /// Kept alive so the clock's weak reference to it stays valid.
     _clock_listener: Arc<ClockListener>,
+    /// The shared backend, when the engine was opened on PostgreSQL (src/shared/); the
+    /// memory-only `shared` then holds only the settings and the timer thread.
+    #[cfg(feature = "postgres")]
+    pg: Option<Arc<crate::shared::Backend>>,
 }
 
 #[derive(Default)]
@@ -473,6 +477,10 @@ struct Threads {
 
 impl Drop for Inner {
     fn drop(&mut self) {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &self.pg {
+            pg.close();
+        }
         let _ = close_shared(&self.shared, &self.threads);
     }
 }
@@ -524,6 +532,10 @@ impl EngineBuilder {
     /// Opens the engine: validates the settings, opens or creates the file, recovers its
     /// records, and starts the writer and the sweeper.
     pub fn open(self) -> Result<Engine, OpenError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.postgres.clone() {
+            return crate::shared::open(self, pg);
+        }
         self.validate()?;
         let time = Time::new(self.clock.clone());
         let counters = Counters::default();
@@ -632,6 +644,8 @@ impl EngineBuilder {
                 shared: shared.clone(),
                 threads: Mutex::new(Threads::default()),
                 _clock_listener: subscribe_clock(&self, &shared),
+                #[cfg(feature = "postgres")]
+                pg: None,
             }),
         };
         if self.sweep_interval.is_some() {
@@ -676,6 +690,21 @@ impl Engine {
         &self.inner.shared
     }
 
+    /// The shared backend, if this engine was opened on PostgreSQL.
+    #[cfg(feature = "postgres")]
+    #[inline]
+    pub(crate) fn pg(&self) -> Option<&Arc<crate::shared::Backend>> {
+        self.inner.pg.as_ref()
+    }
+
+    /// Hands a freshly opened (memory-only, unshared) engine its shared backend; `None`
+    /// if the engine was already shared with another handle.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn with_pg(mut self, pg: Arc<crate::shared::Backend>) -> Option<Engine> {
+        Arc::get_mut(&mut self.inner)?.pg = Some(pg);
+        Some(self)
+    }
+
     /// Whether a test has switched this sabotage on (always false without
     /// `--cfg idemkv_sabotage`).
     #[inline]
@@ -685,6 +714,11 @@ impl Engine {
 
     /// The durability mode this engine was opened with.
     pub fn durability(&self) -> Durability {
+        // A shared engine's calls return once the database committed them.
+        #[cfg(feature = "postgres")]
+        if self.pg().is_some() {
+            return Durability::Immediate;
+        }
         self.shared().cfg.durability
     }
 
@@ -753,6 +787,10 @@ impl Engine {
     /// `abandoned` gauge first (work the sweeper would do, each lease once), and the count
     /// of keys past retention comes from the head of each stripe's completion order.
     pub fn stats(&self) -> Stats {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.stats();
+        }
         let s = self.shared();
         let c = &s.counters;
         let now = s.time.mono_ns();
@@ -805,17 +843,27 @@ impl Engine {
                 .unwrap_or(u64::MAX),
             token_next: s.tokens.next(),
             poisoned: s.poison_reason().is_some(),
+            db_round_trips: 0,
         }
     }
 
     /// Waits until every call acknowledged so far is durable (a no-op without a file).
     pub fn flush(&self) -> Result<(), FlushError> {
+        // A shared engine's acknowledged calls are committed already.
+        #[cfg(feature = "postgres")]
+        if self.pg().is_some() {
+            return self.check_open().map_err(|_| FlushError::Closed);
+        }
         self.shared().flush()
     }
 
     /// Makes everything acknowledged durable, stops the background threads, releases the
     /// file and refuses further calls. Idempotent; also done when the last handle drops.
     pub fn close(&self) -> Result<(), FlushError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            pg.close();
+        }
         close_shared(&self.inner.shared, &self.inner.threads)
     }
 

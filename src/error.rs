@@ -71,6 +71,10 @@ pub enum OpenError {
         /// Which setting and why.
         detail: String,
     },
+    /// The shared database refused the open, or could not be reached (feature `postgres`):
+    /// [`crate::DatabaseError::kind`] says what to do.
+    #[cfg(feature = "postgres")]
+    Database(crate::shared::DatabaseError),
 }
 
 /// The kind of an [`OpenError`], for a caller that acts on it.
@@ -94,6 +98,10 @@ pub enum OpenErrorKind {
     Io,
     /// [`OpenError::InvalidConfig`]: fix the builder settings.
     InvalidConfig,
+    /// An [`OpenError::Database`] that is neither a full disk nor a refused permission:
+    /// see its [`crate::DatabaseError::kind`].
+    #[cfg(feature = "postgres")]
+    Database,
 }
 
 impl OpenError {
@@ -106,6 +114,14 @@ impl OpenError {
             OpenError::HeaderDamaged { .. } => OpenErrorKind::HeaderDamaged,
             OpenError::Io(e) => io_kind(e),
             OpenError::InvalidConfig { .. } => OpenErrorKind::InvalidConfig,
+            #[cfg(feature = "postgres")]
+            OpenError::Database(e) => match e.kind() {
+                crate::shared::DatabaseErrorKind::PermissionDenied => {
+                    OpenErrorKind::PermissionDenied
+                }
+                crate::shared::DatabaseErrorKind::DiskFull => OpenErrorKind::DiskFull,
+                _ => OpenErrorKind::Database,
+            },
         }
     }
 }
@@ -165,6 +181,8 @@ impl fmt::Display for OpenError {
                 ),
             },
             OpenError::InvalidConfig { detail } => write!(f, "invalid configuration: {detail}"),
+            #[cfg(feature = "postgres")]
+            OpenError::Database(e) => write!(f, "opening the shared database failed: {e}"),
         }
     }
 }
@@ -173,6 +191,8 @@ impl std::error::Error for OpenError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             OpenError::Io(e) => Some(e),
+            #[cfg(feature = "postgres")]
+            OpenError::Database(e) => Some(e),
             _ => None,
         }
     }
@@ -230,6 +250,13 @@ pub enum ClaimError {
         /// The longest retention accepted.
         max: Duration,
     },
+    /// The shared database refused the call, or could not be reached, and nothing changed
+    /// (feature `postgres`): [`crate::DatabaseError::kind`] says what to do.
+    #[cfg(feature = "postgres")]
+    Database(crate::shared::DatabaseError),
+    /// The engine's backend does not offer what the call asked for (the shared backend:
+    /// a claim's own retention, a marker answer); nothing changed. The text names it.
+    Unsupported(&'static str),
 }
 
 impl fmt::Display for ClaimError {
@@ -262,11 +289,22 @@ impl fmt::Display for ClaimError {
             ClaimError::RetentionTooLong { asked, max } => {
                 write!(f, "retention of {asked:?} exceeds the maximum of {max:?}")
             }
+            #[cfg(feature = "postgres")]
+            ClaimError::Database(e) => write!(f, "{e}"),
+            ClaimError::Unsupported(what) => write!(f, "not supported by this backend: {what}"),
         }
     }
 }
 
-impl std::error::Error for ClaimError {}
+impl std::error::Error for ClaimError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            #[cfg(feature = "postgres")]
+            ClaimError::Database(e) => Some(e),
+            _ => None,
+        }
+    }
+}
 
 /// Why a lease operation ([`crate::Lease::complete`], `release`, `extend`, `set_checkpoint`,
 /// or the token forms on [`crate::Engine`]) failed.
@@ -344,6 +382,15 @@ pub enum LeaseError {
         /// The longest retention accepted.
         max: Duration,
     },
+    /// The shared database refused the call, or could not be reached, and nothing changed:
+    /// the key is as it was, still held under this token (feature `postgres`).
+    /// [`crate::DatabaseError::kind`] says what to do.
+    #[cfg(feature = "postgres")]
+    Database(crate::shared::DatabaseError),
+    /// The engine's backend does not offer what the call asked for (the shared backend: a
+    /// completion's own retention or writes, `fail`); nothing changed, and the key is still
+    /// held under this token. The text names it.
+    Unsupported(&'static str),
 }
 
 impl fmt::Display for LeaseError {
@@ -380,6 +427,9 @@ impl fmt::Display for LeaseError {
             LeaseError::RetentionTooLong { asked, max } => {
                 write!(f, "retention of {asked:?} exceeds the maximum of {max:?}")
             }
+            #[cfg(feature = "postgres")]
+            LeaseError::Database(e) => write!(f, "{e}"),
+            LeaseError::Unsupported(what) => write!(f, "not supported by this backend: {what}"),
         }
     }
 }
@@ -388,6 +438,8 @@ impl std::error::Error for LeaseError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             LeaseError::WriteSet(e) => Some(e),
+            #[cfg(feature = "postgres")]
+            LeaseError::Database(e) => Some(e),
             _ => None,
         }
     }

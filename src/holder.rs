@@ -102,6 +102,16 @@ impl Engine {
         retention_ms: Option<u64>,
         writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            if retention_ms.is_some() || writes.is_some() {
+                return Err(LeaseError::Unsupported(
+                    "a completion's own retention or writes on the shared backend",
+                ));
+            }
+            pg.complete(self, key, token, response)?;
+            return Ok(0);
+        }
         let observe = &self.shared().observe;
         let mut expires_wall_ms = 0;
         observe.complete(crate::scope::key_of(key), token, || {
@@ -173,6 +183,10 @@ impl Engine {
 
     /// Time left on the lease of `token` on `key` (zero if it ended or `token` lost it).
     pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.lease_remaining(key, token);
+        }
         let now = self.shared().time.mono_ns();
         self.lease_deadline_ns(key, token)
             .map_or(Duration::ZERO, |d| {
@@ -284,6 +298,10 @@ impl Engine {
     }
 
     fn release_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.release(self, key, token);
+        }
         self.check_lease_call(key)?;
         let (released, seq) = self.with_room(key, token, || self.release_locked(key, token))?;
         self.wait_holder(self.durable_wait(seq))?;
@@ -296,6 +314,10 @@ impl Engine {
         self.shared()
             .observe
             .dropped(crate::scope::key_of(key), token);
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.release_on_drop(key, token);
+        }
         if self.check_open().is_ok() {
             let _ = self.release_locked(key, token);
         }
@@ -351,6 +373,10 @@ impl Engine {
     }
 
     fn fail_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        #[cfg(feature = "postgres")]
+        if self.pg().is_some() {
+            return Err(LeaseError::Unsupported("fail on the shared backend"));
+        }
         self.check_lease_call(key)?;
         let (failed, seq) = self.with_room(key, token, || self.fail_locked(key, token))?;
         self.wait_holder(self.durable_wait(seq))?;
@@ -399,6 +425,10 @@ impl Engine {
     ) -> Result<u64, LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.update(key, token, op(s.time.mono_ns())).map(|()| 0);
+        }
         let (mut shard, _, k) = s.index.lock(key);
         let now = s.now();
         let op = op(now.mono_ns);

@@ -60,6 +60,8 @@ mod recovery;
 #[doc(hidden)]
 pub mod sabotage;
 mod scope;
+#[cfg(feature = "postgres")]
+mod shared;
 mod stats;
 mod storage;
 mod sweep;
@@ -95,5 +97,7 @@ pub use crate::options::{
 };
 pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
+#[cfg(feature = "postgres")]
+pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
 pub use crate::stats::Stats;
 pub use crate::write_set::{TableRow, WriteSet};

@@ -383,6 +383,9 @@ pub struct EngineBuilder {
     pub(crate) backend: Option<BackendSlot>,
     /// Whether tracing spans carry the raw key besides its hash (`tracing` feature).
     pub(crate) log_raw_keys: bool,
+    /// The shared database instead of a file (feature `postgres`, src/shared/).
+    #[cfg(feature = "postgres")]
+    pub(crate) postgres: Option<crate::shared::PostgresConfig>,
     /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): sabotage builds
     /// only, see `sabotage::arm`.
     #[cfg(idemkv_sabotage)]
@@ -445,6 +448,8 @@ impl Default for EngineBuilder {
             file_mode: FILE_MODE_DEFAULT,
             backend: None,
             log_raw_keys: false,
+            #[cfg(feature = "postgres")]
+            postgres: None,
             #[cfg(idemkv_sabotage)]
             sabotage: 0,
         }
@@ -638,6 +643,27 @@ impl EngineBuilder {
     /// may hold the keys.
     pub fn log_raw_keys(mut self, enabled: bool) -> Self {
         self.log_raw_keys = enabled;
+        self
+    }
+
+    /// Keeps the engine's keys in a PostgreSQL database shared by any number of processes
+    /// on any number of machines, instead of a file this process owns (feature
+    /// `postgres`; docs/shared.md). The API, the state machine and the fencing contract
+    /// are the same; the lease, retention, key, response and checkpoint limits and the
+    /// sweep interval still come from this builder. The database's commit is the
+    /// durability: the durability setting must stay `Immediate` (the default), and no
+    /// path or storage backend may be set.
+    ///
+    /// ```no_run
+    /// use idemkv::{Engine, PostgresConfig};
+    /// let engine = Engine::builder()
+    ///     .postgres(PostgresConfig::new("postgres://app@127.0.0.1/app"))
+    ///     .open()?;
+    /// # Ok::<(), idemkv::OpenError>(())
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(mut self, config: crate::shared::PostgresConfig) -> Self {
+        self.postgres = Some(config);
         self
     }
 

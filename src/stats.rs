@@ -79,6 +79,10 @@ pub struct Stats {
     pub token_next: u64,
     /// Whether a storage failure has poisoned the engine.
     pub poisoned: bool,
+    /// A shared (PostgreSQL) engine: statements its calls sent to the database (the
+    /// sweeper's and the listener's not counted). Concurrent local duplicates of a key
+    /// share one; a cached completion is replayed without one. Zero for a file engine.
+    pub db_round_trips: u64,
 }
 
 /// The engine-wide counters: the gauges that admission compares with a limit, and the

@@ -1,0 +1,74 @@
+//! Bridges between the callers' threads and executors and the backend's private runtime.
+
+use parking_lot::{Condvar, Mutex};
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::{Duration, Instant};
+
+struct Unpark(std::thread::Thread);
+
+impl Wake for Unpark {
+    fn wake(self: Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Runs `f` to completion on the calling thread, parking it between polls. Only used on
+/// futures whose work runs on the backend's runtime (a oneshot receiver), so it works
+/// from any thread, inside another runtime's thread too.
+pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = pin!(f);
+    loop {
+        if let Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+/// Counts the calls running on the backend's runtime, so that `close` can let them finish.
+#[derive(Default)]
+pub(crate) struct Running {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+/// One running call; dropped when it ends.
+pub(crate) struct RunningGuard(Arc<Running>);
+
+impl Running {
+    pub(crate) fn enter(self: &Arc<Self>) -> RunningGuard {
+        *self.count.lock() += 1;
+        RunningGuard(self.clone())
+    }
+
+    /// Waits until no call runs, at most `grace`; whether none does.
+    pub(crate) fn wait_idle(&self, grace: Duration) -> bool {
+        let end = Instant::now() + grace;
+        let mut count = self.count.lock();
+        while *count > 0 {
+            if self.idle.wait_until(&mut count, end).timed_out() {
+                return *count == 0;
+            }
+        }
+        true
+    }
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        let mut count = self.0.count.lock();
+        *count -= 1;
+        if *count == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}

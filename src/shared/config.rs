@@ -1,0 +1,154 @@
+//! `PostgresConfig`: where the shared database is and how the backend talks to it.
+
+use crate::constants::*;
+use std::fmt;
+use std::time::Duration;
+
+/// The settings of the shared backend (feature `postgres`), handed to
+/// [`crate::EngineBuilder::postgres`]. The lease, the retention and the size limits stay
+/// the builder's.
+///
+/// ```no_run
+/// use idemkv::{Engine, PostgresConfig};
+/// use std::time::Duration;
+/// let engine = Engine::builder()
+///     .postgres(
+///         PostgresConfig::new("postgres://app@db.internal/app")
+///             .pool_size(16)
+///             .statement_timeout(Duration::from_secs(5))
+///             .table_prefix("idemkv_"),
+///     )
+///     .lease(Duration::from_secs(30))
+///     .open()?;
+/// # Ok::<(), idemkv::OpenError>(())
+/// ```
+///
+/// The URL is the client's (tokio-postgres): `postgres://user:password@host:port/dbname?…`
+/// or `host=… user=… dbname=…`, with its standard options (`sslmode`, `application_name`,
+/// `options`, several hosts, `target_session_attrs`). The backend connects without TLS:
+/// `sslmode=prefer` (the default) falls back to a plain connection and `sslmode=require`
+/// is refused at open; see docs/shared.md ("TLS").
+#[derive(Clone)]
+pub struct PostgresConfig {
+    pub(crate) url: String,
+    pub(crate) pool_size: usize,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) schema: Option<String>,
+    pub(crate) table_prefix: String,
+}
+
+impl PostgresConfig {
+    /// The database at `url`, with the defaults: a pool of 16 connections, a 5 s statement
+    /// timeout, a 5 s connect timeout, the connection's default schema (`search_path`),
+    /// and the table prefix `idemkv_`.
+    pub fn new(url: impl Into<String>) -> Self {
+        PostgresConfig {
+            url: url.into(),
+            pool_size: PG_POOL_SIZE_DEFAULT,
+            statement_timeout: PG_STATEMENT_TIMEOUT_DEFAULT,
+            connect_timeout: PG_CONNECT_TIMEOUT_DEFAULT,
+            schema: None,
+            table_prefix: PG_TABLE_PREFIX_DEFAULT.to_string(),
+        }
+    }
+
+    /// Most connections this engine opens for its calls (default 16, at most 1024); one
+    /// more listens for wake-ups. A call waits for a free connection up to the connect
+    /// timeout.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// The server-side `statement_timeout` of every connection (default 5 s, from 1 ms to
+    /// 1 h). A statement the server cancels for it changed nothing
+    /// (`DatabaseErrorKind::StatementTimeout`). A call whose answer does not arrive within
+    /// this plus the connect timeout is given up as `OutcomeUnknown` and its connection
+    /// discarded.
+    pub fn statement_timeout(mut self, timeout: Duration) -> Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// How long opening a connection, or waiting for a free one in the pool, may take
+    /// (default 5 s, from 1 ms to 1 h).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The schema that holds the tables (created if missing). Default: none, the
+    /// connection's `search_path` decides. Lower-case ASCII letters, digits and `_`, at
+    /// most 20 bytes, not starting with a digit.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = Some(schema.into());
+        self
+    }
+
+    /// The prefix of the backend's tables, sequence and notification channel (default
+    /// `idemkv_`): engines with different prefixes share nothing. Lower-case ASCII
+    /// letters, digits and `_`, at most 30 bytes, not starting with a digit.
+    pub fn table_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.table_prefix = prefix.into();
+        self
+    }
+
+    /// Checks the settings; the message names the one that is out of range.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if !(1..=PG_POOL_SIZE_LIMIT).contains(&self.pool_size) {
+            return Err(format!("pool_size must be 1..={PG_POOL_SIZE_LIMIT}"));
+        }
+        for (name, t) in [
+            ("statement_timeout", self.statement_timeout),
+            ("connect_timeout", self.connect_timeout),
+        ] {
+            if t < PG_TIMEOUT_MIN || t > PG_TIMEOUT_LIMIT {
+                return Err(format!(
+                    "{name} must be from {PG_TIMEOUT_MIN:?} to {PG_TIMEOUT_LIMIT:?}"
+                ));
+            }
+        }
+        if let Some(schema) = &self.schema {
+            identifier("schema", schema, PG_SCHEMA_LEN_MAX, false)?;
+        }
+        identifier(
+            "table_prefix",
+            &self.table_prefix,
+            PG_TABLE_PREFIX_LEN_MAX,
+            true,
+        )
+    }
+}
+
+/// The names are spliced into SQL (identifiers cannot be parameters): only a plain
+/// lower-case identifier is accepted, so no quoting or case folding can surprise.
+fn identifier(what: &str, s: &str, max: usize, empty_ok: bool) -> Result<(), String> {
+    let ok_first = |c: char| c.is_ascii_lowercase() || c == '_';
+    let ok = |c: char| ok_first(c) || c.is_ascii_digit();
+    let valid = s.len() <= max
+        && (empty_ok || !s.is_empty())
+        && s.chars().next().is_none_or(ok_first)
+        && s.chars().all(ok);
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {s:?} must be lower-case ASCII letters, digits and '_', at most {max} \
+             bytes, not starting with a digit"
+        ))
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    /// The URL is left out: it may hold a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("pool_size", &self.pool_size)
+            .field("statement_timeout", &self.statement_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("schema", &self.schema)
+            .field("table_prefix", &self.table_prefix)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,388 @@
+//! The shared backend's operations, as futures on its private runtime: the claim with the
+//! local front before it, and what a lease holder does. Each database transition is one
+//! statement (`sql.rs`); the front only spares round trips and never decides a transition.
+
+use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow};
+use super::front::{Cached, Found, Front, Look};
+use crate::codec::Checkpoint;
+use crate::constants::*;
+use crate::error::{ClaimError, LeaseError};
+use crate::lease::{Busy, KeyState, Stored};
+use crate::options::AskedFingerprint;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The answer of a claim, before the caller's side turns an acquisition into a `Lease`.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    Acquired {
+        token: u64,
+        attempt: u32,
+        checkpoint: Option<Checkpoint>,
+        lease: Duration,
+    },
+    Busy(Busy),
+    Completed(Stored),
+}
+
+/// The counters of `Stats` a shared engine keeps (this process's calls).
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) claims: AtomicU64,
+    pub(crate) claims_cancelled: AtomicU64,
+    pub(crate) acquired: AtomicU64,
+    pub(crate) takeovers: AtomicU64,
+    pub(crate) replays: AtomicU64,
+    pub(crate) in_progress: AtomicU64,
+    pub(crate) fingerprint_mismatches: AtomicU64,
+    pub(crate) completions: AtomicU64,
+    pub(crate) releases: AtomicU64,
+    pub(crate) leases_lost: AtomicU64,
+    pub(crate) waits: AtomicU64,
+    pub(crate) expirations: AtomicU64,
+}
+
+pub(crate) fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+pub(crate) struct Core {
+    pub(crate) db: Db,
+    pub(crate) front: Front,
+    pub(crate) counters: Counters,
+    pub(crate) closed: AtomicBool,
+    pub(crate) retention: Duration,
+    /// The longest a caller waits for another caller's ask: the ask's own bound.
+    pub(crate) ask_bound: Duration,
+}
+
+fn claim_failed(f: Fail) -> ClaimError {
+    match f {
+        Fail::Refused(e) => ClaimError::Database(e),
+        Fail::Unknown(why) => ClaimError::OutcomeUnknown(why),
+    }
+}
+
+fn lease_failed(f: Fail) -> LeaseError {
+    match f {
+        Fail::Refused(e) => LeaseError::Database(e),
+        Fail::Unknown(why) => LeaseError::OutcomeUnknown(why),
+    }
+}
+
+fn mismatched(asked: Option<AskedFingerprint>, stored: Option<u128>) -> bool {
+    matches!((asked, stored), (Some(a), Some(s)) if !a.matches(s))
+}
+
+/// Drops the key's front entry when the claim ends, if nobody needs it any more. Declared
+/// before the claim's receivers, so it runs after they are gone.
+struct Tidy<'a> {
+    front: &'a Front,
+    key: &'a [u8],
+    hash: u64,
+}
+
+impl Drop for Tidy<'_> {
+    fn drop(&mut self) {
+        self.front.tidy(self.key, self.hash);
+    }
+}
+
+impl Core {
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// A claim; `wait`: `claim_or_wait`'s wait. Concurrent local callers of one key share
+    /// one statement (see `front.rs`).
+    pub(crate) async fn claim(
+        &self,
+        key: &[u8],
+        asked: Option<AskedFingerprint>,
+        lease: Duration,
+        wait: Option<Duration>,
+    ) -> Result<Answer, ClaimError> {
+        bump(&self.counters.claims);
+        let hash = crate::observe::key_hash(key);
+        let _tidy = Tidy {
+            front: &self.front,
+            key,
+            hash,
+        };
+        let deadline = wait.map(|w| Instant::now() + w.min(PG_INTERVAL_MAX));
+        let mut joined = false;
+        let mut asks = 0u32;
+        loop {
+            if self.is_closed() {
+                return Err(ClaimError::Closed);
+            }
+            let far = Instant::now() + self.ask_bound;
+            match self.front.look(key, hash, asked, deadline, joined, far) {
+                Look::Replay(stored) => {
+                    bump(&self.counters.replays);
+                    return Ok(Answer::Completed(stored));
+                }
+                Look::Mismatch => {
+                    bump(&self.counters.fingerprint_mismatches);
+                    return Err(ClaimError::FingerprintMismatch);
+                }
+                Look::Busy {
+                    retry_after,
+                    attempt,
+                } => return Ok(self.busy(retry_after, attempt)),
+                Look::Wait {
+                    mut signal,
+                    until,
+                    joins_ask,
+                } => {
+                    if !joins_ask {
+                        bump(&self.counters.waits);
+                    }
+                    // A change, the instant, or the entry gone (its sender dropped): look again.
+                    let _ = tokio::time::timeout_at(until, signal.changed()).await;
+                    joined = joins_ask;
+                    continue;
+                }
+                Look::Ask => {}
+            }
+            joined = false;
+            let sent = Instant::now();
+            let row = self.db.claim(key, asked, lease, self.retention).await;
+            let (found, answer) = match row {
+                Err(f) => (Found::Nothing, Some(Err(claim_failed(f)))),
+                Ok(ClaimRow::Acquired {
+                    token,
+                    attempt,
+                    checkpoint,
+                }) => {
+                    bump(&self.counters.acquired);
+                    if attempt > 1 {
+                        bump(&self.counters.takeovers);
+                    }
+                    let answer = Answer::Acquired {
+                        token,
+                        attempt,
+                        checkpoint,
+                        lease,
+                    };
+                    let found = Found::Acquired {
+                        token,
+                        attempt,
+                        lease,
+                    };
+                    (found, Some(Ok(answer)))
+                }
+                Ok(ClaimRow::Completed {
+                    stored,
+                    fingerprint,
+                    remaining,
+                }) if !remaining.is_zero() => {
+                    let cached = Cached {
+                        stored: stored.clone(),
+                        fingerprint,
+                        until: sent + remaining,
+                    };
+                    let answer = if mismatched(asked, fingerprint) {
+                        bump(&self.counters.fingerprint_mismatches);
+                        Err(ClaimError::FingerprintMismatch)
+                    } else {
+                        bump(&self.counters.replays);
+                        Ok(Answer::Completed(stored))
+                    };
+                    (Found::Completed(cached), Some(answer))
+                }
+                Ok(ClaimRow::Held { fingerprint, .. }) if mismatched(asked, fingerprint) => {
+                    bump(&self.counters.fingerprint_mismatches);
+                    (Found::Nothing, Some(Err(ClaimError::FingerprintMismatch)))
+                }
+                Ok(ClaimRow::Held {
+                    attempt, remaining, ..
+                }) if !remaining.is_zero() => {
+                    let waits_on = deadline.is_some_and(|d| Instant::now() < d);
+                    let answer = (!waits_on).then(|| Ok(self.busy(remaining, attempt)));
+                    (Found::Held { remaining, attempt }, answer)
+                }
+                // The snapshot showed a row the statement should have taken over, or no row
+                // at all: a commit landed between the snapshot and the conflict check.
+                Ok(_) => {
+                    asks += 1;
+                    if asks >= PG_CLAIM_ASKS_MAX {
+                        (Found::Nothing, Some(Err(ClaimError::Contended)))
+                    } else {
+                        (Found::Nothing, None)
+                    }
+                }
+            };
+            self.front.publish(key, hash, sent, found);
+            if let Some(answer) = answer {
+                return answer;
+            }
+        }
+    }
+
+    fn busy(&self, retry_after: Duration, attempt: u32) -> Answer {
+        bump(&self.counters.in_progress);
+        Answer::Busy(Busy {
+            retry_after,
+            attempt,
+            completing: false,
+        })
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
+        let hash = crate::observe::key_hash(key);
+        let sent = Instant::now();
+        match self
+            .db
+            .complete(key, token, &response, self.retention)
+            .await
+        {
+            Ok(CompleteRow::Done {
+                attempt,
+                fingerprint,
+                remaining,
+            }) => {
+                bump(&self.counters.completions);
+                let stored = Stored {
+                    response,
+                    token,
+                    attempt,
+                    expires_wall_ms: expires_wall_ms(remaining),
+                };
+                let cached = Cached {
+                    stored,
+                    fingerprint,
+                    until: sent + remaining,
+                };
+                self.front.completed(key, hash, cached);
+                Ok(())
+            }
+            Ok(CompleteRow::Lost) => {
+                bump(&self.counters.leases_lost);
+                self.front.forget_held(key, hash, token);
+                Err(LeaseError::LeaseLost)
+            }
+            Err(f) => {
+                // A refusal leaves the key held; an unknown outcome may have settled it.
+                if matches!(f, Fail::Unknown(_)) {
+                    self.front.forget_held(key, hash, token);
+                }
+                Err(lease_failed(f))
+            }
+        }
+    }
+
+    pub(crate) async fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        let hash = crate::observe::key_hash(key);
+        let answer = self.db.release(key, token).await;
+        if !matches!(answer, Err(Fail::Refused(_))) {
+            self.front.forget_held(key, hash, token);
+        }
+        let released = answer.map_err(lease_failed)?;
+        if released {
+            bump(&self.counters.releases);
+        }
+        Ok(released)
+    }
+
+    pub(crate) async fn extend(
+        &self,
+        key: &[u8],
+        token: u64,
+        lease: Duration,
+    ) -> Result<(), LeaseError> {
+        let hash = crate::observe::key_hash(key);
+        let sent = Instant::now();
+        match self.db.extend(key, token, lease, self.retention).await {
+            Ok(true) => {
+                self.front.extended(key, hash, token, sent, lease);
+                Ok(())
+            }
+            Ok(false) => self.lost(key, hash, token),
+            Err(f) => Err(lease_failed(f)),
+        }
+    }
+
+    pub(crate) async fn checkpoint(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
+        let hash = crate::observe::key_hash(key);
+        match self.db.checkpoint(key, token, phase, &data).await {
+            Ok(true) => Ok(()),
+            Ok(false) => self.lost(key, hash, token),
+            Err(f) => Err(lease_failed(f)),
+        }
+    }
+
+    fn lost(&self, key: &[u8], hash: u64, token: u64) -> Result<(), LeaseError> {
+        bump(&self.counters.leases_lost);
+        self.front.forget_held(key, hash, token);
+        Err(LeaseError::LeaseLost)
+    }
+
+    pub(crate) async fn get(&self, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
+        let row = self.db.get(key).await.map_err(claim_failed)?;
+        Ok(row.map(|row| match row {
+            GetRow::InFlight {
+                token,
+                attempt,
+                checkpoint,
+                remaining,
+            } => KeyState::InFlight {
+                token,
+                attempt,
+                lease_remaining: remaining,
+                checkpoint,
+                // The shared table keeps neither instant nor a failure flag.
+                first_claimed_at: None,
+                attempt_started_at: None,
+                failed: false,
+            },
+            GetRow::Completed {
+                stored,
+                expires_wall_ms,
+            } => KeyState::Completed {
+                token: stored.token,
+                attempt: stored.attempt,
+                response: stored.response,
+                expires_at: crate::clock::wall_time(expires_wall_ms),
+            },
+        }))
+    }
+
+    /// Sweeps until a batch comes back short, at most `batches` batches; the rows deleted.
+    pub(crate) async fn sweep(&self, batches: u32) -> Result<u64, ClaimError> {
+        let mut total = 0;
+        for _ in 0..batches {
+            if self.is_closed() {
+                break;
+            }
+            let n = self.db.sweep().await.map_err(claim_failed)?;
+            total += n;
+            self.counters.expirations.fetch_add(n, Ordering::Relaxed);
+            if n < PG_SWEEP_BATCH.unsigned_abs() {
+                break;
+            }
+        }
+        Ok(total)
+    }
+}
+
+/// When a completion with `remaining` retention left on the database's clock expires, on
+/// this machine's wall clock: reports only (`Stored::expires_at`); every decision about the
+/// key's expiry is the database's.
+pub(crate) fn expires_wall_ms(remaining: std::time::Duration) -> u64 {
+    crate::clock::wall_ms(std::time::SystemTime::now())
+        .saturating_add(crate::clock::duration_ms(remaining))
+}

@@ -1,0 +1,547 @@
+//! The database side: the pool, one call with its timeouts and the sorting of its
+//! failures, the schema's creation, and the typed answer of each statement.
+
+use super::error::{DatabaseError, DatabaseErrorKind};
+use super::sql::Sql;
+use super::PostgresConfig;
+use crate::codec::Checkpoint;
+use crate::constants::*;
+use crate::lease::Stored;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{NoTls, Row};
+
+/// How a call failed.
+#[derive(Debug, Clone)]
+pub(crate) enum Fail {
+    /// Nothing changed: the server refused the statement, or nothing was sent.
+    Refused(DatabaseError),
+    /// The statement was sent and its answer lost (the connection broke, the server went
+    /// away, no answer in time): it may or may not have committed.
+    Unknown(Arc<str>),
+}
+
+/// A claim statement's answer.
+#[derive(Debug)]
+pub(crate) enum ClaimRow {
+    Acquired {
+        token: u64,
+        attempt: u32,
+        checkpoint: Option<Checkpoint>,
+    },
+    /// The key is InFlight under another holder, `remaining` left on its lease (zero: the
+    /// lease is over, but the row was not taken over: see `Db::claim`).
+    Held {
+        attempt: u32,
+        fingerprint: Option<u128>,
+        remaining: Duration,
+    },
+    Completed {
+        stored: Stored,
+        fingerprint: Option<u128>,
+        remaining: Duration,
+    },
+    /// The statement could not decide from its snapshot: ask again.
+    Again,
+}
+
+/// A completion's answer.
+#[derive(Debug)]
+pub(crate) enum CompleteRow {
+    /// Stored now, or stored before under the same token (a repeat).
+    Done {
+        attempt: u32,
+        fingerprint: Option<u128>,
+        remaining: Duration,
+    },
+    Lost,
+}
+
+/// A key's row as `get` reads it.
+#[derive(Debug)]
+pub(crate) enum GetRow {
+    InFlight {
+        token: u64,
+        attempt: u32,
+        checkpoint: Option<Checkpoint>,
+        remaining: Duration,
+    },
+    Completed {
+        stored: Stored,
+        expires_wall_ms: u64,
+    },
+}
+
+pub(crate) struct Db {
+    pool: Pool,
+    /// The client configuration, for the listening connection.
+    pub(crate) client: tokio_postgres::Config,
+    pub(crate) sql: Sql,
+    /// How long a call may wait for its answer before it is given up (and its connection
+    /// discarded).
+    call_timeout: Duration,
+    /// Statements executed for callers (not the sweeper's or the listener's).
+    pub(crate) round_trips: AtomicU64,
+}
+
+/// A duration as the microseconds a statement takes, capped (see `PG_INTERVAL_MAX`).
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.min(PG_INTERVAL_MAX).as_micros()).unwrap_or(i64::MAX)
+}
+
+fn remaining(us: Option<i64>) -> Duration {
+    Duration::from_micros(us.unwrap_or(0).max(0).unsigned_abs())
+}
+
+fn fingerprint_bytes(fp: u128) -> [u8; 16] {
+    fp.to_be_bytes()
+}
+
+fn fingerprint_of(bytes: Option<Vec<u8>>) -> Option<u128> {
+    let b: [u8; 16] = bytes?.try_into().ok()?;
+    Some(u128::from_be_bytes(b))
+}
+
+fn token_of(t: i64) -> u64 {
+    t.max(0).unsigned_abs()
+}
+
+fn attempt_of(a: i32) -> u32 {
+    u32::try_from(a).unwrap_or(0)
+}
+
+fn checkpoint_of(phase: Option<i64>, data: Option<Vec<u8>>) -> Option<Checkpoint> {
+    let phase = u32::try_from(phase?).unwrap_or(u32::MAX);
+    Some(Checkpoint::new(phase, &data.unwrap_or_default()))
+}
+
+/// A row that does not decode: the statement ran, so what it changed is unknown.
+fn undecodable(e: tokio_postgres::Error) -> Fail {
+    Fail::Unknown(Arc::from(format!(
+        "the database's answer does not decode ({e}); is the table of another schema version?"
+    )))
+}
+
+impl Db {
+    pub(crate) fn new(cfg: &PostgresConfig) -> Result<Db, DatabaseError> {
+        let mut client: tokio_postgres::Config = cfg.url.parse().map_err(|e| {
+            let mut err = DatabaseError::new(
+                DatabaseErrorKind::Rejected,
+                format!("the PostgreSQL URL does not parse: {e}"),
+            );
+            err.source = Some(Arc::new(e));
+            err
+        })?;
+        if client.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            return Err(DatabaseError::new(
+                DatabaseErrorKind::Unavailable,
+                "sslmode=require: this build connects without TLS (docs/shared.md, \"TLS\")",
+            ));
+        }
+        client.connect_timeout(cfg.connect_timeout);
+        client.keepalives(true);
+        if client.get_application_name().is_none() {
+            client.application_name("idemkv");
+        }
+        // The server cancels any statement at the timeout; whatever `options` the URL set
+        // comes first, so this one wins.
+        let ms = cfg.statement_timeout.as_millis().max(1);
+        let options = match client.get_options() {
+            Some(o) => format!("{o} -c statement_timeout={ms}"),
+            None => format!("-c statement_timeout={ms}"),
+        };
+        client.options(&options);
+        let manager = Manager::from_config(
+            client.clone(),
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(cfg.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(cfg.connect_timeout))
+            .create_timeout(Some(cfg.connect_timeout))
+            .recycle_timeout(Some(cfg.connect_timeout))
+            .build()
+            .map_err(|e| DatabaseError::new(DatabaseErrorKind::Rejected, e.to_string()))?;
+        Ok(Db {
+            pool,
+            client,
+            sql: Sql::new(cfg.schema.as_deref(), &cfg.table_prefix),
+            call_timeout: cfg.statement_timeout + cfg.connect_timeout,
+            round_trips: AtomicU64::new(0),
+        })
+    }
+
+    /// A connection from the pool (opened if needed). Nothing is sent on failure.
+    async fn conn(&self) -> Result<Object, Fail> {
+        self.pool.get().await.map_err(|e| {
+            Fail::Refused(match e {
+                deadpool_postgres::PoolError::Backend(e) => {
+                    DatabaseError::from_client(e, "connecting")
+                }
+                other => DatabaseError::new(
+                    DatabaseErrorKind::Unavailable,
+                    format!("no connection: {other}"),
+                ),
+            })
+        })
+    }
+
+    /// Sorts a client error: an error the server answered with (other than a connection
+    /// ended by the server) changed nothing and leaves the connection usable; anything
+    /// else discards the connection, and after the statement was sent its outcome is
+    /// unknown.
+    fn failed(&self, conn: Object, e: tokio_postgres::Error, sent: bool) -> Fail {
+        let server_answered = e.as_db_error().is_some_and(|db| {
+            let code = db.code().code();
+            !(code.starts_with("08") || code.starts_with("57P"))
+        });
+        if server_answered {
+            return Fail::Refused(DatabaseError::from_client(e, "the statement failed"));
+        }
+        drop(Object::take(conn));
+        if sent {
+            Fail::Unknown(Arc::from(format!(
+                "the connection failed before the database answered: {e}"
+            )))
+        } else {
+            Fail::Refused(DatabaseError::from_client(e, "the connection failed"))
+        }
+    }
+
+    /// Runs one statement (prepared once per connection) and returns its rows. `counted`:
+    /// a caller's round trip (`Stats::db_round_trips`).
+    pub(crate) async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        counted: bool,
+    ) -> Result<Vec<Row>, Fail> {
+        // A pooled connection the server has closed meanwhile is noticed before anything is
+        // sent on it, and replaced once.
+        let mut tries = 0;
+        let (conn, stmt) = loop {
+            tries += 1;
+            let conn = self.conn().await?;
+            if conn.is_closed() && tries < 2 {
+                drop(Object::take(conn));
+                continue;
+            }
+            match tokio::time::timeout(self.call_timeout, conn.prepare_cached(sql)).await {
+                Ok(Ok(stmt)) => break (conn, stmt),
+                Ok(Err(e)) => match self.failed(conn, e, false) {
+                    Fail::Refused(e) if tries < 2 && e.kind == DatabaseErrorKind::Unavailable => {
+                        continue
+                    }
+                    other => return Err(other),
+                },
+                Err(_) => {
+                    drop(Object::take(conn));
+                    return Err(Fail::Refused(DatabaseError::new(
+                        DatabaseErrorKind::Unavailable,
+                        "no answer to the statement's preparation in time",
+                    )));
+                }
+            }
+        };
+        if counted {
+            self.round_trips.fetch_add(1, Ordering::Relaxed);
+        }
+        match tokio::time::timeout(self.call_timeout, conn.query(&stmt, params)).await {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => Err(self.failed(conn, e, true)),
+            Err(_) => {
+                drop(Object::take(conn));
+                Err(Fail::Unknown(Arc::from(format!(
+                    "no answer from the database within {:?}",
+                    self.call_timeout
+                ))))
+            }
+        }
+    }
+
+    /// Creates the schema if this database does not have it yet, under an advisory lock so
+    /// that engines opening at once do it once; refuses a schema of another version.
+    pub(crate) async fn migrate(&self) -> Result<(), DatabaseError> {
+        let refused = |f: Fail| match f {
+            Fail::Refused(e) => e,
+            Fail::Unknown(why) => DatabaseError::new(DatabaseErrorKind::Unavailable, &*why),
+        };
+        // The usual case, without a lock or DDL: the version row is there.
+        match self.query(&self.sql.version, &[], false).await {
+            Ok(rows) => {
+                if let Some(row) = rows.first() {
+                    let v: i64 = row
+                        .try_get(0)
+                        .map_err(|e| DatabaseError::from_client(e, "reading the schema version"))?;
+                    return check_version(v);
+                }
+            }
+            Err(Fail::Refused(e)) if e.kind == DatabaseErrorKind::Schema => {}
+            Err(e) => return Err(refused(e)),
+        }
+        let mut conn = self.conn().await.map_err(refused)?;
+        let lock =
+            i64::from_ne_bytes(crate::codec::fnv1a64(self.sql.keys.as_bytes()).to_ne_bytes());
+        let work = async {
+            let tx = conn.transaction().await?;
+            tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
+                .await?;
+            if let Some(create) = &self.sql.create_schema {
+                tx.batch_execute(create).await?;
+            }
+            tx.batch_execute(&self.sql.create_meta()).await?;
+            let found = tx.query_opt(&self.sql.version, &[]).await?;
+            let version = match found {
+                Some(row) => Some(row.try_get::<_, i64>(0)?),
+                None => None,
+            };
+            if version.is_none() {
+                let (last, ddl) = self.sql.create.split_last().unzip();
+                for stmt in ddl.unwrap_or_default() {
+                    tx.batch_execute(stmt).await?;
+                }
+                if let Some(insert) = last {
+                    tx.execute(insert.as_str(), &[&PG_SCHEMA_VERSION]).await?;
+                }
+            }
+            tx.commit().await?;
+            Ok::<_, tokio_postgres::Error>(version)
+        };
+        let timeout = self.call_timeout * 4;
+        match tokio::time::timeout(timeout, work).await {
+            Ok(Ok(Some(v))) => check_version(v),
+            Ok(Ok(None)) => Ok(()),
+            Ok(Err(e)) => Err(DatabaseError::from_client(e, "creating the schema")),
+            Err(_) => {
+                drop(Object::take(conn));
+                Err(DatabaseError::new(
+                    DatabaseErrorKind::Unavailable,
+                    "creating the schema took longer than four call timeouts",
+                ))
+            }
+        }
+    }
+
+    /// One claim statement (see `Sql::claim`).
+    pub(crate) async fn claim(
+        &self,
+        key: &[u8],
+        fingerprint: Option<crate::options::AskedFingerprint>,
+        lease: Duration,
+        retention: Duration,
+    ) -> Result<ClaimRow, Fail> {
+        let fp = fingerprint.map(|f| fingerprint_bytes(f.value));
+        let legacy = fingerprint
+            .and_then(|f| f.legacy)
+            .map(|l| fingerprint_bytes(u128::from(l)));
+        let (fp, legacy) = (fp.as_ref().map(|b| &b[..]), legacy.as_ref().map(|b| &b[..]));
+        let (lease_us, retention_us) = (micros(lease), micros(retention));
+        let rows = self
+            .query(
+                &self.sql.claim,
+                &[&key, &fp, &legacy, &lease_us, &retention_us],
+                true,
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(ClaimRow::Again);
+        };
+        let kind: String = row.try_get(0).map_err(undecodable)?;
+        let token = token_of(row.try_get(1).map_err(undecodable)?);
+        let attempt = attempt_of(row.try_get(2).map_err(undecodable)?);
+        Ok(match kind.as_str() {
+            "a" => ClaimRow::Acquired {
+                token,
+                attempt,
+                checkpoint: checkpoint_of(
+                    row.try_get(3).map_err(undecodable)?,
+                    row.try_get(4).map_err(undecodable)?,
+                ),
+            },
+            state => {
+                let response: Option<Vec<u8>> = row.try_get(5).map_err(undecodable)?;
+                let fingerprint = fingerprint_of(row.try_get(6).map_err(undecodable)?);
+                let left: Option<i64> = row.try_get(7).map_err(undecodable)?;
+                match (state, response) {
+                    ("c", Some(response)) => ClaimRow::Completed {
+                        stored: Stored {
+                            response: Arc::from(response),
+                            token,
+                            attempt,
+                            expires_wall_ms: crate::shared::core::expires_wall_ms(remaining(left)),
+                        },
+                        fingerprint,
+                        remaining: remaining(left),
+                    },
+                    _ => ClaimRow::Held {
+                        attempt,
+                        fingerprint,
+                        remaining: remaining(left),
+                    },
+                }
+            }
+        })
+    }
+
+    pub(crate) async fn complete(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: &[u8],
+        retention: Duration,
+    ) -> Result<CompleteRow, Fail> {
+        let (token, retention_us) = (token_param(token), micros(retention));
+        let wake = wake_payload(key);
+        let rows = self
+            .query(
+                &self.sql.complete,
+                &[&key, &token, &response, &retention_us, &wake],
+                true,
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(CompleteRow::Lost);
+        };
+        Ok(CompleteRow::Done {
+            attempt: attempt_of(row.try_get(1).map_err(undecodable)?),
+            fingerprint: fingerprint_of(row.try_get(2).map_err(undecodable)?),
+            remaining: remaining(row.try_get(3).map_err(undecodable)?),
+        })
+    }
+
+    /// Whether the release removed the key.
+    pub(crate) async fn release(&self, key: &[u8], token: u64) -> Result<bool, Fail> {
+        let token = token_param(token);
+        let wake = wake_payload(key);
+        let rows = self
+            .query(&self.sql.release, &[&key, &token, &wake], true)
+            .await?;
+        let n: i64 = match rows.first() {
+            Some(row) => row.try_get(0).map_err(undecodable)?,
+            None => 0,
+        };
+        Ok(n > 0)
+    }
+
+    /// Whether `token` still held the key (and its lease now ends `lease` from now).
+    pub(crate) async fn extend(
+        &self,
+        key: &[u8],
+        token: u64,
+        lease: Duration,
+        retention: Duration,
+    ) -> Result<bool, Fail> {
+        let (token, lease_us, retention_us) =
+            (token_param(token), micros(lease), micros(retention));
+        let rows = self
+            .query(
+                &self.sql.extend,
+                &[&key, &token, &lease_us, &retention_us],
+                true,
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    /// Whether `token` still held the key (and the checkpoint is saved).
+    pub(crate) async fn checkpoint(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+    ) -> Result<bool, Fail> {
+        let (token, phase) = (token_param(token), i64::from(phase));
+        let rows = self
+            .query(&self.sql.checkpoint, &[&key, &token, &phase, &data], true)
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
+    pub(crate) async fn get(&self, key: &[u8]) -> Result<Option<GetRow>, Fail> {
+        let rows = self.query(&self.sql.get, &[&key], true).await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let state: String = row.try_get(0).map_err(undecodable)?;
+        let token = token_of(row.try_get(1).map_err(undecodable)?);
+        let attempt = attempt_of(row.try_get(2).map_err(undecodable)?);
+        Ok(Some(if state == "i" {
+            GetRow::InFlight {
+                token,
+                attempt,
+                checkpoint: checkpoint_of(
+                    row.try_get(3).map_err(undecodable)?,
+                    row.try_get(4).map_err(undecodable)?,
+                ),
+                remaining: remaining(row.try_get(6).map_err(undecodable)?),
+            }
+        } else {
+            let response: Option<Vec<u8>> = row.try_get(5).map_err(undecodable)?;
+            let expires: Option<i64> = row.try_get(7).map_err(undecodable)?;
+            let expires_wall_ms = expires.unwrap_or(0).max(0).unsigned_abs();
+            GetRow::Completed {
+                stored: Stored {
+                    response: Arc::from(response.unwrap_or_default()),
+                    token,
+                    attempt,
+                    expires_wall_ms,
+                },
+                expires_wall_ms,
+            }
+        }))
+    }
+
+    /// One bounded sweep batch: the rows it deleted.
+    pub(crate) async fn sweep(&self) -> Result<u64, Fail> {
+        let conn = self.conn().await?;
+        let stmt = match conn.prepare_cached(&self.sql.sweep).await {
+            Ok(stmt) => stmt,
+            Err(e) => return Err(self.failed(conn, e, false)),
+        };
+        match tokio::time::timeout(self.call_timeout, conn.execute(&stmt, &[&PG_SWEEP_BATCH])).await
+        {
+            Ok(Ok(n)) => Ok(n),
+            Ok(Err(e)) => Err(self.failed(conn, e, true)),
+            Err(_) => {
+                drop(Object::take(conn));
+                Err(Fail::Unknown(Arc::from("the sweep got no answer in time")))
+            }
+        }
+    }
+
+    pub(crate) fn close(&self) {
+        self.pool.close();
+    }
+}
+
+fn check_version(v: i64) -> Result<(), DatabaseError> {
+    if v == PG_SCHEMA_VERSION {
+        return Ok(());
+    }
+    Err(DatabaseError::new(
+        DatabaseErrorKind::Schema,
+        format!(
+            "the database holds idemkv schema version {v}; this build reads version \
+             {PG_SCHEMA_VERSION} only"
+        ),
+    ))
+}
+
+/// Tokens are below 2^63 (they come from a `bigint` sequence); a larger one names no row.
+fn token_param(token: u64) -> i64 {
+    i64::try_from(token).unwrap_or(-1)
+}
+
+/// The payload of a key's wake-up notification: its hash, in hex (a key can be longer than
+/// a notification may be).
+pub(crate) fn wake_payload(key: &[u8]) -> String {
+    format!("{:016x}", crate::observe::key_hash(key))
+}

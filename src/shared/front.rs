@@ -1,0 +1,509 @@
+//! The local front: what this process knows about the keys its callers are asking about,
+//! so that concurrent duplicates inside one process make one database round trip per key.
+//!
+//! Per key there is at most one entry, under its stripe's lock:
+//!
+//! - while one caller **asks** the database (`asking`), every other local caller of the
+//!   key waits for that answer instead of sending its own statement;
+//! - **Held**: a lease of this process holds the key; local callers wait for its
+//!   completion or release (or its lease's end, then one of them asks);
+//! - **Remote**: at the last ask another process held the key; the waiters sleep until a
+//!   notification for the key, the lease's end, or a bounded poll, then one asks again;
+//! - **Completed**: a completion cached until its retention ends (as the database said,
+//!   measured from before the statement was sent, so never past the database's own end),
+//!   replayed without a round trip; bounded in count and bytes.
+//!
+//! Every change of an entry bumps its signal (a `watch` channel): a waiter subscribes
+//! under the stripe lock, so no change made after its look is missed.
+
+use crate::constants::*;
+use crate::lease::Stored;
+use crate::options::AskedFingerprint;
+use parking_lot::Mutex;
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// A cached completion.
+#[derive(Debug, Clone)]
+pub(crate) struct Cached {
+    pub(crate) stored: Stored,
+    pub(crate) fingerprint: Option<u128>,
+    pub(crate) until: Instant,
+}
+
+#[derive(Debug, Clone)]
+enum Local {
+    /// Nothing known (an ask is under way, or failed).
+    Unknown,
+    Held {
+        token: u64,
+        attempt: u32,
+        /// The lease's end as this process estimates it (never later than the database's).
+        until: Instant,
+    },
+    Remote {
+        attempt: u32,
+        /// The other holder's lease end, as the last ask reported it.
+        until: Instant,
+        /// When a waiter asks again without a notification.
+        recheck: Instant,
+    },
+    Completed(Cached),
+}
+
+struct Entry {
+    key: Box<[u8]>,
+    state: Local,
+    asking: bool,
+    /// A notification for the key arrived while an ask was under way: its answer may be
+    /// older than the change.
+    notified: bool,
+    signal: watch::Sender<()>,
+}
+
+impl Entry {
+    fn new(key: &[u8]) -> Entry {
+        Entry {
+            key: Box::from(key),
+            state: Local::Unknown,
+            asking: false,
+            notified: false,
+            signal: watch::Sender::new(()),
+        }
+    }
+
+    fn bump(&self) {
+        self.signal.send_replace(());
+    }
+}
+
+#[derive(Default)]
+struct Stripe {
+    /// By key hash; a hash shared by several keys holds each of them.
+    map: HashMap<u64, Vec<Entry>>,
+    /// Completions cached in this stripe, oldest first: (hash, token) for eviction.
+    order: VecDeque<(u64, u64)>,
+    cached: usize,
+    cached_bytes: usize,
+}
+
+impl Stripe {
+    fn find(&mut self, hash: u64, key: &[u8]) -> Option<&mut Entry> {
+        self.map.get_mut(&hash)?.iter_mut().find(|e| *e.key == *key)
+    }
+
+    fn entry(&mut self, hash: u64, key: &[u8]) -> &mut Entry {
+        let list = self.map.entry(hash).or_default();
+        let at = match list.iter().position(|e| *e.key == *key) {
+            Some(at) => at,
+            None => {
+                list.push(Entry::new(key));
+                list.len() - 1
+            }
+        };
+        &mut list[at]
+    }
+
+    fn remove(&mut self, hash: u64, key: &[u8]) {
+        let Some(list) = self.map.get_mut(&hash) else {
+            return;
+        };
+        let gone = list
+            .iter()
+            .position(|e| *e.key == *key)
+            .map(|at| list.swap_remove(at));
+        if list.is_empty() {
+            self.map.remove(&hash);
+        }
+        if let Some(e) = gone {
+            self.uncache(&e.state);
+            e.bump();
+        }
+    }
+
+    fn uncache(&mut self, state: &Local) {
+        if let Local::Completed(c) = state {
+            self.cached -= 1;
+            self.cached_bytes -= c.stored.response.len();
+        }
+    }
+
+    /// Sets an entry's state, keeping the cache's counts.
+    fn set(&mut self, hash: u64, key: &[u8], state: Local) {
+        let (adds, bytes, token) = match &state {
+            Local::Completed(c) => (1, c.stored.response.len(), c.stored.token),
+            _ => (0, 0, 0),
+        };
+        let e = self.entry(hash, key);
+        let old = std::mem::replace(&mut e.state, state);
+        e.bump();
+        self.uncache(&old);
+        if adds == 1 {
+            self.cached += 1;
+            self.cached_bytes += bytes;
+            self.order.push_back((hash, token));
+        }
+    }
+
+    /// Evicts the oldest cached completions while the stripe is over its share of the
+    /// cache. Entries that are no longer those completions are skipped.
+    fn evict(&mut self, entries_max: usize, bytes_max: usize) {
+        while self.cached > entries_max || self.cached_bytes > bytes_max {
+            let Some((hash, token)) = self.order.pop_front() else {
+                return;
+            };
+            let victim = self.map.get(&hash).and_then(|list| {
+                list.iter()
+                    .find(|e| {
+                        !e.asking
+                            && matches!(&e.state, Local::Completed(c) if c.stored.token == token)
+                    })
+                    .map(|e| e.key.clone())
+            });
+            if let Some(key) = victim {
+                self.remove(hash, &key);
+            }
+        }
+        // The order keeps entries of completions already gone; drop them once they
+        // outnumber the live ones, so it stays within about twice the cache.
+        if self.order.len() > 2 * self.cached + 64 {
+            let map = &self.map;
+            self.order.retain(|(hash, token)| {
+                map.get(hash).is_some_and(|list| {
+                    list.iter().any(
+                        |e| matches!(&e.state, Local::Completed(c) if c.stored.token == *token),
+                    )
+                })
+            });
+        }
+    }
+}
+
+/// What a caller does next after looking at its key.
+pub(crate) enum Look {
+    /// Ask the database; this caller holds the key's ask until it publishes an answer.
+    Ask,
+    /// A cached completion.
+    Replay(Stored),
+    Mismatch,
+    /// Another holder has it; answer `InProgress` with this hint.
+    Busy {
+        retry_after: Duration,
+        attempt: u32,
+    },
+    /// Wait for a change of the entry, or until `until`.
+    Wait {
+        signal: watch::Receiver<()>,
+        until: Instant,
+        /// Whether the wait is for another caller's ask (its answer then serves this one).
+        joins_ask: bool,
+    },
+}
+
+/// What a claim's ask found, for the front to publish.
+pub(crate) enum Found {
+    Acquired {
+        token: u64,
+        attempt: u32,
+        lease: Duration,
+    },
+    Completed(Cached),
+    Held {
+        remaining: Duration,
+        attempt: u32,
+    },
+    /// The ask failed, or could not decide: nothing is known.
+    Nothing,
+}
+
+pub(crate) struct Front {
+    stripes: Box<[Mutex<Stripe>]>,
+    entries_max: usize,
+    bytes_max: usize,
+}
+
+impl Front {
+    pub(crate) fn new() -> Front {
+        Front {
+            stripes: (0..PG_FRONT_STRIPES).map(|_| Mutex::default()).collect(),
+            entries_max: (PG_CACHE_ENTRIES_MAX / PG_FRONT_STRIPES).max(1),
+            bytes_max: PG_CACHE_BYTES_MAX / PG_FRONT_STRIPES,
+        }
+    }
+
+    fn stripe(&self, hash: u64) -> &Mutex<Stripe> {
+        // The hash is FNV-1a: fold its high bits in before taking the low ones.
+        let i = ((hash ^ (hash >> 32)) as usize) & (PG_FRONT_STRIPES - 1);
+        &self.stripes[i]
+    }
+
+    /// One look at `key` by a claim. `waiting`: the caller waits for a settled key (until
+    /// `deadline`); `joined`: its last wait was for another caller's ask, whose answer
+    /// serves it.
+    pub(crate) fn look(
+        &self,
+        key: &[u8],
+        hash: u64,
+        asked: Option<AskedFingerprint>,
+        deadline: Option<Instant>,
+        joined: bool,
+        far: Instant,
+    ) -> Look {
+        let now = Instant::now();
+        let waiting = deadline.is_some_and(|d| now < d);
+        let wait_until = |t: Instant| match deadline {
+            Some(d) => t.min(d),
+            None => t,
+        };
+        let mut stripe = self.stripe(hash).lock();
+        let e = stripe.entry(hash, key);
+        if e.asking {
+            return Look::Wait {
+                signal: e.signal.subscribe(),
+                until: wait_until(far),
+                joins_ask: true,
+            };
+        }
+        match e.state.clone() {
+            Local::Completed(c) if now < c.until => {
+                if let (Some(asked), Some(stored)) = (asked, c.fingerprint) {
+                    if !asked.matches(stored) {
+                        return Look::Mismatch;
+                    }
+                }
+                return Look::Replay(c.stored);
+            }
+            Local::Held { until, attempt, .. } if now < until => {
+                if waiting {
+                    return Look::Wait {
+                        signal: e.signal.subscribe(),
+                        until: wait_until(until),
+                        joins_ask: false,
+                    };
+                }
+                return Look::Busy {
+                    retry_after: until - now,
+                    attempt,
+                };
+            }
+            Local::Remote {
+                until,
+                recheck,
+                attempt,
+            } if now < recheck => {
+                if waiting {
+                    return Look::Wait {
+                        signal: e.signal.subscribe(),
+                        until: wait_until(recheck),
+                        joins_ask: false,
+                    };
+                }
+                if joined {
+                    return Look::Busy {
+                        retry_after: until.saturating_duration_since(now),
+                        attempt,
+                    };
+                }
+            }
+            _ => {}
+        }
+        e.asking = true;
+        e.notified = false;
+        Look::Ask
+    }
+
+    /// Publishes what an ask found and lets the key's waiters look again. `sent`: when the
+    /// statement was sent (estimates of deadlines start there, so they are never later
+    /// than the database's).
+    pub(crate) fn publish(&self, key: &[u8], hash: u64, sent: Instant, found: Found) {
+        let now = Instant::now();
+        let mut stripe = self.stripe(hash).lock();
+        let notified = stripe.find(hash, key).is_some_and(|e| e.notified);
+        let state = match found {
+            Found::Acquired {
+                token,
+                attempt,
+                lease,
+            } => Local::Held {
+                token,
+                attempt,
+                until: sent + lease.min(PG_INTERVAL_MAX),
+            },
+            Found::Completed(c) => Local::Completed(c),
+            Found::Held { remaining, attempt } => {
+                let until = now + remaining.min(PG_INTERVAL_MAX);
+                // A notification during the ask means the answer may be stale: look again
+                // at once (after the shortest pause).
+                let recheck = if notified {
+                    now + PG_WAIT_POLL_MIN
+                } else {
+                    until
+                        .min(now + PG_WAIT_POLL_MAX)
+                        .max(now + PG_WAIT_POLL_MIN)
+                };
+                Local::Remote {
+                    attempt,
+                    until,
+                    recheck,
+                }
+            }
+            Found::Nothing => Local::Unknown,
+        };
+        let cache =
+            matches!(state, Local::Completed(ref c) if c.stored.response.len() <= self.bytes_max);
+        let keep = cache || !matches!(state, Local::Completed(_));
+        if keep {
+            stripe.set(hash, key, state);
+        } else {
+            stripe.remove(hash, key);
+        }
+        if let Some(e) = stripe.find(hash, key) {
+            e.asking = false;
+            e.notified = false;
+            e.bump();
+        }
+        stripe.evict(self.entries_max, self.bytes_max);
+    }
+
+    /// A lease of this process completed the key (or found its completion stored).
+    pub(crate) fn completed(&self, key: &[u8], hash: u64, cached: Cached) {
+        let mut stripe = self.stripe(hash).lock();
+        if cached.stored.response.len() <= self.bytes_max {
+            stripe.set(hash, key, Local::Completed(cached));
+        } else {
+            stripe.remove(hash, key);
+        }
+        stripe.evict(self.entries_max, self.bytes_max);
+    }
+
+    /// A lease of this process no longer holds the key as the front thinks (released,
+    /// lost, or its outcome unknown): forget what is known so that the next look asks.
+    pub(crate) fn forget_held(&self, key: &[u8], hash: u64, token: u64) {
+        let mut stripe = self.stripe(hash).lock();
+        let held = stripe
+            .find(hash, key)
+            .is_some_and(|e| matches!(e.state, Local::Held { token: t, .. } if t == token));
+        if held {
+            stripe.set(hash, key, Local::Unknown);
+            stripe.tidy(hash, key);
+        }
+    }
+
+    /// A lease of this process was extended: its end moves (estimated from `sent`).
+    pub(crate) fn extended(
+        &self,
+        key: &[u8],
+        hash: u64,
+        token: u64,
+        sent: Instant,
+        lease: Duration,
+    ) {
+        let mut stripe = self.stripe(hash).lock();
+        if let Some(e) = stripe.find(hash, key) {
+            if let Local::Held {
+                token: t, until, ..
+            } = &mut e.state
+            {
+                if *t == token {
+                    *until = sent + lease.min(PG_INTERVAL_MAX);
+                    e.bump();
+                }
+            }
+        }
+    }
+
+    /// Time left on the lease of `token`, as this process estimates it.
+    pub(crate) fn lease_remaining(&self, key: &[u8], hash: u64, token: u64) -> Duration {
+        let mut stripe = self.stripe(hash).lock();
+        match stripe.find(hash, key).map(|e| &e.state) {
+            Some(Local::Held {
+                token: t, until, ..
+            }) if *t == token => until.saturating_duration_since(Instant::now()),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// A notification for the keys of `hash`: their waiters ask again.
+    pub(crate) fn notified(&self, hash: u64) {
+        let mut stripe = self.stripe(hash).lock();
+        let now = Instant::now();
+        if let Some(list) = stripe.map.get_mut(&hash) {
+            for e in list {
+                wake(e, now);
+            }
+        }
+    }
+
+    /// Every waiter on another process's key asks again (notifications may have been lost
+    /// with the listening connection).
+    pub(crate) fn notified_all(&self) {
+        let now = Instant::now();
+        for stripe in self.stripes.iter() {
+            let mut stripe = stripe.lock();
+            for list in stripe.map.values_mut() {
+                for e in list {
+                    wake(e, now);
+                }
+            }
+        }
+    }
+
+    /// Drops the key's entry when nobody needs it: no ask under way, no waiter, and nothing
+    /// worth keeping (a lease of this process or a cached completion).
+    pub(crate) fn tidy(&self, key: &[u8], hash: u64) {
+        self.stripe(hash).lock().tidy(hash, key);
+    }
+
+    /// Live leases of this process, and cached completions.
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let now = Instant::now();
+        let (mut held, mut cached) = (0u64, 0u64);
+        for stripe in self.stripes.iter() {
+            let stripe = stripe.lock();
+            for e in stripe.map.values().flatten() {
+                match &e.state {
+                    Local::Held { until, .. } if now < *until => held += 1,
+                    Local::Completed(c) if now < c.until => cached += 1,
+                    _ => {}
+                }
+            }
+        }
+        (held, cached)
+    }
+
+    /// Forgets everything (close): every waiter looks again and finds the engine closed.
+    pub(crate) fn clear(&self) {
+        for stripe in self.stripes.iter() {
+            let mut stripe = stripe.lock();
+            for e in stripe.map.values().flatten() {
+                e.bump();
+            }
+            *stripe = Stripe::default();
+        }
+    }
+}
+
+fn wake(e: &mut Entry, now: Instant) {
+    if e.asking {
+        e.notified = true;
+    }
+    if let Local::Remote { recheck, .. } = &mut e.state {
+        *recheck = now;
+    }
+    e.bump();
+}
+
+impl Stripe {
+    fn tidy(&mut self, hash: u64, key: &[u8]) {
+        let idle = self.find(hash, key).is_some_and(|e| {
+            !e.asking
+                && e.signal.receiver_count() == 0
+                && matches!(e.state, Local::Unknown | Local::Remote { .. })
+        });
+        if idle {
+            self.remove(hash, key);
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! The shared backend (feature `postgres`): the same `Engine` API over a PostgreSQL
+//! database shared by any number of processes on any number of machines.
+//!
+//! - `config.rs`: [`PostgresConfig`].
+//! - `sql.rs`: every statement, one per transition; `db.rs`: the pool, the calls with their
+//!   timeouts, the sorting of failures into refusals and unknown outcomes, the schema.
+//! - `front.rs`: the local front (coalescing, cached completions, local waiters).
+//! - `core.rs`: the operations, as futures on the backend's private runtime.
+//! - `listen.rs`: the `LISTEN` connection that wakes local waiters.
+//! - `block.rs`: running the futures from blocking callers and from any executor.
+//!
+//! The public entry points of `Engine`, `Lease` and `LeaseHandle` dispatch here at their
+//! top when the engine is shared (`Engine::pg`). The engine then also holds a memory-only
+//! embedded engine that is never claimed on: it carries the settings (key and size
+//! limits), the closed flag and the timer thread that renews kept-alive leases.
+//! docs/shared.md is the contract.
+
+mod block;
+mod config;
+mod core;
+mod db;
+mod error;
+mod front;
+mod listen;
+mod sql;
+
+pub use config::PostgresConfig;
+pub use error::{DatabaseError, DatabaseErrorKind};
+
+use self::block::{block_on, Running};
+use self::core::{bump, Answer, Core};
+use crate::constants::*;
+use crate::engine::Engine;
+use crate::error::{ClaimError, LeaseError, OpenError};
+use crate::lease::{Claim, KeyState, Lease};
+use crate::machine::Holder;
+use crate::options::{ClaimOptions, Durability, EngineBuilder};
+use crate::stats::Stats;
+use parking_lot::Mutex;
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// The runtime, stopped without waiting when dropped: it may be dropped on one of its own
+/// threads or inside another runtime, where a blocking shutdown is not allowed.
+struct Rt(Option<tokio::runtime::Runtime>);
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A shared engine's backend: the operations' state and the runtime that drives them.
+pub(crate) struct Backend {
+    core: Arc<Core>,
+    handle: tokio::runtime::Handle,
+    runtime: Mutex<Rt>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    running: Arc<Running>,
+    lease: Duration,
+}
+
+/// Opens a shared engine: checks the settings, connects, creates the schema if this
+/// database has none, starts the listener and the sweeper.
+pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, OpenError> {
+    let bad = |detail: String| Err(OpenError::InvalidConfig { detail });
+    if let Err(detail) = cfg.validate() {
+        return bad(detail);
+    }
+    if b.path.is_some() || b.backend.is_some() {
+        return bad("a shared (PostgreSQL) engine takes no path or storage backend".into());
+    }
+    if b.durability != Durability::Immediate {
+        return bad(
+            "a shared (PostgreSQL) engine is durable at each commit of the database: leave \
+             the durability at Immediate"
+                .into(),
+        );
+    }
+    if b.marker_retention.is_some() {
+        return bad(
+            "a shared (PostgreSQL) engine keeps no markers: leave marker_retention off".into(),
+        );
+    }
+    let mut local = b.clone();
+    local.postgres = None;
+    local.durability = Durability::None;
+    local.sweep_interval = None;
+    let engine = local.open()?;
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(PG_RUNTIME_THREADS)
+        .thread_name("idemkv-pg")
+        .enable_all()
+        .build()
+        .map_err(OpenError::Io)?;
+    let handle = runtime.handle().clone();
+    let runtime = Rt(Some(runtime));
+    let db = {
+        // The pool is built inside the runtime, which its timeouts use.
+        let _entered = handle.enter();
+        db::Db::new(&cfg).map_err(OpenError::Database)?
+    };
+    let core = Arc::new(Core {
+        db,
+        front: front::Front::new(),
+        counters: Default::default(),
+        closed: Default::default(),
+        retention: b.retention,
+        ask_bound: cfg.statement_timeout + cfg.connect_timeout * 2,
+    });
+    let migrate = {
+        let core = core.clone();
+        handle.spawn(async move { core.db.migrate().await })
+    };
+    match block_on(migrate) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(OpenError::Database(e)),
+        Err(_) => {
+            return Err(OpenError::Database(DatabaseError::new(
+                DatabaseErrorKind::Unavailable,
+                "the schema check stopped before it answered",
+            )))
+        }
+    }
+    let mut tasks = Vec::new();
+    let (ready, listening) = oneshot::channel();
+    tasks.push(handle.spawn(listen::listen(core.clone(), ready)));
+    let _ = block_on(listening);
+    if let Some(every) = b.sweep_interval {
+        let core = core.clone();
+        tasks.push(handle.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if core.is_closed() {
+                    return;
+                }
+                let _ = core.sweep(PG_SWEEP_BATCHES_PER_PASS).await;
+            }
+        }));
+    }
+    let backend = Arc::new(Backend {
+        core,
+        handle,
+        runtime: Mutex::new(runtime),
+        tasks: Mutex::new(tasks),
+        running: Arc::default(),
+        lease: b.lease,
+    });
+    engine
+        .with_pg(backend)
+        .ok_or_else(|| OpenError::InvalidConfig {
+            detail: "the engine was shared before its backend was attached".into(),
+        })
+}
+
+impl Backend {
+    /// Runs `f` on the backend's runtime; the receiver gets its output (or an error when
+    /// the runtime stopped first).
+    fn call<T: Send + 'static>(
+        &self,
+        f: impl Future<Output = T> + Send + 'static,
+    ) -> oneshot::Receiver<T> {
+        let (tx, rx) = oneshot::channel();
+        let running = self.running.enter();
+        self.handle.spawn(async move {
+            let _running = running;
+            let _ = tx.send(f.await);
+        });
+        rx
+    }
+
+    /// Starts a claim. If its caller is gone by the time it acquired (a dropped future),
+    /// the lease is released and counted in `Stats::claims_cancelled`.
+    fn start_claim(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        wait: bool,
+    ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        let asked = opts.fingerprint;
+        let lease = opts.lease.unwrap_or(self.lease);
+        let wait = wait.then(|| opts.wait.unwrap_or(WAIT_DEFAULT));
+        let (tx, rx) = oneshot::channel();
+        let running = self.running.enter();
+        self.handle.spawn(async move {
+            let _running = running;
+            let answer = core.claim(&key, asked, lease, wait).await;
+            if let Err(Ok(Answer::Acquired { token, .. })) = tx.send(answer) {
+                bump(&core.counters.claims_cancelled);
+                let _ = core.release(&key, token).await;
+            }
+        });
+        rx
+    }
+
+    fn to_claim(engine: &Engine, key: &[u8], answer: Answer) -> Claim {
+        match answer {
+            Answer::Acquired {
+                token,
+                attempt,
+                checkpoint,
+                lease,
+            } => Claim::Acquired(Lease {
+                engine: engine.clone(),
+                key: Box::from(key),
+                token,
+                attempt,
+                checkpoint,
+                lease,
+                settled: false,
+                staged: Default::default(),
+            }),
+            Answer::Busy(busy) => Claim::InProgress(busy),
+            Answer::Completed(stored) => Claim::Completed(stored),
+        }
+    }
+
+    /// The key a claim names in the table: the scoped key (`scope.rs`), so two scopes' equal
+    /// keys are two rows. Refuses what the shared table does not keep.
+    fn shared_key(
+        engine: &Engine,
+        key: &[u8],
+        opts: &ClaimOptions,
+    ) -> Result<Box<[u8]>, ClaimError> {
+        engine.check_key(key)?;
+        if opts.retention.is_some() {
+            return Err(ClaimError::Unsupported(
+                "a claim's own retention on the shared backend",
+            ));
+        }
+        let scoped = engine.scoped_key(&opts.scope, key)?;
+        engine.check_open()?;
+        Ok(scoped)
+    }
+
+    /// `claim` (`wait`: `claim_or_wait`), blocking.
+    pub(crate) fn claim(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        opts: &ClaimOptions,
+        wait: bool,
+    ) -> Result<Claim, ClaimError> {
+        let key = &*Self::shared_key(engine, key, opts)?;
+        let answer =
+            block_on(self.start_claim(key, opts, wait)).unwrap_or(Err(ClaimError::Closed))?;
+        Ok(Self::to_claim(engine, key, answer))
+    }
+
+    /// `claim_async` (`wait`: `claim_or_wait_async`).
+    pub(crate) async fn claim_async(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        opts: &ClaimOptions,
+        wait: bool,
+    ) -> Result<Claim, ClaimError> {
+        let key = &*Self::shared_key(engine, key, opts)?;
+        let answer = self
+            .start_claim(key, opts, wait)
+            .await
+            .unwrap_or(Err(ClaimError::Closed))?;
+        Ok(Self::to_claim(engine, key, answer))
+    }
+
+    fn check_response(engine: &Engine, key: &[u8], response: &[u8]) -> Result<(), LeaseError> {
+        engine.check_lease_call(key)?;
+        let max = engine.shared().cfg.response_len_max;
+        if response.len() > max {
+            return Err(LeaseError::ResponseTooLarge {
+                len: response.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    fn start_complete(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> oneshot::Receiver<Result<(), LeaseError>> {
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        self.call(async move { core.complete(&key, token, response).await })
+    }
+
+    pub(crate) fn complete(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
+        Self::check_response(engine, key, &response)?;
+        block_on(self.start_complete(key, token, response)).unwrap_or(Err(LeaseError::Closed))
+    }
+
+    /// The async completion. Dropping the future leaves the statement to run: a completion
+    /// once sent is never withdrawn.
+    pub(crate) async fn complete_async(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+    ) -> Result<(), LeaseError> {
+        Self::check_response(engine, key, &response)?;
+        self.start_complete(key, token, response)
+            .await
+            .unwrap_or(Err(LeaseError::Closed))
+    }
+
+    fn start_release(&self, key: &[u8], token: u64) -> oneshot::Receiver<Result<bool, LeaseError>> {
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        self.call(async move { core.release(&key, token).await })
+    }
+
+    pub(crate) fn release(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        token: u64,
+    ) -> Result<bool, LeaseError> {
+        engine.check_lease_call(key)?;
+        block_on(self.start_release(key, token)).unwrap_or(Err(LeaseError::Closed))
+    }
+
+    pub(crate) async fn release_async(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        token: u64,
+    ) -> Result<bool, LeaseError> {
+        engine.check_lease_call(key)?;
+        self.start_release(key, token)
+            .await
+            .unwrap_or(Err(LeaseError::Closed))
+    }
+
+    /// A dropped lease's release: sent, never waited for (the lease ends on its own if it
+    /// fails).
+    pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
+        if !self.core.is_closed() {
+            drop(self.start_release(key, token));
+        }
+    }
+
+    fn start_update(
+        &self,
+        key: &[u8],
+        token: u64,
+        op: Holder,
+    ) -> oneshot::Receiver<Result<(), LeaseError>> {
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        self.call(async move {
+            match op {
+                Holder::Extend { lease } => core.extend(&key, token, lease).await,
+                Holder::Checkpoint(c) => {
+                    let data: Arc<[u8]> = Arc::from(c.data());
+                    core.checkpoint(&key, token, c.phase(), data).await
+                }
+                _ => Err(LeaseError::LeaseLost),
+            }
+        })
+    }
+
+    /// `extend` or `checkpoint` (the caller checked the key and the sizes).
+    pub(crate) fn update(&self, key: &[u8], token: u64, op: Holder) -> Result<(), LeaseError> {
+        block_on(self.start_update(key, token, op)).unwrap_or(Err(LeaseError::Closed))
+    }
+
+    pub(crate) async fn update_async(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        token: u64,
+        op: Holder,
+    ) -> Result<(), LeaseError> {
+        engine.check_lease_call(key)?;
+        self.start_update(key, token, op)
+            .await
+            .unwrap_or(Err(LeaseError::Closed))
+    }
+
+    pub(crate) fn get(&self, engine: &Engine, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
+        engine.check_key(key)?;
+        engine.check_open()?;
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        block_on(self.call(async move { core.get(&key).await })).unwrap_or(Err(ClaimError::Closed))
+    }
+
+    /// `Admin::sweep_now`: every row past its reaping instant, in bounded batches.
+    pub(crate) fn sweep_now(&self, engine: &Engine) -> Result<u64, ClaimError> {
+        engine.check_open()?;
+        let core = self.core.clone();
+        block_on(self.call(async move { core.sweep(u32::MAX).await }))
+            .unwrap_or(Err(ClaimError::Closed))
+    }
+
+    /// Time left on the lease of `token`, as this process estimates it.
+    pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
+        let hash = crate::observe::key_hash(key);
+        self.core.front.lease_remaining(key, hash, token)
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let c = &self.core.counters;
+        let read = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let (held, cached) = self.core.front.counts();
+        Stats {
+            inflight: held,
+            completed: cached,
+            expirations: read(&c.expirations),
+            claims: read(&c.claims),
+            claims_cancelled: read(&c.claims_cancelled),
+            acquired: read(&c.acquired),
+            takeovers: read(&c.takeovers),
+            replays: read(&c.replays),
+            in_progress: read(&c.in_progress),
+            fingerprint_mismatches: read(&c.fingerprint_mismatches),
+            completions: read(&c.completions),
+            releases: read(&c.releases),
+            leases_lost: read(&c.leases_lost),
+            waits: read(&c.waits),
+            db_round_trips: read(&self.core.db.round_trips),
+            ..Stats::default()
+        }
+    }
+
+    /// Stops the backend: wakes every local waiter (it answers `Closed`), lets running
+    /// calls finish for a short grace, closes the pool and stops the runtime. Idempotent.
+    pub(crate) fn close(&self) {
+        if self.core.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.core.front.clear();
+        // On a runtime thread (the last handle dropped inside a task) nothing may block.
+        if tokio::runtime::Handle::try_current().is_err() {
+            self.running.wait_idle(PG_CLOSE_GRACE);
+        }
+        for task in self.tasks.lock().drain(..) {
+            task.abort();
+        }
+        self.core.db.close();
+        if let Some(rt) = self.runtime.lock().0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.close();
+    }
+}

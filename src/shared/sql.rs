@@ -1,0 +1,244 @@
+//! Every statement the shared backend sends, built once at open from the configured names.
+//! docs/shared.md reproduces them; keep the two in step.
+//!
+//! Each state transition is ONE statement, decided by the database under the row's lock:
+//! no call reads a row and then writes it in a second round trip. Deadlines are computed
+//! from the database's clock (`clock_timestamp()`), never from the caller's. Durations are
+//! passed as microseconds (`bigint`), capped at `PG_INTERVAL_MAX`.
+
+/// The qualified names of one backend's objects and the statements over them.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    pub(crate) keys: String,
+    pub(crate) meta: String,
+    /// The unqualified channel name (`LISTEN` and `pg_notify` take the same text).
+    pub(crate) channel: String,
+    pub(crate) claim: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) extend: String,
+    pub(crate) checkpoint: String,
+    pub(crate) get: String,
+    pub(crate) sweep: String,
+    pub(crate) version: String,
+    /// `CREATE SCHEMA`, when a schema is configured.
+    pub(crate) create_schema: Option<String>,
+    /// The schema's DDL, run under the advisory lock by the first open of a database.
+    pub(crate) create: Vec<String>,
+}
+
+/// `n` microseconds as an interval.
+const US: &str = "* interval '1 microsecond'";
+
+impl Sql {
+    pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Sql {
+        let q = |name: &str| match schema {
+            Some(s) => format!("\"{s}\".\"{prefix}{name}\""),
+            None => format!("\"{prefix}{name}\""),
+        };
+        let keys = q("keys");
+        let meta = q("meta");
+        // nextval takes the sequence's name as text: its quoting is inside the literal.
+        let seq = q("tokens");
+        let seq_lit = seq.replace('\'', "''");
+        let channel = match schema {
+            Some(s) => format!("{s}_{prefix}wake"),
+            None => format!("{prefix}wake"),
+        };
+        let idx = format!("\"{prefix}keys_reap_at\"");
+        let create_schema = schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
+        let mut create = Vec::new();
+        create.push(format!(
+            "CREATE TABLE IF NOT EXISTS {keys} (
+    key              bytea       PRIMARY KEY,
+    state            text        NOT NULL CHECK (state IN ('i', 'c')),
+    token            bigint      NOT NULL,
+    attempt          integer     NOT NULL,
+    fingerprint      bytea,
+    checkpoint_phase bigint,
+    checkpoint       bytea,
+    response         bytea,
+    lease_until      timestamptz,
+    expires_at       timestamptz,
+    reap_at          timestamptz NOT NULL,
+    first_claimed_at timestamptz NOT NULL,
+    completed_at     timestamptz
+)"
+        ));
+        create.push(format!(
+            "CREATE INDEX IF NOT EXISTS {idx} ON {keys} (reap_at)"
+        ));
+        create.push(format!(
+            "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
+        ));
+        create.push(format!(
+            "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
+             ON CONFLICT (name) DO NOTHING"
+        ));
+
+        // Claim: insert the key, or take it over when the existing row allows it (a
+        // completion past its retention: a fresh claim; an InFlight row whose lease is over
+        // and whose fingerprint matches: attempt + 1, checkpoint kept), with a token drawn
+        // from the sequence under the row lock, so a key's tokens only increase. When
+        // nothing was written, the second branch reports the row as the statement's
+        // snapshot shows it ($1 key, $2 fingerprint, $3 the same request's 64-bit legacy
+        // fingerprint, $4 lease µs, $5 retention µs).
+        let claim = format!(
+            "WITH ins AS (
+    INSERT INTO {keys} AS k (key, state, token, attempt, fingerprint, lease_until, reap_at, first_claimed_at)
+    VALUES ($1, 'i', nextval('{seq_lit}'), 1, $2, clock_timestamp() + $4::bigint {US},
+            clock_timestamp() + ($4::bigint + $5::bigint) {US}, clock_timestamp())
+    ON CONFLICT (key) DO UPDATE SET
+        token = nextval('{seq_lit}'),
+        attempt = CASE WHEN k.state = 'c' THEN 1 ELSE k.attempt + 1 END,
+        fingerprint = CASE WHEN k.state = 'c' THEN EXCLUDED.fingerprint
+                           ELSE coalesce(EXCLUDED.fingerprint, k.fingerprint) END,
+        checkpoint_phase = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint_phase END,
+        checkpoint = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint END,
+        first_claimed_at = CASE WHEN k.state = 'c' THEN clock_timestamp() ELSE k.first_claimed_at END,
+        state = 'i', response = NULL, expires_at = NULL, completed_at = NULL,
+        lease_until = EXCLUDED.lease_until, reap_at = EXCLUDED.reap_at
+    WHERE (k.state = 'c' AND k.expires_at <= clock_timestamp())
+       OR (k.state = 'i' AND k.lease_until <= clock_timestamp()
+           AND ($2::bytea IS NULL OR k.fingerprint IS NULL
+                OR k.fingerprint = $2 OR k.fingerprint = $3))
+    RETURNING k.token, k.attempt, k.checkpoint_phase, k.checkpoint
+)
+SELECT 'a'::text AS kind, token, attempt, checkpoint_phase, checkpoint,
+       NULL::bytea AS response, NULL::bytea AS fingerprint, NULL::bigint AS remaining_us
+FROM ins
+UNION ALL
+SELECT k.state, k.token, k.attempt, NULL, NULL,
+       CASE WHEN k.state = 'c' THEN k.response END, k.fingerprint,
+       (extract(epoch FROM CASE WHEN k.state = 'c' THEN k.expires_at ELSE k.lease_until END
+                           - clock_timestamp()) * 1000000)::bigint
+FROM {keys} k
+WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+        );
+
+        // Complete: fenced by the token and the InFlight state; the same statement
+        // notifies the waiters of every process. When nothing was written, a completion
+        // already stored under the same token is a repeat ($1 key, $2 token, $3 response,
+        // $4 retention µs, $5 the key's hash, the notification's payload).
+        let complete = format!(
+            "WITH done AS (
+    UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
+        expires_at = clock_timestamp() + $4::bigint {US}, reap_at = clock_timestamp() + $4::bigint {US},
+        lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
+    WHERE key = $1 AND token = $2 AND state = 'i'
+    RETURNING attempt, fingerprint, expires_at
+), woke AS (
+    SELECT pg_notify('{channel}', $5) FROM done
+)
+SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
+       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
+       (SELECT count(*) FROM woke) AS woken
+FROM done d
+UNION ALL
+SELECT 'repeat', k.attempt, k.fingerprint,
+       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, 0
+FROM {keys} k
+WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM done)"
+        );
+
+        // Release: fenced delete, with the notification ($1 key, $2 token, $3 hash).
+        let release = format!(
+            "WITH gone AS (
+    DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1
+), woke AS (
+    SELECT pg_notify('{channel}', $3) FROM gone
+)
+SELECT count(*) FROM woke"
+        );
+
+        // Extend: the lease ends `$3` µs from the database's now; the abandoned row's
+        // reaping moves with it ($4 retention µs).
+        let extend = format!(
+            "UPDATE {keys} SET lease_until = clock_timestamp() + $3::bigint {US},
+    reap_at = clock_timestamp() + ($3::bigint + $4::bigint) {US}
+WHERE key = $1 AND token = $2 AND state = 'i'
+RETURNING 1"
+        );
+
+        let checkpoint = format!(
+            "UPDATE {keys} SET checkpoint_phase = $3::bigint, checkpoint = $4
+WHERE key = $1 AND token = $2 AND state = 'i'
+RETURNING 1"
+        );
+
+        // Get: the row unless it is a completion past its retention.
+        let get = format!(
+            "SELECT state, token, attempt, checkpoint_phase, checkpoint, response,
+       (extract(epoch FROM lease_until - clock_timestamp()) * 1000000)::bigint,
+       (extract(epoch FROM expires_at) * 1000)::bigint
+FROM {keys}
+WHERE key = $1 AND (state = 'i' OR expires_at > clock_timestamp())"
+        );
+
+        // Sweep: a bounded batch of rows past their reaping instant (completions past
+        // retention, InFlight rows past their lease end plus retention). Rows another
+        // transaction has locked are skipped, and the outer condition re-checks each row.
+        let sweep = format!(
+            "DELETE FROM {keys}
+WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
+              ORDER BY reap_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+  AND reap_at <= clock_timestamp()"
+        );
+
+        let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
+
+        Sql {
+            keys,
+            meta,
+            channel,
+            claim,
+            complete,
+            release,
+            extend,
+            checkpoint,
+            get,
+            sweep,
+            version,
+            create_schema,
+            create,
+        }
+    }
+
+    /// The meta table, created before the version row is read under the lock.
+    pub(crate) fn create_meta(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, value bigint NOT NULL)",
+            self.meta
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sql;
+
+    /// docs/shared.md shows every statement as sent with the default names; a change here
+    /// must change the page too.
+    #[test]
+    fn the_documentation_shows_every_statement() {
+        let doc = include_str!("../../docs/shared.md");
+        let sql = Sql::new(None, "idemkv_");
+        let mut all = vec![
+            sql.claim.clone(),
+            sql.complete.clone(),
+            sql.release.clone(),
+            sql.extend.clone(),
+            sql.checkpoint.clone(),
+            sql.get.clone(),
+            sql.sweep.clone(),
+            sql.version.clone(),
+            sql.create_meta(),
+        ];
+        all.extend(sql.create.iter().cloned());
+        for stmt in all {
+            assert!(doc.contains(&stmt), "docs/shared.md lacks:\n{stmt}");
+        }
+        assert!(doc.contains(&format!("LISTEN \"{}\"", sql.channel)));
+    }
+}

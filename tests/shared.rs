@@ -1,0 +1,738 @@
+//! The shared backend over PostgreSQL (feature `postgres`, docs/shared.md). Several
+//! `Engine`s on one database stand for separate processes; threads meet at a barrier on
+//! the same key. Each test works in tables of its own (a random prefix).
+//!
+//! Run with `scripts/pg.sh test`: it starts a throwaway PostgreSQL, runs this file with
+//! `IDEMKV_PG_URL` set, and stops the server. Without the URL every test fails and says so.
+//! Raw SQL (row locks, roles, killing a connection) goes through `psql`, which the server's
+//! package installs.
+#![cfg(feature = "postgres")]
+
+use idemkv::{
+    Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Durability, Engine, KeyState, LeaseError,
+    MockClock, OpenError, OpenErrorKind, PostgresConfig,
+};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+fn url() -> String {
+    std::env::var("IDEMKV_PG_URL").unwrap_or_else(|_| {
+        panic!(
+            "IDEMKV_PG_URL is not set: the shared-backend suite needs a PostgreSQL server. Run \
+             it with `scripts/pg.sh test` (starts a throwaway server on 127.0.0.1, runs \
+             `cargo test --features postgres --test shared`, stops it), or start one with \
+             `eval \"$(scripts/pg.sh start)\"` and run cargo test yourself."
+        )
+    })
+}
+
+/// A table prefix no other test (or earlier run) uses.
+fn prefix(name: &str) -> String {
+    format!("t{:08x}_{name}_", fastrand::u32(..))
+}
+
+fn config(prefix: &str) -> PostgresConfig {
+    PostgresConfig::new(url()).table_prefix(prefix).pool_size(8)
+}
+
+fn engine(prefix: &str) -> Engine {
+    Engine::builder()
+        .postgres(config(prefix))
+        .open()
+        .expect("open a shared engine")
+}
+
+fn trips(e: &Engine) -> u64 {
+    e.stats().db_round_trips
+}
+
+/// Runs SQL through psql and returns its unaligned output.
+fn psql(sql: &str) -> String {
+    let out = Command::new("psql")
+        .args([
+            &url(),
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ])
+        .output()
+        .expect("run psql (installed with the PostgreSQL server)");
+    assert!(
+        out.status.success(),
+        "psql failed on {sql}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+fn hex(key: &[u8]) -> String {
+    key.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A psql session that holds the row lock of `key` until dropped.
+struct RowLock(Child);
+
+impl RowLock {
+    fn take(prefix: &str, key: &[u8]) -> RowLock {
+        let mut session = RowLock(
+            Command::new("psql")
+                .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("run psql"),
+        );
+        let child = &mut session.0;
+        let stdin = child.stdin.as_mut().expect("psql stdin");
+        writeln!(
+            stdin,
+            "BEGIN; SELECT 1 FROM \"{prefix}keys\" WHERE key = '\\x{}' FOR UPDATE; \\echo locked",
+            hex(key)
+        )
+        .expect("write to psql");
+        stdin.flush().expect("flush psql");
+        let mut lines = BufReader::new(child.stdout.take().expect("psql stdout")).lines();
+        for line in lines.by_ref() {
+            if line.expect("read psql") == "locked" {
+                return session;
+            }
+        }
+        panic!("psql ended before it held the row lock");
+    }
+}
+
+impl Drop for RowLock {
+    fn drop(&mut self) {
+        if let Some(stdin) = self.0.stdin.as_mut() {
+            let _ = writeln!(stdin, "ROLLBACK;");
+        }
+        drop(self.0.stdin.take());
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (bounded) until a backend of this test's tables waits on a lock, and terminates
+/// it, as a server restart or a network cut would end the connection mid-statement.
+fn kill_blocked_connection(prefix: &str) {
+    let sql = format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE wait_event_type = 'Lock' AND query LIKE '%{prefix}keys%' AND pid <> pg_backend_pid()"
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    // Polls a state of the server (a backend blocked on the lock), not the passing of time.
+    while Instant::now() < end {
+        if psql(&sql) != "0" {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no connection of the engine blocked on the row lock");
+}
+
+#[test]
+fn exactly_one_handler_runs_across_engines_and_every_delivery_gets_its_bytes() {
+    let p = prefix("once");
+    let engines: Vec<Engine> = (0..4).map(|_| engine(&p)).collect();
+    let threads_per_engine = 6;
+    for round in 0..3 {
+        let key = format!("order-{round}");
+        let runs = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(engines.len() * threads_per_engine));
+        let mut handles = Vec::new();
+        for (e, engine) in engines.iter().enumerate() {
+            for t in 0..threads_per_engine {
+                let (engine, runs, barrier, key) =
+                    (engine.clone(), runs.clone(), barrier.clone(), key.clone());
+                handles.push(std::thread::spawn(move || {
+                    barrier.wait();
+                    let opts = ClaimOptions::default().payload(key.as_bytes());
+                    engine
+                        .run(key.as_bytes(), &opts, |_lease| {
+                            runs.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, std::io::Error>(format!("winner {e}/{t}").into_bytes())
+                        })
+                        .expect("every delivery gets an outcome")
+                }));
+            }
+        }
+        let outcomes: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect();
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            1,
+            "round {round}: one handler run"
+        );
+        let fresh: Vec<_> = outcomes.iter().filter(|o| !o.replayed()).collect();
+        assert_eq!(fresh.len(), 1, "round {round}: one delivery ran it");
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| o.response() == fresh[0].response() && o.token() == fresh[0].token()),
+            "round {round}: every delivery got the winner's bytes"
+        );
+    }
+}
+
+#[test]
+fn concurrent_local_duplicates_make_one_round_trip() {
+    let p = prefix("coalesce");
+    let engine = engine(&p);
+    let n = 8;
+
+    // Waiting duplicates: one claim and one completion reach the database.
+    let before = trips(&engine);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (engine, runs, barrier) = (engine.clone(), runs.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                engine
+                    .run(b"dup", &ClaimOptions::default(), |_lease| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, std::io::Error>(b"once".to_vec())
+                    })
+                    .expect("outcome")
+            })
+        })
+        .collect();
+    let outcomes: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .collect();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(outcomes.iter().all(|o| o.response() == b"once"));
+    assert_eq!(outcomes.iter().filter(|o| o.replayed()).count(), n - 1);
+    assert_eq!(
+        trips(&engine) - before,
+        2,
+        "{n} concurrent local duplicates: one claim and one completion statement"
+    );
+
+    // Non-waiting duplicates: one claim statement, one lease, the rest InProgress.
+    let before = trips(&engine);
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (engine, barrier) = (engine.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                match engine.claim(b"dup-claim", &ClaimOptions::default()) {
+                    Ok(Claim::Acquired(lease)) => Some(lease.detach()),
+                    Ok(Claim::InProgress(_)) => None,
+                    other => panic!("unexpected {other:?}"),
+                }
+            })
+        })
+        .collect();
+    let won: Vec<_> = handles
+        .into_iter()
+        .filter_map(|h| h.join().expect("no panic"))
+        .collect();
+    assert_eq!(won.len(), 1, "one duplicate acquires");
+    assert_eq!(
+        trips(&engine) - before,
+        1,
+        "one claim statement for {n} duplicates"
+    );
+    assert!(engine.stats().in_progress >= (n - 1) as u64);
+}
+
+#[test]
+fn a_cached_completion_is_replayed_without_a_round_trip() {
+    let p = prefix("cache");
+    let (a, b) = (engine(&p), engine(&p));
+    let opts = ClaimOptions::default().payload(b"req");
+    let first = a
+        .run(b"k", &opts, |_| Ok::<_, std::io::Error>(b"stored".to_vec()))
+        .expect("run");
+    assert!(!first.replayed());
+
+    let before = trips(&a);
+    for _ in 0..3 {
+        match a.claim(b"k", &opts).expect("claim") {
+            Claim::Completed(s) => assert_eq!(s.response(), b"stored"),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        trips(&a),
+        before,
+        "the completing engine replays from its cache"
+    );
+
+    // Another engine asks once, then replays from its own cache.
+    let before = trips(&b);
+    let again = b
+        .run(b"k", &opts, |_| {
+            Ok::<_, std::io::Error>(b"second run".to_vec())
+        })
+        .expect("run");
+    assert!(again.replayed());
+    assert_eq!(again.response(), b"stored");
+    assert_eq!(trips(&b) - before, 1);
+    let replay = b.run(b"k", &opts, |_| Ok::<_, std::io::Error>(b"x".to_vec()));
+    assert_eq!(replay.expect("run").response(), b"stored");
+    assert_eq!(
+        trips(&b) - before,
+        1,
+        "the second replay came from the cache"
+    );
+
+    // The cached fingerprint refuses another request under the key, still without a trip.
+    let other = ClaimOptions::default().payload(b"another request");
+    assert_eq!(
+        b.claim(b"k", &other).err(),
+        Some(ClaimError::FingerprintMismatch)
+    );
+    assert_eq!(trips(&b) - before, 1);
+    assert_eq!(a.stats().replays, 3);
+
+    // Typed runs share the path.
+    let typed = a
+        .run_typed(b"typed", &opts, |_| {
+            Ok::<_, std::io::Error>((7u32, "seven".to_string()))
+        })
+        .expect("typed run");
+    let replay = b
+        .run_typed(b"typed", &opts, |_| {
+            Ok::<_, std::io::Error>((0u32, String::new()))
+        })
+        .expect("typed replay");
+    assert_eq!(replay.value, typed.value);
+    assert!(replay.replayed);
+}
+
+#[test]
+fn an_old_token_is_fenced_after_another_engine_took_the_key_over() {
+    let p = prefix("fence");
+    let (a, b) = (engine(&p), engine(&p));
+    let zero = ClaimOptions::default().lease(Duration::ZERO);
+    let Claim::Acquired(old) = a.claim(b"k", &zero).expect("claim") else {
+        panic!("a fresh key is acquired");
+    };
+    old_checkpoint(&a, &old);
+    let Claim::Acquired(new) = b.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("a lease of zero is over at once, on the database's clock");
+    };
+    assert_eq!(new.attempt(), 2);
+    assert!(new.token() > old.token());
+    assert_eq!(
+        new.checkpoint().map(|c| (c.phase(), c.data().to_vec())),
+        Some((1, b"half".to_vec()))
+    );
+
+    let (key, token) = (old.key().to_vec(), old.token());
+    assert_eq!(
+        a.extend(&key, token, Duration::from_secs(5)),
+        Err(LeaseError::LeaseLost)
+    );
+    assert_eq!(
+        a.checkpoint(&key, token, 2, b"late"),
+        Err(LeaseError::LeaseLost)
+    );
+    assert_eq!(a.release(&key, token), Ok(false));
+    assert_eq!(old.complete(b"stale"), Err(LeaseError::LeaseLost));
+    new.complete(b"fresh").expect("the new holder completes");
+    match a.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!(s.response(), b"fresh"),
+        other => panic!("expected the new holder's bytes, got {other:?}"),
+    }
+    assert!(a.stats().leases_lost >= 3);
+    assert_eq!(b.stats().takeovers, 1);
+}
+
+fn old_checkpoint(e: &Engine, lease: &idemkv::Lease) {
+    e.checkpoint(lease.key(), lease.token(), 1, b"half")
+        .expect("the holder saves a checkpoint");
+}
+
+#[test]
+fn takeover_waits_for_the_lease_end_on_the_database_clock() {
+    let p = prefix("takeover");
+    // The engines' own clocks jump an hour ahead: the database's clock decides.
+    let clock = MockClock::new();
+    let open = || {
+        Engine::builder()
+            .postgres(config(&p))
+            .clock(clock.clone())
+            .open()
+            .expect("open")
+    };
+    let (a, b) = (open(), open());
+    let lease = Duration::from_millis(300);
+    let Claim::Acquired(held) = a
+        .claim(b"k", &ClaimOptions::default().lease(lease))
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    let held = held.detach(); // the holder dies without settling
+    clock.advance(Duration::from_secs(3600));
+    match b.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::InProgress(busy) => {
+            assert!(busy.retry_after() <= lease && busy.retry_after() > Duration::ZERO);
+            assert_eq!(busy.attempt(), 1);
+        }
+        other => panic!("the lease is live on the database's clock: {other:?}"),
+    }
+    let waiting = ClaimOptions::default().wait(Duration::from_secs(20));
+    let Claim::Acquired(next) = b.claim_or_wait(b"k", &waiting).expect("claim") else {
+        panic!("the waiter takes the key over once the lease ended");
+    };
+    assert_eq!(next.attempt(), 2);
+    assert!(next.token() > held.token());
+    assert_eq!(
+        a.complete(held.key(), held.token(), b"late"),
+        Err(LeaseError::LeaseLost)
+    );
+    next.complete(b"done").expect("complete");
+    drop(a); // a closed process's leases are the database's to end; nothing else remains
+    assert!(matches!(
+        b.get(b"k").expect("get"),
+        Some(KeyState::Completed { .. })
+    ));
+}
+
+#[test]
+fn release_extend_and_checkpoint_follow_the_state_machine() {
+    let p = prefix("holder");
+    let (a, b) = (engine(&p), engine(&p));
+    let Claim::Acquired(mut lease) = a
+        .claim(
+            b"k",
+            &ClaimOptions::default().lease(Duration::from_secs(30)),
+        )
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    lease.set_checkpoint(3, b"step three").expect("checkpoint");
+    lease.extend(Duration::from_secs(600)).expect("extend");
+    match b.get(b"k").expect("get") {
+        Some(KeyState::InFlight {
+            token,
+            lease_remaining,
+            checkpoint,
+            ..
+        }) => {
+            assert_eq!(token, lease.token());
+            assert!(
+                lease_remaining > Duration::from_secs(500),
+                "{lease_remaining:?}"
+            );
+            assert_eq!(checkpoint.map(|c| c.phase()), Some(3));
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+    assert!(matches!(
+        b.claim(b"k", &ClaimOptions::default()),
+        Ok(Claim::InProgress(_))
+    ));
+    let token = lease.token();
+    assert_eq!(lease.release(), Ok(true));
+    assert_eq!(
+        a.release(b"k", token),
+        Ok(false),
+        "a second release holds nothing"
+    );
+    assert_eq!(b.get(b"k").expect("get"), None);
+    let Claim::Acquired(again) = b.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("a released key is Absent");
+    };
+    assert_eq!(again.attempt(), 1);
+    assert!(again.checkpoint().is_none());
+    assert!(again.token() > token);
+
+    // A dropped lease releases its key.
+    drop(again);
+    let waiting = ClaimOptions::default().wait(Duration::from_secs(10));
+    assert!(matches!(
+        a.claim_or_wait(b"k", &waiting),
+        Ok(Claim::Acquired(_))
+    ));
+
+    // Limits are checked before anything is sent.
+    assert!(matches!(
+        a.claim(b"", &ClaimOptions::default()),
+        Err(ClaimError::KeyEmpty)
+    ));
+}
+
+#[test]
+fn the_async_api_runs_on_tokio() {
+    let p = prefix("async");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (a, b) = (engine(&p), engine(&p));
+    let runs = Arc::new(AtomicUsize::new(0));
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let engine = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let runs = runs.clone();
+            tasks.push(tokio::spawn(async move {
+                engine
+                    .run_async(b"async-key", &ClaimOptions::default(), |lease| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        lease.set_checkpoint(1, b"c").await?;
+                        lease.extend(Duration::from_secs(60)).await?;
+                        Ok::<_, LeaseError>(format!("token {}", lease.token()).into_bytes())
+                    })
+                    .await
+                    .expect("outcome")
+            }));
+        }
+        let mut outcomes = Vec::new();
+        for t in tasks {
+            outcomes.push(t.await.expect("task"));
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(outcomes
+            .iter()
+            .all(|o| o.response() == outcomes[0].response()));
+
+        let Claim::Acquired(lease) = a
+            .claim_async(b"other", &ClaimOptions::default())
+            .await
+            .expect("claim")
+        else {
+            panic!("acquired");
+        };
+        assert_eq!(lease.release_async().await, Ok(true));
+        let Claim::Acquired(lease) = b
+            .claim_or_wait_async(b"other", &ClaimOptions::default())
+            .await
+            .expect("claim")
+        else {
+            panic!("acquired after the release");
+        };
+        lease.complete_async(b"async done").await.expect("complete");
+        a.flush_async().await.expect("flush");
+        match a.claim_async(b"other", &ClaimOptions::default()).await {
+            Ok(Claim::Completed(s)) => assert_eq!(s.response(), b"async done"),
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+#[test]
+fn a_connection_killed_mid_call_gives_outcome_unknown_and_loses_nothing() {
+    let p = prefix("unknown");
+    let (a, b) = (engine(&p), engine(&p));
+    let Claim::Acquired(lease) = a.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    let token = lease.token();
+
+    // A completion blocked behind a row lock loses its connection.
+    let lock = RowLock::take(&p, b"k");
+    let completing = std::thread::spawn(move || lease.complete(b"result"));
+    kill_blocked_connection(&p);
+    let answer = completing.join().expect("no panic");
+    assert!(
+        matches!(answer, Err(LeaseError::OutcomeUnknown(_))),
+        "{answer:?}"
+    );
+    drop(lock);
+
+    // A claim blocked the same way.
+    let lock = RowLock::take(&p, b"k");
+    let b2 = b.clone();
+    let claiming = std::thread::spawn(move || b2.claim(b"k", &ClaimOptions::default()));
+    kill_blocked_connection(&p);
+    let answer = claiming.join().expect("no panic");
+    assert!(
+        matches!(answer, Err(ClaimError::OutcomeUnknown(_))),
+        "{answer:?}"
+    );
+    drop(lock);
+
+    // The pools reconnect; the completion, never committed, is made again by its holder.
+    assert!(matches!(
+        b.get(b"k").expect("get"),
+        Some(KeyState::InFlight { .. })
+    ));
+    a.complete(b"k", token, b"result")
+        .expect("the holder completes again");
+    match b.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"result"[..], token)),
+        other => panic!("{other:?}"),
+    }
+    // A repeated completion with the same token is answered as done.
+    a.complete(b"k", token, b"result").expect("repeat");
+}
+
+#[test]
+fn a_statement_cancelled_at_its_timeout_is_a_typed_refusal() {
+    let p = prefix("timeout");
+    let a = Engine::builder()
+        .postgres(config(&p).statement_timeout(Duration::from_millis(300)))
+        .open()
+        .expect("open");
+    let Claim::Acquired(lease) = a.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    let lock = RowLock::take(&p, b"k");
+    let e = a.extend(b"k", lease.token(), Duration::from_secs(60));
+    drop(lock);
+    match e {
+        Err(LeaseError::Database(e)) => {
+            assert_eq!(e.kind(), DatabaseErrorKind::StatementTimeout, "{e}");
+            assert_eq!(e.code(), Some("57014"));
+            assert!(std::error::Error::source(&e).is_some());
+        }
+        other => panic!("expected a statement timeout, got {other:?}"),
+    }
+    // Nothing changed: the lease still holds the key.
+    lease.complete(b"ok").expect("complete");
+}
+
+#[test]
+fn engines_opening_at_once_create_the_schema_once() {
+    let p = prefix("migrate");
+    let barrier = Arc::new(Barrier::new(4));
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (barrier, p) = (barrier.clone(), p.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                Engine::builder().postgres(config(&p)).open()
+            })
+        })
+        .collect();
+    let engines: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic").expect("every open succeeds"))
+        .collect();
+    assert_eq!(
+        psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
+        "schema_version=1"
+    );
+    let again = engine(&p);
+    assert!(matches!(
+        again.claim(b"k", &ClaimOptions::default()),
+        Ok(Claim::Acquired(_))
+    ));
+    drop(engines);
+    // A database of another schema version is refused, not misread.
+    psql(&format!("UPDATE \"{p}meta\" SET value = 99"));
+    match Engine::builder().postgres(config(&p)).open() {
+        Err(OpenError::Database(e)) => assert_eq!(e.kind(), DatabaseErrorKind::Schema, "{e}"),
+        other => panic!("expected a schema refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_role_without_privileges_gets_typed_permission_errors() {
+    let p = prefix("perm");
+    let owner = engine(&p);
+    let role = format!("{p}role");
+    psql(&format!("CREATE ROLE \"{role}\" LOGIN"));
+    let base = url();
+    assert!(
+        base.contains("://postgres@"),
+        "the test expects the URL of scripts/pg.sh"
+    );
+    let as_role = |prefix: &str| {
+        Engine::builder()
+            .postgres(
+                PostgresConfig::new(base.replace("://postgres@", &format!("://{role}@")))
+                    .table_prefix(prefix),
+            )
+            .open()
+    };
+    // Not even the version row can be read.
+    match as_role(&p) {
+        Err(e) => {
+            assert_eq!(e.kind(), OpenErrorKind::PermissionDenied, "{e}");
+            assert!(std::error::Error::source(&e).is_some());
+        }
+        Ok(_) => panic!("a role without privileges must not open"),
+    }
+    // It may read the version (the open succeeds) but not claim.
+    psql(&format!("GRANT SELECT ON \"{p}meta\" TO \"{role}\""));
+    let weak = as_role(&p).expect("the version row is readable");
+    match weak.claim(b"k", &ClaimOptions::default()) {
+        Err(ClaimError::Database(e)) => {
+            assert_eq!(e.kind(), DatabaseErrorKind::PermissionDenied, "{e}");
+            assert_eq!(e.code(), Some("42501"));
+        }
+        other => panic!("expected a permission refusal, got {other:?}"),
+    }
+    assert!(matches!(
+        owner.claim(b"k", &ClaimOptions::default()),
+        Ok(Claim::Acquired(_))
+    ));
+    drop(weak);
+    psql(&format!(
+        "REVOKE ALL ON \"{p}meta\" FROM \"{role}\"; DROP ROLE \"{role}\""
+    ));
+}
+
+#[test]
+fn settings_a_shared_engine_cannot_honour_are_refused_at_open() {
+    let refused = |b: idemkv::EngineBuilder| match b.open() {
+        Err(e) => e.kind(),
+        Ok(_) => panic!("must be refused"),
+    };
+    let pg = || Engine::builder().postgres(config("t_refused_"));
+    assert_eq!(
+        refused(pg().durability(Durability::buffered())),
+        OpenErrorKind::InvalidConfig
+    );
+    assert_eq!(refused(pg().path("x.redb")), OpenErrorKind::InvalidConfig);
+    assert_eq!(
+        refused(Engine::builder().postgres(config("Bad-Prefix"))),
+        OpenErrorKind::InvalidConfig
+    );
+    // Nothing listens on port 1: unavailable, typed.
+    let closed = Engine::builder().postgres(
+        PostgresConfig::new("postgres://postgres@127.0.0.1:1/postgres")
+            .connect_timeout(Duration::from_secs(2)),
+    );
+    match closed.open() {
+        Err(OpenError::Database(e)) => assert_eq!(e.kind(), DatabaseErrorKind::Unavailable),
+        other => panic!("expected an unavailable database, got {other:?}"),
+    }
+}
+
+#[test]
+fn retention_is_swept_in_batches_on_the_database_clock() {
+    let p = prefix("sweep");
+    let a = Engine::builder()
+        .postgres(config(&p))
+        .retention(Duration::ZERO)
+        .sweep_interval(None)
+        .open()
+        .expect("open");
+    for i in 0..5u32 {
+        let key = format!("k{i}");
+        a.run(key.as_bytes(), &ClaimOptions::default(), |_| {
+            Ok::<_, std::io::Error>(b"r".to_vec())
+        })
+        .expect("run");
+    }
+    // Completed with zero retention: new again at once, and swept.
+    let Claim::Acquired(lease) = a.claim(b"k0", &ClaimOptions::default()).expect("claim") else {
+        panic!("a completion past its retention is Absent");
+    };
+    assert_eq!(lease.attempt(), 1);
+    lease.complete(b"again").expect("complete");
+    assert_eq!(a.admin().sweep_now(), Ok(5));
+    assert_eq!(psql(&format!("SELECT count(*) FROM \"{p}keys\"")), "0");
+}
