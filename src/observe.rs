@@ -87,7 +87,7 @@ impl Counted {
 /// by the same amounts. Without the `metrics` feature it holds nothing and does nothing.
 pub(crate) struct EventMetrics {
     #[cfg(feature = "metrics")]
-    m: [metrics::Counter; 12],
+    m: [metrics::Counter; 13],
 }
 
 impl EventMetrics {

@@ -579,7 +579,7 @@ fn a_fail_that_forgets_the_progress_is_caught() {
     for durable in [false, true] {
         let mut seen = Seen::default();
         let caught = (0..6)
-            .filter_map(|seed| run(seed, durable, Bug::FailReleases, &mut seen).err())
+            .filter_map(|seed| run(seed, durable, false, Bug::FailReleases, &mut seen).err())
             .collect::<Vec<_>>();
         assert_eq!(
             caught.len(),
