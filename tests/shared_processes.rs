@@ -112,7 +112,7 @@ impl Mode {
         match self {
             Mode::Clean => Duration::from_secs(300),
             Mode::Kill => Duration::from_secs(2),
-            Mode::Restart => Duration::from_secs(5),
+            Mode::Restart => Duration::from_secs(10),
         }
     }
 }
@@ -1116,6 +1116,27 @@ fn a_killed_process_keys_are_taken_over_and_nothing_acknowledged_is_lost() {
     assert!(
         doubled.len() <= THREADS,
         "at most one key per thread of the victim ran twice: {doubled:?}"
+    );
+    // The takeover came after the lease, on the database's clock: not before the victim's
+    // claim plus one lease (both instants are CLOCK_MONOTONIC; the database's clock is this
+    // machine's).
+    let acquired = |key: &str, token: u64| {
+        c.logs
+            .events
+            .iter()
+            .find(|e| {
+                e.key.as_deref() == Some(key.as_bytes())
+                    && matches!(e.ret, KeyRet::Acquired { token: t, .. } if t == token)
+            })
+            .unwrap_or_else(|| panic!("{key}: the acquisition of token {token} is in a history"))
+            .clone()
+    };
+    let held = acquired(&parked, parked_token);
+    let takeover = acquired(&parked, c.finals[key_index(&parked)].token);
+    assert!(
+        takeover.ret_at >= held.invoke + ns(Mode::Kill.lease()),
+        "{parked}: taken over {:?} after the victim's claim, within its lease",
+        Duration::from_nanos(takeover.ret_at.saturating_sub(held.invoke))
     );
     let taken_over = c.finals.iter().filter(|f| f.attempt >= 2).count();
     eprintln!(
