@@ -119,11 +119,7 @@ pub fn run_one_process(conninfo: &str, w: &Workload) -> Result<Measured, String>
     let result = (|| {
         let peer = Shared::open(conninfo, &prefix, w.c, w.n)?;
         let mut m = workload::run(&peer, w)?;
-        m.note = Some(format!(
-            "1 process, pool of {} connections; {:.3} round trips per delivery",
-            w.c,
-            m.round_trips.unwrap_or(0) as f64 / m.deliveries.max(1) as f64
-        ));
+        m.note = Some(format!("1 process, a pool of {} connections", w.c));
         Ok(m)
     })();
     drop_tables(conninfo, &prefix);
@@ -298,11 +294,10 @@ fn run_children(
         }
     }
     m.note = Some(format!(
-        "{processes} processes × {} workers, a pool of {} connections each; {:.3} round trips \
-         per delivery; p50: mean of the processes' medians, p99: the largest",
+        "{processes} processes × {} workers, a pool of {} connections each; p50: mean of the \
+         processes' medians, p99: the largest",
         w.c / processes,
         w.c / processes,
-        m.round_trips.unwrap_or(0) as f64 / m.deliveries.max(1) as f64
     ));
     Ok(m)
 }
