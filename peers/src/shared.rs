@@ -151,7 +151,10 @@ fn encode(m: &Measured) -> String {
 fn decode(s: &str) -> Result<ChildDone, String> {
     let v: Vec<u64> = s
         .split(' ')
-        .map(|x| x.parse::<u64>().map_err(|_| format!("bad child report {s:?}")))
+        .map(|x| {
+            x.parse::<u64>()
+                .map_err(|_| format!("bad child report {s:?}"))
+        })
         .collect::<Result<_, _>>()?;
     if v.len() != 11 {
         return Err(format!("bad child report {s:?}"));
@@ -182,7 +185,7 @@ pub fn run_processes(
     processes: usize,
     dir: &Path,
 ) -> Result<Measured, String> {
-    if w.d % processes != 0 || w.c % processes != 0 {
+    if !w.d.is_multiple_of(processes) || !w.c.is_multiple_of(processes) {
         return Err(format!(
             "D ({}) and C ({}) must be multiples of the {processes} processes",
             w.d, w.c
@@ -317,7 +320,11 @@ pub fn child_main(args: &[String]) -> Result<(), String> {
     let mut it = args.iter();
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        let num = || value.parse::<usize>().map_err(|_| format!("{flag}: {value}"));
+        let num = || {
+            value
+                .parse::<usize>()
+                .map_err(|_| format!("{flag}: {value}"))
+        };
         match flag.as_str() {
             "--pg" => conninfo = value.clone(),
             "--prefix" => prefix = value.clone(),
@@ -326,9 +333,7 @@ pub fn child_main(args: &[String]) -> Result<(), String> {
             "--d" => w.d = num()?.max(1),
             "--c" => w.c = num()?.max(1),
             "--time-limit" => w.time_limit = Duration::from_secs(num()? as u64),
-            "--response-bytes" => {
-                w.response = (0..num()?).map(|i| b'a' + (i % 26) as u8).collect()
-            }
+            "--response-bytes" => w.response = (0..num()?).map(|i| b'a' + (i % 26) as u8).collect(),
             _ => return Err(format!("unknown child flag {flag}")),
         }
     }
