@@ -61,7 +61,9 @@ const VICTIM: usize = 1;
 const WAIT: Duration = Duration::from_secs(60);
 /// Keep-alive renewals never carry a lease further than this from its claim.
 const KEEP_ALIVE_MAX: Duration = Duration::from_secs(120);
-/// Pause of a caller before it retries a call that failed with the database unreachable.
+/// Pause of a caller before it retries a call that failed with the database unreachable:
+/// a service's back-off while the server restarts, not a wait for time to pass (every
+/// retry asks the database again).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 /// A child reports its progress every this many deliveries.
 const PROGRESS_EVERY: usize = 500;
@@ -315,7 +317,7 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
         .fingerprint(fingerprint(k))
         .wait(WAIT);
     let fp = fingerprint(k);
-    let claim_op = format_args!("C {fp}").to_string();
+    let claim_op = format!("C {fp}");
     loop {
         let invoke = mono_ns();
         let claimed = ctx.engine.claim_or_wait(key.as_bytes(), &opts);
