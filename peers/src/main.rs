@@ -23,7 +23,7 @@ const USAGE: &str = "usage: idemkv-peers --data-dir DIR [--n 100000] [--d 2] [--
 
 ids: idemkv-immediate idemkv-buffered idemkv-none redb-naive sqlite-full sqlite-normal
      sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka
-     idemkv-shared idemkv-shared-4p
+     idemkv-shared idemkv-shared-4p (not in `all`: PostgreSQL at D = 8, `--section shared`)
 
 --section shared: the shared backend's comparison (round trips per delivery, no chart),
 written between the peers-shared:begin / peers-shared:end markers of --doc.";
@@ -400,12 +400,13 @@ fn main() {
         Ok(c) => eprintln!("calibration: {}", c.describe()),
         Err(e) => eprintln!("{e}"),
     }
+    // `all` leaves out the shared backend's rows: they have their own section and workload
+    // (`scripts/peers.sh shared`; D must divide among its processes).
     let selected: Vec<_> = SYSTEMS
         .iter()
-        .filter(|(id, ..)| {
-            args.systems
-                .as_ref()
-                .is_none_or(|s| s.iter().any(|x| x == id))
+        .filter(|(id, ..)| match &args.systems {
+            Some(s) => s.iter().any(|x| x == id),
+            None => !id.starts_with("idemkv-shared"),
         })
         .collect();
     // Round-robin: every system once per round, so a burst of outside load lands on
