@@ -2,6 +2,10 @@
 # The side-by-side peers benchmark, in one command:
 #
 #   scripts/peers.sh
+#   scripts/peers.sh shared   # the shared backend (PostgreSQL) at 1 and 4 processes next to
+#                             # the naive INSERT … ON CONFLICT DO NOTHING baseline, D = 8,
+#                             # with database round trips per delivery; PostgreSQL only;
+#                             # rewrites the peers-shared block of docs/benchmarks.md
 #
 # Installs PostgreSQL and Redis with apt-get if they are missing, starts them on 127.0.0.1
 # (unusual ports, temporary data directories on disk, PostgreSQL as the `postgres` user),
@@ -16,19 +20,30 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 began=$(date +%s)
+SECTION=${1:-main}
+case "$SECTION" in
+    main | shared) ;;
+    *) echo "usage: scripts/peers.sh [shared]" >&2; exit 2 ;;
+esac
 
 # The exact command, with any knob that was set, for the report.
 command_line="scripts/peers.sh"
+[ "$SECTION" = main ] || command_line="scripts/peers.sh $SECTION"
 for v in N D C TIME_LIMIT ROUNDS SYSTEMS; do
     if [ -n "${!v+x}" ]; then command_line="$v=${!v} $command_line"; fi
 done
 
 N=${N:-100000}
-D=${D:-2}
 C=${C:-64}
 TIME_LIMIT=${TIME_LIMIT:-4}
 ROUNDS=${ROUNDS:-5}
-SYSTEMS=${SYSTEMS:-all}
+if [ "$SECTION" = shared ]; then
+    D=${D:-8}
+    SYSTEMS=${SYSTEMS:-pg-sync-on,idemkv-shared,idemkv-shared-4p}
+else
+    D=${D:-2}
+    SYSTEMS=${SYSTEMS:-all}
+fi
 PG_PORT=${PG_PORT:-54329}
 REDIS_PORT=${REDIS_PORT:-63799}
 PEERS_TMP=${PEERS_TMP:-/var/tmp}
@@ -47,8 +62,10 @@ pg_bindir() {
 
 # --- 1. servers installed? ---------------------------------------------------------------
 missing=()
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+if [ "$SECTION" = main ]; then
+    command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+    command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+fi
 [ -n "$(pg_bindir)" ] || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]} with apt-get"
@@ -95,15 +112,17 @@ BIN=$(cargo metadata --format-version 1 --no-deps --manifest-path "$ROOT/peers/C
 [ -x "$BIN" ] || { log "cannot find the built binary at $BIN"; exit 1; }
 
 # --- 4. start Redis and PostgreSQL on loopback --------------------------------------------
-log "starting Redis on 127.0.0.1:$REDIS_PORT"
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --protected-mode yes \
-    --dir "$WORK/redis" --save "" --appendonly no --daemonize yes \
-    --pidfile "$WORK/redis/redis.pid" --logfile "$WORK/redis/redis.log"
-redis_started=1
-for _ in $(seq 1 100); do
-    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
-    sleep 0.1
-done
+if [ "$SECTION" = main ]; then
+    log "starting Redis on 127.0.0.1:$REDIS_PORT"
+    redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --protected-mode yes \
+        --dir "$WORK/redis" --save "" --appendonly no --daemonize yes \
+        --pidfile "$WORK/redis/redis.pid" --logfile "$WORK/redis/redis.log"
+    redis_started=1
+    for _ in $(seq 1 100); do
+        redis-cli -h 127.0.0.1 -p "$REDIS_PORT" ping >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+fi
 
 log "initdb and start PostgreSQL on 127.0.0.1:$PG_PORT"
 mkdir -p "$WORK/pg"
@@ -136,9 +155,14 @@ esac
 disk="$dev ($fstype${kind:+, $kind}) under $PEERS_TMP"
 
 log "running N=$N D=$D C=$C, $ROUNDS rounds, at most $TIME_LIMIT s per system and round"
+if [ "$SECTION" = shared ]; then
+    outputs=(--section shared)
+else
+    outputs=(--redis "redis://127.0.0.1:$REDIS_PORT/" --svg "$ROOT/docs/peers.svg")
+fi
 "$BIN" --data-dir "$WORK/data" --n "$N" --d "$D" --c "$C" --time-limit "$TIME_LIMIT" --rounds "$ROUNDS" \
     --systems "$SYSTEMS" \
     --pg "host=127.0.0.1 port=$PG_PORT user=postgres dbname=postgres" \
-    --redis "redis://127.0.0.1:$REDIS_PORT/" \
-    --doc "$ROOT/docs/benchmarks.md" --svg "$ROOT/docs/peers.svg" \
+    "${outputs[@]}" \
+    --doc "$ROOT/docs/benchmarks.md" \
     --stamp "$(date -u '+%Y-%m-%d %H:%M UTC')" --disk "$disk" --command "$command_line"

@@ -3,7 +3,8 @@
 #
 #   scripts/pg.sh start   # install it with apt-get if missing, initdb, start on 127.0.0.1
 #   scripts/pg.sh env     # print `export IDEMKV_PG_URL=...` (eval "$(scripts/pg.sh env)")
-#   scripts/pg.sh test    # start, run `cargo test --features postgres --test shared`, stop
+#   scripts/pg.sh test    # start, run `cargo test --features postgres --test shared` and
+#                         # `--test shared_processes`, stop
 #                         # (a server already running is reused and left running)
 #   scripts/pg.sh stop    # stop it and remove its directory
 #   scripts/pg.sh restart # restart the running server (pg_ctl restart -m fast)
@@ -102,6 +103,9 @@ case "${1:-}" in
         # The statement texts that docs/shared.md reproduces, then the suite.
         cargo test -q -p idemkv --features postgres --lib shared::
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared "$@"
+        # Across processes; its restart test runs `scripts/pg.sh restart` on this server.
+        export PG_PORT PG_DIR
+        IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared_processes "$@"
         ;;
     *)
         echo "usage: scripts/pg.sh start|stop|env|restart|test [cargo test args]" >&2

@@ -4,6 +4,7 @@
 //! the servers and runs this; see docs/benchmarks.md.
 
 mod report;
+mod shared;
 mod systems;
 mod workload;
 
@@ -18,10 +19,14 @@ use workload::{percentile, Workload};
 const USAGE: &str = "usage: idemkv-peers --data-dir DIR [--n 100000] [--d 2] [--c 64]
     [--time-limit SECS (4)] [--rounds 5] [--response-bytes 64] [--systems all|ID,ID,...]
     [--pg CONNINFO] [--redis URL] [--doc docs/benchmarks.md] [--svg docs/peers.svg]
-    [--stamp TEXT] [--disk TEXT] [--command TEXT]
+    [--stamp TEXT] [--disk TEXT] [--command TEXT] [--section main|shared]
 
 ids: idemkv-immediate idemkv-buffered idemkv-none redb-naive sqlite-full sqlite-normal
-     sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka";
+     sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka
+     idemkv-shared idemkv-shared-4p (not in `all`: PostgreSQL at D = 8, `--section shared`)
+
+--section shared: the shared backend's comparison (round trips per delivery, no chart),
+written between the peers-shared:begin / peers-shared:end markers of --doc.";
 
 struct Args {
     data_dir: PathBuf,
@@ -35,6 +40,8 @@ struct Args {
     stamp: String,
     disk: String,
     command: String,
+    /// `shared`: the shared backend's section instead of the main table.
+    shared_section: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -56,6 +63,7 @@ fn parse_args() -> Result<Args, String> {
         stamp: String::new(),
         disk: String::new(),
         command: String::new(),
+        shared_section: false,
     };
     let mut response_bytes = 64usize;
     let mut it = std::env::args().skip(1);
@@ -87,6 +95,11 @@ fn parse_args() -> Result<Args, String> {
             "--stamp" => a.stamp = value,
             "--disk" => a.disk = value,
             "--command" => a.command = value,
+            "--section" => match value.as_str() {
+                "main" => a.shared_section = false,
+                "shared" => a.shared_section = true,
+                _ => return Err(format!("--section: main or shared, not {value}")),
+            },
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
     }
@@ -168,6 +181,18 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         Class::Buffered,
         "as SQLite NORMAL, but SELECT then INSERT: not atomic",
     ),
+    (
+        "idemkv-shared",
+        "idemkv shared (PostgreSQL), 1 process",
+        Class::Immediate,
+        "committed by PostgreSQL (synchronous_commit on) before each call returns",
+    ),
+    (
+        "idemkv-shared-4p",
+        "idemkv shared (PostgreSQL), 4 processes",
+        Class::Immediate,
+        "committed by PostgreSQL (synchronous_commit on) before each call returns",
+    ),
     ("idemkv-none", "idemkv None", Class::Memory, "memory only"),
     (
         "redis-none",
@@ -232,6 +257,8 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
             w,
         ),
         "moka" => workload::run(&systems::Moka::new(), w),
+        "idemkv-shared" => shared::run_one_process(&need_pg()?, w),
+        "idemkv-shared-4p" => shared::run_processes(&need_pg()?, w, 4, dir),
         other => Err(format!("unknown system {other}")),
     }
 }
@@ -338,6 +365,14 @@ fn mem_gib() -> String {
 }
 
 fn main() {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("--shared-child") {
+        if let Err(e) = shared::child_main(&argv[2..]) {
+            eprintln!("shared child: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -365,12 +400,13 @@ fn main() {
         Ok(c) => eprintln!("calibration: {}", c.describe()),
         Err(e) => eprintln!("{e}"),
     }
+    // `all` leaves out the shared backend's rows: they have their own section and workload
+    // (`scripts/peers.sh shared`; D must divide among its processes).
     let selected: Vec<_> = SYSTEMS
         .iter()
-        .filter(|(id, ..)| {
-            args.systems
-                .as_ref()
-                .is_none_or(|s| s.iter().any(|x| x == id))
+        .filter(|(id, ..)| match &args.systems {
+            Some(s) => s.iter().any(|x| x == id),
+            None => !id.starts_with("idemkv-shared"),
         })
         .collect();
     // Round-robin: every system once per round, so a burst of outside load lands on
@@ -421,6 +457,10 @@ fn main() {
         })
         .collect();
     let load_after = loadavg();
+    if args.shared_section {
+        shared_section(&args, &rows, &calib, &load_before, &load_after, started);
+        return;
+    }
     let table = report::table(&rows);
     let targets = report::targets(&rows);
     println!("{table}\n{targets}");
@@ -579,18 +619,122 @@ fn best_round(
 
 const BEGIN: &str = "<!-- peers:begin -->";
 const END: &str = "<!-- peers:end -->";
+const SHARED_BEGIN: &str = "<!-- peers-shared:begin -->";
+const SHARED_END: &str = "<!-- peers-shared:end -->";
 
 /// Replaces what lies between the markers in `doc` (appending a Peers section with the
 /// markers if the file or the markers are missing).
 fn splice_doc(doc: &Path, block: &str) -> std::io::Result<()> {
+    splice_between(doc, block, BEGIN, END, "Peers")
+}
+
+fn splice_between(
+    doc: &Path,
+    block: &str,
+    begin: &str,
+    end: &str,
+    heading: &str,
+) -> std::io::Result<()> {
     let old = fs::read_to_string(doc).unwrap_or_default();
-    let new = match (old.find(BEGIN), old.find(END)) {
+    let new = match (old.find(begin), old.find(end)) {
         (Some(b), Some(e)) if b < e => format!(
-            "{}{BEGIN}\n\n{block}\n{END}{}",
+            "{}{begin}\n\n{block}\n{end}{}",
             &old[..b],
-            &old[e + END.len()..]
+            &old[e + end.len()..]
         ),
-        _ => format!("{old}\n## Peers\n\n{BEGIN}\n\n{block}\n{END}\n"),
+        _ => format!("{old}\n## {heading}\n\n{begin}\n\n{block}\n{end}\n"),
     };
     fs::write(doc, new)
+}
+
+/// The shared backend's comparison: its rows next to the naive PostgreSQL baseline, with
+/// the database round trips per delivery, written between the `peers-shared` markers.
+fn shared_section(
+    args: &Args,
+    rows: &[Row],
+    calib: &Result<Calibration, String>,
+    load_before: &str,
+    load_after: &str,
+    started: Instant,
+) {
+    use std::fmt::Write as _;
+    let w = &args.workload;
+    let table = report::round_trip_table(rows);
+    println!("{table}");
+    let pg_version = args
+        .pg
+        .as_deref()
+        .map(|c| systems::Pg::version(c).unwrap_or_else(|e| e))
+        .unwrap_or_else(|| "not run".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mut block = String::new();
+    let _ = writeln!(
+        block,
+        "_Generated by `scripts/peers.sh shared` {}; everything between the `peers-shared:begin` \
+         and `peers-shared:end` markers is rewritten by each run._\n",
+        if args.stamp.is_empty() {
+            String::new()
+        } else {
+            format!("on {}", args.stamp)
+        }
+    );
+    let _ = writeln!(
+        block,
+        "**Machine.** {cores} cores ({}), {} RAM; PostgreSQL {pg_version} on {} \
+         (synchronous_commit on), on the same cores as the clients; load average (1 min) \
+         {load_before} before the measurements, {load_after} after.\n",
+        cpu_model(),
+        mem_gib(),
+        if args.disk.is_empty() {
+            "?"
+        } else {
+            &args.disk
+        }
+    );
+    let _ = writeln!(
+        block,
+        "**Workload.** N = {} keys × D = {} deliveries = {} deliveries, C = {} concurrent \
+         workers in all (split evenly over the processes of a row, each process delivering \
+         every key D ÷ processes times), {} B responses, at most {} s per system and round; \
+         {} rounds, round-robin; each row shows its best round.\n",
+        w.n,
+        w.d,
+        w.n * w.d,
+        w.c,
+        w.response.len(),
+        w.time_limit.as_secs(),
+        args.rounds
+    );
+    if !args.command.is_empty() {
+        let _ = writeln!(block, "**Command.** `{}`\n", args.command);
+    }
+    if let Ok(c) = calib {
+        let _ = writeln!(
+            block,
+            "**Calibration** (same disk, same run, one thread): {}.\n",
+            c.describe()
+        );
+    }
+    let _ = writeln!(block, "{table}");
+    let _ = writeln!(
+        block,
+        "Run time of the measurements: {:.0} s.",
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(doc) = &args.doc {
+        let written = splice_between(
+            doc,
+            &block,
+            SHARED_BEGIN,
+            SHARED_END,
+            "Peers: the shared backend",
+        );
+        if let Err(e) = written {
+            eprintln!("cannot update {}: {e}", doc.display());
+            std::process::exit(1);
+        }
+        eprintln!("wrote {}", doc.display());
+    }
 }

@@ -198,6 +198,73 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
+/// The shared backend's table: deliveries/s and database round trips per delivery, next to
+/// the naive PostgreSQL baseline (`round_trips`: statements the client sent).
+pub fn round_trip_table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    s.push_str(
+        "| system | deliveries/s | round trips per delivery | claim+complete p50 | p99 | \
+         duplicate p50 | p99 | double executions (all rounds) | notes (best round) |\n",
+    );
+    s.push_str("|---|--:|--:|--:|--:|--:|--:|--:|---|\n");
+    for row in rows {
+        let name = if row.is_idemkv() {
+            format!("**{}**", row.name)
+        } else {
+            row.name.to_string()
+        };
+        match &row.result {
+            Ok(m) => {
+                let per = m
+                    .round_trips
+                    .map(|r| format!("{:.3}", r as f64 / m.deliveries.max(1) as f64))
+                    .unwrap_or_else(|| "—".into());
+                let mut notes = Vec::new();
+                if m.round_rates.len() > 1 {
+                    let rates: Vec<String> = m.round_rates.iter().map(|r| fmt_rate(*r)).collect();
+                    notes.push(format!("rounds: {}/s", rates.join(" · ")));
+                }
+                if m.cut_short {
+                    notes.push(format!(
+                        "hit the time limit after {} deliveries",
+                        fmt_rate(m.deliveries as f64)
+                    ));
+                }
+                if m.errors_all > 0 || m.rounds_failed > 0 {
+                    notes.push(format!(
+                        "{} errors, {} failed rounds (first: {})",
+                        m.errors_all,
+                        m.rounds_failed,
+                        m.first_error.as_deref().unwrap_or("?").replace('|', "/")
+                    ));
+                }
+                if let Some(note) = &m.note {
+                    notes.push(note.clone());
+                }
+                let _ = writeln!(
+                    s,
+                    "| {name} | {} | {per} | {} | {} | {} | {} | {} | {} |",
+                    fmt_rate(m.throughput()),
+                    fmt_ns(m.p50_ns),
+                    fmt_ns(m.p99_ns),
+                    fmt_ns(m.dup_p50_ns),
+                    fmt_ns(m.dup_p99_ns),
+                    m.double_keys_all,
+                    notes.join("; ")
+                );
+            }
+            Err(why) => {
+                let _ = writeln!(
+                    s,
+                    "| {name} | — | — | — | — | — | — | — | not run: {} |",
+                    why.replace('|', "/")
+                );
+            }
+        }
+    }
+    s
+}
+
 /// The product's throughput goals against this run: ratios to the peers of the same class
 /// (deliveries/s), then absolute claim+complete/s.
 pub fn targets(rows: &[Row]) -> String {

@@ -317,6 +317,7 @@ impl Peer for Sqlite {
 pub struct Pg {
     conninfo: String,
     synchronous_commit: bool,
+    statements: AtomicU64,
 }
 
 impl Pg {
@@ -333,6 +334,7 @@ impl Pg {
         Ok(Pg {
             conninfo: conninfo.to_string(),
             synchronous_commit,
+            statements: AtomicU64::new(0),
         })
     }
 
@@ -389,15 +391,21 @@ impl Peer for Pg {
     ) -> Result<Delivery, String> {
         let e = |e: postgres::Error| format!("postgres: {e}");
         let key = std::str::from_utf8(key).map_err(|x| x.to_string())?;
+        self.statements.fetch_add(1, Ordering::Relaxed);
         let inserted = c.client.execute(&c.claim, &[&key]).map_err(e)?;
         if inserted == 0 {
             return Ok(Delivery::Duplicate);
         }
         effect();
+        self.statements.fetch_add(1, Ordering::Relaxed);
         c.client
             .execute(&c.complete, &[&key, &response])
             .map_err(e)?;
         Ok(Delivery::Executed)
+    }
+
+    fn round_trips(&self) -> Option<u64> {
+        Some(self.statements.load(Ordering::Relaxed))
     }
 }
 

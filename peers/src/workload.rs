@@ -40,6 +40,11 @@ pub trait Peer: Sync {
     fn drain(&self) -> Result<(), String> {
         Ok(())
     }
+    /// Statements sent to a database server so far, for systems that count them (the
+    /// naive PostgreSQL peer, idemkv's shared backend); read after the run.
+    fn round_trips(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The workload's shape.
@@ -103,6 +108,8 @@ pub struct Measured {
     pub rounds_failed: usize,
     /// Anything the system reports about itself (idemkv: its group commits).
     pub note: Option<String>,
+    /// Statements sent to the database server, where the system counts them.
+    pub round_trips: Option<u64>,
 }
 
 impl Measured {
@@ -283,6 +290,7 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
         }
     }
     m.retries = peer.retries();
+    m.round_trips = peer.round_trips();
     Ok(m)
 }
 
