@@ -332,6 +332,7 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                 log.line(format_args!("D {key} {} {response}", s.token()));
                 return;
             }
+            Ok(Claim::Forgotten(f)) => panic!("{key}: forgotten without markers: {f:?}"),
             Ok(Claim::InProgress(b)) => {
                 // The wait ran out (a holder slower than `WAIT`): deliver again.
                 log.history(
@@ -729,6 +730,7 @@ fn parse_history(thread: usize, invoke: u64, ret_at: u64, key: &str, f: &[&str])
                 fingerprint: Some(num(1)),
                 lease_ns: None,
                 wait: true,
+                retention_ms: None,
             };
             let ret = match f[2] {
                 "A" => KeyRet::Acquired {
@@ -753,6 +755,7 @@ fn parse_history(thread: usize, invoke: u64, ret_at: u64, key: &str, f: &[&str])
             let op = KeyOp::Complete {
                 token: num(1),
                 response: f[2].as_bytes().to_vec(),
+                retention_ms: None,
             };
             let ret = match f[3] {
                 "ok" => KeyRet::Done,
@@ -893,6 +896,7 @@ fn spec_config(mode: Mode) -> SpecConfig {
         response_len_max: 1 << 20,
         checkpoint_len_max: 64 << 10,
         check_wall: false,
+        marker_retention_ns: None,
     }
 }
 

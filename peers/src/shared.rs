@@ -80,7 +80,9 @@ impl Peer for Shared {
                     .map(|()| Delivery::Executed)
                     .map_err(|e| format!("complete: {e}"))
             }
-            Ok(Claim::InProgress(_)) | Ok(Claim::Completed(_)) => Ok(Delivery::Duplicate),
+            Ok(Claim::InProgress(_)) | Ok(Claim::Completed(_)) | Ok(Claim::Forgotten(_)) => {
+                Ok(Delivery::Duplicate)
+            }
             Err(e) => Err(format!("claim: {e}")),
         }
     }
