@@ -73,8 +73,13 @@ fn psql(sql: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// The table's key of the unscoped `key`, in hex: the scoped key (a byte of scope length,
+/// zero, then the key).
 fn hex(key: &[u8]) -> String {
-    key.iter().map(|b| format!("{b:02x}")).collect()
+    std::iter::once(&0u8)
+        .chain(key)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A psql session that holds the row lock of `key` until dropped.
@@ -700,6 +705,11 @@ fn settings_a_shared_engine_cannot_honour_are_refused_at_open() {
         refused(Engine::builder().postgres(config("Bad-Prefix"))),
         OpenErrorKind::InvalidConfig
     );
+    // Markers are a file engine's: refused rather than silently off.
+    assert_eq!(
+        refused(pg().marker_retention(Some(Duration::from_secs(60)))),
+        OpenErrorKind::InvalidConfig
+    );
     // Nothing listens on port 1: unavailable, typed.
     let closed = Engine::builder().postgres(
         PostgresConfig::new("postgres://postgres@127.0.0.1:1/postgres")
@@ -735,4 +745,64 @@ fn retention_is_swept_in_batches_on_the_database_clock() {
     lease.complete(b"again").expect("complete");
     assert_eq!(a.admin().sweep_now(), Ok(5));
     assert_eq!(psql(&format!("SELECT count(*) FROM \"{p}keys\"")), "0");
+}
+
+/// Scopes hold on the shared table (two scopes' equal keys are two rows), and what the
+/// shared table does not keep is refused with a typed error, never ignored: a key's own
+/// retention, writes with a completion, and `fail`; the key stays held after each refusal.
+#[test]
+fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
+    let e = engine(&prefix("t_scopes_"));
+    let in_scope = |scope: &[u8]| ClaimOptions::default().scope(scope);
+    let Ok(Claim::Acquired(a)) = e.claim(b"order-1", &in_scope(b"tenant-a")) else {
+        panic!("tenant-a acquires");
+    };
+    let Ok(Claim::Acquired(b)) = e.claim(b"order-1", &in_scope(b"tenant-b")) else {
+        panic!("tenant-b's equal key is another row");
+    };
+    assert_eq!((a.key(), a.scope()), (&b"order-1"[..], &b"tenant-a"[..]));
+    a.complete(b"paid by a").expect("complete a");
+    match e.claim(b"order-1", &in_scope(b"tenant-a")) {
+        Ok(Claim::Completed(s)) => assert_eq!(s.response(), b"paid by a"),
+        other => panic!("tenant-a replays, got {other:?}"),
+    }
+    assert!(matches!(
+        e.claim(b"order-1", &in_scope(b"tenant-b")),
+        Ok(Claim::InProgress(_))
+    ));
+    assert!(matches!(
+        e.claim(
+            b"k-retention",
+            &ClaimOptions::default().retention(Duration::from_secs(5))
+        ),
+        Err(ClaimError::Unsupported(_))
+    ));
+    let token = b.token();
+    assert!(matches!(b.fail(), Err(LeaseError::Unsupported(_))));
+    // Still held by its token: a refusal changed nothing.
+    let opts = idemkv::CompleteOptions::default().retention(Duration::from_secs(5));
+    let Ok(Claim::Acquired(c)) = e.claim(b"k-options", &ClaimOptions::default()) else {
+        panic!("a fresh key is acquired");
+    };
+    assert!(matches!(
+        c.complete_with_options(b"x", &opts),
+        Err(LeaseError::Unsupported(_))
+    ));
+    let mut writes = idemkv::WriteSet::new();
+    writes
+        .put("balances", b"alice", b"1")
+        .expect("a small write set");
+    let Ok(Claim::Acquired(d)) = e.claim(b"k-writes", &ClaimOptions::default()) else {
+        panic!("a fresh key is acquired");
+    };
+    assert!(matches!(
+        d.complete_with(b"x", &writes),
+        Err(LeaseError::Unsupported(_))
+    ));
+    e.complete_scoped(b"tenant-b", b"order-1", token, b"paid by b")
+        .expect("the refused fail left the key held by its token");
+    match e.claim(b"order-1", &in_scope(b"tenant-b")) {
+        Ok(Claim::Completed(s)) => assert_eq!(s.response(), b"paid by b"),
+        other => panic!("tenant-b replays its own bytes, got {other:?}"),
+    }
 }
