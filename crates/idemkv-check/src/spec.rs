@@ -97,6 +97,8 @@ pub enum KeyModel {
         expires_ns: u64,
         /// Wall-clock end of retention, ms.
         expires_wall_ms: u64,
+        /// Wall-clock instant of the completion, ms (what a marker it leaves reports).
+        completed_wall_ms: u64,
         /// Whether another caller may see it yet.
         published: bool,
     },
@@ -371,14 +373,14 @@ impl KeyModel {
                 fingerprint,
                 attempt,
                 expires_ns,
-                expires_wall_ms,
+                completed_wall_ms,
                 ..
             } if now >= *expires_ns && now < expires_ns.saturating_add(window) => {
                 Some(KeyModel::Forgotten {
                     token: *token,
                     fingerprint: *fingerprint,
                     attempt: *attempt,
-                    completed_wall_ms: expires_wall_ms.saturating_sub(cfg.retention_ns / 1_000_000),
+                    completed_wall_ms: *completed_wall_ms,
                     end_ns: expires_ns.saturating_add(window),
                     settled: true,
                 })
@@ -504,6 +506,7 @@ impl KeySpec {
                             response: response.clone(),
                             expires_ns: now.saturating_add(keep_ns(cfg, own)),
                             expires_wall_ms: self.wall_ms.saturating_add(keep_ms(cfg, own)),
+                            completed_wall_ms: self.wall_ms,
                             published: cfg.publishes_at_once(),
                         };
                         Ok(next)
@@ -534,13 +537,15 @@ impl KeySpec {
                     reap_ns,
                     lease_wall_ms,
                     failed,
+                    retention_ms,
                     ..
                 } if t == token => match ret {
                     KeyRet::Failed(true) => {
                         // The lease ends now; one already over keeps its end and reap instant.
+                        // Reaped by the key's own retention, as an abandoned claim is.
                         if now < *deadline_ns {
                             *deadline_ns = now;
-                            *reap_ns = now.saturating_add(cfg.retention_ns);
+                            *reap_ns = now.saturating_add(keep_ns(cfg, *retention_ms));
                         }
                         *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
                         *failed = true;

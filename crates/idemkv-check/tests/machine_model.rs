@@ -153,6 +153,7 @@ fn expected(spec: &KeyModel, durable: bool) -> ProbeState {
             expires_ns,
             expires_wall_ms,
             published,
+            ..
         } => ProbeState::Completed {
             token,
             attempt,
