@@ -876,6 +876,9 @@ fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion(
     drop(stdin);
     let _ = listener.wait();
     let note = format!("notification \"{p}wake\" with payload \"");
-    assert!(seen.iter().any(|l| l.contains(&note)), "no notification in {seen:?}");
+    assert!(
+        seen.iter().any(|l| l.contains(&note)),
+        "no notification in {seen:?}"
+    );
     assert!(seen.iter().any(|l| l == "c"), "{seen:?}");
 }

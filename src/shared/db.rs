@@ -418,9 +418,7 @@ impl Db {
     /// Whether the release removed the key.
     pub(crate) async fn release(&self, key: &[u8], token: u64) -> Result<bool, Fail> {
         let token = token_param(token);
-        let rows = self
-            .query(&self.sql.release, &[&key, &token], true)
-            .await?;
+        let rows = self.query(&self.sql.release, &[&key, &token], true).await?;
         Ok(!rows.is_empty())
     }
 

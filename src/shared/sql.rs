@@ -143,9 +143,8 @@ WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_tim
         );
 
         // Release: fenced delete; `notify` follows once it answered.
-        let release = format!(
-            "DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1"
-        );
+        let release =
+            format!("DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1");
 
         // Notify: its own transaction, sent after the settling statement answered, so a
         // waiter it wakes reads the commit ($1: key hashes in hex, comma-separated). The

@@ -84,7 +84,9 @@ mod tests {
 
     #[test]
     fn payloads_carry_every_hash_within_the_limit() {
-        let hashes: Vec<u64> = (0..2000u64).map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+        let hashes: Vec<u64> = (0..2000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
         let sent = payloads(&hashes);
         assert!(sent.len() > 1);
         assert!(sent.iter().all(|p| p.len() <= PG_NOTIFY_PAYLOAD_BYTES_MAX));
