@@ -288,6 +288,10 @@ pub(crate) const PG_SWEEP_BATCHES_PER_PASS: u32 = 16;
 /// Pause of the listening connection before it connects again after losing its link.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_LISTEN_RETRY: Duration = Duration::from_millis(500);
+/// The longest payload of one wake-up notification, in bytes (PostgreSQL refuses 8000
+/// and more); a batch of key hashes longer than this is sent as several notifications.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_NOTIFY_PAYLOAD_BYTES_MAX: usize = 7900;
 /// Worker threads of the private runtime that drives a shared engine's connections.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_RUNTIME_THREADS: usize = 2;

@@ -806,3 +806,79 @@ fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
         other => panic!("tenant-b replays its own bytes, got {other:?}"),
     }
 }
+
+/// A waiter in one engine is woken by another engine's completion (its notification is
+/// sent after the completing statement committed, in a transaction of its own) and reads
+/// the completion: one claim, one re-ask, no polling in between. A raw listener receives
+/// the notification, and the row it announces is committed.
+#[test]
+fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion() {
+    let p = prefix("wake");
+    let (a, b) = (engine(&p), engine(&p));
+    let mut listener = Command::new("psql")
+        .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run psql");
+    let mut stdin = listener.stdin.take().expect("psql stdin");
+    let mut lines = BufReader::new(listener.stdout.take().expect("psql stdout")).lines();
+    writeln!(stdin, "LISTEN \"{p}wake\"; \\echo listening").expect("write to psql");
+    stdin.flush().expect("flush psql");
+    assert!(lines.by_ref().any(|l| l.expect("read psql") == "listening"));
+
+    let lease_opts = ClaimOptions::default().lease(Duration::from_secs(60));
+    let Claim::Acquired(lease) = a.claim(b"k", &lease_opts).expect("claim") else {
+        panic!("a fresh key is acquired");
+    };
+    let before = trips(&b);
+    let waiter = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            b.claim_or_wait(b"k", &ClaimOptions::default().wait(Duration::from_secs(30)))
+        })
+    };
+    // Polls the waiter's state (it has seen the key held and sleeps), not the time.
+    let end = Instant::now() + Duration::from_secs(20);
+    while b.stats().waits == 0 {
+        assert!(Instant::now() < end, "the waiter never waited");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let token = lease.token();
+    lease.complete(b"the winner's bytes").expect("complete");
+    let Ok(Claim::Completed(stored)) = waiter.join().expect("no panic") else {
+        panic!("the woken waiter reads the completion");
+    };
+    assert_eq!(stored.response(), b"the winner's bytes");
+    assert_eq!(stored.token(), token);
+    assert_eq!(
+        trips(&b) - before,
+        2,
+        "one claim and one re-ask after the wake-up"
+    );
+
+    // The listener's notification names a key hash; the row it announces is committed.
+    writeln!(
+        stdin,
+        "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}'; \\echo read",
+        hex(b"k")
+    )
+    .expect("write to psql");
+    stdin.flush().expect("flush psql");
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("read psql");
+        if line == "read" {
+            break;
+        }
+        seen.push(line);
+    }
+    drop(stdin);
+    let _ = listener.wait();
+    let note = format!("notification \"{p}wake\" with payload \"");
+    assert!(
+        seen.iter().any(|l| l.contains(&note)),
+        "no notification in {seen:?}"
+    );
+    assert!(seen.iter().any(|l| l == "c"), "{seen:?}");
+}

@@ -51,6 +51,8 @@ pub(crate) fn bump(c: &AtomicU64) {
 pub(crate) struct Core {
     pub(crate) db: Db,
     pub(crate) front: Front,
+    /// Hashes of keys settled here, to announce to other processes (`wake.rs`).
+    pub(crate) outbox: super::wake::Outbox,
     pub(crate) counters: Counters,
     pub(crate) closed: AtomicBool,
     pub(crate) retention: Duration,
@@ -262,6 +264,7 @@ impl Core {
                     until: sent + remaining,
                 };
                 self.front.completed(key, hash, cached);
+                self.outbox.push(hash);
                 Ok(())
             }
             Ok(CompleteRow::Lost) => {
@@ -273,6 +276,7 @@ impl Core {
                 // A refusal leaves the key held; an unknown outcome may have settled it.
                 if matches!(f, Fail::Unknown(_)) {
                     self.front.forget_held(key, hash, token);
+                    self.outbox.push(hash);
                 }
                 Err(lease_failed(f))
             }
@@ -282,6 +286,9 @@ impl Core {
     pub(crate) async fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         let hash = crate::observe::key_hash(key);
         let answer = self.db.release(key, token).await;
+        if !matches!(answer, Err(Fail::Refused(_)) | Ok(false)) {
+            self.outbox.push(hash);
+        }
         if !matches!(answer, Err(Fail::Refused(_))) {
             self.front.forget_held(key, hash, token);
         }

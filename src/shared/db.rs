@@ -398,11 +398,10 @@ impl Db {
         retention: Duration,
     ) -> Result<CompleteRow, Fail> {
         let (token, retention_us) = (token_param(token), micros(retention));
-        let wake = wake_payload(key);
         let rows = self
             .query(
                 &self.sql.complete,
-                &[&key, &token, &response, &retention_us, &wake],
+                &[&key, &token, &response, &retention_us],
                 true,
             )
             .await?;
@@ -419,15 +418,8 @@ impl Db {
     /// Whether the release removed the key.
     pub(crate) async fn release(&self, key: &[u8], token: u64) -> Result<bool, Fail> {
         let token = token_param(token);
-        let wake = wake_payload(key);
-        let rows = self
-            .query(&self.sql.release, &[&key, &token, &wake], true)
-            .await?;
-        let n: i64 = match rows.first() {
-            Some(row) => row.try_get(0).map_err(undecodable)?,
-            None => 0,
-        };
-        Ok(n > 0)
+        let rows = self.query(&self.sql.release, &[&key, &token], true).await?;
+        Ok(!rows.is_empty())
     }
 
     /// Whether `token` still held the key (and its lease now ends `lease` from now).
@@ -538,10 +530,4 @@ fn check_version(v: i64) -> Result<(), DatabaseError> {
 /// Tokens are below 2^63 (they come from a `bigint` sequence); a larger one names no row.
 fn token_param(token: u64) -> i64 {
     i64::try_from(token).unwrap_or(-1)
-}
-
-/// The payload of a key's wake-up notification: its hash, in hex (a key can be longer than
-/// a notification may be).
-pub(crate) fn wake_payload(key: &[u8]) -> String {
-    format!("{:016x}", crate::observe::key_hash(key))
 }

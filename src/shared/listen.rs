@@ -1,6 +1,6 @@
 //! The listening connection: one per engine, `LISTEN`ing on the backend's channel. A
-//! completion or release in any process notifies the key's hash in the same statement;
-//! this wakes the local waiters of that key, who then ask the database once. When the
+//! completion or release in any process announces the key's hash after its commit
+//! (`wake.rs`, several hashes to a notification); this wakes the local waiters of that key, who then ask the database once. When the
 //! connection is lost, every waiter asks again (a notification may have been missed) and
 //! the listener connects again after a pause; meanwhile waiters fall back on their bounded
 //! poll.
@@ -22,7 +22,7 @@ pub(crate) async fn listen(core: Arc<Core>, ready: oneshot::Sender<()>) {
             let driver = tokio::spawn(async move {
                 while let Some(Ok(message)) = poll_fn(|cx| conn.poll_message(cx)).await {
                     if let AsyncMessage::Notification(n) = message {
-                        if let Ok(hash) = u64::from_str_radix(n.payload(), 16) {
+                        for hash in super::wake::parse(n.payload()) {
                             front.front.notified(hash);
                         }
                     }

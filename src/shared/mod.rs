@@ -7,6 +7,7 @@
 //! - `front.rs`: the local front (coalescing, cached completions, local waiters).
 //! - `core.rs`: the operations, as futures on the backend's private runtime.
 //! - `listen.rs`: the `LISTEN` connection that wakes local waiters.
+//! - `wake.rs`: the notifications sent after completions and releases commit.
 //! - `block.rs`: running the futures from blocking callers and from any executor.
 //!
 //! The public entry points of `Engine`, `Lease` and `LeaseHandle` dispatch here at their
@@ -23,6 +24,7 @@ mod error;
 mod front;
 mod listen;
 mod sql;
+mod wake;
 
 pub use config::PostgresConfig;
 pub use error::{DatabaseError, DatabaseErrorKind};
@@ -109,6 +111,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     let core = Arc::new(Core {
         db,
         front: front::Front::new(),
+        outbox: Default::default(),
         counters: Default::default(),
         closed: Default::default(),
         retention: b.retention,
@@ -132,6 +135,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     let (ready, listening) = oneshot::channel();
     tasks.push(handle.spawn(listen::listen(core.clone(), ready)));
     let _ = block_on(listening);
+    tasks.push(handle.spawn(wake::send(core.clone())));
     if let Some(every) = b.sweep_interval {
         let core = core.clone();
         tasks.push(handle.spawn(async move {

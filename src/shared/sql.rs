@@ -16,6 +16,8 @@ pub(crate) struct Sql {
     pub(crate) claim: String,
     pub(crate) complete: String,
     pub(crate) release: String,
+    /// Wakes other processes' waiters: one autocommit statement after the settling one.
+    pub(crate) notify: String,
     pub(crate) extend: String,
     pub(crate) checkpoint: String,
     pub(crate) get: String,
@@ -116,10 +118,11 @@ FROM {keys} k
 WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
         );
 
-        // Complete: fenced by the token and the InFlight state; the same statement
-        // notifies the waiters of every process. When nothing was written, a completion
-        // already stored under the same token is a repeat ($1 key, $2 token, $3 response,
-        // $4 retention µs, $5 the key's hash, the notification's payload).
+        // Complete: fenced by the token and the InFlight state. It does not notify: a
+        // notifying transaction holds the database-wide notify lock through its commit,
+        // which serializes such commits; `notify` follows once it answered. When nothing
+        // was written, a completion already stored under the same token is a repeat ($1 key,
+        // $2 token, $3 response, $4 retention µs).
         let complete = format!(
             "WITH done AS (
     UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
@@ -127,29 +130,28 @@ WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
         lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
     WHERE key = $1 AND token = $2 AND state = 'i'
     RETURNING attempt, fingerprint, expires_at
-), woke AS (
-    SELECT pg_notify('{channel}', $5) FROM done
 )
 SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
-       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
-       (SELECT count(*) FROM woke) AS woken
+       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us
 FROM done d
 UNION ALL
 SELECT 'repeat', k.attempt, k.fingerprint,
-       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, 0
+       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint
 FROM {keys} k
 WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
   AND NOT EXISTS (SELECT 1 FROM done)"
         );
 
-        // Release: fenced delete, with the notification ($1 key, $2 token, $3 hash).
-        let release = format!(
-            "WITH gone AS (
-    DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1
-), woke AS (
-    SELECT pg_notify('{channel}', $3) FROM gone
-)
-SELECT count(*) FROM woke"
+        // Release: fenced delete; `notify` follows once it answered.
+        let release =
+            format!("DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1");
+
+        // Notify: its own transaction, sent after the settling statement answered, so a
+        // waiter it wakes reads the commit ($1: key hashes in hex, comma-separated). The
+        // notification is not durable anyway, so its commit does not wait for the WAL
+        // flush, and holds the notify lock only as long as the commit itself.
+        let notify = format!(
+            "SELECT set_config('synchronous_commit', 'off', true), pg_notify('{channel}', $1)"
         );
 
         // Extend: the lease ends `$3` µs from the database's now; the abandoned row's
@@ -195,6 +197,7 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             claim,
             complete,
             release,
+            notify,
             extend,
             checkpoint,
             get,
@@ -228,6 +231,7 @@ mod tests {
             sql.claim.clone(),
             sql.complete.clone(),
             sql.release.clone(),
+            sql.notify.clone(),
             sql.extend.clone(),
             sql.checkpoint.clone(),
             sql.get.clone(),
