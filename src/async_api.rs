@@ -431,14 +431,7 @@ impl Lease {
         response: &[u8],
         opts: &CompleteOptions,
     ) -> Result<(), LeaseError> {
-        let retention_ms = match opts.retention_ms() {
-            Ok(ms) => ms,
-            Err(e) => {
-                // The work is done: a refused completion keeps the key.
-                self.settled = true;
-                return Err(e);
-            }
-        };
+        let retention_ms = self.own_retention_ms(opts)?;
         self.complete_kept_async(Arc::from(response), retention_ms, None)
             .await
             .map(|_| ())
@@ -459,12 +452,9 @@ impl Lease {
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         #[cfg(feature = "postgres")]
         if let Some(pg) = engine.pg() {
-            let done = if retention_ms.is_some() || writes.is_some() {
-                Err(LeaseError::Unsupported(
-                    "a completion's own retention or writes on the shared backend",
-                ))
-            } else {
-                pg.complete_async(engine, key, token, response).await
+            let done = match crate::shared::completion_kept(retention_ms, writes) {
+                Ok(()) => pg.complete_async(engine, key, token, response).await,
+                Err(e) => Err(e),
             };
             let key = crate::scope::key_of(key);
             return engine

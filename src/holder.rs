@@ -104,11 +104,7 @@ impl Engine {
     ) -> Result<u64, LeaseError> {
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            if retention_ms.is_some() || writes.is_some() {
-                return Err(LeaseError::Unsupported(
-                    "a completion's own retention or writes on the shared backend",
-                ));
-            }
+            crate::shared::completion_kept(retention_ms, writes)?;
             pg.complete(self, key, token, response)?;
             return Ok(0);
         }

@@ -171,16 +171,19 @@ impl Lease {
         response: &[u8],
         opts: &CompleteOptions,
     ) -> Result<(), LeaseError> {
-        let retention_ms = match opts.retention_ms() {
-            Ok(ms) => ms,
-            Err(e) => {
-                // The work is done: a refused completion keeps the key (see `complete`).
-                self.settled = true;
-                return Err(e);
-            }
-        };
+        let retention_ms = self.own_retention_ms(opts)?;
         self.complete_kept(Arc::from(response), retention_ms, None)
             .map(|_| ())
+    }
+
+    /// The completion's own retention from `opts`. A retention past the limit refuses the
+    /// completion, and the work is done: the lease is settled without releasing the key
+    /// (see [`Lease::complete`]).
+    pub(crate) fn own_retention_ms(
+        &mut self,
+        opts: &CompleteOptions,
+    ) -> Result<Option<u64>, LeaseError> {
+        opts.retention_ms().inspect_err(|_| self.settled = true)
     }
 
     /// Completes with `writes` (after any staged on the lease) and the key's own retention

@@ -69,6 +69,20 @@ pub(crate) struct Backend {
 
 /// Opens a shared engine: checks the settings, connects, creates the schema if this
 /// database has none, starts the listener and the sweeper.
+/// Refuses what a completion asks the shared table to keep and it does not: its own
+/// retention, and writes to application tables (they live in an engine's own file).
+pub(crate) fn completion_kept(
+    retention_ms: Option<u64>,
+    writes: Option<&crate::write_set::WriteSet>,
+) -> Result<(), LeaseError> {
+    if retention_ms.is_some() || writes.is_some() {
+        return Err(LeaseError::Unsupported(
+            "a completion's own retention or writes on the shared backend",
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, OpenError> {
     let bad = |detail: String| Err(OpenError::InvalidConfig { detail });
     if let Err(detail) = cfg.validate() {
