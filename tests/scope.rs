@@ -8,9 +8,10 @@ use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(60);
 
-fn open(path: &Path, clock: &MockClock) -> Engine {
+fn open(path: &Path, clock: &MockClock, durability: Durability) -> Engine {
     Engine::builder()
         .path(path)
+        .durability(durability)
         .clock(clock.clone())
         .lease(LEASE)
         .recovery(Recovery::TakeOver)
@@ -39,10 +40,17 @@ fn replayed(engine: &Engine, key: &[u8], opts: &ClaimOptions) -> Vec<u8> {
 
 #[test]
 fn one_key_in_two_scopes_is_two_keys_through_claims_completions_replays_and_a_restart() {
+    // The memory-only engine's scopes are in the tests below; this one restarts.
+    for durability in [Durability::Immediate, Durability::buffered()] {
+        two_scopes_through_a_restart(durability);
+    }
+}
+
+fn two_scopes_through_a_restart(durability: Durability) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("scopes.redb");
     let clock = MockClock::new();
-    let engine = open(&path, &clock);
+    let engine = open(&path, &clock, durability);
     let (alice, bob) = (in_scope(b"alice"), in_scope(b"bob"));
 
     // Both acquire: neither scope sees the other's claim.
@@ -77,6 +85,8 @@ fn one_key_in_two_scopes_is_two_keys_through_claims_completions_replays_and_a_re
     );
     b.complete(b"charged bob").unwrap();
     unscoped.complete(b"charged nobody").unwrap();
+    // Replays show durable completions only (under `Buffered`, once flushed).
+    engine.flush().unwrap();
 
     // Each scope replays its own response, and checks its own fingerprint.
     let alice_again = alice.clone().payload(b"alice's order");
@@ -100,7 +110,7 @@ fn one_key_in_two_scopes_is_two_keys_through_claims_completions_replays_and_a_re
     engine.close().unwrap();
     drop(engine);
 
-    let engine = open(&path, &clock);
+    let engine = open(&path, &clock, durability);
     assert_eq!(
         replayed(&engine, b"order-1", &alice_again),
         b"charged alice"
@@ -262,7 +272,11 @@ fn a_detached_scoped_lease_is_settled_by_the_scoped_calls_only() {
 fn operators_see_scopes_apart_and_export_import_and_release_keep_them() {
     let dir = tempfile::tempdir().unwrap();
     let clock = MockClock::new();
-    let source = open(&dir.path().join("source.redb"), &clock);
+    let source = open(
+        &dir.path().join("source.redb"),
+        &clock,
+        Durability::Immediate,
+    );
     acquire(&source, b"k", &in_scope(b"t1"))
         .complete(b"one")
         .unwrap();
@@ -291,7 +305,11 @@ fn operators_see_scopes_apart_and_export_import_and_release_keep_them() {
     drop(reader);
 
     // Imported into a fresh file, the records keep their scopes.
-    let target = open(&dir.path().join("target.redb"), &clock);
+    let target = open(
+        &dir.path().join("target.redb"),
+        &clock,
+        Durability::Immediate,
+    );
     for r in &exported {
         target.admin().import(r).unwrap();
     }
