@@ -87,6 +87,24 @@ struct RowLock(Child);
 
 impl RowLock {
     fn take(prefix: &str, key: &[u8]) -> RowLock {
+        RowLock::hold(&format!(
+            "SELECT 1 FROM \"{prefix}keys\" WHERE key = '\\x{}' FOR UPDATE",
+            hex(key)
+        ))
+    }
+
+    /// A session whose open transaction has inserted `key`, uncommitted: a claim of the key
+    /// waits for its end on the insert's conflict check.
+    fn insert(prefix: &str, key: &[u8]) -> RowLock {
+        RowLock::hold(&format!(
+            "INSERT INTO \"{prefix}keys\" (key, state, token, attempt, reap_at, first_claimed_at) \
+             VALUES ('\\x{}', 'i', 1, 1, now(), now())",
+            hex(key)
+        ))
+    }
+
+    /// A session that runs `sql` in a transaction it keeps open until dropped.
+    fn hold(sql: &str) -> RowLock {
         let mut session = RowLock(
             Command::new("psql")
                 .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
@@ -97,12 +115,7 @@ impl RowLock {
         );
         let child = &mut session.0;
         let stdin = child.stdin.as_mut().expect("psql stdin");
-        writeln!(
-            stdin,
-            "BEGIN; SELECT 1 FROM \"{prefix}keys\" WHERE key = '\\x{}' FOR UPDATE; \\echo locked",
-            hex(key)
-        )
-        .expect("write to psql");
+        writeln!(stdin, "BEGIN; {sql}; \\echo locked").expect("write to psql");
         stdin.flush().expect("flush psql");
         let mut lines = BufReader::new(child.stdout.take().expect("psql stdout")).lines();
         for line in lines.by_ref() {
@@ -555,10 +568,11 @@ fn a_connection_killed_mid_call_gives_outcome_unknown_and_loses_nothing() {
     );
     drop(lock);
 
-    // A claim blocked the same way.
-    let lock = RowLock::take(&p, b"k");
+    // A claim blocked the same way (a claim meeting a live row takes no lock: it waits only
+    // for the insert of a key whose inserting transaction is still open).
+    let lock = RowLock::insert(&p, b"other");
     let b2 = b.clone();
-    let claiming = std::thread::spawn(move || b2.claim(b"k", &ClaimOptions::default()));
+    let claiming = std::thread::spawn(move || b2.claim(b"other", &ClaimOptions::default()));
     kill_blocked_connection(&p);
     let answer = claiming.join().expect("no panic");
     assert!(
@@ -605,6 +619,40 @@ fn a_statement_cancelled_at_its_timeout_is_a_typed_refusal() {
     }
     // Nothing changed: the lease still holds the key.
     lease.complete(b"ok").expect("complete");
+}
+
+/// A claim answered by another holder's live row, or by a live completion, neither locks
+/// the row nor waits for its lock: it is read-only (and so commits without a WAL flush).
+#[test]
+fn a_claim_answered_by_a_live_row_does_not_wait_for_its_lock() {
+    let p = prefix("nolock");
+    let a = engine(&p);
+    let b = Engine::builder()
+        .postgres(config(&p).statement_timeout(Duration::from_millis(300)))
+        .open()
+        .expect("open");
+    let Claim::Acquired(held) = a.claim(b"held", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    let Claim::Acquired(done) = a.claim(b"done", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    let done_token = done.token();
+    done.complete(b"stored").expect("complete");
+
+    // Both rows locked by another transaction (as a completion or an extension in flight
+    // would lock them): a claim that locked them would time out.
+    let locks = (RowLock::take(&p, b"held"), RowLock::take(&p, b"done"));
+    match b.claim(b"held", &ClaimOptions::default()).expect("claim") {
+        Claim::InProgress(busy) => assert_eq!(busy.attempt(), 1),
+        other => panic!("{other:?}"),
+    }
+    match b.claim(b"done", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"stored"[..], done_token)),
+        other => panic!("{other:?}"),
+    }
+    drop(locks);
+    held.complete(b"ok").expect("the holder still completes");
 }
 
 #[test]

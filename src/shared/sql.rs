@@ -80,42 +80,56 @@ impl Sql {
 
         // Claim: insert the key, or take it over when the existing row allows it (a
         // completion past its retention: a fresh claim; an InFlight row whose lease is over
-        // and whose fingerprint matches: attempt + 1, checkpoint kept), with a token drawn
-        // from the sequence under the row lock, so a key's tokens only increase. When
-        // nothing was written, the second branch reports the row as the statement's
-        // snapshot shows it ($1 key, $2 fingerprint, $3 the same request's 64-bit legacy
-        // fingerprint, $4 lease µs, $5 retention µs).
+        // and whose fingerprint matches: attempt + 1, checkpoint kept). Only those two
+        // branches write or lock: the insert runs only when the snapshot shows no row and
+        // does nothing on a conflict, and the update's condition is checked before the row
+        // is locked (and re-checked on its newest version once locked), so a claim answered
+        // by a live row is read-only and commits without a WAL flush. A token is drawn from
+        // the sequence only by a branch that may write, after the snapshot that showed the
+        // row it replaces, so a key's tokens only increase. When nothing was written, the
+        // last branch reports the row as the statement's snapshot shows it ($1 key, $2
+        // fingerprint, $3 the same request's 64-bit legacy fingerprint, $4 lease µs, $5
+        // retention µs).
         let claim = format!(
             "WITH ins AS (
-    INSERT INTO {keys} AS k (key, state, token, attempt, fingerprint, lease_until, reap_at, first_claimed_at)
-    VALUES ($1, 'i', nextval('{seq_lit}'), 1, $2, clock_timestamp() + $4::bigint {US},
-            clock_timestamp() + ($4::bigint + $5::bigint) {US}, clock_timestamp())
-    ON CONFLICT (key) DO UPDATE SET
+    INSERT INTO {keys} (key, state, token, attempt, fingerprint, lease_until, reap_at, first_claimed_at)
+    SELECT $1, 'i', nextval('{seq_lit}'), 1, $2, clock_timestamp() + $4::bigint {US},
+           clock_timestamp() + ($4::bigint + $5::bigint) {US}, clock_timestamp()
+    WHERE NOT EXISTS (SELECT 1 FROM {keys} WHERE key = $1)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING token, attempt, checkpoint_phase, checkpoint
+), upd AS (
+    UPDATE {keys} k SET
         token = nextval('{seq_lit}'),
         attempt = CASE WHEN k.state = 'c' THEN 1 ELSE k.attempt + 1 END,
-        fingerprint = CASE WHEN k.state = 'c' THEN EXCLUDED.fingerprint
-                           ELSE coalesce(EXCLUDED.fingerprint, k.fingerprint) END,
+        fingerprint = CASE WHEN k.state = 'c' THEN $2
+                           ELSE coalesce($2, k.fingerprint) END,
         checkpoint_phase = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint_phase END,
         checkpoint = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint END,
         first_claimed_at = CASE WHEN k.state = 'c' THEN clock_timestamp() ELSE k.first_claimed_at END,
         state = 'i', response = NULL, expires_at = NULL, completed_at = NULL,
-        lease_until = EXCLUDED.lease_until, reap_at = EXCLUDED.reap_at
-    WHERE (k.state = 'c' AND k.expires_at <= clock_timestamp())
-       OR (k.state = 'i' AND k.lease_until <= clock_timestamp()
-           AND ($2::bytea IS NULL OR k.fingerprint IS NULL
-                OR k.fingerprint = $2 OR k.fingerprint = $3))
+        lease_until = clock_timestamp() + $4::bigint {US},
+        reap_at = clock_timestamp() + ($4::bigint + $5::bigint) {US}
+    WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)
+      AND ((k.state = 'c' AND k.expires_at <= clock_timestamp())
+           OR (k.state = 'i' AND k.lease_until <= clock_timestamp()
+               AND ($2::bytea IS NULL OR k.fingerprint IS NULL
+                    OR k.fingerprint = $2 OR k.fingerprint = $3)))
     RETURNING k.token, k.attempt, k.checkpoint_phase, k.checkpoint
 )
 SELECT 'a'::text AS kind, token, attempt, checkpoint_phase, checkpoint,
        NULL::bytea AS response, NULL::bytea AS fingerprint, NULL::bigint AS remaining_us
 FROM ins
 UNION ALL
+SELECT 'a', token, attempt, checkpoint_phase, checkpoint, NULL, NULL, NULL
+FROM upd
+UNION ALL
 SELECT k.state, k.token, k.attempt, NULL, NULL,
        CASE WHEN k.state = 'c' THEN k.response END, k.fingerprint,
        (extract(epoch FROM CASE WHEN k.state = 'c' THEN k.expires_at ELSE k.lease_until END
                            - clock_timestamp()) * 1000000)::bigint
 FROM {keys} k
-WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)"
+WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM upd)"
         );
 
         // Complete: fenced by the token and the InFlight state. It does not notify: a
