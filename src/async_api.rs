@@ -517,8 +517,8 @@ impl Lease {
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         let done = async {
             #[cfg(feature = "postgres")]
-            if engine.pg().is_some() {
-                return Err(LeaseError::Unsupported("fail on the shared backend"));
+            if let Some(pg) = engine.pg() {
+                return pg.fail_async(engine, key, token).await;
             }
             engine.check_lease_call(key)?;
             let (failed, seq) = engine

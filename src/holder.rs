@@ -370,8 +370,8 @@ impl Engine {
 
     fn fail_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
         #[cfg(feature = "postgres")]
-        if self.pg().is_some() {
-            return Err(LeaseError::Unsupported("fail on the shared backend"));
+        if let Some(pg) = self.pg() {
+            return pg.fail(self, key, token);
         }
         self.check_lease_call(key)?;
         let (failed, seq) = self.with_room(key, token, || self.fail_locked(key, token))?;

@@ -674,7 +674,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=1"
+        "schema_version=2"
     );
     let again = engine(&p);
     assert!(matches!(
@@ -826,8 +826,6 @@ fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
         Err(ClaimError::Unsupported(_))
     ));
     let token = b.token();
-    assert!(matches!(b.fail(), Err(LeaseError::Unsupported(_))));
-    // Still held by its token: a refusal changed nothing.
     let opts = idemkv::CompleteOptions::default().retention(Duration::from_secs(5));
     let Ok(Claim::Acquired(c)) = e.claim(b"k-options", &ClaimOptions::default()) else {
         panic!("a fresh key is acquired");
@@ -848,11 +846,13 @@ fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
         Err(LeaseError::Unsupported(_))
     ));
     e.complete_scoped(b"tenant-b", b"order-1", token, b"paid by b")
-        .expect("the refused fail left the key held by its token");
+        .expect("completed through the engine by its token");
     match e.claim(b"order-1", &in_scope(b"tenant-b")) {
         Ok(Claim::Completed(s)) => assert_eq!(s.response(), b"paid by b"),
         other => panic!("tenant-b replays its own bytes, got {other:?}"),
     }
+    // The lease object's release on drop is fenced by the InFlight state: it changes nothing.
+    drop(b);
 }
 
 /// A waiter in one engine is woken by another engine's completion (its notification is
@@ -929,4 +929,173 @@ fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion(
         "no notification in {seen:?}"
     );
     assert!(seen.iter().any(|l| l == "c"), "{seen:?}");
+}
+
+/// `Lease::fail` on the shared table: the attempt ends at once and the row stays InFlight,
+/// marked failed, with its checkpoint, fingerprint and first-claimed instant; another
+/// engine takes it over at once (attempt + 1, checkpoint kept), a stale token's fail
+/// changes nothing, and `run` with `OnHandlerError::Fail` and `fail_async` do the same.
+#[test]
+fn a_failed_attempt_is_taken_over_at_once_with_its_checkpoint() {
+    let p = prefix("fail");
+    let (a, b) = (engine(&p), engine(&p));
+    let opts = ClaimOptions::default()
+        .payload(b"body")
+        .lease(Duration::from_secs(600));
+    let Claim::Acquired(mut first) = a.claim(b"k", &opts).expect("claim") else {
+        panic!("acquired");
+    };
+    let token = first.token();
+    first.set_checkpoint(1, b"charged").expect("checkpoint");
+    let first_claimed = match b.get(b"k").expect("get") {
+        Some(KeyState::InFlight {
+            failed: false,
+            first_claimed_at: Some(first_claimed),
+            attempt_started_at: Some(started),
+            ..
+        }) => {
+            assert_eq!(started, first_claimed);
+            first_claimed
+        }
+        other => panic!("{other:?}"),
+    };
+    assert!(first.fail().expect("fail"));
+    match b.get(b"k").expect("get") {
+        Some(KeyState::InFlight {
+            failed: true,
+            token: t,
+            attempt: 1,
+            checkpoint: Some(c),
+            lease_remaining,
+            ..
+        }) => {
+            assert_eq!((t, c.phase(), c.data()), (token, 1, &b"charged"[..]));
+            assert!(lease_remaining.is_zero(), "{lease_remaining:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The fingerprint is kept: another payload is refused, not a takeover.
+    assert!(matches!(
+        b.claim(b"k", &ClaimOptions::default().payload(b"other")),
+        Err(ClaimError::FingerprintMismatch)
+    ));
+    // The 600 s lease does not hold the failed key: the next claim takes it over now.
+    let Claim::Acquired(second) = b.claim(b"k", &opts).expect("claim") else {
+        panic!("the failed attempt is taken over at once");
+    };
+    assert_eq!(second.attempt(), 2);
+    assert!(second.token() > token);
+    assert_eq!(second.checkpoint().map(|c| c.phase()), Some(1));
+    match a.get(b"k").expect("get") {
+        Some(KeyState::InFlight {
+            failed: false,
+            first_claimed_at: Some(f),
+            attempt_started_at: Some(s),
+            ..
+        }) => assert!(f == first_claimed && s >= f, "{f:?} {s:?}"),
+        other => panic!("{other:?}"),
+    }
+    // A superseded token fails nothing.
+    assert!(!a.fail(b"k", token).expect("a stale fail answers"));
+    second.complete(b"done").expect("complete");
+
+    // `run` with `OnHandlerError::Fail`: the handler's error leaves the key failed.
+    let fail_opts = ClaimOptions::default().on_handler_error(idemkv::OnHandlerError::Fail);
+    let err = a.run(b"r", &fail_opts, |_| {
+        Err::<Vec<u8>, _>(std::io::Error::other("no"))
+    });
+    assert!(err.is_err());
+    assert!(matches!(
+        b.get(b"r").expect("get"),
+        Some(KeyState::InFlight {
+            failed: true,
+            attempt: 1,
+            ..
+        })
+    ));
+
+    // `fail_async`.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let Claim::Acquired(lease) = a.claim_async(b"r", &opts).await.expect("claim") else {
+            panic!("the failed key is taken over");
+        };
+        assert_eq!(lease.attempt(), 2);
+        assert!(lease.fail_async().await.expect("fail"));
+        let Claim::Acquired(lease) = b.claim_async(b"r", &opts).await.expect("claim") else {
+            panic!("taken over again");
+        };
+        assert_eq!(lease.attempt(), 3);
+        lease.complete_async(b"ok").await.expect("complete");
+    });
+}
+
+/// A database created by the previous schema version (its DDL, run here) is upgraded in
+/// place by the first of several engines opening at once, exactly once: rows claimed
+/// before keep working (no attempt start recorded for them), and later opens find the
+/// current version.
+#[test]
+fn a_database_of_the_previous_schema_version_is_upgraded_once() {
+    let p = prefix("upgrade");
+    psql(&format!(
+        "CREATE TABLE \"{p}keys\" (
+    key bytea PRIMARY KEY, state text NOT NULL CHECK (state IN ('i', 'c')),
+    token bigint NOT NULL, attempt integer NOT NULL, fingerprint bytea,
+    checkpoint_phase bigint, checkpoint bytea, response bytea, lease_until timestamptz,
+    expires_at timestamptz, reap_at timestamptz NOT NULL,
+    first_claimed_at timestamptz NOT NULL, completed_at timestamptz);
+CREATE INDEX \"{p}keys_reap_at\" ON \"{p}keys\" (reap_at);
+CREATE SEQUENCE \"{p}tokens\" AS bigint MINVALUE 1 NO CYCLE;
+CREATE TABLE \"{p}meta\" (name text PRIMARY KEY, value bigint NOT NULL);
+INSERT INTO \"{p}meta\" VALUES ('schema_version', 1);
+INSERT INTO \"{p}keys\" (key, state, token, attempt, lease_until, reap_at, first_claimed_at)
+VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
+        now() + interval '2 hours', now());",
+        hex(b"old")
+    ));
+    let barrier = Arc::new(Barrier::new(3));
+    let engines: Vec<Engine> = (0..3)
+        .map(|_| {
+            let (barrier, p) = (barrier.clone(), p.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                Engine::builder().postgres(config(&p)).open()
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().expect("no panic").expect("every open succeeds"))
+        .collect();
+    assert_eq!(
+        psql(&format!(
+            "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
+        )),
+        "2"
+    );
+    match engines[0].get(b"old").expect("get") {
+        Some(KeyState::InFlight {
+            failed: false,
+            first_claimed_at: Some(_),
+            attempt_started_at: None,
+            attempt: 1,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let Claim::Acquired(lease) = engines[1]
+        .claim(b"new", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    assert!(lease.fail().expect("the new column is written"));
+    // Opening again finds the current version and changes nothing.
+    let again = engine(&p);
+    assert!(matches!(
+        again.get(b"new").expect("get"),
+        Some(KeyState::InFlight { failed: true, .. })
+    ));
 }

@@ -332,6 +332,20 @@ impl Core {
         }
     }
 
+    /// Fails the attempt held by `token`: whether it did. The key can be taken over at
+    /// once, so local callers look again and other processes' waiters are woken.
+    pub(crate) async fn fail(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        let hash = crate::observe::key_hash(key);
+        let answer = self.db.fail(key, token, self.retention).await;
+        if !matches!(answer, Err(Fail::Refused(_)) | Ok(false)) {
+            self.outbox.push(hash);
+        }
+        if !matches!(answer, Err(Fail::Refused(_))) {
+            self.front.forget_held(key, hash, token);
+        }
+        answer.map_err(lease_failed)
+    }
+
     fn lost(&self, key: &[u8], hash: u64, token: u64) -> Result<(), LeaseError> {
         bump(&self.counters.leases_lost);
         self.front.forget_held(key, hash, token);
@@ -346,15 +360,17 @@ impl Core {
                 attempt,
                 checkpoint,
                 remaining,
+                failed,
+                first_claimed_wall_ms,
+                attempt_started_wall_ms,
             } => KeyState::InFlight {
                 token,
                 attempt,
                 lease_remaining: remaining,
                 checkpoint,
-                // The shared table keeps neither instant nor a failure flag.
-                first_claimed_at: None,
-                attempt_started_at: None,
-                failed: false,
+                first_claimed_at: first_claimed_wall_ms.map(crate::clock::wall_time),
+                attempt_started_at: attempt_started_wall_ms.map(crate::clock::wall_time),
+                failed,
             },
             GetRow::Completed {
                 stored,

@@ -68,6 +68,12 @@ pub(crate) enum GetRow {
         attempt: u32,
         checkpoint: Option<Checkpoint>,
         remaining: Duration,
+        /// The holder failed the attempt.
+        failed: bool,
+        /// The database's instants, in ms since the epoch (`None`: not recorded, as for a
+        /// row claimed under schema version 1).
+        first_claimed_wall_ms: Option<u64>,
+        attempt_started_wall_ms: Option<u64>,
     },
     Completed {
         stored: Stored,
@@ -266,8 +272,9 @@ impl Db {
         }
     }
 
-    /// Creates the schema if this database does not have it yet, under an advisory lock so
-    /// that engines opening at once do it once; refuses a schema of another version.
+    /// Creates the schema if this database does not have it yet, or upgrades it from the
+    /// version before, under an advisory lock so that engines opening at once do it once;
+    /// refuses a schema of another version.
     pub(crate) async fn migrate(&self) -> Result<(), DatabaseError> {
         let refused = |f: Fail| match f {
             Fail::Refused(e) => e,
@@ -280,7 +287,9 @@ impl Db {
                     let v: i64 = row
                         .try_get(0)
                         .map_err(|e| DatabaseError::from_client(e, "reading the schema version"))?;
-                    return check_version(v);
+                    if v != PG_SCHEMA_VERSION_UPGRADABLE {
+                        return check_version(v);
+                    }
                 }
             }
             Err(Fail::Refused(e)) if e.kind == DatabaseErrorKind::Schema => {}
@@ -302,17 +311,25 @@ impl Db {
                 Some(row) => Some(row.try_get::<_, i64>(0)?),
                 None => None,
             };
-            if version.is_none() {
-                let (last, ddl) = self.sql.create.split_last().unzip();
+            // A fresh database gets the current schema; one of the version before is
+            // upgraded in place (the last statement of each list writes the version row).
+            let steps = match version {
+                None => Some(&self.sql.create),
+                Some(PG_SCHEMA_VERSION_UPGRADABLE) => Some(&self.sql.upgrade),
+                Some(_) => None,
+            };
+            if let Some(steps) = steps {
+                let (last, ddl) = steps.split_last().unzip();
                 for stmt in ddl.unwrap_or_default() {
                     tx.batch_execute(stmt).await?;
                 }
-                if let Some(insert) = last {
-                    tx.execute(insert.as_str(), &[&PG_SCHEMA_VERSION]).await?;
+                if let Some(version_row) = last {
+                    tx.execute(version_row.as_str(), &[&PG_SCHEMA_VERSION])
+                        .await?;
                 }
             }
             tx.commit().await?;
-            Ok::<_, tokio_postgres::Error>(version)
+            Ok::<_, tokio_postgres::Error>(version.filter(|v| *v != PG_SCHEMA_VERSION_UPGRADABLE))
         };
         let timeout = self.call_timeout * 4;
         match tokio::time::timeout(timeout, work).await {
@@ -457,6 +474,20 @@ impl Db {
         Ok(!rows.is_empty())
     }
 
+    /// Whether `token` still held the key (and its attempt is now failed).
+    pub(crate) async fn fail(
+        &self,
+        key: &[u8],
+        token: u64,
+        retention: Duration,
+    ) -> Result<bool, Fail> {
+        let (token, retention_us) = (token_param(token), micros(retention));
+        let rows = self
+            .query(&self.sql.fail, &[&key, &token, &retention_us], true)
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
     pub(crate) async fn get(&self, key: &[u8]) -> Result<Option<GetRow>, Fail> {
         let rows = self.query(&self.sql.get, &[&key], true).await?;
         let Some(row) = rows.first() else {
@@ -474,6 +505,9 @@ impl Db {
                     row.try_get(4).map_err(undecodable)?,
                 ),
                 remaining: remaining(row.try_get(6).map_err(undecodable)?),
+                failed: row.try_get(8).map_err(undecodable)?,
+                first_claimed_wall_ms: wall_ms_of(row.try_get(9).map_err(undecodable)?),
+                attempt_started_wall_ms: wall_ms_of(row.try_get(10).map_err(undecodable)?),
             }
         } else {
             let response: Option<Vec<u8>> = row.try_get(5).map_err(undecodable)?;
@@ -525,6 +559,11 @@ fn check_version(v: i64) -> Result<(), DatabaseError> {
              {PG_SCHEMA_VERSION} only"
         ),
     ))
+}
+
+/// An instant read as ms since the epoch; one before the epoch reads as the epoch.
+fn wall_ms_of(ms: Option<i64>) -> Option<u64> {
+    ms.map(|ms| ms.max(0).unsigned_abs())
 }
 
 /// Tokens are below 2^63 (they come from a `bigint` sequence); a larger one names no row.

@@ -356,6 +356,31 @@ impl Backend {
         block_on(self.start_release(key, token)).unwrap_or(Err(LeaseError::Closed))
     }
 
+    fn start_fail(&self, key: &[u8], token: u64) -> oneshot::Receiver<Result<bool, LeaseError>> {
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        self.call(async move { core.fail(&key, token).await })
+    }
+
+    /// `Engine::fail`: the attempt ends now, the row stays InFlight, marked failed.
+    pub(crate) fn fail(&self, engine: &Engine, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        engine.check_lease_call(key)?;
+        block_on(self.start_fail(key, token)).unwrap_or(Err(LeaseError::Closed))
+    }
+
+    /// The async fail. Dropping the future leaves the statement to run.
+    pub(crate) async fn fail_async(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        token: u64,
+    ) -> Result<bool, LeaseError> {
+        engine.check_lease_call(key)?;
+        self.start_fail(key, token)
+            .await
+            .unwrap_or(Err(LeaseError::Closed))
+    }
+
     pub(crate) async fn release_async(
         &self,
         engine: &Engine,

@@ -20,6 +20,7 @@ pub(crate) struct Sql {
     pub(crate) notify: String,
     pub(crate) extend: String,
     pub(crate) checkpoint: String,
+    pub(crate) fail: String,
     pub(crate) get: String,
     pub(crate) sweep: String,
     pub(crate) version: String,
@@ -27,6 +28,8 @@ pub(crate) struct Sql {
     pub(crate) create_schema: Option<String>,
     /// The schema's DDL, run under the advisory lock by the first open of a database.
     pub(crate) create: Vec<String>,
+    /// From schema version 1 to 2, run under the same lock; each statement is idempotent.
+    pub(crate) upgrade: Vec<String>,
 }
 
 /// `n` microseconds as an interval.
@@ -64,7 +67,9 @@ impl Sql {
     expires_at       timestamptz,
     reap_at          timestamptz NOT NULL,
     first_claimed_at timestamptz NOT NULL,
-    completed_at     timestamptz
+    completed_at     timestamptz,
+    failed           boolean     NOT NULL DEFAULT false,
+    attempt_started_at timestamptz
 )"
         ));
         create.push(format!(
@@ -92,9 +97,10 @@ impl Sql {
         // retention µs).
         let claim = format!(
             "WITH ins AS (
-    INSERT INTO {keys} (key, state, token, attempt, fingerprint, lease_until, reap_at, first_claimed_at)
+    INSERT INTO {keys} (key, state, token, attempt, fingerprint, lease_until, reap_at,
+                        first_claimed_at, attempt_started_at)
     SELECT $1, 'i', nextval('{seq_lit}'), 1, $2, clock_timestamp() + $4::bigint {US},
-           clock_timestamp() + ($4::bigint + $5::bigint) {US}, clock_timestamp()
+           clock_timestamp() + ($4::bigint + $5::bigint) {US}, clock_timestamp(), clock_timestamp()
     WHERE NOT EXISTS (SELECT 1 FROM {keys} WHERE key = $1)
     ON CONFLICT (key) DO NOTHING
     RETURNING token, attempt, checkpoint_phase, checkpoint
@@ -107,8 +113,8 @@ impl Sql {
         checkpoint_phase = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint_phase END,
         checkpoint = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint END,
         first_claimed_at = CASE WHEN k.state = 'c' THEN clock_timestamp() ELSE k.first_claimed_at END,
-        state = 'i', response = NULL, expires_at = NULL, completed_at = NULL,
-        lease_until = clock_timestamp() + $4::bigint {US},
+        state = 'i', response = NULL, expires_at = NULL, completed_at = NULL, failed = false,
+        attempt_started_at = clock_timestamp(), lease_until = clock_timestamp() + $4::bigint {US},
         reap_at = clock_timestamp() + ($4::bigint + $5::bigint) {US}
     WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)
       AND ((k.state = 'c' AND k.expires_at <= clock_timestamp())
@@ -183,11 +189,24 @@ WHERE key = $1 AND token = $2 AND state = 'i'
 RETURNING 1"
         );
 
+        // Fail: the lease ends now (or keeps an end already past) and the row stays,
+        // marked failed, with its checkpoint and fingerprint, for the next claim to take
+        // over at once; its reaping moves with the lease's end ($3 retention µs).
+        let fail = format!(
+            "UPDATE {keys} SET failed = true,
+    lease_until = least(lease_until, clock_timestamp()),
+    reap_at = least(lease_until, clock_timestamp()) + $3::bigint {US}
+WHERE key = $1 AND token = $2 AND state = 'i'
+RETURNING 1"
+        );
+
         // Get: the row unless it is a completion past its retention.
         let get = format!(
             "SELECT state, token, attempt, checkpoint_phase, checkpoint, response,
        (extract(epoch FROM lease_until - clock_timestamp()) * 1000000)::bigint,
-       (extract(epoch FROM expires_at) * 1000)::bigint
+       (extract(epoch FROM expires_at) * 1000)::bigint, failed,
+       (extract(epoch FROM first_claimed_at) * 1000)::bigint,
+       (extract(epoch FROM attempt_started_at) * 1000)::bigint
 FROM {keys}
 WHERE key = $1 AND (state = 'i' OR expires_at > clock_timestamp())"
         );
@@ -204,6 +223,16 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
 
         let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
 
+        // Version 1 to 2: the failed flag and the attempt's start (unknown, so NULL, for
+        // rows claimed before), then the version row.
+        let upgrade = vec![
+            format!(
+                "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false"
+            ),
+            format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS attempt_started_at timestamptz"),
+            format!("UPDATE {meta} SET value = $1 WHERE name = 'schema_version' AND value < $1"),
+        ];
+
         Sql {
             keys,
             meta,
@@ -214,11 +243,13 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             notify,
             extend,
             checkpoint,
+            fail,
             get,
             sweep,
             version,
             create_schema,
             create,
+            upgrade,
         }
     }
 
@@ -248,12 +279,14 @@ mod tests {
             sql.notify.clone(),
             sql.extend.clone(),
             sql.checkpoint.clone(),
+            sql.fail.clone(),
             sql.get.clone(),
             sql.sweep.clone(),
             sql.version.clone(),
             sql.create_meta(),
         ];
         all.extend(sql.create.iter().cloned());
+        all.extend(sql.upgrade.iter().cloned());
         for stmt in all {
             assert!(doc.contains(&stmt), "docs/shared.md lacks:\n{stmt}");
         }
