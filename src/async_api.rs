@@ -452,8 +452,12 @@ impl Lease {
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         #[cfg(feature = "postgres")]
         if let Some(pg) = engine.pg() {
-            let done = match crate::shared::completion_kept(retention_ms, writes) {
-                Ok(()) => pg.complete_async(engine, key, token, response).await,
+            let mut expires_wall_ms = 0;
+            let done = match crate::shared::completion_kept(writes) {
+                Ok(()) => pg
+                    .complete_async(engine, key, token, response, retention_ms)
+                    .await
+                    .map(|expires| expires_wall_ms = expires),
                 Err(e) => Err(e),
             };
             let key = crate::scope::key_of(key);
@@ -461,7 +465,7 @@ impl Lease {
                 .shared()
                 .observe
                 .complete(key, token, || done)
-                .map(|()| 0);
+                .map(|()| expires_wall_ms);
         }
         let done = async {
             let (seq, expires_wall_ms) = engine

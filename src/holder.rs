@@ -104,9 +104,8 @@ impl Engine {
     ) -> Result<u64, LeaseError> {
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            crate::shared::completion_kept(retention_ms, writes)?;
-            pg.complete(self, key, token, response)?;
-            return Ok(0);
+            crate::shared::completion_kept(writes)?;
+            return pg.complete(self, key, token, response, retention_ms);
         }
         let observe = &self.shared().observe;
         let mut expires_wall_ms = 0;

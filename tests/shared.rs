@@ -796,8 +796,8 @@ fn retention_is_swept_in_batches_on_the_database_clock() {
 }
 
 /// Scopes hold on the shared table (two scopes' equal keys are two rows), and what the
-/// shared table does not keep is refused with a typed error, never ignored: a key's own
-/// retention, writes with a completion, and `fail`; the key stays held after each refusal.
+/// shared table does not keep is refused with a typed error, never ignored: writes with a
+/// completion; the key stays held after the refusal.
 #[test]
 fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
     let e = engine(&prefix("t_scopes_"));
@@ -818,22 +818,7 @@ fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
         e.claim(b"order-1", &in_scope(b"tenant-b")),
         Ok(Claim::InProgress(_))
     ));
-    assert!(matches!(
-        e.claim(
-            b"k-retention",
-            &ClaimOptions::default().retention(Duration::from_secs(5))
-        ),
-        Err(ClaimError::Unsupported(_))
-    ));
     let token = b.token();
-    let opts = idemkv::CompleteOptions::default().retention(Duration::from_secs(5));
-    let Ok(Claim::Acquired(c)) = e.claim(b"k-options", &ClaimOptions::default()) else {
-        panic!("a fresh key is acquired");
-    };
-    assert!(matches!(
-        c.complete_with_options(b"x", &opts),
-        Err(LeaseError::Unsupported(_))
-    ));
     let mut writes = idemkv::WriteSet::new();
     writes
         .put("balances", b"alice", b"1")
@@ -1097,5 +1082,118 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
     assert!(matches!(
         again.get(b"new").expect("get"),
         Some(KeyState::InFlight { failed: true, .. })
+    ));
+}
+
+/// How far `t` is from `expected` from now, in whole seconds either way.
+fn off_by_s(t: std::time::SystemTime, expected: Duration) -> u64 {
+    let want = std::time::SystemTime::now() + expected;
+    match t.duration_since(want) {
+        Ok(d) => d.as_secs(),
+        Err(e) => e.duration().as_secs(),
+    }
+}
+
+fn expires_at(e: &Engine, key: &[u8]) -> std::time::SystemTime {
+    match e.get(key).expect("get") {
+        Some(KeyState::Completed { expires_at, .. }) => expires_at,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A key's own retention on the shared table: the claim's (kept through a takeover of the
+/// InFlight row unless the taking claim brings its own, and setting when an abandoned claim
+/// is reaped), the completion's own over it, zero forgetting at once, and the limit.
+/// Every instant is the database's; the checks allow a minute of clock difference.
+#[test]
+fn a_keys_own_retention_is_kept_through_takeovers_and_reported() {
+    let p = prefix("own");
+    let day = Duration::from_secs(24 * 3600);
+    let hours = |h: u64| Duration::from_secs(h * 3600);
+    let open = || {
+        Engine::builder()
+            .postgres(config(&p))
+            .retention(day)
+            .sweep_interval(None)
+            .open()
+            .expect("open")
+    };
+    let (a, b) = (open(), open());
+    let own = |r: Duration| ClaimOptions::default().retention(r);
+
+    // The claim's own retention decides the completion's expiry.
+    let Claim::Acquired(l) = a.claim(b"claim-own", &own(hours(2))).expect("claim") else {
+        panic!("acquired");
+    };
+    l.complete(b"r").expect("complete");
+    assert!(off_by_s(expires_at(&b, b"claim-own"), hours(2)) < 60);
+
+    // The completion's own wins over the claim's.
+    let Claim::Acquired(l) = a.claim(b"done-own", &own(hours(2))).expect("claim") else {
+        panic!("acquired");
+    };
+    let ten_days = Duration::from_secs(10 * 24 * 3600);
+    l.complete_with_options(
+        b"r",
+        &idemkv::CompleteOptions::default().retention(ten_days),
+    )
+    .expect("complete");
+    assert!(off_by_s(expires_at(&b, b"done-own"), ten_days) < 60);
+    match b
+        .claim(b"done-own", &ClaimOptions::default())
+        .expect("claim")
+    {
+        Claim::Completed(s) => assert!(off_by_s(s.expires_at(), ten_days) < 60),
+        other => panic!("{other:?}"),
+    }
+
+    // Zero forgets at once: the next claim is a fresh one.
+    let Claim::Acquired(l) = a.claim(b"zero", &own(Duration::ZERO)).expect("claim") else {
+        panic!("acquired");
+    };
+    l.complete(b"r").expect("complete");
+    assert!(b.get(b"zero").expect("get").is_none());
+    let Claim::Acquired(l) = b.claim(b"zero", &ClaimOptions::default()).expect("claim") else {
+        panic!("forgotten at once");
+    };
+    assert_eq!(l.attempt(), 1);
+    l.complete(b"r").expect("complete");
+    assert!(
+        off_by_s(expires_at(&a, b"zero"), day) < 60,
+        "a fresh claim uses the engine's"
+    );
+
+    // Kept through a takeover (a lease of zero ends at once), unless the taker asks its own.
+    let gone = ClaimOptions::default().lease(Duration::ZERO);
+    for (key, taker, want) in [
+        (&b"kept"[..], ClaimOptions::default(), hours(3)),
+        (&b"replaced"[..], own(hours(5)), hours(5)),
+    ] {
+        let Claim::Acquired(first) = a
+            .claim(key, &gone.clone().retention(hours(3)))
+            .expect("claim")
+        else {
+            panic!("acquired");
+        };
+        // The abandoned claim is reaped its own retention after its lease's end.
+        let reap = psql(&format!(
+            "SELECT extract(epoch FROM reap_at - lease_until)::bigint FROM \"{p}keys\" \
+             WHERE key = '\\x{}'",
+            hex(key)
+        ));
+        assert_eq!(reap, "10800");
+        let Claim::Acquired(second) = b.claim(key, &taker).expect("claim") else {
+            panic!("the ended lease is taken over");
+        };
+        assert_eq!(second.attempt(), 2);
+        second.complete(b"r").expect("complete");
+        drop(first);
+        assert!(off_by_s(expires_at(&a, key), want) < 60, "{key:?}");
+    }
+
+    // Past the limit: refused before anything is sent.
+    assert!(matches!(
+        a.claim(b"long", &own(Duration::from_secs(11 * 366 * 24 * 3600))),
+        Err(ClaimError::RetentionTooLong { .. })
     ));
 }

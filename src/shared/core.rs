@@ -104,6 +104,7 @@ impl Core {
         key: &[u8],
         asked: Option<AskedFingerprint>,
         lease: Duration,
+        own_retention: Option<Duration>,
         wait: Option<Duration>,
     ) -> Result<Answer, ClaimError> {
         bump(&self.counters.claims);
@@ -151,7 +152,10 @@ impl Core {
             }
             joined = false;
             let sent = Instant::now();
-            let row = self.db.claim(key, asked, lease, self.retention).await;
+            let row = self
+                .db
+                .claim(key, asked, lease, self.retention, own_retention)
+                .await;
             let (found, answer) = match row {
                 Err(f) => (Found::Nothing, Some(Err(claim_failed(f)))),
                 Ok(ClaimRow::Acquired {
@@ -238,12 +242,13 @@ impl Core {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
-    ) -> Result<(), LeaseError> {
+        own_retention: Option<Duration>,
+    ) -> Result<u64, LeaseError> {
         let hash = crate::observe::key_hash(key);
         let sent = Instant::now();
         match self
             .db
-            .complete(key, token, &response, self.retention)
+            .complete(key, token, &response, self.retention, own_retention)
             .await
         {
             Ok(CompleteRow::Done {
@@ -252,11 +257,12 @@ impl Core {
                 remaining,
             }) => {
                 bump(&self.counters.completions);
+                let expires = expires_wall_ms(remaining);
                 let stored = Stored {
                     response,
                     token,
                     attempt,
-                    expires_wall_ms: expires_wall_ms(remaining),
+                    expires_wall_ms: expires,
                 };
                 let cached = Cached {
                     stored,
@@ -265,7 +271,7 @@ impl Core {
                 };
                 self.front.completed(key, hash, cached);
                 self.outbox.push(hash);
-                Ok(())
+                Ok(expires)
             }
             Ok(CompleteRow::Lost) => {
                 bump(&self.counters.leases_lost);

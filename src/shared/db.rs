@@ -353,6 +353,7 @@ impl Db {
         fingerprint: Option<crate::options::AskedFingerprint>,
         lease: Duration,
         retention: Duration,
+        own_retention: Option<Duration>,
     ) -> Result<ClaimRow, Fail> {
         let fp = fingerprint.map(|f| fingerprint_bytes(f.value));
         let legacy = fingerprint
@@ -360,10 +361,11 @@ impl Db {
             .map(|l| fingerprint_bytes(u128::from(l)));
         let (fp, legacy) = (fp.as_ref().map(|b| &b[..]), legacy.as_ref().map(|b| &b[..]));
         let (lease_us, retention_us) = (micros(lease), micros(retention));
+        let own_us = own_retention.map(micros);
         let rows = self
             .query(
                 &self.sql.claim,
-                &[&key, &fp, &legacy, &lease_us, &retention_us],
+                &[&key, &fp, &legacy, &lease_us, &retention_us, &own_us],
                 true,
             )
             .await?;
@@ -413,12 +415,14 @@ impl Db {
         token: u64,
         response: &[u8],
         retention: Duration,
+        own_retention: Option<Duration>,
     ) -> Result<CompleteRow, Fail> {
         let (token, retention_us) = (token_param(token), micros(retention));
+        let own_us = own_retention.map(micros);
         let rows = self
             .query(
                 &self.sql.complete,
-                &[&key, &token, &response, &retention_us],
+                &[&key, &token, &response, &retention_us, &own_us],
                 true,
             )
             .await?;

@@ -69,18 +69,22 @@ pub(crate) struct Backend {
 
 /// Opens a shared engine: checks the settings, connects, creates the schema if this
 /// database has none, starts the listener and the sweeper.
-/// Refuses what a completion asks the shared table to keep and it does not: its own
-/// retention, and writes to application tables (they live in an engine's own file).
+/// Refuses what a completion asks the shared table to keep and it does not: writes to
+/// application tables (they live in an engine's own file).
 pub(crate) fn completion_kept(
-    retention_ms: Option<u64>,
     writes: Option<&crate::write_set::WriteSet>,
 ) -> Result<(), LeaseError> {
-    if retention_ms.is_some() || writes.is_some() {
+    if writes.is_some() {
         return Err(LeaseError::Unsupported(
-            "a completion's own retention or writes on the shared backend",
+            "writes with a completion on the shared backend",
         ));
     }
     Ok(())
+}
+
+/// A key's own retention in ms as the shared table keeps it (whole ms, as on a file).
+fn own_retention(ms: Option<u64>) -> Option<Duration> {
+    ms.map(Duration::from_millis)
 }
 
 pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, OpenError> {
@@ -207,12 +211,13 @@ impl Backend {
         let key: Arc<[u8]> = Arc::from(key);
         let asked = opts.fingerprint;
         let lease = opts.lease.unwrap_or(self.lease);
+        let retention = own_retention(opts.retention_ms().ok().flatten());
         let wait = wait.then(|| opts.wait.unwrap_or(WAIT_DEFAULT));
         let (tx, rx) = oneshot::channel();
         let running = self.running.enter();
         self.handle.spawn(async move {
             let _running = running;
-            let answer = core.claim(&key, asked, lease, wait).await;
+            let answer = core.claim(&key, asked, lease, retention, wait).await;
             if let Err(Ok(Answer::Acquired { token, .. })) = tx.send(answer) {
                 bump(&core.counters.claims_cancelled);
                 let _ = core.release(&key, token).await;
@@ -251,11 +256,7 @@ impl Backend {
         opts: &ClaimOptions,
     ) -> Result<Box<[u8]>, ClaimError> {
         engine.check_key(key)?;
-        if opts.retention.is_some() {
-            return Err(ClaimError::Unsupported(
-                "a claim's own retention on the shared backend",
-            ));
-        }
+        opts.retention_ms()?;
         let scoped = engine.scoped_key(&opts.scope, key)?;
         engine.check_open()?;
         Ok(scoped)
@@ -308,10 +309,12 @@ impl Backend {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
-    ) -> oneshot::Receiver<Result<(), LeaseError>> {
+        retention_ms: Option<u64>,
+    ) -> oneshot::Receiver<Result<u64, LeaseError>> {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
-        self.call(async move { core.complete(&key, token, response).await })
+        let own = own_retention(retention_ms);
+        self.call(async move { core.complete(&key, token, response, own).await })
     }
 
     pub(crate) fn complete(
@@ -320,9 +323,11 @@ impl Backend {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
-    ) -> Result<(), LeaseError> {
+        retention_ms: Option<u64>,
+    ) -> Result<u64, LeaseError> {
         Self::check_response(engine, key, &response)?;
-        block_on(self.start_complete(key, token, response)).unwrap_or(Err(LeaseError::Closed))
+        block_on(self.start_complete(key, token, response, retention_ms))
+            .unwrap_or(Err(LeaseError::Closed))
     }
 
     /// The async completion. Dropping the future leaves the statement to run: a completion
@@ -333,9 +338,10 @@ impl Backend {
         key: &[u8],
         token: u64,
         response: Arc<[u8]>,
-    ) -> Result<(), LeaseError> {
+        retention_ms: Option<u64>,
+    ) -> Result<u64, LeaseError> {
         Self::check_response(engine, key, &response)?;
-        self.start_complete(key, token, response)
+        self.start_complete(key, token, response, retention_ms)
             .await
             .unwrap_or(Err(LeaseError::Closed))
     }

@@ -69,7 +69,8 @@ impl Sql {
     first_claimed_at timestamptz NOT NULL,
     completed_at     timestamptz,
     failed           boolean     NOT NULL DEFAULT false,
-    attempt_started_at timestamptz
+    attempt_started_at timestamptz,
+    retention_us     bigint
 )"
         ));
         create.push(format!(
@@ -93,14 +94,17 @@ impl Sql {
         // the sequence only by a branch that may write, after the snapshot that showed the
         // row it replaces, so a key's tokens only increase. When nothing was written, the
         // last branch reports the row as the statement's snapshot shows it ($1 key, $2
-        // fingerprint, $3 the same request's 64-bit legacy fingerprint, $4 lease µs, $5
-        // retention µs).
+        // fingerprint, $3 the same request's 64-bit legacy fingerprint, $4 lease µs, $5 the
+        // engine's retention µs, $6 the claim's own retention µs or NULL). The key's own
+        // retention is kept in the row through a takeover of an InFlight row unless the
+        // taking claim brings its own; a fresh claim replaces it.
         let claim = format!(
             "WITH ins AS (
     INSERT INTO {keys} (key, state, token, attempt, fingerprint, lease_until, reap_at,
-                        first_claimed_at, attempt_started_at)
+                        first_claimed_at, attempt_started_at, retention_us)
     SELECT $1, 'i', nextval('{seq_lit}'), 1, $2, clock_timestamp() + $4::bigint {US},
-           clock_timestamp() + ($4::bigint + $5::bigint) {US}, clock_timestamp(), clock_timestamp()
+           clock_timestamp() + ($4::bigint + coalesce($6::bigint, $5::bigint)) {US},
+           clock_timestamp(), clock_timestamp(), $6::bigint
     WHERE NOT EXISTS (SELECT 1 FROM {keys} WHERE key = $1)
     ON CONFLICT (key) DO NOTHING
     RETURNING token, attempt, checkpoint_phase, checkpoint
@@ -115,7 +119,9 @@ impl Sql {
         first_claimed_at = CASE WHEN k.state = 'c' THEN clock_timestamp() ELSE k.first_claimed_at END,
         state = 'i', response = NULL, expires_at = NULL, completed_at = NULL, failed = false,
         attempt_started_at = clock_timestamp(), lease_until = clock_timestamp() + $4::bigint {US},
-        reap_at = clock_timestamp() + ($4::bigint + $5::bigint) {US}
+        retention_us = CASE WHEN k.state = 'c' THEN $6 ELSE coalesce($6, k.retention_us) END,
+        reap_at = clock_timestamp() + ($4::bigint + coalesce($6, CASE WHEN k.state = 'i'
+                                       THEN k.retention_us END, $5::bigint)) {US}
     WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)
       AND ((k.state = 'c' AND k.expires_at <= clock_timestamp())
            OR (k.state = 'i' AND k.lease_until <= clock_timestamp()
@@ -142,11 +148,13 @@ WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FRO
         // notifying transaction holds the database-wide notify lock through its commit,
         // which serializes such commits; `notify` follows once it answered. When nothing
         // was written, a completion already stored under the same token is a repeat ($1 key,
-        // $2 token, $3 response, $4 retention µs).
+        // $2 token, $3 response, $4 the engine's retention µs, $5 the completion's own or
+        // NULL; the key's own, kept with the claim, comes between them).
         let complete = format!(
             "WITH done AS (
     UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
-        expires_at = clock_timestamp() + $4::bigint {US}, reap_at = clock_timestamp() + $4::bigint {US},
+        expires_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
+        reap_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
         lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
     WHERE key = $1 AND token = $2 AND state = 'i'
     RETURNING attempt, fingerprint, expires_at
@@ -178,7 +186,7 @@ WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_tim
         // reaping moves with it ($4 retention µs).
         let extend = format!(
             "UPDATE {keys} SET lease_until = clock_timestamp() + $3::bigint {US},
-    reap_at = clock_timestamp() + ($3::bigint + $4::bigint) {US}
+    reap_at = clock_timestamp() + ($3::bigint + coalesce(retention_us, $4::bigint)) {US}
 WHERE key = $1 AND token = $2 AND state = 'i'
 RETURNING 1"
         );
@@ -195,7 +203,7 @@ RETURNING 1"
         let fail = format!(
             "UPDATE {keys} SET failed = true,
     lease_until = least(lease_until, clock_timestamp()),
-    reap_at = least(lease_until, clock_timestamp()) + $3::bigint {US}
+    reap_at = least(lease_until, clock_timestamp()) + coalesce(retention_us, $3::bigint) {US}
 WHERE key = $1 AND token = $2 AND state = 'i'
 RETURNING 1"
         );
@@ -223,13 +231,14 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
 
         let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
 
-        // Version 1 to 2: the failed flag and the attempt's start (unknown, so NULL, for
-        // rows claimed before), then the version row.
+        // Version 1 to 2: the failed flag, the attempt's start (unknown, so NULL, for rows
+        // claimed before) and the key's own retention, then the version row.
         let upgrade = vec![
             format!(
                 "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false"
             ),
             format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS attempt_started_at timestamptz"),
+            format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS retention_us bigint"),
             format!("UPDATE {meta} SET value = $1 WHERE name = 'schema_version' AND value < $1"),
         ];
 
