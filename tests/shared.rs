@@ -1077,6 +1077,12 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         panic!("acquired");
     };
     assert!(lease.fail().expect("the new column is written"));
+    let own = ClaimOptions::default().retention(Duration::from_secs(7200));
+    let Claim::Acquired(lease) = engines[2].claim(b"own", &own).expect("claim") else {
+        panic!("acquired");
+    };
+    lease.complete(b"r").expect("the kept retention is read");
+    assert!(off_by_s(expires_at(&engines[0], b"own"), Duration::from_secs(7200)) < 60);
     // Opening again finds the current version and changes nothing.
     let again = engine(&p);
     assert!(matches!(
