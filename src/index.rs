@@ -784,14 +784,17 @@ impl Shard {
         );
     }
 
-    /// Marks the completion of `key` by `token` durable, dropping its side data (the file
-    /// holds all of it now). Does nothing if the key has moved on.
-    pub(crate) fn publish(&mut self, key: Key<'_>, token: u64) {
-        let (hash, key) = (key.hash, key.bytes);
-        let Some((_, slot, side)) = self.slots.find_mut(hash, |(k, ..)| **k == *key) else {
+    /// Marks the completion by `token` of the key whose keyed hash is `keyed` durable,
+    /// dropping its side data (the file holds all of it now). Does nothing if the key has
+    /// moved on. The slot is found by its table hash and its token, which no other key's
+    /// slot carries, so the key's bytes are neither needed nor hashed again.
+    pub(crate) fn publish(&mut self, keyed: u64, token: u64) {
+        let hash = table_hash(tag_of(keyed));
+        let Some((_, slot, side)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token)
+        else {
             return;
         };
-        if slot.token != token || slot.is_inflight() {
+        if slot.is_inflight() {
             return;
         }
         slot.flags |= PUBLISHED;
@@ -1284,6 +1287,11 @@ pub(crate) struct Key<'a> {
 /// Bits of the keyed hash kept in a slot (the padding holds three bytes).
 const TAG_BITS: u32 = 24;
 
+/// The table tag of a key whose keyed hash is `keyed`: its low `TAG_BITS` bits.
+fn tag_of(keyed: u64) -> u32 {
+    (keyed as u32) & ((1 << TAG_BITS) - 1)
+}
+
 /// The hash a stripe's table files a key of tag `tag` under: a multiply spreads the tag
 /// over the table's bucket bits (the low ones) and its control bits (the top seven).
 fn table_hash(tag: u32) -> u64 {
@@ -1293,7 +1301,7 @@ fn table_hash(tag: u32) -> u64 {
 impl<'a> Key<'a> {
     fn new(hasher: &KeyHasher, bytes: &'a [u8]) -> Self {
         let keyed = hasher.hash(bytes);
-        let tag = (keyed as u32) & ((1 << TAG_BITS) - 1);
+        let tag = tag_of(keyed);
         Key {
             bytes,
             keyed,
@@ -1383,6 +1391,12 @@ impl Index {
     /// then finds the key in the stripe's table.
     pub(crate) fn key<'a>(&self, bytes: &'a [u8]) -> Key<'a> {
         Key::new(&self.hasher, bytes)
+    }
+
+    /// The keyed hash of `bytes` alone: with a token, enough for the writer to find a
+    /// key's slot ([`Shard::publish`]).
+    pub(crate) fn keyed_hash(&self, bytes: &[u8]) -> u64 {
+        self.hasher.hash(bytes)
     }
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {

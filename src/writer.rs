@@ -10,7 +10,6 @@
 
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
-use crate::index::Key;
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
@@ -52,8 +51,9 @@ pub(crate) enum Op {
         token: u64,
         old: Option<u64>,
         value: Vec<u8>,
-        /// After the commit, mark this key's completion with this token as visible.
-        publish: Option<Arc<[u8]>>,
+        /// After the commit, mark the completion with this token of the key with this keyed
+        /// hash as visible.
+        publish: Option<u64>,
         /// In the same commit, remove the marker row `(hash, token)`: a claim acquires a key
         /// whose marker ended or that it asked to run again.
         drop_marker: Option<(u64, u64)>,
@@ -359,17 +359,14 @@ impl Writer {
     /// and notified once per batch, however many of the batch's completions it holds.
     fn publish(&self, batch: &[Queued]) {
         let index = &self.shared.index;
-        let mut done: Vec<(usize, Key<'_>, u64)> = batch
+        let mut done: Vec<(usize, u64, u64)> = batch
             .iter()
             .filter_map(|q| match &q.op {
                 Op::Put {
                     token,
-                    publish: Some(key),
+                    publish: Some(keyed),
                     ..
-                } => {
-                    let k = index.key(key);
-                    Some((index.stripe_index(k), k, *token))
-                }
+                } => Some((index.stripe_of_hash(*keyed), *keyed, *token)),
                 _ => None,
             })
             .collect();
@@ -380,8 +377,8 @@ impl Writer {
                 continue;
             };
             let mut shard = stripe.map.lock();
-            for (_, k, token) in group {
-                shard.publish(*k, *token);
+            for (_, keyed, token) in group {
+                shard.publish(*keyed, *token);
             }
             drop(shard);
             stripe.changed.notify_all();
