@@ -1721,9 +1721,41 @@ mod tests {
     }
 
     #[test]
-    fn a_completed_key_costs_a_24_byte_slot_and_a_16_byte_place_in_line() {
+    fn a_completed_key_costs_a_48_byte_entry_and_a_16_byte_place_in_line() {
         assert_eq!(std::mem::size_of::<Slot>(), 24);
+        // The key's bytes (a fat pointer), the slot, and the pointer to its side data.
+        assert_eq!(
+            std::mem::size_of::<(Box<[u8]>, Slot, Option<Box<Extra>>)>(),
+            48
+        );
         assert_eq!(std::mem::size_of::<DoneEntry>(), 16);
+    }
+
+    #[test]
+    fn publish_finds_the_completion_by_keyed_hash_and_token_and_frees_its_side_data() {
+        let mut f = fixture();
+        let shard = &mut f.shard;
+        let done = Extra {
+            response: Some(Arc::from(&b"resp"[..])),
+            ..Extra::default()
+        };
+        shard.put(shard.key(b"a"), Slot::completed(1, 10, 1, false), done.clone());
+        shard.put(shard.key(b"b"), Slot::completed(2, 10, 1, false), done.clone());
+        shard.put(shard.key(b"c"), Slot::inflight(3, 10, 1), done.clone());
+        let (a, b, c) = (shard.key(b"a"), shard.key(b"b"), shard.key(b"c"));
+        // A token the key no longer holds, or a lease's: nothing is published.
+        shard.publish(a.keyed, 7);
+        shard.publish(c.keyed, 3);
+        assert!(!shard.get(a).unwrap().is_published());
+        assert!(!shard.get(c).unwrap().is_published());
+        shard.publish(a.keyed, 1);
+        let slot = shard.get(a).unwrap();
+        assert!(slot.is_published());
+        assert_eq!(shard.extra(&slot), None, "the file holds it now");
+        let other = shard.get(b).unwrap();
+        assert!(!other.is_published());
+        assert_eq!(shard.extra(&other), Some(&done));
+        assert_eq!(shard.heap_bytes, 3 + 2 * boxed_bytes(&done));
     }
 
     #[test]
