@@ -214,6 +214,9 @@ fn boxed_bytes(extra: &Extra) -> usize {
     std::mem::size_of::<Extra>() + extra.heap_bytes()
 }
 
+/// A table entry: the key's bytes, its slot, and its side data, if any.
+type Entry = (Box<[u8]>, Slot, Option<Box<Extra>>);
+
 /// A completed slot's place in `done` or `kept`: its retention deadline and its key's table
 /// hash (the
 /// key itself is not copied; the slot is found by hash and deadline, and its tag rules out
@@ -452,7 +455,7 @@ pub(crate) struct Shard {
     /// Each key's bytes, its slot and the slot's side data (boxed, so a key without any
     /// costs one pointer): kept in the key's own entry, so a transition that reads or
     /// writes side data touches the entry it already holds for the slot.
-    slots: HashTable<(Box<[u8]>, Slot, Option<Box<Extra>>)>,
+    slots: HashTable<Entry>,
     /// The index's hasher, for tests that make keys from a shard.
     #[cfg(test)]
     hasher: KeyHasher,
@@ -516,7 +519,9 @@ impl Shard {
 
     pub(crate) fn get(&self, key: Key<'_>) -> Option<Slot> {
         let (hash, key) = (key.hash, key.bytes);
-        self.slots.find(hash, |(k, ..)| **k == *key).map(|(_, s, _)| *s)
+        self.slots
+            .find(hash, |(k, ..)| **k == *key)
+            .map(|(_, s, _)| *s)
     }
 
     /// The side data of `slot` (one this stripe holds): found by the slot's table hash and
@@ -790,8 +795,7 @@ impl Shard {
     /// slot carries, so the key's bytes are neither needed nor hashed again.
     pub(crate) fn publish(&mut self, keyed: u64, token: u64) {
         let hash = table_hash(tag_of(keyed));
-        let Some((_, slot, side)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token)
-        else {
+        let Some((_, slot, side)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
             return;
         };
         if slot.is_inflight() {
@@ -1146,7 +1150,7 @@ impl Shard {
     /// Bytes this shard holds: table buckets and queue entries at their capacity, plus
     /// heap allocations.
     pub(crate) fn memory_bytes(&self) -> usize {
-        let slot_bucket = std::mem::size_of::<(Box<[u8]>, Slot, Option<Box<Extra>>)>() + 1;
+        let slot_bucket = std::mem::size_of::<Entry>() + 1;
         self.slots.capacity() * slot_bucket
             + (self.done.capacity() + self.kept.capacity()) * std::mem::size_of::<DoneEntry>()
             + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
@@ -1724,10 +1728,7 @@ mod tests {
     fn a_completed_key_costs_a_48_byte_entry_and_a_16_byte_place_in_line() {
         assert_eq!(std::mem::size_of::<Slot>(), 24);
         // The key's bytes (a fat pointer), the slot, and the pointer to its side data.
-        assert_eq!(
-            std::mem::size_of::<(Box<[u8]>, Slot, Option<Box<Extra>>)>(),
-            48
-        );
+        assert_eq!(std::mem::size_of::<Entry>(), 48);
         assert_eq!(std::mem::size_of::<DoneEntry>(), 16);
     }
 
@@ -1739,8 +1740,16 @@ mod tests {
             response: Some(Arc::from(&b"resp"[..])),
             ..Extra::default()
         };
-        shard.put(shard.key(b"a"), Slot::completed(1, 10, 1, false), done.clone());
-        shard.put(shard.key(b"b"), Slot::completed(2, 10, 1, false), done.clone());
+        shard.put(
+            shard.key(b"a"),
+            Slot::completed(1, 10, 1, false),
+            done.clone(),
+        );
+        shard.put(
+            shard.key(b"b"),
+            Slot::completed(2, 10, 1, false),
+            done.clone(),
+        );
         shard.put(shard.key(b"c"), Slot::inflight(3, 10, 1), done.clone());
         let (a, b, c) = (shard.key(b"a"), shard.key(b"b"), shard.key(b"c"));
         // A token the key no longer holds, or a lease's: nothing is published.
