@@ -377,11 +377,13 @@ impl Shared {
                 token,
                 old,
                 value: crate::codec::encode(token, &record),
-                // The index names the key by its scoped key.
+                // The index names the key by its scoped key; the writer finds the slot by
+                // the key's keyed hash and the token, so the hash is taken here, on the
+                // caller's thread, not on the writer's.
                 publish: publish
                     .then(|| crate::scope::scoped(&record.scope.0, &record.key.0))
                     .flatten()
-                    .map(Arc::from),
+                    .map(|scoped| self.index.keyed_hash(&scoped)),
                 drop_marker,
             },
             Write::Delete { token } => Op::Delete { token },

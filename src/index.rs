@@ -4,11 +4,14 @@
 //! lookup, a state transition, and a non-blocking `try_send` to the writer queue (which keeps
 //! the queue in per-key order).
 //!
-//! Memory: a key costs one table entry (its boxed bytes and a 24-byte [`Slot`]) and one
-//! entry in its stripe's expiry order (16 bytes for a completion). The rare parts — a
-//! fingerprint or checkpoint of an InFlight key, the response of a memory-only engine —
-//! live in a side table keyed by token, so a completed key in a durable engine carries
-//! nothing else: its response stays in the file.
+//! Memory: a key costs one table entry (its boxed bytes, a 24-byte [`Slot`] and a pointer to
+//! its side data) and one entry in its stripe's expiry order (16 bytes for a completion). The
+//! rare parts — a fingerprint or checkpoint of an InFlight key, the wall-clock instants and
+//! response of a memory-only engine's key — live in a box beside the slot in the same
+//! entry, so a completed key in a durable engine carries nothing else once published: its
+//! response stays in the file. A transition reads and replaces the side data through the
+//! entry it looks up anyway (no second table, no second miss); replacing side data reuses
+//! its box.
 //!
 //! Expiry order: beside its table, each stripe keeps the order in which its slots fall due,
 //! so that no caller walks the table to find work:
@@ -44,8 +47,8 @@ use hashbrown::HashTable;
 use siphasher::sip::SipHasher13;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::hash_map::RandomState;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::collections::{BinaryHeap, VecDeque};
+use std::hash::{BuildHasher, Hasher};
 
 const INFLIGHT: u8 = 1;
 const PUBLISHED: u8 = 2;
@@ -206,27 +209,13 @@ impl Extra {
     }
 }
 
-/// Hashes the side table's tokens. Tokens are issued by the engine, never chosen by
-/// clients, so a keyed hash buys nothing there; a Fibonacci multiply spreads sequential
-/// tokens over the table's control bits.
-#[derive(Default)]
-pub(crate) struct TokenHasher(u64);
-
-impl Hasher for TokenHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0 ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
+/// Heap bytes of a boxed side data: the box and what it holds.
+fn boxed_bytes(extra: &Extra) -> usize {
+    std::mem::size_of::<Extra>() + extra.heap_bytes()
 }
+
+/// A table entry: the key's bytes, its slot, and its side data, if any.
+type Entry = (Box<[u8]>, Slot, Option<Box<Extra>>);
 
 /// A completed slot's place in `done` or `kept`: its retention deadline and its key's table
 /// hash (the
@@ -460,15 +449,17 @@ pub(crate) enum Reclaimed {
     Refused,
 }
 
-/// One stripe's maps and expiry order. Every method keeps `slots`, `extras`, the byte
+/// One stripe's map and expiry order. Every method keeps `slots`, the side data, the byte
 /// count, the per-kind counts, the queues and the engine-wide gauges consistent.
 pub(crate) struct Shard {
-    slots: HashTable<(Box<[u8]>, Slot)>,
+    /// Each key's bytes, its slot and the slot's side data (boxed, so a key without any
+    /// costs one pointer): kept in the key's own entry, so a transition that reads or
+    /// writes side data touches the entry it already holds for the slot.
+    slots: HashTable<Entry>,
     /// The index's hasher, for tests that make keys from a shard.
     #[cfg(test)]
     hasher: KeyHasher,
-    extras: HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
-    /// Heap bytes of keys and extras, for the memory estimate.
+    /// Heap bytes of keys and side data (their boxes included), for the memory estimate.
     heap_bytes: usize,
     /// Completed slots kept for the engine's retention, earliest deadline first, and stale
     /// entries (all of them already due: a completion leaves before its deadline only
@@ -504,7 +495,6 @@ impl Shard {
             slots: HashTable::new(),
             #[cfg(test)]
             hasher: hasher.clone(),
-            extras: HashMap::default(),
             heap_bytes: 0,
             done: VecDeque::new(),
             kept: DueHeap::default(),
@@ -529,23 +519,35 @@ impl Shard {
 
     pub(crate) fn get(&self, key: Key<'_>) -> Option<Slot> {
         let (hash, key) = (key.hash, key.bytes);
-        self.slots.find(hash, |(k, _)| **k == *key).map(|(_, s)| *s)
+        self.slots
+            .find(hash, |(k, ..)| **k == *key)
+            .map(|(_, s, _)| *s)
     }
 
+    /// The side data of `slot` (one this stripe holds): found by the slot's table hash and
+    /// its token, which no other key's slot carries.
     pub(crate) fn extra(&self, slot: &Slot) -> Option<&Extra> {
-        if slot.has_extra() {
-            self.extras.get(&slot.token)
-        } else {
-            None
+        if !slot.has_extra() {
+            return None;
         }
+        self.slots
+            .find(slot.table_hash(), |(_, s, _)| s.token == slot.token)
+            .and_then(|(_, _, extra)| extra.as_deref())
     }
 
-    /// The key's state, as the state machine reads it.
+    /// The key's state, as the state machine reads it: one lookup for the slot and its
+    /// side data.
     pub(crate) fn view(&self, key: Key<'_>) -> View<'_> {
-        let slot = self.get(key);
-        View {
-            slot,
-            extra: slot.as_ref().and_then(|slot| self.extra(slot)),
+        let (hash, key) = (key.hash, key.bytes);
+        match self.slots.find(hash, |(k, ..)| **k == *key) {
+            Some((_, slot, extra)) => View {
+                slot: Some(*slot),
+                extra: extra.as_deref(),
+            },
+            None => View {
+                slot: None,
+                extra: None,
+            },
         }
     }
 
@@ -596,31 +598,44 @@ impl Shard {
         if has_extra {
             slot.flags |= HAS_EXTRA;
         }
+        // Heap bytes the change adds and frees (a side-data box counts its size).
+        let mut added = if has_extra { extra.heap_bytes() } else { 0 };
+        let mut freed = 0;
         // One lookup when the key exists (every transition but a first claim).
-        let old = match self.slots.find_mut(hash, |(k, _)| **k == *key) {
-            Some((_, existing)) => {
+        let old = match self.slots.find_mut(hash, |(k, ..)| **k == *key) {
+            Some((_, existing, side)) => {
                 let old = *existing;
                 // A checkpoint of an abandoned lease leaves it abandoned.
                 if old.is_abandoned() && old.same_place(&slot) {
                     slot.flags |= ABANDONED;
                 }
                 *existing = slot;
+                // The old side data goes; its box carries the new side data, if any.
+                match (side.as_deref_mut(), has_extra) {
+                    (Some(held), true) => freed = std::mem::replace(held, extra).heap_bytes(),
+                    (Some(_), false) => freed = side.take().map_or(0, |b| boxed_bytes(&b)),
+                    (None, true) => {
+                        added += std::mem::size_of::<Extra>();
+                        *side = Some(Box::new(extra));
+                    }
+                    (None, false) => {}
+                }
                 Some(old)
             }
             None => {
+                added += key.len();
+                let side = has_extra.then(|| {
+                    added += std::mem::size_of::<Extra>();
+                    Box::new(extra)
+                });
                 self.slots
-                    .insert_unique(hash, (Box::from(key), slot), |(_, s)| s.table_hash());
-                self.heap_bytes += key.len();
+                    .insert_unique(hash, (Box::from(key), slot, side), |(_, s, _)| {
+                        s.table_hash()
+                    });
                 None
             }
         };
-        if let Some(old) = old {
-            self.drop_extra(&old);
-        }
-        if has_extra {
-            self.heap_bytes += extra.heap_bytes();
-            self.extras.insert(slot.token, extra);
-        }
+        self.heap_bytes = (self.heap_bytes + added).saturating_sub(freed);
         match old {
             Some(old) if old.same_place(&slot) => {}
             _ => {
@@ -676,7 +691,7 @@ impl Shard {
             };
             if self
                 .slots
-                .find(e.hash, |(_, s)| lease_matches(s, &e, false))
+                .find(e.hash, |(_, s, _)| lease_matches(s, &e, false))
                 .is_some()
             {
                 break;
@@ -735,22 +750,22 @@ impl Shard {
         if self.leases.len() > 2 * self.live + slack {
             self.leases.retain(|e| {
                 slots
-                    .find(e.0.hash, |(_, s)| lease_matches(s, &e.0, false))
+                    .find(e.0.hash, |(_, s, _)| lease_matches(s, &e.0, false))
                     .is_some()
             });
         }
         if self.ended.len() > 2 * self.abandoned + slack {
             self.ended.retain(|e| {
                 slots
-                    .find(e.0.hash, |(_, s)| lease_matches(s, &e.0, true))
+                    .find(e.0.hash, |(_, s, _)| lease_matches(s, &e.0, true))
                     .is_some()
             });
         }
         if !self.loading && self.done.len() + self.kept.len() > 2 * self.completed + slack {
             self.done
-                .retain(|e| slots.find(e.hash, |(_, s)| done_matches(s, e)).is_some());
+                .retain(|e| slots.find(e.hash, |(_, s, _)| done_matches(s, e)).is_some());
             self.kept
-                .retain(|e| slots.find(e.hash, |(_, s)| done_matches(s, e)).is_some());
+                .retain(|e| slots.find(e.hash, |(_, s, _)| done_matches(s, e)).is_some());
         }
     }
 
@@ -774,41 +789,40 @@ impl Shard {
         );
     }
 
-    /// Marks the completion of `key` by `token` durable, dropping its side data (the file
-    /// holds all of it now). Does nothing if the key has moved on.
-    pub(crate) fn publish(&mut self, key: Key<'_>, token: u64) {
-        let (hash, key) = (key.hash, key.bytes);
-        let Some((_, slot)) = self.slots.find_mut(hash, |(k, _)| **k == *key) else {
+    /// Marks the completion by `token` of the key whose keyed hash is `keyed` durable,
+    /// dropping its side data (the file holds all of it now). Does nothing if the key has
+    /// moved on. The slot is found by its table hash and its token, which no other key's
+    /// slot carries, so the key's bytes are neither needed nor hashed again.
+    pub(crate) fn publish(&mut self, keyed: u64, token: u64) {
+        let hash = table_hash(tag_of(keyed));
+        let Some((_, slot, side)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
             return;
         };
-        if slot.token != token || slot.is_inflight() {
+        if slot.is_inflight() {
             return;
         }
         slot.flags |= PUBLISHED;
-        let old = *slot;
         slot.flags &= !HAS_EXTRA;
-        self.drop_extra(&old);
+        let freed = side.take().map_or(0, |b| boxed_bytes(&b));
+        self.heap_bytes = self.heap_bytes.saturating_sub(freed);
     }
 
     /// Removes the key and its side data; returns the slot it had.
     pub(crate) fn remove(&mut self, key: Key<'_>) -> Option<Slot> {
         let (hash, key) = (key.hash, key.bytes);
-        let entry = self.slots.find_entry(hash, |(k, _)| **k == *key).ok()?;
-        let ((k, slot), _) = entry.remove();
-        self.heap_bytes -= k.len();
-        self.drop_extra(&slot);
+        let entry = self.slots.find_entry(hash, |(k, ..)| **k == *key).ok()?;
+        let ((k, slot, side), _) = entry.remove();
+        self.drop_entry(&k, side);
         self.leave(hash, &slot);
         self.compact_if_stale();
         self.refresh_due();
         Some(slot)
     }
 
-    fn drop_extra(&mut self, old: &Slot) {
-        if old.has_extra() {
-            if let Some(extra) = self.extras.remove(&old.token) {
-                self.heap_bytes -= extra.heap_bytes();
-            }
-        }
+    /// Frees a removed entry's heap bytes from the count.
+    fn drop_entry(&mut self, key: &[u8], side: Option<Box<Extra>>) {
+        let freed = key.len() + side.map_or(0, |b| boxed_bytes(&b));
+        self.heap_bytes = self.heap_bytes.saturating_sub(freed);
     }
 
     /// A takeover of an abandoned lease, whose claim has reserved a place in the live count:
@@ -816,7 +830,7 @@ impl Shard {
     /// caller replaces the slot right after, under the same lock.
     pub(crate) fn adopt(&mut self, key: Key<'_>) {
         let (hash, key) = (key.hash, key.bytes);
-        if let Some((_, slot)) = self.slots.find_mut(hash, |(k, _)| **k == *key) {
+        if let Some((_, slot, _)) = self.slots.find_mut(hash, |(k, ..)| **k == *key) {
             if slot.is_abandoned() {
                 slot.flags &= !ABANDONED;
                 self.abandoned -= 1;
@@ -839,9 +853,9 @@ impl Shard {
                 break;
             };
             out.examined += 1;
-            if let Some((_, slot)) = self
+            if let Some((_, slot, _)) = self
                 .slots
-                .find_mut(e.hash, |(_, s)| lease_matches(s, &e, false))
+                .find_mut(e.hash, |(_, s, _)| lease_matches(s, &e, false))
             {
                 slot.flags |= ABANDONED;
                 self.live -= 1;
@@ -917,14 +931,14 @@ impl Shard {
                 shard.done.pop_front();
             }
         };
-        let (common, extras) = (&self.common, &self.extras);
+        let common = &self.common;
         let found = self
             .slots
-            .find_entry(e.hash, |(_, s)| done_matches(s, &e))
+            .find_entry(e.hash, |(_, s, _)| done_matches(s, &e))
             .ok()
             .and_then(|entry| {
-                let (key, slot) = entry.get();
-                expiry(common, extras, key, slot, now).map(|step| (entry, step))
+                let (key, slot, side) = entry.get();
+                expiry(common, side.as_deref(), key, slot, now).map(|step| (entry, step))
             });
         let Some((entry, (step, marker))) = found else {
             pop(self);
@@ -933,10 +947,9 @@ impl Shard {
         if !send(&step) {
             return Reclaimed::Refused;
         }
-        let ((key, slot), _) = entry.remove();
+        let ((key, _, side), _) = entry.remove();
         pop(self);
-        self.heap_bytes -= key.len();
-        self.drop_extra(&slot);
+        self.drop_entry(&key, side);
         self.completed -= 1;
         if let Some(marker) = marker {
             self.markers.insert(marker);
@@ -950,7 +963,7 @@ impl Shard {
         };
         let found = self
             .slots
-            .find_entry(e.hash, |(_, s)| lease_matches(s, &e, true))
+            .find_entry(e.hash, |(_, s, _)| lease_matches(s, &e, true))
             .ok()
             .and_then(|entry| {
                 machine::reap(&entry.get().1, e.reap_ns, now).map(|step| (entry, step))
@@ -962,10 +975,9 @@ impl Shard {
         if !send(&step) {
             return Reclaimed::Refused;
         }
-        let ((key, slot), _) = entry.remove();
+        let ((key, _, side), _) = entry.remove();
         self.ended.pop();
-        self.heap_bytes -= key.len();
-        self.drop_extra(&slot);
+        self.drop_entry(&key, side);
         self.abandoned -= 1;
         self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
         Reclaimed::Reaped
@@ -994,10 +1006,14 @@ impl Shard {
         now: u64,
         send: &mut dyn FnMut(&Step<()>) -> bool,
     ) -> Forgot {
-        let Some(slot) = self.get(key) else {
+        let View {
+            slot: Some(slot),
+            extra,
+        } = self.view(key)
+        else {
             return Forgot::Nothing;
         };
-        let step = expiry(&self.common, &self.extras, key.bytes, &slot, now);
+        let step = expiry(&self.common, extra, key.bytes, &slot, now);
         let Some((step, Some(marker))) = step else {
             return Forgot::Nothing;
         };
@@ -1098,7 +1114,7 @@ impl Shard {
         if self.done.len() != self.completed {
             let slots = &self.slots;
             self.done
-                .retain(|e| slots.find(e.hash, |(_, s)| done_matches(s, e)).is_some());
+                .retain(|e| slots.find(e.hash, |(_, s, _)| done_matches(s, e)).is_some());
         }
         self.done
             .make_contiguous()
@@ -1113,7 +1129,7 @@ impl Shard {
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &Slot)> {
-        self.slots.iter().map(|(k, s)| (&**k, s))
+        self.slots.iter().map(|(k, s, _)| (&**k, s))
     }
 
     /// Pre-sizes the markers (recovery); a failed reservation only means growing later.
@@ -1126,7 +1142,7 @@ impl Shard {
     pub(crate) fn try_reserve(&mut self, additional: usize) -> bool {
         let table = self
             .slots
-            .try_reserve(additional, |(_, s)| s.table_hash())
+            .try_reserve(additional, |(_, s, _)| s.table_hash())
             .is_ok();
         table && self.done.try_reserve(additional).is_ok()
     }
@@ -1134,10 +1150,8 @@ impl Shard {
     /// Bytes this shard holds: table buckets and queue entries at their capacity, plus
     /// heap allocations.
     pub(crate) fn memory_bytes(&self) -> usize {
-        let slot_bucket = std::mem::size_of::<(Box<[u8]>, Slot)>() + 1;
-        let extra_bucket = std::mem::size_of::<(u64, Extra)>() + 1;
+        let slot_bucket = std::mem::size_of::<Entry>() + 1;
         self.slots.capacity() * slot_bucket
-            + self.extras.capacity() * extra_bucket
             + (self.done.capacity() + self.kept.capacity()) * std::mem::size_of::<DoneEntry>()
             + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
             + self.markers.memory_bytes()
@@ -1151,18 +1165,13 @@ impl Shard {
 /// is not a completion past its retention at `now`.
 fn expiry(
     common: &Common,
-    extras: &HashMap<u64, Extra, BuildHasherDefault<TokenHasher>>,
+    extra: Option<&Extra>,
     key: &[u8],
     slot: &Slot,
     now: u64,
 ) -> Option<(Step<()>, Option<Marker>)> {
     let Some(rules) = &common.markers else {
         return machine::expire(slot, now).map(|step| (step, None));
-    };
-    let extra = if slot.has_extra() {
-        extras.get(&slot.token)
-    } else {
-        None
     };
     let id = MarkerId {
         hash: common.hasher.hash(key),
@@ -1282,6 +1291,11 @@ pub(crate) struct Key<'a> {
 /// Bits of the keyed hash kept in a slot (the padding holds three bytes).
 const TAG_BITS: u32 = 24;
 
+/// The table tag of a key whose keyed hash is `keyed`: its low `TAG_BITS` bits.
+fn tag_of(keyed: u64) -> u32 {
+    (keyed as u32) & ((1 << TAG_BITS) - 1)
+}
+
 /// The hash a stripe's table files a key of tag `tag` under: a multiply spreads the tag
 /// over the table's bucket bits (the low ones) and its control bits (the top seven).
 fn table_hash(tag: u32) -> u64 {
@@ -1291,7 +1305,7 @@ fn table_hash(tag: u32) -> u64 {
 impl<'a> Key<'a> {
     fn new(hasher: &KeyHasher, bytes: &'a [u8]) -> Self {
         let keyed = hasher.hash(bytes);
-        let tag = (keyed as u32) & ((1 << TAG_BITS) - 1);
+        let tag = tag_of(keyed);
         Key {
             bytes,
             keyed,
@@ -1381,6 +1395,12 @@ impl Index {
     /// then finds the key in the stripe's table.
     pub(crate) fn key<'a>(&self, bytes: &'a [u8]) -> Key<'a> {
         Key::new(&self.hasher, bytes)
+    }
+
+    /// The keyed hash of `bytes` alone: with a token, enough for the writer to find a
+    /// key's slot ([`Shard::publish`]).
+    pub(crate) fn keyed_hash(&self, bytes: &[u8]) -> u64 {
+        self.hasher.hash(bytes)
     }
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
@@ -1705,9 +1725,46 @@ mod tests {
     }
 
     #[test]
-    fn a_completed_key_costs_a_24_byte_slot_and_a_16_byte_place_in_line() {
+    fn a_completed_key_costs_a_48_byte_entry_and_a_16_byte_place_in_line() {
         assert_eq!(std::mem::size_of::<Slot>(), 24);
+        // The key's bytes (a fat pointer), the slot, and the pointer to its side data.
+        assert_eq!(std::mem::size_of::<Entry>(), 48);
         assert_eq!(std::mem::size_of::<DoneEntry>(), 16);
+    }
+
+    #[test]
+    fn publish_finds_the_completion_by_keyed_hash_and_token_and_frees_its_side_data() {
+        let mut f = fixture();
+        let shard = &mut f.shard;
+        let done = Extra {
+            response: Some(Arc::from(&b"resp"[..])),
+            ..Extra::default()
+        };
+        shard.put(
+            shard.key(b"a"),
+            Slot::completed(1, 10, 1, false),
+            done.clone(),
+        );
+        shard.put(
+            shard.key(b"b"),
+            Slot::completed(2, 10, 1, false),
+            done.clone(),
+        );
+        shard.put(shard.key(b"c"), Slot::inflight(3, 10, 1), done.clone());
+        let (a, b, c) = (shard.key(b"a"), shard.key(b"b"), shard.key(b"c"));
+        // A token the key no longer holds, or a lease's: nothing is published.
+        shard.publish(a.keyed, 7);
+        shard.publish(c.keyed, 3);
+        assert!(!shard.get(a).unwrap().is_published());
+        assert!(!shard.get(c).unwrap().is_published());
+        shard.publish(a.keyed, 1);
+        let slot = shard.get(a).unwrap();
+        assert!(slot.is_published());
+        assert_eq!(shard.extra(&slot), None, "the file holds it now");
+        let other = shard.get(b).unwrap();
+        assert!(!other.is_published());
+        assert_eq!(shard.extra(&other), Some(&done));
+        assert_eq!(shard.heap_bytes, 3 + 2 * boxed_bytes(&done));
     }
 
     #[test]
@@ -1733,12 +1790,12 @@ mod tests {
         );
         let slot = shard.get(shard.key(b"k")).unwrap();
         assert_eq!(shard.extra(&slot), Some(&done));
-        assert_eq!(shard.heap_bytes, 1 + 4);
+        assert_eq!(shard.heap_bytes, 1 + std::mem::size_of::<Extra>() + 4);
         // A new token replaces the old side data.
         shard.put(shard.key(b"k"), Slot::inflight(2, 10, 2), Extra::default());
         let slot = shard.get(shard.key(b"k")).unwrap();
         assert_eq!(shard.extra(&slot), None);
-        assert!(shard.extras.is_empty());
+        assert!(shard.slots.iter().all(|(_, _, side)| side.is_none()));
         assert_eq!(shard.remove(shard.key(b"k")).map(|s| s.token), Some(2));
         assert_eq!(shard.heap_bytes, 0);
         assert_eq!((shard.live, shard.abandoned, shard.completed), (0, 0, 0));

@@ -10,7 +10,6 @@
 
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
-use crate::index::Key;
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
@@ -52,8 +51,9 @@ pub(crate) enum Op {
         token: u64,
         old: Option<u64>,
         value: Vec<u8>,
-        /// After the commit, mark this key's completion with this token as visible.
-        publish: Option<Arc<[u8]>>,
+        /// After the commit, mark the completion with this token of the key with this keyed
+        /// hash as visible.
+        publish: Option<u64>,
         /// In the same commit, remove the marker row `(hash, token)`: a claim acquires a key
         /// whose marker ended or that it asked to run again.
         drop_marker: Option<(u64, u64)>,
@@ -288,10 +288,14 @@ impl Writer {
         // A marker row's writes carry its completion's token, and a later marker of the same
         // key has a larger token, so they too keep their order.
         writes.sort_by_key(Write::token);
+        // Operations, as queued: the writer's rate (admission) and the counters count these,
+        // whatever the collapse below saves.
+        let ops = writes.len();
+        collapse(&mut writes);
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
         let hwm = self.shared.tokens.reserve_target();
-        if writes.is_empty() && tables.is_empty() && hwm.is_none() {
+        if ops == 0 && tables.is_empty() && hwm.is_none() {
             return Ok(());
         }
         let started = crate::observe::commit_started();
@@ -304,19 +308,15 @@ impl Writer {
                 if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
                     self.shared.tables.committed(last);
                 }
-                self.shared
-                    .admission
-                    .committed(writes.len(), began.elapsed());
+                self.shared.admission.committed(ops, began.elapsed());
                 if let Some(hwm) = hwm {
                     self.shared.tokens.raise_limit(hwm);
                 }
                 let c = &self.shared.counters;
                 bump(&c.commits);
-                c.committed_ops
-                    .fetch_add(writes.len() as u64, Ordering::Relaxed);
-                c.batch_max
-                    .fetch_max(writes.len() as u64, Ordering::Relaxed);
-                crate::observe::committed(&self.shared, started, writes.len());
+                c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
+                c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
+                crate::observe::committed(&self.shared, started, ops);
                 Ok(())
             }
             Err(why) => Err(self.shared.poison(why)),
@@ -359,17 +359,14 @@ impl Writer {
     /// and notified once per batch, however many of the batch's completions it holds.
     fn publish(&self, batch: &[Queued]) {
         let index = &self.shared.index;
-        let mut done: Vec<(usize, Key<'_>, u64)> = batch
+        let mut done: Vec<(usize, u64, u64)> = batch
             .iter()
             .filter_map(|q| match &q.op {
                 Op::Put {
                     token,
-                    publish: Some(key),
+                    publish: Some(keyed),
                     ..
-                } => {
-                    let k = index.key(key);
-                    Some((index.stripe_index(k), k, *token))
-                }
+                } => Some((index.stripe_of_hash(*keyed), *keyed, *token)),
                 _ => None,
             })
             .collect();
@@ -380,11 +377,109 @@ impl Writer {
                 continue;
             };
             let mut shard = stripe.map.lock();
-            for (_, k, token) in group {
-                shard.publish(*k, *token);
+            for (_, keyed, token) in group {
+                shard.publish(*keyed, *token);
             }
             drop(shard);
             stripe.changed.notify_all();
         }
+    }
+}
+
+/// Collapses each run of record writes of one token in `writes` (sorted by token, stably)
+/// into the last one: a claim's InFlight record and its completion in the same batch cost
+/// one B-tree insert, not two. A later `Put` of the same token replaces the earlier one's
+/// value and keeps its `old` removal; it is merged only when it removes nothing else itself
+/// (`old` is none or its own token), so every removal the batch asked for still happens,
+/// in the same place in token order. What the transaction commits is unchanged: the
+/// earlier value was overwritten within it.
+fn collapse(writes: &mut Vec<Write<'_>>) {
+    writes.dedup_by(|later, earlier| match (later, earlier) {
+        (
+            Write::Put {
+                token,
+                old: None,
+                value,
+            },
+            Write::Put {
+                token: kept,
+                value: kept_value,
+                ..
+            },
+        ) if token == kept => {
+            *kept_value = value;
+            true
+        }
+        (
+            Write::Put {
+                token,
+                old: Some(old),
+                value,
+            },
+            Write::Put {
+                token: kept,
+                value: kept_value,
+                ..
+            },
+        ) if token == kept && old == token => {
+            *kept_value = value;
+            true
+        }
+        _ => false,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(token: u64, old: Option<u64>, value: &[u8]) -> Write<'_> {
+        Write::Put { token, old, value }
+    }
+
+    fn shown(writes: &[Write<'_>]) -> Vec<String> {
+        writes.iter().map(|w| format!("{w:?}")).collect()
+    }
+
+    #[test]
+    fn a_claim_and_its_completion_in_one_batch_are_one_insert_keeping_the_removal() {
+        let mut writes = vec![
+            put(3, None, b"claim-3"),
+            put(3, None, b"done-3"),
+            // A takeover of token 2, then its completion: token 2's record still goes.
+            put(5, Some(2), b"claim-5"),
+            put(5, None, b"done-5"),
+            put(7, None, b"claim-7"),
+        ];
+        collapse(&mut writes);
+        assert_eq!(
+            shown(&writes),
+            shown(&[
+                put(3, None, b"done-3"),
+                put(5, Some(2), b"done-5"),
+                put(7, None, b"claim-7"),
+            ])
+        );
+    }
+
+    #[test]
+    fn writes_that_remove_or_are_not_puts_are_kept_in_order() {
+        let mut writes = vec![
+            put(4, None, b"claim-4"),
+            // A later write of the same token that removes another record is not merged.
+            put(4, Some(1), b"again-4"),
+            Write::Delete { token: 4 },
+            put(4, None, b"after-delete"),
+            Write::Forget {
+                token: 6,
+                hash: 9,
+                check: 9,
+                marker_retention_ms: 1,
+            },
+            put(6, None, b"after-forget"),
+        ];
+        let before = shown(&writes);
+        collapse(&mut writes);
+        assert_eq!(shown(&writes), before);
     }
 }
