@@ -670,4 +670,51 @@ mod tests {
         assert_eq!(rate_tick(5), "100k");
         assert_eq!(time_tick(6), "1 ms");
     }
+
+    fn row(id: &'static str, class: Class, deliveries: u64, p50_ns: u64) -> Row {
+        Row {
+            id,
+            name: id,
+            class,
+            promise: "",
+            result: Ok(Measured {
+                deliveries,
+                executed: deliveries / 2,
+                elapsed: std::time::Duration::from_secs(1),
+                p50_ns,
+                ..Measured::default()
+            }),
+        }
+    }
+
+    /// The async rows are held to the same peers as their blocking twins, and the p50 goal
+    /// compares each `Immediate` row with three calibration commits.
+    #[test]
+    fn goals_cover_the_async_rows_and_the_p50() {
+        let rows = [
+            row("idemkv-immediate", Class::Immediate, 20_000, 4_000_000),
+            row(
+                "idemkv-immediate-lazy-async",
+                Class::Immediate,
+                80_000,
+                600_000,
+            ),
+            row("redis-always", Class::Immediate, 25_000, 3_000_000),
+        ];
+        let t = targets(&rows, Some(250_000));
+        let line = |prefix: &str| {
+            t.lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no line {prefix} in\n{t}"))
+                .to_string()
+        };
+        assert!(line("| `idemkv-immediate-lazy-async` | Redis").contains("| 3.20× | met |"));
+        assert!(line("| `idemkv-immediate` | Redis").contains("| 0.80× | missed"));
+        let p50 = line("| `idemkv-immediate-lazy-async` | claim+complete p50");
+        assert!(p50.contains("≤ 3 × = 750 µs | 600 µs | met |"), "{p50}");
+        let p50 = line("| `idemkv-immediate` | claim+complete p50");
+        assert!(p50.contains("missed: 16.0 commits"), "{p50}");
+        assert!(line("| `idemkv-immediate-async` | claim+complete/s").contains("not measured"));
+        assert!(targets(&rows, None).contains("| ≤ 3× | — | not measured |"));
+    }
 }

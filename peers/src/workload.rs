@@ -433,4 +433,57 @@ mod tests {
         assert_eq!(percentile(&v, 1.0), 100);
         assert_eq!(percentile(&[], 0.5), 0);
     }
+
+    fn small() -> Workload {
+        Workload {
+            n: 500,
+            d: 3,
+            c: 16,
+            time_limit: Duration::from_secs(60),
+            response: b"done".to_vec(),
+        }
+    }
+
+    /// The task runner hands out every delivery once, runs each key's effect once, and
+    /// counts the rest as duplicates, exactly as the thread runner does.
+    #[test]
+    fn async_runner_matches_the_thread_runner() {
+        let dir = std::env::temp_dir();
+        let w = small();
+        let peer = Arc::new(
+            crate::systems::Idem::open(&dir, idemkv::Durability::None, true).expect("open"),
+        );
+        let a = run_async(&peer, &w).expect("async run");
+        let t = run(
+            &crate::systems::Idem::open(&dir, idemkv::Durability::None, true).expect("open"),
+            &w,
+        )
+        .expect("thread run");
+        for m in [&a, &t] {
+            assert_eq!(m.deliveries, 1500);
+            assert_eq!(m.executed, 500);
+            assert_eq!(m.duplicates, 1000);
+            assert_eq!(m.keys_run, 500);
+            assert_eq!((m.double_keys, m.errors), (0, 0));
+            assert!(!m.cut_short);
+        }
+    }
+
+    /// A run stopped by the time limit reports what it finished, for tasks as for threads.
+    #[test]
+    fn async_runner_stops_at_the_time_limit() {
+        let w = Workload {
+            time_limit: Duration::ZERO,
+            n: 1_000_000,
+            ..small()
+        };
+        let peer = Arc::new(
+            crate::systems::Idem::open(&std::env::temp_dir(), idemkv::Durability::None, true)
+                .expect("open"),
+        );
+        let m = run_async(&peer, &w).expect("async run");
+        assert!(m.cut_short);
+        assert_eq!(m.deliveries, m.executed + m.duplicates);
+        assert_eq!(m.double_keys, 0);
+    }
 }
