@@ -23,9 +23,10 @@
 //! second); a sample is timed from a barrier to the end of the last thread (`iter_custom`,
 //! flat sampling; thread start-up is not timed).
 //!
-//! Group `async_10000_tasks`: 10 000 tasks on a tokio runtime with 2 worker threads, each
-//! doing `claim_async` + `complete_async` on its own new keys, in each mode (one iteration
-//! is one pair per task; `Buffered` flushes at the end of each sample, with `flush_async`).
+//! Groups `async_64_tasks` and `async_10000_tasks`: 64 (next to `claimers_64`) and 10 000
+//! tasks on a tokio runtime with 2 worker threads, each doing `claim_async` +
+//! `complete_async` on its own new keys, in each mode (one iteration is one pair per task;
+//! `Buffered` flushes at the end of each sample, with `flush_async`).
 //!
 //! After each run the writer's batch formation (`Engine::stats`: committed ops / commits,
 //! batch_max), the back-offs and the per-operation latency percentiles are printed to
@@ -67,6 +68,8 @@ const SINGLE: TableDefinition<u64, &[u8]> = TableDefinition::new("single");
 
 /// Concurrent claimers (OS threads) of the `claimers_C` groups.
 const CLAIMERS: [usize; 4] = [1, 8, 64, 256];
+/// Task counts of the async groups.
+const ASYNC_TASKS: [usize; 2] = [64, TASKS];
 
 /// Short runs: 4 modes and a baseline at 4 claimer counts, on two shared cores. Set on the
 /// `Criterion` rather than on the groups, so `--warm-up-time`, `--measurement-time` and
@@ -211,25 +214,28 @@ fn interleaved_throughput(threads: usize, idems: &[Option<Idem>], db: Option<&Da
     );
 }
 
-/// 10 000 tasks on a 2-worker runtime, async API, each mode on a fresh file.
+/// Async tasks on a 2-worker runtime, async API, each mode on a fresh file: 64 tasks (the
+/// async point next to `claimers_64`, one outstanding call per task) and 10 000.
 fn async_tasks(c: &mut Criterion) {
     let rt = runtime();
-    let mut group = c.benchmark_group(format!("async_{TASKS}_tasks"));
-    configure(&mut group);
-    group.throughput(Throughput::Elements(TASKS as u64));
-    for mode in Mode::ALL {
-        let mut idem: Option<Arc<Idem>> = None;
-        group.bench_function(mode.name(), |b| {
-            let idem = idem.get_or_insert_with(|| Arc::new(Idem::open(mode)));
-            b.iter_custom(|per| run_tasks(&rt, TASKS, per, idem));
-        });
-        if let Some(idem) = idem {
-            let label = format!("[group_commit] idemkv async {} {TASKS} tasks", mode.name());
-            eprintln!("{}", idem.report(&label));
-            idem.close();
+    for tasks in ASYNC_TASKS {
+        let mut group = c.benchmark_group(format!("async_{tasks}_tasks"));
+        configure(&mut group);
+        group.throughput(Throughput::Elements(tasks as u64));
+        for mode in Mode::ALL {
+            let mut idem: Option<Arc<Idem>> = None;
+            group.bench_function(mode.name(), |b| {
+                let idem = idem.get_or_insert_with(|| Arc::new(Idem::open(mode)));
+                b.iter_custom(|per| run_tasks(&rt, tasks, per, idem));
+            });
+            if let Some(idem) = idem {
+                let label = format!("[group_commit] idemkv async {} {tasks} tasks", mode.name());
+                eprintln!("{}", idem.report(&label));
+                idem.close();
+            }
         }
+        group.finish();
     }
-    group.finish();
 }
 
 /// Pairs alternated in one loop for the interleaved passes: the disk is shared, and its

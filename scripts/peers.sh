@@ -13,7 +13,13 @@
 # servers, removes the temporary files, and rewrites the Peers section of
 # docs/benchmarks.md (between its peers:begin / peers:end markers) and docs/peers.svg.
 #
-# Knobs (environment): N (keys, 100000), D (deliveries per key, 2), C (workers, 64),
+# Each idemkv mode runs twice where it has an `-async` row (idemkv-immediate-async,
+# idemkv-immediate-lazy-async, idemkv-buffered-async): once with C OS threads calling the
+# blocking API, once with C tasks on a tokio runtime of 2 worker threads awaiting the async
+# API (claim_async, Lease::complete_async); same keys, deliveries, checks and time limit.
+#
+# Knobs (environment): N (keys, 100000), D (deliveries per key, 2), C (workers: threads, or
+# tasks in the -async rows, 64),
 # TIME_LIMIT (seconds per system and round, 4), ROUNDS (5), SYSTEMS (comma-separated ids, or all),
 # PG_PORT (54329), REDIS_PORT (63799), PEERS_TMP (parent of the temp dir, /var/tmp).
 set -euo pipefail

@@ -12,6 +12,7 @@ use report::{Class, Row};
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use systems::RedisPersistence;
 use workload::{percentile, Workload};
@@ -21,7 +22,10 @@ const USAGE: &str = "usage: idemkv-peers --data-dir DIR [--n 100000] [--d 2] [--
     [--pg CONNINFO] [--redis URL] [--doc docs/benchmarks.md] [--svg docs/peers.svg]
     [--stamp TEXT] [--disk TEXT] [--command TEXT] [--section main|shared]
 
-ids: idemkv-immediate idemkv-buffered idemkv-none redb-naive sqlite-full sqlite-normal
+ids: idemkv-immediate idemkv-immediate-lazy idemkv-buffered idemkv-none
+     idemkv-immediate-async idemkv-immediate-lazy-async idemkv-buffered-async
+     (the -async rows: C tasks on a 2-thread tokio runtime, idemkv's async API)
+     redb-naive sqlite-full sqlite-normal
      sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka
      idemkv-shared idemkv-shared-4p (not in `all`: PostgreSQL at D = 8, `--section shared`)
 
@@ -128,6 +132,18 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         "completions fsynced before they return; a claim becomes durable with its completion",
     ),
     (
+        "idemkv-immediate-async",
+        "idemkv Immediate, async tasks",
+        Class::Immediate,
+        "as idemkv Immediate; C tasks on 2 runtime threads, async API",
+    ),
+    (
+        "idemkv-immediate-lazy-async",
+        "idemkv Immediate, lazy claims, async tasks",
+        Class::Immediate,
+        "as idemkv Immediate, lazy claims; C tasks on 2 runtime threads, async API",
+    ),
+    (
         "redis-always",
         "Redis SET NX, appendfsync always",
         Class::Immediate,
@@ -156,6 +172,12 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         "idemkv Buffered (10 ms)",
         Class::Buffered,
         "fsynced within 10 ms; replays only once durable",
+    ),
+    (
+        "idemkv-buffered-async",
+        "idemkv Buffered (10 ms), async tasks",
+        Class::Buffered,
+        "as idemkv Buffered; C tasks on 2 runtime threads, async API",
     ),
     (
         "redis-everysec",
@@ -233,6 +255,21 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
             m.note = peer.commit_note();
             Ok(m)
         }
+        "idemkv-immediate-async" | "idemkv-immediate-lazy-async" | "idemkv-buffered-async" => {
+            let durability = match id {
+                "idemkv-buffered-async" => idemkv::Durability::buffered(),
+                _ => idemkv::Durability::Immediate,
+            };
+            let peer = Arc::new(systems::Idem::open(
+                dir,
+                durability,
+                id != "idemkv-immediate-lazy-async",
+            )?);
+            let mut m = workload::run_async(&peer, w)?;
+            peer.close()?;
+            m.note = peer.commit_note();
+            Ok(m)
+        }
         "redb-naive" => workload::run(&systems::RedbNaive::open(dir)?, w),
         "sqlite-full" => workload::run(&systems::Sqlite::open(dir, "full.db", "FULL", false)?, w),
         "sqlite-normal" => workload::run(
@@ -306,8 +343,7 @@ fn calibrate(dir: &Path) -> Result<Calibration, String> {
     for (slot, two_phase) in [false, true].into_iter().enumerate() {
         let rpath = dir.join("calibrate.redb");
         let db = redb::Database::create(&rpath).map_err(|x| e(&x))?;
-        let table: redb::TableDefinition<u64, &[u8]> =
-            redb::TableDefinition::new("t");
+        let table: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("t");
         let mut commits = Vec::new();
         for i in 0..300u64 {
             let t = Instant::now();
@@ -462,7 +498,7 @@ fn main() {
         return;
     }
     let table = report::table(&rows);
-    let targets = report::targets(&rows);
+    let targets = report::targets(&rows, calib.as_ref().ok().map(|c| c.redb_p50));
     println!("{table}\n{targets}");
 
     let pg_version = args
@@ -556,7 +592,9 @@ fn main() {
     let _ = writeln!(block, "![throughput and latency per system](peers.svg)\n");
     let _ = writeln!(
         block,
-        "**Goals** (idemkv's deliveries/s ÷ the peer's, at matching durability):\n"
+        "**Goals** (idemkv's deliveries/s ÷ the peer's, at matching durability; each `-async` \
+         row against the same peers as its blocking twin; then claim+complete/s, and the \
+         `Immediate` rows' p50 against the calibration's single-insert redb commit):\n"
     );
     let _ = writeln!(block, "{targets}");
     let _ = writeln!(

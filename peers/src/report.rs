@@ -265,19 +265,63 @@ pub fn round_trip_table(rows: &[Row]) -> String {
     s
 }
 
-/// The product's throughput goals against this run: ratios to the peers of the same class
-/// (deliveries/s), then absolute claim+complete/s.
-pub fn targets(rows: &[Row]) -> String {
+/// The product's goals against this run: ratios to the peers of the same class
+/// (deliveries/s), then absolute claim+complete/s, then (given the calibration's
+/// single-insert redb commit p50, in ns) the `Immediate` rows' claim+complete p50 against
+/// three such commits.
+pub fn targets(rows: &[Row], redb_commit_p50_ns: Option<u64>) -> String {
     let mut s = String::new();
     let mut pairs: Vec<(&str, &str, f64, &str)> = Vec::new();
-    for idem in ["idemkv-immediate", "idemkv-immediate-lazy"] {
-        pairs.push((idem, "redis-always", 3.0, "Redis `SET NX`, appendfsync always"));
-        pairs.push((idem, "pg-sync-on", 15.0, "PostgreSQL, synchronous_commit on"));
+    for idem in [
+        "idemkv-immediate",
+        "idemkv-immediate-lazy",
+        "idemkv-immediate-async",
+        "idemkv-immediate-lazy-async",
+    ] {
+        pairs.push((
+            idem,
+            "redis-always",
+            3.0,
+            "Redis `SET NX`, appendfsync always",
+        ));
+        pairs.push((
+            idem,
+            "pg-sync-on",
+            15.0,
+            "PostgreSQL, synchronous_commit on",
+        ));
         pairs.push((idem, "redb-naive", 40.0, "naive redb"));
     }
-    pairs.push(("idemkv-buffered", "redis-everysec", 10.0, "Redis `SET NX`, appendfsync everysec"));
-    pairs.push(("idemkv-buffered", "pg-sync-off", 10.0, "PostgreSQL, synchronous_commit off"));
-    pairs.push(("idemkv-none", "redis-none", 10.0, "Redis `SET NX`, no persistence"));
+    pairs.push((
+        "idemkv-buffered",
+        "redis-everysec",
+        10.0,
+        "Redis `SET NX`, appendfsync everysec",
+    ));
+    pairs.push((
+        "idemkv-buffered",
+        "pg-sync-off",
+        10.0,
+        "PostgreSQL, synchronous_commit off",
+    ));
+    pairs.push((
+        "idemkv-buffered-async",
+        "redis-everysec",
+        10.0,
+        "Redis `SET NX`, appendfsync everysec",
+    ));
+    pairs.push((
+        "idemkv-buffered-async",
+        "pg-sync-off",
+        10.0,
+        "PostgreSQL, synchronous_commit off",
+    ));
+    pairs.push((
+        "idemkv-none",
+        "redis-none",
+        10.0,
+        "Redis `SET NX`, no persistence",
+    ));
     s.push_str("| idemkv mode | against | goal | measured | verdict |\n|---|---|--:|--:|---|\n");
     for (idem, peer, target, label) in pairs {
         let (Some(a), Some(b)) = (throughput_of(rows, idem), throughput_of(rows, peer)) else {
@@ -298,7 +342,10 @@ pub fn targets(rows: &[Row]) -> String {
     let absolute = [
         ("idemkv-immediate", 100_000.0),
         ("idemkv-immediate-lazy", 100_000.0),
+        ("idemkv-immediate-async", 100_000.0),
+        ("idemkv-immediate-lazy-async", 100_000.0),
         ("idemkv-buffered", 400_000.0),
+        ("idemkv-buffered-async", 400_000.0),
         ("idemkv-none", 2_000_000.0),
     ];
     for (idem, goal) in absolute {
@@ -322,6 +369,45 @@ pub fn targets(rows: &[Row]) -> String {
                     s,
                     "| `{idem}` | claim+complete/s | ≥ {} | — | not measured |",
                     fmt_rate(goal)
+                );
+            }
+        }
+    }
+    let latency = [
+        "idemkv-immediate",
+        "idemkv-immediate-lazy",
+        "idemkv-immediate-async",
+        "idemkv-immediate-lazy-async",
+    ];
+    for idem in latency {
+        let p50 = rows
+            .iter()
+            .find(|r| r.id == idem)
+            .and_then(|r| r.result.as_ref().ok())
+            .map(|m| m.p50_ns);
+        match (p50, redb_commit_p50_ns) {
+            (Some(p50), Some(commit)) if commit > 0 => {
+                let goal = 3 * commit;
+                let verdict = if p50 <= goal {
+                    "met".to_string()
+                } else {
+                    format!(
+                        "missed: {:.1} commits, the goal is 3",
+                        p50 as f64 / commit as f64
+                    )
+                };
+                let _ = writeln!(
+                    s,
+                    "| `{idem}` | claim+complete p50 ÷ one single-insert redb commit ({}) | ≤ 3 × = {} | {} | {verdict} |",
+                    fmt_ns(commit),
+                    fmt_ns(goal),
+                    fmt_ns(p50)
+                );
+            }
+            _ => {
+                let _ = writeln!(
+                    s,
+                    "| `{idem}` | claim+complete p50 ÷ one single-insert redb commit | ≤ 3× | — | not measured |"
                 );
             }
         }
@@ -583,5 +669,52 @@ mod tests {
         assert_eq!(decades([150.0, 2.5e6].into_iter()), (2, 7));
         assert_eq!(rate_tick(5), "100k");
         assert_eq!(time_tick(6), "1 ms");
+    }
+
+    fn row(id: &'static str, class: Class, deliveries: u64, p50_ns: u64) -> Row {
+        Row {
+            id,
+            name: id,
+            class,
+            promise: "",
+            result: Ok(Measured {
+                deliveries,
+                executed: deliveries / 2,
+                elapsed: std::time::Duration::from_secs(1),
+                p50_ns,
+                ..Measured::default()
+            }),
+        }
+    }
+
+    /// The async rows are held to the same peers as their blocking twins, and the p50 goal
+    /// compares each `Immediate` row with three calibration commits.
+    #[test]
+    fn goals_cover_the_async_rows_and_the_p50() {
+        let rows = [
+            row("idemkv-immediate", Class::Immediate, 20_000, 4_000_000),
+            row(
+                "idemkv-immediate-lazy-async",
+                Class::Immediate,
+                80_000,
+                600_000,
+            ),
+            row("redis-always", Class::Immediate, 25_000, 3_000_000),
+        ];
+        let t = targets(&rows, Some(250_000));
+        let line = |prefix: &str| {
+            t.lines()
+                .find(|l| l.starts_with(prefix))
+                .unwrap_or_else(|| panic!("no line {prefix} in\n{t}"))
+                .to_string()
+        };
+        assert!(line("| `idemkv-immediate-lazy-async` | Redis").contains("| 3.20× | met |"));
+        assert!(line("| `idemkv-immediate` | Redis").contains("| 0.80× | missed"));
+        let p50 = line("| `idemkv-immediate-lazy-async` | claim+complete p50");
+        assert!(p50.contains("≤ 3 × = 750 µs | 600 µs | met |"), "{p50}");
+        let p50 = line("| `idemkv-immediate` | claim+complete p50");
+        assert!(p50.contains("missed: 16.0 commits"), "{p50}");
+        assert!(line("| `idemkv-immediate-async` | claim+complete/s").contains("not measured"));
+        assert!(targets(&rows, None).contains("| ≤ 3× | — | not measured |"));
     }
 }

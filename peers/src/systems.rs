@@ -1,8 +1,8 @@
 //! The systems under test, each doing claim → side effect → complete its own idiomatic way.
 
-use crate::workload::{Delivery, Peer};
-use redb::{self, ReadableTable, TableDefinition};
+use crate::workload::{AsyncPeer, Delivery, Peer};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, LeaseError};
+use redb::{self, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -132,6 +132,43 @@ impl Peer for Idem {
         self.engine
             .flush()
             .map_err(|e| format!("idemkv flush: {e}"))
+    }
+}
+
+impl AsyncPeer for Idem {
+    /// `claim_async`, then `Lease::complete_async`. A claim refused with `Overloaded` (the
+    /// writer queue is full) awaits `flush_async` — the queue has room once what is in it
+    /// is committed — and retries, counted as a back-pressure retry; `complete_async` waits
+    /// for room itself.
+    async fn deliver_async(
+        &self,
+        key: &[u8],
+        response: &[u8],
+        effect: &(dyn Fn() + Sync),
+    ) -> Result<Delivery, String> {
+        loop {
+            match self.engine.claim_async(key, &self.opts).await {
+                Ok(Claim::Acquired(lease)) => {
+                    effect();
+                    return lease
+                        .complete_async(response)
+                        .await
+                        .map(|()| Delivery::Executed)
+                        .map_err(|e| format!("complete: {e}"));
+                }
+                Ok(Claim::InProgress(_) | Claim::Completed(_) | Claim::Forgotten(_)) => {
+                    return Ok(Delivery::Duplicate)
+                }
+                Err(ClaimError::Overloaded(_)) => {
+                    self.retries.fetch_add(1, Ordering::Relaxed);
+                    self.engine
+                        .flush_async()
+                        .await
+                        .map_err(|e| format!("idemkv flush: {e}"))?;
+                }
+                Err(e) => return Err(format!("claim: {e}")),
+            }
+        }
     }
 }
 

@@ -1,9 +1,12 @@
 //! The one workload every system runs: N distinct keys, each delivered D times, by C
 //! concurrent workers. A delivery claims its key; the winner runs the side effect and then
 //! completes the key with its response; every other delivery of the key is a duplicate.
+//! The workers are OS threads calling a blocking API ([`run`]) or tasks on a 2-thread
+//! tokio runtime awaiting an async one ([`run_async`]); the rest of the run is shared.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// What one delivery turned out to be.
@@ -144,6 +147,26 @@ pub fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[rank - 1]
 }
 
+/// A system that also offers an async API: the same delivery as [`Peer::deliver`], as a
+/// future that never blocks its thread, so many workers can share a few runtime threads.
+/// The workers are tasks on a tokio runtime; there is no per-worker connection (the only
+/// implementor is embedded).
+pub trait AsyncPeer: Peer + Send + 'static {
+    /// Handles one delivery of `key`: claim, and if won, `effect()` then complete with
+    /// `response`, awaiting instead of blocking.
+    fn deliver_async<'a>(
+        &'a self,
+        key: &'a [u8],
+        response: &'a [u8],
+        effect: &'a (dyn Fn() + Sync),
+    ) -> impl Future<Output = Result<Delivery, String>> + Send + 'a;
+}
+
+/// Runtime threads for the async rows: one per core of the machine the table is measured
+/// on (2), so the tasks share the cores the way a service's runtime would.
+pub const ASYNC_RUNTIME_THREADS: usize = 2;
+
+/// What one worker (thread or task) recorded.
 struct WorkerOut {
     lat: Vec<u64>,
     win_lat: Vec<u64>,
@@ -155,23 +178,99 @@ struct WorkerOut {
     end: Instant,
 }
 
+impl WorkerOut {
+    fn new(w: &Workload) -> Self {
+        let total = w.n * w.d;
+        WorkerOut {
+            lat: Vec::with_capacity(total / w.c + 16),
+            win_lat: Vec::with_capacity(total / w.c / w.d.max(1) + 16),
+            dup_lat: Vec::with_capacity(total / w.c + 16),
+            executed: 0,
+            duplicates: 0,
+            errors: 0,
+            first_error: None,
+            end: Instant::now(),
+        }
+    }
+
+    /// Records one delivery that took `ns` and answered `r`.
+    fn record(&mut self, ns: u64, r: Result<Delivery, String>) {
+        self.lat.push(ns);
+        match r {
+            Ok(Delivery::Executed) => {
+                self.executed += 1;
+                self.win_lat.push(ns);
+            }
+            Ok(Delivery::Duplicate) => {
+                self.duplicates += 1;
+                self.dup_lat.push(ns);
+            }
+            Err(e) => {
+                self.errors += 1;
+                if self.first_error.is_none() {
+                    self.first_error = Some(e);
+                }
+            }
+        }
+    }
+}
+
+/// The state every worker of one run shares: the side-effect counters, the next delivery,
+/// and the stop flag the time limit raises.
+struct Shared {
+    effects: Vec<AtomicU32>,
+    next: AtomicUsize,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn new(w: &Workload) -> Self {
+        Shared {
+            effects: (0..w.n).map(|_| AtomicU32::new(0)).collect(),
+            next: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+        }
+    }
+
+    /// The next delivery's key index, or `None` once all are handed out or time is up.
+    fn take(&self, w: &Workload) -> Option<usize> {
+        if self.stop.load(Ordering::Relaxed) {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        (i < w.n * w.d).then_some(i / w.d)
+    }
+
+    /// The side effect of key `k`: one more run of it.
+    fn effect(&self, k: usize) {
+        self.effects[k].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Raises `stop` once `limit` has passed since `start`, until `finished` says every worker
+/// is done (the same 2 ms polling for the thread and the task rows).
+fn watch(start: Instant, limit: Duration, stop: &AtomicBool, finished: impl Fn() -> bool) {
+    while !finished() {
+        if start.elapsed() >= limit {
+            stop.store(true, Ordering::Relaxed);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Runs the workload against `peer`. Deliveries are handed out in order from one shared
 /// counter, and the D copies of a key are adjacent in that order, so they reach different
 /// workers at nearly the same instant: the concurrent-duplicate case that breaks
 /// check-then-act code.
 pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
-    let total = w.n * w.d;
-    let effects: Vec<AtomicU32> = (0..w.n).map(|_| AtomicU32::new(0)).collect();
-    let next = AtomicUsize::new(0);
-    let stop = AtomicBool::new(false);
+    let shared = Shared::new(w);
     let ready = Barrier::new(w.c + 1);
     let go = Barrier::new(w.c + 1);
     let connect_failed = AtomicBool::new(false);
     let (start, outs) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..w.c)
             .map(|_| {
-                let (effects, next, stop, ready, go, connect_failed) =
-                    (&effects, &next, &stop, &ready, &go, &connect_failed);
+                let (shared, ready, go, connect_failed) = (&shared, &ready, &go, &connect_failed);
                 std::thread::Builder::new()
                     .stack_size(256 * 1024)
                     .spawn_scoped(s, move || -> Result<WorkerOut, String> {
@@ -182,52 +281,16 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
                         ready.wait();
                         go.wait();
                         let mut conn = conn?;
-                        let mut out = WorkerOut {
-                            lat: Vec::with_capacity(total / w.c + 16),
-                            win_lat: Vec::with_capacity(total / w.c / w.d.max(1) + 16),
-                            dup_lat: Vec::with_capacity(total / w.c + 16),
-                            executed: 0,
-                            duplicates: 0,
-                            errors: 0,
-                            first_error: None,
-                            end: Instant::now(),
-                        };
+                        let mut out = WorkerOut::new(w);
                         if connect_failed.load(Ordering::SeqCst) {
                             return Ok(out);
                         }
-                        loop {
-                            if stop.load(Ordering::Relaxed) {
-                                break;
-                            }
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            if i >= total {
-                                break;
-                            }
-                            let k = i / w.d;
+                        while let Some(k) = shared.take(w) {
                             let key = key_of(k);
-                            let effect = || {
-                                effects[k].fetch_add(1, Ordering::Relaxed);
-                            };
+                            let effect = || shared.effect(k);
                             let t = Instant::now();
                             let r = peer.deliver(&mut conn, &key, &w.response, &effect);
-                            let ns = t.elapsed().as_nanos() as u64;
-                            out.lat.push(ns);
-                            match r {
-                                Ok(Delivery::Executed) => {
-                                    out.executed += 1;
-                                    out.win_lat.push(ns);
-                                }
-                                Ok(Delivery::Duplicate) => {
-                                    out.duplicates += 1;
-                                    out.dup_lat.push(ns);
-                                }
-                                Err(e) => {
-                                    out.errors += 1;
-                                    if out.first_error.is_none() {
-                                        out.first_error = Some(e);
-                                    }
-                                }
-                            }
+                            out.record(t.elapsed().as_nanos() as u64, r);
                         }
                         out.end = Instant::now();
                         Ok(out)
@@ -238,12 +301,9 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
         ready.wait();
         let start = Instant::now();
         go.wait();
-        while !handles.iter().all(|h| h.is_finished()) {
-            if start.elapsed() >= w.time_limit {
-                stop.store(true, Ordering::Relaxed);
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
+        watch(start, w.time_limit, &shared.stop, || {
+            handles.iter().all(|h| h.is_finished())
+        });
         let outs: Vec<Result<WorkerOut, String>> = handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err("a worker panicked".into())))
@@ -251,6 +311,71 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
         (start, outs)
     });
     let drained = peer.drain().map(|()| Instant::now());
+    summarize(peer, w, &shared, start, outs, drained)
+}
+
+/// Runs the same workload as [`run`] with its C workers as C tasks on a tokio runtime of
+/// [`ASYNC_RUNTIME_THREADS`] threads, each task awaiting [`AsyncPeer::deliver_async`] in a
+/// loop where a thread of [`run`] blocks in [`Peer::deliver`]. The clock starts before the
+/// tasks are spawned (spawning 64 tasks takes microseconds), and the final drain is the
+/// same blocking [`Peer::drain`], timed.
+pub fn run_async<P: AsyncPeer>(peer: &Arc<P>, w: &Workload) -> Result<Measured, String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(ASYNC_RUNTIME_THREADS)
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let shared = Arc::new(Shared::new(w));
+    let work = Arc::new(w.clone());
+    let finished = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let handles: Vec<_> = (0..w.c)
+        .map(|_| {
+            let (peer, shared, w, finished) = (
+                Arc::clone(peer),
+                Arc::clone(&shared),
+                Arc::clone(&work),
+                Arc::clone(&finished),
+            );
+            rt.spawn(async move {
+                let mut out = WorkerOut::new(&w);
+                while let Some(k) = shared.take(&w) {
+                    let key = key_of(k);
+                    let effect = || shared.effect(k);
+                    let t = Instant::now();
+                    let r = peer.deliver_async(&key, &w.response, &effect).await;
+                    out.record(t.elapsed().as_nanos() as u64, r);
+                }
+                out.end = Instant::now();
+                finished.fetch_add(1, Ordering::Release);
+                out
+            })
+        })
+        .collect();
+    watch(start, w.time_limit, &shared.stop, || {
+        finished.load(Ordering::Acquire) == w.c
+    });
+    let outs: Vec<Result<WorkerOut, String>> = rt.block_on(async {
+        let mut outs = Vec::with_capacity(handles.len());
+        for h in handles {
+            outs.push(h.await.map_err(|e| format!("a task failed: {e}")));
+        }
+        outs
+    });
+    drop(rt);
+    let drained = peer.drain().map(|()| Instant::now());
+    summarize(&**peer, w, &shared, start, outs, drained)
+}
+
+/// Gathers the workers' records into one measurement and checks the side-effect counters.
+fn summarize<P: Peer>(
+    peer: &P,
+    w: &Workload,
+    shared: &Shared,
+    start: Instant,
+    outs: Vec<Result<WorkerOut, String>>,
+    drained: Result<Instant, String>,
+) -> Result<Measured, String> {
+    let total = w.n * w.d;
     let mut m = Measured::default();
     let mut lat = Vec::with_capacity(total);
     let mut win_lat = Vec::with_capacity(w.n);
@@ -279,7 +404,7 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
     m.p99_ns = percentile(&win_lat, 0.99);
     m.dup_p50_ns = percentile(&dup_lat, 0.50);
     m.dup_p99_ns = percentile(&dup_lat, 0.99);
-    for e in &effects {
+    for e in &shared.effects {
         let runs = e.load(Ordering::Relaxed) as u64;
         if runs >= 1 {
             m.keys_run += 1;
@@ -307,5 +432,58 @@ mod tests {
         assert_eq!(percentile(&v, 0.99), 99);
         assert_eq!(percentile(&v, 1.0), 100);
         assert_eq!(percentile(&[], 0.5), 0);
+    }
+
+    fn small() -> Workload {
+        Workload {
+            n: 500,
+            d: 3,
+            c: 16,
+            time_limit: Duration::from_secs(60),
+            response: b"done".to_vec(),
+        }
+    }
+
+    /// The task runner hands out every delivery once, runs each key's effect once, and
+    /// counts the rest as duplicates, exactly as the thread runner does.
+    #[test]
+    fn async_runner_matches_the_thread_runner() {
+        let dir = std::env::temp_dir();
+        let w = small();
+        let peer = Arc::new(
+            crate::systems::Idem::open(&dir, idemkv::Durability::None, true).expect("open"),
+        );
+        let a = run_async(&peer, &w).expect("async run");
+        let t = run(
+            &crate::systems::Idem::open(&dir, idemkv::Durability::None, true).expect("open"),
+            &w,
+        )
+        .expect("thread run");
+        for m in [&a, &t] {
+            assert_eq!(m.deliveries, 1500);
+            assert_eq!(m.executed, 500);
+            assert_eq!(m.duplicates, 1000);
+            assert_eq!(m.keys_run, 500);
+            assert_eq!((m.double_keys, m.errors), (0, 0));
+            assert!(!m.cut_short);
+        }
+    }
+
+    /// A run stopped by the time limit reports what it finished, for tasks as for threads.
+    #[test]
+    fn async_runner_stops_at_the_time_limit() {
+        let w = Workload {
+            time_limit: Duration::ZERO,
+            n: 1_000_000,
+            ..small()
+        };
+        let peer = Arc::new(
+            crate::systems::Idem::open(&std::env::temp_dir(), idemkv::Durability::None, true)
+                .expect("open"),
+        );
+        let m = run_async(&peer, &w).expect("async run");
+        assert!(m.cut_short);
+        assert_eq!(m.deliveries, m.executed + m.duplicates);
+        assert_eq!(m.double_keys, 0);
     }
 }
