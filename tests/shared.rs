@@ -103,6 +103,27 @@ impl RowLock {
         ))
     }
 
+    /// A session whose open transaction has inserted `key` as another process's claim
+    /// would (a token from the sequence, a lease of an hour), uncommitted.
+    fn insert_live(prefix: &str, key: &[u8]) -> RowLock {
+        RowLock::hold(&format!(
+            "INSERT INTO \"{prefix}keys\" (key, state, token, attempt, lease_until, reap_at, \
+             first_claimed_at) VALUES ('\\x{}', 'i', nextval('\"{prefix}tokens\"'), 1, \
+             now() + interval '1 hour', now() + interval '2 hours', now())",
+            hex(key)
+        ))
+    }
+
+    /// Commits the session's transaction and ends it.
+    fn commit(mut self) {
+        if let Some(stdin) = self.0.stdin.as_mut() {
+            writeln!(stdin, "COMMIT;").expect("write to psql");
+        }
+        drop(self.0.stdin.take());
+        let status = self.0.wait().expect("psql ends");
+        assert!(status.success(), "psql failed to commit");
+    }
+
     /// A session that runs `sql` in a transaction it keeps open until dropped.
     fn hold(sql: &str) -> RowLock {
         let mut session = RowLock(
@@ -137,12 +158,23 @@ impl Drop for RowLock {
     }
 }
 
-/// Waits (bounded) until a backend of this test's tables waits on a lock, and terminates
-/// it, as a server restart or a network cut would end the connection mid-statement.
+/// Waits (bounded) until a backend of this test's objects (its table, or its claim
+/// function) waits on a lock, and terminates it, as a server restart or a network cut
+/// would end the connection mid-statement.
 fn kill_blocked_connection(prefix: &str) {
+    on_blocked_connection(prefix, "count(pg_terminate_backend(pid))");
+}
+
+/// Waits (bounded) until a backend of this test's objects waits on a lock.
+fn wait_blocked_connection(prefix: &str) {
+    on_blocked_connection(prefix, "count(*)");
+}
+
+fn on_blocked_connection(prefix: &str, select: &str) {
     let sql = format!(
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-         WHERE wait_event_type = 'Lock' AND query LIKE '%{prefix}keys%' AND pid <> pg_backend_pid()"
+        "SELECT {select} FROM pg_stat_activity \
+         WHERE wait_event_type = 'Lock' AND query LIKE '%{prefix}%' \
+           AND query NOT LIKE '%pg_stat_activity%' AND pid <> pg_backend_pid()"
     );
     let end = Instant::now() + Duration::from_secs(20);
     // Polls a state of the server (a backend blocked on the lock), not the passing of time.
@@ -596,6 +628,25 @@ fn a_connection_killed_mid_call_gives_outcome_unknown_and_loses_nothing() {
     a.complete(b"k", token, b"result").expect("repeat");
 }
 
+/// A claim that meets another process's insert still in flight waits for its commit and
+/// answers from the committed row in the same call: one round trip, not a second ask.
+#[test]
+fn a_claim_meeting_an_insert_in_flight_answers_in_one_round_trip() {
+    let p = prefix("inflight");
+    let e = engine(&p);
+    let lock = RowLock::insert_live(&p, b"k");
+    let before = e.stats().db_round_trips;
+    let e2 = e.clone();
+    let claiming = std::thread::spawn(move || e2.claim(b"k", &ClaimOptions::default()));
+    wait_blocked_connection(&p);
+    lock.commit();
+    match claiming.join().expect("no panic").expect("claim") {
+        Claim::InProgress(busy) => assert_eq!(busy.attempt(), 1),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.stats().db_round_trips - before, 1);
+}
+
 #[test]
 fn a_statement_cancelled_at_its_timeout_is_a_typed_refusal() {
     let p = prefix("timeout");
@@ -674,7 +725,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=2"
+        "schema_version=3"
     );
     let again = engine(&p);
     assert!(matches!(
@@ -1018,13 +1069,31 @@ fn a_failed_attempt_is_taken_over_at_once_with_its_checkpoint() {
     });
 }
 
-/// A database created by the previous schema version (its DDL, run here) is upgraded in
-/// place by the first of several engines opening at once, exactly once: rows claimed
-/// before keep working (no attempt start recorded for them), and later opens find the
-/// current version.
+/// A database created by schema version 1 (its DDL, run here) is upgraded in place by the
+/// first of several engines opening at once, exactly once: rows claimed before keep
+/// working (no attempt start recorded for them), and later opens find the current version.
 #[test]
-fn a_database_of_the_previous_schema_version_is_upgraded_once() {
-    let p = prefix("upgrade");
+fn a_database_of_schema_version_1_is_upgraded_once() {
+    upgraded_once("upgrade1", 1);
+}
+
+/// The same from schema version 2 (version 1's DDL and the columns version 2 added): the
+/// upgrade installs the claim function, and claims go through it.
+#[test]
+fn a_database_of_schema_version_2_is_upgraded_once() {
+    upgraded_once("upgrade2", 2);
+}
+
+fn upgraded_once(name: &str, from: u32) {
+    let p = prefix(name);
+    let v2 = if from >= 2 {
+        format!(
+            "ALTER TABLE \"{p}keys\" ADD COLUMN failed boolean NOT NULL DEFAULT false,
+                ADD COLUMN attempt_started_at timestamptz, ADD COLUMN retention_us bigint;"
+        )
+    } else {
+        String::new()
+    };
     psql(&format!(
         "CREATE TABLE \"{p}keys\" (
     key bytea PRIMARY KEY, state text NOT NULL CHECK (state IN ('i', 'c')),
@@ -1035,7 +1104,8 @@ fn a_database_of_the_previous_schema_version_is_upgraded_once() {
 CREATE INDEX \"{p}keys_reap_at\" ON \"{p}keys\" (reap_at);
 CREATE SEQUENCE \"{p}tokens\" AS bigint MINVALUE 1 NO CYCLE;
 CREATE TABLE \"{p}meta\" (name text PRIMARY KEY, value bigint NOT NULL);
-INSERT INTO \"{p}meta\" VALUES ('schema_version', 1);
+{v2}
+INSERT INTO \"{p}meta\" VALUES ('schema_version', {from});
 INSERT INTO \"{p}keys\" (key, state, token, attempt, lease_until, reap_at, first_claimed_at)
 VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         now() + interval '2 hours', now());",
@@ -1058,7 +1128,13 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         psql(&format!(
             "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
         )),
-        "2"
+        "3"
+    );
+    assert_eq!(
+        psql(&format!(
+            "SELECT count(*) FROM pg_proc WHERE proname = '{p}claim'"
+        )),
+        "1"
     );
     match engines[0].get(b"old").expect("get") {
         Some(KeyState::InFlight {

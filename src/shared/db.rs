@@ -287,7 +287,7 @@ impl Db {
                     let v: i64 = row
                         .try_get(0)
                         .map_err(|e| DatabaseError::from_client(e, "reading the schema version"))?;
-                    if v != PG_SCHEMA_VERSION_UPGRADABLE {
+                    if self.sql.upgrade(v).is_none() {
                         return check_version(v);
                     }
                 }
@@ -314,9 +314,8 @@ impl Db {
             // A fresh database gets the current schema; one of the version before is
             // upgraded in place (the last statement of each list writes the version row).
             let steps = match version {
-                None => Some(&self.sql.create),
-                Some(PG_SCHEMA_VERSION_UPGRADABLE) => Some(&self.sql.upgrade),
-                Some(_) => None,
+                None => Some(&self.sql.create[..]),
+                Some(v) => self.sql.upgrade(v),
             };
             if let Some(steps) = steps {
                 let (last, ddl) = steps.split_last().unzip();
@@ -329,7 +328,7 @@ impl Db {
                 }
             }
             tx.commit().await?;
-            Ok::<_, tokio_postgres::Error>(version.filter(|v| *v != PG_SCHEMA_VERSION_UPGRADABLE))
+            Ok::<_, tokio_postgres::Error>(version.filter(|v| self.sql.upgrade(*v).is_none()))
         };
         let timeout = self.call_timeout * 4;
         match tokio::time::timeout(timeout, work).await {

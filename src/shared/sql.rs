@@ -28,8 +28,10 @@ pub(crate) struct Sql {
     pub(crate) create_schema: Option<String>,
     /// The schema's DDL, run under the advisory lock by the first open of a database.
     pub(crate) create: Vec<String>,
-    /// From schema version 1 to 2, run under the same lock; each statement is idempotent.
-    pub(crate) upgrade: Vec<String>,
+    /// From schema version 1, then from 2, to the current one (3), run under the same
+    /// lock; each statement is idempotent and the last writes the version row.
+    pub(crate) upgrade_from_1: Vec<String>,
+    pub(crate) upgrade_from_2: Vec<String>,
 }
 
 /// `n` microseconds as an interval.
@@ -79,70 +81,99 @@ impl Sql {
         create.push(format!(
             "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
         ));
-        create.push(format!(
-            "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
-             ON CONFLICT (name) DO NOTHING"
-        ));
 
-        // Claim: insert the key, or take it over when the existing row allows it (a
-        // completion past its retention: a fresh claim; an InFlight row whose lease is over
-        // and whose fingerprint matches: attempt + 1, checkpoint kept). Only those two
-        // branches write or lock: the insert runs only when the snapshot shows no row and
-        // does nothing on a conflict, and the update's condition is checked before the row
-        // is locked (and re-checked on its newest version once locked), so a claim answered
-        // by a live row is read-only and commits without a WAL flush. A token is drawn from
-        // the sequence only by a branch that may write, after the snapshot that showed the
-        // row it replaces, so a key's tokens only increase. When nothing was written, the
-        // last branch reports the row as the statement's snapshot shows it ($1 key, $2
-        // fingerprint, $3 the same request's 64-bit legacy fingerprint, $4 lease µs, $5 the
-        // engine's retention µs, $6 the claim's own retention µs or NULL). The key's own
-        // retention is kept in the row through a takeover of an InFlight row unless the
-        // taking claim brings its own; a fresh claim replaces it.
-        let claim = format!(
-            "WITH ins AS (
-    INSERT INTO {keys} (key, state, token, attempt, fingerprint, lease_until, reap_at,
-                        first_claimed_at, attempt_started_at, retention_us)
-    SELECT $1, 'i', nextval('{seq_lit}'), 1, $2, clock_timestamp() + $4::bigint {US},
-           clock_timestamp() + ($4::bigint + coalesce($6::bigint, $5::bigint)) {US},
-           clock_timestamp(), clock_timestamp(), $6::bigint
-    WHERE NOT EXISTS (SELECT 1 FROM {keys} WHERE key = $1)
-    ON CONFLICT (key) DO NOTHING
-    RETURNING token, attempt, checkpoint_phase, checkpoint
-), upd AS (
-    UPDATE {keys} k SET
-        token = nextval('{seq_lit}'),
-        attempt = CASE WHEN k.state = 'c' THEN 1 ELSE k.attempt + 1 END,
-        fingerprint = CASE WHEN k.state = 'c' THEN $2
-                           ELSE coalesce($2, k.fingerprint) END,
-        checkpoint_phase = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint_phase END,
-        checkpoint = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint END,
-        first_claimed_at = CASE WHEN k.state = 'c' THEN clock_timestamp() ELSE k.first_claimed_at END,
-        state = 'i', response = NULL, expires_at = NULL, completed_at = NULL, failed = false,
-        attempt_started_at = clock_timestamp(), lease_until = clock_timestamp() + $4::bigint {US},
-        retention_us = CASE WHEN k.state = 'c' THEN $6 ELSE coalesce($6, k.retention_us) END,
-        reap_at = clock_timestamp() + ($4::bigint + coalesce($6, CASE WHEN k.state = 'i'
-                                       THEN k.retention_us END, $5::bigint)) {US}
-    WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins)
-      AND ((k.state = 'c' AND k.expires_at <= clock_timestamp())
-           OR (k.state = 'i' AND k.lease_until <= clock_timestamp()
-               AND ($2::bytea IS NULL OR k.fingerprint IS NULL
-                    OR k.fingerprint = $2 OR k.fingerprint = $3)))
-    RETURNING k.token, k.attempt, k.checkpoint_phase, k.checkpoint
-)
-SELECT 'a'::text AS kind, token, attempt, checkpoint_phase, checkpoint,
-       NULL::bytea AS response, NULL::bytea AS fingerprint, NULL::bigint AS remaining_us
-FROM ins
-UNION ALL
-SELECT 'a', token, attempt, checkpoint_phase, checkpoint, NULL, NULL, NULL
-FROM upd
-UNION ALL
-SELECT k.state, k.token, k.attempt, NULL, NULL,
-       CASE WHEN k.state = 'c' THEN k.response END, k.fingerprint,
-       (extract(epoch FROM CASE WHEN k.state = 'c' THEN k.expires_at ELSE k.lease_until END
-                           - clock_timestamp()) * 1000000)::bigint
-FROM {keys} k
-WHERE k.key = $1 AND NOT EXISTS (SELECT 1 FROM ins) AND NOT EXISTS (SELECT 1 FROM upd)"
+        // Claim: one call of a function the backend installs (`claim_fn`). Inside, each
+        // pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
+        // statement of a volatile function its own) and then does at most one conditional
+        // write: with no row, an insert that does nothing on a conflict; with a row the
+        // claim may take over (a completion past its retention: a fresh claim; an InFlight
+        // row whose lease is over and whose fingerprint matches: attempt + 1, checkpoint
+        // kept), an update whose condition is re-checked on the row's newest version once
+        // locked. A write that did nothing (another caller inserted or took over first)
+        // starts the next pass, whose snapshot shows that caller's commit; otherwise the
+        // row read is the answer. So a claim answered by a live row is one read, writes
+        // nothing and commits without a WAL flush, and a claim that meets an insert in
+        // flight waits for it and answers from it in the same call. A token is drawn from
+        // the sequence only by a writing statement, after the snapshot that showed the row
+        // it replaces (or none), so a key's tokens only increase. After `PG_CLAIM_ASKS_MAX`
+        // passes that each lost a race it returns no row, and the caller asks again.
+        // Parameters: the key, the fingerprint, the same request's 64-bit legacy
+        // fingerprint, the lease µs, the engine's retention µs, the claim's own retention
+        // µs or NULL. The key's own retention is kept in the row through a takeover of an
+        // InFlight row unless the taking claim brings its own; a fresh claim replaces it.
+        let claim_fn = q("claim");
+        let asks = crate::constants::PG_CLAIM_ASKS_MAX;
+        let take_over = |r: &str| {
+            format!(
+                "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp())
+           OR ({r}.state = 'i' AND {r}.lease_until <= clock_timestamp()
+               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy))"
+            )
+        };
+        let (take_over_seen, take_over_locked) = (take_over("seen"), take_over("k"));
+        let acquired = "RETURNING 'a'::text, k.token, k.attempt, k.checkpoint_phase, k.checkpoint,
+                      NULL::bytea, NULL::bytea, NULL::bigint";
+        let claim_fn_ddl = format!(
+            "CREATE OR REPLACE FUNCTION {claim_fn}(p_key bytea, p_fp bytea, p_fp_legacy bytea,
+    p_lease_us bigint, p_retention_us bigint, p_own_us bigint)
+RETURNS TABLE (kind text, token bigint, attempt integer, checkpoint_phase bigint,
+               checkpoint bytea, response bytea, fingerprint bytea, remaining_us bigint)
+LANGUAGE plpgsql VOLATILE AS $claim$
+#variable_conflict use_column
+DECLARE
+    seen {keys}%ROWTYPE;
+BEGIN
+    FOR pass IN 1..{asks} LOOP
+        SELECT * INTO seen FROM {keys} r WHERE r.key = p_key;
+        IF NOT FOUND THEN
+            RETURN QUERY
+            INSERT INTO {keys} AS k (key, state, token, attempt, fingerprint, lease_until,
+                                     reap_at, first_claimed_at, attempt_started_at,
+                                     retention_us)
+            VALUES (p_key, 'i', nextval('{seq_lit}'), 1, p_fp,
+                    clock_timestamp() + p_lease_us {US},
+                    clock_timestamp() + (p_lease_us + coalesce(p_own_us, p_retention_us)) {US},
+                    clock_timestamp(), clock_timestamp(), p_own_us)
+            ON CONFLICT (key) DO NOTHING
+            {acquired};
+        ELSIF {take_over_seen} THEN
+            RETURN QUERY
+            UPDATE {keys} k SET
+                token = nextval('{seq_lit}'),
+                attempt = CASE WHEN k.state = 'c' THEN 1 ELSE k.attempt + 1 END,
+                fingerprint = CASE WHEN k.state = 'c' THEN p_fp
+                                   ELSE coalesce(p_fp, k.fingerprint) END,
+                checkpoint_phase = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint_phase END,
+                checkpoint = CASE WHEN k.state = 'c' THEN NULL ELSE k.checkpoint END,
+                first_claimed_at = CASE WHEN k.state = 'c' THEN clock_timestamp()
+                                        ELSE k.first_claimed_at END,
+                state = 'i', response = NULL, expires_at = NULL, completed_at = NULL,
+                failed = false, attempt_started_at = clock_timestamp(),
+                lease_until = clock_timestamp() + p_lease_us {US},
+                retention_us = CASE WHEN k.state = 'c' THEN p_own_us
+                                    ELSE coalesce(p_own_us, k.retention_us) END,
+                reap_at = clock_timestamp() + (p_lease_us + coalesce(p_own_us,
+                              CASE WHEN k.state = 'i' THEN k.retention_us END,
+                              p_retention_us)) {US}
+            WHERE k.key = p_key AND ({take_over_locked})
+            {acquired};
+        ELSE
+            RETURN QUERY
+            SELECT seen.state, seen.token, seen.attempt, NULL::bigint, NULL::bytea,
+                   CASE WHEN seen.state = 'c' THEN seen.response END, seen.fingerprint,
+                   (extract(epoch FROM CASE WHEN seen.state = 'c' THEN seen.expires_at
+                                            ELSE seen.lease_until END
+                                       - clock_timestamp()) * 1000000)::bigint;
+        END IF;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+END
+$claim$"
         );
+        let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6)");
 
         // Complete: fenced by the token and the InFlight state. It does not notify: a
         // notifying transaction holds the database-wide notify lock through its commit,
@@ -231,16 +262,28 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
 
         let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
 
+        // The claim function comes after the table (its row type is the table's); the
+        // version row is written last.
+        create.push(claim_fn_ddl.clone());
+        create.push(format!(
+            "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
+             ON CONFLICT (name) DO NOTHING"
+        ));
+
         // Version 1 to 2: the failed flag, the attempt's start (unknown, so NULL, for rows
-        // claimed before) and the key's own retention, then the version row.
-        let upgrade = vec![
+        // claimed before) and the key's own retention. Version 2 to 3: the claim function.
+        // Then the version row. Each statement is idempotent.
+        let columns_v2 = vec![
             format!(
                 "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false"
             ),
             format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS attempt_started_at timestamptz"),
             format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS retention_us bigint"),
-            format!("UPDATE {meta} SET value = $1 WHERE name = 'schema_version' AND value < $1"),
         ];
+        let version_row =
+            format!("UPDATE {meta} SET value = $1 WHERE name = 'schema_version' AND value < $1");
+        let upgrade_from_1 = [columns_v2, vec![claim_fn_ddl.clone(), version_row.clone()]].concat();
+        let upgrade_from_2 = vec![claim_fn_ddl, version_row];
 
         Sql {
             keys,
@@ -258,7 +301,17 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             version,
             create_schema,
             create,
-            upgrade,
+            upgrade_from_1,
+            upgrade_from_2,
+        }
+    }
+
+    /// The statements that bring a database of schema version `from` to the current one.
+    pub(crate) fn upgrade(&self, from: i64) -> Option<&[String]> {
+        match from {
+            1 => Some(&self.upgrade_from_1),
+            2 => Some(&self.upgrade_from_2),
+            _ => None,
         }
     }
 
@@ -295,7 +348,7 @@ mod tests {
             sql.create_meta(),
         ];
         all.extend(sql.create.iter().cloned());
-        all.extend(sql.upgrade.iter().cloned());
+        all.extend(sql.upgrade_from_1.iter().cloned());
         for stmt in all {
             assert!(doc.contains(&stmt), "docs/shared.md lacks:\n{stmt}");
         }
