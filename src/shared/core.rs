@@ -97,6 +97,38 @@ impl Core {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// A claim answered by this process alone, on the caller's thread, without the
+    /// runtime (`Front::answer_locally`); `None`: make the full claim.
+    pub(crate) fn claim_locally(
+        &self,
+        key: &[u8],
+        asked: Option<AskedFingerprint>,
+        waits: bool,
+    ) -> Option<Result<Answer, ClaimError>> {
+        if self.is_closed() {
+            return None;
+        }
+        let hash = crate::observe::key_hash(key);
+        let look = self.front.answer_locally(key, hash, asked, waits)?;
+        bump(&self.counters.claims);
+        Some(match look {
+            Look::Replay(stored) => {
+                bump(&self.counters.replays);
+                Ok(Answer::Completed(stored))
+            }
+            Look::Mismatch => {
+                bump(&self.counters.fingerprint_mismatches);
+                Err(ClaimError::FingerprintMismatch)
+            }
+            Look::Busy {
+                retry_after,
+                attempt,
+            } => Ok(self.busy(retry_after, attempt)),
+            // `answer_locally` answers only the three above.
+            Look::Ask | Look::Wait { .. } => return None,
+        })
+    }
+
     /// A claim; `wait`: `claim_or_wait`'s wait. Concurrent local callers of one key share
     /// one statement (see `front.rs`).
     pub(crate) async fn claim(

@@ -314,6 +314,42 @@ impl Front {
         Look::Ask
     }
 
+    /// What this process can answer about `key` by itself, on the caller's thread: a
+    /// cached completion (or its fingerprint mismatch), or, for a caller that does not
+    /// wait, a live lease of this process. `None` when the answer needs the full claim (no
+    /// entry, an ask under way to join, another process's lease, something expired). It
+    /// creates no entry and takes no ask, so the full claim that follows a `None` starts
+    /// from the same state; what it answers is what `look` would have answered.
+    pub(crate) fn answer_locally(
+        &self,
+        key: &[u8],
+        hash: u64,
+        asked: Option<AskedFingerprint>,
+        waits: bool,
+    ) -> Option<Look> {
+        let now = Instant::now();
+        let mut stripe = self.stripe(hash).lock();
+        let e = stripe.find(hash, key)?;
+        if e.asking {
+            return None;
+        }
+        match &e.state {
+            Local::Completed(c) if now < c.until => {
+                if let (Some(asked), Some(stored)) = (asked, c.fingerprint) {
+                    if !asked.matches(stored) {
+                        return Some(Look::Mismatch);
+                    }
+                }
+                Some(Look::Replay(c.stored.clone()))
+            }
+            Local::Held { until, attempt, .. } if now < *until && !waits => Some(Look::Busy {
+                retry_after: *until - now,
+                attempt: *attempt,
+            }),
+            _ => None,
+        }
+    }
+
     /// Publishes what an ask found and lets the key's waiters look again. `sent`: when the
     /// statement was sent (estimates of deadlines start there, so they are never later
     /// than the database's).
@@ -505,5 +541,98 @@ impl Stripe {
         if idle {
             self.remove(hash, key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn stored(token: u64) -> Stored {
+        Stored {
+            response: Arc::from(&b"r"[..]),
+            token,
+            attempt: 1,
+            expires_wall_ms: 0,
+        }
+    }
+
+    fn ask(front: &Front, key: &[u8], hash: u64) {
+        assert!(matches!(
+            front.look(key, hash, None, None, false, Instant::now()),
+            Look::Ask
+        ));
+    }
+
+    /// The caller's-thread answer agrees with the full look: a live lease of this process
+    /// answers a caller that does not wait, a cached completion answers everyone, and an
+    /// ask under way, another process's lease or an unknown key are left to the full claim.
+    #[test]
+    fn answers_locally_only_what_the_full_look_answers_without_a_round_trip() {
+        let front = Front::new();
+        let (k, h) = (&b"k"[..], 7);
+        assert!(front.answer_locally(k, h, None, false).is_none());
+        ask(&front, k, h);
+        // Another caller would join this ask: not answered locally.
+        assert!(front.answer_locally(k, h, None, false).is_none());
+        let lease = Duration::from_secs(60);
+        let found = Found::Acquired {
+            token: 3,
+            attempt: 1,
+            lease,
+        };
+        front.publish(k, h, Instant::now(), found);
+        match front.answer_locally(k, h, None, false) {
+            Some(Look::Busy {
+                attempt: 1,
+                retry_after,
+            }) => assert!(retry_after <= lease),
+            _ => panic!("a live local lease answers a caller that does not wait"),
+        }
+        assert!(front.answer_locally(k, h, None, true).is_none());
+        let cached = Cached {
+            stored: stored(3),
+            fingerprint: None,
+            until: Instant::now() + lease,
+        };
+        front.completed(k, h, cached);
+        for waits in [false, true] {
+            match front.answer_locally(k, h, None, waits) {
+                Some(Look::Replay(s)) => assert_eq!(s.token, 3),
+                _ => panic!("a cached completion is replayed"),
+            }
+        }
+
+        let (r, rh) = (&b"remote"[..], 9);
+        ask(&front, r, rh);
+        let found = Found::Held {
+            remaining: lease,
+            attempt: 2,
+        };
+        front.publish(r, rh, Instant::now(), found);
+        assert!(front.answer_locally(r, rh, None, false).is_none());
+        assert!(front.answer_locally(r, rh, None, true).is_none());
+    }
+
+    /// A cached completion stored with one fingerprint refuses a claim that brings another.
+    #[test]
+    fn a_cached_completion_answers_a_mismatched_fingerprint_locally() {
+        let front = Front::new();
+        let (k, h) = (&b"k"[..], 1);
+        let cached = Cached {
+            stored: stored(5),
+            fingerprint: Some(1),
+            until: Instant::now() + Duration::from_secs(60),
+        };
+        front.completed(k, h, cached);
+        let other = AskedFingerprint {
+            value: 2,
+            legacy: None,
+        };
+        assert!(matches!(
+            front.answer_locally(k, h, Some(other), false),
+            Some(Look::Mismatch)
+        ));
     }
 }

@@ -271,8 +271,12 @@ impl Backend {
         wait: bool,
     ) -> Result<Claim, ClaimError> {
         let key = &*Self::shared_key(engine, key, opts)?;
-        let answer =
-            block_on(self.start_claim(key, opts, wait)).unwrap_or(Err(ClaimError::Closed))?;
+        let answer = match self.core.claim_locally(key, opts.fingerprint, wait) {
+            Some(answer) => answer?,
+            None => {
+                block_on(self.start_claim(key, opts, wait)).unwrap_or(Err(ClaimError::Closed))?
+            }
+        };
         Ok(Self::to_claim(engine, key, answer))
     }
 
@@ -285,10 +289,13 @@ impl Backend {
         wait: bool,
     ) -> Result<Claim, ClaimError> {
         let key = &*Self::shared_key(engine, key, opts)?;
-        let answer = self
-            .start_claim(key, opts, wait)
-            .await
-            .unwrap_or(Err(ClaimError::Closed))?;
+        let answer = match self.core.claim_locally(key, opts.fingerprint, wait) {
+            Some(answer) => answer?,
+            None => self
+                .start_claim(key, opts, wait)
+                .await
+                .unwrap_or(Err(ClaimError::Closed))?,
+        };
         Ok(Self::to_claim(engine, key, answer))
     }
 
