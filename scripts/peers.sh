@@ -45,7 +45,7 @@ TIME_LIMIT=${TIME_LIMIT:-4}
 ROUNDS=${ROUNDS:-5}
 if [ "$SECTION" = shared ]; then
     D=${D:-8}
-    SYSTEMS=${SYSTEMS:-pg-sync-on,idemkv-shared,idemkv-shared-4p}
+    SYSTEMS=${SYSTEMS:-pg-sync-on,idemkv-shared,idemkv-shared-4p,idemkv-shared-async,idemkv-shared-4p-async}
 else
     D=${D:-2}
     SYSTEMS=${SYSTEMS:-all}

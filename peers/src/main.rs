@@ -27,7 +27,8 @@ ids: idemkv-immediate idemkv-immediate-lazy idemkv-buffered idemkv-none
      (the -async rows: C tasks on a 2-thread tokio runtime, idemkv's async API)
      redb-naive sqlite-full sqlite-normal
      sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka
-     idemkv-shared idemkv-shared-4p (not in `all`: PostgreSQL at D = 8, `--section shared`)
+     idemkv-shared idemkv-shared-4p idemkv-shared-async idemkv-shared-4p-async
+     (not in `all`: PostgreSQL at D = 8, `--section shared`)
 
 --section shared: the shared backend's comparison (round trips per delivery, no chart),
 written between the peers-shared:begin / peers-shared:end markers of --doc.";
@@ -215,6 +216,18 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         Class::Immediate,
         "committed by PostgreSQL (synchronous_commit on) before each call returns",
     ),
+    (
+        "idemkv-shared-async",
+        "idemkv shared (PostgreSQL), 1 process, async",
+        Class::Immediate,
+        "committed by PostgreSQL (synchronous_commit on) before each call returns",
+    ),
+    (
+        "idemkv-shared-4p-async",
+        "idemkv shared (PostgreSQL), 4 processes, async",
+        Class::Immediate,
+        "committed by PostgreSQL (synchronous_commit on) before each call returns",
+    ),
     ("idemkv-none", "idemkv None", Class::Memory, "memory only"),
     (
         "redis-none",
@@ -294,8 +307,10 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
             w,
         ),
         "moka" => workload::run(&systems::Moka::new(), w),
-        "idemkv-shared" => shared::run_one_process(&need_pg()?, w),
-        "idemkv-shared-4p" => shared::run_processes(&need_pg()?, w, 4, dir),
+        "idemkv-shared" => shared::run_one_process(&need_pg()?, w, false),
+        "idemkv-shared-4p" => shared::run_processes(&need_pg()?, w, 4, dir, false),
+        "idemkv-shared-async" => shared::run_one_process(&need_pg()?, w, true),
+        "idemkv-shared-4p-async" => shared::run_processes(&need_pg()?, w, 4, dir, true),
         other => Err(format!("unknown system {other}")),
     }
 }

@@ -5,12 +5,13 @@
 //! trips (`Stats::db_round_trips`); the parent adds them up, with the deliveries and the
 //! side effects of every process (a key run by two processes is a double execution).
 
-use crate::workload::{self, Delivery, Measured, Peer, Workload};
+use crate::workload::{self, AsyncPeer, Delivery, Measured, Peer, Workload};
 use idemkv::{Claim, ClaimOptions, Engine, PostgresConfig};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The shared engine of one process, a pooled connection per worker.
@@ -72,9 +73,7 @@ impl Peer for Shared {
         match self.engine.claim(key, &self.opts) {
             Ok(Claim::Acquired(lease)) => {
                 effect();
-                if let Some(slot) = key_index(key).and_then(|k| self.ran.get(k)) {
-                    slot.fetch_add(1, Ordering::Relaxed);
-                }
+                self.ran_once(key);
                 lease
                     .complete(response)
                     .map(|()| Delivery::Executed)
@@ -89,6 +88,50 @@ impl Peer for Shared {
 
     fn round_trips(&self) -> Option<u64> {
         Some(Shared::round_trips(self))
+    }
+}
+
+impl Shared {
+    fn ran_once(&self, key: &[u8]) {
+        if let Some(slot) = key_index(key).and_then(|k| self.ran.get(k)) {
+            slot.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl AsyncPeer for Shared {
+    /// `claim_async`, then `Lease::complete_async`: the same calls awaited.
+    async fn deliver_async(
+        &self,
+        key: &[u8],
+        response: &[u8],
+        effect: &(dyn Fn() + Sync),
+    ) -> Result<Delivery, String> {
+        match self.engine.claim_async(key, &self.opts).await {
+            Ok(Claim::Acquired(lease)) => {
+                effect();
+                self.ran_once(key);
+                lease
+                    .complete_async(response)
+                    .await
+                    .map(|()| Delivery::Executed)
+                    .map_err(|e| format!("complete: {e}"))
+            }
+            Ok(Claim::InProgress(_)) | Ok(Claim::Completed(_)) | Ok(Claim::Forgotten(_)) => {
+                Ok(Delivery::Duplicate)
+            }
+            Err(e) => Err(format!("claim: {e}")),
+        }
+    }
+}
+
+/// Runs the workload on `peer` with C threads (the blocking API) or C tasks on a tokio
+/// runtime of `ASYNC_RUNTIME_THREADS` threads (the async API).
+fn run_workload(peer: &Arc<Shared>, w: &Workload, async_api: bool) -> Result<Measured, String> {
+    if async_api {
+        workload::run_async(peer, w)
+    } else {
+        workload::run(&**peer, w)
     }
 }
 
@@ -115,12 +158,12 @@ fn drop_tables(conninfo: &str, prefix: &str) {
     }
 }
 
-/// One process: C workers on one shared engine.
-pub fn run_one_process(conninfo: &str, w: &Workload) -> Result<Measured, String> {
+/// One process: C workers (threads, or tasks with `async_api`) on one shared engine.
+pub fn run_one_process(conninfo: &str, w: &Workload, async_api: bool) -> Result<Measured, String> {
     let prefix = fresh_prefix(conninfo)?;
     let result = (|| {
-        let peer = Shared::open(conninfo, &prefix, w.c, w.n)?;
-        let mut m = workload::run(&peer, w)?;
+        let peer = Arc::new(Shared::open(conninfo, &prefix, w.c, w.n)?);
+        let mut m = run_workload(&peer, w, async_api)?;
         m.note = Some(format!("1 process, a pool of {} connections", w.c));
         Ok(m)
     })();
@@ -179,13 +222,14 @@ fn decode(s: &str) -> Result<ChildDone, String> {
     })
 }
 
-/// `processes` processes of `C / processes` workers each, every key delivered
-/// `D / processes` times in each.
+/// `processes` processes of `C / processes` workers each (threads, or tasks with
+/// `async_api`), every key delivered `D / processes` times in each.
 pub fn run_processes(
     conninfo: &str,
     w: &Workload,
     processes: usize,
     dir: &Path,
+    async_api: bool,
 ) -> Result<Measured, String> {
     if !w.d.is_multiple_of(processes) || !w.c.is_multiple_of(processes) {
         return Err(format!(
@@ -194,7 +238,7 @@ pub fn run_processes(
         ));
     }
     let prefix = fresh_prefix(conninfo)?;
-    let result = run_children(conninfo, w, processes, dir, &prefix);
+    let result = run_children(conninfo, w, processes, dir, &prefix, async_api);
     drop_tables(conninfo, &prefix);
     result
 }
@@ -205,6 +249,7 @@ fn run_children(
     processes: usize,
     dir: &Path,
     prefix: &str,
+    async_api: bool,
 ) -> Result<Measured, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
     let mut children = Vec::new();
@@ -219,6 +264,7 @@ fn run_children(
             .args(["--time-limit", &w.time_limit.as_secs().to_string()])
             .args(["--response-bytes", &w.response.len().to_string()])
             .args(["--out", &out.to_string_lossy()])
+            .args(["--async", if async_api { "1" } else { "0" }])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -312,6 +358,7 @@ pub fn child_main(args: &[String]) -> Result<(), String> {
     let mut conninfo = String::new();
     let mut prefix = String::new();
     let mut out = String::new();
+    let mut async_api = false;
     let mut w = Workload {
         n: 0,
         d: 1,
@@ -331,6 +378,7 @@ pub fn child_main(args: &[String]) -> Result<(), String> {
             "--pg" => conninfo = value.clone(),
             "--prefix" => prefix = value.clone(),
             "--out" => out = value.clone(),
+            "--async" => async_api = num()? == 1,
             "--n" => w.n = num()?,
             "--d" => w.d = num()?.max(1),
             "--c" => w.c = num()?.max(1),
@@ -339,7 +387,7 @@ pub fn child_main(args: &[String]) -> Result<(), String> {
             _ => return Err(format!("unknown child flag {flag}")),
         }
     }
-    let peer = Shared::open(&conninfo, &prefix, w.c, w.n)?;
+    let peer = Arc::new(Shared::open(&conninfo, &prefix, w.c, w.n)?);
     let mut stdout = std::io::stdout().lock();
     let say = |stdout: &mut std::io::StdoutLock<'_>, s: &str| {
         writeln!(stdout, "{s}").and_then(|()| stdout.flush())
@@ -349,7 +397,7 @@ pub fn child_main(args: &[String]) -> Result<(), String> {
     std::io::stdin()
         .read_line(&mut go)
         .map_err(|e| e.to_string())?;
-    let m = match workload::run(&peer, &w) {
+    let m = match run_workload(&peer, &w, async_api) {
         Ok(m) => m,
         Err(e) => {
             let _ = say(&mut stdout, &format!("failed {e}"));
