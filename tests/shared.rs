@@ -1279,3 +1279,19 @@ fn a_keys_own_retention_is_kept_through_takeovers_and_reported() {
         Err(ClaimError::RetentionTooLong { .. })
     ));
 }
+
+/// A copy of the tables without the claim function (a table-only dump, logical
+/// replication) is a schema fault, not a refusal to retry: claims report
+/// `DatabaseErrorKind::Schema`.
+#[test]
+fn a_missing_claim_function_is_a_schema_error() {
+    let p = prefix("nofn");
+    let e = engine(&p);
+    psql(&format!("DROP FUNCTION \"{p}claim\""));
+    match e.claim(b"k", &ClaimOptions::default()) {
+        Err(ClaimError::Database(err)) => {
+            assert_eq!(err.kind(), DatabaseErrorKind::Schema, "{err}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

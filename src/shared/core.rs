@@ -110,8 +110,7 @@ impl Core {
         }
         let hash = crate::observe::key_hash(key);
         let look = self.front.answer_locally(key, hash, asked, waits)?;
-        bump(&self.counters.claims);
-        Some(match look {
+        let answer = match look {
             Look::Replay(stored) => {
                 bump(&self.counters.replays);
                 Ok(Answer::Completed(stored))
@@ -126,7 +125,9 @@ impl Core {
             } => Ok(self.busy(retry_after, attempt)),
             // `answer_locally` answers only the three above.
             Look::Ask | Look::Wait { .. } => return None,
-        })
+        };
+        bump(&self.counters.claims);
+        Some(answer)
     }
 
     /// A claim; `wait`: `claim_or_wait`'s wait. Concurrent local callers of one key share
@@ -242,8 +243,8 @@ impl Core {
                     let answer = (!waits_on).then(|| Ok(self.busy(remaining, attempt)));
                     (Found::Held { remaining, attempt }, answer)
                 }
-                // The snapshot showed a row the statement should have taken over, or no row
-                // at all: a commit landed between the snapshot and the conflict check.
+                // The function's passes all lost races to other callers' commits, or it read a
+                // row whose lease or retention ended as it answered: ask again.
                 Ok(_) => {
                     asks += 1;
                     if asks >= PG_CLAIM_ASKS_MAX {

@@ -44,7 +44,8 @@ pub(crate) enum ClaimRow {
         fingerprint: Option<u128>,
         remaining: Duration,
     },
-    /// The statement could not decide from its snapshot: ask again.
+    /// The claim function used up its passes, each lost to another caller's commit: ask
+    /// again.
     Again,
 }
 

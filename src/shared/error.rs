@@ -98,7 +98,8 @@ pub(crate) fn kind_of(code: &str) -> DatabaseErrorKind {
     match code {
         "42501" | "28000" | "28P01" | "42P06" => DatabaseErrorKind::PermissionDenied,
         "57014" => DatabaseErrorKind::StatementTimeout,
-        "42P01" | "3F000" | "42703" | "42P07" | "42804" => DatabaseErrorKind::Schema,
+        // 42883: the claim function is missing (a copy of the tables without it).
+        "42P01" | "3F000" | "42703" | "42P07" | "42804" | "42883" => DatabaseErrorKind::Schema,
         c if c.starts_with("53") => DatabaseErrorKind::DiskFull,
         c if c.starts_with("08") || c.starts_with("57P") => DatabaseErrorKind::Unavailable,
         _ => DatabaseErrorKind::Rejected,
