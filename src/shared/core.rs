@@ -102,13 +102,13 @@ impl Core {
     pub(crate) fn claim_locally(
         &self,
         key: &[u8],
+        hash: u64,
         asked: Option<AskedFingerprint>,
         waits: bool,
     ) -> Option<Result<Answer, ClaimError>> {
         if self.is_closed() {
             return None;
         }
-        let hash = crate::observe::key_hash(key);
         let look = self.front.answer_locally(key, hash, asked, waits)?;
         let answer = match look {
             Look::Replay(stored) => {
@@ -135,13 +135,13 @@ impl Core {
     pub(crate) async fn claim(
         &self,
         key: &[u8],
+        hash: u64,
         asked: Option<AskedFingerprint>,
         lease: Duration,
         own_retention: Option<Duration>,
         wait: Option<Duration>,
     ) -> Result<Answer, ClaimError> {
         bump(&self.counters.claims);
-        let hash = crate::observe::key_hash(key);
         let _tidy = Tidy {
             front: &self.front,
             key,

@@ -67,8 +67,6 @@ pub(crate) struct Backend {
     lease: Duration,
 }
 
-/// Opens a shared engine: checks the settings, connects, creates the schema if this
-/// database has none, starts the listener and the sweeper.
 /// Refuses what a completion asks the shared table to keep and it does not: writes to
 /// application tables (they live in an engine's own file).
 pub(crate) fn completion_kept(
@@ -87,6 +85,8 @@ fn own_retention(ms: Option<u64>) -> Option<Duration> {
     ms.map(Duration::from_millis)
 }
 
+/// Opens a shared engine: checks the settings, connects, creates the schema if this
+/// database has none, starts the listener and the sweeper.
 pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, OpenError> {
     let bad = |detail: String| Err(OpenError::InvalidConfig { detail });
     if let Err(detail) = cfg.validate() {
@@ -199,25 +199,32 @@ impl Backend {
         rx
     }
 
-    /// Starts a claim. If its caller is gone by the time it acquired (a dropped future),
-    /// the lease is released and counted in `Stats::claims_cancelled`.
+    /// Starts a claim. One the local front can answer is answered here, on the caller's
+    /// thread, without the runtime (`Core::claim_locally`). If its caller is gone by the
+    /// time it acquired (a dropped future), the lease is released and counted in
+    /// `Stats::claims_cancelled`.
     fn start_claim(
         &self,
         key: &[u8],
         opts: &ClaimOptions,
         wait: bool,
     ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
+        let (tx, rx) = oneshot::channel();
+        let hash = crate::observe::key_hash(key);
+        let asked = opts.fingerprint;
+        if let Some(answer) = self.core.claim_locally(key, hash, asked, wait) {
+            let _ = tx.send(answer);
+            return rx;
+        }
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
-        let asked = opts.fingerprint;
         let lease = opts.lease.unwrap_or(self.lease);
         let retention = own_retention(opts.retention_ms().ok().flatten());
         let wait = wait.then(|| opts.wait.unwrap_or(WAIT_DEFAULT));
-        let (tx, rx) = oneshot::channel();
         let running = self.running.enter();
         self.handle.spawn(async move {
             let _running = running;
-            let answer = core.claim(&key, asked, lease, retention, wait).await;
+            let answer = core.claim(&key, hash, asked, lease, retention, wait).await;
             if let Err(Ok(Answer::Acquired { token, .. })) = tx.send(answer) {
                 bump(&core.counters.claims_cancelled);
                 let _ = core.release(&key, token).await;
@@ -271,12 +278,8 @@ impl Backend {
         wait: bool,
     ) -> Result<Claim, ClaimError> {
         let key = &*Self::shared_key(engine, key, opts)?;
-        let answer = match self.core.claim_locally(key, opts.fingerprint, wait) {
-            Some(answer) => answer?,
-            None => {
-                block_on(self.start_claim(key, opts, wait)).unwrap_or(Err(ClaimError::Closed))?
-            }
-        };
+        let answer =
+            block_on(self.start_claim(key, opts, wait)).unwrap_or(Err(ClaimError::Closed))?;
         Ok(Self::to_claim(engine, key, answer))
     }
 
@@ -289,13 +292,10 @@ impl Backend {
         wait: bool,
     ) -> Result<Claim, ClaimError> {
         let key = &*Self::shared_key(engine, key, opts)?;
-        let answer = match self.core.claim_locally(key, opts.fingerprint, wait) {
-            Some(answer) => answer?,
-            None => self
-                .start_claim(key, opts, wait)
-                .await
-                .unwrap_or(Err(ClaimError::Closed))?,
-        };
+        let answer = self
+            .start_claim(key, opts, wait)
+            .await
+            .unwrap_or(Err(ClaimError::Closed))?;
         Ok(Self::to_claim(engine, key, answer))
     }
 
