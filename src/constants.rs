@@ -256,6 +256,18 @@ pub(crate) const PG_SCHEMA_VERSION: i64 = 3;
 /// count stays exact in a double.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_INTERVAL_MAX: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+/// Claim statements one shared engine has in flight at once by default; claims asked while
+/// all are busy wait and go together in the next (`shared/batch.rs`). One measured best on
+/// the duplicate-heavy peers workload, at one process and at four (docs/shared.md,
+/// "Batches").
+#[cfg(feature = "postgres")]
+pub(crate) const PG_BATCH_LANES_DEFAULT: usize = 1;
+/// Keys one batched claim statement carries at most.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_BATCH_MAX: usize = 64;
+/// SQLSTATE `deadlock_detected`: the server rolled the transaction back.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_DEADLOCK_DETECTED: &str = "40P01";
 /// Times one claim asks the database again after a statement that could not decide from
 /// its snapshot (a row committed or changed between the statement's snapshot and its
 /// conflict check). Each re-ask follows a commit by another caller.

@@ -846,6 +846,7 @@ impl Engine {
             token_next: s.tokens.next(),
             poisoned: s.poison_reason().is_some(),
             db_round_trips: 0,
+            db_claims_batched: 0,
         }
     }
 

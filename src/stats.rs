@@ -83,6 +83,10 @@ pub struct Stats {
     /// sweeper's and the listener's not counted). Concurrent local duplicates of a key
     /// share one; a cached completion is replayed without one. Zero for a file engine.
     pub db_round_trips: u64,
+    /// A shared engine: claims that waited for a busy lane and went to the database in a
+    /// statement led by another claim (`PostgresConfig::batch_lanes`). Zero for a file
+    /// engine.
+    pub db_claims_batched: u64,
 }
 
 /// The engine-wide counters: the gauges that admission compares with a limit, and the

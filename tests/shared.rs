@@ -1295,3 +1295,125 @@ fn a_missing_claim_function_is_a_schema_error() {
         other => panic!("{other:?}"),
     }
 }
+
+/// While the claim lane of a process is busy (a claim waits on another session's
+/// uncommitted insert), the claims asked meanwhile queue, and go together in one statement
+/// once the lane is free; each still gets its own key's answer: a replay, a key held
+/// elsewhere, or a fresh acquisition.
+#[test]
+fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer() {
+    let p = prefix("batch");
+    let e = engine(&p);
+    let other = engine(&p);
+    let Claim::Acquired(done) = other
+        .claim(b"done", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    done.complete(b"the done bytes").expect("complete");
+    let Claim::Acquired(_held) = other
+        .claim(b"held", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    let lock = RowLock::insert_live(&p, b"blocked");
+    let claim_on = |key: &[u8]| {
+        let (e, key) = (e.clone(), key.to_vec());
+        std::thread::spawn(move || (e.claim(&key, &ClaimOptions::default()), key))
+    };
+    let lane = claim_on(b"blocked");
+    wait_blocked_connection(&p);
+    let batched = e.stats().db_claims_batched;
+    let queued: Vec<_> = [&b"done"[..], b"held", b"fresh-1", b"fresh-2", b"fresh-3"]
+        .into_iter()
+        .map(claim_on)
+        .collect();
+    wait_until(|| e.stats().db_claims_batched == batched + 5);
+    let before = e.stats().db_round_trips;
+    lock.commit();
+    match lane.join().expect("no panic") {
+        (Ok(Claim::InProgress(busy)), _) => assert_eq!(busy.attempt(), 1),
+        (other, _) => panic!("{other:?}"),
+    }
+    let mut leases = Vec::new();
+    for q in queued {
+        let (claim, key) = q.join().expect("no panic");
+        match (&key[..], claim.expect("claim")) {
+            (b"done", Claim::Completed(c)) => assert_eq!(c.response(), b"the done bytes"),
+            (b"held", Claim::InProgress(busy)) => assert_eq!(busy.attempt(), 1),
+            (k, Claim::Acquired(lease)) if k.starts_with(b"fresh") => leases.push(lease),
+            (k, other) => panic!("{}: {other:?}", String::from_utf8_lossy(k)),
+        }
+    }
+    assert_eq!(
+        e.stats().db_round_trips - before,
+        1,
+        "the five queued claims in one"
+    );
+    let mut tokens: Vec<u64> = leases.iter().map(|l| l.token()).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 3, "three fresh keys, three distinct tokens");
+
+    for lease in leases {
+        let key = lease.key().to_vec();
+        lease.complete(&key).expect("complete");
+    }
+}
+
+/// Polls a state of the engine (not the passing of time) until `done`, for up to 20 s.
+fn wait_until(done: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < end, "the state did not arrive");
+        std::thread::yield_now();
+    }
+}
+
+/// Four engines of eight threads claim the same keys, each thread in its own random order,
+/// so batches of different processes overlap in every way: the keys of a batch are claimed
+/// in sorted order, so no two batches deadlock, and each key is acquired exactly once.
+#[test]
+fn overlapping_batches_of_many_engines_acquire_each_key_once() {
+    let p = prefix("overlap");
+    let engines: Vec<Engine> = (0..4).map(|_| engine(&p)).collect();
+    let keys: Vec<Vec<u8>> = (0..150).map(|i| format!("k-{i:03}").into_bytes()).collect();
+    let acquired: Arc<Vec<AtomicUsize>> =
+        Arc::new(keys.iter().map(|_| AtomicUsize::new(0)).collect());
+    let barrier = Arc::new(Barrier::new(engines.len() * 8));
+    let mut handles = Vec::new();
+    for (n, e) in engines.iter().enumerate() {
+        for t in 0..8 {
+            let (e, keys, acquired, barrier) =
+                (e.clone(), keys.clone(), acquired.clone(), barrier.clone());
+            handles.push(std::thread::spawn(move || {
+                let mut rng = fastrand::Rng::with_seed((n * 8 + t) as u64);
+                let mut order: Vec<usize> = (0..keys.len()).collect();
+                rng.shuffle(&mut order);
+                barrier.wait();
+                for i in order {
+                    match e.claim(&keys[i], &ClaimOptions::default()) {
+                        Ok(Claim::Acquired(lease)) => {
+                            acquired[i].fetch_add(1, Ordering::SeqCst);
+                            lease.complete(&keys[i]).expect("complete");
+                        }
+                        Ok(Claim::Completed(c)) => assert_eq!(c.response(), &keys[i][..]),
+                        Ok(Claim::InProgress(_)) => {}
+                        other => panic!("{}: {other:?}", String::from_utf8_lossy(&keys[i])),
+                    }
+                }
+            }));
+        }
+    }
+    for h in handles {
+        h.join().expect("no panic");
+    }
+    for (i, a) in acquired.iter().enumerate() {
+        assert_eq!(a.load(Ordering::SeqCst), 1, "key {i}");
+    }
+    // Eight threads share each engine's one claim lane: batches formed.
+    let batched: u64 = engines.iter().map(|e| e.stats().db_claims_batched).sum();
+    assert!(batched > 0);
+}

@@ -36,6 +36,7 @@ pub struct PostgresConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) schema: Option<String>,
     pub(crate) table_prefix: String,
+    pub(crate) batch_lanes: usize,
 }
 
 impl PostgresConfig {
@@ -50,6 +51,7 @@ impl PostgresConfig {
             connect_timeout: PG_CONNECT_TIMEOUT_DEFAULT,
             schema: None,
             table_prefix: PG_TABLE_PREFIX_DEFAULT.to_string(),
+            batch_lanes: PG_BATCH_LANES_DEFAULT,
         }
     }
 
@@ -94,10 +96,23 @@ impl PostgresConfig {
         self
     }
 
+    /// Claim statements this engine has in flight at once (default 1, at most the pool
+    /// size). Claims asked while every lane is busy wait, and go together in the next
+    /// statement, one transaction: a group commit. One lane makes the fewest statements
+    /// and commits; more lanes let a claim that waits on a row another process is writing
+    /// hold up fewer of this process's claims (docs/shared.md, "Batches").
+    pub fn batch_lanes(mut self, lanes: usize) -> Self {
+        self.batch_lanes = lanes;
+        self
+    }
+
     /// Checks the settings; the message names the one that is out of range.
     pub(crate) fn validate(&self) -> Result<(), String> {
         if !(1..=PG_POOL_SIZE_LIMIT).contains(&self.pool_size) {
             return Err(format!("pool_size must be 1..={PG_POOL_SIZE_LIMIT}"));
+        }
+        if !(1..=self.pool_size).contains(&self.batch_lanes) {
+            return Err("batch_lanes must be from 1 to the pool size".to_string());
         }
         for (name, t) in [
             ("statement_timeout", self.statement_timeout),
@@ -149,6 +164,26 @@ impl fmt::Debug for PostgresConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("schema", &self.schema)
             .field("table_prefix", &self.table_prefix)
+            .field("batch_lanes", &self.batch_lanes)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PostgresConfig;
+
+    #[test]
+    fn out_of_range_settings_are_named() {
+        let cfg = || PostgresConfig::new("postgres://localhost/db");
+        assert!(cfg().validate().is_ok());
+        assert!(cfg().pool_size(0).validate().unwrap_err().contains("pool_size"));
+        for lanes in [0, 17] {
+            let err = cfg().batch_lanes(lanes).validate().unwrap_err();
+            assert!(err.contains("batch_lanes"), "{err}");
+        }
+        assert!(cfg().batch_lanes(16).validate().is_ok());
+        assert!(cfg().pool_size(4).batch_lanes(4).validate().is_ok());
+        assert!(cfg().table_prefix("Bad").validate().is_err());
     }
 }

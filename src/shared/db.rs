@@ -1,6 +1,7 @@
 //! The database side: the pool, one call with its timeouts and the sorting of its
 //! failures, the schema's creation, and the typed answer of each statement.
 
+use super::batch::{Batcher, Keyed};
 use super::error::{DatabaseError, DatabaseErrorKind};
 use super::sql::Sql;
 use super::PostgresConfig;
@@ -92,6 +93,23 @@ pub(crate) struct Db {
     call_timeout: Duration,
     /// Statements executed for callers (not the sweeper's or the listener's).
     pub(crate) round_trips: AtomicU64,
+    /// Claims waiting for a statement, and the lanes that send them (`batch.rs`).
+    claims: Batcher<ClaimAsk, ClaimRow>,
+}
+
+/// One claim's question to the database.
+#[derive(Debug)]
+pub(crate) struct ClaimAsk {
+    pub(crate) key: Box<[u8]>,
+    pub(crate) fingerprint: Option<crate::options::AskedFingerprint>,
+    pub(crate) lease: Duration,
+    pub(crate) own_retention: Option<Duration>,
+}
+
+impl Keyed for ClaimAsk {
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
 }
 
 /// A duration as the microseconds a statement takes, capped (see `PG_INTERVAL_MAX`).
@@ -182,6 +200,7 @@ impl Db {
             sql: Sql::new(cfg.schema.as_deref(), &cfg.table_prefix),
             call_timeout: cfg.statement_timeout + cfg.connect_timeout,
             round_trips: AtomicU64::new(0),
+            claims: Batcher::new(cfg.batch_lanes),
         })
     }
 
@@ -346,7 +365,8 @@ impl Db {
         }
     }
 
-    /// One claim statement (see `Sql::claim`).
+    /// One claim's statement: alone, or in a batch with other keys' claims of this
+    /// process (`batch.rs`).
     pub(crate) async fn claim(
         &self,
         key: &[u8],
@@ -355,58 +375,82 @@ impl Db {
         retention: Duration,
         own_retention: Option<Duration>,
     ) -> Result<ClaimRow, Fail> {
-        let fp = fingerprint.map(|f| fingerprint_bytes(f.value));
-        let legacy = fingerprint
-            .and_then(|f| f.legacy)
-            .map(|l| fingerprint_bytes(u128::from(l)));
+        let ask = ClaimAsk {
+            key: Box::from(key),
+            fingerprint,
+            lease,
+            own_retention,
+        };
+        self.claims
+            .ask(ask, async |asks: &[&ClaimAsk]| match asks {
+                [one] => vec![self.claim_one(one, retention).await],
+                many => self.claim_batch(many, retention).await,
+            })
+            .await
+    }
+
+    /// One claim alone (see `Sql::claim`).
+    pub(crate) async fn claim_one(
+        &self,
+        ask: &ClaimAsk,
+        retention: Duration,
+    ) -> Result<ClaimRow, Fail> {
+        let (fp, legacy) = fingerprint_params(ask);
         let (fp, legacy) = (fp.as_ref().map(|b| &b[..]), legacy.as_ref().map(|b| &b[..]));
-        let (lease_us, retention_us) = (micros(lease), micros(retention));
-        let own_us = own_retention.map(micros);
+        let (lease_us, retention_us) = (micros(ask.lease), micros(retention));
+        let own_us = ask.own_retention.map(micros);
         let rows = self
             .query(
                 &self.sql.claim,
-                &[&key, &fp, &legacy, &lease_us, &retention_us, &own_us],
+                &[&&*ask.key, &fp, &legacy, &lease_us, &retention_us, &own_us],
                 true,
             )
             .await?;
-        let Some(row) = rows.first() else {
-            return Ok(ClaimRow::Again);
-        };
-        let kind: String = row.try_get(0).map_err(undecodable)?;
-        let token = token_of(row.try_get(1).map_err(undecodable)?);
-        let attempt = attempt_of(row.try_get(2).map_err(undecodable)?);
-        Ok(match kind.as_str() {
-            "a" => ClaimRow::Acquired {
-                token,
-                attempt,
-                checkpoint: checkpoint_of(
-                    row.try_get(3).map_err(undecodable)?,
-                    row.try_get(4).map_err(undecodable)?,
-                ),
-            },
-            state => {
-                let response: Option<Vec<u8>> = row.try_get(5).map_err(undecodable)?;
-                let fingerprint = fingerprint_of(row.try_get(6).map_err(undecodable)?);
-                let left: Option<i64> = row.try_get(7).map_err(undecodable)?;
-                match (state, response) {
-                    ("c", Some(response)) => ClaimRow::Completed {
-                        stored: Stored {
-                            response: Arc::from(response),
-                            token,
-                            attempt,
-                            expires_wall_ms: crate::shared::core::expires_wall_ms(remaining(left)),
-                        },
-                        fingerprint,
-                        remaining: remaining(left),
-                    },
-                    _ => ClaimRow::Held {
-                        attempt,
-                        fingerprint,
-                        remaining: remaining(left),
-                    },
+        match rows.first() {
+            Some(row) => claim_row(row, 0),
+            None => Ok(ClaimRow::Again),
+        }
+    }
+
+    /// Claims of distinct keys in one statement (see `Sql::claim_batch`): one answer per
+    /// ask, in the asks' order. The statement claims the keys in sorted order.
+    pub(crate) async fn claim_batch(
+        &self,
+        asks: &[&ClaimAsk],
+        retention: Duration,
+    ) -> Vec<Result<ClaimRow, Fail>> {
+        let order = sorted(asks);
+        let fps: Vec<_> = order.iter().map(|&i| fingerprint_params(asks[i])).collect();
+        let keys: Vec<&[u8]> = order.iter().map(|&i| &*asks[i].key).collect();
+        let fp: Vec<Option<&[u8]>> = fps.iter().map(|f| f.0.as_ref().map(|b| &b[..])).collect();
+        let legacy: Vec<Option<&[u8]>> = fps.iter().map(|f| f.1.as_ref().map(|b| &b[..])).collect();
+        let lease_us: Vec<i64> = order.iter().map(|&i| micros(asks[i].lease)).collect();
+        let own_us: Vec<Option<i64>> = order
+            .iter()
+            .map(|&i| asks[i].own_retention.map(micros))
+            .collect();
+        let retention_us = micros(retention);
+        let rows = self
+            .query(
+                &self.sql.claim_batch,
+                &[&keys, &fp, &legacy, &lease_us, &own_us, &retention_us],
+                true,
+            )
+            .await;
+        // A key without a row (the function used up its passes) asks again.
+        let mut answers: Vec<Result<ClaimRow, Fail>> =
+            (0..asks.len()).map(|_| Ok(ClaimRow::Again)).collect();
+        match rows {
+            Ok(rows) => {
+                if let Err(f) = fill(&mut answers, &order, &rows, |row| claim_row(row, 1)) {
+                    return asks.iter().map(|_| Err(f.clone())).collect();
                 }
             }
-        })
+            // The transaction was rolled back: nothing changed, and every key asks again.
+            Err(Fail::Refused(e)) if e.code.as_deref() == Some(PG_DEADLOCK_DETECTED) => {}
+            Err(f) => return asks.iter().map(|_| Err(f.clone())).collect(),
+        }
+        answers
     }
 
     pub(crate) async fn complete(
@@ -547,9 +591,91 @@ impl Db {
         }
     }
 
+    /// Claims that waited for a lane (`Stats::db_claims_batched`).
+    pub(crate) fn claims_batched(&self) -> u64 {
+        self.claims.queued()
+    }
+
     pub(crate) fn close(&self) {
         self.pool.close();
     }
+}
+
+/// The claim function's row, its columns from `at` on.
+fn claim_row(row: &Row, at: usize) -> Result<ClaimRow, Fail> {
+    let kind: String = row.try_get(at).map_err(undecodable)?;
+    let token = token_of(row.try_get(at + 1).map_err(undecodable)?);
+    let attempt = attempt_of(row.try_get(at + 2).map_err(undecodable)?);
+    Ok(match kind.as_str() {
+        "a" => ClaimRow::Acquired {
+            token,
+            attempt,
+            checkpoint: checkpoint_of(
+                row.try_get(at + 3).map_err(undecodable)?,
+                row.try_get(at + 4).map_err(undecodable)?,
+            ),
+        },
+        state => {
+            let response: Option<Vec<u8>> = row.try_get(at + 5).map_err(undecodable)?;
+            let fingerprint = fingerprint_of(row.try_get(at + 6).map_err(undecodable)?);
+            let left: Option<i64> = row.try_get(at + 7).map_err(undecodable)?;
+            match (state, response) {
+                ("c", Some(response)) => ClaimRow::Completed {
+                    stored: Stored {
+                        response: Arc::from(response),
+                        token,
+                        attempt,
+                        expires_wall_ms: crate::shared::core::expires_wall_ms(remaining(left)),
+                    },
+                    fingerprint,
+                    remaining: remaining(left),
+                },
+                _ => ClaimRow::Held {
+                    attempt,
+                    fingerprint,
+                    remaining: remaining(left),
+                },
+            }
+        }
+    })
+}
+
+/// The asks' indexes in the order of their keys: a batch locks its rows in that order.
+fn sorted<A: Keyed>(asks: &[&A]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..asks.len()).collect();
+    order.sort_unstable_by(|&a, &b| asks[a].key().cmp(asks[b].key()));
+    order
+}
+
+/// Puts each row of a batch into the answer of its ask: the row's first column `n` counts
+/// the sorted keys from 1 (`order` maps them back). A row naming no key is ignored.
+fn fill<T>(
+    answers: &mut [Result<T, Fail>],
+    order: &[usize],
+    rows: &[Row],
+    decode: impl Fn(&Row) -> Result<T, Fail>,
+) -> Result<(), Fail> {
+    for row in rows {
+        let n: i64 = row.try_get(0).map_err(undecodable)?;
+        let slot = usize::try_from(n - 1)
+            .ok()
+            .and_then(|s| order.get(s))
+            .and_then(|&i| answers.get_mut(i));
+        if let Some(slot) = slot {
+            *slot = decode(row);
+        }
+    }
+    Ok(())
+}
+
+/// A claim's fingerprint and its 64-bit legacy form, as the statement's bytes.
+fn fingerprint_params(ask: &ClaimAsk) -> (Option<[u8; 16]>, Option<[u8; 16]>) {
+    let fp = ask.fingerprint.map(|f| fingerprint_bytes(f.value));
+    let legacy = ask
+        .fingerprint
+        .and_then(|f| f.legacy)
+        .map(|l| fingerprint_bytes(u128::from(l)));
+    (fp, legacy)
 }
 
 fn check_version(v: i64) -> Result<(), DatabaseError> {

@@ -16,6 +16,7 @@
 //! limits), the closed flag and the timer thread that renews kept-alive leases.
 //! docs/shared.md is the contract.
 
+mod batch;
 mod block;
 mod config;
 mod core;
@@ -494,6 +495,7 @@ impl Backend {
             leases_lost: read(&c.leases_lost),
             waits: read(&c.waits),
             db_round_trips: read(&self.core.db.round_trips),
+            db_claims_batched: self.core.db.claims_batched(),
             ..Stats::default()
         }
     }

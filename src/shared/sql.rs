@@ -14,6 +14,8 @@ pub(crate) struct Sql {
     /// The unqualified channel name (`LISTEN` and `pg_notify` take the same text).
     pub(crate) channel: String,
     pub(crate) claim: String,
+    /// Claims of several keys, sorted, in one statement (`batch.rs`).
+    pub(crate) claim_batch: String,
     pub(crate) complete: String,
     pub(crate) release: String,
     /// Wakes other processes' waiters: one autocommit statement after the settling one.
@@ -174,6 +176,16 @@ END
 $claim$"
         );
         let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6)");
+        // The same function for each key of a batch, in the arrays' order (the keys come
+        // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
+        // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
+        // none), $6 the engine's retention µs.
+        let claim_batch = format!(
+            "SELECT a.n, c.*
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[])
+     WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, n),
+     LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us) c"
+        );
 
         // Complete: fenced by the token and the InFlight state. It does not notify: a
         // notifying transaction holds the database-wide notify lock through its commit,
@@ -290,6 +302,7 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             meta,
             channel,
             claim,
+            claim_batch,
             complete,
             release,
             notify,
@@ -336,6 +349,7 @@ mod tests {
         let sql = Sql::new(None, "idemkv_");
         let mut all = vec![
             sql.claim.clone(),
+            sql.claim_batch.clone(),
             sql.complete.clone(),
             sql.release.clone(),
             sql.notify.clone(),

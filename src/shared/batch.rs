@@ -1,0 +1,208 @@
+//! A process's claims go to the database as a group commit: at most
+//! `PostgresConfig::batch_lanes` claim statements are in flight (one by default), and the
+//! claims asked while they are busy go together in the next one.
+//!
+//! A call that finds a lane free leads: it sends its own ask at once, with every ask queued
+//! behind the busy lanes (up to `PG_BATCH_MAX`), as one statement (`Sql::claim_batch`),
+//! and then hands its lane to the oldest ask still queued, which leads the next batch. So
+//! an idle process sends each claim alone, without a hop, and a busy one sends fewer,
+//! larger statements: the server's work per statement (parse, plan, function call, commit
+//! and its WAL flush) is shared by the batch, and fewer transactions of the process
+//! contend for the WAL and for each other's rows.
+//!
+//! A batch is one transaction, so its writes are held until its commit. Its keys are sorted
+//! and locked in that order, so two batches never wait on each other in a cycle; a deadlock
+//! the server reports anyway (SQLSTATE 40P01) rolled everything back, and every key of the
+//! batch asks again. A key appears at most once in a batch.
+//!
+//! The queue is generic over the ask; completions do not use it: one lane of completions
+//! measured slower on the peers workload (a holder's completion waits behind the batch in
+//! flight), and four lanes no faster than none (docs/shared.md, "Batches").
+//!
+//! Architecture Invariant: a batch changes how many claims share a statement, never what one
+//! claim decides: each key's claim is the same function call as a lone claim's.
+
+use super::db::Fail;
+use crate::constants::PG_BATCH_MAX;
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tokio::sync::oneshot;
+
+/// What a batch needs of an ask: the key, so that a key appears once per batch.
+pub(crate) trait Keyed {
+    fn key(&self) -> &[u8];
+}
+
+/// What a queued ask receives: its answer, or a lane (with its ask back) to lead the next
+/// batch.
+enum Turn<A, R> {
+    Answer(Result<R, Fail>),
+    Lead(A, Lane<A, R>),
+}
+
+struct Queued<A, R> {
+    ask: A,
+    turn: oneshot::Sender<Turn<A, R>>,
+}
+
+struct Lanes<A, R> {
+    busy: usize,
+    queue: VecDeque<Queued<A, R>>,
+}
+
+/// The queue and lanes of one kind of statement.
+pub(crate) struct Batcher<A, R> {
+    lanes: Arc<Mutex<Lanes<A, R>>>,
+    lanes_max: usize,
+    /// Asks that waited for a lane, ever.
+    queued: AtomicU64,
+}
+
+/// One busy lane. Dropped (its leader done, or gone with a dropped future, or a lead that
+/// was never read), it passes to the oldest queued ask whose caller still waits, or back
+/// to the free lanes: a lane is never lost.
+struct Lane<A, R> {
+    lanes: Arc<Mutex<Lanes<A, R>>>,
+    /// Cleared on a lane whose hand-over failed, which the dropping one hands on instead.
+    armed: bool,
+}
+
+impl<A, R> Drop for Lane<A, R> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        loop {
+            // The lock is not held while sending: a refused lead drops a `Lane`.
+            let next = {
+                let mut lanes = self.lanes.lock();
+                match lanes.queue.pop_front() {
+                    Some(q) => q,
+                    None => {
+                        lanes.busy = lanes.busy.saturating_sub(1);
+                        return;
+                    }
+                }
+            };
+            let lane = Lane {
+                lanes: self.lanes.clone(),
+                armed: true,
+            };
+            match next.turn.send(Turn::Lead(next.ask, lane)) {
+                Ok(()) => return,
+                Err(Turn::Lead(_, mut refused)) => refused.armed = false,
+                Err(Turn::Answer(_)) => {}
+            }
+        }
+    }
+}
+
+impl<A: Keyed, R> Batcher<A, R> {
+    /// `lanes_max` statements in flight at most (at least one).
+    pub(crate) fn new(lanes_max: usize) -> Self {
+        Batcher {
+            lanes: Arc::new(Mutex::new(Lanes {
+                busy: 0,
+                queue: VecDeque::new(),
+            })),
+            lanes_max: lanes_max.max(1),
+            queued: AtomicU64::new(0),
+        }
+    }
+
+    /// Asks that waited for a lane so far.
+    pub(crate) fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// The answer to `ask`, sent by `send` alone or in a batch. `send` gets the asks of
+    /// one batch, the leader's first, and answers each in that order.
+    pub(crate) async fn ask(
+        &self,
+        ask: A,
+        send: impl AsyncFnOnce(&[&A]) -> Vec<Result<R, Fail>>,
+    ) -> Result<R, Fail> {
+        // `Ok`: a free lane, taken; `Err`: queued behind the busy ones.
+        let start = {
+            let mut lanes = self.lanes.lock();
+            if lanes.busy < self.lanes_max {
+                lanes.busy += 1;
+                Ok(ask)
+            } else {
+                let (turn, waiting) = oneshot::channel();
+                lanes.queue.push_back(Queued { ask, turn });
+                // Counted under the lock: once it shows, the ask is in the queue.
+                self.queued.fetch_add(1, Ordering::Relaxed);
+                Err(waiting)
+            }
+        };
+        let (ask, _lane) = match start {
+            Err(waiting) => match waiting.await {
+                Ok(Turn::Answer(answer)) => return answer,
+                Ok(Turn::Lead(ask, lane)) => (ask, lane),
+                // The batch's leader was dropped, its statement sent or not: unknown.
+                Err(_) => {
+                    return Err(Fail::Unknown(Arc::from(
+                        "the call's batch was abandoned before its answer arrived",
+                    )))
+                }
+            },
+            Ok(ask) => (
+                ask,
+                Lane {
+                    lanes: self.lanes.clone(),
+                    armed: true,
+                },
+            ),
+        };
+        let followers = self.followers(ask.key());
+        let mut asks: Vec<&A> = Vec::with_capacity(followers.len() + 1);
+        asks.push(&ask);
+        asks.extend(followers.iter().map(|q| &q.ask));
+        let mut answers = send(&asks).await.into_iter();
+        let abandoned = || {
+            Err(Fail::Unknown(Arc::from(
+                "the batch's statement gave no answer for this call",
+            )))
+        };
+        let mine = answers.next().unwrap_or_else(abandoned);
+        for q in followers {
+            let _ = q
+                .turn
+                .send(Turn::Answer(answers.next().unwrap_or_else(abandoned)));
+        }
+        mine
+    }
+
+    /// Takes the queued asks that join a batch led by `key`'s call: the oldest first, up
+    /// to `PG_BATCH_MAX` in all, one per key; asks of callers gone are dropped, and a
+    /// second ask of a key stays queued for the next batch.
+    fn followers(&self, key: &[u8]) -> Vec<Queued<A, R>> {
+        let mut lanes = self.lanes.lock();
+        if lanes.queue.is_empty() {
+            return Vec::new();
+        }
+        let mut taken: Vec<Queued<A, R>> = Vec::new();
+        let mut kept = VecDeque::new();
+        while taken.len() + 1 < PG_BATCH_MAX {
+            let Some(q) = lanes.queue.pop_front() else {
+                break;
+            };
+            if q.turn.is_closed() {
+                continue;
+            }
+            let k = q.ask.key();
+            if k == key || taken.iter().any(|t| t.ask.key() == k) {
+                kept.push_back(q);
+            } else {
+                taken.push(q);
+            }
+        }
+        while let Some(q) = kept.pop_back() {
+            lanes.queue.push_front(q);
+        }
+        taken
+    }
+}
