@@ -297,6 +297,10 @@ pub(crate) const PG_SWEEP_BATCH: i64 = 1000;
 /// Sweep statements one background pass issues at most before it waits for the next.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_SWEEP_BATCHES_PER_PASS: u32 = 16;
+/// How long the listening connection keeps listening after the last waiting claim of its
+/// engine returned: waits that follow each other closely do not each pay a `LISTEN`.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_LISTEN_IDLE: Duration = Duration::from_secs(2);
 /// Pause of the listening connection before it connects again after losing its link.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_LISTEN_RETRY: Duration = Duration::from_millis(500);

@@ -87,6 +87,10 @@ pub struct Stats {
     /// statement led by another claim (`PostgresConfig::batch_lanes`). Zero for a file
     /// engine.
     pub db_claims_batched: u64,
+    /// A shared engine: wake-up notifications its listening connection received. It
+    /// listens only while a claim of the engine waits, so an engine whose claims never
+    /// wait receives none. Zero for a file engine.
+    pub db_notifications: u64,
 }
 
 /// The engine-wide counters: the gauges that admission compares with a limit, and the

@@ -1417,3 +1417,50 @@ fn overlapping_batches_of_many_engines_acquire_each_key_once() {
     let batched: u64 = engines.iter().map(|e| e.stats().db_claims_batched).sum();
     assert!(batched > 0);
 }
+
+/// An engine listens for other processes' wake-ups only while one of its claims waits: an
+/// engine that never waited hears nothing, and one that begins to wait hears only what is
+/// committed after its claim began.
+#[test]
+fn an_engine_hears_wake_ups_only_while_its_claims_wait() {
+    let p = prefix("hear");
+    let (a, b, c) = (engine(&p), engine(&p), engine(&p));
+    let held = ClaimOptions::default().lease(Duration::from_secs(60));
+    let waits = ClaimOptions::default().wait(Duration::from_secs(30));
+    let wait_for = |waiter: &Engine, key: &'static [u8]| {
+        let w = waiter.clone();
+        let opts = waits.clone();
+        let handle = std::thread::spawn(move || w.claim_or_wait(key, &opts));
+        wait_until(|| waiter.stats().waits >= 1);
+        handle
+    };
+
+    let Claim::Acquired(first) = a.claim(b"first", &held).expect("claim") else {
+        panic!("acquired");
+    };
+    let waiter = wait_for(&b, b"first");
+    first.complete(b"first bytes").expect("complete");
+    match waiter.join().expect("no panic").expect("claim") {
+        Claim::Completed(c) => assert_eq!(c.response(), b"first bytes"),
+        other => panic!("{other:?}"),
+    }
+    wait_until(|| b.stats().db_notifications >= 1);
+
+    // `c` never waited: the wake-up about "first" did not reach it. Now it waits.
+    let Claim::Acquired(second) = a.claim(b"second", &held).expect("claim") else {
+        panic!("acquired");
+    };
+    let waiter = wait_for(&c, b"second");
+    second.complete(b"second bytes").expect("complete");
+    match waiter.join().expect("no panic").expect("claim") {
+        Claim::Completed(c) => assert_eq!(c.response(), b"second bytes"),
+        other => panic!("{other:?}"),
+    }
+    wait_until(|| c.stats().db_notifications >= 1);
+    assert_eq!(
+        c.stats().db_notifications,
+        1,
+        "only the wake-up about \"second\""
+    );
+    assert_eq!(a.stats().db_notifications, 0, "`a` never waited");
+}

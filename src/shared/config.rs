@@ -177,7 +177,11 @@ mod tests {
     fn out_of_range_settings_are_named() {
         let cfg = || PostgresConfig::new("postgres://localhost/db");
         assert!(cfg().validate().is_ok());
-        assert!(cfg().pool_size(0).validate().unwrap_err().contains("pool_size"));
+        assert!(cfg()
+            .pool_size(0)
+            .validate()
+            .unwrap_err()
+            .contains("pool_size"));
         for lanes in [0, 17] {
             let err = cfg().batch_lanes(lanes).validate().unwrap_err();
             assert!(err.contains("batch_lanes"), "{err}");

@@ -51,6 +51,8 @@ pub(crate) fn bump(c: &AtomicU64) {
 pub(crate) struct Core {
     pub(crate) db: Db,
     pub(crate) front: Front,
+    /// Whether the listening connection listens (`listen.rs`).
+    pub(crate) listening: super::listen::Listening,
     /// Hashes of keys settled here, to announce to other processes (`wake.rs`).
     pub(crate) outbox: super::wake::Outbox,
     pub(crate) counters: Counters,
@@ -142,6 +144,12 @@ impl Core {
         wait: Option<Duration>,
     ) -> Result<Answer, ClaimError> {
         bump(&self.counters.claims);
+        // A claim that may wait is covered by `LISTEN` before its first ask: a commit it
+        // does not read is announced to it.
+        let _registration = match wait {
+            Some(_) => Some(self.listening.register().await),
+            None => None,
+        };
         let _tidy = Tidy {
             front: &self.front,
             key,

@@ -1,19 +1,108 @@
-//! The listening connection: one per engine, `LISTEN`ing on the backend's channel. A
-//! completion or release in any process announces the key's hash after its commit
-//! (`wake.rs`, several hashes to a notification); this wakes the local waiters of that key, who then ask the database once. When the
-//! connection is lost, every waiter asks again (a notification may have been missed) and
-//! the listener connects again after a pause; meanwhile waiters fall back on their bounded
-//! poll.
+//! The listening connection: one per engine. It `LISTEN`s on the backend's channel only
+//! while a claim of this process waits (`claim_or_wait`, `run`), and stops listening once
+//! no claim has waited for `PG_LISTEN_IDLE`: a process whose claims never wait is never
+//! woken by other processes' notifications, which would cost a server wake-up and a
+//! client wake-up each (docs/shared.md, "Wake-ups").
+//!
+//! A completion or release in any process announces the key's hash after its commit
+//! (`wake.rs`, several hashes to a notification); this wakes the local waiters of that
+//! key, who then ask the database once. A waiting claim registers before its first ask
+//! and waits (bounded) until `LISTEN` is in place, so any commit it has not read yet is
+//! announced to it. When the connection is lost, the listener connects again after a
+//! pause, and once it listens again every waiter asks again (a notification may have been
+//! missed); meanwhile waiters fall back on their bounded poll.
 
 use super::core::Core;
-use crate::constants::PG_LISTEN_RETRY;
+use crate::constants::{PG_LISTEN_IDLE, PG_LISTEN_RETRY, PG_WAIT_POLL_MAX};
+use parking_lot::Mutex;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::sync::oneshot;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio::sync::{oneshot, watch, Notify};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
 
-/// Listens until the engine closes. `ready` is sent once the first `LISTEN` is in place
-/// (or the first attempt failed), so that `open` returns with wake-ups working.
+/// Who needs the listener, and whether it listens.
+pub(crate) struct Listening {
+    /// Registered waiting claims. Read and written with `on` under this lock: a claim that
+    /// registers while `on` is true is covered, since the listener only stops with no
+    /// claim registered.
+    waiters: Mutex<usize>,
+    /// `LISTEN` is in place on the current connection.
+    on: watch::Sender<bool>,
+    /// Wakes the listener when `waiters` leaves or reaches zero.
+    changed: Notify,
+    /// Notifications received (`Stats::db_notifications`).
+    pub(crate) received: AtomicU64,
+}
+
+/// A waiting claim's registration; dropped when the claim returns.
+pub(crate) struct Registration<'a>(&'a Listening);
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        let mut waiters = self.0.waiters.lock();
+        *waiters = waiters.saturating_sub(1);
+        if *waiters == 0 {
+            self.0.changed.notify_one();
+        }
+    }
+}
+
+impl Listening {
+    pub(crate) fn new() -> Self {
+        Listening {
+            waiters: Mutex::new(0),
+            on: watch::Sender::new(false),
+            changed: Notify::new(),
+            received: AtomicU64::new(0),
+        }
+    }
+
+    /// Registers a claim that may wait, and returns once the listener listens, or after
+    /// `PG_WAIT_POLL_MAX` when it cannot (the connection is down): the claim's waits then
+    /// end at the bounded poll instead of a notification.
+    pub(crate) async fn register(&self) -> Registration<'_> {
+        let mut on = {
+            let mut waiters = self.waiters.lock();
+            *waiters += 1;
+            if *waiters == 1 {
+                self.changed.notify_one();
+            }
+            let on = self.on.subscribe();
+            if *on.borrow() {
+                return Registration(self);
+            }
+            on
+        };
+        let registration = Registration(self);
+        let _ = tokio::time::timeout(PG_WAIT_POLL_MAX, on.wait_for(|on| *on)).await;
+        registration
+    }
+
+    /// Whether the listener should listen: a claim is registered. Sets `on` to false
+    /// when it should not, before the `UNLISTEN` is sent.
+    fn wanted(&self) -> bool {
+        let waiters = self.waiters.lock();
+        if *waiters == 0 {
+            self.on.send_replace(false);
+        }
+        *waiters > 0
+    }
+
+    fn listening(&self) {
+        let _waiters = self.waiters.lock();
+        self.on.send_replace(true);
+    }
+
+    /// The connection is gone, and its `LISTEN` with it.
+    fn stopped(&self) {
+        let _waiters = self.waiters.lock();
+        self.on.send_replace(false);
+    }
+}
+
+/// Listens until the engine closes. `ready` is sent once the first connection is made (or
+/// the first attempt failed), so that `open` returns with wake-ups working.
 pub(crate) async fn listen(core: Arc<Core>, ready: oneshot::Sender<()>) {
     let mut ready = Some(ready);
     while !core.is_closed() {
@@ -22,26 +111,65 @@ pub(crate) async fn listen(core: Arc<Core>, ready: oneshot::Sender<()>) {
             let driver = tokio::spawn(async move {
                 while let Some(Ok(message)) = poll_fn(|cx| conn.poll_message(cx)).await {
                     if let AsyncMessage::Notification(n) = message {
+                        front.listening.received.fetch_add(1, Ordering::Relaxed);
                         for hash in super::wake::parse(n.payload()) {
                             front.front.notified(hash);
                         }
                     }
                 }
             });
-            let listen = format!("LISTEN \"{}\"", core.db.sql.channel);
-            if client.batch_execute(&listen).await.is_ok() {
-                core.front.notified_all();
-                if let Some(ready) = ready.take() {
-                    let _ = ready.send(());
-                }
-                let _ = driver.await;
-            } else {
-                driver.abort();
+            if let Some(ready) = ready.take() {
+                let _ = ready.send(());
             }
+            let toggler = tokio::spawn(toggle(core.clone(), client));
+            let _ = driver.await;
+            toggler.abort();
+            core.listening.stopped();
         }
         if let Some(ready) = ready.take() {
             let _ = ready.send(());
         }
         tokio::time::sleep(PG_LISTEN_RETRY).await;
+    }
+}
+
+/// Sends `LISTEN` when a claim registers and `UNLISTEN` once none has been registered for
+/// `PG_LISTEN_IDLE`, on the listening connection, one statement at a time (so they reach
+/// the server in the order decided). Ends with the connection.
+async fn toggle(core: Arc<Core>, client: Client) {
+    let l = &core.listening;
+    let channel = &core.db.sql.channel;
+    let mut on = false;
+    loop {
+        let notified = l.changed.notified();
+        if !on && *l.waiters.lock() > 0 {
+            if client
+                .batch_execute(&format!("LISTEN \"{channel}\""))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            on = true;
+            l.listening();
+            // Waiters that fell back on the poll (no connection) ask again now.
+            core.front.notified_all();
+            continue;
+        }
+        if on && *l.waiters.lock() == 0 {
+            tokio::time::sleep(PG_LISTEN_IDLE).await;
+            if !l.wanted() {
+                on = false;
+                if client
+                    .batch_execute(&format!("UNLISTEN \"{channel}\""))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            continue;
+        }
+        notified.await;
     }
 }

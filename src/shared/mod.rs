@@ -130,6 +130,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     let core = Arc::new(Core {
         db,
         front: front::Front::new(),
+        listening: listen::Listening::new(),
         outbox: Default::default(),
         counters: Default::default(),
         closed: Default::default(),
@@ -496,6 +497,7 @@ impl Backend {
             waits: read(&c.waits),
             db_round_trips: read(&self.core.db.round_trips),
             db_claims_batched: self.core.db.claims_batched(),
+            db_notifications: read(&self.core.listening.received),
             ..Stats::default()
         }
     }
