@@ -301,6 +301,11 @@ pub(crate) const PG_SWEEP_BATCHES_PER_PASS: u32 = 16;
 /// engine returned: waits that follow each other closely do not each pay a `LISTEN`.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_LISTEN_IDLE: Duration = Duration::from_secs(2);
+/// Wake-up stripes: a completion notifies only when a listening connection holds its
+/// key's stripe (docs/shared.md, "Wake-ups"); completions of one stripe contend for its
+/// lock, so more stripes mean fewer needless notifications.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_WAKE_STRIPES: u32 = 64;
 /// Pause of the listening connection before it connects again after losing its link.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_LISTEN_RETRY: Duration = Duration::from_millis(500);

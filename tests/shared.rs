@@ -1464,3 +1464,63 @@ fn an_engine_hears_wake_ups_only_while_its_claims_wait() {
     );
     assert_eq!(a.stats().db_notifications, 0, "`a` never waited");
 }
+
+/// A completion sends no notification when no process listens for its key (no claim
+/// waits anywhere): a session that listens without taking part sees the release's
+/// notification, sent after it, but never the completion's.
+#[test]
+fn a_completion_nobody_waits_for_sends_no_notification() {
+    let p = prefix("quiet");
+    let e = engine(&p);
+    let mut listener = Command::new("psql")
+        .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run psql");
+    let mut stdin = listener.stdin.take().expect("psql stdin");
+    let mut lines = BufReader::new(listener.stdout.take().expect("psql stdout")).lines();
+    writeln!(stdin, "LISTEN \"{p}wake\"; \\echo listening").expect("write to psql");
+    stdin.flush().expect("flush psql");
+    assert!(lines.by_ref().any(|l| l.expect("read psql") == "listening"));
+
+    let Claim::Acquired(done) = e.claim(b"done", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    done.complete(b"bytes").expect("complete");
+    let Claim::Acquired(released) = e
+        .claim(b"released", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    released.release().expect("release");
+    // Notifications arrive in commit order: once the release's shows, the completion's
+    // would have shown before it. They name the hash of the row's key: the scoped key (a
+    // byte of scope length, no scope, the key).
+    let row_hash = |key: &[u8]| format!("{:016x}", idemkv::key_hash(&[&[0u8][..], key].concat()));
+    let (released_hash, done_hash) = (row_hash(b"released"), row_hash(b"done"));
+    let mut seen = Vec::new();
+    let end = Instant::now() + Duration::from_secs(20);
+    while !seen.iter().any(|l: &String| l.contains(&released_hash)) {
+        assert!(
+            Instant::now() < end,
+            "the release's notification never came: {seen:?}"
+        );
+        writeln!(stdin, "SELECT 1; \\echo polled").expect("write to psql");
+        stdin.flush().expect("flush psql");
+        for line in lines.by_ref() {
+            let line = line.expect("read psql");
+            if line == "polled" {
+                break;
+            }
+            seen.push(line);
+        }
+    }
+    drop(stdin);
+    let _ = listener.wait();
+    assert!(
+        !seen.iter().any(|l| l.contains(&done_hash)),
+        "the completion notified: {seen:?}"
+    );
+}

@@ -289,13 +289,14 @@ impl Core {
         let sent = Instant::now();
         match self
             .db
-            .complete(key, token, &response, self.retention, own_retention)
+            .complete(key, token, &response, self.retention, own_retention, hash)
             .await
         {
             Ok(CompleteRow::Done {
                 attempt,
                 fingerprint,
                 remaining,
+                heard,
             }) => {
                 bump(&self.counters.completions);
                 let expires = expires_wall_ms(remaining);
@@ -311,7 +312,9 @@ impl Core {
                     until: sent + remaining,
                 };
                 self.front.completed(key, hash, cached);
-                self.outbox.push(hash);
+                if heard {
+                    self.outbox.push(hash);
+                }
                 Ok(expires)
             }
             Ok(CompleteRow::Lost) => {

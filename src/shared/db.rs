@@ -58,6 +58,8 @@ pub(crate) enum CompleteRow {
         attempt: u32,
         fingerprint: Option<u128>,
         remaining: Duration,
+        /// A listening connection may wait for it: send the notification.
+        heard: bool,
     },
     Lost,
 }
@@ -460,13 +462,15 @@ impl Db {
         response: &[u8],
         retention: Duration,
         own_retention: Option<Duration>,
+        hash: u64,
     ) -> Result<CompleteRow, Fail> {
         let (token, retention_us) = (token_param(token), micros(retention));
         let own_us = own_retention.map(micros);
+        let stripe = wake_stripe(hash);
         let rows = self
             .query(
                 &self.sql.complete,
-                &[&key, &token, &response, &retention_us, &own_us],
+                &[&key, &token, &response, &retention_us, &own_us, &stripe],
                 true,
             )
             .await?;
@@ -477,6 +481,7 @@ impl Db {
             attempt: attempt_of(row.try_get(1).map_err(undecodable)?),
             fingerprint: fingerprint_of(row.try_get(2).map_err(undecodable)?),
             remaining: remaining(row.try_get(3).map_err(undecodable)?),
+            heard: row.try_get(4).map_err(undecodable)?,
         })
     }
 
@@ -638,6 +643,11 @@ fn claim_row(row: &Row, at: usize) -> Result<ClaimRow, Fail> {
             }
         }
     })
+}
+
+/// A key's wake-up stripe (see `Sql::complete`).
+pub(crate) fn wake_stripe(hash: u64) -> i32 {
+    i32::try_from(hash % u64::from(PG_WAKE_STRIPES)).unwrap_or(0)
 }
 
 /// The asks' indexes in the order of their keys: a batch locks its rows in that order.

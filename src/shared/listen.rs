@@ -143,10 +143,13 @@ async fn toggle(core: Arc<Core>, client: Client) {
     loop {
         let notified = l.changed.notified();
         if !on && *l.waiters.lock() > 0 {
+            // Listen first, then lock: a completion that sees the stripes locked notifies
+            // after its commit, when this connection already listens.
             if client
                 .batch_execute(&format!("LISTEN \"{channel}\""))
                 .await
                 .is_err()
+                || client.batch_execute(&core.db.sql.hear).await.is_err()
             {
                 return;
             }
@@ -160,10 +163,11 @@ async fn toggle(core: Arc<Core>, client: Client) {
             tokio::time::sleep(PG_LISTEN_IDLE).await;
             if !l.wanted() {
                 on = false;
-                if client
-                    .batch_execute(&format!("UNLISTEN \"{channel}\""))
-                    .await
-                    .is_err()
+                if client.batch_execute(&core.db.sql.unhear).await.is_err()
+                    || client
+                        .batch_execute(&format!("UNLISTEN \"{channel}\""))
+                        .await
+                        .is_err()
                 {
                     return;
                 }

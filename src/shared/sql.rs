@@ -20,6 +20,10 @@ pub(crate) struct Sql {
     pub(crate) release: String,
     /// Wakes other processes' waiters: one autocommit statement after the settling one.
     pub(crate) notify: String,
+    /// Run by a listening connection after its `LISTEN`, and before its `UNLISTEN`: the
+    /// shared advisory locks that tell completions someone listens (`listen.rs`).
+    pub(crate) hear: String,
+    pub(crate) unhear: String,
     pub(crate) extend: String,
     pub(crate) checkpoint: String,
     pub(crate) fail: String,
@@ -34,6 +38,14 @@ pub(crate) struct Sql {
     /// lock; each statement is idempotent and the last writes the version row.
     pub(crate) upgrade_from_1: Vec<String>,
     pub(crate) upgrade_from_2: Vec<String>,
+}
+
+/// The class of the wake-up stripes' advisory locks (the two-key form, a space of its own),
+/// from the keys table's qualified name, so backends on different tables never meet: the
+/// low 32 bits of its FNV-1a hash.
+fn wake_class(keys: &str) -> i32 {
+    let low = crate::codec::fnv1a64(keys.as_bytes()) as u32;
+    i32::from_ne_bytes(low.to_ne_bytes())
 }
 
 /// `n` microseconds as an interval.
@@ -55,6 +67,8 @@ impl Sql {
             None => format!("{prefix}wake"),
         };
         let idx = format!("\"{prefix}keys_reap_at\"");
+        let wake_class = wake_class(&keys);
+        let wake_stripes = crate::constants::PG_WAKE_STRIPES;
         let create_schema = schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
         let mut create = Vec::new();
         create.push(format!(
@@ -189,10 +203,13 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[])
 
         // Complete: fenced by the token and the InFlight state. It does not notify: a
         // notifying transaction holds the database-wide notify lock through its commit,
-        // which serializes such commits; `notify` follows once it answered. When nothing
-        // was written, a completion already stored under the same token is a repeat ($1 key,
-        // $2 token, $3 response, $4 the engine's retention µs, $5 the completion's own or
-        // NULL; the key's own, kept with the claim, comes between them).
+        // which serializes such commits; `notify` follows once it answered, when `heard`:
+        // the key's wake-up stripe is locked, shared, by a listening connection (a waiting
+        // claim's). The try-lock is held to the commit, so a listener that starts to listen
+        // meanwhile waits for the commit and then reads it. When nothing was written, a
+        // completion already stored under the same token is a repeat ($1 key, $2 token, $3
+        // response, $4 the engine's retention µs, $5 the completion's own or NULL; the
+        // key's own, kept with the claim, comes between them; $6 the key's wake-up stripe).
         let complete = format!(
             "WITH done AS (
     UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
@@ -203,14 +220,27 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[])
     RETURNING attempt, fingerprint, expires_at
 )
 SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
-       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us
+       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
+       NOT pg_try_advisory_xact_lock({wake_class}, $6::integer) AS heard
 FROM done d
 UNION ALL
 SELECT 'repeat', k.attempt, k.fingerprint,
-       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint
+       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
 FROM {keys} k
 WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
   AND NOT EXISTS (SELECT 1 FROM done)"
+        );
+
+        // Hear: every wake-up stripe locked, shared, for the session; Unhear: released.
+        let hear = format!(
+            "SELECT count(pg_advisory_lock_shared({wake_class}, s))
+FROM generate_series(0, {last}) s",
+            last = wake_stripes - 1
+        );
+        let unhear = format!(
+            "SELECT count(pg_advisory_unlock_shared({wake_class}, s))
+FROM generate_series(0, {last}) s",
+            last = wake_stripes - 1
         );
 
         // Release: fenced delete; `notify` follows once it answered.
@@ -306,6 +336,8 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             complete,
             release,
             notify,
+            hear,
+            unhear,
             extend,
             checkpoint,
             fail,
@@ -353,6 +385,8 @@ mod tests {
             sql.complete.clone(),
             sql.release.clone(),
             sql.notify.clone(),
+            sql.hear.clone(),
+            sql.unhear.clone(),
             sql.extend.clone(),
             sql.checkpoint.clone(),
             sql.fail.clone(),
@@ -363,7 +397,10 @@ mod tests {
         ];
         all.extend(sql.create.iter().cloned());
         all.extend(sql.upgrade_from_1.iter().cloned());
-        for stmt in all {
+        // The page writes the lock class as `WAKE_CLASS`, and gives its value once.
+        let class = super::wake_class(&sql.keys).to_string();
+        assert!(doc.contains(&format!("`WAKE_CLASS` is {class}")));
+        for stmt in all.iter().map(|s| s.replace(&class, "WAKE_CLASS")) {
             assert!(doc.contains(&stmt), "docs/shared.md lacks:\n{stmt}");
         }
         assert!(doc.contains(&format!("LISTEN \"{}\"", sql.channel)));
