@@ -268,6 +268,9 @@ pub(crate) const PG_BATCH_MAX: usize = 64;
 /// SQLSTATE `deadlock_detected`: the server rolled the transaction back.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_DEADLOCK_DETECTED: &str = "40P01";
+/// SQLSTATE `serialization_failure`: the server rolled the transaction back.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_SERIALIZATION_FAILURE: &str = "40001";
 /// Times one claim asks the database again after a statement that could not decide from
 /// its snapshot (a row committed or changed between the statement's snapshot and its
 /// conflict check). Each re-ask follows a commit by another caller.
@@ -302,10 +305,12 @@ pub(crate) const PG_SWEEP_BATCHES_PER_PASS: u32 = 16;
 #[cfg(feature = "postgres")]
 pub(crate) const PG_LISTEN_IDLE: Duration = Duration::from_secs(2);
 /// Wake-up stripes: a completion notifies only when a listening connection holds its
-/// key's stripe (docs/shared.md, "Wake-ups"); completions of one stripe contend for its
-/// lock, so more stripes mean fewer needless notifications.
+/// key's stripe (docs/shared.md, "Wake-ups"). Completions of one stripe at once contend
+/// for its lock (the loser notifies needlessly), and each listening engine holds one lock
+/// per stripe in the server's shared lock table (`max_locks_per_transaction` ×
+/// `max_connections` slots): 16 keeps both small.
 #[cfg(feature = "postgres")]
-pub(crate) const PG_WAKE_STRIPES: u32 = 64;
+pub(crate) const PG_WAKE_STRIPES: u32 = 16;
 /// Pause of the listening connection before it connects again after losing its link.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_LISTEN_RETRY: Duration = Duration::from_millis(500);

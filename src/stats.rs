@@ -83,9 +83,9 @@ pub struct Stats {
     /// sweeper's and the listener's not counted). Concurrent local duplicates of a key
     /// share one; a cached completion is replayed without one. Zero for a file engine.
     pub db_round_trips: u64,
-    /// A shared engine: claims that waited for a busy lane and went to the database in a
-    /// statement led by another claim (`PostgresConfig::batch_lanes`). Zero for a file
-    /// engine.
+    /// A shared engine: claims that queued behind its busy claim lanes
+    /// (`PostgresConfig::batch_lanes`); such a claim goes in the statement the next leader
+    /// sends, or leads it. Zero for a file engine.
     pub db_claims_batched: u64,
     /// A shared engine: wake-up notifications its listening connection received. It
     /// listens only while a claim of the engine waits, so an engine whose claims never

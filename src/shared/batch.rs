@@ -23,11 +23,13 @@
 //! claim decides: each key's claim is the same function call as a lone claim's.
 
 use super::db::Fail;
+use super::error::{DatabaseError, DatabaseErrorKind};
 use crate::constants::PG_BATCH_MAX;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// What a batch needs of an ask: the key, so that a key appears once per batch.
@@ -43,6 +45,7 @@ enum Turn<A, R> {
 }
 
 struct Queued<A, R> {
+    id: u64,
     ask: A,
     turn: oneshot::Sender<Turn<A, R>>,
 }
@@ -50,12 +53,16 @@ struct Queued<A, R> {
 struct Lanes<A, R> {
     busy: usize,
     queue: VecDeque<Queued<A, R>>,
+    next_id: u64,
 }
 
 /// The queue and lanes of one kind of statement.
 pub(crate) struct Batcher<A, R> {
     lanes: Arc<Mutex<Lanes<A, R>>>,
     lanes_max: usize,
+    /// The longest an ask stays queued; past it, an ask still queued leaves the queue
+    /// refused (nothing was sent).
+    queued_max: Duration,
     /// Asks that waited for a lane, ever.
     queued: AtomicU64,
 }
@@ -100,14 +107,17 @@ impl<A, R> Drop for Lane<A, R> {
 }
 
 impl<A: Keyed, R> Batcher<A, R> {
-    /// `lanes_max` statements in flight at most (at least one).
-    pub(crate) fn new(lanes_max: usize) -> Self {
+    /// `lanes_max` statements in flight at most (at least one); an ask queued longer than
+    /// `queued_max` is refused.
+    pub(crate) fn new(lanes_max: usize, queued_max: Duration) -> Self {
         Batcher {
             lanes: Arc::new(Mutex::new(Lanes {
                 busy: 0,
                 queue: VecDeque::new(),
+                next_id: 0,
             })),
             lanes_max: lanes_max.max(1),
+            queued_max,
             queued: AtomicU64::new(0),
         }
     }
@@ -132,23 +142,39 @@ impl<A: Keyed, R> Batcher<A, R> {
                 Ok(ask)
             } else {
                 let (turn, waiting) = oneshot::channel();
-                lanes.queue.push_back(Queued { ask, turn });
+                let id = lanes.next_id;
+                lanes.next_id += 1;
+                lanes.queue.push_back(Queued { id, ask, turn });
                 // Counted under the lock: once it shows, the ask is in the queue.
                 self.queued.fetch_add(1, Ordering::Relaxed);
-                Err(waiting)
+                Err((id, waiting))
             }
         };
         let (ask, _lane) = match start {
-            Err(waiting) => match waiting.await {
-                Ok(Turn::Answer(answer)) => return answer,
-                Ok(Turn::Lead(ask, lane)) => (ask, lane),
-                // The batch's leader was dropped, its statement sent or not: unknown.
-                Err(_) => {
-                    return Err(Fail::Unknown(Arc::from(
-                        "the call's batch was abandoned before its answer arrived",
-                    )))
+            Err((id, mut waiting)) => {
+                let turn = match tokio::time::timeout(self.queued_max, &mut waiting).await {
+                    Ok(turn) => turn,
+                    Err(_) if self.withdraw(id) => {
+                        return Err(Fail::Refused(DatabaseError::new(
+                            DatabaseErrorKind::Unavailable,
+                            "no claim lane came free within the call timeout; nothing was sent",
+                        )))
+                    }
+                    // Taken into a batch (whose statement has its own timeout), or handed
+                    // the lane: its answer comes.
+                    Err(_) => waiting.await,
+                };
+                match turn {
+                    Ok(Turn::Answer(answer)) => return answer,
+                    Ok(Turn::Lead(ask, lane)) => (ask, lane),
+                    // The batch's leader was dropped, its statement sent or not: unknown.
+                    Err(_) => {
+                        return Err(Fail::Unknown(Arc::from(
+                            "the call's batch was abandoned before its answer arrived",
+                        )))
+                    }
                 }
-            },
+            }
             Ok(ask) => (
                 ask,
                 Lane {
@@ -174,6 +200,16 @@ impl<A: Keyed, R> Batcher<A, R> {
                 .send(Turn::Answer(answers.next().unwrap_or_else(abandoned)));
         }
         mine
+    }
+
+    /// Takes the ask `id` out of the queue: whether it was still there (not yet taken into
+    /// a batch, nor handed a lane).
+    fn withdraw(&self, id: u64) -> bool {
+        let mut lanes = self.lanes.lock();
+        match lanes.queue.iter().position(|q| q.id == id) {
+            Some(at) => lanes.queue.remove(at).is_some(),
+            None => false,
+        }
     }
 
     /// Takes the queued asks that join a batch led by `key`'s call: the oldest first, up
@@ -204,5 +240,138 @@ impl<A: Keyed, R> Batcher<A, R> {
             lanes.queue.push_front(q);
         }
         taken
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Batcher, Keyed};
+    use crate::shared::db::Fail;
+    use crate::shared::error::DatabaseErrorKind;
+    use std::sync::Arc;
+    use std::time::Duration;
+    use tokio::sync::{oneshot, Mutex};
+
+    #[derive(Debug)]
+    struct Ask(&'static [u8]);
+
+    impl Keyed for Ask {
+        fn key(&self) -> &[u8] {
+            self.0
+        }
+    }
+
+    /// The batches sent, as their keys; a send whose gate is given waits for it.
+    type Sent = Arc<std::sync::Mutex<Vec<Vec<&'static [u8]>>>>;
+    /// The receiving end of a gate, taken by the first send that holds it.
+    type Gate = Arc<Mutex<Option<oneshot::Receiver<()>>>>;
+
+    async fn ask(
+        b: &Batcher<Ask, usize>,
+        key: &'static [u8],
+        sent: &Sent,
+        gate: Option<Gate>,
+    ) -> Result<usize, Fail> {
+        b.ask(Ask(key), async |asks: &[&Ask]| {
+            sent.lock()
+                .unwrap()
+                .push(asks.iter().map(|a| a.0).collect());
+            if let Some(gate) = gate {
+                if let Some(rx) = gate.lock().await.take() {
+                    let _ = rx.await;
+                }
+            }
+            // Each ask is answered with its position in the batch.
+            (0..asks.len()).map(Ok).collect()
+        })
+        .await
+    }
+
+    fn gate() -> (oneshot::Sender<()>, Gate) {
+        let (tx, rx) = oneshot::channel();
+        (tx, Arc::new(Mutex::new(Some(rx))))
+    }
+
+    /// Asks queued behind the busy lane go in one batch, led by the oldest, each answered
+    /// in its own place; a second ask of a key waits for the next batch; the lane is free
+    /// again afterwards.
+    #[tokio::test(start_paused = true)]
+    async fn queued_asks_share_the_next_batch_and_each_gets_its_answer() {
+        let b = Batcher::new(1, Duration::from_secs(10));
+        let sent: Sent = Arc::default();
+        let (open, g) = gate();
+        let first = ask(&b, b"a", &sent, Some(g));
+        let (x, y, x_again) = (
+            ask(&b, b"x", &sent, None),
+            ask(&b, b"y", &sent, None),
+            ask(&b, b"x", &sent, None),
+        );
+        let release = async {
+            // `join!` has polled every ask once: the three behind the lane are queued.
+            tokio::task::yield_now().await;
+            assert_eq!(b.queued(), 3);
+            let _ = open.send(());
+        };
+        let (first, x, y, x_again, ()) = tokio::join!(first, x, y, x_again, release);
+        assert_eq!(first.ok(), Some(0));
+        assert_eq!((x.ok(), y.ok()), (Some(0), Some(1)));
+        assert_eq!(x_again.ok(), Some(0));
+        let batches = sent.lock().unwrap().clone();
+        assert_eq!(batches, vec![vec![&b"a"[..]], vec![b"x", b"y"], vec![b"x"]]);
+        assert_eq!(ask(&b, b"z", &sent, None).await.ok(), Some(0));
+    }
+
+    /// An ask still queued at its deadline leaves the queue refused (nothing was sent),
+    /// and the lane is not lost: the leader's answer arrives, and a later ask leads.
+    #[tokio::test(start_paused = true)]
+    async fn an_ask_queued_past_its_deadline_is_refused_and_the_lane_survives() {
+        let b = Batcher::new(1, Duration::from_secs(10));
+        let sent: Sent = Arc::default();
+        let (open, g) = gate();
+        let leader = ask(&b, b"a", &sent, Some(g));
+        let queued = async {
+            let r = ask(&b, b"q", &sent, None).await;
+            let _ = open.send(());
+            r
+        };
+        let (leader, queued) = tokio::join!(leader, queued);
+        assert_eq!(leader.ok(), Some(0));
+        match queued {
+            Err(Fail::Refused(e)) => assert_eq!(e.kind, DatabaseErrorKind::Unavailable),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            sent.lock().unwrap().len(),
+            1,
+            "the refused ask was never sent"
+        );
+        assert_eq!(ask(&b, b"z", &sent, None).await.ok(), Some(0));
+    }
+
+    /// A queued ask whose caller is gone is left out of the batch, and a lead refused by a
+    /// gone caller passes to the next queued ask.
+    #[tokio::test(start_paused = true)]
+    async fn asks_of_callers_gone_are_skipped() {
+        let b = Batcher::new(1, Duration::from_secs(10));
+        let sent: Sent = Arc::default();
+        let (open, g) = gate();
+        let leader = ask(&b, b"a", &sent, Some(g));
+        let rest = async {
+            {
+                // Queued, then dropped with its caller.
+                let gone = std::pin::pin!(ask(&b, b"gone", &sent, None));
+                let _ = futures::poll!(gone);
+            }
+            let kept = ask(&b, b"kept", &sent, None);
+            let release = async {
+                tokio::task::yield_now().await;
+                let _ = open.send(());
+            };
+            tokio::join!(kept, release).0
+        };
+        let (leader, kept) = tokio::join!(leader, rest);
+        assert_eq!((leader.ok(), kept.ok()), (Some(0), Some(0)));
+        let batches = sent.lock().unwrap().clone();
+        assert_eq!(batches, vec![vec![&b"a"[..]], vec![b"kept"]]);
     }
 }

@@ -202,7 +202,7 @@ impl Db {
             sql: Sql::new(cfg.schema.as_deref(), &cfg.table_prefix),
             call_timeout: cfg.statement_timeout + cfg.connect_timeout,
             round_trips: AtomicU64::new(0),
-            claims: Batcher::new(cfg.batch_lanes),
+            claims: Batcher::new(cfg.batch_lanes, cfg.statement_timeout + cfg.connect_timeout),
         })
     }
 
@@ -448,8 +448,13 @@ impl Db {
                     return asks.iter().map(|_| Err(f.clone())).collect();
                 }
             }
-            // The transaction was rolled back: nothing changed, and every key asks again.
-            Err(Fail::Refused(e)) if e.code.as_deref() == Some(PG_DEADLOCK_DETECTED) => {}
+            // The transaction was rolled back (a deadlock, or a serialization failure on a
+            // database that runs it SERIALIZABLE): nothing changed, every key asks again.
+            Err(Fail::Refused(e))
+                if matches!(
+                    e.code.as_deref(),
+                    Some(PG_DEADLOCK_DETECTED | PG_SERIALIZATION_FAILURE)
+                ) => {}
             Err(f) => return asks.iter().map(|_| Err(f.clone())).collect(),
         }
         answers

@@ -18,15 +18,16 @@ use parking_lot::Mutex;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::{oneshot, watch, Notify};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// Who needs the listener, and whether it listens.
 pub(crate) struct Listening {
-    /// Registered waiting claims. Read and written with `on` under this lock: a claim that
-    /// registers while `on` is true is covered, since the listener only stops with no
-    /// claim registered.
-    waiters: Mutex<usize>,
+    /// Registered waiting claims, and when their count last fell to zero. Read and
+    /// written with `on` under this lock: a claim that registers while `on` is true is
+    /// covered, since the listener only stops with no claim registered.
+    waiters: Mutex<Waiters>,
     /// `LISTEN` is in place on the current connection.
     on: watch::Sender<bool>,
     /// Wakes the listener when `waiters` leaves or reaches zero.
@@ -35,14 +36,20 @@ pub(crate) struct Listening {
     pub(crate) received: AtomicU64,
 }
 
+struct Waiters {
+    count: usize,
+    idle_since: Instant,
+}
+
 /// A waiting claim's registration; dropped when the claim returns.
 pub(crate) struct Registration<'a>(&'a Listening);
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         let mut waiters = self.0.waiters.lock();
-        *waiters = waiters.saturating_sub(1);
-        if *waiters == 0 {
+        waiters.count = waiters.count.saturating_sub(1);
+        if waiters.count == 0 {
+            waiters.idle_since = Instant::now();
             self.0.changed.notify_one();
         }
     }
@@ -51,7 +58,10 @@ impl Drop for Registration<'_> {
 impl Listening {
     pub(crate) fn new() -> Self {
         Listening {
-            waiters: Mutex::new(0),
+            waiters: Mutex::new(Waiters {
+                count: 0,
+                idle_since: Instant::now(),
+            }),
             on: watch::Sender::new(false),
             changed: Notify::new(),
             received: AtomicU64::new(0),
@@ -64,8 +74,8 @@ impl Listening {
     pub(crate) async fn register(&self) -> Registration<'_> {
         let mut on = {
             let mut waiters = self.waiters.lock();
-            *waiters += 1;
-            if *waiters == 1 {
+            waiters.count += 1;
+            if waiters.count == 1 {
                 self.changed.notify_one();
             }
             let on = self.on.subscribe();
@@ -79,14 +89,19 @@ impl Listening {
         registration
     }
 
-    /// Whether the listener should listen: a claim is registered. Sets `on` to false
-    /// when it should not, before the `UNLISTEN` is sent.
-    fn wanted(&self) -> bool {
+    /// When the listener may stop: `None` while a claim is registered, else the instant
+    /// `PG_LISTEN_IDLE` after the last one returned. At or past that instant it sets `on`
+    /// to false, under the lock, before the `UNLISTEN` is sent.
+    fn idle_until(&self) -> Option<Instant> {
         let waiters = self.waiters.lock();
-        if *waiters == 0 {
+        if waiters.count > 0 {
+            return None;
+        }
+        let until = waiters.idle_since + PG_LISTEN_IDLE;
+        if Instant::now() >= until {
             self.on.send_replace(false);
         }
-        *waiters > 0
+        Some(until)
     }
 
     fn listening(&self) {
@@ -124,6 +139,8 @@ pub(crate) async fn listen(core: Arc<Core>, ready: oneshot::Sender<()>) {
             let toggler = tokio::spawn(toggle(core.clone(), client));
             let _ = driver.await;
             toggler.abort();
+            // Stopped, so that it cannot mark the listener on after this.
+            let _ = toggler.await;
             core.listening.stopped();
         }
         if let Some(ready) = ready.take() {
@@ -142,7 +159,7 @@ async fn toggle(core: Arc<Core>, client: Client) {
     let mut on = false;
     loop {
         let notified = l.changed.notified();
-        if !on && *l.waiters.lock() > 0 {
+        if !on && l.waiters.lock().count > 0 {
             // Listen first, then lock: a completion that sees the stripes locked notifies
             // after its commit, when this connection already listens.
             if client
@@ -155,24 +172,34 @@ async fn toggle(core: Arc<Core>, client: Client) {
             }
             on = true;
             l.listening();
-            // Waiters that fell back on the poll (no connection) ask again now.
+            // What this process read before the stripes were held may have been completed
+            // since without a notification (no listener held them): every waiter, and every
+            // ask in flight (which a waiting claim may have joined), asks again. This is what
+            // makes "listen, then read" hold for a claim that read before this point.
             core.front.notified_all();
             continue;
         }
-        if on && *l.waiters.lock() == 0 {
-            tokio::time::sleep(PG_LISTEN_IDLE).await;
-            if !l.wanted() {
-                on = false;
-                if client.batch_execute(&core.db.sql.unhear).await.is_err()
-                    || client
-                        .batch_execute(&format!("UNLISTEN \"{channel}\""))
-                        .await
-                        .is_err()
-                {
-                    return;
+        if on {
+            match l.idle_until() {
+                Some(until) if Instant::now() >= until => {
+                    on = false;
+                    if client.batch_execute(&core.db.sql.unhear).await.is_err()
+                        || client
+                            .batch_execute(&format!("UNLISTEN \"{channel}\""))
+                            .await
+                            .is_err()
+                    {
+                        return;
+                    }
+                    continue;
                 }
+                Some(until) => {
+                    // A claim that registers meanwhile wakes the loop through `changed`.
+                    let _ = tokio::time::timeout_at(until.into(), notified).await;
+                    continue;
+                }
+                None => {}
             }
-            continue;
         }
         notified.await;
     }
