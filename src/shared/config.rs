@@ -2,6 +2,7 @@
 
 use crate::constants::*;
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// The settings of the shared backend (feature `postgres`), handed to
@@ -25,9 +26,10 @@ use std::time::Duration;
 ///
 /// The URL is the client's (tokio-postgres): `postgres://user:password@host:port/dbname?…`
 /// or `host=… user=… dbname=…`, with its standard options (`sslmode`, `application_name`,
-/// `options`, several hosts, `target_session_attrs`). The backend connects without TLS:
-/// `sslmode=prefer` (the default) falls back to a plain connection and `sslmode=require`
-/// is refused at open; see docs/shared.md ("TLS").
+/// `options`, several hosts, `target_session_attrs`). `sslmode=require` encrypts every
+/// connection and verifies the server's certificate and name against
+/// [`tls_root_cert`](Self::tls_root_cert) or the system's trust store; see docs/shared.md
+/// ("TLS") for every mode.
 #[derive(Clone)]
 pub struct PostgresConfig {
     pub(crate) url: String,
@@ -37,6 +39,8 @@ pub struct PostgresConfig {
     pub(crate) schema: Option<String>,
     pub(crate) table_prefix: String,
     pub(crate) batch_lanes: usize,
+    pub(crate) tls_root_cert: Option<PathBuf>,
+    pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
 }
 
 impl PostgresConfig {
@@ -52,6 +56,8 @@ impl PostgresConfig {
             schema: None,
             table_prefix: PG_TABLE_PREFIX_DEFAULT.to_string(),
             batch_lanes: PG_BATCH_LANES_DEFAULT,
+            tls_root_cert: None,
+            tls_client_cert: None,
         }
     }
 
@@ -103,6 +109,35 @@ impl PostgresConfig {
     /// hold up fewer of this process's claims (docs/shared.md, "Batches").
     pub fn batch_lanes(mut self, lanes: usize) -> Self {
         self.batch_lanes = lanes;
+        self
+    }
+
+    /// Verifies the server's certificate against the CA certificates of this PEM file
+    /// (libpq's `sslrootcert`) instead of the system's trust store. With it, the URL's
+    /// `sslmode=prefer` (the default) encrypts whenever the server offers TLS; without it,
+    /// `prefer` connects in plain text, because no connection is encrypted unverified. The
+    /// file is read at open.
+    ///
+    /// ```no_run
+    /// use idemkv::{Engine, PostgresConfig};
+    /// let engine = Engine::builder()
+    ///     .postgres(
+    ///         PostgresConfig::new("postgres://app@db.internal/app?sslmode=require")
+    ///             .tls_root_cert("/etc/idemkv/db-ca.pem"),
+    ///     )
+    ///     .open()?;
+    /// # Ok::<(), idemkv::OpenError>(())
+    /// ```
+    pub fn tls_root_cert(mut self, path: impl Into<PathBuf>) -> Self {
+        self.tls_root_cert = Some(path.into());
+        self
+    }
+
+    /// Presents this certificate chain (PEM, the client's certificate first) and its
+    /// private key (PEM: PKCS#8, PKCS#1 or SEC1) when the server asks for one (libpq's
+    /// `sslcert` and `sslkey`), e.g. for `cert` authentication. Read at open.
+    pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_client_cert = Some((cert.into(), key.into()));
         self
     }
 
@@ -165,6 +200,8 @@ impl fmt::Debug for PostgresConfig {
             .field("schema", &self.schema)
             .field("table_prefix", &self.table_prefix)
             .field("batch_lanes", &self.batch_lanes)
+            .field("tls_root_cert", &self.tls_root_cert)
+            .field("tls_client_cert", &self.tls_client_cert)
             .finish_non_exhaustive()
     }
 }

@@ -7,13 +7,15 @@ use super::sql::Sql;
 use super::PostgresConfig;
 use crate::codec::Checkpoint;
 use crate::constants::*;
+use crate::error::OpenError;
 use crate::lease::Stored;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How a call failed.
 #[derive(Debug, Clone)]
@@ -89,6 +91,8 @@ pub(crate) struct Db {
     pool: Pool,
     /// The client configuration, for the listening connection.
     pub(crate) client: tokio_postgres::Config,
+    /// The connector of every connection (the client's `sslmode` says whether it is used).
+    pub(crate) tls: MakeRustlsConnect,
     pub(crate) sql: Sql,
     /// How long a call may wait for its answer before it is given up (and its connection
     /// discarded).
@@ -153,21 +157,19 @@ fn undecodable(e: tokio_postgres::Error) -> Fail {
 }
 
 impl Db {
-    pub(crate) fn new(cfg: &PostgresConfig) -> Result<Db, DatabaseError> {
+    /// The pool (no connection yet) and the TLS connector; a URL that does not parse is
+    /// `Database(Rejected)`, a TLS file that does not load `InvalidConfig`.
+    pub(crate) fn new(cfg: &PostgresConfig) -> Result<Db, OpenError> {
         let mut client: tokio_postgres::Config = cfg.url.parse().map_err(|e| {
             let mut err = DatabaseError::new(
                 DatabaseErrorKind::Rejected,
                 format!("the PostgreSQL URL does not parse: {e}"),
             );
             err.source = Some(Arc::new(e));
-            err
+            OpenError::Database(err)
         })?;
-        if client.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-            return Err(DatabaseError::new(
-                DatabaseErrorKind::Unavailable,
-                "sslmode=require: this build connects without TLS (docs/shared.md, \"TLS\")",
-            ));
-        }
+        let tls = super::tls::connector(&mut client, cfg)
+            .map_err(|detail| OpenError::InvalidConfig { detail })?;
         client.connect_timeout(cfg.connect_timeout);
         client.keepalives(true);
         if client.get_application_name().is_none() {
@@ -183,7 +185,7 @@ impl Db {
         client.options(&options);
         let manager = Manager::from_config(
             client.clone(),
-            NoTls,
+            tls.clone(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -195,10 +197,16 @@ impl Db {
             .create_timeout(Some(cfg.connect_timeout))
             .recycle_timeout(Some(cfg.connect_timeout))
             .build()
-            .map_err(|e| DatabaseError::new(DatabaseErrorKind::Rejected, e.to_string()))?;
+            .map_err(|e| {
+                OpenError::Database(DatabaseError::new(
+                    DatabaseErrorKind::Rejected,
+                    e.to_string(),
+                ))
+            })?;
         Ok(Db {
             pool,
             client,
+            tls,
             sql: Sql::new(cfg.schema.as_deref(), &cfg.table_prefix),
             call_timeout: cfg.statement_timeout + cfg.connect_timeout,
             round_trips: AtomicU64::new(0),

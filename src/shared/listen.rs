@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{oneshot, watch, Notify};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 
 /// Who needs the listener, and whether it listens.
 pub(crate) struct Listening {
@@ -121,7 +121,7 @@ impl Listening {
 pub(crate) async fn listen(core: Arc<Core>, ready: oneshot::Sender<()>) {
     let mut ready = Some(ready);
     while !core.is_closed() {
-        if let Ok((client, mut conn)) = core.db.client.connect(NoTls).await {
+        if let Ok((client, mut conn)) = core.db.client.connect(core.db.tls.clone()).await {
             let front = core.clone();
             let driver = tokio::spawn(async move {
                 while let Some(Ok(message)) = poll_fn(|cx| conn.poll_message(cx)).await {

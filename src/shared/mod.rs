@@ -25,6 +25,7 @@ mod error;
 mod front;
 mod listen;
 mod sql;
+mod tls;
 mod wake;
 
 pub use config::PostgresConfig;
@@ -125,7 +126,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     let db = {
         // The pool is built inside the runtime, which its timeouts use.
         let _entered = handle.enter();
-        db::Db::new(&cfg).map_err(OpenError::Database)?
+        db::Db::new(&cfg)?
     };
     let core = Arc::new(Core {
         db,
