@@ -8,6 +8,8 @@
 //! package installs.
 #![cfg(feature = "postgres")]
 
+mod pg;
+
 use idemkv::{
     Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Durability, Engine, KeyState, LeaseError,
     MockClock, OpenError, OpenErrorKind, PostgresConfig,
@@ -19,14 +21,7 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 fn url() -> String {
-    std::env::var("IDEMKV_PG_URL").unwrap_or_else(|_| {
-        panic!(
-            "IDEMKV_PG_URL is not set: the shared-backend suite needs a PostgreSQL server. Run \
-             it with `scripts/pg.sh test` (starts a throwaway server on 127.0.0.1, runs \
-             `cargo test --features postgres --test shared`, stops it), or start one with \
-             `eval \"$(scripts/pg.sh start)\"` and run cargo test yourself."
-        )
-    })
+    pg::env("IDEMKV_PG_URL", "shared")
 }
 
 /// A table prefix no other test (or earlier run) uses.
@@ -51,26 +46,7 @@ fn trips(e: &Engine) -> u64 {
 
 /// Runs SQL through psql and returns its unaligned output.
 fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            &url(),
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-        ])
-        .output()
-        .expect("run psql (installed with the PostgreSQL server)");
-    assert!(
-        out.status.success(),
-        "psql failed on {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    pg::psql(&url(), sql)
 }
 
 /// The table's key of the unscoped `key`, in hex: the scoped key (a byte of scope length,
@@ -899,17 +875,7 @@ fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
 fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion() {
     let p = prefix("wake");
     let (a, b) = (engine(&p), engine(&p));
-    let mut listener = Command::new("psql")
-        .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run psql");
-    let mut stdin = listener.stdin.take().expect("psql stdin");
-    let mut lines = BufReader::new(listener.stdout.take().expect("psql stdout")).lines();
-    writeln!(stdin, "LISTEN \"{p}wake\"; \\echo listening").expect("write to psql");
-    stdin.flush().expect("flush psql");
-    assert!(lines.by_ref().any(|l| l.expect("read psql") == "listening"));
+    let mut listener = pg::listen(&url(), &format!("{p}wake"));
 
     let lease_opts = ClaimOptions::default().lease(Duration::from_secs(60));
     let Claim::Acquired(lease) = a.claim(b"k", &lease_opts).expect("claim") else {
@@ -942,23 +908,11 @@ fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion(
     );
 
     // The listener's notification names a key hash; the row it announces is committed.
-    writeln!(
-        stdin,
-        "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}'; \\echo read",
+    let seen = listener.run(&format!(
+        "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}';",
         hex(b"k")
-    )
-    .expect("write to psql");
-    stdin.flush().expect("flush psql");
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.expect("read psql");
-        if line == "read" {
-            break;
-        }
-        seen.push(line);
-    }
-    drop(stdin);
-    let _ = listener.wait();
+    ));
+    listener.close();
     let note = format!("notification \"{p}wake\" with payload \"");
     assert!(
         seen.iter().any(|l| l.contains(&note)),
@@ -1472,17 +1426,7 @@ fn an_engine_hears_wake_ups_only_while_its_claims_wait() {
 fn a_completion_nobody_waits_for_sends_no_notification() {
     let p = prefix("quiet");
     let e = engine(&p);
-    let mut listener = Command::new("psql")
-        .args([&url(), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("run psql");
-    let mut stdin = listener.stdin.take().expect("psql stdin");
-    let mut lines = BufReader::new(listener.stdout.take().expect("psql stdout")).lines();
-    writeln!(stdin, "LISTEN \"{p}wake\"; \\echo listening").expect("write to psql");
-    stdin.flush().expect("flush psql");
-    assert!(lines.by_ref().any(|l| l.expect("read psql") == "listening"));
+    let mut listener = pg::listen(&url(), &format!("{p}wake"));
 
     let Claim::Acquired(done) = e.claim(b"done", &ClaimOptions::default()).expect("claim") else {
         panic!("acquired");
@@ -1507,18 +1451,9 @@ fn a_completion_nobody_waits_for_sends_no_notification() {
             Instant::now() < end,
             "the release's notification never came: {seen:?}"
         );
-        writeln!(stdin, "SELECT 1; \\echo polled").expect("write to psql");
-        stdin.flush().expect("flush psql");
-        for line in lines.by_ref() {
-            let line = line.expect("read psql");
-            if line == "polled" {
-                break;
-            }
-            seen.push(line);
-        }
+        seen.extend(listener.run("SELECT 1;"));
     }
-    drop(stdin);
-    let _ = listener.wait();
+    listener.close();
     assert!(
         !seen.iter().any(|l| l.contains(&done_hash)),
         "the completion notified: {seen:?}"

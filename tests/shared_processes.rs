@@ -32,6 +32,8 @@
 //! server with `scripts/pg.sh restart`). `IDEMKV_MP_KEYS` changes the number of keys.
 #![cfg(all(feature = "postgres", target_os = "linux", target_pointer_width = "64"))]
 
+mod pg;
+
 use idemkv::{
     Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Engine, LeaseError, PostgresConfig,
 };
@@ -161,13 +163,7 @@ impl Plan {
 }
 
 fn url() -> String {
-    std::env::var("IDEMKV_PG_URL").unwrap_or_else(|_| {
-        panic!(
-            "IDEMKV_PG_URL is not set: the multi-process suite needs a PostgreSQL server. Run \
-             it with `scripts/pg.sh test`, or start one with `eval \"$(scripts/pg.sh start)\"` \
-             and run `cargo test --features postgres --test shared_processes`."
-        )
-    })
+    pg::env("IDEMKV_PG_URL", "shared_processes")
 }
 
 fn keys_wanted() -> usize {

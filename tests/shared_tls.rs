@@ -8,26 +8,17 @@
 //! What the server saw is read from `pg_stat_ssl` through `psql`.
 #![cfg(feature = "postgres")]
 
+mod pg;
+
 use idemkv::{Claim, DatabaseErrorKind, Engine, OpenError, PostgresConfig};
 use std::path::PathBuf;
-use std::process::Command;
-
-fn env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!(
-            "{name} is not set: the TLS suite needs the throwaway PostgreSQL of \
-             `scripts/pg.sh` (run `scripts/pg.sh test`, or `eval \"$(scripts/pg.sh start)\"` \
-             and cargo test yourself)."
-        )
-    })
-}
 
 fn url() -> String {
-    env("IDEMKV_PG_URL")
+    pg::env("IDEMKV_PG_URL", "shared_tls")
 }
 
 fn tls_file(name: &str) -> PathBuf {
-    PathBuf::from(env("IDEMKV_PG_TLS_DIR")).join(name)
+    PathBuf::from(pg::env("IDEMKV_PG_TLS_DIR", "shared_tls")).join(name)
 }
 
 /// A name no other test (or earlier run) uses: the table prefix, and the connections'
@@ -43,26 +34,7 @@ fn url_with(user: &str, sslmode: &str, app: &str) -> String {
 }
 
 fn psql(sql: &str) -> String {
-    let out = Command::new("psql")
-        .args([
-            &url(),
-            "-X",
-            "-q",
-            "-A",
-            "-t",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-        ])
-        .output()
-        .expect("run psql (installed with the PostgreSQL server)");
-    assert!(
-        out.status.success(),
-        "psql failed on {sql}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
+    pg::psql(&url(), sql)
 }
 
 /// The engine's connections as the server sees them: (count, how many use TLS, the client
