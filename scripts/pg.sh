@@ -2,8 +2,8 @@
 # A throwaway PostgreSQL for the shared backend (feature `postgres`, docs/shared.md):
 #
 #   scripts/pg.sh start   # install it with apt-get if missing, initdb, start on 127.0.0.1
-#   scripts/pg.sh env     # print `export IDEMKV_PG_URL=... IDEMKV_PG_TLS_DIR=...`
-#                         # (eval "$(scripts/pg.sh env)")
+#   scripts/pg.sh env     # print `export IDEMKV_PG_URL=... IDEMKV_PG_TLS_DIR=...
+#                         # IDEMKV_PG_SOCKET_DIR=...` (eval "$(scripts/pg.sh env)")
 #   scripts/pg.sh test    # start, run `cargo test --features postgres --test shared`,
 #                         # `--test shared_tls` and `--test shared_processes`, stop
 #                         # (a server already running is reused and left running)
@@ -15,7 +15,7 @@
 # (/var/tmp/idemkv-pg). It also accepts TLS (ssl = on) with a certificate for 127.0.0.1 and
 # localhost from a throwaway CA, all under $PG_DIR/tls: ca.crt (the CA), other-ca.crt (a CA
 # that signed nothing here), client.crt and client.key (CN idemkv_tls_client, a role that
-# may log in over TLS with that certificate only). Extra arguments of `test` go to cargo
+# may log in over TLS with that certificate only). Its Unix socket is in $PG_DIR/sock. Extra arguments of `test` go to cargo
 # test (e.g. a test name).
 set -euo pipefail
 
@@ -24,6 +24,7 @@ PG_PORT=${PG_PORT:-54339}
 PG_DIR=${PG_DIR:-/var/tmp/idemkv-pg}
 URL="postgres://postgres@127.0.0.1:$PG_PORT/postgres"
 TLS_DIR="$PG_DIR/tls"
+ENV="export IDEMKV_PG_URL=$URL IDEMKV_PG_TLS_DIR=$TLS_DIR IDEMKV_PG_SOCKET_DIR=$PG_DIR/sock"
 
 log() { printf '[pg] %s\n' "$*" >&2; }
 
@@ -59,6 +60,8 @@ STARTED=0
 make_certs() {
     local d="$TLS_DIR"
     mkdir -p "$d"
+    # The server (user postgres) reads its certificate here, whatever the caller's umask.
+    chmod 755 "$d"
     local subj="/O=idemkv throwaway test CA"
     openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj "$subj/CN=ca" \
         -keyout "$d/ca.key" -out "$d/ca.crt" 2>/dev/null
@@ -89,6 +92,8 @@ start() {
     install_pg
     if running; then
         log "already running on 127.0.0.1:$PG_PORT ($PG_DIR)"
+        [ -f "$TLS_DIR/ca.crt" ] ||
+            log "warning: no $TLS_DIR/ca.crt (started by an older script?): the TLS suite needs a restart (stop, then start)"
         return
     fi
     rm -rf "$PG_DIR"
@@ -101,7 +106,8 @@ start() {
     # the first matching line wins, so these go before initdb's `trust` lines.
     local hba="$PG_DIR/data/pg_hba.conf"
     { printf 'hostssl all idemkv_tls_client 127.0.0.1/32 cert\n'
-      printf 'host all idemkv_tls_client 127.0.0.1/32 reject\n'
+      printf 'host all idemkv_tls_client all reject\n'
+      printf 'local all idemkv_tls_client reject\n'
       cat "$hba"; } >"$hba.new"
     mv "$hba.new" "$hba"
     if [ "$(id -u)" -eq 0 ]; then chown postgres: "$hba"; fi
@@ -135,8 +141,8 @@ stop() {
 }
 
 case "${1:-}" in
-    start) start; echo "export IDEMKV_PG_URL=$URL IDEMKV_PG_TLS_DIR=$TLS_DIR" ;;
-    env) echo "export IDEMKV_PG_URL=$URL IDEMKV_PG_TLS_DIR=$TLS_DIR" ;;
+    start) start; echo "$ENV" ;;
+    env) echo "$ENV" ;;
     stop) stop ;;
     restart)
         install_pg
@@ -151,7 +157,7 @@ case "${1:-}" in
         # The statement texts that docs/shared.md reproduces, then the suite.
         cargo test -q -p idemkv --features postgres --lib shared::
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared "$@"
-        IDEMKV_PG_URL=$URL IDEMKV_PG_TLS_DIR=$TLS_DIR \
+        IDEMKV_PG_URL=$URL IDEMKV_PG_TLS_DIR=$TLS_DIR IDEMKV_PG_SOCKET_DIR=$PG_DIR/sock \
             cargo test -p idemkv --features postgres --test shared_tls "$@"
         # Across processes; its restart test runs `scripts/pg.sh restart` on this server.
         export PG_PORT PG_DIR

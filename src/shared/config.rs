@@ -135,7 +135,9 @@ impl PostgresConfig {
 
     /// Presents this certificate chain (PEM, the client's certificate first) and its
     /// private key (PEM: PKCS#8, PKCS#1 or SEC1) when the server asks for one (libpq's
-    /// `sslcert` and `sslkey`), e.g. for `cert` authentication. Read at open.
+    /// `sslcert` and `sslkey`), e.g. for `cert` authentication. Read at open; refused
+    /// (`InvalidConfig`) when the connection would be plain text, where it would never be
+    /// presented.
     pub fn tls_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
         self.tls_client_cert = Some((cert.into(), key.into()));
         self

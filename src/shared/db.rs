@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
-use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// How a call failed.
 #[derive(Debug, Clone)]
@@ -92,7 +91,7 @@ pub(crate) struct Db {
     /// The client configuration, for the listening connection.
     pub(crate) client: tokio_postgres::Config,
     /// The connector of every connection (the client's `sslmode` says whether it is used).
-    pub(crate) tls: MakeRustlsConnect,
+    pub(crate) tls: super::tls::Connector,
     pub(crate) sql: Sql,
     /// How long a call may wait for its answer before it is given up (and its connection
     /// discarded).

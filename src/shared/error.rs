@@ -78,10 +78,11 @@ impl DatabaseError {
                     format!("{context}: {}", db.message()),
                 )
             }
+            // The client's message leaves out its causes (e.g. why a TLS handshake failed).
             None => (
                 DatabaseErrorKind::Unavailable,
                 None,
-                format!("{context}: {e}"),
+                format!("{context}: {e}{}", causes(&e)),
             ),
         };
         DatabaseError {
@@ -91,6 +92,24 @@ impl DatabaseError {
             source: Some(Arc::new(e)),
         }
     }
+}
+
+/// The messages of an error's sources, each after ": ", a message its predecessor already
+/// shows left out.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut out = String::new();
+    let mut shown = e.to_string();
+    let mut next = e.source();
+    while let Some(s) = next {
+        let text = s.to_string();
+        if !shown.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        shown = text;
+        next = s.source();
+    }
+    out
 }
 
 /// The kind of a SQLSTATE.

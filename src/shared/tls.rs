@@ -10,10 +10,63 @@ use super::config::PostgresConfig;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
+use std::future::Future;
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio_postgres::config::SslMode;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::Socket;
 use tokio_postgres_rustls::MakeRustlsConnect;
+
+/// The connector of every connection of an engine (the pool's and the listener's): rustls
+/// where the host has a name to verify the server against, and a refusal to encrypt where
+/// it has none (a Unix socket, `hostaddr` without `host`). The client asks for a connector
+/// before it looks at `sslmode`, so without this a missing name would fail even plain
+/// connections; with it they connect, and only a TLS handshake with no name to check fails.
+#[derive(Clone)]
+pub(crate) struct Connector(MakeRustlsConnect);
+
+type Verified = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
+type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
+
+/// One connection's TLS: verified against a host name, or refused.
+pub(crate) enum Connect {
+    Verified(Verified),
+    NoName,
+}
+
+impl MakeTlsConnect<Socket> for Connector {
+    type Stream = Stream;
+    type TlsConnect = Connect;
+    type Error = std::convert::Infallible;
+
+    fn make_tls_connect(&mut self, domain: &str) -> Result<Connect, Self::Error> {
+        Ok(
+            match MakeTlsConnect::<Socket>::make_tls_connect(&mut self.0, domain) {
+                Ok(verified) => Connect::Verified(verified),
+                Err(_) => Connect::NoName,
+            },
+        )
+    }
+}
+
+impl TlsConnect<Socket> for Connect {
+    type Stream = Stream;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = std::io::Result<Stream>> + Send>>;
+
+    fn connect(self, socket: Socket) -> Self::Future {
+        match self {
+            Connect::Verified(verified) => Box::pin(verified.connect(socket)),
+            Connect::NoName => Box::pin(std::future::ready(Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "TLS refused: the host (a Unix socket, or hostaddr without host) has no name \
+                 to verify the server's certificate against",
+            )))),
+        }
+    }
+}
 
 /// Where the certificates that verify the server come from.
 #[derive(Debug, PartialEq, Eq)]
@@ -47,9 +100,18 @@ fn plan(mode: SslMode, root_cert: bool) -> (SslMode, Roots) {
 pub(crate) fn connector(
     client: &mut tokio_postgres::Config,
     cfg: &PostgresConfig,
-) -> Result<MakeRustlsConnect, String> {
+) -> Result<Connector, String> {
     let (mode, roots) = plan(client.get_ssl_mode(), cfg.tls_root_cert.is_some());
     client.ssl_mode(mode);
+    if roots == Roots::Unused && cfg.tls_client_cert.is_some() {
+        // The certificate would never be presented: refused, rather than have the server's
+        // certificate authentication fail later for a reason nobody can see.
+        return Err(
+            "tls_client_cert is presented over TLS only, and this connection is \
+                    plain text: set sslmode=require, or tls_root_cert for sslmode=prefer"
+                .to_string(),
+        );
+    }
     let mut store = RootCertStore::empty();
     // The files are checked even when the connection is plain, so that a wrong path is
     // found at open and not when the URL is changed.
@@ -64,10 +126,14 @@ pub(crate) fn connector(
         let found = rustls_native_certs::load_native_certs();
         let (added, _unparsable) = store.add_parsable_certificates(found.certs);
         if added == 0 {
+            let first = found
+                .errors
+                .first()
+                .map(|e| format!(" (first error: {e})"))
+                .unwrap_or_default();
             return Err(format!(
                 "sslmode=require verifies the server against the system's trust store, which \
-                 has no usable certificate ({} errors while loading it); set tls_root_cert",
-                found.errors.len()
+                 has no usable certificate{first}; set tls_root_cert"
             ));
         }
     }
@@ -78,7 +144,7 @@ pub(crate) fn connector(
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS: {e}"))?
         .with_root_certificates(store);
-    let config = match &cfg.tls_client_cert {
+    let mut config = match &cfg.tls_client_cert {
         Some((cert, key)) => {
             let chain = certificates(cert, "tls_client_cert")?;
             let key = PrivateKeyDer::from_pem_file(key)
@@ -89,7 +155,10 @@ pub(crate) fn connector(
         }
         None => builder.with_no_client_auth(),
     };
-    Ok(MakeRustlsConnect::new(config))
+    // The protocol name PostgreSQL 17 expects in ALPN (required for `sslnegotiation=direct`,
+    // ignored by older servers).
+    config.alpn_protocols = vec![b"postgresql".to_vec()];
+    Ok(Connector(MakeRustlsConnect::new(config)))
 }
 
 /// Every certificate of a PEM file; at least one.
@@ -138,6 +207,14 @@ mod tests {
         let cfg = PostgresConfig::new("").tls_root_cert(dir.join("missing.pem"));
         let err = connector(&mut client, &cfg).err().expect("refused");
         assert!(err.contains("missing.pem"), "{err}");
+        // A client certificate on a connection that stays plain would never be presented.
+        let mut plain: tokio_postgres::Config = "host=localhost".parse().expect("url");
+        let cfg = PostgresConfig::new("").tls_client_cert(&empty, &empty);
+        let err = connector(&mut plain, &cfg).err().expect("refused");
+        assert!(
+            err.contains("tls_client_cert") && err.contains("plain"),
+            "{err}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
