@@ -25,12 +25,17 @@ pub struct Shared {
 impl Shared {
     /// Opens a shared engine on the tables named by `prefix` (created if missing).
     pub fn open(conninfo: &str, prefix: &str, pool: usize, n: usize) -> Result<Self, String> {
+        let mut cfg = PostgresConfig::new(conninfo)
+            .table_prefix(prefix)
+            .pool_size(pool.clamp(1, 1024));
+        // TLS for the engine's connections (what TLS costs): with the server's CA set here,
+        // the conninfo's default `sslmode=prefer` encrypts them. The child processes of the
+        // multi-process rows inherit it; the harness's own connections stay plain.
+        if let Some(ca) = std::env::var_os("IDEMKV_PEERS_PG_ROOT_CERT") {
+            cfg = cfg.tls_root_cert(ca);
+        }
         let engine = Engine::builder()
-            .postgres(
-                PostgresConfig::new(conninfo)
-                    .table_prefix(prefix)
-                    .pool_size(pool.clamp(1, 1024)),
-            )
+            .postgres(cfg)
             .lease(crate::systems::LEASE)
             .retention(crate::systems::RETENTION)
             .open()
