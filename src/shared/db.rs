@@ -202,14 +202,16 @@ impl Db {
                     e.to_string(),
                 ))
             })?;
+        // A queued claim waits for a lane at most as long as a call waits for its answer.
+        let call_timeout = cfg.statement_timeout + cfg.connect_timeout;
         Ok(Db {
             pool,
             client,
             tls,
             sql: Sql::new(cfg.schema.as_deref(), &cfg.table_prefix),
-            call_timeout: cfg.statement_timeout + cfg.connect_timeout,
+            call_timeout,
             round_trips: AtomicU64::new(0),
-            claims: Batcher::new(cfg.batch_lanes, cfg.statement_timeout + cfg.connect_timeout),
+            claims: Batcher::new(cfg.batch_lanes, call_timeout),
         })
     }
 
@@ -399,11 +401,7 @@ impl Db {
     }
 
     /// One claim alone (see `Sql::claim`).
-    pub(crate) async fn claim_one(
-        &self,
-        ask: &ClaimAsk,
-        retention: Duration,
-    ) -> Result<ClaimRow, Fail> {
+    async fn claim_one(&self, ask: &ClaimAsk, retention: Duration) -> Result<ClaimRow, Fail> {
         let (fp, legacy) = fingerprint_params(ask);
         let (fp, legacy) = (fp.as_ref().map(|b| &b[..]), legacy.as_ref().map(|b| &b[..]));
         let (lease_us, retention_us) = (micros(ask.lease), micros(retention));
@@ -423,7 +421,7 @@ impl Db {
 
     /// Claims of distinct keys in one statement (see `Sql::claim_batch`): one answer per
     /// ask, in the asks' order. The statement claims the keys in sorted order.
-    pub(crate) async fn claim_batch(
+    async fn claim_batch(
         &self,
         asks: &[&ClaimAsk],
         retention: Duration,

@@ -232,16 +232,15 @@ WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_tim
         );
 
         // Hear: every wake-up stripe locked, shared, for the session; Unhear: released.
-        let hear = format!(
-            "SELECT count(pg_advisory_lock_shared({wake_class}, s))
+        let every_stripe = |lock_fn: &str| {
+            format!(
+                "SELECT count({lock_fn}({wake_class}, s))
 FROM generate_series(0, {last}) s",
-            last = wake_stripes - 1
-        );
-        let unhear = format!(
-            "SELECT count(pg_advisory_unlock_shared({wake_class}, s))
-FROM generate_series(0, {last}) s",
-            last = wake_stripes - 1
-        );
+                last = wake_stripes - 1
+            )
+        };
+        let hear = every_stripe("pg_advisory_lock_shared");
+        let unhear = every_stripe("pg_advisory_unlock_shared");
 
         // Release: fenced delete; `notify` follows once it answered.
         let release =
