@@ -764,6 +764,31 @@ fn a_role_without_privileges_gets_typed_permission_errors() {
     ));
 }
 
+/// The server refusing for want of resources (SQLSTATE class 53: disk, memory or
+/// connections) is a typed refusal: here a role whose connection limit is reached (53300),
+/// the one such refusal a test can cause on demand.
+#[test]
+fn a_server_out_of_connections_gives_a_typed_refusal() {
+    let p = prefix("full");
+    let role = format!("{p}role");
+    psql(&format!("CREATE ROLE \"{role}\" LOGIN CONNECTION LIMIT 0"));
+    let opened = Engine::builder()
+        .postgres(
+            PostgresConfig::new(url().replace("://postgres@", &format!("://{role}@")))
+                .table_prefix(&p),
+        )
+        .open();
+    psql(&format!("DROP ROLE \"{role}\""));
+    match opened {
+        Err(OpenError::Database(e)) => {
+            assert_eq!(e.kind(), DatabaseErrorKind::DiskFull, "{e}");
+            assert_eq!(e.code(), Some("53300"));
+        }
+        Err(other) => panic!("expected a class-53 refusal, got {other}"),
+        Ok(_) => panic!("a role at its connection limit must not open"),
+    }
+}
+
 #[test]
 fn settings_a_shared_engine_cannot_honour_are_refused_at_open() {
     let refused = |b: idemkv::EngineBuilder| match b.open() {
