@@ -325,3 +325,12 @@ pub(crate) const PG_RUNTIME_THREADS: usize = 2;
 /// sent by a dropped lease) before it stops the runtime.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// Size of the commit log file, written in full when it is created so that appends never
+/// change its size or block map (one fdatasync flushes data only). A batch whose frame no
+/// longer fits is committed as a checkpoint, which starts the log again: at ~150 bytes per
+/// write this is about 100 000 writes between checkpoints.
+pub(crate) const LOG_BYTES: u64 = 16 << 20;
+
+/// The write size used to fill a new commit log with zeros.
+pub(crate) const LOG_ZERO_CHUNK_BYTES: usize = 1 << 20;

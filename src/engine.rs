@@ -544,10 +544,13 @@ impl EngineBuilder {
         let memory_only = self.durability == Durability::None;
         // A durable engine's hashes are keyed by the secret its file keeps, so a key hashes
         // the same after a restart and its marker finds it.
-        let opened = if memory_only {
-            None
+        let (opened, mut log) = if memory_only {
+            (None, None)
         } else {
-            Some(Store::open(&self)?)
+            let store = Store::open(&self)?;
+            // Before recovery reads the records: what the log holds is part of them.
+            let log = crate::commit_log::open(&self, &store)?;
+            (Some(store), log)
         };
         let hasher = match &opened {
             Some(store) => KeyHasher::from_secret(&store.hash_secret()?),
@@ -639,7 +642,8 @@ impl EngineBuilder {
         });
         let mut threads = Threads::default();
         if let (Some(store), Some(rx)) = (store, rx) {
-            threads.writer = Some(writer::spawn(shared.clone(), store, rx).map_err(OpenError::Io)?);
+            threads.writer =
+                Some(writer::spawn(shared.clone(), store, log.take(), rx).map_err(OpenError::Io)?);
         }
         let engine = Engine {
             inner: Arc::new(Inner {
@@ -838,6 +842,7 @@ impl Engine {
             overloaded: read(&c.overloaded),
             commits,
             committed_ops: read(&c.committed_ops),
+            log_checkpoints: read(&c.log_checkpoints),
             batch_max: read(&c.batch_max),
             queue_depth: s.tx.as_ref().map_or(0, |tx| tx.len() as u64),
             queue_claims_max: s.admission.claims_max(),

@@ -62,6 +62,15 @@ pub enum OpenError {
         /// What was found in the header and past it.
         detail: String,
     },
+    /// A read-only open found commits in the commit log beside the file
+    /// ([`crate::EngineBuilder::commit_log`]) that the file does not hold yet: an engine
+    /// stopped without closing. Reading the file alone would miss acknowledged commits.
+    /// Nothing was changed; open the engine read-write once (it applies the log), then
+    /// read again.
+    UnappliedLog {
+        /// The commit log.
+        path: PathBuf,
+    },
     /// The operating system refused to open, read, write or sync the file. [`OpenError::kind`]
     /// tells a full disk and a refused permission from other I/O errors; the `io::Error` is
     /// the [`std::error::Error::source`]. The file was not judged damaged.
@@ -89,6 +98,8 @@ pub enum OpenErrorKind {
     Corrupted,
     /// [`OpenError::HeaderDamaged`]: the header is damaged; restore from a backup.
     HeaderDamaged,
+    /// [`OpenError::UnappliedLog`]: open the engine read-write once, then read again.
+    UnappliedLog,
     /// An [`OpenError::Io`] because the disk (or the quota) is full: free space and retry.
     DiskFull,
     /// An [`OpenError::Io`] because the OS refused access (file mode, owner, a read-only
@@ -112,6 +123,7 @@ impl OpenError {
             OpenError::Foreign { .. } => OpenErrorKind::Foreign,
             OpenError::Corrupted { .. } => OpenErrorKind::Corrupted,
             OpenError::HeaderDamaged { .. } => OpenErrorKind::HeaderDamaged,
+            OpenError::UnappliedLog { .. } => OpenErrorKind::UnappliedLog,
             OpenError::Io(e) => io_kind(e),
             OpenError::InvalidConfig { .. } => OpenErrorKind::InvalidConfig,
             #[cfg(feature = "postgres")]
@@ -161,6 +173,13 @@ impl fmt::Display for OpenError {
                 f,
                 "the header of {} is damaged: {detail}; nothing was changed: restore the file \
                  from a backup (do not delete it to start afresh: its records would be lost)",
+                path.display()
+            ),
+            OpenError::UnappliedLog { path } => write!(
+                f,
+                "the commit log {} holds commits the file does not have yet (the engine was \
+                 stopped without closing); nothing was changed: open the engine read-write \
+                 once to apply them, then read again",
                 path.display()
             ),
             OpenError::Io(e) => match io_kind(e) {

@@ -35,6 +35,7 @@ mod backend;
 mod claim;
 mod clock;
 mod codec;
+mod commit_log;
 mod constants;
 mod engine;
 mod error;

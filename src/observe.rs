@@ -179,6 +179,7 @@ pub(crate) mod name {
     pub(crate) const OVERLOADED: &str = "idemkv_overloaded_total";
     pub(crate) const COMMITS: &str = "idemkv_commits_total";
     pub(crate) const COMMITTED_OPS: &str = "idemkv_committed_ops_total";
+    pub(crate) const LOG_CHECKPOINTS: &str = "idemkv_log_checkpoints_total";
     pub(crate) const ABANDONED_REAPED: &str = "idemkv_abandoned_reaped_total";
     #[cfg(feature = "metrics")]
     pub(crate) const FAILURES: &str = "idemkv_failures_total";
@@ -486,6 +487,10 @@ fn describe() {
         (name::OVERLOADED, "Calls refused by a limit"),
         (name::COMMITS, "Group commits made by the writer"),
         (name::COMMITTED_OPS, "Records written by group commits"),
+        (
+            name::LOG_CHECKPOINTS,
+            "Group commits that were commit-log checkpoints",
+        ),
         (name::ABANDONED_REAPED, "Abandoned claims reaped"),
         (
             name::FAILURES,

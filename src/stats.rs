@@ -65,6 +65,10 @@ pub struct Stats {
     pub commits: u64,
     /// Operations written by those commits.
     pub committed_ops: u64,
+    /// Of those commits, the checkpoints that made the file complete and restarted the
+    /// commit log (with [`crate::EngineBuilder::commit_log`]; at close and whenever the log
+    /// filled up). Every other commit of such an engine was made durable by the log.
+    pub log_checkpoints: u64,
     /// Largest number of operations in one commit.
     pub batch_max: u64,
     /// Operations waiting in the writer queue now.
@@ -114,6 +118,7 @@ pub(crate) struct Counters {
     pub(crate) overloaded: Counted,
     pub(crate) commits: Counted,
     pub(crate) committed_ops: Counted,
+    pub(crate) log_checkpoints: Counted,
     pub(crate) batch_max: AtomicU64,
     /// Leases counted live; shared with the index, which moves ended leases out of it.
     pub(crate) inflight: Arc<AtomicU64>,
@@ -141,6 +146,7 @@ impl Default for Counters {
             overloaded: Counted::new(name::OVERLOADED, None),
             commits: Counted::new(name::COMMITS, None),
             committed_ops: Counted::new(name::COMMITTED_OPS, None),
+            log_checkpoints: Counted::new(name::LOG_CHECKPOINTS, None),
             batch_max: AtomicU64::new(0),
             inflight: Arc::default(),
             abandoned: Arc::default(),

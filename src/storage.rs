@@ -47,6 +47,8 @@ const META_OUTBOX_NEXT: &str = "outbox_next";
 /// The secret that keys the index's hashes (`index::KeyHasher`), drawn when the file is
 /// first opened for writing and never changed: markers name keys by these hashes.
 const META_HASH_SECRET: &str = "hash_secret";
+/// The commit log's current epoch (`commit_log.rs`); absent reads as 0.
+const META_LOG_EPOCH: &str = "log_epoch";
 
 /// redb's file magic, to tell a foreign file from a damaged redb file.
 const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -85,6 +87,18 @@ impl Write<'_> {
             | Write::DropMarker { token, .. } => *token,
         }
     }
+}
+
+/// How a commit is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// Fsynced before the commit returns.
+    Yes,
+    /// Not fsynced: the commit log already holds the batch durably.
+    Logged,
+    /// Fsynced, and makes `epoch` the commit log's current epoch in the same commit: the
+    /// log's earlier frames are all in the file from now on.
+    Checkpoint { epoch: u64 },
 }
 
 /// The marker row a [`Write::Forget`] stored, for the writer to settle the marker in memory
@@ -918,10 +932,55 @@ impl Store {
         writes: &[Write],
         tables: &[&Batch],
         hwm: Option<u64>,
+        how: Durable,
         marked: &mut Vec<Marked>,
     ) -> Result<(), String> {
-        contain("commit", || self.commit_inner(writes, tables, hwm, marked))?
-            .map_err(|e| e.to_string())
+        contain("commit", || {
+            self.commit_inner(writes, tables, hwm, how, marked)
+        })?
+        .map_err(|e| e.to_string())
+    }
+
+    /// The commit log's current epoch.
+    pub(crate) fn log_epoch(&self) -> Result<u64, OpenError> {
+        let txn = self.begin_read()?;
+        let meta = txn
+            .open_table(META)
+            .map_err(|e| open_error(&self.path, e))?;
+        let value = meta
+            .get(META_LOG_EPOCH)
+            .map_err(|e| open_error(&self.path, e))?;
+        match value {
+            None => Ok(0),
+            Some(v) => <[u8; 8]>::try_from(v.value())
+                .map(u64::from_le_bytes)
+                .map_err(|_| OpenError::Corrupted {
+                    detail: "the commit log's epoch is not 8 bytes".into(),
+                }),
+        }
+    }
+
+    /// Applies one batch read back from the commit log during open, not durably: the
+    /// checkpoint that ends the replay makes the batches durable together.
+    pub(crate) fn commit_replayed(&self, batch: &crate::commit_log::Replayed) -> Result<(), OpenError> {
+        let writes: Vec<Write> = batch.writes.iter().map(|w| w.borrow()).collect();
+        let tables: Vec<&Batch> = batch.tables.iter().collect();
+        let mut marked = Vec::new();
+        contain("commit", || {
+            self.commit_inner(&writes, &tables, batch.hwm, Durable::Logged, &mut marked)
+        })
+        .map_err(panicked)?
+        .map_err(|e| open_error(&self.path, e))
+    }
+
+    /// A durable commit of nothing but the commit log's new epoch, during open.
+    pub(crate) fn checkpoint_on_open(&self, epoch: u64) -> Result<(), OpenError> {
+        let mut marked = Vec::new();
+        contain("commit", || {
+            self.commit_inner(&[], &[], None, Durable::Checkpoint { epoch }, &mut marked)
+        })
+        .map_err(panicked)?
+        .map_err(|e| open_error(&self.path, e))
     }
 
     /// [`Store::commit`] during open: a failure is a typed open error (a full disk is not
@@ -933,7 +992,7 @@ impl Store {
     ) -> Result<(), OpenError> {
         let mut marked = Vec::new();
         contain("commit", || {
-            self.commit_inner(writes, &[], hwm, &mut marked)
+            self.commit_inner(writes, &[], hwm, Durable::Yes, &mut marked)
         })
         .map_err(panicked)?
         .map_err(|e| open_error(&self.path, e))
@@ -944,13 +1003,21 @@ impl Store {
         writes: &[Write],
         tables: &[&Batch],
         hwm: Option<u64>,
+        how: Durable,
         marked: &mut Vec<Marked>,
     ) -> Result<(), redb::Error> {
         let mut txn = self.db.begin_write()?;
         // Keys and responses come from clients: two-phase commit keeps a torn write from
         // ever being mistaken for a valid commit (see `EngineBuilder::two_phase_commit`).
         txn.set_two_phase_commit(self.two_phase_commit);
-        txn.set_durability(redb::Durability::Immediate)?;
+        txn.set_durability(match how {
+            Durable::Logged => redb::Durability::None,
+            Durable::Yes | Durable::Checkpoint { .. } => redb::Durability::Immediate,
+        })?;
+        if let Durable::Checkpoint { epoch } = how {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_LOG_EPOCH, epoch.to_le_bytes().as_slice())?;
+        }
         {
             let mut table = txn.open_table(RECORDS)?;
             // Opened (and so created) only by a batch that touches a marker.
@@ -1236,7 +1303,7 @@ fn same_file(file: &File, path: &Path) -> Result<bool, OpenError> {
 
 /// Makes a rename in `path`'s directory durable.
 #[cfg(unix)]
-fn sync_dir(path: &Path) -> io::Result<()> {
+pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -1357,7 +1424,40 @@ impl ReadOnlyStore {
         let db = contain("open", || builder.create_with_backend(overlay))
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;
-        Self::checked(ReadDb::Snapshot(db), path, verify)
+        let store = Self::checked(ReadDb::Snapshot(db), path, verify)?;
+        store.refuse_unapplied_log()?;
+        Ok(store)
+    }
+
+    /// With no engine running, a commit log beside the file that holds commits of the
+    /// file's current epoch means the file alone misses acknowledged commits.
+    fn refuse_unapplied_log(&self) -> Result<(), OpenError> {
+        let path = &self.path;
+        let (secret, epoch) = contain("read", || {
+            let txn = self.begin_read()?;
+            let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
+            let secret = meta
+                .get(META_HASH_SECRET)
+                .map_err(|e| open_error(path, e))?
+                .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.value()).ok());
+            let epoch = meta
+                .get(META_LOG_EPOCH)
+                .map_err(|e| open_error(path, e))?
+                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                .map_or(0, u64::from_le_bytes);
+            Ok::<_, OpenError>((secret, epoch))
+        })
+        .map_err(panicked)??;
+        // A file without a secret was never opened by an engine that logs.
+        let Some(secret) = secret else {
+            return Ok(());
+        };
+        if crate::commit_log::pending_beside(path, &secret, epoch).map_err(OpenError::Io)? {
+            return Err(OpenError::UnappliedLog {
+                path: crate::commit_log::log_path(path),
+            });
+        }
+        Ok(())
     }
 
     fn open_live(path: &Path) -> Result<ReadOnlyStore, OpenError> {

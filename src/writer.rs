@@ -13,7 +13,8 @@ use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
-use crate::storage::{Closing, Marked, Write};
+use crate::commit_log::{Appended, CommitLog};
+use crate::storage::{Closing, Durable, Marked, Write};
 use crate::sync::channel::{Receiver, RecvTimeoutError};
 use crate::sync::{Arc, Ordering};
 use crate::tables::Batch;
@@ -81,12 +82,14 @@ pub(crate) enum Op {
 pub(crate) fn spawn(
     shared: Arc<Shared>,
     store: Arc<Closing>,
+    log: Option<CommitLog>,
     rx: Receiver<Queued>,
 ) -> std::io::Result<crate::sync::JoinHandle<()>> {
     crate::sync::spawn("idemkv-writer", move || {
         Writer {
             shared,
             store,
+            log,
             rx,
             tracker: Tracker::default(),
             voided: Vec::new(),
@@ -99,6 +102,8 @@ pub(crate) fn spawn(
 struct Writer {
     shared: Arc<Shared>,
     store: Arc<Closing>,
+    /// The commit log, when group commits are made durable by it.
+    log: Option<CommitLog>,
     rx: Receiver<Queued>,
     tracker: Tracker,
     /// Scratch space for the numbers voided since the last commit.
@@ -295,14 +300,47 @@ impl Writer {
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
         let hwm = self.shared.tokens.reserve_target();
-        if ops == 0 && tables.is_empty() && hwm.is_none() {
+        // A close leaves the file complete: a checkpoint, even of nothing, when the log
+        // holds frames.
+        let stop = batch.iter().any(|q| matches!(q.op, Op::Shutdown));
+        let log_used = self.log.as_ref().is_some_and(|log| log.offset() > 0);
+        if ops == 0 && tables.is_empty() && hwm.is_none() && !(stop && log_used) {
             return Ok(());
         }
         let started = crate::observe::commit_started();
         let began = Instant::now();
+        let how = match &mut self.log {
+            None => Durable::Yes,
+            Some(log) => {
+                let appended = if stop {
+                    Ok(Appended::Full)
+                } else {
+                    log.append(&writes, &tables, hwm)
+                };
+                match appended {
+                    Ok(Appended::Logged) => Durable::Logged,
+                    Ok(Appended::Full) => match log.epoch().checked_add(1) {
+                        Some(epoch) => Durable::Checkpoint { epoch },
+                        None => {
+                            return Err(self
+                                .shared
+                                .poison("the commit log's epoch is at its limit".into()))
+                        }
+                    },
+                    Err(e) => return Err(self.shared.poison(format!("the commit log: {e}"))),
+                }
+            }
+        };
         self.marked.clear();
-        match self.store.commit(&writes, &tables, hwm, &mut self.marked) {
+        match self
+            .store
+            .commit(&writes, &tables, hwm, how, &mut self.marked)
+        {
             Ok(()) => {
+                if let (Some(log), Durable::Checkpoint { epoch }) = (&mut self.log, how) {
+                    log.restart(epoch);
+                    bump(&self.shared.counters.log_checkpoints);
+                }
                 // The store renewed its snapshot in the commit: reads of the application
                 // tables find these writes there from now on, not in the overlay.
                 if let Some(last) = tables.iter().map(|t| t.ordinal).max() {

@@ -1,0 +1,919 @@
+//! The commit log (`EngineBuilder::commit_log`): a group commit made durable by one append
+//! and one fdatasync of a pre-written log file, instead of a two-phase redb commit (two
+//! fsyncs). The batch then reaches the redb file in a non-durable commit; a *checkpoint* (a
+//! durable redb commit that also starts a new log epoch) makes the file complete again
+//! when the log is full, at close, and at every open.
+//!
+//! Definitions:
+//! - An *epoch* numbers the log's lives; the file's META row `log_epoch` names the current
+//!   one. Every checkpoint writes the next epoch in the same durable commit, then the log
+//!   is written again from offset 0.
+//! - A *frame* is one batch: a 32-byte header (magic, payload length, epoch, sequence
+//!   number, MAC) and the payload (the batch's writes, table writes and token mark).
+//!
+//! Invariants:
+//! - A frame is acknowledged only after its fdatasync returned, and the next frame is
+//!   written only after that: at most one frame, the last, can be torn.
+//! - The frames of the current epoch apply, in order, to exactly the state of the last
+//!   durable commit: no durable commit changes the records between an epoch's first frame
+//!   and the checkpoint that ends it (every durable commit of a logging writer is a
+//!   checkpoint). Replay is therefore the same computation the writer did.
+//! - A frame is accepted only with the current epoch, the next sequence number and a MAC
+//!   keyed by the file's secret. Keys and responses are client bytes: a keyed MAC, unlike a
+//!   plain checksum, cannot be matched by crafted bytes, so a torn frame is never mistaken
+//!   for a whole one.
+//! - The log file is written in place over bytes written at creation, so an fdatasync
+//!   flushes data only, never the file's size or block map.
+
+use crate::backend::Storage;
+use crate::options::EngineBuilder;
+use crate::error::OpenError;
+use crate::storage::Store;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use crate::constants::{HASH_SECRET_LEN, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
+use crate::storage::Write;
+use crate::tables::Batch;
+use std::hash::Hasher;
+use std::io;
+use std::sync::Arc;
+
+const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"IKVL");
+pub(crate) const FRAME_HEADER_BYTES: usize = 32;
+
+const TAG_PUT: u8 = 1;
+const TAG_DELETE: u8 = 2;
+const TAG_FORGET: u8 = 3;
+const TAG_DROP_MARKER: u8 = 4;
+
+/// The MAC key, derived from the file's hash secret with a domain of its own, so that it
+/// differs from the index's keyed hashes.
+#[derive(Clone, Copy)]
+pub(crate) struct MacKey(u64, u64);
+
+impl MacKey {
+    pub(crate) fn from_secret(secret: &[u8; HASH_SECRET_LEN]) -> Self {
+        let derive = |domain: &[u8]| {
+            let mut h = sip(0, 0);
+            h.write(domain);
+            h.write(secret);
+            h.finish()
+        };
+        MacKey(derive(b"idemkv log mac k0"), derive(b"idemkv log mac k1"))
+    }
+
+    fn mac(&self, header: &[u8], payload: &[u8]) -> u64 {
+        let mut h = sip(self.0, self.1);
+        h.write(header);
+        h.write(payload);
+        h.finish()
+    }
+}
+
+/// SipHash-2-4, a keyed PRF: std's implementation, deprecated only in favour of
+/// `DefaultHasher`, whose algorithm is not promised to stay the same across releases.
+#[allow(deprecated)]
+fn sip(k0: u64, k1: u64) -> std::hash::SipHasher {
+    std::hash::SipHasher::new_with_keys(k0, k1)
+}
+
+/// The log a writer appends to.
+pub(crate) struct CommitLog {
+    storage: Box<dyn Storage>,
+    key: MacKey,
+    epoch: u64,
+    seq: u64,
+    offset: u64,
+    /// Reused frame buffer.
+    frame: Vec<u8>,
+}
+
+impl std::fmt::Debug for CommitLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommitLog")
+            .field("epoch", &self.epoch)
+            .field("seq", &self.seq)
+            .field("offset", &self.offset)
+            .finish()
+    }
+}
+
+/// What appending a batch did.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Appended {
+    /// The frame is durable in the log.
+    Logged,
+    /// The frame does not fit in what is left of the log: the batch must be committed as a
+    /// checkpoint instead.
+    Full,
+}
+
+impl CommitLog {
+    /// A log whose current epoch is `epoch` and which holds no frame of it yet. The storage
+    /// must already be `LOG_BYTES` long (see [`prepare`]).
+    pub(crate) fn new(storage: Box<dyn Storage>, key: MacKey, epoch: u64) -> Self {
+        CommitLog {
+            storage,
+            key,
+            epoch,
+            seq: 0,
+            offset: 0,
+            frame: Vec::new(),
+        }
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Appends the batch as one frame and makes it durable, or reports that it does not
+    /// fit. Nothing is written when it does not fit.
+    pub(crate) fn append(
+        &mut self,
+        writes: &[Write<'_>],
+        tables: &[&Batch],
+        hwm: Option<u64>,
+    ) -> io::Result<Appended> {
+        let mut frame = std::mem::take(&mut self.frame);
+        frame.clear();
+        frame.resize(FRAME_HEADER_BYTES, 0);
+        encode_payload(&mut frame, writes, tables, hwm);
+        let fits = (frame.len() as u64) <= LOG_BYTES.saturating_sub(self.offset)
+            && u32::try_from(frame.len() - FRAME_HEADER_BYTES).is_ok();
+        let result = if fits {
+            seal(&mut frame, &self.key, self.epoch, self.seq);
+            self.write_frame(&frame).map(|()| Appended::Logged)
+        } else {
+            Ok(Appended::Full)
+        };
+        self.frame = frame;
+        result
+    }
+
+    fn write_frame(&mut self, frame: &[u8]) -> io::Result<()> {
+        self.storage.write(self.offset, frame)?;
+        self.storage.sync_data()?;
+        self.offset += frame.len() as u64;
+        self.seq += 1;
+        Ok(())
+    }
+
+    /// Starts epoch `epoch` (just made current by a checkpoint): the log is written from
+    /// the start again, over the previous epoch's frames, which no longer verify.
+    pub(crate) fn restart(&mut self, epoch: u64) {
+        debug_assert!(epoch > self.epoch, "epochs only grow");
+        self.epoch = epoch;
+        self.seq = 0;
+        self.offset = 0;
+    }
+
+    /// Bytes of the log in use by the current epoch.
+    pub(crate) fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+/// Makes the storage `LOG_BYTES` long with every byte written (zeros where it was shorter)
+/// and durable, so that appends never change the file's size or block map.
+pub(crate) fn prepare(storage: &dyn Storage) -> io::Result<()> {
+    let len = storage.len()?;
+    if len >= LOG_BYTES {
+        return Ok(());
+    }
+    let zeros = vec![0u8; LOG_ZERO_CHUNK_BYTES];
+    let mut at = len;
+    while at < LOG_BYTES {
+        let n = (LOG_BYTES - at).min(zeros.len() as u64) as usize;
+        storage.write(at, &zeros[..n])?;
+        at += n as u64;
+    }
+    storage.sync_data()
+}
+
+/// Fills in a frame's header (its payload follows it in `frame`).
+fn seal(frame: &mut [u8], key: &MacKey, epoch: u64, seq: u64) {
+    let payload_len = (frame.len() - FRAME_HEADER_BYTES) as u32;
+    frame[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+    frame[4..8].copy_from_slice(&payload_len.to_le_bytes());
+    frame[8..16].copy_from_slice(&epoch.to_le_bytes());
+    frame[16..24].copy_from_slice(&seq.to_le_bytes());
+    let (head, payload) = frame.split_at(FRAME_HEADER_BYTES);
+    let mac = key.mac(&head[..24], payload);
+    frame[24..32].copy_from_slice(&mac.to_le_bytes());
+}
+
+fn encode_payload(out: &mut Vec<u8>, writes: &[Write<'_>], tables: &[&Batch], hwm: Option<u64>) {
+    match hwm {
+        Some(hwm) => {
+            out.push(1);
+            put_u64(out, hwm);
+        }
+        None => out.push(0),
+    }
+    put_len(out, writes.len());
+    for w in writes {
+        match w {
+            Write::Put { token, old, value } => {
+                out.push(TAG_PUT);
+                put_u64(out, *token);
+                put_opt_u64(out, *old);
+                put_bytes(out, value);
+            }
+            Write::Delete { token } => {
+                out.push(TAG_DELETE);
+                put_u64(out, *token);
+            }
+            Write::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            } => {
+                out.push(TAG_FORGET);
+                for v in [*token, *hash, *check, *marker_retention_ms] {
+                    put_u64(out, v);
+                }
+            }
+            Write::DropMarker { hash, token } => {
+                out.push(TAG_DROP_MARKER);
+                put_u64(out, *hash);
+                put_u64(out, *token);
+            }
+        }
+    }
+    put_len(out, tables.len());
+    for batch in tables {
+        put_len(out, batch.rows.len());
+        for (row, value) in &batch.rows {
+            put_bytes(out, row);
+            match value {
+                Some(value) => {
+                    out.push(1);
+                    put_bytes(out, value);
+                }
+                None => out.push(0),
+            }
+        }
+        put_len(out, batch.messages.len());
+        for (id, message) in &batch.messages {
+            put_u64(out, *id);
+            put_bytes(out, message);
+        }
+        put_len(out, batch.sent.len());
+        for id in &batch.sent {
+            put_u64(out, *id);
+        }
+    }
+}
+
+fn put_u64(out: &mut Vec<u8>, v: u64) {
+    out.extend_from_slice(&v.to_le_bytes());
+}
+
+fn put_opt_u64(out: &mut Vec<u8>, v: Option<u64>) {
+    match v {
+        Some(v) => {
+            out.push(1);
+            put_u64(out, v);
+        }
+        None => out.push(0),
+    }
+}
+
+/// Lengths are u64 on the wire: a count never needs a cast that could truncate.
+fn put_len(out: &mut Vec<u8>, n: usize) {
+    put_u64(out, n as u64);
+}
+
+fn put_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_len(out, bytes.len());
+    out.extend_from_slice(bytes);
+}
+
+/// A batch read back from the log, owning its bytes.
+#[derive(Debug, Default)]
+pub(crate) struct Replayed {
+    pub(crate) writes: Vec<OwnedWrite>,
+    pub(crate) tables: Vec<Batch>,
+    pub(crate) hwm: Option<u64>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum OwnedWrite {
+    Put {
+        token: u64,
+        old: Option<u64>,
+        value: Vec<u8>,
+    },
+    Delete {
+        token: u64,
+    },
+    Forget {
+        token: u64,
+        hash: u64,
+        check: u64,
+        marker_retention_ms: u64,
+    },
+    DropMarker {
+        hash: u64,
+        token: u64,
+    },
+}
+
+impl OwnedWrite {
+    pub(crate) fn borrow(&self) -> Write<'_> {
+        match self {
+            OwnedWrite::Put { token, old, value } => Write::Put {
+                token: *token,
+                old: *old,
+                value,
+            },
+            OwnedWrite::Delete { token } => Write::Delete { token: *token },
+            OwnedWrite::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            } => Write::Forget {
+                token: *token,
+                hash: *hash,
+                check: *check,
+                marker_retention_ms: *marker_retention_ms,
+            },
+            OwnedWrite::DropMarker { hash, token } => Write::DropMarker {
+                hash: *hash,
+                token: *token,
+            },
+        }
+    }
+}
+
+/// A cursor over a verified payload. Every read is bounds-checked: a payload that verified
+/// its MAC but does not decode was written by a different format, and is refused as damage.
+struct Cursor<'a>(&'a [u8]);
+
+type Decoded<T> = Result<T, &'static str>;
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Decoded<&'a [u8]> {
+        if n > self.0.len() {
+            return Err("a frame's payload ends early");
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+
+    fn u8(&mut self) -> Decoded<u8> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u64(&mut self) -> Decoded<u64> {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(w))
+    }
+
+    fn opt_u64(&mut self) -> Decoded<Option<u64>> {
+        match self.u8()? {
+            0 => Ok(None),
+            1 => Ok(Some(self.u64()?)),
+            _ => Err("a frame holds an unknown option tag"),
+        }
+    }
+
+    /// A count of items each at least `min_bytes` long: bounded by what is left, so a
+    /// damaged count cannot make a huge allocation.
+    fn len(&mut self, min_bytes: usize) -> Decoded<usize> {
+        let n = self.u64()?;
+        match usize::try_from(n) {
+            Ok(n) if n.saturating_mul(min_bytes.max(1)) <= self.0.len() => Ok(n),
+            _ => Err("a frame holds a count larger than its payload"),
+        }
+    }
+
+    fn bytes(&mut self) -> Decoded<&'a [u8]> {
+        let n = self.len(1)?;
+        self.take(n)
+    }
+}
+
+fn decode_payload(payload: &[u8]) -> Decoded<Replayed> {
+    let mut c = Cursor(payload);
+    let hwm = c.opt_u64()?;
+    let n = c.len(9)?;
+    let mut writes = Vec::with_capacity(n);
+    for _ in 0..n {
+        writes.push(match c.u8()? {
+            TAG_PUT => OwnedWrite::Put {
+                token: c.u64()?,
+                old: c.opt_u64()?,
+                value: c.bytes()?.to_vec(),
+            },
+            TAG_DELETE => OwnedWrite::Delete { token: c.u64()? },
+            TAG_FORGET => OwnedWrite::Forget {
+                token: c.u64()?,
+                hash: c.u64()?,
+                check: c.u64()?,
+                marker_retention_ms: c.u64()?,
+            },
+            TAG_DROP_MARKER => OwnedWrite::DropMarker {
+                hash: c.u64()?,
+                token: c.u64()?,
+            },
+            _ => return Err("a frame holds an unknown write tag"),
+        });
+    }
+    let n = c.len(24)?;
+    let mut tables = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut batch = Batch::default();
+        for _ in 0..c.len(9)? {
+            let row: Arc<[u8]> = c.bytes()?.into();
+            let value: Option<Arc<[u8]>> = match c.u8()? {
+                0 => None,
+                1 => Some(c.bytes()?.into()),
+                _ => return Err("a frame holds an unknown option tag"),
+            };
+            batch.rows.push((row, value));
+        }
+        for _ in 0..c.len(16)? {
+            let id = c.u64()?;
+            batch.messages.push((id, c.bytes()?.into()));
+        }
+        for _ in 0..c.len(8)? {
+            batch.sent.push(c.u64()?);
+        }
+        tables.push(batch);
+    }
+    if !c.0.is_empty() {
+        return Err("a frame's payload has bytes past its end");
+    }
+    Ok(Replayed {
+        writes,
+        tables,
+        hwm,
+    })
+}
+
+/// Why a log could not be replayed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ReplayError {
+    /// A frame that was followed by a valid frame, so was whole and acknowledged, fails
+    /// its MAC or does not decode: the log is damaged. Nothing may be dropped silently.
+    Damaged(String),
+}
+
+/// Reads the frames of `epoch` from the log `image` (its whole content), in order, handing
+/// each decoded batch to `apply`. Stops at the first frame that is not a whole frame of
+/// this epoch with the next sequence number: the end of the log, or a frame torn by a
+/// crash (only the last frame can be). Returns the number of frames applied.
+pub(crate) fn replay<E>(
+    image: &[u8],
+    key: &MacKey,
+    epoch: u64,
+    mut apply: impl FnMut(Replayed) -> Result<(), E>,
+) -> Result<Result<u64, ReplayError>, E> {
+    let mut at = 0usize;
+    let mut seq = 0u64;
+    loop {
+        match frame_at(image, at, key, epoch, seq) {
+            Frame::Valid { payload, next } => match decode_payload(payload) {
+                Ok(batch) => {
+                    apply(batch)?;
+                    at = next;
+                    seq += 1;
+                }
+                Err(why) => {
+                    return Ok(Err(ReplayError::Damaged(format!(
+                        "frame {seq} of epoch {epoch} at byte {at}: {why}"
+                    ))))
+                }
+            },
+            Frame::End => return Ok(Ok(seq)),
+            // A frame of this epoch and sequence number whose MAC fails is the torn last
+            // frame, unless a valid frame follows it.
+            Frame::Broken { next } => {
+                if let Frame::Valid { .. } = frame_at(image, next, key, epoch, seq + 1) {
+                    return Ok(Err(ReplayError::Damaged(format!(
+                        "frame {seq} of epoch {epoch} at byte {at} fails its MAC, yet frame \
+                         {} after it is whole: an acknowledged commit was damaged",
+                        seq + 1
+                    ))));
+                }
+                return Ok(Ok(seq));
+            }
+        }
+    }
+}
+
+/// Whether the log `image` holds at least one whole frame of `epoch` (commits the redb
+/// file does not have yet).
+pub(crate) fn pending(image: &[u8], key: &MacKey, epoch: u64) -> bool {
+    matches!(frame_at(image, 0, key, epoch, 0), Frame::Valid { .. })
+}
+
+enum Frame<'a> {
+    Valid { payload: &'a [u8], next: usize },
+    /// The header names this epoch and sequence number, but the frame does not verify.
+    Broken { next: usize },
+    End,
+}
+
+fn frame_at<'a>(image: &'a [u8], at: usize, key: &MacKey, epoch: u64, seq: u64) -> Frame<'a> {
+    let Some(head) = image.get(at..at.saturating_add(FRAME_HEADER_BYTES)) else {
+        return Frame::End;
+    };
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&head[i..i + 8]);
+        u64::from_le_bytes(w)
+    };
+    let mut w4 = [0u8; 4];
+    w4.copy_from_slice(&head[0..4]);
+    let magic = u32::from_le_bytes(w4);
+    w4.copy_from_slice(&head[4..8]);
+    let payload_len = u32::from_le_bytes(w4) as usize;
+    if magic != FRAME_MAGIC || word(8) != epoch || word(16) != seq {
+        return Frame::End;
+    }
+    let start = at + FRAME_HEADER_BYTES;
+    let Some(payload) = image.get(start..start.saturating_add(payload_len)) else {
+        return Frame::End;
+    };
+    let next = start + payload_len;
+    if key.mac(&head[..24], payload) != word(24) {
+        return Frame::Broken { next };
+    }
+    Frame::Valid { payload, next }
+}
+
+/// The commit log's file for the database file at `path`: `<path>-log`.
+pub(crate) fn log_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push("-log");
+    PathBuf::from(name)
+}
+
+/// Opens the commit log of a freshly opened store: applies the frames of the current epoch
+/// that it holds, then starts a new epoch with a checkpoint (so an open never writes
+/// frames of an epoch that earlier frames may share). Returns the log for the writer when
+/// the builder asks for one; otherwise a log found is applied, and a file's log removed.
+pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>, OpenError> {
+    let file = match (&b.log_backend, &b.path, b.backend.is_some()) {
+        (Some(slot), _, _) => Some((slot.take()?, None)),
+        (None, Some(path), false) => {
+            let path = log_path(path);
+            LogFile::open(&path, b.commit_log, b.file_mode)
+                .map_err(OpenError::Io)?
+                .map(|f| {
+                let storage: Box<dyn Storage> = Box::new(f);
+                (storage, Some(path))
+            })
+        }
+        _ => None,
+    };
+    let Some((storage, path)) = file else {
+        return Ok(None);
+    };
+    let named = path
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("<log backend>"));
+    let key = MacKey::from_secret(&store.hash_secret()?);
+    let epoch = store.log_epoch()?;
+    let image = read_all(&*storage).map_err(OpenError::Io)?;
+    let applied = replay(&image, &key, epoch, |batch| store.commit_replayed(&batch))?;
+    if let Err(ReplayError::Damaged(why)) = applied {
+        return Err(OpenError::Corrupted {
+            detail: format!("the commit log {}: {why}", named.display()),
+        });
+    }
+    let next = epoch.checked_add(1).ok_or_else(|| OpenError::Corrupted {
+        detail: "the commit log's epoch is at its limit".into(),
+    })?;
+    store.checkpoint_on_open(next)?;
+    if b.commit_log {
+        prepare(&*storage).map_err(OpenError::Io)?;
+        if let Some(path) = &path {
+            // The log's directory entry must be durable before a frame in it is
+            // acknowledged.
+            crate::storage::sync_dir(path).map_err(OpenError::Io)?;
+        }
+        return Ok(Some(CommitLog::new(storage, key, next)));
+    }
+    let _ = storage.close();
+    drop(storage);
+    if let Some(path) = path {
+        // Everything the log held is in the file, under a checkpoint: the log is empty.
+        std::fs::remove_file(&path).map_err(OpenError::Io)?;
+        crate::storage::sync_dir(&path).map_err(OpenError::Io)?;
+    }
+    Ok(None)
+}
+
+/// Whether the commit log beside the file at `path` holds commits the file does not have
+/// (for a read-only open, which cannot apply them).
+pub(crate) fn pending_beside(path: &Path, store_secret: &[u8; HASH_SECRET_LEN], epoch: u64) -> io::Result<bool> {
+    let Some(file) = LogFile::open(&log_path(path), false, 0)? else {
+        return Ok(false);
+    };
+    let image = read_all(&file)?;
+    Ok(pending(&image, &MacKey::from_secret(store_secret), epoch))
+}
+
+fn read_all(storage: &dyn Storage) -> io::Result<Vec<u8>> {
+    let len = usize::try_from(storage.len()?.min(LOG_BYTES)).unwrap_or(0);
+    let mut image = vec![0u8; len];
+    storage.read(0, &mut image)?;
+    Ok(image)
+}
+
+/// A commit log in a file.
+#[derive(Debug)]
+struct LogFile(File);
+
+impl LogFile {
+    /// Opens the log at `path`; creates it when `create`, else `None` when it is absent.
+    fn open(path: &Path, create: bool, mode: u32) -> Result<Option<LogFile>, io::Error> {
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).write(true).create(create).truncate(false);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            if create {
+                options.mode(mode);
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = mode;
+        match options.open(path) {
+            Ok(file) => Ok(Some(LogFile(file))),
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl Storage for LogFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+
+    #[cfg(unix)]
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+    }
+
+    #[cfg(unix)]
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
+    }
+
+    #[cfg(windows)]
+    fn read(&self, mut offset: u64, mut out: &mut [u8]) -> io::Result<()> {
+        use std::os::windows::fs::FileExt;
+        while !out.is_empty() {
+            match self.0.seek_read(out, offset)? {
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => {
+                    out = &mut out[n..];
+                    offset += n as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[cfg(windows)]
+    fn write(&self, mut offset: u64, mut data: &[u8]) -> io::Result<()> {
+        use std::os::windows::fs::FileExt;
+        while !data.is_empty() {
+            match self.0.seek_write(data, offset)? {
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => {
+                    data = &data[n..];
+                    offset += n as u64;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Debug, Clone, Default)]
+    struct MemoryStorage(Arc<Mutex<Vec<u8>>>);
+
+    impl Storage for MemoryStorage {
+        fn len(&self) -> io::Result<u64> {
+            Ok(self.0.lock().unwrap().len() as u64)
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+            let d = self.0.lock().unwrap();
+            out.copy_from_slice(&d[offset as usize..offset as usize + out.len()]);
+            Ok(())
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.0.lock().unwrap().resize(len as usize, 0);
+            Ok(())
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+            let mut d = self.0.lock().unwrap();
+            let end = offset as usize + data.len();
+            if d.len() < end {
+                d.resize(end, 0);
+            }
+            d[offset as usize..end].copy_from_slice(data);
+            Ok(())
+        }
+    }
+
+    fn key() -> MacKey {
+        MacKey::from_secret(&[7u8; HASH_SECRET_LEN])
+    }
+
+    fn log(epoch: u64) -> (CommitLog, MemoryStorage) {
+        let storage = MemoryStorage::default();
+        prepare(&storage).unwrap();
+        (
+            CommitLog::new(Box::new(storage.clone()), key(), epoch),
+            storage,
+        )
+    }
+
+    fn image(s: &MemoryStorage) -> Vec<u8> {
+        let mut out = vec![0u8; s.len().unwrap() as usize];
+        s.read(0, &mut out).unwrap();
+        out
+    }
+
+    fn all(image: &[u8], epoch: u64) -> Result<Vec<Replayed>, ReplayError> {
+        let mut got = Vec::new();
+        replay(image, &key(), epoch, |b| {
+            got.push(b);
+            Ok::<_, ()>(())
+        })
+        .unwrap()
+        .map(|_| got)
+    }
+
+    fn batch() -> Batch {
+        let mut b = Batch::default();
+        b.rows.push((b"t\0row".as_slice().into(), Some(b"v".as_slice().into())));
+        b.rows.push((b"t\0gone".as_slice().into(), None));
+        b.messages.push((9, b"msg".as_slice().into()));
+        b.sent.push(4);
+        b
+    }
+
+    #[test]
+    fn every_kind_of_write_comes_back_as_written() {
+        let (mut log, s) = log(3);
+        let writes = [
+            Write::Put {
+                token: 5,
+                old: Some(2),
+                value: b"rec",
+            },
+            Write::Delete { token: 6 },
+            Write::Forget {
+                token: 7,
+                hash: 8,
+                check: 9,
+                marker_retention_ms: 10,
+            },
+            Write::DropMarker { hash: 11, token: 12 },
+        ];
+        let b = batch();
+        assert_eq!(log.append(&writes, &[&b], Some(99)).unwrap(), Appended::Logged);
+        assert_eq!(log.append(&[], &[], None).unwrap(), Appended::Logged);
+        let got = all(&image(&s), 3).unwrap();
+        assert_eq!(got.len(), 2);
+        let first = &got[0];
+        assert_eq!(first.hwm, Some(99));
+        let back: Vec<String> = first.writes.iter().map(|w| format!("{:?}", w.borrow())).collect();
+        let sent: Vec<String> = writes.iter().map(|w| format!("{w:?}")).collect();
+        assert_eq!(back, sent);
+        assert_eq!(first.tables.len(), 1);
+        assert_eq!(first.tables[0].rows, b.rows);
+        assert_eq!(first.tables[0].messages, b.messages);
+        assert_eq!(first.tables[0].sent, b.sent);
+        assert!(got[1].writes.is_empty() && got[1].hwm.is_none());
+    }
+
+    #[test]
+    fn frames_of_another_epoch_or_key_are_not_replayed() {
+        let (mut log, s) = log(4);
+        log.append(&[Write::Delete { token: 1 }], &[], None).unwrap();
+        let img = image(&s);
+        assert_eq!(all(&img, 4).unwrap().len(), 1);
+        assert_eq!(all(&img, 5).unwrap().len(), 0);
+        assert!(pending(&img, &key(), 4));
+        assert!(!pending(&img, &key(), 5));
+        let other = MacKey::from_secret(&[8u8; HASH_SECRET_LEN]);
+        assert!(!pending(&img, &other, 4));
+    }
+
+    #[test]
+    fn a_restarted_epoch_overwrites_the_old_frames_and_replays_only_its_own() {
+        let (mut log, s) = log(1);
+        for t in 0..3 {
+            log.append(&[Write::Delete { token: t }], &[], None).unwrap();
+        }
+        log.restart(2);
+        log.append(&[Write::Delete { token: 50 }], &[], None).unwrap();
+        let got = all(&image(&s), 2).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].writes, vec![OwnedWrite::Delete { token: 50 }]);
+        // The first epoch's later frames are still there, but epoch 1 starts with a frame
+        // of epoch 2 now: nothing of epoch 1 replays.
+        assert_eq!(all(&image(&s), 1).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_torn_last_frame_ends_the_log_at_every_cut() {
+        let (mut log, s) = log(1);
+        let value = vec![0xabu8; 300];
+        let put = |t| Write::Put {
+            token: t,
+            old: None,
+            value: &value,
+        };
+        log.append(&[put(1)], &[], None).unwrap();
+        let whole = log.offset() as usize;
+        log.append(&[put(2)], &[], None).unwrap();
+        let end = log.offset() as usize;
+        let img = image(&s);
+        // Every prefix of the second frame (the rest zeros, as pre-written) keeps the first.
+        for cut in whole..end {
+            let mut torn = img.clone();
+            torn[cut..end].fill(0);
+            if torn == img {
+                // The frame's last bytes are zeros themselves: nothing was cut.
+                continue;
+            }
+            assert_eq!(all(&torn, 1).unwrap().len(), 1, "cut at {cut}");
+        }
+        // Every single-byte change of the second frame drops it, never the first.
+        for at in whole..end {
+            let mut flipped = img.clone();
+            flipped[at] ^= 0x40;
+            assert_eq!(all(&flipped, 1).unwrap().len(), 1, "flip at {at}");
+        }
+    }
+
+    #[test]
+    fn a_damaged_frame_followed_by_a_whole_one_is_refused() {
+        let (mut log, s) = log(1);
+        let mut starts = Vec::new();
+        for t in 0..3 {
+            starts.push(log.offset() as usize);
+            log.append(&[Write::Delete { token: t }], &[], None).unwrap();
+        }
+        let mut img = image(&s);
+        // A payload byte of the second frame.
+        img[starts[1] + FRAME_HEADER_BYTES + 3] ^= 1;
+        assert!(matches!(all(&img, 1), Err(ReplayError::Damaged(_))));
+    }
+
+    #[test]
+    fn a_batch_larger_than_what_is_left_is_reported_full_and_not_written() {
+        let (mut log, s) = log(1);
+        let big = vec![1u8; (LOG_BYTES / 2) as usize];
+        let put = || Write::Put {
+            token: 1,
+            old: None,
+            value: &big,
+        };
+        assert_eq!(log.append(&[put()], &[], None).unwrap(), Appended::Logged);
+        let before = image(&s);
+        assert_eq!(log.append(&[put()], &[], None).unwrap(), Appended::Full);
+        assert_eq!(image(&s), before);
+        log.restart(2);
+        assert_eq!(log.append(&[put()], &[], None).unwrap(), Appended::Logged);
+    }
+
+    #[test]
+    fn damaged_counts_are_refused_without_allocating() {
+        let mut payload = vec![0u8];
+        payload.extend_from_slice(&u64::MAX.to_le_bytes());
+        assert!(decode_payload(&payload).is_err());
+        assert!(decode_payload(&[2]).is_err());
+        assert!(decode_payload(&[]).is_err());
+    }
+}
