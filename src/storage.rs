@@ -459,8 +459,14 @@ fn refuse(head: Head, path: &Path) -> Result<Head, OpenError> {
 /// lets read-only handles of other processes (the operator commands) follow the live file;
 /// it needs byte-range locks and two-phase commit (with one-phase commit a reader could
 /// follow a commit whose pages are not yet flushed), so elsewhere the file is locked whole.
-fn writer_mode(b: &EngineBuilder) -> ConcurrencyMode {
-    if cfg!(any(target_os = "linux", target_vendor = "apple", windows)) && b.two_phase_commit {
+/// A commit log needs non-durable commits, which redb offers only to an exclusive writer:
+/// with the log on, or a log left beside the file to apply, the file is locked whole too.
+fn writer_mode(b: &EngineBuilder, path: &Path) -> ConcurrencyMode {
+    let logged = b.commit_log || crate::commit_log::log_path(path).exists();
+    if cfg!(any(target_os = "linux", target_vendor = "apple", windows))
+        && b.two_phase_commit
+        && !logged
+    {
         ConcurrencyMode::SingleWriter
     } else {
         ConcurrencyMode::ExclusiveWriter
@@ -590,7 +596,7 @@ impl Store {
         }
         #[cfg(unix)]
         remove_leftover(&creating_path(&path));
-        let builder = redb_builder(b, writer_mode(b));
+        let builder = redb_builder(b, writer_mode(b, &path));
         let db = contain("open", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(&path, e))?;
@@ -644,7 +650,7 @@ impl Store {
         // and then loses to redb's lock.
         let _ = backend.unlock_range(whole.0, whole.1);
         reset.map_err(OpenError::Io)?;
-        let builder = redb_builder(b, writer_mode(b));
+        let builder = redb_builder(b, writer_mode(b, path));
         let db = contain("create", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;
@@ -680,7 +686,7 @@ impl Store {
             .open(path)
             .map_err(OpenError::Io)?;
         let backend = file_backend(file, path)?;
-        let builder = redb_builder(b, writer_mode(b));
+        let builder = redb_builder(b, writer_mode(b, path));
         let db = contain("create", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;

@@ -41,7 +41,9 @@ impl Idem {
             .lease(LEASE)
             .retention(RETENTION);
         if durability != Durability::None {
-            b = b.path(dir.join("idemkv.redb"));
+            b = b
+                .path(dir.join("idemkv.redb"))
+                .commit_log(std::env::var_os("IDEMKV_PEERS_COMMIT_LOG").is_some_and(|v| v == "1"));
         }
         let engine = b.open().map_err(|e| format!("idemkv open: {e}"))?;
         Ok(Idem {
