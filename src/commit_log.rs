@@ -180,6 +180,9 @@ pub(crate) fn prepare(storage: &dyn Storage) -> io::Result<()> {
     if len >= LOG_BYTES {
         return Ok(());
     }
+    // Set first: a storage may refuse writes past its end. The zeros are written anyway,
+    // so that no block stays unallocated.
+    storage.set_len(LOG_BYTES)?;
     let zeros = vec![0u8; LOG_ZERO_CHUNK_BYTES];
     let mut at = len;
     while at < LOG_BYTES {

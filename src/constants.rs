@@ -333,4 +333,4 @@ pub(crate) const PG_CLOSE_GRACE: Duration = Duration::from_secs(5);
 pub(crate) const LOG_BYTES: u64 = 16 << 20;
 
 /// The write size used to fill a new commit log with zeros.
-pub(crate) const LOG_ZERO_CHUNK_BYTES: usize = 1 << 20;
+pub(crate) const LOG_ZERO_CHUNK_BYTES: usize = 4 << 20;

@@ -245,6 +245,66 @@ fn a_power_loss_at_any_io_keeps_each_completion_and_its_writes_together() {
 }
 
 #[test]
+fn a_power_loss_at_any_io_of_the_file_or_its_commit_log_keeps_each_completion_and_its_writes_together(
+) {
+    const KEYS: u64 = 3;
+    let open = |file: &FaultyBackend, log: &FaultyBackend| {
+        Engine::builder()
+            .backend(file.clone())
+            .log_backend(log.clone())
+            .commit_log(true)
+            .durability(Durability::Immediate)
+            .open()
+    };
+    // The I/O counts of a whole run, to place a power loss at each I/O of either storage.
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    let (file_syncs, log_syncs) = (file.syncs(), log.syncs());
+    assert_eq!(counting_workload(&engine, KEYS).len(), KEYS as usize);
+    // The claims and completions were made durable by the log: one log sync each, and no
+    // commit of the file (which redb syncs only when it grows the file).
+    assert!(log.syncs() - log_syncs >= 2 * KEYS);
+    assert!(file.syncs() - file_syncs < KEYS, "{} file syncs", file.syncs() - file_syncs);
+    assert_eq!(engine.stats().log_checkpoints, 0);
+    engine.close().unwrap();
+    let totals = [file.ios(), log.ios()];
+    let mut survived = [false; KEYS as usize + 1];
+    for (struck, total) in totals.into_iter().enumerate() {
+        for at in 1..=total {
+            let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+            [&file, &log][struck].set_fault(Some(Fault::PowerLoss { at }));
+            let acknowledged = match open(&file, &log) {
+                Ok(engine) => {
+                    let acked = counting_workload(&engine, KEYS);
+                    let _ = engine.close();
+                    acked
+                }
+                Err(_) => Vec::new(),
+            };
+            // The log as power loss leaves it (only what was synced), and as a process
+            // crash does (every write, so a frame whose sync never returned too).
+            for log_image in [log.durable_image(), log.live_image()] {
+                let what = format!("power loss at I/O {at} of the {}", ["file", "log"][struck]);
+                let reopened = open(
+                    &FaultyBackend::from_image(file.durable_image()),
+                    &FaultyBackend::from_image(log_image),
+                );
+                let Ok(engine) = reopened else {
+                    // A power loss while the file was created leaves nothing to check.
+                    assert!(acknowledged.is_empty(), "{what}");
+                    continue;
+                };
+                let c = check_counting(&engine, KEYS, &what);
+                let kept = acknowledged.last().copied().unwrap_or(0);
+                assert!(c >= kept, "{what}: acknowledged {kept}, kept {c}");
+                survived[c as usize] = true;
+            }
+        }
+    }
+    assert!(survived.iter().all(|&s| s), "counts survived {survived:?}");
+}
+
+#[test]
 fn a_failed_commit_applies_nothing_and_acknowledges_nothing() {
     // Immediate: the commit of the completion and its writes fails; nothing is shown,
     // nothing is acknowledged, and the reopened file holds neither.
