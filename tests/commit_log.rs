@@ -1,0 +1,246 @@
+//! The commit log (`EngineBuilder::commit_log`): acknowledged commits survive a power loss
+//! before any checkpoint, a full log checkpoints and goes on, a log left by a crash is
+//! applied at the next open (with the option on or off) and refused by read-only opens, a
+//! damaged acknowledged frame is refused rather than dropped, and claims stay atomic.
+
+use idemkv::*;
+use idemkv_check::backend::{acquired, completed, FaultyBackend};
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+
+fn open(file: &FaultyBackend, log: &FaultyBackend) -> Result<Engine, OpenError> {
+    Engine::builder()
+        .backend(file.clone())
+        .log_backend(log.clone())
+        .commit_log(true)
+        .open()
+}
+
+/// What a power loss leaves of both storages now: the log's image first, so that nothing
+/// the file holds is newer than the log (as when power goes at one instant).
+fn power_loss(file: &FaultyBackend, log: &FaultyBackend) -> (FaultyBackend, FaultyBackend) {
+    let log = FaultyBackend::from_image(log.durable_image());
+    let file = FaultyBackend::from_image(file.durable_image());
+    (file, log)
+}
+
+fn complete(engine: &Engine, key: &str, response: &[u8]) {
+    let lease = acquired(engine.claim(key.as_bytes(), &ClaimOptions::default()).unwrap());
+    lease.complete(response).unwrap();
+}
+
+fn response_of(engine: &Engine, key: &str) -> Option<Vec<u8>> {
+    match engine.claim(key.as_bytes(), &ClaimOptions::default()).unwrap() {
+        Claim::Completed(stored) => Some(stored.response().to_vec()),
+        Claim::Acquired(lease) => {
+            lease.release().unwrap();
+            None
+        }
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+#[test]
+fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
+    const KEYS: usize = 20;
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    for i in 0..KEYS {
+        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
+    }
+    assert_eq!(engine.stats().log_checkpoints, 0);
+    let (file_image, log_image) = power_loss(&file, &log);
+    drop(engine);
+
+    // The file alone holds none of them: they were durable in the log only.
+    let alone = open(
+        &FaultyBackend::from_image(file_image.durable_image()),
+        &FaultyBackend::memory(),
+    )
+    .unwrap();
+    for i in 0..KEYS {
+        assert_eq!(response_of(&alone, &format!("k{i}")), None, "k{i}");
+    }
+    drop(alone);
+
+    let engine = open(&file_image, &log_image).unwrap();
+    for i in 0..KEYS {
+        let key = format!("k{i}");
+        assert_eq!(
+            response_of(&engine, &key).as_deref(),
+            Some(format!("r{i}").as_bytes()),
+            "{key}"
+        );
+    }
+    // The open applied the log and checkpointed it: the file alone now holds them.
+    engine.close().unwrap();
+    let applied = Engine::builder()
+        .backend(FaultyBackend::from_image(file_image.durable_image()))
+        .log_backend(FaultyBackend::memory())
+        .commit_log(true)
+        .open()
+        .unwrap();
+    assert_eq!(response_of(&applied, "k0").as_deref(), Some(b"r0".as_slice()));
+}
+
+#[test]
+fn a_full_log_checkpoints_and_keeps_every_completion() {
+    // 24 responses of 1 MiB overflow the 16 MiB log at least once.
+    const KEYS: usize = 24;
+    let big = |i: usize| vec![i as u8; 1 << 20];
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = Engine::builder()
+        .backend(file.clone())
+        .log_backend(log.clone())
+        .commit_log(true)
+        .response_len_max(1 << 20)
+        .open()
+        .unwrap();
+    for i in 0..KEYS {
+        complete(&engine, &format!("k{i}"), &big(i));
+    }
+    let checkpoints = engine.stats().log_checkpoints;
+    assert!(checkpoints >= 1, "{checkpoints} checkpoints");
+    let (file_image, log_image) = power_loss(&file, &log);
+    drop(engine);
+    let engine = Engine::builder()
+        .backend(file_image)
+        .log_backend(log_image)
+        .commit_log(true)
+        .response_len_max(1 << 20)
+        .open()
+        .unwrap();
+    for i in 0..KEYS {
+        assert_eq!(response_of(&engine, &format!("k{i}")), Some(big(i)), "k{i}");
+    }
+}
+
+#[test]
+fn a_damaged_acknowledged_frame_is_refused_not_dropped() {
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    complete(&engine, "a", b"1");
+    complete(&engine, "b", b"2");
+    let (file_image, log_image) = power_loss(&file, &log);
+    drop(engine);
+    // A byte inside the first frame's payload (its 32-byte header comes first); later
+    // frames are whole, so this frame was acknowledged and is not a torn tail.
+    let mut damaged = log_image.durable_image();
+    damaged[40] ^= 0x20;
+    let err = open(
+        &FaultyBackend::from_image(file_image.durable_image()),
+        &FaultyBackend::from_image(&damaged),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), OpenErrorKind::Corrupted, "{err}");
+    assert!(err.to_string().contains("commit log"), "{err}");
+    // Nothing was changed: with the log restored the open applies everything.
+    let engine = open(&file_image, &log_image).unwrap();
+    assert_eq!(response_of(&engine, "b").as_deref(), Some(b"2".as_slice()));
+}
+
+#[test]
+fn a_log_left_by_a_crash_is_refused_by_readers_and_applied_and_removed_by_an_open_without_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.redb");
+    let crashed = tempfile::tempdir().unwrap();
+    let copy = crashed.path().join("idem.redb");
+    let log_of = |p: &Path| {
+        let mut name = p.as_os_str().to_os_string();
+        name.push("-log");
+        std::path::PathBuf::from(name)
+    };
+    let engine = Engine::builder()
+        .path(&path)
+        .commit_log(true)
+        .open()
+        .unwrap();
+    assert!(log_of(&path).exists());
+    for i in 0..5 {
+        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
+    }
+    engine.flush().unwrap();
+    // What a process crash leaves now (the writer is idle): the log, then the file.
+    std::fs::copy(log_of(&path), log_of(&copy)).unwrap();
+    std::fs::copy(&path, &copy).unwrap();
+    engine.close().unwrap();
+    drop(engine);
+
+    // A clean close leaves nothing to apply.
+    let reader = FileReader::open(&path).unwrap();
+    assert!(reader.get(b"k4").unwrap().is_some());
+    drop(reader);
+
+    let err = FileReader::open(&copy).unwrap_err();
+    assert_eq!(err.kind(), OpenErrorKind::UnappliedLog, "{err}");
+    assert!(matches!(&err, OpenError::UnappliedLog { path } if *path == log_of(&copy)));
+
+    // Opened without the option: the log is applied, then removed.
+    let engine = Engine::builder().path(&copy).open().unwrap();
+    for i in 0..5 {
+        assert_eq!(
+            response_of(&engine, &format!("k{i}")).as_deref(),
+            Some(format!("r{i}").as_bytes()),
+            "k{i}"
+        );
+    }
+    assert!(!log_of(&copy).exists());
+    engine.close().unwrap();
+    drop(engine);
+    let reader = FileReader::open(&copy).unwrap();
+    assert!(reader.get(b"k0").unwrap().is_some());
+}
+
+#[test]
+fn the_settings_that_cannot_work_are_refused() {
+    let refused = |b: EngineBuilder| match b.open() {
+        Err(e) => assert_eq!(e.kind(), OpenErrorKind::InvalidConfig, "{e}"),
+        Ok(_) => panic!("opened"),
+    };
+    refused(
+        Engine::builder()
+            .durability(Durability::None)
+            .commit_log(true),
+    );
+    refused(
+        Engine::builder()
+            .backend(FaultyBackend::memory())
+            .commit_log(true),
+    );
+    refused(
+        Engine::builder()
+            .path("unused.redb")
+            .log_backend(FaultyBackend::memory()),
+    );
+}
+
+#[test]
+fn copies_of_one_message_run_once_with_the_log_on() {
+    const COPIES: usize = 16;
+    let engine = open(&FaultyBackend::memory(), &FaultyBackend::memory()).unwrap();
+    for round in 0..8 {
+        let key = format!("msg-{round}");
+        let barrier = Arc::new(Barrier::new(COPIES));
+        let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..COPIES)
+                .map(|copy| {
+                    let (engine, barrier, key) = (&engine, barrier.clone(), key.clone());
+                    s.spawn(move || {
+                        barrier.wait();
+                        let out = engine
+                            .run(key.as_bytes(), &ClaimOptions::default(), |_lease| {
+                                Ok::<_, std::io::Error>(format!("ran by {copy}").into_bytes())
+                            })
+                            .unwrap();
+                        out.response().to_vec()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
+        let stored = completed(engine.claim(key.as_bytes(), &ClaimOptions::default()).unwrap());
+        assert_eq!(stored.response(), results[0].as_slice());
+    }
+    assert_eq!(engine.stats().completions, 8);
+}
