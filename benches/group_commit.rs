@@ -9,6 +9,8 @@
 //! - `immediate_nondurable_claims`: `Immediate` with `durable_claims(false)`; the claim
 //!   returns at once and is made durable by the completion's commit (one durable wait per
 //!   pair).
+//! - `immediate_log`, `immediate_log_nondurable_claims`: the two above with
+//!   `commit_log(true)` (each group commit one append and one fdatasync of the commit log).
 //! - `buffered_10ms`: `Durability::buffered()`; the last thread of each timed sample flushes
 //!   before the clock stops, so the figure is sustained durable throughput, not the burst the
 //!   writer queue absorbs. A claim refused with `Overloaded` (the writer queue is full)

@@ -37,6 +37,11 @@ pub enum Mode {
     /// `Immediate` with `durable_claims(false)`: the claim returns at once and is made
     /// durable by the completion's group commit (one durable wait per pair).
     ImmediateNondurableClaims,
+    /// `Immediate` with `commit_log(true)`: each group commit is one append and one
+    /// fdatasync of the commit log.
+    ImmediateLog,
+    /// `Immediate` with `commit_log(true)` and `durable_claims(false)`.
+    ImmediateLogNondurableClaims,
     /// `Durability::buffered()` (10 ms); every timed sample ends with a flush, so the
     /// figure is sustained durable throughput, not the burst the writer queue absorbs.
     Buffered,
@@ -45,9 +50,11 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 4] = [
+    pub const ALL: [Mode; 6] = [
         Mode::Immediate,
         Mode::ImmediateNondurableClaims,
+        Mode::ImmediateLog,
+        Mode::ImmediateLogNondurableClaims,
         Mode::Buffered,
         Mode::None,
     ];
@@ -57,6 +64,8 @@ impl Mode {
         match self {
             Mode::Immediate => "immediate",
             Mode::ImmediateNondurableClaims => "immediate_nondurable_claims",
+            Mode::ImmediateLog => "immediate_log",
+            Mode::ImmediateLogNondurableClaims => "immediate_log_nondurable_claims",
             Mode::Buffered => "buffered_10ms",
             Mode::None => "none",
         }
@@ -73,6 +82,13 @@ impl Mode {
                     Mode::Immediate => builder.durability(Durability::Immediate),
                     Mode::ImmediateNondurableClaims => builder
                         .durability(Durability::Immediate)
+                        .durable_claims(false),
+                    Mode::ImmediateLog => builder
+                        .durability(Durability::Immediate)
+                        .commit_log(true),
+                    Mode::ImmediateLogNondurableClaims => builder
+                        .durability(Durability::Immediate)
+                        .commit_log(true)
                         .durable_claims(false),
                     _ => builder.durability(Durability::buffered()),
                 };

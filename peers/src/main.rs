@@ -24,7 +24,10 @@ const USAGE: &str = "usage: idemkv-peers --data-dir DIR [--n 100000] [--d 2] [--
 
 ids: idemkv-immediate idemkv-immediate-lazy idemkv-buffered idemkv-none
      idemkv-immediate-async idemkv-immediate-lazy-async idemkv-buffered-async
-     (the -async rows: C tasks on a 2-thread tokio runtime, idemkv's async API)
+     idemkv-immediate-log idemkv-immediate-lazy-log idemkv-immediate-log-async
+     idemkv-immediate-lazy-log-async
+     (the -async rows: C tasks on a 2-thread tokio runtime, idemkv's async API;
+     the -log rows: with the commit log)
      redb-naive sqlite-full sqlite-normal
      sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka
      idemkv-shared idemkv-shared-4p idemkv-shared-async idemkv-shared-4p-async
@@ -145,6 +148,30 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         "as idemkv Immediate, lazy claims; C tasks on 2 runtime threads, async API",
     ),
     (
+        "idemkv-immediate-log",
+        "idemkv Immediate, commit log",
+        Class::Immediate,
+        "as idemkv Immediate; each group commit fsynced as one append to a commit log",
+    ),
+    (
+        "idemkv-immediate-lazy-log",
+        "idemkv Immediate, lazy claims, commit log",
+        Class::Immediate,
+        "as idemkv Immediate, lazy claims; group commits fsynced in a commit log",
+    ),
+    (
+        "idemkv-immediate-log-async",
+        "idemkv Immediate, commit log, async tasks",
+        Class::Immediate,
+        "as idemkv Immediate, commit log; C tasks on 2 runtime threads, async API",
+    ),
+    (
+        "idemkv-immediate-lazy-log-async",
+        "idemkv Immediate, lazy claims, commit log, async tasks",
+        Class::Immediate,
+        "as idemkv Immediate, lazy claims, commit log; C tasks on 2 runtime threads, async API",
+    ),
+    (
         "redis-always",
         "Redis SET NX, appendfsync always",
         Class::Immediate,
@@ -256,29 +283,24 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
             .ok_or_else(|| "no Redis (--redis)".to_string())
     };
     match id {
-        "idemkv-immediate" | "idemkv-immediate-lazy" | "idemkv-buffered" | "idemkv-none" => {
+        _ if id.starts_with("idemkv-") && !id.starts_with("idemkv-shared") => {
+            // idemkv-{immediate,buffered,none}[-lazy][-log][-async]
             let durability = match id {
-                "idemkv-immediate" | "idemkv-immediate-lazy" => idemkv::Durability::Immediate,
-                "idemkv-buffered" => idemkv::Durability::buffered(),
+                _ if id.starts_with("idemkv-immediate") => idemkv::Durability::Immediate,
+                _ if id.starts_with("idemkv-buffered") => idemkv::Durability::buffered(),
                 _ => idemkv::Durability::None,
             };
-            let peer = systems::Idem::open(dir, durability, id != "idemkv-immediate-lazy")?;
-            let mut m = workload::run(&peer, w)?;
-            peer.close()?;
-            m.note = peer.commit_note();
-            Ok(m)
-        }
-        "idemkv-immediate-async" | "idemkv-immediate-lazy-async" | "idemkv-buffered-async" => {
-            let durability = match id {
-                "idemkv-buffered-async" => idemkv::Durability::buffered(),
-                _ => idemkv::Durability::Immediate,
-            };
-            let peer = Arc::new(systems::Idem::open(
-                dir,
+            let settings = systems::IdemSettings {
                 durability,
-                id != "idemkv-immediate-lazy-async",
-            )?);
-            let mut m = workload::run_async(&peer, w)?;
+                durable_claims: !id.contains("-lazy"),
+                commit_log: id.contains("-log"),
+            };
+            let peer = Arc::new(systems::Idem::open(dir, settings)?);
+            let mut m = if id.ends_with("-async") {
+                workload::run_async(&peer, w)?
+            } else {
+                workload::run(&*peer, w)?
+            };
             peer.close()?;
             m.note = peer.commit_note();
             Ok(m)

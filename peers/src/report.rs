@@ -265,6 +265,18 @@ pub fn round_trip_table(rows: &[Row]) -> String {
     s
 }
 
+/// The `Immediate` rows, each held to the same goals.
+const IMMEDIATE_ROWS: [&str; 8] = [
+    "idemkv-immediate",
+    "idemkv-immediate-lazy",
+    "idemkv-immediate-async",
+    "idemkv-immediate-lazy-async",
+    "idemkv-immediate-log",
+    "idemkv-immediate-lazy-log",
+    "idemkv-immediate-log-async",
+    "idemkv-immediate-lazy-log-async",
+];
+
 /// The product's goals against this run: ratios to the peers of the same class
 /// (deliveries/s), then absolute claim+complete/s, then (given the calibration's
 /// single-insert redb commit p50, in ns) the `Immediate` rows' claim+complete p50 against
@@ -272,12 +284,7 @@ pub fn round_trip_table(rows: &[Row]) -> String {
 pub fn targets(rows: &[Row], redb_commit_p50_ns: Option<u64>) -> String {
     let mut s = String::new();
     let mut pairs: Vec<(&str, &str, f64, &str)> = Vec::new();
-    for idem in [
-        "idemkv-immediate",
-        "idemkv-immediate-lazy",
-        "idemkv-immediate-async",
-        "idemkv-immediate-lazy-async",
-    ] {
+    for idem in IMMEDIATE_ROWS {
         pairs.push((
             idem,
             "redis-always",
@@ -339,15 +346,11 @@ pub fn targets(rows: &[Row], redb_commit_p50_ns: Option<u64>) -> String {
             verdict(r, target)
         );
     }
-    let absolute = [
-        ("idemkv-immediate", 100_000.0),
-        ("idemkv-immediate-lazy", 100_000.0),
-        ("idemkv-immediate-async", 100_000.0),
-        ("idemkv-immediate-lazy-async", 100_000.0),
+    let absolute = IMMEDIATE_ROWS.iter().map(|&id| (id, 100_000.0)).chain([
         ("idemkv-buffered", 400_000.0),
         ("idemkv-buffered-async", 400_000.0),
         ("idemkv-none", 2_000_000.0),
-    ];
+    ]);
     for (idem, goal) in absolute {
         let measured = rows
             .iter()
@@ -373,13 +376,7 @@ pub fn targets(rows: &[Row], redb_commit_p50_ns: Option<u64>) -> String {
             }
         }
     }
-    let latency = [
-        "idemkv-immediate",
-        "idemkv-immediate-lazy",
-        "idemkv-immediate-async",
-        "idemkv-immediate-lazy-async",
-    ];
-    for idem in latency {
+    for idem in IMMEDIATE_ROWS {
         let p50 = rows
             .iter()
             .find(|r| r.id == idem)

@@ -32,18 +32,29 @@ pub struct Idem {
     retries: AtomicU64,
 }
 
+/// How an idemkv row's engine is configured.
+#[derive(Debug, Clone, Copy)]
+pub struct IdemSettings {
+    pub durability: Durability,
+    pub durable_claims: bool,
+    pub commit_log: bool,
+}
+
 impl Idem {
     /// Opens an engine on a new file in `dir` (no file for `None`).
-    pub fn open(dir: &Path, durability: Durability, durable_claims: bool) -> Result<Self, String> {
+    pub fn open(dir: &Path, settings: IdemSettings) -> Result<Self, String> {
+        let IdemSettings {
+            durability,
+            durable_claims,
+            commit_log,
+        } = settings;
         let mut b = Engine::builder()
             .durability(durability)
             .durable_claims(durable_claims)
             .lease(LEASE)
             .retention(RETENTION);
         if durability != Durability::None {
-            b = b
-                .path(dir.join("idemkv.redb"))
-                .commit_log(std::env::var_os("IDEMKV_PEERS_COMMIT_LOG").is_some_and(|v| v == "1"));
+            b = b.path(dir.join("idemkv.redb")).commit_log(commit_log);
         }
         let engine = b.open().map_err(|e| format!("idemkv open: {e}"))?;
         Ok(Idem {

@@ -451,7 +451,15 @@ mod tests {
         let dir = std::env::temp_dir();
         let w = small();
         let peer = Arc::new(
-            crate::systems::Idem::open(&dir, idemkv::Durability::None, true).expect("open"),
+            crate::systems::Idem::open(
+                &dir,
+                crate::systems::IdemSettings {
+                    durability: idemkv::Durability::None,
+                    durable_claims: true,
+                    commit_log: false,
+                },
+            )
+            .expect("open"),
         );
         let a = run_async(&peer, &w).expect("async run");
         let t = run(
