@@ -26,16 +26,16 @@
 //!   flushes data only, never the file's size or block map.
 
 use crate::backend::Storage;
-use crate::options::EngineBuilder;
-use crate::error::OpenError;
-use crate::storage::Store;
-use std::fs::File;
-use std::path::{Path, PathBuf};
 use crate::constants::{HASH_SECRET_LEN, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
+use crate::error::OpenError;
+use crate::options::EngineBuilder;
+use crate::storage::Store;
 use crate::storage::Write;
 use crate::tables::Batch;
+use std::fs::File;
 use std::hash::Hasher;
 use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"IKVL");
@@ -46,20 +46,28 @@ const TAG_DELETE: u8 = 2;
 const TAG_FORGET: u8 = 3;
 const TAG_DROP_MARKER: u8 = 4;
 
-/// The MAC key, derived from the file's hash secret with a domain of its own, so that it
-/// differs from the index's keyed hashes.
+/// The MAC key: two words derived from the file's hash secret by SipHash keyed with the
+/// secret itself, over a label of their own, so the key differs from the index's keyed
+/// hashes (which use the secret's words directly) and reveals nothing of them.
 #[derive(Clone, Copy)]
 pub(crate) struct MacKey(u64, u64);
 
 impl MacKey {
     pub(crate) fn from_secret(secret: &[u8; HASH_SECRET_LEN]) -> Self {
-        let derive = |domain: &[u8]| {
-            let mut h = sip(0, 0);
-            h.write(domain);
-            h.write(secret);
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&secret[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let derive = |k0: u64, k1: u64, label: &[u8]| {
+            let mut h = sip(k0, k1);
+            h.write(label);
             h.finish()
         };
-        MacKey(derive(b"idemkv log mac k0"), derive(b"idemkv log mac k1"))
+        MacKey(
+            derive(word(0), word(1), b"idemkv commit log mac, word 0"),
+            derive(word(2), word(3), b"idemkv commit log mac, word 1"),
+        )
     }
 
     fn mac(&self, header: &[u8], payload: &[u8]) -> u64 {
@@ -134,6 +142,12 @@ impl CommitLog {
         tables: &[&Batch],
         hwm: Option<u64>,
     ) -> io::Result<Appended> {
+        // Sized before it is built: a batch that cannot fit (large responses under
+        // `Buffered`) is never copied into a frame.
+        let room = LOG_BYTES.saturating_sub(self.offset);
+        if encoded_len(writes, tables) > room {
+            return Ok(Appended::Full);
+        }
         let mut frame = std::mem::take(&mut self.frame);
         frame.clear();
         frame.resize(FRAME_HEADER_BYTES, 0);
@@ -203,6 +217,29 @@ fn seal(frame: &mut [u8], key: &MacKey, epoch: u64, seq: u64) {
     let (head, payload) = frame.split_at(FRAME_HEADER_BYTES);
     let mac = key.mac(&head[..24], payload);
     frame[24..32].copy_from_slice(&mac.to_le_bytes());
+}
+
+/// A bound on a batch's frame length (header included), computed without encoding it.
+fn encoded_len(writes: &[Write<'_>], tables: &[&Batch]) -> u64 {
+    let bytes = |b: &[u8]| 8 + b.len() as u64;
+    let mut n = (FRAME_HEADER_BYTES + 9 + 8 + 8) as u64;
+    for w in writes {
+        n += 1 + 4 * 8 + 1;
+        if let Write::Put { value, .. } = w {
+            n += bytes(value);
+        }
+    }
+    for batch in tables {
+        n += 3 * 8;
+        for (row, value) in &batch.rows {
+            n += bytes(row) + 1 + value.as_deref().map_or(0, bytes);
+        }
+        for (_, message) in &batch.messages {
+            n += 8 + bytes(message);
+        }
+        n += 8 * batch.sent.len() as u64;
+    }
+    n
 }
 
 fn encode_payload(out: &mut Vec<u8>, writes: &[Write<'_>], tables: &[&Batch], hwm: Option<u64>) {
@@ -517,9 +554,14 @@ pub(crate) fn pending(image: &[u8], key: &MacKey, epoch: u64) -> bool {
 }
 
 enum Frame<'a> {
-    Valid { payload: &'a [u8], next: usize },
+    Valid {
+        payload: &'a [u8],
+        next: usize,
+    },
     /// The header names this epoch and sequence number, but the frame does not verify.
-    Broken { next: usize },
+    Broken {
+        next: usize,
+    },
     End,
 }
 
@@ -567,12 +609,16 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
         (Some(slot), _, _) => Some((slot.take()?, None)),
         (None, Some(path), false) => {
             let path = log_path(path);
-            LogFile::open(&path, b.commit_log, b.file_mode)
+            let access = match b.commit_log {
+                true => Access::Create,
+                false => Access::Write,
+            };
+            LogFile::open(&path, access, b.file_mode)
                 .map_err(OpenError::Io)?
                 .map(|f| {
-                let storage: Box<dyn Storage> = Box::new(f);
-                (storage, Some(path))
-            })
+                    let storage: Box<dyn Storage> = Box::new(f);
+                    (storage, Some(path))
+                })
         }
         _ => None,
     };
@@ -616,8 +662,12 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
 
 /// Whether the commit log beside the file at `path` holds commits the file does not have
 /// (for a read-only open, which cannot apply them).
-pub(crate) fn pending_beside(path: &Path, store_secret: &[u8; HASH_SECRET_LEN], epoch: u64) -> io::Result<bool> {
-    let Some(file) = LogFile::open(&log_path(path), false, 0)? else {
+pub(crate) fn pending_beside(
+    path: &Path,
+    store_secret: &[u8; HASH_SECRET_LEN],
+    epoch: u64,
+) -> io::Result<bool> {
+    let Some(file) = LogFile::open(&log_path(path), Access::Read, 0)? else {
         return Ok(false);
     };
     let image = read_all(&file)?;
@@ -635,11 +685,27 @@ fn read_all(storage: &dyn Storage) -> io::Result<Vec<u8>> {
 #[derive(Debug)]
 struct LogFile(File);
 
+/// How a log file is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// To look for unapplied frames (a read-only open of the file).
+    Read,
+    /// To apply and remove a log left beside the file.
+    Write,
+    /// To apply and keep writing it, created if absent.
+    Create,
+}
+
 impl LogFile {
-    /// Opens the log at `path`; creates it when `create`, else `None` when it is absent.
-    fn open(path: &Path, create: bool, mode: u32) -> Result<Option<LogFile>, io::Error> {
+    /// Opens the log at `path`: `None` when it is absent (never with `Access::Create`).
+    fn open(path: &Path, access: Access, mode: u32) -> Result<Option<LogFile>, io::Error> {
+        let create = access == Access::Create;
         let mut options = std::fs::OpenOptions::new();
-        options.read(true).write(true).create(create).truncate(false);
+        options
+            .read(true)
+            .write(access != Access::Read)
+            .create(create)
+            .truncate(false);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
@@ -777,7 +843,8 @@ mod tests {
 
     fn batch() -> Batch {
         let mut b = Batch::default();
-        b.rows.push((b"t\0row".as_slice().into(), Some(b"v".as_slice().into())));
+        b.rows
+            .push((b"t\0row".as_slice().into(), Some(b"v".as_slice().into())));
         b.rows.push((b"t\0gone".as_slice().into(), None));
         b.messages.push((9, b"msg".as_slice().into()));
         b.sent.push(4);
@@ -800,16 +867,34 @@ mod tests {
                 check: 9,
                 marker_retention_ms: 10,
             },
-            Write::DropMarker { hash: 11, token: 12 },
+            Write::DropMarker {
+                hash: 11,
+                token: 12,
+            },
         ];
         let b = batch();
-        assert_eq!(log.append(&writes, &[&b], Some(99)).unwrap(), Appended::Logged);
+        assert_eq!(
+            log.append(&writes, &[&b], Some(99)).unwrap(),
+            Appended::Logged
+        );
+        // The size bound that decides `Full` before encoding never undercounts.
+        let bound = encoded_len(&writes, &[&b]);
+        assert!(bound >= log.offset(), "{bound} < {}", log.offset());
+        assert!(
+            bound < log.offset() + 64,
+            "{bound} is loose: {}",
+            log.offset()
+        );
         assert_eq!(log.append(&[], &[], None).unwrap(), Appended::Logged);
         let got = all(&image(&s), 3).unwrap();
         assert_eq!(got.len(), 2);
         let first = &got[0];
         assert_eq!(first.hwm, Some(99));
-        let back: Vec<String> = first.writes.iter().map(|w| format!("{:?}", w.borrow())).collect();
+        let back: Vec<String> = first
+            .writes
+            .iter()
+            .map(|w| format!("{:?}", w.borrow()))
+            .collect();
         let sent: Vec<String> = writes.iter().map(|w| format!("{w:?}")).collect();
         assert_eq!(back, sent);
         assert_eq!(first.tables.len(), 1);
@@ -822,7 +907,8 @@ mod tests {
     #[test]
     fn frames_of_another_epoch_or_key_are_not_replayed() {
         let (mut log, s) = log(4);
-        log.append(&[Write::Delete { token: 1 }], &[], None).unwrap();
+        log.append(&[Write::Delete { token: 1 }], &[], None)
+            .unwrap();
         let img = image(&s);
         assert_eq!(all(&img, 4).unwrap().len(), 1);
         assert_eq!(all(&img, 5).unwrap().len(), 0);
@@ -836,10 +922,12 @@ mod tests {
     fn a_restarted_epoch_overwrites_the_old_frames_and_replays_only_its_own() {
         let (mut log, s) = log(1);
         for t in 0..3 {
-            log.append(&[Write::Delete { token: t }], &[], None).unwrap();
+            log.append(&[Write::Delete { token: t }], &[], None)
+                .unwrap();
         }
         log.restart(2);
-        log.append(&[Write::Delete { token: 50 }], &[], None).unwrap();
+        log.append(&[Write::Delete { token: 50 }], &[], None)
+            .unwrap();
         let got = all(&image(&s), 2).unwrap();
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].writes, vec![OwnedWrite::Delete { token: 50 }]);
@@ -886,7 +974,8 @@ mod tests {
         let mut starts = Vec::new();
         for t in 0..3 {
             starts.push(log.offset() as usize);
-            log.append(&[Write::Delete { token: t }], &[], None).unwrap();
+            log.append(&[Write::Delete { token: t }], &[], None)
+                .unwrap();
         }
         let mut img = image(&s);
         // A payload byte of the second frame.

@@ -968,7 +968,10 @@ impl Store {
 
     /// Applies one batch read back from the commit log during open, not durably: the
     /// checkpoint that ends the replay makes the batches durable together.
-    pub(crate) fn commit_replayed(&self, batch: &crate::commit_log::Replayed) -> Result<(), OpenError> {
+    pub(crate) fn commit_replayed(
+        &self,
+        batch: &crate::commit_log::Replayed,
+    ) -> Result<(), OpenError> {
         let writes: Vec<Write> = batch.writes.iter().map(|w| w.borrow()).collect();
         let tables: Vec<&Batch> = batch.tables.iter().collect();
         let mut marked = Vec::new();

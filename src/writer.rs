@@ -8,12 +8,12 @@
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
 //! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
 
+use crate::commit_log::{Appended, CommitLog};
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
-use crate::commit_log::{Appended, CommitLog};
 use crate::storage::{Closing, Durable, Marked, Write};
 use crate::sync::channel::{Receiver, RecvTimeoutError};
 use crate::sync::{Arc, Ordering};

@@ -33,12 +33,19 @@ fn power_loss(file: &FaultyBackend, log: &FaultyBackend) -> (FaultyBackend, Faul
 }
 
 fn complete(engine: &Engine, key: &str, response: &[u8]) {
-    let lease = acquired(engine.claim(key.as_bytes(), &ClaimOptions::default()).unwrap());
+    let lease = acquired(
+        engine
+            .claim(key.as_bytes(), &ClaimOptions::default())
+            .unwrap(),
+    );
     lease.complete(response).unwrap();
 }
 
 fn response_of(engine: &Engine, key: &str) -> Option<Vec<u8>> {
-    match engine.claim(key.as_bytes(), &ClaimOptions::default()).unwrap() {
+    match engine
+        .claim(key.as_bytes(), &ClaimOptions::default())
+        .unwrap()
+    {
         Claim::Completed(stored) => Some(stored.response().to_vec()),
         Claim::Acquired(lease) => {
             lease.release().unwrap();
@@ -88,7 +95,10 @@ fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
         .commit_log(true)
         .open()
         .unwrap();
-    assert_eq!(response_of(&applied, "k0").as_deref(), Some(b"r0".as_slice()));
+    assert_eq!(
+        response_of(&applied, "k0").as_deref(),
+        Some(b"r0".as_slice())
+    );
 }
 
 #[test]
@@ -247,7 +257,11 @@ fn copies_of_one_message_run_once_with_the_log_on() {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(results.windows(2).all(|w| w[0] == w[1]), "{results:?}");
-        let stored = completed(engine.claim(key.as_bytes(), &ClaimOptions::default()).unwrap());
+        let stored = completed(
+            engine
+                .claim(key.as_bytes(), &ClaimOptions::default())
+                .unwrap(),
+        );
         assert_eq!(stored.response(), results[0].as_slice());
     }
     assert_eq!(engine.stats().completions, 8);
@@ -320,6 +334,9 @@ fn a_power_loss_at_any_io_keeps_every_acknowledged_completion() {
 #[test]
 fn sabotaged_the_power_loss_sweep_catches_ack_before_the_log_is_synced() {
     let caught = power_loss_sweep(Bug::AckBeforeCommit);
-    assert!(caught.is_err(), "acknowledging before the log's sync survived the sweep");
+    assert!(
+        caught.is_err(),
+        "acknowledging before the log's sync survived the sweep"
+    );
     eprintln!("caught: {}", caught.unwrap_err());
 }

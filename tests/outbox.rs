@@ -264,7 +264,11 @@ fn a_power_loss_at_any_io_of_the_file_or_its_commit_log_keeps_each_completion_an
     // The claims and completions were made durable by the log: one log sync each, and no
     // commit of the file (which redb syncs only when it grows the file).
     assert!(log.syncs() - log_syncs >= 2 * KEYS);
-    assert!(file.syncs() - file_syncs < KEYS, "{} file syncs", file.syncs() - file_syncs);
+    assert!(
+        file.syncs() - file_syncs < KEYS,
+        "{} file syncs",
+        file.syncs() - file_syncs
+    );
     assert_eq!(engine.stats().log_checkpoints, 0);
     engine.close().unwrap();
     let totals = [file.ios(), log.ios()];

@@ -83,9 +83,9 @@ impl Mode {
                     Mode::ImmediateNondurableClaims => builder
                         .durability(Durability::Immediate)
                         .durable_claims(false),
-                    Mode::ImmediateLog => builder
-                        .durability(Durability::Immediate)
-                        .commit_log(true),
+                    Mode::ImmediateLog => {
+                        builder.durability(Durability::Immediate).commit_log(true)
+                    }
                     Mode::ImmediateLogNondurableClaims => builder
                         .durability(Durability::Immediate)
                         .commit_log(true)

@@ -678,7 +678,6 @@ fn kill_9_catches_ack_before_commit_with_lazy_claims() {
     eprintln!("ack-before-commit (lazy claims) caught in round {caught:?}");
 }
 
-
 #[cfg(idemkv_sabotage)]
 #[test]
 fn kill_9_catches_a_missing_token_mark() {
