@@ -40,6 +40,18 @@ pub struct IdemSettings {
     pub commit_log: bool,
 }
 
+impl IdemSettings {
+    /// `Durability::None`, for the harness's own tests.
+    #[cfg(test)]
+    pub fn memory() -> Self {
+        IdemSettings {
+            durability: Durability::None,
+            durable_claims: true,
+            commit_log: false,
+        }
+    }
+}
+
 impl Idem {
     /// Opens an engine on a new file in `dir` (no file for `None`).
     pub fn open(dir: &Path, settings: IdemSettings) -> Result<Self, String> {

@@ -451,19 +451,12 @@ mod tests {
         let dir = std::env::temp_dir();
         let w = small();
         let peer = Arc::new(
-            crate::systems::Idem::open(
-                &dir,
-                crate::systems::IdemSettings {
-                    durability: idemkv::Durability::None,
-                    durable_claims: true,
-                    commit_log: false,
-                },
-            )
-            .expect("open"),
+            crate::systems::Idem::open(&dir, crate::systems::IdemSettings::memory()).expect("open"),
         );
         let a = run_async(&peer, &w).expect("async run");
         let t = run(
-            &crate::systems::Idem::open(&dir, idemkv::Durability::None, true).expect("open"),
+            &crate::systems::Idem::open(&dir, crate::systems::IdemSettings::memory())
+                .expect("open"),
             &w,
         )
         .expect("thread run");
@@ -486,8 +479,11 @@ mod tests {
             ..small()
         };
         let peer = Arc::new(
-            crate::systems::Idem::open(&std::env::temp_dir(), idemkv::Durability::None, true)
-                .expect("open"),
+            crate::systems::Idem::open(
+                &std::env::temp_dir(),
+                crate::systems::IdemSettings::memory(),
+            )
+            .expect("open"),
         );
         let m = run_async(&peer, &w).expect("async run");
         assert!(m.cut_short);
