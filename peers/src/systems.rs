@@ -86,6 +86,12 @@ impl Idem {
                 s.committed_ops as f64 / s.commits as f64,
                 s.batch_max
             );
+            if s.log_checkpoints > 0 {
+                note.push_str(&format!(
+                    ", {} of them commit-log checkpoints (the close's included)",
+                    s.log_checkpoints
+                ));
+            }
             if s.ack_to_fsync_max_us > 0 {
                 note.push_str(&format!(
                     "; longest ack-to-fsync {:.1} ms",
