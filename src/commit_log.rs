@@ -36,7 +36,7 @@ use std::fs::File;
 use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use crate::sync::Arc;
 
 const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"IKVL");
 pub(crate) const FRAME_HEADER_BYTES: usize = 32;
