@@ -5,19 +5,20 @@
 //! when the log is full, at close, and at every open.
 //!
 //! Definitions:
-//! - An *epoch* numbers the log's lives; the file's META row `log_epoch` names the current
-//!   one. Every checkpoint writes the next epoch in the same durable commit, then the log
-//!   is written again from offset 0.
+//! - An *epoch* numbers the log's lives. Every checkpoint makes the next epoch current in
+//!   the same durable commit, then the log is written again from offset 0.
 //! - A *frame* is one batch: a 32-byte header (magic, payload length, epoch, sequence
 //!   number, MAC) and the payload (the batch's writes, table writes and token mark).
+//! - The file's meta row `log_state` ([`LogState`]) holds the epoch, how many of its frames
+//!   the file holds, and whether an engine is appending to the log.
 //!
 //! Invariants:
 //! - A frame is acknowledged only after its fdatasync returned, and the next frame is
 //!   written only after that: at most one frame, the last, can be torn.
-//! - The frames of the current epoch apply, in order, to exactly the state of the last
-//!   durable commit: no durable commit changes the records between an epoch's first frame
-//!   and the checkpoint that ends it (every durable commit of a logging writer is a
-//!   checkpoint). Replay is therefore the same computation the writer did.
+//! - The file's records are the state of a prefix of the current epoch's frames, and
+//!   `log_state` says which: each non-durable commit records the frame it applies, and a
+//!   logging writer's only durable commits are checkpoints. Replay applies the frames after
+//!   that prefix, in order: the same computation the writer did, never a frame twice.
 //! - A frame is accepted only with the current epoch, the next sequence number and a MAC
 //!   keyed by the file's secret. Keys and responses are client bytes: a keyed MAC, unlike a
 //!   plain checksum, cannot be matched by crafted bytes, so a torn frame is never mistaken
@@ -29,14 +30,14 @@ use crate::backend::Storage;
 use crate::constants::{HASH_SECRET_LEN, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
-use crate::storage::Store;
 use crate::storage::Write;
+use crate::storage::{LogState, Store};
+use crate::sync::Arc;
 use crate::tables::Batch;
 use std::fs::File;
 use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
-use crate::sync::Arc;
 
 const FRAME_MAGIC: u32 = u32::from_le_bytes(*b"IKVL");
 pub(crate) const FRAME_HEADER_BYTES: usize = 32;
@@ -109,8 +110,8 @@ impl std::fmt::Debug for CommitLog {
 /// What appending a batch did.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Appended {
-    /// The frame is durable in the log.
-    Logged,
+    /// The frame, numbered `seq` in its epoch, is durable in the log.
+    Logged { seq: u64 },
     /// The frame does not fit in what is left of the log: the batch must be committed as a
     /// checkpoint instead.
     Full,
@@ -155,8 +156,9 @@ impl CommitLog {
         let fits = (frame.len() as u64) <= LOG_BYTES.saturating_sub(self.offset)
             && u32::try_from(frame.len() - FRAME_HEADER_BYTES).is_ok();
         let result = if fits {
-            seal(&mut frame, &self.key, self.epoch, self.seq);
-            self.write_frame(&frame).map(|()| Appended::Logged)
+            let seq = self.seq;
+            seal(&mut frame, &self.key, self.epoch, seq);
+            self.write_frame(&frame).map(|()| Appended::Logged { seq })
         } else {
             Ok(Appended::Full)
         };
@@ -499,76 +501,90 @@ fn decode_payload(payload: &[u8]) -> Decoded<Replayed> {
 /// Why a log could not be replayed.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum ReplayError {
-    /// A frame that was followed by a valid frame, so was whole and acknowledged, fails
-    /// its MAC or does not decode: the log is damaged. Nothing may be dropped silently.
+    /// A frame that was followed by a whole frame of a later number, so was whole and
+    /// acknowledged once, fails its MAC or does not decode: the log is damaged. Nothing
+    /// may be dropped silently.
     Damaged(String),
 }
 
-/// Reads the frames of `epoch` from the log `image` (its whole content), in order, handing
-/// each decoded batch to `apply`. Stops at the first frame that is not a whole frame of
-/// this epoch with the next sequence number: the end of the log, or a frame torn by a
-/// crash (only the last frame can be). Returns the number of frames applied.
+/// Reads the frames of `state.epoch` from the log `image` (its whole content), in order,
+/// handing each decoded batch the file does not hold yet (numbered `state.applied` on) to
+/// `apply` with its number. Stops at the first position that holds no whole frame of this
+/// epoch with the next number: the end of the log, or a frame torn by a crash (only the
+/// last frame can be). Returns the number of frames applied.
 pub(crate) fn replay<E>(
     image: &[u8],
     key: &MacKey,
-    epoch: u64,
-    mut apply: impl FnMut(Replayed) -> Result<(), E>,
+    state: LogState,
+    mut apply: impl FnMut(Replayed, u64) -> Result<(), E>,
 ) -> Result<Result<u64, ReplayError>, E> {
-    let mut at = 0usize;
-    let mut seq = 0u64;
+    let epoch = state.epoch;
+    let (mut at, mut seq, mut applied) = (0usize, 0u64, 0u64);
     loop {
         match frame_at(image, at, key, epoch, seq) {
-            Frame::Valid { payload, next } => match decode_payload(payload) {
-                Ok(batch) => {
-                    apply(batch)?;
-                    at = next;
-                    seq += 1;
+            Frame::Valid { payload, next } => {
+                if seq >= state.applied {
+                    match decode_payload(payload) {
+                        Ok(batch) => {
+                            apply(batch, seq)?;
+                            applied += 1;
+                        }
+                        Err(why) => {
+                            return Ok(Err(ReplayError::Damaged(format!(
+                                "frame {seq} of epoch {epoch} at byte {at}: {why}"
+                            ))))
+                        }
+                    }
                 }
-                Err(why) => {
+                at = next;
+                seq += 1;
+            }
+            // Zeros, or a whole frame of an earlier epoch: the end, as a clean stop leaves it.
+            Frame::Stale => return Ok(Ok(applied)),
+            // Bytes that are not a whole frame: a torn last frame, unless a whole frame of
+            // this epoch numbered `seq` or later follows somewhere (then this one was
+            // acknowledged before it, and is damaged).
+            Frame::Torn => {
+                if let Some((later, found)) = later_frame(image, at, key, epoch, seq) {
                     return Ok(Err(ReplayError::Damaged(format!(
-                        "frame {seq} of epoch {epoch} at byte {at}: {why}"
-                    ))))
-                }
-            },
-            Frame::End => return Ok(Ok(seq)),
-            // A frame of this epoch and sequence number whose MAC fails is the torn last
-            // frame, unless a valid frame follows it.
-            Frame::Broken { next } => {
-                if let Frame::Valid { .. } = frame_at(image, next, key, epoch, seq + 1) {
-                    return Ok(Err(ReplayError::Damaged(format!(
-                        "frame {seq} of epoch {epoch} at byte {at} fails its MAC, yet frame \
-                         {} after it is whole: an acknowledged commit was damaged",
-                        seq + 1
+                        "the bytes at {at}, where frame {seq} of epoch {epoch} belongs, are \
+                         not a whole frame, yet frame {later} is whole at byte {found}: an \
+                         acknowledged commit was damaged"
                     ))));
                 }
-                return Ok(Ok(seq));
+                return Ok(Ok(applied));
             }
         }
     }
 }
 
-/// Whether the log `image` holds at least one whole frame of `epoch` (commits the redb
-/// file does not have yet).
-pub(crate) fn pending(image: &[u8], key: &MacKey, epoch: u64) -> bool {
-    matches!(frame_at(image, 0, key, epoch, 0), Frame::Valid { .. })
+/// Whether the log `image` holds commits a file in `state` does not have: frames it would
+/// apply, or damage that an open must report.
+pub(crate) fn pending(image: &[u8], key: &MacKey, state: LogState) -> bool {
+    !matches!(replay(image, key, state, |_, _| Ok::<_, ()>(())), Ok(Ok(0)))
 }
 
 enum Frame<'a> {
-    Valid {
-        payload: &'a [u8],
-        next: usize,
-    },
-    /// The header names this epoch and sequence number, but the frame does not verify.
-    Broken {
-        next: usize,
-    },
-    End,
+    /// A whole frame of this epoch with the expected number.
+    Valid { payload: &'a [u8], next: usize },
+    /// Zeros (never written), a whole frame of another epoch (an earlier life of the log),
+    /// or too few bytes left for a header.
+    Stale,
+    /// Anything else.
+    Torn,
 }
 
-fn frame_at<'a>(image: &'a [u8], at: usize, key: &MacKey, epoch: u64, seq: u64) -> Frame<'a> {
-    let Some(head) = image.get(at..at.saturating_add(FRAME_HEADER_BYTES)) else {
-        return Frame::End;
-    };
+/// A frame header's fields, as read (nothing verified).
+struct Header {
+    magic: u32,
+    payload_len: usize,
+    epoch: u64,
+    seq: u64,
+    mac: u64,
+}
+
+fn header_at(image: &[u8], at: usize) -> Option<(Header, &[u8])> {
+    let head = image.get(at..at.checked_add(FRAME_HEADER_BYTES)?)?;
     let word = |i: usize| {
         let mut w = [0u8; 8];
         w.copy_from_slice(&head[i..i + 8]);
@@ -578,19 +594,70 @@ fn frame_at<'a>(image: &'a [u8], at: usize, key: &MacKey, epoch: u64, seq: u64) 
     w4.copy_from_slice(&head[0..4]);
     let magic = u32::from_le_bytes(w4);
     w4.copy_from_slice(&head[4..8]);
-    let payload_len = u32::from_le_bytes(w4) as usize;
-    if magic != FRAME_MAGIC || word(8) != epoch || word(16) != seq {
-        return Frame::End;
+    let header = Header {
+        magic,
+        payload_len: u32::from_le_bytes(w4) as usize,
+        epoch: word(8),
+        seq: word(16),
+        mac: word(24),
+    };
+    Some((header, head))
+}
+
+/// The payload and the end of the frame at `at` if its MAC verifies, whatever its epoch
+/// and number.
+fn whole_at<'a>(image: &'a [u8], at: usize, key: &MacKey) -> Option<(Header, &'a [u8], usize)> {
+    let (header, head) = header_at(image, at)?;
+    if header.magic != FRAME_MAGIC {
+        return None;
     }
     let start = at + FRAME_HEADER_BYTES;
-    let Some(payload) = image.get(start..start.saturating_add(payload_len)) else {
-        return Frame::End;
+    let next = start.checked_add(header.payload_len)?;
+    let payload = image.get(start..next)?;
+    (key.mac(&head[..24], payload) == header.mac).then_some((header, payload, next))
+}
+
+fn frame_at<'a>(image: &'a [u8], at: usize, key: &MacKey, epoch: u64, seq: u64) -> Frame<'a> {
+    let Some((_, head)) = header_at(image, at) else {
+        return Frame::Stale;
     };
-    let next = start + payload_len;
-    if key.mac(&head[..24], payload) != word(24) {
-        return Frame::Broken { next };
+    if head.iter().all(|&b| b == 0) {
+        return Frame::Stale;
     }
-    Frame::Valid { payload, next }
+    match whole_at(image, at, key) {
+        Some((h, payload, next)) if h.epoch == epoch && h.seq == seq => {
+            Frame::Valid { payload, next }
+        }
+        Some((h, _, _)) if h.epoch != epoch => Frame::Stale,
+        _ => Frame::Torn,
+    }
+}
+
+/// A whole frame of `epoch` numbered `seq` or later anywhere after `at`: its number and
+/// position. Looked for only when a replay stops at bytes that are not a whole frame.
+fn later_frame(
+    image: &[u8],
+    at: usize,
+    key: &MacKey,
+    epoch: u64,
+    seq: u64,
+) -> Option<(u64, usize)> {
+    let magic = FRAME_MAGIC.to_le_bytes();
+    let last = image.len().checked_sub(FRAME_HEADER_BYTES)?;
+    let mut i = at.saturating_add(1);
+    while i <= last {
+        // Candidates start with the magic's first byte.
+        i += image[i..=last].iter().position(|&b| b == magic[0])?;
+        if image[i..i + 4] == magic {
+            if let Some((h, _, _)) = whole_at(image, i, key) {
+                if h.epoch == epoch && h.seq >= seq {
+                    return Some((h.seq, i));
+                }
+            }
+        }
+        i += 1;
+    }
+    None
 }
 
 /// The commit log's file for the database file at `path`: `<path>-log`.
@@ -622,16 +689,22 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
         }
         _ => None,
     };
+    let state = store.log_state()?;
     let Some((storage, path)) = file else {
-        return Ok(None);
+        return match state.active {
+            true => Err(missing(b.path.as_deref().map(log_path))),
+            false => Ok(None),
+        };
     };
     let named = path
         .clone()
         .unwrap_or_else(|| PathBuf::from("<log backend>"));
     let key = MacKey::from_secret(&store.hash_secret()?);
-    let epoch = store.log_epoch()?;
     let image = read_all(&*storage).map_err(OpenError::Io)?;
-    let applied = replay(&image, &key, epoch, |batch| store.commit_replayed(&batch))?;
+    let epoch = state.epoch;
+    let applied = replay(&image, &key, state, |batch, seq| {
+        store.commit_replayed(&batch, epoch, seq)
+    })?;
     if let Err(ReplayError::Damaged(why)) = applied {
         return Err(OpenError::Corrupted {
             detail: format!("the commit log {}: {why}", named.display()),
@@ -640,7 +713,7 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     let next = epoch.checked_add(1).ok_or_else(|| OpenError::Corrupted {
         detail: "the commit log's epoch is at its limit".into(),
     })?;
-    store.checkpoint_on_open(next)?;
+    store.checkpoint_on_open(next, b.commit_log)?;
     if b.commit_log {
         prepare(&*storage).map_err(OpenError::Io)?;
         if let Some(path) = &path {
@@ -660,18 +733,42 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     Ok(None)
 }
 
-/// Whether the commit log beside the file at `path` holds commits the file does not have
-/// (for a read-only open, which cannot apply them).
-pub(crate) fn pending_beside(
+/// The file says an engine was writing a commit log that cannot be found: acknowledged
+/// commits may be in it alone.
+fn missing(path: Option<PathBuf>) -> OpenError {
+    let log = match &path {
+        Some(path) => path.display().to_string(),
+        None => "(a log_backend)".to_string(),
+    };
+    OpenError::Corrupted {
+        detail: format!(
+            "the file was last written by an engine with a commit log that was not closed, \
+             and its log {log} is missing: acknowledged commits may be in the log alone; \
+             nothing was changed: put the log back beside the file (or pass it as \
+             log_backend), then open again"
+        ),
+    }
+}
+
+/// Refuses a read-only open of the file at `path` (in `state`) when its commit log holds
+/// commits the file does not have, or is missing while the file says it was in use.
+pub(crate) fn check_beside(
     path: &Path,
     store_secret: &[u8; HASH_SECRET_LEN],
-    epoch: u64,
-) -> io::Result<bool> {
-    let Some(file) = LogFile::open(&log_path(path), Access::Read, 0)? else {
-        return Ok(false);
+    state: LogState,
+) -> Result<(), OpenError> {
+    let log = log_path(path);
+    let Some(file) = LogFile::open(&log, Access::Read, 0).map_err(OpenError::Io)? else {
+        return match state.active {
+            true => Err(missing(Some(log))),
+            false => Ok(()),
+        };
     };
-    let image = read_all(&file)?;
-    Ok(pending(&image, &MacKey::from_secret(store_secret), epoch))
+    let image = read_all(&file).map_err(OpenError::Io)?;
+    match pending(&image, &MacKey::from_secret(store_secret), state) {
+        true => Err(OpenError::UnappliedLog { path: log }),
+        false => Ok(()),
+    }
 }
 
 fn read_all(storage: &dyn Storage) -> io::Result<Vec<u8>> {
@@ -825,15 +922,29 @@ mod tests {
         )
     }
 
+    /// The log's content up to 4 KiB past its last write (the rest is zeros, and scanning
+    /// 16 MiB for every case would only slow the tests).
     fn image(s: &MemoryStorage) -> Vec<u8> {
-        let mut out = vec![0u8; s.len().unwrap() as usize];
-        s.read(0, &mut out).unwrap();
-        out
+        let d = s.0.lock().unwrap();
+        let used = d.iter().rposition(|&b| b != 0).map_or(0, |i| i + 1);
+        d[..(used + 4096).min(d.len())].to_vec()
+    }
+
+    fn at(epoch: u64) -> LogState {
+        LogState {
+            epoch,
+            applied: 0,
+            active: true,
+        }
     }
 
     fn all(image: &[u8], epoch: u64) -> Result<Vec<Replayed>, ReplayError> {
+        from(image, at(epoch))
+    }
+
+    fn from(image: &[u8], state: LogState) -> Result<Vec<Replayed>, ReplayError> {
         let mut got = Vec::new();
-        replay(image, &key(), epoch, |b| {
+        replay(image, &key(), state, |b, _| {
             got.push(b);
             Ok::<_, ()>(())
         })
@@ -875,7 +986,7 @@ mod tests {
         let b = batch();
         assert_eq!(
             log.append(&writes, &[&b], Some(99)).unwrap(),
-            Appended::Logged
+            Appended::Logged { seq: 0 }
         );
         // The size bound that decides `Full` before encoding never undercounts.
         let bound = encoded_len(&writes, &[&b]);
@@ -885,7 +996,10 @@ mod tests {
             "{bound} is loose: {}",
             log.offset()
         );
-        assert_eq!(log.append(&[], &[], None).unwrap(), Appended::Logged);
+        assert_eq!(
+            log.append(&[], &[], None).unwrap(),
+            Appended::Logged { seq: 1 }
+        );
         let got = all(&image(&s), 3).unwrap();
         assert_eq!(got.len(), 2);
         let first = &got[0];
@@ -912,10 +1026,10 @@ mod tests {
         let img = image(&s);
         assert_eq!(all(&img, 4).unwrap().len(), 1);
         assert_eq!(all(&img, 5).unwrap().len(), 0);
-        assert!(pending(&img, &key(), 4));
-        assert!(!pending(&img, &key(), 5));
+        assert!(pending(&img, &key(), at(4)));
+        assert!(!pending(&img, &key(), at(5)));
         let other = MacKey::from_secret(&[8u8; HASH_SECRET_LEN]);
-        assert!(!pending(&img, &other, 4));
+        assert!(!pending(&img, &other, at(4)));
     }
 
     #[test]
@@ -992,12 +1106,68 @@ mod tests {
             old: None,
             value: &big,
         };
-        assert_eq!(log.append(&[put()], &[], None).unwrap(), Appended::Logged);
+        assert_eq!(
+            log.append(&[put()], &[], None).unwrap(),
+            Appended::Logged { seq: 0 }
+        );
         let before = image(&s);
         assert_eq!(log.append(&[put()], &[], None).unwrap(), Appended::Full);
         assert_eq!(image(&s), before);
         log.restart(2);
-        assert_eq!(log.append(&[put()], &[], None).unwrap(), Appended::Logged);
+        assert_eq!(
+            log.append(&[put()], &[], None).unwrap(),
+            Appended::Logged { seq: 0 }
+        );
+    }
+
+    #[test]
+    fn a_damaged_header_followed_by_a_whole_frame_is_refused() {
+        let (mut log, s) = log(1);
+        let mut starts = Vec::new();
+        for t in 0..3 {
+            starts.push(log.offset() as usize);
+            log.append(&[Write::Delete { token: t }], &[], None)
+                .unwrap();
+        }
+        let img = image(&s);
+        // Every byte of the second frame's header: magic, length, epoch, number, MAC.
+        for byte in 0..FRAME_HEADER_BYTES {
+            let mut damaged = img.clone();
+            damaged[starts[1] + byte] ^= 0x10;
+            assert!(
+                matches!(all(&damaged, 1), Err(ReplayError::Damaged(_))),
+                "header byte {byte}"
+            );
+            assert!(pending(&damaged, &key(), at(1)), "header byte {byte}");
+        }
+        // The last frame's header damaged: a torn tail, the frames before it replay.
+        let mut torn = img.clone();
+        torn[starts[2] + 4] ^= 0x10;
+        assert_eq!(all(&torn, 1).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn frames_the_file_already_holds_are_skipped() {
+        let (mut log, s) = log(1);
+        for t in 0..4 {
+            log.append(&[Write::Delete { token: t }], &[], None)
+                .unwrap();
+        }
+        let img = image(&s);
+        let state = LogState {
+            epoch: 1,
+            applied: 3,
+            active: true,
+        };
+        let got = from(&img, state).unwrap();
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].writes, vec![OwnedWrite::Delete { token: 3 }]);
+        let all_held = LogState {
+            applied: 4,
+            ..state
+        };
+        assert!(!pending(&img, &key(), all_held));
+        assert!(pending(&img, &key(), state));
     }
 
     #[test]

@@ -47,8 +47,10 @@ const META_OUTBOX_NEXT: &str = "outbox_next";
 /// The secret that keys the index's hashes (`index::KeyHasher`), drawn when the file is
 /// first opened for writing and never changed: markers name keys by these hashes.
 const META_HASH_SECRET: &str = "hash_secret";
-/// The commit log's current epoch (`commit_log.rs`); absent reads as 0.
-const META_LOG_EPOCH: &str = "log_epoch";
+/// The commit log's state as the file last recorded it (`commit_log.rs`): its epoch, the
+/// number of that epoch's frames the file holds, and whether an engine was writing the log
+/// (1) or closed it with a checkpoint (0). 17 bytes; absent: no log was ever used.
+const META_LOG_STATE: &str = "log_state";
 
 /// redb's file magic, to tell a foreign file from a damaged redb file.
 const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -94,11 +96,68 @@ impl Write<'_> {
 pub(crate) enum Durable {
     /// Fsynced before the commit returns.
     Yes,
-    /// Not fsynced: the commit log already holds the batch durably.
-    Logged,
+    /// Not fsynced: the commit log already holds the batch durably, as frame `seq` of
+    /// `epoch`; the commit records that the file holds the frames up to it.
+    Logged { epoch: u64, seq: u64 },
     /// Fsynced, and makes `epoch` the commit log's current epoch in the same commit: the
-    /// log's earlier frames are all in the file from now on.
-    Checkpoint { epoch: u64 },
+    /// log's earlier frames are all in the file from now on. `active`: a writer goes on
+    /// appending to the log (false for the checkpoint of a close).
+    Checkpoint { epoch: u64, active: bool },
+}
+
+/// The commit log's state as the file records it (`META_LOG_STATE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct LogState {
+    /// The current epoch.
+    pub(crate) epoch: u64,
+    /// Frames of `epoch` the file holds (those a replay skips).
+    pub(crate) applied: u64,
+    /// Whether an engine was appending to the log when the file was last written: then
+    /// the log may hold acknowledged commits that the file lacks.
+    pub(crate) active: bool,
+}
+
+impl LogState {
+    fn encode(self) -> [u8; 17] {
+        let mut out = [0u8; 17];
+        out[..8].copy_from_slice(&self.epoch.to_le_bytes());
+        out[8..16].copy_from_slice(&self.applied.to_le_bytes());
+        out[16] = u8::from(self.active);
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<LogState> {
+        let bytes: &[u8; 17] = bytes.try_into().ok()?;
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&bytes[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let active = match bytes[16] {
+            0 => false,
+            1 => true,
+            _ => return None,
+        };
+        Some(LogState {
+            epoch: word(0),
+            applied: word(8),
+            active,
+        })
+    }
+}
+
+/// Reads the commit log's state from a meta table.
+fn read_log_state(
+    meta: &impl ReadableTable<&'static str, &'static [u8]>,
+    path: &Path,
+) -> Result<LogState, OpenError> {
+    let value = meta.get(META_LOG_STATE).map_err(|e| open_error(path, e))?;
+    match value {
+        None => Ok(LogState::default()),
+        Some(v) => LogState::decode(v.value()).ok_or_else(|| OpenError::Corrupted {
+            detail: "the commit log's state in the meta table does not decode".into(),
+        }),
+    }
 }
 
 /// The marker row a [`Write::Forget`] stored, for the writer to settle the marker in memory
@@ -947,23 +1006,13 @@ impl Store {
         .map_err(|e| e.to_string())
     }
 
-    /// The commit log's current epoch.
-    pub(crate) fn log_epoch(&self) -> Result<u64, OpenError> {
+    /// The commit log's state as the file records it.
+    pub(crate) fn log_state(&self) -> Result<LogState, OpenError> {
         let txn = self.begin_read()?;
         let meta = txn
             .open_table(META)
             .map_err(|e| open_error(&self.path, e))?;
-        let value = meta
-            .get(META_LOG_EPOCH)
-            .map_err(|e| open_error(&self.path, e))?;
-        match value {
-            None => Ok(0),
-            Some(v) => <[u8; 8]>::try_from(v.value())
-                .map(u64::from_le_bytes)
-                .map_err(|_| OpenError::Corrupted {
-                    detail: "the commit log's epoch is not 8 bytes".into(),
-                }),
-        }
+        read_log_state(&meta, &self.path)
     }
 
     /// Applies one batch read back from the commit log during open, not durably: the
@@ -971,22 +1020,27 @@ impl Store {
     pub(crate) fn commit_replayed(
         &self,
         batch: &crate::commit_log::Replayed,
+        epoch: u64,
+        seq: u64,
     ) -> Result<(), OpenError> {
         let writes: Vec<Write> = batch.writes.iter().map(|w| w.borrow()).collect();
         let tables: Vec<&Batch> = batch.tables.iter().collect();
         let mut marked = Vec::new();
+        let how = Durable::Logged { epoch, seq };
         contain("commit", || {
-            self.commit_inner(&writes, &tables, batch.hwm, Durable::Logged, &mut marked)
+            self.commit_inner(&writes, &tables, batch.hwm, how, &mut marked)
         })
         .map_err(panicked)?
         .map_err(|e| open_error(&self.path, e))
     }
 
-    /// A durable commit of nothing but the commit log's new epoch, during open.
-    pub(crate) fn checkpoint_on_open(&self, epoch: u64) -> Result<(), OpenError> {
+    /// A durable commit of nothing but the commit log's new epoch, during open; `active`:
+    /// the engine goes on appending to the log.
+    pub(crate) fn checkpoint_on_open(&self, epoch: u64, active: bool) -> Result<(), OpenError> {
         let mut marked = Vec::new();
+        let how = Durable::Checkpoint { epoch, active };
         contain("commit", || {
-            self.commit_inner(&[], &[], None, Durable::Checkpoint { epoch }, &mut marked)
+            self.commit_inner(&[], &[], None, how, &mut marked)
         })
         .map_err(panicked)?
         .map_err(|e| open_error(&self.path, e))
@@ -1020,12 +1074,28 @@ impl Store {
         // ever being mistaken for a valid commit (see `EngineBuilder::two_phase_commit`).
         txn.set_two_phase_commit(self.two_phase_commit);
         txn.set_durability(match how {
-            Durable::Logged => redb::Durability::None,
+            Durable::Logged { .. } => redb::Durability::None,
             Durable::Yes | Durable::Checkpoint { .. } => redb::Durability::Immediate,
         })?;
-        if let Durable::Checkpoint { epoch } = how {
+        // The file records which frames it holds, in the commit that applies them: should
+        // redb make this commit durable without a checkpoint (it does so at close, even
+        // after a failure), a replay skips those frames instead of applying them twice.
+        let state = match how {
+            Durable::Yes => None,
+            Durable::Logged { epoch, seq } => Some(LogState {
+                epoch,
+                applied: seq.saturating_add(1),
+                active: true,
+            }),
+            Durable::Checkpoint { epoch, active } => Some(LogState {
+                epoch,
+                applied: 0,
+                active,
+            }),
+        };
+        if let Some(state) = state {
             let mut meta = txn.open_table(META)?;
-            meta.insert(META_LOG_EPOCH, epoch.to_le_bytes().as_slice())?;
+            meta.insert(META_LOG_STATE, state.encode().as_slice())?;
         }
         {
             let mut table = txn.open_table(RECORDS)?;
@@ -1310,6 +1380,13 @@ fn same_file(file: &File, path: &Path) -> Result<bool, OpenError> {
     }
 }
 
+/// Elsewhere a directory cannot be opened to be synced: creating or removing a file there
+/// is as durable as the file system makes it.
+#[cfg(not(unix))]
+pub(crate) fn sync_dir(_path: &Path) -> io::Result<()> {
+    Ok(())
+}
+
 /// Makes a rename in `path`'s directory durable.
 #[cfg(unix)]
 pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
@@ -1442,31 +1519,21 @@ impl ReadOnlyStore {
     /// file's current epoch means the file alone misses acknowledged commits.
     fn refuse_unapplied_log(&self) -> Result<(), OpenError> {
         let path = &self.path;
-        let (secret, epoch) = contain("read", || {
+        let (secret, state) = contain("read", || {
             let txn = self.begin_read()?;
             let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
             let secret = meta
                 .get(META_HASH_SECRET)
                 .map_err(|e| open_error(path, e))?
                 .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.value()).ok());
-            let epoch = meta
-                .get(META_LOG_EPOCH)
-                .map_err(|e| open_error(path, e))?
-                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                .map_or(0, u64::from_le_bytes);
-            Ok::<_, OpenError>((secret, epoch))
+            Ok::<_, OpenError>((secret, read_log_state(&meta, path)?))
         })
         .map_err(panicked)??;
         // A file without a secret was never opened by an engine that logs.
         let Some(secret) = secret else {
             return Ok(());
         };
-        if crate::commit_log::pending_beside(path, &secret, epoch).map_err(OpenError::Io)? {
-            return Err(OpenError::UnappliedLog {
-                path: crate::commit_log::log_path(path),
-            });
-        }
-        Ok(())
+        crate::commit_log::check_beside(path, &secret, state)
     }
 
     fn open_live(path: &Path) -> Result<ReadOnlyStore, OpenError> {

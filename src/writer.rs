@@ -318,9 +318,16 @@ impl Writer {
                     log.append(&writes, &tables, hwm)
                 };
                 match appended {
-                    Ok(Appended::Logged) => Durable::Logged,
+                    Ok(Appended::Logged { seq }) => Durable::Logged {
+                        epoch: log.epoch(),
+                        seq,
+                    },
                     Ok(Appended::Full) => match log.epoch().checked_add(1) {
-                        Some(epoch) => Durable::Checkpoint { epoch },
+                        // A close's checkpoint leaves the file complete without its log.
+                        Some(epoch) => Durable::Checkpoint {
+                            epoch,
+                            active: !stop,
+                        },
                         None => {
                             return Err(self
                                 .shared
@@ -337,7 +344,7 @@ impl Writer {
             .commit(&writes, &tables, hwm, how, &mut self.marked)
         {
             Ok(()) => {
-                if let (Some(log), Durable::Checkpoint { epoch }) = (&mut self.log, how) {
+                if let (Some(log), Durable::Checkpoint { epoch, .. }) = (&mut self.log, how) {
                     log.restart(epoch);
                     bump(&self.shared.counters.log_checkpoints);
                 }

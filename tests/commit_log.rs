@@ -191,6 +191,17 @@ fn a_log_left_by_a_crash_is_refused_by_readers_and_applied_and_removed_by_an_ope
 
     let err = FileReader::open(&copy).unwrap_err();
     assert_eq!(err.kind(), OpenErrorKind::UnappliedLog, "{err}");
+    // Without the log beside it, a reader and an engine both refuse the file.
+    let bare = tempfile::tempdir().unwrap();
+    let bare_copy = bare.path().join("idem.redb");
+    std::fs::copy(&copy, &bare_copy).unwrap();
+    for err in [
+        FileReader::open(&bare_copy).unwrap_err(),
+        Engine::builder().path(&bare_copy).open().unwrap_err(),
+    ] {
+        assert_eq!(err.kind(), OpenErrorKind::Corrupted, "{err}");
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
     assert!(matches!(&err, OpenError::UnappliedLog { path } if *path == log_of(&copy)));
 
     // Opened without the option: the log is applied, then removed.
@@ -339,4 +350,61 @@ fn sabotaged_the_power_loss_sweep_catches_ack_before_the_log_is_synced() {
         "acknowledging before the log's sync survived the sweep"
     );
     eprintln!("caught: {}", caught.unwrap_err());
+}
+
+#[test]
+fn a_file_missing_its_log_after_a_crash_is_refused_and_stands_alone_after_a_close() {
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    complete(&engine, "a", b"1");
+    let (crashed, _log) = power_loss(&file, &log);
+    drop(engine);
+    // Its completion is in the log alone: without the log the open is refused.
+    let err = Engine::builder()
+        .backend(FaultyBackend::from_image(crashed.durable_image()))
+        .open()
+        .unwrap_err();
+    assert_eq!(err.kind(), OpenErrorKind::Corrupted, "{err}");
+    assert!(err.to_string().contains("missing"), "{err}");
+
+    // After a clean close the file needs no log.
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    complete(&engine, "a", b"1");
+    engine.close().unwrap();
+    drop(engine);
+    let alone = Engine::builder()
+        .backend(FaultyBackend::from_image(file.durable_image()))
+        .open()
+        .unwrap();
+    assert_eq!(response_of(&alone, "a").as_deref(), Some(b"1".as_slice()));
+}
+
+#[test]
+fn a_poisoned_engine_closed_without_a_checkpoint_keeps_every_acknowledged_completion() {
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    for i in 0..3 {
+        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
+    }
+    // The next log sync fails: the engine is poisoned, and its close cannot checkpoint.
+    log.fail_sync_in(1);
+    assert!(engine.claim(b"k3", &ClaimOptions::default()).is_err());
+    assert!(engine.stats().poisoned);
+    let _ = engine.close();
+    drop(engine);
+    // redb makes its non-durable commits durable when the database closes, so the file
+    // may hold the log's frames already; a reopen with the log applies none twice.
+    let reopened = open(
+        &FaultyBackend::from_image(file.durable_image()),
+        &FaultyBackend::from_image(log.durable_image()),
+    )
+    .unwrap();
+    for i in 0..3 {
+        assert_eq!(
+            response_of(&reopened, &format!("k{i}")).as_deref(),
+            Some(format!("r{i}").as_bytes())
+        );
+    }
+    assert_eq!(response_of(&reopened, "k3"), None);
 }
