@@ -300,11 +300,10 @@ impl Writer {
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
         let hwm = self.shared.tokens.reserve_target();
-        // A close leaves the file complete: a checkpoint, even of nothing, when the log
-        // holds frames.
+        // A close with a log checkpoints, even nothing: the file is then complete and
+        // says so (its log is no longer active), and stands without the log.
         let stop = batch.iter().any(|q| matches!(q.op, Op::Shutdown));
-        let log_used = self.log.as_ref().is_some_and(|log| log.offset() > 0);
-        if ops == 0 && tables.is_empty() && hwm.is_none() && !(stop && log_used) {
+        if ops == 0 && tables.is_empty() && hwm.is_none() && !(stop && self.log.is_some()) {
             return Ok(());
         }
         let started = crate::observe::commit_started();
