@@ -184,6 +184,7 @@ impl CommitLog {
     }
 
     /// Bytes of the log in use by the current epoch.
+    #[cfg(test)]
     pub(crate) fn offset(&self) -> u64 {
         self.offset
     }
