@@ -1083,16 +1083,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_damaged_frame_followed_by_a_whole_one_is_refused() {
+    /// A log of epoch 1 holding `n` one-write frames, and where each frame starts.
+    fn frames(n: u64) -> (Vec<u8>, Vec<usize>) {
         let (mut log, s) = log(1);
         let mut starts = Vec::new();
-        for t in 0..3 {
+        for t in 0..n {
             starts.push(log.offset() as usize);
             log.append(&[Write::Delete { token: t }], &[], None)
                 .unwrap();
         }
-        let mut img = image(&s);
+        (image(&s), starts)
+    }
+
+    #[test]
+    fn a_damaged_frame_followed_by_a_whole_one_is_refused() {
+        let (mut img, starts) = frames(3);
         // A payload byte of the second frame.
         img[starts[1] + FRAME_HEADER_BYTES + 3] ^= 1;
         assert!(matches!(all(&img, 1), Err(ReplayError::Damaged(_))));
@@ -1123,14 +1128,7 @@ mod tests {
 
     #[test]
     fn a_damaged_header_followed_by_a_whole_frame_is_refused() {
-        let (mut log, s) = log(1);
-        let mut starts = Vec::new();
-        for t in 0..3 {
-            starts.push(log.offset() as usize);
-            log.append(&[Write::Delete { token: t }], &[], None)
-                .unwrap();
-        }
-        let img = image(&s);
+        let (img, starts) = frames(3);
         // Every byte of the second frame's header: magic, length, epoch, number, MAC.
         for byte in 0..FRAME_HEADER_BYTES {
             let mut damaged = img.clone();
@@ -1149,12 +1147,7 @@ mod tests {
 
     #[test]
     fn frames_the_file_already_holds_are_skipped() {
-        let (mut log, s) = log(1);
-        for t in 0..4 {
-            log.append(&[Write::Delete { token: t }], &[], None)
-                .unwrap();
-        }
-        let img = image(&s);
+        let (img, _) = frames(4);
         let state = LogState {
             epoch: 1,
             applied: 3,

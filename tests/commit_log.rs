@@ -4,7 +4,7 @@
 //! damaged acknowledged frame is refused rather than dropped, and claims stay atomic.
 
 use idemkv::*;
-use idemkv_check::backend::{acquired, completed, Fault, FaultyBackend};
+use idemkv_check::backend::{acquired, completed, stored_response, Fault, FaultyBackend};
 use idemkv_check::{armed, Bug};
 use std::path::Path;
 use std::sync::{Arc, Barrier};
@@ -41,20 +41,6 @@ fn complete(engine: &Engine, key: &str, response: &[u8]) {
     lease.complete(response).unwrap();
 }
 
-fn response_of(engine: &Engine, key: &str) -> Option<Vec<u8>> {
-    match engine
-        .claim(key.as_bytes(), &ClaimOptions::default())
-        .unwrap()
-    {
-        Claim::Completed(stored) => Some(stored.response().to_vec()),
-        Claim::Acquired(lease) => {
-            lease.release().unwrap();
-            None
-        }
-        other => panic!("{key}: {other:?}"),
-    }
-}
-
 #[test]
 fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
     const KEYS: usize = 20;
@@ -74,7 +60,7 @@ fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
     )
     .unwrap();
     for i in 0..KEYS {
-        assert_eq!(response_of(&alone, &format!("k{i}")), None, "k{i}");
+        assert_eq!(stored_response(&alone, &format!("k{i}")), None, "k{i}");
     }
     drop(alone);
 
@@ -82,7 +68,7 @@ fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
     for i in 0..KEYS {
         let key = format!("k{i}");
         assert_eq!(
-            response_of(&engine, &key).as_deref(),
+            stored_response(&engine, &key).as_deref(),
             Some(format!("r{i}").as_bytes()),
             "{key}"
         );
@@ -96,7 +82,7 @@ fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
         .open()
         .unwrap();
     assert_eq!(
-        response_of(&applied, "k0").as_deref(),
+        stored_response(&applied, "k0").as_deref(),
         Some(b"r0".as_slice())
     );
 }
@@ -129,7 +115,11 @@ fn a_full_log_checkpoints_and_keeps_every_completion() {
         .open()
         .unwrap();
     for i in 0..KEYS {
-        assert_eq!(response_of(&engine, &format!("k{i}")), Some(big(i)), "k{i}");
+        assert_eq!(
+            stored_response(&engine, &format!("k{i}")),
+            Some(big(i)),
+            "k{i}"
+        );
     }
 }
 
@@ -154,7 +144,10 @@ fn a_damaged_acknowledged_frame_is_refused_not_dropped() {
     assert!(err.to_string().contains("commit log"), "{err}");
     // Nothing was changed: with the log restored the open applies everything.
     let engine = open(&file_image, &log_image).unwrap();
-    assert_eq!(response_of(&engine, "b").as_deref(), Some(b"2".as_slice()));
+    assert_eq!(
+        stored_response(&engine, "b").as_deref(),
+        Some(b"2".as_slice())
+    );
 }
 
 #[test]
@@ -208,7 +201,7 @@ fn a_log_left_by_a_crash_is_refused_by_readers_and_applied_and_removed_by_an_ope
     let engine = Engine::builder().path(&copy).open().unwrap();
     for i in 0..5 {
         assert_eq!(
-            response_of(&engine, &format!("k{i}")).as_deref(),
+            stored_response(&engine, &format!("k{i}")).as_deref(),
             Some(format!("r{i}").as_bytes()),
             "k{i}"
         );
@@ -325,7 +318,7 @@ fn power_loss_sweep(bug: Bug) -> Result<(), String> {
                 return Err(format!("{what}: the reopen failed"));
             };
             for i in acked {
-                let got = response_of(&engine, &format!("k{i}"));
+                let got = stored_response(&engine, &format!("k{i}"));
                 if got.as_deref() != Some(format!("r{i}").as_bytes()) {
                     return Err(format!("{what}: acknowledged k{i} reads {got:?}"));
                 }
@@ -381,7 +374,7 @@ fn a_file_missing_its_log_after_a_crash_is_refused_and_stands_alone_after_a_clos
             .open()
             .unwrap();
         let expected = writes.then(|| b"1".to_vec());
-        assert_eq!(response_of(&alone, "a"), expected);
+        assert_eq!(stored_response(&alone, "a"), expected);
     }
 }
 
@@ -407,9 +400,9 @@ fn a_poisoned_engine_closed_without_a_checkpoint_keeps_every_acknowledged_comple
     .unwrap();
     for i in 0..3 {
         assert_eq!(
-            response_of(&reopened, &format!("k{i}")).as_deref(),
+            stored_response(&reopened, &format!("k{i}")).as_deref(),
             Some(format!("r{i}").as_bytes())
         );
     }
-    assert_eq!(response_of(&reopened, "k3"), None);
+    assert_eq!(stored_response(&reopened, "k3"), None);
 }

@@ -451,6 +451,22 @@ pub fn completed(claim: idemkv::Claim) -> idemkv::Stored {
     }
 }
 
+/// The response stored under `key`, or `None` when the key is Absent (the claim that found
+/// it so is released again). Any other answer fails the test.
+#[track_caller]
+pub fn stored_response(engine: &idemkv::Engine, key: &str) -> Option<Vec<u8>> {
+    match engine.claim(key.as_bytes(), &idemkv::ClaimOptions::default()) {
+        Ok(idemkv::Claim::Completed(stored)) => Some(stored.response().to_vec()),
+        Ok(idemkv::Claim::Acquired(lease)) => {
+            if let Err(e) = lease.release() {
+                panic!("{key}: release: {e}");
+            }
+            None
+        }
+        other => panic!("{key}: expected Completed or Acquired, got {other:?}"),
+    }
+}
+
 /// Waits (in real time, bounded) until `cond` holds: for another thread to reach a point.
 #[track_caller]
 pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {

@@ -33,20 +33,7 @@ fn complete(engine: &Engine, key: &str, response: &[u8]) -> u64 {
 }
 
 fn replay(engine: &Engine, key: &str) -> Option<Vec<u8>> {
-    match engine
-        .claim(key.as_bytes(), &ClaimOptions::default())
-        .unwrap()
-    {
-        Claim::Completed(stored) => Some(stored.response().to_vec()),
-        Claim::Acquired(lease) => {
-            lease.release().unwrap();
-            None
-        }
-        Claim::InProgress(_) => panic!("{key} unexpectedly in progress"),
-        Claim::Forgotten(forgotten) => {
-            panic!("unexpected Forgotten without markers: {forgotten:?}")
-        }
-    }
+    idemkv_check::backend::stored_response(engine, key)
 }
 
 #[test]
