@@ -289,9 +289,11 @@ fn sweep_workload(engine: &Engine, keys: usize) -> Vec<usize> {
     acked
 }
 
-/// A power loss at every I/O of either storage, with `bug` armed: every acknowledged
-/// completion must be there after the reopen. The first violation, if any.
-fn power_loss_sweep(bug: Bug) -> Result<(), String> {
+/// `fault` at every I/O of either storage, with `bug` armed: every acknowledged completion
+/// must be there after the reopen. After a power loss the storages keep what they synced;
+/// after a failed I/O (the process lives on, poisoned, and closes) they keep every write
+/// too, and both are checked. The first violation, if any.
+fn fault_sweep(bug: Bug, fault: fn(u64) -> Fault) -> Result<(), String> {
     const KEYS: usize = 3;
     let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
     let engine = open_with(&file, &log, bug).map_err(|e| e.to_string())?;
@@ -300,7 +302,7 @@ fn power_loss_sweep(bug: Bug) -> Result<(), String> {
     for (struck, total) in [file.ios(), log.ios()].into_iter().enumerate() {
         for at in 1..=total {
             let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
-            [&file, &log][struck].set_fault(Some(Fault::PowerLoss { at }));
+            [&file, &log][struck].set_fault(Some(fault(at)));
             let acked = match open_with(&file, &log, bug) {
                 Ok(engine) => {
                     let acked = sweep_workload(&engine, KEYS);
@@ -309,18 +311,26 @@ fn power_loss_sweep(bug: Bug) -> Result<(), String> {
                 }
                 Err(_) => Vec::new(),
             };
-            let (file, log) = power_loss(&file, &log);
-            let what = format!("power loss at I/O {at} of the {}", ["file", "log"][struck]);
-            let Ok(engine) = open(&file, &log) else {
-                if acked.is_empty() {
-                    continue;
-                }
-                return Err(format!("{what}: the reopen failed"));
-            };
-            for i in acked {
-                let got = stored_response(&engine, &format!("k{i}"));
-                if got.as_deref() != Some(format!("r{i}").as_bytes()) {
-                    return Err(format!("{what}: acknowledged k{i} reads {got:?}"));
+            let mut images = vec![power_loss(&file, &log)];
+            if let Fault::Error { .. } = fault(at) {
+                images.push((
+                    FaultyBackend::from_image(file.live_image()),
+                    FaultyBackend::from_image(log.live_image()),
+                ));
+            }
+            for (file, log) in images {
+                let what = format!("{:?} of the {}", fault(at), ["file", "log"][struck]);
+                let Ok(engine) = open(&file, &log) else {
+                    if acked.is_empty() {
+                        continue;
+                    }
+                    return Err(format!("{what}: the reopen failed"));
+                };
+                for &i in &acked {
+                    let got = stored_response(&engine, &format!("k{i}"));
+                    if got.as_deref() != Some(format!("r{i}").as_bytes()) {
+                        return Err(format!("{what}: acknowledged k{i} reads {got:?}"));
+                    }
                 }
             }
         }
@@ -328,9 +338,20 @@ fn power_loss_sweep(bug: Bug) -> Result<(), String> {
     Ok(())
 }
 
+fn power_loss_sweep(bug: Bug) -> Result<(), String> {
+    fault_sweep(bug, |at| Fault::PowerLoss { at })
+}
+
 #[test]
 fn a_power_loss_at_any_io_keeps_every_acknowledged_completion() {
     power_loss_sweep(Bug::None).unwrap();
+}
+
+/// A failed write, `set_len` or sync of either storage (a full disk, an I/O error) poisons
+/// the engine and loses nothing acknowledged, whether the machine then stays up or not.
+#[test]
+fn a_failed_io_of_the_file_or_its_log_loses_nothing_acknowledged() {
+    fault_sweep(Bug::None, |at| Fault::Error { at }).unwrap();
 }
 
 /// Teeth: acknowledging before the log's fdatasync is caught by the same sweep.
