@@ -31,10 +31,11 @@ use crate::constants::{HASH_SECRET_LEN, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
 use crate::error::OpenError;
 use crate::options::EngineBuilder;
 use crate::storage::Write;
-use crate::storage::{LogState, Store};
+use crate::storage::{Durable, Store};
 use crate::sync::Arc;
 use crate::tables::Batch;
-use std::fs::File;
+use redb::backends::FileBackend;
+use redb::StorageBackend;
 use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -55,19 +56,15 @@ pub(crate) struct MacKey(u64, u64);
 
 impl MacKey {
     pub(crate) fn from_secret(secret: &[u8; HASH_SECRET_LEN]) -> Self {
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&secret[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(w)
-        };
+        let [w0, w1, w2, w3] = crate::index::secret_words(secret);
         let derive = |k0: u64, k1: u64, label: &[u8]| {
             let mut h = sip(k0, k1);
             h.write(label);
             h.finish()
         };
         MacKey(
-            derive(word(0), word(1), b"idemkv commit log mac, word 0"),
-            derive(word(2), word(3), b"idemkv commit log mac, word 1"),
+            derive(w0, w1, b"idemkv commit log mac, word 0"),
+            derive(w2, w3, b"idemkv commit log mac, word 1"),
         )
     }
 
@@ -109,7 +106,7 @@ impl std::fmt::Debug for CommitLog {
 
 /// What appending a batch did.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Appended {
+enum Appended {
     /// The frame, numbered `seq` in its epoch, is durable in the log.
     Logged { seq: u64 },
     /// The frame does not fit in what is left of the log: the batch must be committed as a
@@ -131,13 +128,51 @@ impl CommitLog {
         }
     }
 
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch
+    /// Makes the writer's batch durable in the log, or says it must be a checkpoint (it
+    /// does not fit, or the engine closes: `closing`). The `Err` is the reason to poison
+    /// the engine.
+    pub(crate) fn stage(
+        &mut self,
+        writes: &[Write<'_>],
+        tables: &[&Batch],
+        hwm: Option<u64>,
+        closing: bool,
+    ) -> Result<Durable, String> {
+        let appended = match closing {
+            true => Appended::Full,
+            false => self
+                .append(writes, tables, hwm)
+                .map_err(|e| format!("the commit log: {e}"))?,
+        };
+        match appended {
+            Appended::Logged { seq } => Ok(Durable::Logged {
+                epoch: self.epoch,
+                seq,
+            }),
+            // A close's checkpoint leaves the file complete without its log.
+            Appended::Full => match self.epoch.checked_add(1) {
+                Some(epoch) => Ok(Durable::Checkpoint {
+                    epoch,
+                    active: !closing,
+                }),
+                None => Err("the commit log's epoch is at its limit".into()),
+            },
+        }
+    }
+
+    /// After the commit of a batch staged as `how`: a checkpoint starts the next epoch,
+    /// and the log is written from the start again. Whether it was a checkpoint.
+    pub(crate) fn committed(&mut self, how: Durable) -> bool {
+        let Durable::Checkpoint { epoch, .. } = how else {
+            return false;
+        };
+        self.restart(epoch);
+        true
     }
 
     /// Appends the batch as one frame and makes it durable, or reports that it does not
     /// fit. Nothing is written when it does not fit.
-    pub(crate) fn append(
+    fn append(
         &mut self,
         writes: &[Write<'_>],
         tables: &[&Batch],
@@ -153,15 +188,10 @@ impl CommitLog {
         frame.clear();
         frame.resize(FRAME_HEADER_BYTES, 0);
         encode_payload(&mut frame, writes, tables, hwm);
-        let fits = (frame.len() as u64) <= LOG_BYTES.saturating_sub(self.offset)
-            && u32::try_from(frame.len() - FRAME_HEADER_BYTES).is_ok();
-        let result = if fits {
-            let seq = self.seq;
-            seal(&mut frame, &self.key, self.epoch, seq);
-            self.write_frame(&frame).map(|()| Appended::Logged { seq })
-        } else {
-            Ok(Appended::Full)
-        };
+        debug_assert!(frame.len() as u64 <= room, "encoded_len is a bound");
+        let seq = self.seq;
+        seal(&mut frame, &self.key, self.epoch, seq);
+        let result = self.write_frame(&frame).map(|()| Appended::Logged { seq });
         self.frame = frame;
         result
     }
@@ -176,7 +206,7 @@ impl CommitLog {
 
     /// Starts epoch `epoch` (just made current by a checkpoint): the log is written from
     /// the start again, over the previous epoch's frames, which no longer verify.
-    pub(crate) fn restart(&mut self, epoch: u64) {
+    fn restart(&mut self, epoch: u64) {
         debug_assert!(epoch > self.epoch, "epochs only grow");
         self.epoch = epoch;
         self.seq = 0;
@@ -210,8 +240,9 @@ pub(crate) fn prepare(storage: &dyn Storage) -> io::Result<()> {
     storage.sync_data()
 }
 
-/// Fills in a frame's header (its payload follows it in `frame`).
+/// Fills in a frame's header (its payload follows it in `frame`, at most `LOG_BYTES` long).
 fn seal(frame: &mut [u8], key: &MacKey, epoch: u64, seq: u64) {
+    debug_assert!(frame.len() as u64 <= LOG_BYTES);
     let payload_len = (frame.len() - FRAME_HEADER_BYTES) as u32;
     frame[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
     frame[4..8].copy_from_slice(&payload_len.to_le_bytes());
@@ -411,6 +442,12 @@ impl<'a> Cursor<'a> {
         Ok(self.take(1)?[0])
     }
 
+    fn u32(&mut self) -> Decoded<u32> {
+        let mut w = [0u8; 4];
+        w.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(w))
+    }
+
     fn u64(&mut self) -> Decoded<u64> {
         let mut w = [0u8; 8];
         w.copy_from_slice(self.take(8)?);
@@ -586,21 +623,13 @@ struct Header {
 
 fn header_at(image: &[u8], at: usize) -> Option<(Header, &[u8])> {
     let head = image.get(at..at.checked_add(FRAME_HEADER_BYTES)?)?;
-    let word = |i: usize| {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&head[i..i + 8]);
-        u64::from_le_bytes(w)
-    };
-    let mut w4 = [0u8; 4];
-    w4.copy_from_slice(&head[0..4]);
-    let magic = u32::from_le_bytes(w4);
-    w4.copy_from_slice(&head[4..8]);
+    let mut c = Cursor(head);
     let header = Header {
-        magic,
-        payload_len: u32::from_le_bytes(w4) as usize,
-        epoch: word(8),
-        seq: word(16),
-        mac: word(24),
+        magic: c.u32().ok()?,
+        payload_len: c.u32().ok()? as usize,
+        epoch: c.u64().ok()?,
+        seq: c.u64().ok()?,
+        mac: c.u64().ok()?,
     };
     Some((header, head))
 }
@@ -661,6 +690,42 @@ fn later_frame(
     None
 }
 
+/// The commit log's state as the file records it (the meta row `log_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct LogState {
+    /// The current epoch.
+    pub(crate) epoch: u64,
+    /// Frames of `epoch` the file holds (those a replay skips).
+    pub(crate) applied: u64,
+    /// Whether an engine was appending to the log when the file was last written: then
+    /// the log may hold acknowledged commits that the file lacks.
+    pub(crate) active: bool,
+}
+
+impl LogState {
+    pub(crate) fn encode(self) -> [u8; 17] {
+        let mut out = [0u8; 17];
+        out[..8].copy_from_slice(&self.epoch.to_le_bytes());
+        out[8..16].copy_from_slice(&self.applied.to_le_bytes());
+        out[16] = u8::from(self.active);
+        out
+    }
+
+    pub(crate) fn decode(bytes: &[u8]) -> Option<LogState> {
+        let mut c = Cursor(bytes);
+        let state = LogState {
+            epoch: c.u64().ok()?,
+            applied: c.u64().ok()?,
+            active: match c.u8().ok()? {
+                0 => false,
+                1 => true,
+                _ => return None,
+            },
+        };
+        c.0.is_empty().then_some(state)
+    }
+}
+
 /// The commit log's file for the database file at `path`: `<path>-log`.
 pub(crate) fn log_path(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();
@@ -681,12 +746,10 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
                 true => Access::Create,
                 false => Access::Write,
             };
-            LogFile::open(&path, access, b.file_mode)
-                .map_err(OpenError::Io)?
-                .map(|f| {
-                    let storage: Box<dyn Storage> = Box::new(f);
-                    (storage, Some(path))
-                })
+            LogFile::open(&path, access, b.file_mode)?.map(|f| {
+                let storage: Box<dyn Storage> = Box::new(f);
+                (storage, Some(path))
+            })
         }
         _ => None,
     };
@@ -703,8 +766,11 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     let key = MacKey::from_secret(&store.hash_secret()?);
     let image = read_all(&*storage).map_err(OpenError::Io)?;
     let epoch = state.epoch;
+    // Each batch is applied without a flush: the checkpoint below makes them all durable.
     let applied = replay(&image, &key, state, |batch, seq| {
-        store.commit_replayed(&batch, epoch, seq)
+        let writes: Vec<Write> = batch.writes.iter().map(OwnedWrite::borrow).collect();
+        let tables: Vec<&Batch> = batch.tables.iter().collect();
+        store.commit_on_open(&writes, &tables, batch.hwm, Durable::Logged { epoch, seq })
     })?;
     if let Err(ReplayError::Damaged(why)) = applied {
         return Err(OpenError::Corrupted {
@@ -714,7 +780,11 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     let next = epoch.checked_add(1).ok_or_else(|| OpenError::Corrupted {
         detail: "the commit log's epoch is at its limit".into(),
     })?;
-    store.checkpoint_on_open(next, b.commit_log)?;
+    let checkpoint = Durable::Checkpoint {
+        epoch: next,
+        active: b.commit_log,
+    };
+    store.commit_on_open(&[], &[], None, checkpoint)?;
     if b.commit_log {
         prepare(&*storage).map_err(OpenError::Io)?;
         if let Some(path) = &path {
@@ -759,7 +829,7 @@ pub(crate) fn check_beside(
     state: LogState,
 ) -> Result<(), OpenError> {
     let log = log_path(path);
-    let Some(file) = LogFile::open(&log, Access::Read, 0).map_err(OpenError::Io)? else {
+    let Some(file) = LogFile::open(&log, Access::Read, 0)? else {
         return match state.active {
             true => Err(missing(Some(log))),
             false => Ok(()),
@@ -779,9 +849,10 @@ fn read_all(storage: &dyn Storage) -> io::Result<Vec<u8>> {
     Ok(image)
 }
 
-/// A commit log in a file.
+/// A commit log in a file, through redb's own file backend (the same positioned reads and
+/// writes, on every platform, as the database file).
 #[derive(Debug)]
-struct LogFile(File);
+struct LogFile(FileBackend);
 
 /// How a log file is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -796,7 +867,7 @@ enum Access {
 
 impl LogFile {
     /// Opens the log at `path`: `None` when it is absent (never with `Access::Create`).
-    fn open(path: &Path, access: Access, mode: u32) -> Result<Option<LogFile>, io::Error> {
+    fn open(path: &Path, access: Access, mode: u32) -> Result<Option<LogFile>, OpenError> {
         let create = access == Access::Create;
         let mut options = std::fs::OpenOptions::new();
         options
@@ -814,56 +885,24 @@ impl LogFile {
         #[cfg(not(unix))]
         let _ = mode;
         match options.open(path) {
-            Ok(file) => Ok(Some(LogFile(file))),
+            Ok(file) => Ok(Some(LogFile(crate::storage::file_backend(file, path)?))),
             Err(e) if !create && e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(e),
+            Err(e) => Err(OpenError::Io(e)),
         }
     }
 }
 
 impl Storage for LogFile {
     fn len(&self) -> io::Result<u64> {
-        Ok(self.0.metadata()?.len())
+        self.0.len()
     }
 
-    #[cfg(unix)]
     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(&self.0, out, offset)
+        self.0.read(offset, out)
     }
 
-    #[cfg(unix)]
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        std::os::unix::fs::FileExt::write_all_at(&self.0, data, offset)
-    }
-
-    #[cfg(windows)]
-    fn read(&self, mut offset: u64, mut out: &mut [u8]) -> io::Result<()> {
-        use std::os::windows::fs::FileExt;
-        while !out.is_empty() {
-            match self.0.seek_read(out, offset)? {
-                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
-                n => {
-                    out = &mut out[n..];
-                    offset += n as u64;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    #[cfg(windows)]
-    fn write(&self, mut offset: u64, mut data: &[u8]) -> io::Result<()> {
-        use std::os::windows::fs::FileExt;
-        while !data.is_empty() {
-            match self.0.seek_write(data, offset)? {
-                0 => return Err(io::ErrorKind::WriteZero.into()),
-                n => {
-                    data = &data[n..];
-                    offset += n as u64;
-                }
-            }
-        }
-        Ok(())
+        self.0.write(offset, data)
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {

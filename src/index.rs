@@ -1218,16 +1218,24 @@ impl std::fmt::Debug for KeyHasher {
     }
 }
 
+/// The file's secret as four little-endian words, the keys of every keyed hash made from
+/// it (the index's, the commit log's MAC).
+pub(crate) fn secret_words(secret: &[u8; HASH_SECRET_LEN]) -> [u64; 4] {
+    let mut words = [0u64; 4];
+    for (word, bytes) in words.iter_mut().zip(secret.chunks_exact(8)) {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(bytes);
+        *word = u64::from_le_bytes(w);
+    }
+    words
+}
+
 impl KeyHasher {
     pub(crate) fn from_secret(secret: &[u8; HASH_SECRET_LEN]) -> Self {
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&secret[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(w)
-        };
+        let [t0, t1, c0, c1] = secret_words(secret);
         Self {
-            table: (word(0), word(1)),
-            check: (word(2), word(3)),
+            table: (t0, t1),
+            check: (c0, c1),
         }
     }
 

@@ -401,6 +401,10 @@ pub struct EngineBuilder {
 pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn Storage>>>>);
 
 impl BackendSlot {
+    fn new(storage: impl Storage) -> Self {
+        BackendSlot(Arc::new(Mutex::new(Some(Box::new(storage)))))
+    }
+
     /// Takes the backend for an open. A second open of the same backend (through a clone of
     /// the builder) is refused: it must never fall back to a file named after the
     /// placeholder path, nor share one backend between two databases.
@@ -636,7 +640,7 @@ impl EngineBuilder {
     /// clones of this builder share it, and opening a second time is refused with
     /// [`OpenError::InvalidConfig`] without touching any file.
     pub fn backend(mut self, backend: impl Storage) -> Self {
-        self.backend = Some(BackendSlot(Arc::new(Mutex::new(Some(Box::new(backend))))));
+        self.backend = Some(BackendSlot::new(backend));
         self
     }
 
@@ -678,7 +682,7 @@ impl EngineBuilder {
     /// `backend`, a log storage serves one open. Given with the commit log off, a log it
     /// holds is applied at open.
     pub fn log_backend(mut self, storage: impl Storage) -> Self {
-        self.log_backend = Some(BackendSlot(Arc::new(Mutex::new(Some(Box::new(storage))))));
+        self.log_backend = Some(BackendSlot::new(storage));
         self
     }
 

@@ -16,7 +16,7 @@ use crate::machine::{self, MarkerRules, Now, Recovered, Reopen};
 use crate::marker::MarkerId;
 use crate::options::EngineBuilder;
 use crate::stats::Counters;
-use crate::storage::{Store, Write};
+use crate::storage::{Durable, Store, Write};
 use crate::sync::{Mutex, Ordering};
 
 /// What one scan thread found besides the slots it inserted.
@@ -143,7 +143,12 @@ pub(crate) fn recover(
                 .map(|(hash, token)| Write::DropMarker { hash, token }),
         )
         .collect();
-    store.commit_on_open(&writes, Some(next.saturating_add(TOKEN_RESERVE)))?;
+    store.commit_on_open(
+        &writes,
+        &[],
+        Some(next.saturating_add(TOKEN_RESERVE)),
+        Durable::Yes,
+    )?;
     Ok(next)
 }
 

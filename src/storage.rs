@@ -10,6 +10,7 @@
 
 use crate::backend::{LockKind, Storage};
 use crate::codec::{self, DecodeError, MarkerRecord, Record};
+use crate::commit_log::LogState;
 use crate::constants::{
     CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGIC_V1, HASH_SECRET_LEN, READER_CACHE_BYTES,
     REDB_CACHE_BYTES,
@@ -103,47 +104,6 @@ pub(crate) enum Durable {
     /// log's earlier frames are all in the file from now on. `active`: a writer goes on
     /// appending to the log (false for the checkpoint of a close).
     Checkpoint { epoch: u64, active: bool },
-}
-
-/// The commit log's state as the file records it (`META_LOG_STATE`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct LogState {
-    /// The current epoch.
-    pub(crate) epoch: u64,
-    /// Frames of `epoch` the file holds (those a replay skips).
-    pub(crate) applied: u64,
-    /// Whether an engine was appending to the log when the file was last written: then
-    /// the log may hold acknowledged commits that the file lacks.
-    pub(crate) active: bool,
-}
-
-impl LogState {
-    fn encode(self) -> [u8; 17] {
-        let mut out = [0u8; 17];
-        out[..8].copy_from_slice(&self.epoch.to_le_bytes());
-        out[8..16].copy_from_slice(&self.applied.to_le_bytes());
-        out[16] = u8::from(self.active);
-        out
-    }
-
-    fn decode(bytes: &[u8]) -> Option<LogState> {
-        let bytes: &[u8; 17] = bytes.try_into().ok()?;
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&bytes[i..i + 8]);
-            u64::from_le_bytes(w)
-        };
-        let active = match bytes[16] {
-            0 => false,
-            1 => true,
-            _ => return None,
-        };
-        Some(LogState {
-            epoch: word(0),
-            applied: word(8),
-            active,
-        })
-    }
 }
 
 /// Reads the commit log's state from a meta table.
@@ -540,7 +500,7 @@ fn redb_builder(b: &EngineBuilder, mode: ConcurrencyMode) -> redb::Builder {
     builder
 }
 
-fn file_backend(file: File, path: &Path) -> Result<FileBackend, OpenError> {
+pub(crate) fn file_backend(file: File, path: &Path) -> Result<FileBackend, OpenError> {
     #[allow(clippy::useless_conversion)]
     FileBackend::new(file).map_err(|e| open_error(path, e))
 }
@@ -1015,47 +975,19 @@ impl Store {
         read_log_state(&meta, &self.path)
     }
 
-    /// Applies one batch read back from the commit log during open, not durably: the
-    /// checkpoint that ends the replay makes the batches durable together.
-    pub(crate) fn commit_replayed(
-        &self,
-        batch: &crate::commit_log::Replayed,
-        epoch: u64,
-        seq: u64,
-    ) -> Result<(), OpenError> {
-        let writes: Vec<Write> = batch.writes.iter().map(|w| w.borrow()).collect();
-        let tables: Vec<&Batch> = batch.tables.iter().collect();
-        let mut marked = Vec::new();
-        let how = Durable::Logged { epoch, seq };
-        contain("commit", || {
-            self.commit_inner(&writes, &tables, batch.hwm, how, &mut marked)
-        })
-        .map_err(panicked)?
-        .map_err(|e| open_error(&self.path, e))
-    }
-
-    /// A durable commit of nothing but the commit log's new epoch, during open; `active`:
-    /// the engine goes on appending to the log.
-    pub(crate) fn checkpoint_on_open(&self, epoch: u64, active: bool) -> Result<(), OpenError> {
-        let mut marked = Vec::new();
-        let how = Durable::Checkpoint { epoch, active };
-        contain("commit", || {
-            self.commit_inner(&[], &[], None, how, &mut marked)
-        })
-        .map_err(panicked)?
-        .map_err(|e| open_error(&self.path, e))
-    }
-
-    /// [`Store::commit`] during open: a failure is a typed open error (a full disk is not
-    /// damage).
+    /// [`Store::commit`] during open (recovery's own writes, a batch replayed from the
+    /// commit log, the log's checkpoint): a failure is a typed open error (a full disk is
+    /// not damage).
     pub(crate) fn commit_on_open(
         &self,
         writes: &[Write],
+        tables: &[&Batch],
         hwm: Option<u64>,
+        how: Durable,
     ) -> Result<(), OpenError> {
         let mut marked = Vec::new();
         contain("commit", || {
-            self.commit_inner(writes, &[], hwm, Durable::Yes, &mut marked)
+            self.commit_inner(writes, tables, hwm, how, &mut marked)
         })
         .map_err(panicked)?
         .map_err(|e| open_error(&self.path, e))

@@ -8,7 +8,7 @@
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
 //! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
 
-use crate::commit_log::{Appended, CommitLog};
+use crate::commit_log::CommitLog;
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
 use crate::options::Durability;
@@ -141,7 +141,7 @@ impl Writer {
             // Holders waiting for room in a full queue can go on.
             self.shared.notify_room();
             let stop = batch.iter().any(|q| matches!(q.op, Op::Shutdown));
-            self.commit(&mut batch);
+            self.commit(&mut batch, stop);
             if stop {
                 self.shared.set_writer_stopped();
                 return;
@@ -191,7 +191,8 @@ impl Writer {
         }
     }
 
-    fn commit(&mut self, batch: &mut Vec<Queued>) {
+    /// Commits `batch`; `closing`: it holds the shutdown, the engine's last commit.
+    fn commit(&mut self, batch: &mut Vec<Queued>, closing: bool) {
         #[cfg(idemkv_sabotage)]
         if self.shared.writer_panic.swap(false, Ordering::AcqRel) {
             panic!("sabotage: the writer panics on purpose");
@@ -210,7 +211,7 @@ impl Writer {
         self.shared.commit_gate.pass();
         // A poisoned engine commits nothing more: the waiters of this batch wake to fail
         // (poisoning woke them) and the watermark stays below them.
-        let committed = self.shared.poison_reason().is_none() && self.write(batch).is_ok();
+        let committed = self.shared.poison_reason().is_none() && self.write(batch, closing).is_ok();
         if committed {
             if let Some(oldest) = batch.iter().filter_map(|q| q.acked_at).min() {
                 self.shared.admission.durable_after(oldest.elapsed());
@@ -239,7 +240,7 @@ impl Writer {
         self.shared.progress.publish(self.tracker.watermark());
     }
 
-    fn write(&mut self, batch: &[Queued]) -> Result<(), Arc<str>> {
+    fn write(&mut self, batch: &[Queued], closing: bool) -> Result<(), Arc<str>> {
         let mut writes: Vec<Write> = Vec::with_capacity(batch.len());
         for q in batch {
             match &q.op {
@@ -302,40 +303,16 @@ impl Writer {
         let hwm = self.shared.tokens.reserve_target();
         // A close with a log checkpoints, even nothing: the file is then complete and
         // says so (its log is no longer active), and stands without the log.
-        let stop = batch.iter().any(|q| matches!(q.op, Op::Shutdown));
-        if ops == 0 && tables.is_empty() && hwm.is_none() && !(stop && self.log.is_some()) {
+        if ops == 0 && tables.is_empty() && hwm.is_none() && !(closing && self.log.is_some()) {
             return Ok(());
         }
         let started = crate::observe::commit_started();
         let began = Instant::now();
         let how = match &mut self.log {
             None => Durable::Yes,
-            Some(log) => {
-                let appended = if stop {
-                    Ok(Appended::Full)
-                } else {
-                    log.append(&writes, &tables, hwm)
-                };
-                match appended {
-                    Ok(Appended::Logged { seq }) => Durable::Logged {
-                        epoch: log.epoch(),
-                        seq,
-                    },
-                    Ok(Appended::Full) => match log.epoch().checked_add(1) {
-                        // A close's checkpoint leaves the file complete without its log.
-                        Some(epoch) => Durable::Checkpoint {
-                            epoch,
-                            active: !stop,
-                        },
-                        None => {
-                            return Err(self
-                                .shared
-                                .poison("the commit log's epoch is at its limit".into()))
-                        }
-                    },
-                    Err(e) => return Err(self.shared.poison(format!("the commit log: {e}"))),
-                }
-            }
+            Some(log) => log
+                .stage(&writes, &tables, hwm, closing)
+                .map_err(|why| self.shared.poison(why))?,
         };
         self.marked.clear();
         match self
@@ -343,8 +320,7 @@ impl Writer {
             .commit(&writes, &tables, hwm, how, &mut self.marked)
         {
             Ok(()) => {
-                if let (Some(log), Durable::Checkpoint { epoch, .. }) = (&mut self.log, how) {
-                    log.restart(epoch);
+                if self.log.as_mut().is_some_and(|log| log.committed(how)) {
                     bump(&self.shared.counters.log_checkpoints);
                 }
                 // The store renewed its snapshot in the commit: reads of the application
