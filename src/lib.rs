@@ -46,6 +46,7 @@ pub mod http;
 mod index;
 mod keep_alive;
 mod lease;
+mod log_sync;
 mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
