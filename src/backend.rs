@@ -19,9 +19,7 @@ pub enum LockKind {
 /// when it is not a file at a path (an in-memory image, a fault-injecting wrapper).
 ///
 /// Offsets and lengths are in bytes. The engine calls these methods from its writer thread
-/// and its opens, and a commit log's `sync_data` from the log's own sync thread (while the
-/// writer works on the other storage); never two at once on one storage, and never
-/// concurrently with a `close`.
+/// and its opens, never concurrently with a `close`.
 // `len` is the storage's size in bytes, not a collection's count: no `is_empty`.
 #[allow(clippy::len_without_is_empty)]
 pub trait Storage: fmt::Debug + Send + Sync + 'static {

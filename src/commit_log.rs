@@ -29,7 +29,6 @@
 use crate::backend::Storage;
 use crate::constants::{HASH_SECRET_LEN, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
 use crate::error::OpenError;
-use crate::log_sync::LogSync;
 use crate::options::EngineBuilder;
 use crate::storage::Write;
 use crate::storage::{Durable, Store};
@@ -86,9 +85,7 @@ fn sip(k0: u64, k1: u64) -> std::hash::SipHasher {
 
 /// The log a writer appends to.
 pub(crate) struct CommitLog {
-    storage: Arc<dyn Storage>,
-    /// Syncs the frame last written, beside the writer's commit of its batch to the file.
-    sync: LogSync,
+    storage: Box<dyn Storage>,
     key: MacKey,
     epoch: u64,
     seq: u64,
@@ -119,24 +116,21 @@ enum Appended {
 
 impl CommitLog {
     /// A log whose current epoch is `epoch` and which holds no frame of it yet. The storage
-    /// must already be `LOG_BYTES` long (see [`prepare`]). Starts its sync thread.
-    pub(crate) fn new(storage: Box<dyn Storage>, key: MacKey, epoch: u64) -> io::Result<Self> {
-        let storage: Arc<dyn Storage> = Arc::from(storage);
-        Ok(CommitLog {
-            sync: LogSync::spawn(storage.clone())?,
+    /// must already be `LOG_BYTES` long (see [`prepare`]).
+    pub(crate) fn new(storage: Box<dyn Storage>, key: MacKey, epoch: u64) -> Self {
+        CommitLog {
             storage,
             key,
             epoch,
             seq: 0,
             offset: 0,
             frame: Vec::new(),
-        })
+        }
     }
 
-    /// Writes the writer's batch to the log and starts its sync, or says it must be a
-    /// checkpoint (it does not fit, or the engine closes: `closing`). A logged batch is
-    /// durable only once [`CommitLog::committed`] returned. The `Err` is the reason to
-    /// poison the engine.
+    /// Makes the writer's batch durable in the log, or says it must be a checkpoint (it
+    /// does not fit, or the engine closes: `closing`). The `Err` is the reason to poison
+    /// the engine.
     pub(crate) fn stage(
         &mut self,
         writes: &[Write<'_>],
@@ -166,29 +160,17 @@ impl CommitLog {
         }
     }
 
-    /// After the commit to the file of a batch staged as `how`: a logged batch waits for
-    /// its frame's sync (the batch is durable when this returns `Ok`); a checkpoint starts
-    /// the next epoch, and the log is written from the start again. Whether it was a
-    /// checkpoint; the `Err` is the reason to poison the engine.
-    pub(crate) fn committed(&mut self, how: Durable) -> Result<bool, String> {
-        match how {
-            Durable::Checkpoint { epoch, .. } => {
-                self.restart(epoch);
-                Ok(true)
-            }
-            _ => self
-                .synced()
-                .map(|()| false)
-                .map_err(|e| format!("the commit log: {e}")),
-        }
+    /// After the commit of a batch staged as `how`: a checkpoint starts the next epoch,
+    /// and the log is written from the start again. Whether it was a checkpoint.
+    pub(crate) fn committed(&mut self, how: Durable) -> bool {
+        let Durable::Checkpoint { epoch, .. } = how else {
+            return false;
+        };
+        self.restart(epoch);
+        true
     }
 
-    /// Waits for the sync of the frame written last, if one is pending.
-    pub(crate) fn synced(&mut self) -> io::Result<()> {
-        self.sync.wait()
-    }
-
-    /// Appends the batch as one frame and starts its sync, or reports that it does not
+    /// Appends the batch as one frame and makes it durable, or reports that it does not
     /// fit. Nothing is written when it does not fit.
     fn append(
         &mut self,
@@ -215,11 +197,8 @@ impl CommitLog {
     }
 
     fn write_frame(&mut self, frame: &[u8]) -> io::Result<()> {
-        // The previous frame is durable before this one is written: only the last frame
-        // can be torn.
-        self.sync.wait()?;
         self.storage.write(self.offset, frame)?;
-        self.sync.start()?;
+        self.storage.sync_data()?;
         self.offset += frame.len() as u64;
         self.seq += 1;
         Ok(())
@@ -813,9 +792,7 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
             // acknowledged.
             crate::storage::sync_dir(path).map_err(OpenError::Io)?;
         }
-        return CommitLog::new(storage, key, next)
-            .map(Some)
-            .map_err(OpenError::Io);
+        return Ok(Some(CommitLog::new(storage, key, next)));
     }
     let _ = storage.close();
     drop(storage);
@@ -980,7 +957,7 @@ mod tests {
         let storage = MemoryStorage::default();
         prepare(&storage).unwrap();
         (
-            CommitLog::new(Box::new(storage.clone()), key(), epoch).unwrap(),
+            CommitLog::new(Box::new(storage.clone()), key(), epoch),
             storage,
         )
     }

@@ -46,7 +46,6 @@ pub mod http;
 mod index;
 mod keep_alive;
 mod lease;
-mod log_sync;
 mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]

@@ -320,13 +320,7 @@ impl Writer {
             .commit(&writes, &tables, hwm, how, &mut self.marked)
         {
             Ok(()) => {
-                // A logged batch is durable, so may be published, only once its frame's
-                // sync (run beside the commit to the file) returned.
-                let checkpoint = match &mut self.log {
-                    Some(log) => log.committed(how).map_err(|why| self.shared.poison(why))?,
-                    None => false,
-                };
-                if checkpoint {
+                if self.log.as_mut().is_some_and(|log| log.committed(how)) {
                     bump(&self.shared.counters.log_checkpoints);
                 }
                 // The store renewed its snapshot in the commit: reads of the application
