@@ -82,6 +82,14 @@ impl Admission {
         self.lag_max_ns.fetch_max(ns, Ordering::Relaxed);
     }
 
+    /// The writer's measured commit time per operation, in seconds (0 until measured).
+    pub(crate) fn secs_per_op(&self) -> f64 {
+        match *self.rate.lock() {
+            Some(rate) if rate > 0.0 => 1.0 / rate,
+            _ => 0.0,
+        }
+    }
+
     pub(crate) fn claims_max(&self) -> u64 {
         self.claims_max.load(Ordering::Relaxed)
     }

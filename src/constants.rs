@@ -47,6 +47,10 @@ pub(crate) const CLAIM_LOOKS_MAX: u32 = 64;
 
 /// Most operations the writer puts in one redb transaction.
 pub(crate) const BATCH_OPS_MAX: usize = 8192;
+/// `Buffered` gathering (`gather.rs`): operations taken between two readings of the clock
+/// against the batch's deadline. A reading costs tens of nanoseconds; a batch holds
+/// thousands of operations, so this checks it often enough at a small fraction of the cost.
+pub(crate) const GATHER_DEADLINE_CHECK_OPS: usize = 64;
 /// `Buffered` admission (`admission.rs`): a commit smaller than this does not update the
 /// writer's measured rate (its time is mostly the fsync).
 pub(crate) const ADMIT_BATCH_OPS_MIN: usize = 256;

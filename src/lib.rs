@@ -40,6 +40,7 @@ mod constants;
 mod engine;
 mod error;
 mod fingerprint;
+mod gather;
 mod holder;
 #[cfg(feature = "http")]
 pub mod http;

@@ -651,6 +651,13 @@ mod model {
                 queued.fetch_sub(1, Ordering::SeqCst);
             }
 
+            pub(crate) fn len(&self) -> usize {
+                match self {
+                    Receiver::Real(rx) => rx.len(),
+                    Receiver::Model(_, queued) => queued.load(Ordering::SeqCst),
+                }
+            }
+
             pub(crate) fn recv(&self) -> Result<T, RecvError> {
                 match self {
                     Receiver::Real(rx) => rx.recv(),

@@ -11,11 +11,12 @@
 use crate::commit_log::CommitLog;
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
+use crate::gather::Window;
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
 use crate::storage::{Closing, Durable, Marked, Write};
-use crate::sync::channel::{Receiver, RecvTimeoutError};
+use crate::sync::channel::Receiver;
 use crate::sync::{Arc, Ordering};
 use crate::tables::Batch;
 use std::time::Instant;
@@ -152,43 +153,25 @@ impl Writer {
     /// Adds to `batch` what is queued now (`Immediate`) or arrives within the delay
     /// (`Buffered`), up to the batch limit; a barrier or shutdown ends the batch at once.
     fn gather(&self, batch: &mut Vec<Queued>) {
-        let urgent = |q: &Queued| matches!(q.op, Op::Barrier | Op::Shutdown);
-        if batch.last().is_some_and(urgent) {
-            return;
-        }
-        // Counted from the oldest operation's acknowledgement, not from when the writer
-        // got to it: an operation that waited behind a commit is not kept waiting again.
-        let deadline = match self.shared.cfg.durability {
-            Durability::Buffered { max_delay } => batch
-                .first()
-                .and_then(|q| q.acked_at)
-                .unwrap_or_else(Instant::now)
-                .checked_add(max_delay),
+        let window = match self.shared.cfg.durability {
+            Durability::Buffered { max_delay } => Some(Window {
+                // Counted from the oldest operation's acknowledgement, not from when the
+                // writer got to it: an operation that waited behind a commit is not kept
+                // waiting again.
+                oldest: batch
+                    .first()
+                    .and_then(|q| q.acked_at)
+                    .unwrap_or_else(Instant::now),
+                max_delay,
+                secs_per_op: self.shared.admission.secs_per_op(),
+                // Under `Buffered` admission, a batch as large as the claims' limit means
+                // new claims are being refused until it commits: waiting out the delay
+                // would only stall them.
+                ops_max: self.shared.admission.claims_max(),
+            }),
             _ => None,
         };
-        while batch.len() < BATCH_OPS_MAX {
-            let next = match deadline {
-                Some(deadline) => match self.rx.recv_deadline(deadline) {
-                    Ok(op) => op,
-                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => return,
-                },
-                None => match self.rx.try_recv() {
-                    Ok(op) => op,
-                    Err(_) => return,
-                },
-            };
-            let end = urgent(&next);
-            batch.push(next);
-            if end {
-                return;
-            }
-            // Under `Buffered` admission, a batch as large as the claims' limit means new
-            // claims are being refused until it commits: waiting out the delay would only
-            // stall them.
-            if deadline.is_some() && batch.len() as u64 >= self.shared.admission.claims_max() {
-                return;
-            }
-        }
+        crate::gather::gather(&self.rx, batch, window);
     }
 
     /// Commits `batch`; `closing`: it holds the shutdown, the engine's last commit.
