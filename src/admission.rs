@@ -3,16 +3,19 @@
 //! `Buffered { max_delay }` promises that an acknowledged call is fsynced about `max_delay`
 //! later. A queue admitted by count alone breaks that under overload: callers outrun the
 //! writer, and an acknowledged operation waits behind whole batches. So the writer measures
-//! how many operations it commits per second, and new claims are admitted only while the
-//! queue holds fewer than it can commit in one `max_delay`. With the writer's gathering
-//! deadline counted from the oldest operation's acknowledgement, an acknowledged operation
-//! is then fsynced within about `2 × max_delay`: at most `max_delay` waiting for its batch,
-//! then a commit of at most one `max_delay` of work.
+//! how many operations it commits per second, and new claims are admitted only while what
+//! is acknowledged but not yet durable is under three quarters (`ADMIT_BACKLOG_SHARE`) of
+//! what it commits in one `max_delay`. A batch is gathered against a deadline of its oldest
+//! acknowledgement plus `max_delay` less its own commit time (`gather.rs`) and holds no more
+//! than that limit, so an acknowledged operation waits for at most the backlog ahead of it
+//! and its own batch: about `1.5 × max_delay`, within the documented `2 × max_delay`.
 //!
 //! Holders' calls are not subject to it (a finished holder is never turned away; they keep
 //! the last eighth of the queue), and the other modes admit by count alone.
 
-use crate::constants::{ADMIT_BATCH_OPS_MIN, ADMIT_CLAIMS_MIN, ADMIT_RATE_WEIGHT};
+use crate::constants::{
+    ADMIT_BACKLOG_SHARE, ADMIT_BATCH_OPS_MIN, ADMIT_CLAIMS_MIN, ADMIT_RATE_WEIGHT,
+};
 use crate::sync::{AtomicU64, Mutex, Ordering};
 use std::time::Duration;
 
@@ -99,13 +102,11 @@ impl Admission {
     }
 }
 
-/// Half of what the writer commits in one `max_delay` at `rate` operations per second, kept
-/// between
-/// a floor (so a slow measurement never starves the queue) and the count limit.
+/// `ADMIT_BACKLOG_SHARE` of what the writer commits in one `max_delay` at `rate`
+/// operations per second, kept between a floor (so a slow measurement never starves the
+/// queue) and the count limit.
 pub(crate) fn claims_limit(rate: f64, max_delay: Duration, cap: u64) -> u64 {
-    // Half of it: every admitted claim brings its holder's completion (or release) into the
-    // queue too, and holders are not refused, so the queue can hold twice what is admitted.
-    let ops = rate * max_delay.as_secs_f64() / 2.0;
+    let ops = rate * max_delay.as_secs_f64() * ADMIT_BACKLOG_SHARE;
     // `as` saturates a float (NaN becomes 0), so no rate can overflow the limit.
     (ops as u64).clamp(ADMIT_CLAIMS_MIN.min(cap), cap)
 }
@@ -115,9 +116,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_limit_is_one_delay_of_the_writers_rate_within_floor_and_cap() {
+    fn the_limit_is_a_share_of_one_delay_of_the_writers_rate_within_floor_and_cap() {
         let ms10 = Duration::from_millis(10);
-        assert_eq!(claims_limit(600_000.0, ms10, 14_336), 3_000);
+        assert_eq!(claims_limit(600_000.0, ms10, 14_336), 4_500);
         assert_eq!(claims_limit(200_000.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
         assert_eq!(claims_limit(1.0, ms10, 14_336), ADMIT_CLAIMS_MIN);
         assert_eq!(claims_limit(1e12, ms10, 14_336), 14_336);
@@ -137,13 +138,15 @@ mod tests {
                 && !a.admits_claim(ADMIT_CLAIMS_MIN as usize),
             "before any measurement: the floor"
         );
+        assert_eq!(a.secs_per_op(), 0.0, "and no commit time to leave room for");
         a.committed(5_000, Duration::from_millis(5)); // 1 M ops/s
-        assert_eq!(a.claims_max(), 5_000);
-        assert!(a.admits_claim(4_999) && !a.admits_claim(5_000));
+        assert_eq!(a.claims_max(), 7_500);
+        assert!(a.admits_claim(7_499) && !a.admits_claim(7_500));
+        assert!((a.secs_per_op() - 1e-6).abs() < 1e-12);
         a.committed(10, Duration::from_millis(5)); // too small to count
-        assert_eq!(a.claims_max(), 5_000);
+        assert_eq!(a.claims_max(), 7_500);
         a.committed(8_000, Duration::from_millis(4)); // 2 M ops/s, averaged in
-        assert!(a.claims_max() > 5_000 && a.claims_max() < 10_000);
+        assert!(a.claims_max() > 7_500 && a.claims_max() < 14_336);
 
         let immediate = Admission::new(None, 14_336);
         immediate.committed(5_000, Duration::from_millis(25));

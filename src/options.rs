@@ -23,8 +23,9 @@ pub enum Durability {
     Immediate,
     /// A call returns at once; the writer commits what was acknowledged within `max_delay`
     /// of the oldest queued call in one group commit. New claims are admitted by the
-    /// writer's measured rate (no more queued than it commits in one `max_delay`), so a
-    /// crash loses at most the calls of about the last `2 × max_delay` even under overload
+    /// writer's measured rate (no more pending than it commits in three quarters of one
+    /// `max_delay`), so a crash loses at most the calls of about the last `2 × max_delay`
+    /// even under overload
     /// (claims beyond that are refused with `Overloaded`; see docs/design.md). Another
     /// caller sees a completion only after it is fsynced, so nothing lost was ever replayed.
     Buffered {
