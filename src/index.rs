@@ -789,19 +789,36 @@ impl Shard {
         );
     }
 
-    /// Marks the completion by `token` of the key whose keyed hash is `keyed` durable,
-    /// dropping its side data (the file holds all of it now). Does nothing if the key has
-    /// moved on. The slot is found by its table hash and its token, which no other key's
-    /// slot carries, so the key's bytes are neither needed nor hashed again.
-    pub(crate) fn publish(&mut self, keyed: u64, token: u64) {
+    /// Marks the completion by `token` of the key whose keyed hash is `keyed` durable. With
+    /// [`Side::Drop`] its side data goes too (the file holds all of it now); with
+    /// [`Side::Keep`] it stays, so replays answer from memory, until
+    /// [`Shard::drop_published_side`]: a batch acknowledged by its commit-log frame before
+    /// it reached the file. Does nothing if the key has moved on. The slot is found by its
+    /// table hash and its token, which no other key's slot carries, so the key's bytes are
+    /// neither needed nor hashed again.
+    pub(crate) fn publish(&mut self, keyed: u64, token: u64, side: Side) {
         let hash = table_hash(tag_of(keyed));
-        let Some((_, slot, side)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
+        let Some((_, slot, _)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
             return;
         };
         if slot.is_inflight() {
             return;
         }
         slot.flags |= PUBLISHED;
+        if side == Side::Drop {
+            self.drop_published_side(keyed, token);
+        }
+    }
+
+    /// Drops the side data of the published completion by `token` (the file holds it now).
+    pub(crate) fn drop_published_side(&mut self, keyed: u64, token: u64) {
+        let hash = table_hash(tag_of(keyed));
+        let Some((_, slot, side)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
+            return;
+        };
+        if !slot.is_published() {
+            return;
+        }
         slot.flags &= !HAS_EXTRA;
         let freed = side.take().map_or(0, |b| boxed_bytes(&b));
         self.heap_bytes = self.heap_bytes.saturating_sub(freed);
@@ -1512,6 +1529,15 @@ impl Index {
     }
 }
 
+/// What publishing a completion does with its side data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Side {
+    /// Drop it: the file holds the record, and replays read it there.
+    Drop,
+    /// Keep it until the record reaches the file.
+    Keep,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1761,11 +1787,17 @@ mod tests {
         shard.put(shard.key(b"c"), Slot::inflight(3, 10, 1), done.clone());
         let (a, b, c) = (shard.key(b"a"), shard.key(b"b"), shard.key(b"c"));
         // A token the key no longer holds, or a lease's: nothing is published.
-        shard.publish(a.keyed, 7);
-        shard.publish(c.keyed, 3);
+        shard.publish(a.keyed, 7, Side::Drop);
+        shard.publish(c.keyed, 3, Side::Drop);
         assert!(!shard.get(a).unwrap().is_published());
         assert!(!shard.get(c).unwrap().is_published());
-        shard.publish(a.keyed, 1);
+        shard.drop_published_side(b.keyed, 2);
+        assert_eq!(
+            shard.extra(&shard.get(b).unwrap()),
+            Some(&done),
+            "b is unpublished"
+        );
+        shard.publish(a.keyed, 1, Side::Drop);
         let slot = shard.get(a).unwrap();
         assert!(slot.is_published());
         assert_eq!(shard.extra(&slot), None, "the file holds it now");
@@ -1773,6 +1805,25 @@ mod tests {
         assert!(!other.is_published());
         assert_eq!(shard.extra(&other), Some(&done));
         assert_eq!(shard.heap_bytes, 3 + 2 * boxed_bytes(&done));
+
+        // Published before the file holds it: the side data stays until dropped.
+        shard.publish(b.keyed, 2, Side::Keep);
+        let kept = shard.get(b).unwrap();
+        assert!(kept.is_published());
+        assert_eq!(
+            shard.extra(&kept),
+            Some(&done),
+            "replays answer from memory"
+        );
+        shard.drop_published_side(b.keyed, 9);
+        assert_eq!(
+            shard.extra(&shard.get(b).unwrap()),
+            Some(&done),
+            "another token"
+        );
+        shard.drop_published_side(b.keyed, 2);
+        assert_eq!(shard.extra(&shard.get(b).unwrap()), None);
+        assert_eq!(shard.heap_bytes, 3 + boxed_bytes(&done));
     }
 
     #[test]

@@ -12,6 +12,7 @@ use crate::commit_log::CommitLog;
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
 use crate::gather::Window;
+use crate::index::{Shard, Side};
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
@@ -188,24 +189,31 @@ impl Writer {
             self.advance(batch);
         }
         if publish_early {
-            self.publish(batch);
+            self.publish(batch, Side::Drop);
         }
         #[cfg(idemkv_sabotage)]
         self.shared.commit_gate.pass();
         // A poisoned engine commits nothing more: the waiters of this batch wake to fail
         // (poisoning woke them) and the watermark stays below them.
-        let committed = self.shared.poison_reason().is_none() && self.write(batch, closing).is_ok();
-        if committed {
+        let written = match self.shared.poison_reason() {
+            None => self.write(batch, closing, ack_early),
+            Some(why) => Err(why),
+        };
+        if let Ok(acked) = written {
             if let Some(oldest) = batch.iter().filter_map(|q| q.acked_at).min() {
                 self.shared.admission.durable_after(oldest.elapsed());
             }
-            if !publish_early {
-                self.publish(batch);
+            match acked {
+                // Published at the sync with their responses kept in memory: the file holds
+                // them now.
+                Acked::OnSync => self.for_each_completion(batch, Shard::drop_published_side),
+                Acked::AfterApply if !publish_early => self.publish(batch, Side::Drop),
+                Acked::AfterApply => {}
             }
             // Before the watermark moves: a claim that waits for its marker's commit finds
             // it settled.
             self.settle_markers();
-            if !ack_early {
+            if !ack_early && acked == Acked::AfterApply {
                 self.advance(batch);
             }
         }
@@ -223,7 +231,9 @@ impl Writer {
         self.shared.progress.publish(self.tracker.watermark());
     }
 
-    fn write(&mut self, batch: &[Queued], closing: bool) -> Result<(), Arc<str>> {
+    /// Commits the batch; says whether its callers were already acknowledged (a logged
+    /// batch, once its frame was synced). `acked`: they were before the call (sabotage).
+    fn write(&mut self, batch: &[Queued], closing: bool, acked: bool) -> Result<Acked, Arc<str>> {
         let mut writes: Vec<Write> = Vec::with_capacity(batch.len());
         for q in batch {
             match &q.op {
@@ -287,7 +297,7 @@ impl Writer {
         // A close with a log checkpoints, even nothing: the file is then complete and
         // says so (its log is no longer active), and stands without the log.
         if ops == 0 && tables.is_empty() && hwm.is_none() && !(closing && self.log.is_some()) {
-            return Ok(());
+            return Ok(Acked::AfterApply);
         }
         let started = crate::observe::commit_started();
         let began = Instant::now();
@@ -297,6 +307,21 @@ impl Writer {
                 .stage(&writes, &tables, hwm, closing)
                 .map_err(|why| self.shared.poison(why))?,
         };
+        // A logged batch is durable once its frame's fdatasync returned: its callers are
+        // acknowledged now, while the batch is applied to the file, so that the ones who
+        // go on queue their next writes in time for the next batch instead of the one
+        // after. Publication still waits for the apply (a replay reads the file), and so
+        // does the acknowledgement of a batch whose waiters expect the apply's effects when
+        // they wake: a token mark (claims waiting for tokens look for the raised limit) and
+        // marker rows (settled after the apply).
+        let early = matches!(how, Durable::Logged { .. })
+            && !acked
+            && hwm.is_none()
+            && !batch.iter().any(touches_markers);
+        if early {
+            self.publish(batch, Side::Keep);
+            self.advance(batch);
+        }
         self.marked.clear();
         match self
             .store
@@ -320,7 +345,10 @@ impl Writer {
                 c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
                 c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
                 crate::observe::committed(&self.shared, started, ops);
-                Ok(())
+                Ok(match early {
+                    true => Acked::OnSync,
+                    false => Acked::AfterApply,
+                })
             }
             Err(why) => Err(self.shared.poison(why)),
         }
@@ -360,7 +388,15 @@ impl Writer {
 
     /// Makes committed completions visible and wakes their waiters: each stripe is locked
     /// and notified once per batch, however many of the batch's completions it holds.
-    fn publish(&self, batch: &[Queued]) {
+    fn publish(&self, batch: &[Queued], side: Side) {
+        self.for_each_completion(batch, |shard, keyed, token| {
+            shard.publish(keyed, token, side)
+        });
+    }
+
+    /// Runs `f` on each completion of the batch (keyed hash, token) under its stripe's
+    /// lock, each stripe locked and notified once.
+    fn for_each_completion(&self, batch: &[Queued], mut f: impl FnMut(&mut Shard, u64, u64)) {
         let index = &self.shared.index;
         let mut done: Vec<(usize, u64, u64)> = batch
             .iter()
@@ -381,12 +417,34 @@ impl Writer {
             };
             let mut shard = stripe.map.lock();
             for (_, keyed, token) in group {
-                shard.publish(*keyed, *token);
+                f(&mut shard, *keyed, *token);
             }
             drop(shard);
             stripe.changed.notify_all();
         }
     }
+}
+
+/// When a committed batch's callers were acknowledged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Acked {
+    /// When its log frame's fdatasync returned, before the apply to the file.
+    OnSync,
+    /// After the commit (the only way without the log).
+    AfterApply,
+}
+
+/// Whether a queued operation writes or drops a marker row (settled only after the apply).
+fn touches_markers(q: &Queued) -> bool {
+    matches!(
+        q.op,
+        Op::Forget { .. }
+            | Op::DropMarker { .. }
+            | Op::Put {
+                drop_marker: Some(_),
+                ..
+            }
+    )
 }
 
 /// Collapses each run of record writes of one token in `writes` (sorted by token, stably)

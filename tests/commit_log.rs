@@ -427,3 +427,40 @@ fn a_poisoned_engine_closed_without_a_checkpoint_keeps_every_acknowledged_comple
     }
     assert_eq!(stored_response(&reopened, "k3"), None);
 }
+
+/// With the log a completion is acknowledged once its frame is synced, before the batch
+/// reaches the file; its response must already answer a claim of the key when `complete`
+/// returns (from memory, until the file holds it), from any thread.
+#[test]
+fn a_completion_answers_claims_as_soon_as_complete_returns() {
+    const THREADS: usize = 8;
+    const KEYS: usize = 100;
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    let start = Arc::new(Barrier::new(THREADS));
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (engine, start) = (&engine, start.clone());
+            s.spawn(move || {
+                start.wait();
+                for i in 0..KEYS {
+                    let key = format!("t{t}-k{i}");
+                    let response = format!("r{t}-{i}");
+                    complete(engine, &key, response.as_bytes());
+                    let again = engine.claim(key.as_bytes(), &ClaimOptions::default());
+                    assert_eq!(completed(again.unwrap()).response(), response.as_bytes());
+                }
+            });
+        }
+    });
+    assert_eq!(engine.stats().completions, (THREADS * KEYS) as u64);
+    engine.close().unwrap();
+    let engine = open(&file, &log).unwrap();
+    for t in 0..THREADS {
+        let got = stored_response(&engine, &format!("t{t}-k{}", KEYS - 1));
+        assert_eq!(
+            got.as_deref(),
+            Some(format!("r{t}-{}", KEYS - 1).as_bytes())
+        );
+    }
+}
