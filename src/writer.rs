@@ -7,6 +7,9 @@
 //! Architecture invariant: a failed commit poisons the engine before any caller learns of it,
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
 //! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
+//! With the commit log a batch is committed once its frame is synced: its callers are
+//! acknowledged before the batch is applied to the file, and a failed apply poisons the
+//! engine for what follows (the batch replays from the log at the next open).
 
 use crate::commit_log::CommitLog;
 use crate::constants::BATCH_OPS_MAX;
