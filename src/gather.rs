@@ -36,7 +36,7 @@ pub(crate) struct Window {
 impl Window {
     /// When a batch of `len` operations must stop taking more: `max_delay` after the
     /// oldest acknowledgement, less the commit time of `len` operations. `None` when that
-    /// cannot be represented (the batch is then due now).
+    /// cannot be represented.
     pub(crate) fn deadline(&self, len: usize) -> Option<Instant> {
         let commit =
             Duration::try_from_secs_f64(len as f64 * self.secs_per_op).unwrap_or(self.max_delay);
@@ -63,7 +63,10 @@ pub(crate) fn gather(rx: &Receiver<Queued>, batch: &mut Vec<Queued>, window: Opt
         .unwrap_or(usize::MAX)
         .clamp(1, BATCH_OPS_MAX);
     while batch.len() < ops_max {
+        // A deadline past what `Instant` can hold (a `max_delay` near `Duration::MAX`) is
+        // no deadline: the batch is what is queued, as under `Immediate`.
         let Some(deadline) = window.deadline(batch.len()) else {
+            take_queued(rx, batch, rx.len(), ops_max);
             return;
         };
         if batch.len().is_multiple_of(GATHER_DEADLINE_CHECK_OPS) && Instant::now() >= deadline {
@@ -199,6 +202,20 @@ mod tests {
             700,
             "everything queued, though the deadline had passed"
         );
+    }
+
+    #[test]
+    fn a_deadline_past_what_instant_holds_takes_what_is_queued() {
+        let (tx, rx) = bounded(1_000);
+        for _ in 0..500 {
+            tx.try_send(op(None)).unwrap();
+        }
+        let mut w = window(Instant::now(), 0.0, 100_000);
+        w.max_delay = Duration::MAX;
+        assert_eq!(w.deadline(0), None);
+        let mut batch = vec![rx.recv().unwrap()];
+        gather(&rx, &mut batch, Some(w));
+        assert_eq!(batch.len(), 500);
     }
 
     #[test]

@@ -790,38 +790,34 @@ impl Shard {
     }
 
     /// Marks the completion by `token` of the key whose keyed hash is `keyed` durable. With
-    /// [`Side::Drop`] its side data goes too (the file holds all of it now); with
-    /// [`Side::Keep`] it stays, so replays answer from memory, until
-    /// [`Shard::drop_published_side`]: a batch acknowledged by its commit-log frame before
-    /// it reached the file. Does nothing if the key has moved on. The slot is found by its
-    /// table hash and its token, which no other key's slot carries, so the key's bytes are
-    /// neither needed nor hashed again.
+    /// [`Side::Drop`] its side data goes too (the file holds all of it now). With
+    /// [`Side::Keep`] (a batch acknowledged by its commit-log frame before it reached the
+    /// file) it is published only if its side data holds the response, which then stays so
+    /// that replays answer from memory until a later [`Side::Drop`]; a completion without
+    /// one in memory (an import) waits for the file. Does nothing if the key has moved on.
+    /// The slot is found by its table hash and its token, which no other key's slot
+    /// carries, so the key's bytes are neither needed nor hashed again.
     pub(crate) fn publish(&mut self, keyed: u64, token: u64, side: Side) {
         let hash = table_hash(tag_of(keyed));
-        let Some((_, slot, _)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
+        let Some((_, slot, extra)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
             return;
         };
         if slot.is_inflight() {
             return;
         }
-        slot.flags |= PUBLISHED;
-        if side == Side::Drop {
-            self.drop_published_side(keyed, token);
+        match side {
+            Side::Keep => {
+                if extra.as_ref().is_some_and(|e| e.response.is_some()) {
+                    slot.flags |= PUBLISHED;
+                }
+            }
+            Side::Drop => {
+                slot.flags |= PUBLISHED;
+                slot.flags &= !HAS_EXTRA;
+                let freed = extra.take().map_or(0, |b| boxed_bytes(&b));
+                self.heap_bytes = self.heap_bytes.saturating_sub(freed);
+            }
         }
-    }
-
-    /// Drops the side data of the published completion by `token` (the file holds it now).
-    pub(crate) fn drop_published_side(&mut self, keyed: u64, token: u64) {
-        let hash = table_hash(tag_of(keyed));
-        let Some((_, slot, side)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
-            return;
-        };
-        if !slot.is_published() {
-            return;
-        }
-        slot.flags &= !HAS_EXTRA;
-        let freed = side.take().map_or(0, |b| boxed_bytes(&b));
-        self.heap_bytes = self.heap_bytes.saturating_sub(freed);
     }
 
     /// Removes the key and its side data; returns the slot it had.
@@ -1791,12 +1787,6 @@ mod tests {
         shard.publish(c.keyed, 3, Side::Drop);
         assert!(!shard.get(a).unwrap().is_published());
         assert!(!shard.get(c).unwrap().is_published());
-        shard.drop_published_side(b.keyed, 2);
-        assert_eq!(
-            shard.extra(&shard.get(b).unwrap()),
-            Some(&done),
-            "b is unpublished"
-        );
         shard.publish(a.keyed, 1, Side::Drop);
         let slot = shard.get(a).unwrap();
         assert!(slot.is_published());
@@ -1815,15 +1805,26 @@ mod tests {
             Some(&done),
             "replays answer from memory"
         );
-        shard.drop_published_side(b.keyed, 9);
-        assert_eq!(
-            shard.extra(&shard.get(b).unwrap()),
-            Some(&done),
-            "another token"
-        );
-        shard.drop_published_side(b.keyed, 2);
+        shard.publish(b.keyed, 2, Side::Drop);
         assert_eq!(shard.extra(&shard.get(b).unwrap()), None);
         assert_eq!(shard.heap_bytes, 3 + boxed_bytes(&done));
+
+        // Without its response in memory (an import), a completion waits for the file.
+        let no_response = Extra {
+            fingerprint: Some(5),
+            ..Extra::default()
+        };
+        shard.put(
+            shard.key(b"d"),
+            Slot::completed(4, 10, 1, false),
+            no_response.clone(),
+        );
+        let d = shard.key(b"d");
+        shard.publish(d.keyed, 4, Side::Keep);
+        assert!(!shard.get(d).unwrap().is_published());
+        shard.publish(d.keyed, 4, Side::Drop);
+        assert!(shard.get(d).unwrap().is_published());
+        assert_eq!(shard.extra(&shard.get(d).unwrap()), None);
     }
 
     #[test]

@@ -812,22 +812,16 @@ pub(crate) fn import(
                 return Err(ImportError::Invalid("response too large".into()));
             }
             let response: Arc<[u8]> = Arc::from(response.as_slice());
-            let extra = if rules.durable {
-                // Until the writer publishes it, the fingerprint is checked from here.
-                Extra {
-                    fingerprint: record.fingerprint,
-                    first_claimed_wall_ms,
-                    ..Extra::default()
-                }
-            } else {
-                Extra {
-                    fingerprint: record.fingerprint,
-                    response: Some(response.clone()),
-                    expires_wall_ms: expires_at_ms,
-                    first_claimed_wall_ms,
-                    completed_wall_ms: now.wall_ms,
-                    ..Extra::default()
-                }
+            // As a completion's: until the writer publishes it and the file holds it, the
+            // fingerprint is checked and a replay answered from here (with the commit log, a
+            // batch is published before it reaches the file).
+            let extra = Extra {
+                fingerprint: record.fingerprint,
+                response: Some(response.clone()),
+                expires_wall_ms: expires_at_ms,
+                first_claimed_wall_ms,
+                completed_wall_ms: now.wall_ms,
+                ..Extra::default()
             };
             let state = RecordState::Completed {
                 attempt: record.attempt,
@@ -2789,10 +2783,13 @@ mod tests {
         assert_eq!(
             step.change,
             Change::Put {
-                // Published by the writer once committed.
+                // Published by the writer once committed; answered from memory until then.
                 slot: Slot::completed(40, LIVE + 3 * MS, 2, false),
                 extra: Extra {
+                    response: Some(Arc::from(&b"r"[..])),
+                    expires_wall_ms: now.wall_ms + 3,
                     first_claimed_wall_ms: FIRST_CLAIMED,
+                    completed_wall_ms: now.wall_ms,
                     ..fp(7)
                 },
                 reap_ns: None,

@@ -1121,8 +1121,10 @@ impl Store {
         }
         txn.commit()?;
         // (A failed commit returned above and left the previous snapshot, which holds every
-        // record published so far: the writer poisons the engine before it publishes more.
-        // Without a snapshot, replays start their own read transactions.)
+        // record published so far whose response is not in memory: the writer poisons the
+        // engine before it publishes more, and a completion published at its commit-log
+        // sync keeps its response in memory until this commit succeeded. Without a
+        // snapshot, replays start their own read transactions.)
         let fresh = self.db.begin_read().ok().map(Arc::new);
         *self.snapshot.write() = fresh;
         Ok(())

@@ -203,13 +203,13 @@ impl Writer {
             Some(why) => Err(why),
         };
         if let Ok(acked) = written {
-            if let Some(oldest) = batch.iter().filter_map(|q| q.acked_at).min() {
-                self.shared.admission.durable_after(oldest.elapsed());
+            if acked == Acked::AfterApply {
+                self.made_durable(batch);
             }
             match acked {
                 // Published at the sync with their responses kept in memory: the file holds
                 // them now.
-                Acked::OnSync => self.for_each_completion(batch, Shard::drop_published_side),
+                Acked::OnSync => self.publish(batch, Side::Drop),
                 Acked::AfterApply if !publish_early => self.publish(batch, Side::Drop),
                 Acked::AfterApply => {}
             }
@@ -221,6 +221,13 @@ impl Writer {
             }
         }
         batch.clear();
+    }
+
+    /// Records how long the batch's oldest `Buffered` operation waited for its fsync.
+    fn made_durable(&self, batch: &[Queued]) {
+        if let Some(oldest) = batch.iter().filter_map(|q| q.acked_at).min() {
+            self.shared.admission.durable_after(oldest.elapsed());
+        }
     }
 
     /// Counts the batch's operations (and any voided numbers) as durable and publishes the
@@ -313,15 +320,18 @@ impl Writer {
         // A logged batch is durable once its frame's fdatasync returned: its callers are
         // acknowledged now, while the batch is applied to the file, so that the ones who
         // go on queue their next writes in time for the next batch instead of the one
-        // after. Publication still waits for the apply (a replay reads the file), and so
-        // does the acknowledgement of a batch whose waiters expect the apply's effects when
-        // they wake: a token mark (claims waiting for tokens look for the raised limit) and
-        // marker rows (settled after the apply).
+        // after. Its completions are published now too, keeping their responses in memory
+        // (a replay of a published completion without one reads the file, which does not
+        // hold it yet; a completion with none in memory, an import, is published after the
+        // apply). A batch whose waiters expect the apply's effects when they wake is
+        // acknowledged after it: a token mark (claims waiting for tokens look for the
+        // raised limit) and marker rows (settled after the apply).
         let early = matches!(how, Durable::Logged { .. })
             && !acked
             && hwm.is_none()
             && !batch.iter().any(touches_markers);
         if early {
+            self.made_durable(batch);
             self.publish(batch, Side::Keep);
             self.advance(batch);
         }
