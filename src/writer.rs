@@ -206,17 +206,15 @@ impl Writer {
             if acked == Acked::AfterApply {
                 self.made_durable(batch);
             }
-            match acked {
-                // Published at the sync with their responses kept in memory: the file holds
-                // them now.
-                Acked::OnSync => self.publish(batch, Side::Drop),
-                Acked::AfterApply if !publish_early => self.publish(batch, Side::Drop),
-                Acked::AfterApply => {}
+            // The file holds the batch now: completions published at the sync drop the
+            // responses they kept in memory, the others are published.
+            if acked == Acked::OnSync || !publish_early {
+                self.publish(batch, Side::Drop);
             }
             // Before the watermark moves: a claim that waits for its marker's commit finds
             // it settled.
             self.settle_markers();
-            if !ack_early && acked == Acked::AfterApply {
+            if acked == Acked::AfterApply && !ack_early {
                 self.advance(batch);
             }
         }

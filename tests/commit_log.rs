@@ -41,14 +41,20 @@ fn complete(engine: &Engine, key: &str, response: &[u8]) {
     lease.complete(response).unwrap();
 }
 
+/// An engine on fresh storages with the log on, keys `k0..k{keys}` completed as `r{i}`.
+fn with_completions(keys: usize) -> (FaultyBackend, FaultyBackend, Engine) {
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let engine = open(&file, &log).unwrap();
+    for i in 0..keys {
+        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
+    }
+    (file, log, engine)
+}
+
 #[test]
 fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
     const KEYS: usize = 20;
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
-    let engine = open(&file, &log).unwrap();
-    for i in 0..KEYS {
-        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
-    }
+    let (file, log, engine) = with_completions(KEYS);
     assert_eq!(engine.stats().log_checkpoints, 0);
     let (file_image, log_image) = power_loss(&file, &log);
     drop(engine);
@@ -401,11 +407,7 @@ fn a_file_missing_its_log_after_a_crash_is_refused_and_stands_alone_after_a_clos
 
 #[test]
 fn a_poisoned_engine_closed_without_a_checkpoint_keeps_every_acknowledged_completion() {
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
-    let engine = open(&file, &log).unwrap();
-    for i in 0..3 {
-        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
-    }
+    let (file, log, engine) = with_completions(3);
     // The next log sync fails: the engine is poisoned, and its close cannot checkpoint.
     log.fail_sync_in(1);
     assert!(engine.claim(b"k3", &ClaimOptions::default()).is_err());
@@ -470,11 +472,7 @@ fn a_completion_answers_claims_as_soon_as_complete_returns() {
 #[test]
 fn an_imported_completion_answers_as_soon_as_import_returns() {
     const KEYS: usize = 300;
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
-    let source = open(&file, &log).unwrap();
-    for i in 0..KEYS {
-        complete(&source, &format!("k{i}"), format!("r{i}").as_bytes());
-    }
+    let (_, _, source) = with_completions(KEYS);
     let records = source.admin().records();
     assert_eq!(records.len(), KEYS);
     source.close().unwrap();
