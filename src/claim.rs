@@ -181,7 +181,7 @@ impl Engine {
         // Only live leases count against the in-flight limit: the claim is admitted if the
         // live leases of other keys leave room. A takeover of an ended lease that still holds
         // its place inherits it; any other claim reserves one.
-        if !plan.reserve && c.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
+        if !plan.reserve && c.gauges.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
             // The count includes the ended lease being replaced, and exceeds the limit only
             // after `extend`s of ended leases. Move this stripe's ended leases (this one
             // among them) out of the count, and decide again: as a takeover of an abandoned
@@ -199,7 +199,7 @@ impl Engine {
         }
         let undo = || {
             if reserved {
-                c.inflight.fetch_sub(1, Ordering::AcqRel);
+                c.gauges.inflight.fetch_sub(1, Ordering::AcqRel);
             }
         };
         let token = match s.tokens.issue() {
@@ -219,8 +219,9 @@ impl Engine {
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let plan = plan.asking_retention(retention_ms);
-        if !rules.durable {
-            // The attempt's start (and a new key's first claim) are kept in memory too.
+        if !rules.durable && now.wall_ms == 0 {
+            // The attempt's start (and a new key's first claim) are kept in memory too; the
+            // system clock gave the wall reading with the monotonic one.
             now.wall_ms = s.time.wall_ms();
         }
         let step = machine::acquire(plan, key, token, lease, now, &rules);
@@ -360,9 +361,9 @@ impl Engine {
         let s = self.shared();
         let c = &s.counters;
         let keys = || {
-            c.inflight.load(Ordering::Relaxed)
-                + c.abandoned.load(Ordering::Relaxed)
-                + c.completed.load(Ordering::Relaxed)
+            c.gauges.inflight.load(Ordering::Relaxed)
+                + c.gauges.abandoned.load(Ordering::Relaxed)
+                + c.gauges.completed.load(Ordering::Relaxed)
         };
         if keys() < s.cfg.keys_max {
             return true;
@@ -377,6 +378,7 @@ impl Engine {
         let s = self.shared();
         let reserve = || {
             s.counters
+                .gauges
                 .inflight
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                     (n < s.cfg.inflight_max).then_some(n + 1)

@@ -4,6 +4,7 @@
 //! shortens or stretches a live lease. Persisted deadlines use wall time, because monotonic
 //! readings mean nothing after a restart.
 
+use crate::constants::WALL_OFFSET_AGE_NS_MAX;
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -194,24 +195,126 @@ pub(crate) fn wall_ms_at(wall_now_ms: u64, now_ns: u64, at_ns: u64) -> u64 {
 }
 
 /// The engine's view of a clock: readings as integers, as the index stores them.
+///
+/// With the system clock (the default), a transition reads one clock: the wall reading is
+/// derived from the monotonic one by an offset re-measured at least every
+/// [`WALL_OFFSET_AGE_NS_MAX`]. Both system clocks advance at the same (NTP-slewed) rate, so
+/// the offset changes only when the wall clock is stepped, and a step is seen within that
+/// age. A user's clock ([`EngineBuilder::clock`](crate::EngineBuilder::clock)) is read as it
+/// is, both readings on their own: a mock may move its wall clock alone.
 #[derive(Debug, Clone)]
 pub(crate) struct Time {
-    clock: Arc<dyn Clock>,
+    source: Source,
+}
+
+#[derive(Debug, Clone)]
+enum Source {
+    System(Arc<SystemSource>),
+    Custom(Arc<dyn Clock>),
+}
+
+/// The system clocks: `Instant` since `origin`, and the wall clock as an offset from it.
+#[derive(Debug)]
+struct SystemSource {
+    origin: Instant,
+    wall: DerivedWall,
 }
 
 impl Time {
-    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
-        Self { clock }
+    /// Time from `clock`, or from the system clocks if `None`.
+    pub(crate) fn new(clock: Option<Arc<dyn Clock>>) -> Self {
+        let source = match clock {
+            Some(clock) => Source::Custom(clock),
+            None => {
+                let origin = Instant::now();
+                Source::System(Arc::new(SystemSource {
+                    origin,
+                    wall: DerivedWall::new(0, system_wall_ns()),
+                }))
+            }
+        };
+        Self { source }
     }
 
-    /// Monotonic nanoseconds.
+    /// The monotonic reading, in nanoseconds.
     pub(crate) fn mono_ns(&self) -> u64 {
-        duration_ns(self.clock.monotonic())
+        match &self.source {
+            Source::System(sys) => duration_ns(sys.origin.elapsed()),
+            Source::Custom(clock) => duration_ns(clock.monotonic()),
+        }
     }
 
-    /// Wall milliseconds since the epoch.
+    /// The wall reading, in milliseconds since the Unix epoch.
     pub(crate) fn wall_ms(&self) -> u64 {
-        wall_ms(self.clock.wall())
+        self.now(true).1
+    }
+
+    /// The monotonic reading (ns) and, if `wall`, the wall reading (ms; else 0). With the
+    /// system clock the wall reading comes with the monotonic one at no extra read, so it is
+    /// always given.
+    pub(crate) fn now(&self, wall: bool) -> (u64, u64) {
+        match &self.source {
+            Source::System(sys) => {
+                let mono_ns = duration_ns(sys.origin.elapsed());
+                (mono_ns, sys.wall.wall_ms(mono_ns, system_wall_ns))
+            }
+            Source::Custom(clock) => (
+                duration_ns(clock.monotonic()),
+                if wall { wall_ms(clock.wall()) } else { 0 },
+            ),
+        }
+    }
+}
+
+fn system_wall_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, duration_ns)
+}
+
+/// The wall clock as an offset from a monotonic reading, measured again once it is older
+/// than [`WALL_OFFSET_AGE_NS_MAX`]. The offset is one atomic word, so a reader never sees
+/// half of a measurement; two threads measuring at once store equally good offsets.
+#[derive(Debug)]
+struct DerivedWall {
+    /// Wall ns minus monotonic ns at the last measurement (wrapping: a wall clock set
+    /// before the epoch reads as 0).
+    offset_ns: AtomicU64,
+    /// The monotonic reading of the last measurement.
+    measured_ns: AtomicU64,
+}
+
+impl DerivedWall {
+    fn new(mono_ns: u64, wall_ns: u64) -> Self {
+        Self {
+            offset_ns: AtomicU64::new(wall_ns.wrapping_sub(mono_ns)),
+            measured_ns: AtomicU64::new(mono_ns),
+        }
+    }
+
+    /// The wall clock at monotonic `mono_ns`, in ms; `read_wall_ns` is called to measure
+    /// the offset again if it is too old.
+    fn wall_ms(&self, mono_ns: u64, read_wall_ns: impl FnOnce() -> u64) -> u64 {
+        let measured = self.measured_ns.load(Ordering::Relaxed);
+        let offset = if mono_ns.saturating_sub(measured) > WALL_OFFSET_AGE_NS_MAX
+            && self
+                .measured_ns
+                .compare_exchange(measured, mono_ns, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let offset = read_wall_ns().wrapping_sub(mono_ns);
+            self.offset_ns.store(offset, Ordering::Relaxed);
+            offset
+        } else {
+            self.offset_ns.load(Ordering::Relaxed)
+        };
+        // A wall clock before the epoch (offset "negative" past the reading) reads as 0.
+        let wall_ns = mono_ns.wrapping_add(offset);
+        if offset > u64::MAX / 2 && wall_ns > mono_ns {
+            0
+        } else {
+            wall_ns / 1_000_000
+        }
     }
 }
 
@@ -232,6 +335,74 @@ mod tests {
         let before = UNIX_EPOCH - Duration::from_secs(10);
         assert_eq!(wall_ms(before), 0);
         assert_eq!(wall_ms(UNIX_EPOCH + Duration::from_micros(2_999)), 2);
+    }
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn derived_wall_moves_with_the_monotonic_reading() {
+        let wall_ns = 1_704_067_200_000 * MS;
+        let w = DerivedWall::new(7 * MS, wall_ns);
+        let unread = || -> u64 { unreachable!("a fresh offset is not measured again") };
+        assert_eq!(w.wall_ms(7 * MS, unread), 1_704_067_200_000);
+        assert_eq!(w.wall_ms(12 * MS + 999_999, unread), 1_704_067_200_005);
+    }
+
+    #[test]
+    fn derived_wall_sees_a_step_once_its_offset_is_too_old() {
+        let wall_ns = 1_704_067_200_000 * MS;
+        let w = DerivedWall::new(0, wall_ns);
+        let stepped = wall_ns + 60_000 * MS + WALL_OFFSET_AGE_NS_MAX;
+        let mut reads = 0;
+        // Within the age the offset stands, whatever the wall clock did.
+        let young = w.wall_ms(WALL_OFFSET_AGE_NS_MAX, || {
+            reads += 1;
+            stepped
+        });
+        assert_eq!((young, reads), ((wall_ns + WALL_OFFSET_AGE_NS_MAX) / MS, 0));
+        // Past it, one reading measures the offset again, and later readings keep it.
+        let at = WALL_OFFSET_AGE_NS_MAX + 1;
+        let old = w.wall_ms(at, || {
+            reads += 1;
+            stepped
+        });
+        assert_eq!((old, reads), (stepped / MS, 1));
+        let later = w.wall_ms(at + 3 * MS, || {
+            reads += 1;
+            0
+        });
+        assert_eq!((later, reads), (stepped / MS + 3, 1));
+    }
+
+    #[test]
+    fn derived_wall_before_the_epoch_reads_zero_never_wraps() {
+        // The wall clock read 0 (set before the epoch) at monotonic 10 s.
+        let w = DerivedWall::new(10_000 * MS, 0);
+        let unread = || -> u64 { unreachable!("a fresh offset is not measured again") };
+        assert_eq!(w.wall_ms(10_000 * MS + 4 * MS, unread), 4);
+        // A reading taken just before that measurement (another thread's) is 0, not 2^64.
+        assert_eq!(w.wall_ms(9_999 * MS, unread), 0);
+    }
+
+    #[test]
+    fn system_time_gives_both_readings_close_to_the_system_clocks() {
+        let time = Time::new(None);
+        let before = wall_ms(SystemTime::now());
+        let (mono_ns, wall) = time.now(false);
+        let after = wall_ms(SystemTime::now());
+        // The offset was measured at `Time::new`, microseconds before `before`.
+        assert!(
+            wall + 1 >= before && wall <= after,
+            "{before} <= {wall} <= {after}"
+        );
+        assert!(time.mono_ns() >= mono_ns);
+        let custom = Time::new(Some(Arc::new(MockClock::new())));
+        assert_eq!(
+            custom.now(false).1,
+            0,
+            "a user's wall clock is read only when asked"
+        );
+        assert_eq!(custom.wall_ms(), wall_ms(UNIX_EPOCH + MOCK_WALL_START));
     }
 
     #[test]

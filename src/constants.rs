@@ -79,6 +79,12 @@ pub(crate) const STRIPES_LIMIT: usize = 1 << 16;
 /// so that one commit always covers every token queued behind it.
 pub(crate) const TOKEN_RESERVE: u64 = 1 << 22;
 
+/// Oldest the system clock's wall offset may be before a transition measures it again
+/// (`clock::Time`): a step of the wall clock shows in readings within this long. Reading
+/// the wall clock costs a transition as much as the monotonic read it derives from; at
+/// this age the re-measurement is ten reads a second, whatever the load.
+pub(crate) const WALL_OFFSET_AGE_NS_MAX: u64 = 100_000_000;
+
 /// Default lease of a claim.
 pub(crate) const LEASE_DEFAULT: Duration = Duration::from_secs(30);
 /// Default retention of a completed record.

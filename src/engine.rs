@@ -324,14 +324,13 @@ impl Shared {
         self.now_with(true)
     }
 
-    /// The instant of a transition that reads the wall clock only if `wall`: only a record
-    /// to write or a wall time to report needs it, so a memory-only claim skips the read
-    /// (its `wall_ms` is 0, and no part of its transition reads it).
+    /// The instant of a transition that needs the wall clock only if `wall`: only a record
+    /// to write or a wall time to report needs it, so a memory-only claim of a user's clock
+    /// skips the read (its `wall_ms` is 0, and no part of its transition reads it). The
+    /// system clock gives the wall reading with the monotonic one, at no extra read.
     pub(crate) fn now_with(&self, wall: bool) -> Now {
-        Now {
-            mono_ns: self.time.mono_ns(),
-            wall_ms: if wall { self.time.wall_ms() } else { 0 },
-        }
+        let (mono_ns, wall_ms) = self.time.now(wall);
+        Now { mono_ns, wall_ms }
     }
 
     /// The settings the state machine's transitions depend on.
@@ -413,8 +412,8 @@ impl Shared {
                 g.fetch_sub(delta.unsigned_abs(), order);
             }
         };
-        gauge(&c.inflight, d.inflight, Ordering::AcqRel);
-        gauge(&c.completed, d.completed, Ordering::Relaxed);
+        gauge(&c.gauges.inflight, d.inflight, Ordering::AcqRel);
+        gauge(&c.gauges.completed, d.completed, Ordering::Relaxed);
         events.add(d);
         c.metrics.add(d);
     }
@@ -559,8 +558,7 @@ impl EngineBuilder {
         let index = Index::new(
             self.stripes,
             crate::clock::duration_ns(self.retention),
-            counters.inflight.clone(),
-            counters.abandoned.clone(),
+            counters.gauges.clone(),
             Keying {
                 hasher,
                 markers: self.marker_retention.map(|retention| MarkerRules {
@@ -673,7 +671,9 @@ fn subscribe_clock(b: &EngineBuilder, shared: &Arc<Shared>) -> Arc<ClockListener
             shared.timers.nudge();
         }
     });
-    b.clock.subscribe(Arc::downgrade(&listener));
+    if let Some(clock) = &b.clock {
+        clock.subscribe(Arc::downgrade(&listener));
+    }
     listener
 }
 
@@ -817,10 +817,10 @@ impl Engine {
         crate::observe::gauges(s);
         let commits = read(&c.commits);
         Stats {
-            inflight: read(&c.inflight),
-            abandoned: read(&c.abandoned),
+            inflight: read(&c.gauges.inflight),
+            abandoned: read(&c.gauges.abandoned),
             abandoned_reaped: read(&c.abandoned_reaped) + events.abandoned_reaped,
-            completed: read(&c.completed).saturating_sub(expired_unswept),
+            completed: read(&c.gauges.completed).saturating_sub(expired_unswept),
             expired_unswept,
             expirations: events.expirations,
             markers,

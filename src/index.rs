@@ -40,7 +40,7 @@ use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
 use crate::machine::{self, Change, MarkerRules, Step, View};
 use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
-use crate::stats::Events;
+use crate::stats::{Events, Gauges};
 use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::wake::Changed;
 use hashbrown::HashTable;
@@ -411,10 +411,9 @@ pub(crate) struct Common {
     hasher: KeyHasher,
     /// Markers of completions past their retention, if the engine keeps them.
     markers: Option<MarkerRules>,
-    /// Leases counted against the in-flight limit (the engine's `inflight` counter).
-    live: Arc<AtomicU64>,
-    /// Abandoned leases (the engine's `abandoned` counter).
-    abandoned: Arc<AtomicU64>,
+    /// The engine's gauges: its `inflight` counter holds the leases counted against the
+    /// in-flight limit, its `abandoned` counter the abandoned leases.
+    gauges: Arc<Gauges>,
     /// Per stripe: no lease of the stripe ends before this instant (ns). Written under the
     /// stripe's lock, read without it; a lower bound, since stale entries may hold it down.
     lease_due: Box<[AtomicU64]>,
@@ -663,8 +662,8 @@ impl Shard {
             }
         } else if old.is_abandoned() {
             self.abandoned -= 1;
-            self.common.live.fetch_add(1, Ordering::AcqRel);
-            self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
+            self.common.gauges.inflight.fetch_add(1, Ordering::AcqRel);
+            self.common.gauges.abandoned.fetch_sub(1, Ordering::AcqRel);
             if self.ended.peek().is_some_and(|e| e.0.token == old.token) {
                 self.ended.pop();
             }
@@ -848,7 +847,7 @@ impl Shard {
                 slot.flags &= !ABANDONED;
                 self.abandoned -= 1;
                 self.live += 1;
-                self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
+                self.common.gauges.abandoned.fetch_sub(1, Ordering::AcqRel);
             }
         }
     }
@@ -875,8 +874,8 @@ impl Shard {
                 self.abandoned += 1;
                 // Abandoned first: a concurrent reader of the key budget may count the lease
                 // twice for an instant, never zero times.
-                self.common.abandoned.fetch_add(1, Ordering::AcqRel);
-                self.common.live.fetch_sub(1, Ordering::AcqRel);
+                self.common.gauges.abandoned.fetch_add(1, Ordering::AcqRel);
+                self.common.gauges.inflight.fetch_sub(1, Ordering::AcqRel);
                 self.ended.push(ByReap(e));
                 out.moved += 1;
             }
@@ -992,7 +991,7 @@ impl Shard {
         self.ended.pop();
         self.drop_entry(&key, side);
         self.abandoned -= 1;
-        self.common.abandoned.fetch_sub(1, Ordering::AcqRel);
+        self.common.gauges.abandoned.fetch_sub(1, Ordering::AcqRel);
         Reclaimed::Reaped
     }
 
@@ -1375,8 +1374,7 @@ impl Index {
     pub(crate) fn new(
         stripes: usize,
         retention_ns: u64,
-        live: Arc<AtomicU64>,
-        abandoned: Arc<AtomicU64>,
+        gauges: Arc<Gauges>,
         keying: Keying,
     ) -> Self {
         assert!(
@@ -1390,8 +1388,7 @@ impl Index {
             retention_ns,
             hasher: hasher.clone(),
             markers: keying.markers,
-            live,
-            abandoned,
+            gauges,
             lease_due: board(),
             reclaim_due: board(),
         });
@@ -1544,8 +1541,7 @@ mod tests {
 
     struct Fixture {
         shard: Shard,
-        live: Arc<AtomicU64>,
-        abandoned: Arc<AtomicU64>,
+        gauges: Arc<Gauges>,
         common: Arc<Common>,
     }
 
@@ -1554,23 +1550,20 @@ mod tests {
     }
 
     fn fixture_with(markers: Option<MarkerRules>) -> Fixture {
-        let live = Arc::new(AtomicU64::new(0));
-        let abandoned = Arc::new(AtomicU64::new(0));
+        let gauges = Arc::new(Gauges::default());
         let board = || -> Box<[AtomicU64]> { vec![AtomicU64::new(u64::MAX)].into() };
         let hasher = KeyHasher::random();
         let common = Arc::new(Common {
             retention_ns: RETENTION,
             hasher: hasher.clone(),
             markers,
-            live: live.clone(),
-            abandoned: abandoned.clone(),
+            gauges: gauges.clone(),
             lease_due: board(),
             reclaim_due: board(),
         });
         Fixture {
             shard: Shard::new(&hasher, common.clone(), 0),
-            live,
-            abandoned,
+            gauges,
             common,
         }
     }
@@ -1578,7 +1571,7 @@ mod tests {
     impl Fixture {
         /// A new lease, counted live as a claim's reservation would.
         fn claim(&mut self, key: &str, token: u64, deadline: u64) {
-            self.live.fetch_add(1, Ordering::AcqRel);
+            self.gauges.inflight.fetch_add(1, Ordering::AcqRel);
             self.shard.put(
                 self.shard.key(key.as_bytes()),
                 Slot::inflight(token, deadline, 1),
@@ -1593,7 +1586,7 @@ mod tests {
                 Slot::completed(token, expires, 1, true),
                 Extra::default(),
             );
-            self.live.fetch_sub(1, Ordering::AcqRel);
+            self.gauges.inflight.fetch_sub(1, Ordering::AcqRel);
         }
 
         /// Completes a lease with the key's own retention, if any.
@@ -1606,13 +1599,13 @@ mod tests {
                     ..Extra::default()
                 },
             );
-            self.live.fetch_sub(1, Ordering::AcqRel);
+            self.gauges.inflight.fetch_sub(1, Ordering::AcqRel);
         }
 
         fn gauges(&self) -> (u64, u64) {
             (
-                self.live.load(Ordering::Relaxed),
-                self.abandoned.load(Ordering::Relaxed),
+                self.gauges.inflight.load(Ordering::Relaxed),
+                self.gauges.abandoned.load(Ordering::Relaxed),
             )
         }
 
@@ -1691,7 +1684,7 @@ mod tests {
             Slot::completed(token, expires, 1, true),
             extra,
         );
-        f.live.fetch_sub(1, Ordering::AcqRel);
+        f.gauges.inflight.fetch_sub(1, Ordering::AcqRel);
     }
 
     #[test]
@@ -2055,7 +2048,7 @@ mod tests {
     fn an_abandoned_lease_is_reaped_by_its_own_retention() {
         let mut f = fixture();
         let ms = 1_000_000;
-        f.live.fetch_add(1, Ordering::AcqRel);
+        f.gauges.inflight.fetch_add(1, Ordering::AcqRel);
         f.shard.put(
             f.shard.key(b"own"),
             Slot::inflight(1, 10, 1),
@@ -2342,7 +2335,7 @@ mod tests {
         f.claim("b", 2, 60);
         f.shard.end_leases(60, usize::MAX);
         f.shard.remove(f.shard.key(b"b"));
-        f.live.fetch_sub(1, Ordering::AcqRel);
+        f.gauges.inflight.fetch_sub(1, Ordering::AcqRel);
         assert_eq!(f.gauges(), (0, 0));
     }
 
@@ -2353,7 +2346,7 @@ mod tests {
         f.shard.end_leases(10, usize::MAX);
         assert_eq!(f.gauges(), (0, 1));
         // The claim reserves its place, adopts the slot, and replaces it.
-        f.live.fetch_add(1, Ordering::AcqRel);
+        f.gauges.inflight.fetch_add(1, Ordering::AcqRel);
         f.shard.adopt(f.shard.key(b"a"));
         f.shard.put(
             f.shard.key(b"a"),
@@ -2371,7 +2364,7 @@ mod tests {
     #[test]
     fn a_recovered_lease_is_reaped_at_the_instant_it_was_given() {
         let mut f = fixture();
-        f.live.fetch_add(1, Ordering::AcqRel);
+        f.gauges.inflight.fetch_add(1, Ordering::AcqRel);
         f.shard.put_reaped_at(
             f.shard.key(b"r"),
             Slot::inflight(7, 0, 1),

@@ -406,11 +406,11 @@ pub(crate) fn gauges(s: &Shared) {
         let queued = s.tx.as_ref().map_or(0, |tx| tx.len());
         m.queue_depth.set(queued as f64);
         m.inflight_keys
-            .set(c.inflight.load(Ordering::Relaxed) as f64);
+            .set(c.gauges.inflight.load(Ordering::Relaxed) as f64);
         m.abandoned_keys
-            .set(c.abandoned.load(Ordering::Relaxed) as f64);
+            .set(c.gauges.abandoned.load(Ordering::Relaxed) as f64);
         m.completed_keys
-            .set(c.completed.load(Ordering::Relaxed) as f64);
+            .set(c.gauges.completed.load(Ordering::Relaxed) as f64);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = s;

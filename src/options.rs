@@ -1,7 +1,7 @@
 //! Configuration: durability modes, claim options and the engine builder.
 
 use crate::backend::Storage;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::Clock;
 use crate::codec::fnv1a64;
 use crate::constants::*;
 use crate::error::{FingerprintError, OpenError};
@@ -367,7 +367,8 @@ pub struct EngineBuilder {
     /// retention (`None`: no markers).
     pub(crate) marker_retention: Option<Duration>,
     pub(crate) recovery: Recovery,
-    pub(crate) clock: Arc<dyn Clock>,
+    /// `None`: the system clocks, read through `clock::Time`'s derived wall reading.
+    pub(crate) clock: Option<Arc<dyn Clock>>,
     pub(crate) key_len_max: usize,
     pub(crate) response_len_max: usize,
     pub(crate) checkpoint_len_max: usize,
@@ -442,7 +443,7 @@ impl Default for EngineBuilder {
             retention: RETENTION_DEFAULT,
             marker_retention: None,
             recovery: Recovery::TakeOver,
-            clock: Arc::new(SystemClock::new()),
+            clock: None,
             key_len_max: KEY_LEN_MAX_DEFAULT,
             response_len_max: RESPONSE_LEN_MAX_DEFAULT,
             checkpoint_len_max: CHECKPOINT_LEN_MAX_DEFAULT,
@@ -524,7 +525,7 @@ impl EngineBuilder {
 
     /// The time source (default: the system clock). Tests pass a [`crate::MockClock`].
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Arc::new(clock);
+        self.clock = Some(Arc::new(clock));
         self
     }
 

@@ -318,8 +318,14 @@ fn scan_range(
     local.scanned = scanned?;
     // The per-thread counts can go below zero transiently (a duplicate found by the other
     // thread), so they are added as wrapping deltas.
-    counters.inflight.fetch_add(inflight, Ordering::Relaxed);
-    counters.completed.fetch_add(completed, Ordering::Relaxed);
+    counters
+        .gauges
+        .inflight
+        .fetch_add(inflight, Ordering::Relaxed);
+    counters
+        .gauges
+        .completed
+        .fetch_add(completed, Ordering::Relaxed);
     let mut found = found.lock();
     found.stale.append(&mut local.stale);
     found.forgotten.append(&mut local.forgotten);
