@@ -639,3 +639,56 @@ impl Peer for Moka {
         Ok(Delivery::Executed)
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// The harness's own floor
+
+/// Not a system: one preallocated atomic flag per key, set by the first delivery. No
+/// hashing, no allocation, no stored response, nothing to wait for: what the harness
+/// itself (the shared delivery counter, the timestamps, the side-effect counters, C threads
+/// on the machine's cores) costs per delivery, so the ceiling of any in-process row.
+pub struct Floor {
+    flags: Vec<std::sync::atomic::AtomicBool>,
+}
+
+impl Floor {
+    /// Flags for keys `0..n` (the workload's key indexes).
+    pub fn new(n: usize) -> Self {
+        Floor {
+            flags: (0..n)
+                .map(|_| std::sync::atomic::AtomicBool::new(false))
+                .collect(),
+        }
+    }
+}
+
+impl Peer for Floor {
+    type Conn = ();
+
+    fn connect(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The key's index is its eight digits (`workload::key_of`).
+    fn deliver(
+        &self,
+        _: &mut (),
+        key: &[u8],
+        _response: &[u8],
+        effect: &dyn Fn(),
+    ) -> Result<Delivery, String> {
+        let index = key
+            .get(6..)
+            .and_then(|d| std::str::from_utf8(d).ok())
+            .and_then(|d| d.parse::<usize>().ok());
+        let flag = index
+            .and_then(|i| self.flags.get(i))
+            .ok_or_else(|| format!("floor: not a workload key: {key:?}"))?;
+        Ok(if flag.swap(true, Ordering::AcqRel) {
+            Delivery::Duplicate
+        } else {
+            effect();
+            Delivery::Executed
+        })
+    }
+}

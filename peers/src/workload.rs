@@ -470,6 +470,20 @@ mod tests {
         }
     }
 
+    /// The harness floor is a correct (if trivial) idempotency check: one run per key,
+    /// every other delivery a duplicate; a key not of the workload is an error, not a panic.
+    #[test]
+    fn the_harness_floor_runs_each_key_once() {
+        let w = small();
+        let m = run(&crate::systems::Floor::new(w.n), &w).expect("floor run");
+        assert_eq!((m.deliveries, m.executed, m.duplicates), (1500, 500, 1000));
+        assert_eq!((m.keys_run, m.double_keys, m.errors), (500, 0, 0));
+        let floor = crate::systems::Floor::new(2);
+        for key in [&b"order-00000002"[..], b"order-x", b"short"] {
+            assert!(floor.deliver(&mut (), key, b"", &|| {}).is_err(), "{key:?}");
+        }
+    }
+
     /// A run stopped by the time limit reports what it finished, for tasks as for threads.
     #[test]
     fn async_runner_stops_at_the_time_limit() {
