@@ -378,11 +378,10 @@ impl Shared {
                 value: crate::codec::encode(token, &record),
                 // The index names the key by its scoped key; the writer finds the slot by
                 // the key's keyed hash and the token, so the hash is taken here, on the
-                // caller's thread, not on the writer's.
+                // caller's thread, not on the writer's, and without building the scoped key.
                 publish: publish
-                    .then(|| crate::scope::scoped(&record.scope.0, &record.key.0))
-                    .flatten()
-                    .map(|scoped| self.index.keyed_hash(&scoped)),
+                    .then(|| self.index.keyed_hash_scoped(&record.scope.0, &record.key.0))
+                    .flatten(),
                 drop_marker,
             },
             Write::Delete { token } => Op::Delete { token },

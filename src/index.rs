@@ -37,7 +37,7 @@
 //! let the engine answer "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
-use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
+use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN, SCOPE_LEN_MAX};
 use crate::machine::{self, Change, MarkerRules, Step, View};
 use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
 use crate::stats::{Events, Gauges};
@@ -1277,6 +1277,22 @@ impl KeyHasher {
     pub(crate) fn check(&self, bytes: &[u8]) -> u64 {
         sip(self.check, bytes)
     }
+
+    /// [`KeyHasher::hash`] of the scoped key of `key` within `scope` (`scope.rs`), without
+    /// building it: the same byte stream, fed in parts. `None` if the scope is too long to
+    /// make a scoped key.
+    pub(crate) fn hash_scoped(&self, scope: &[u8], key: &[u8]) -> Option<u64> {
+        let scope_len = u8::try_from(scope.len())
+            .ok()
+            .filter(|&l| usize::from(l) <= SCOPE_LEN_MAX)?;
+        let len = 1 + scope.len() + key.len();
+        let mut h = SipHasher13::new_with_keys(self.table.0, self.table.1);
+        h.write(&(len as u64).to_le_bytes());
+        h.write(&[scope_len]);
+        h.write(scope);
+        h.write(key);
+        Some(h.finish())
+    }
 }
 
 /// SipHash-1-3 of `bytes` under `keys`, length first: a fixed byte stream on every platform,
@@ -1415,10 +1431,10 @@ impl Index {
         Key::new(&self.hasher, bytes)
     }
 
-    /// The keyed hash of `bytes` alone: with a token, enough for the writer to find a
-    /// key's slot ([`Shard::publish`]).
-    pub(crate) fn keyed_hash(&self, bytes: &[u8]) -> u64 {
-        self.hasher.hash(bytes)
+    /// The keyed hash of the scoped key of `key` within `scope`, without building it: with
+    /// a token, enough for the writer to find a key's slot ([`Shard::publish`]).
+    pub(crate) fn keyed_hash_scoped(&self, scope: &[u8], key: &[u8]) -> Option<u64> {
+        self.hasher.hash_scoped(scope, key)
     }
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
@@ -1638,6 +1654,24 @@ mod tests {
     /// never change, on any platform or version. The values were computed once, and agree
     /// with an independent SipHash-1-3 of the same bytes (the length as a little-endian u64,
     /// then the key).
+    #[test]
+    fn a_scoped_key_hashes_the_same_in_parts_as_built() {
+        let h = KeyHasher::random();
+        let long = vec![b's'; SCOPE_LEN_MAX + 1];
+        for (scope, key) in [
+            (&b""[..], &b"order-42"[..]),
+            (b"tenant-a", b"order-42"),
+            (b"t", b""),
+            (&[0u8; 255][..], b"k"),
+            (b"tenant-a", &[7u8; 300][..]),
+        ] {
+            let built = crate::scope::scoped(scope, key).expect("a scope within the limit");
+            assert_eq!(h.hash_scoped(scope, key), Some(h.hash(&built)));
+        }
+        assert_eq!(crate::scope::scoped(&long, b"k"), None);
+        assert_eq!(h.hash_scoped(&long, b"k"), None);
+    }
+
     #[test]
     fn keyed_hashes_are_fixed_by_the_secret() {
         let mut secret = [0u8; HASH_SECRET_LEN];
