@@ -154,9 +154,7 @@ impl Engine {
         let c = &s.counters;
         let retention_ms = opts.retention_ms()?;
         let rules = s.rules();
-        // A claim that does not acquire writes nothing and reports no wall time: without a
-        // file it needs no wall reading, and one that acquires reads it below.
-        let mut now = s.now_with(rules.durable);
+        let now = s.now();
         // The second tier (docs/retention.md): a key without a slot is answered from its
         // marker, and a completion past its retention becomes its marker first.
         let mut drop_marker = None;
@@ -219,11 +217,6 @@ impl Engine {
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let plan = plan.asking_retention(retention_ms);
-        if !rules.durable && now.wall_ms == 0 {
-            // The attempt's start (and a new key's first claim) are kept in memory too; the
-            // system clock gave the wall reading with the monotonic one.
-            now.wall_ms = s.time.wall_ms();
-        }
         let step = machine::acquire(plan, key, token, lease, now, &rules);
         let seq = match s.queue_dropping(step.write, drop_marker, true) {
             Ok(seq) => seq,
@@ -320,15 +313,6 @@ impl Engine {
         let Some(marker) = shard.marker(k) else {
             return Ok(MarkerLook::Proceed(None));
         };
-        // A memory-only claim skipped the wall clock; the answer reports wall times.
-        let now = Now {
-            wall_ms: if now.wall_ms == 0 {
-                s.time.wall_ms()
-            } else {
-                now.wall_ms
-            },
-            ..now
-        };
         let decided = machine::claim_marker(&marker, opts.fingerprint, opts.rerun_forgotten, now);
         s.count(&mut shard.events, &decided.deltas);
         Ok(match decided.answer {
@@ -359,17 +343,12 @@ impl Engine {
     /// a walk). An unexpired record or a live lease is never dropped for room.
     fn admit_new_key(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
         let s = self.shared();
-        let c = &s.counters;
-        let keys = || {
-            c.gauges.inflight.load(Ordering::Relaxed)
-                + c.gauges.abandoned.load(Ordering::Relaxed)
-                + c.gauges.completed.load(Ordering::Relaxed)
-        };
-        if keys() < s.cfg.keys_max {
+        let gauges = &s.counters.gauges;
+        if gauges.keys() < s.cfg.keys_max {
             return true;
         }
         crate::sweep::sweep_stripe(s, shard, now, SWEEP_STRIPE_BATCH);
-        keys() < s.cfg.keys_max
+        gauges.keys() < s.cfg.keys_max
     }
 
     /// Reserves a place in the live count for a new lease. At the limit, the leases of this

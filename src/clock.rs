@@ -249,22 +249,18 @@ impl Time {
 
     /// The wall reading, in milliseconds since the Unix epoch.
     pub(crate) fn wall_ms(&self) -> u64 {
-        self.now(true).1
+        self.now().1
     }
 
-    /// The monotonic reading (ns) and, if `wall`, the wall reading (ms; else 0). With the
-    /// system clock the wall reading comes with the monotonic one at no extra read, so it is
-    /// always given.
-    pub(crate) fn now(&self, wall: bool) -> (u64, u64) {
+    /// The monotonic reading (ns) and the wall reading (ms). With the system clock the wall
+    /// reading comes with the monotonic one, at no extra read.
+    pub(crate) fn now(&self) -> (u64, u64) {
         match &self.source {
             Source::System(sys) => {
                 let mono_ns = duration_ns(sys.origin.elapsed());
                 (mono_ns, sys.wall.wall_ms(mono_ns, system_wall_ns))
             }
-            Source::Custom(clock) => (
-                duration_ns(clock.monotonic()),
-                if wall { wall_ms(clock.wall()) } else { 0 },
-            ),
+            Source::Custom(clock) => (duration_ns(clock.monotonic()), wall_ms(clock.wall())),
         }
     }
 }
@@ -391,7 +387,7 @@ mod tests {
     fn system_time_gives_both_readings_close_to_the_system_clocks() {
         let time = Time::new(None);
         let before = wall_ms(SystemTime::now());
-        let (mono_ns, wall) = time.now(false);
+        let (mono_ns, wall) = time.now();
         let after = wall_ms(SystemTime::now());
         // The offset was measured at `Time::new`, microseconds before `before`.
         assert!(
@@ -400,12 +396,13 @@ mod tests {
         );
         assert!(time.mono_ns() >= mono_ns);
         let custom = Time::new(Some(Arc::new(MockClock::new())));
+        let mock_wall_ms = wall_ms(UNIX_EPOCH + MOCK_WALL_START);
         assert_eq!(
-            custom.now(false).1,
-            0,
-            "a user's wall clock is read only when asked"
+            custom.now(),
+            (0, mock_wall_ms),
+            "a user's clock, read as it is"
         );
-        assert_eq!(custom.wall_ms(), wall_ms(UNIX_EPOCH + MOCK_WALL_START));
+        assert_eq!(custom.wall_ms(), mock_wall_ms);
     }
 
     #[test]

@@ -319,17 +319,10 @@ impl Stopped for Shared {
 }
 
 impl Shared {
-    /// The instant of a transition, for the state machine.
+    /// The instant of a transition, for the state machine: both readings (with the system
+    /// clock, the wall one comes with the monotonic one at no extra read).
     pub(crate) fn now(&self) -> Now {
-        self.now_with(true)
-    }
-
-    /// The instant of a transition that needs the wall clock only if `wall`: only a record
-    /// to write or a wall time to report needs it, so a memory-only claim of a user's clock
-    /// skips the read (its `wall_ms` is 0, and no part of its transition reads it). The
-    /// system clock gives the wall reading with the monotonic one, at no extra read.
-    pub(crate) fn now_with(&self, wall: bool) -> Now {
-        let (mono_ns, wall_ms) = self.time.now(wall);
+        let (mono_ns, wall_ms) = self.time.now();
         Now { mono_ns, wall_ms }
     }
 

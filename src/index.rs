@@ -37,7 +37,7 @@
 //! let the engine answer "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
-use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN, SCOPE_LEN_MAX};
+use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
 use crate::machine::{self, Change, MarkerRules, Step, View};
 use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
 use crate::stats::{Events, Gauges};
@@ -1282,25 +1282,26 @@ impl KeyHasher {
     /// building it: the same byte stream, fed in parts. `None` if the scope is too long to
     /// make a scoped key.
     pub(crate) fn hash_scoped(&self, scope: &[u8], key: &[u8]) -> Option<u64> {
-        let scope_len = u8::try_from(scope.len())
-            .ok()
-            .filter(|&l| usize::from(l) <= SCOPE_LEN_MAX)?;
-        let len = 1 + scope.len() + key.len();
-        let mut h = SipHasher13::new_with_keys(self.table.0, self.table.1);
-        h.write(&(len as u64).to_le_bytes());
-        h.write(&[scope_len]);
-        h.write(scope);
-        h.write(key);
-        Some(h.finish())
+        let prefix = crate::scope::prefix(scope)?;
+        Some(sip_parts(self.table, &[&[prefix], scope, key]))
     }
 }
 
 /// SipHash-1-3 of `bytes` under `keys`, length first: a fixed byte stream on every platform,
 /// since the hashes are persisted.
 fn sip(keys: (u64, u64), bytes: &[u8]) -> u64 {
+    sip_parts(keys, &[bytes])
+}
+
+/// [`sip`] of the concatenation of `parts`, without making it: the hasher takes its input
+/// as one stream, so the parts' boundaries do not show.
+fn sip_parts(keys: (u64, u64), parts: &[&[u8]]) -> u64 {
+    let len: usize = parts.iter().map(|p| p.len()).sum();
     let mut h = SipHasher13::new_with_keys(keys.0, keys.1);
-    h.write(&(bytes.len() as u64).to_le_bytes());
-    h.write(bytes);
+    h.write(&(len as u64).to_le_bytes());
+    for part in parts {
+        h.write(part);
+    }
     h.finish()
 }
 
@@ -1650,14 +1651,10 @@ mod tests {
         }
     }
 
-    /// Hashes are persisted (marker rows are keyed by them): for a given secret they must
-    /// never change, on any platform or version. The values were computed once, and agree
-    /// with an independent SipHash-1-3 of the same bytes (the length as a little-endian u64,
-    /// then the key).
     #[test]
     fn a_scoped_key_hashes_the_same_in_parts_as_built() {
         let h = KeyHasher::random();
-        let long = vec![b's'; SCOPE_LEN_MAX + 1];
+        let long = vec![b's'; crate::constants::SCOPE_LEN_MAX + 1];
         for (scope, key) in [
             (&b""[..], &b"order-42"[..]),
             (b"tenant-a", b"order-42"),
@@ -1672,6 +1669,10 @@ mod tests {
         assert_eq!(h.hash_scoped(&long, b"k"), None);
     }
 
+    /// Hashes are persisted (marker rows are keyed by them): for a given secret they must
+    /// never change, on any platform or version. The values were computed once, and agree
+    /// with an independent SipHash-1-3 of the same bytes (the length as a little-endian u64,
+    /// then the key).
     #[test]
     fn keyed_hashes_are_fixed_by_the_secret() {
         let mut secret = [0u8; HASH_SECRET_LEN];

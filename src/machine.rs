@@ -47,9 +47,7 @@ use std::time::Duration;
 pub(crate) struct Now {
     /// Monotonic ns: lease ends and retention deadlines.
     pub(crate) mono_ns: u64,
-    /// Wall-clock ms since the epoch: what records persist and reports show. A caller whose
-    /// transition neither writes a record nor reports a wall time (a claim of a memory-only
-    /// engine) may leave it unread, as 0.
+    /// Wall-clock ms since the epoch: what records persist and reports show.
     pub(crate) wall_ms: u64,
 }
 

@@ -25,16 +25,21 @@ pub(crate) fn scoped(scope: &[u8], key: &[u8]) -> Option<Box<[u8]>> {
 /// `out` empty, if the scope is longer than `SCOPE_LEN_MAX`.
 pub(crate) fn write_scoped(out: &mut Vec<u8>, scope: &[u8], key: &[u8]) -> bool {
     out.clear();
-    let Some(len) = u8::try_from(scope.len())
-        .ok()
-        .filter(|&l| usize::from(l) <= SCOPE_LEN_MAX)
-    else {
+    let Some(len) = prefix(scope) else {
         return false;
     };
     out.push(len);
     out.extend_from_slice(scope);
     out.extend_from_slice(key);
     true
+}
+
+/// The byte a scoped key of `scope` starts with (the scope's length), or `None` if the
+/// scope is longer than `SCOPE_LEN_MAX`.
+pub(crate) fn prefix(scope: &[u8]) -> Option<u8> {
+    u8::try_from(scope.len())
+        .ok()
+        .filter(|&l| usize::from(l) <= SCOPE_LEN_MAX)
 }
 
 /// The scope and the key of a scoped key. Every scoped key is built by [`scoped`]; bytes

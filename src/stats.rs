@@ -166,6 +166,15 @@ pub(crate) struct Gauges {
     pub(crate) completed: AtomicU64,
 }
 
+impl Gauges {
+    /// The keys the index holds, as `keys_max` admission counts them.
+    pub(crate) fn keys(&self) -> u64 {
+        self.inflight.load(Ordering::Relaxed)
+            + self.abandoned.load(Ordering::Relaxed)
+            + self.completed.load(Ordering::Relaxed)
+    }
+}
+
 /// The events one stripe counted under its lock: plain integers on the stripe's own cache
 /// lines. [`crate::Engine::stats`] adds them up while it locks each stripe.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use crate::commit_log::CommitLog;
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
 use crate::gather::Window;
-use crate::index::{Shard, Side};
+use crate::index::Side;
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
@@ -397,17 +397,10 @@ impl Writer {
         self.marked.clear();
     }
 
-    /// Makes committed completions visible and wakes their waiters: each stripe is locked
+    /// Makes committed completions visible (with `side`, as
+    /// [`crate::index::Shard::publish`] says) and wakes their waiters: each stripe is locked
     /// and notified once per batch, however many of the batch's completions it holds.
     fn publish(&self, batch: &[Queued], side: Side) {
-        self.for_each_completion(batch, |shard, keyed, token| {
-            shard.publish(keyed, token, side)
-        });
-    }
-
-    /// Runs `f` on each completion of the batch (keyed hash, token) under its stripe's
-    /// lock, each stripe locked and notified once.
-    fn for_each_completion(&self, batch: &[Queued], mut f: impl FnMut(&mut Shard, u64, u64)) {
         let index = &self.shared.index;
         let mut done: Vec<(usize, u64, u64)> = batch
             .iter()
@@ -428,7 +421,7 @@ impl Writer {
             };
             let mut shard = stripe.map.lock();
             for (_, keyed, token) in group {
-                f(&mut shard, *keyed, *token);
+                shard.publish(*keyed, *token, side);
             }
             drop(shard);
             stripe.changed.notify_all();

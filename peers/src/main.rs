@@ -371,22 +371,25 @@ impl Calibration {
     }
 }
 
-/// The workload against the harness alone ([`systems::Floor`]), best of [`FLOOR_ROUNDS`].
+/// The workload against the harness alone ([`systems::Floor`]), best of [`FLOOR_ROUNDS`]
+/// (picked as every row's best round is, [`best_round`]); an error if any round failed or
+/// answered wrongly.
 fn harness_floor(w: &workload::Workload) -> Result<(f64, f64), String> {
-    let mut best = (0.0, 0.0);
-    for _ in 0..FLOOR_ROUNDS {
-        let m = workload::run(&systems::Floor::new(w.n), w)?;
-        if m.errors > 0 || m.double_keys > 0 {
-            return Err(format!(
-                "calibration: the harness floor answered wrongly: {} errors, {} doubles",
-                m.errors, m.double_keys
-            ));
-        }
-        if m.throughput() > best.0 {
-            best = (m.throughput(), m.completes_per_sec());
-        }
+    let rounds = (0..FLOOR_ROUNDS)
+        .map(|_| workload::run(&systems::Floor::new(w.n), w))
+        .collect();
+    let m = best_round(rounds).map_err(|e| format!("calibration: the harness floor: {e}"))?;
+    if m.rounds_failed > 0 || m.errors_all > 0 || m.double_keys_all > 0 {
+        return Err(format!(
+            "calibration: the harness floor answered wrongly: {} failed rounds, {} errors, \
+             {} doubles ({})",
+            m.rounds_failed,
+            m.errors_all,
+            m.double_keys_all,
+            m.first_error.as_deref().unwrap_or("no error message")
+        ));
     }
-    Ok(best)
+    Ok((m.throughput(), m.completes_per_sec()))
 }
 
 fn calibrate(dir: &Path, w: &workload::Workload) -> Result<Calibration, String> {
