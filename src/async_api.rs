@@ -79,7 +79,7 @@ impl Engine {
             return pg.claim_async(self, key, opts, false).await;
         }
         self.check_key(key)?;
-        let key = &*self.scoped_key(&opts.scope, key)?;
+        let key = &self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let mut looks = 0;
         loop {
@@ -115,7 +115,7 @@ impl Engine {
             return pg.claim_async(self, key, opts, true).await;
         }
         self.check_key(key)?;
-        let key = &*self.scoped_key(&opts.scope, key)?;
+        let key = &self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let s = self.shared();
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
@@ -195,7 +195,7 @@ impl Engine {
     /// The async driver of `prepare` (see `Engine::settle`).
     async fn settle_async(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
         step: Step,
         looks: &mut u32,
@@ -551,7 +551,7 @@ impl Lease {
     pub fn handle(&self) -> LeaseHandle {
         LeaseHandle {
             engine: self.engine.clone(),
-            key: Arc::from(&self.key[..]),
+            key: Arc::clone(&self.key),
             token: self.token,
             attempt: self.attempt,
             checkpoint: self.checkpoint.clone(),

@@ -372,7 +372,7 @@ impl Engine {
     /// The blocking (`finish`) and async drivers only add the wait.
     pub(crate) fn prepare(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
         step: Step,
     ) -> Result<Prepared, ClaimError> {
@@ -387,7 +387,8 @@ impl Engine {
                 // waiting (a dropped future) releases the claim like any dropped lease.
                 let lease = Lease {
                     engine: self.clone(),
-                    key: Box::from(key),
+                    // The call's scoped key, shared: no copy per lease.
+                    key: Arc::clone(key),
                     token,
                     attempt,
                     checkpoint,
@@ -440,7 +441,7 @@ impl Engine {
     /// The blocking driver of [`Engine::prepare`].
     fn finish(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
         step: Step,
     ) -> Result<Result<Claim, Again>, ClaimError> {
@@ -526,7 +527,7 @@ impl Engine {
     /// looked `CLAIM_LOOKS_MAX` times gets the answer its last reason calls for.
     fn settle(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
         step: Step,
         looks: &mut u32,
@@ -600,7 +601,7 @@ impl Engine {
         else {
             return Err(self.corrupted(format!("record under token {token} is not a completion")));
         };
-        if crate::scope::split(key) != (&record.scope.0[..], &record.key.0[..]) {
+        if crate::scope::split(key) != (&record.scope[..], &record.key.0[..]) {
             return Err(
                 self.corrupted(format!("record under token {token} belongs to another key"))
             );
@@ -646,7 +647,7 @@ impl Engine {
             return pg.claim(self, key, opts, false);
         }
         self.check_key(key)?;
-        let key = &*self.scoped_key(&opts.scope, key)?;
+        let key = &self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let mut looks = 0;
         loop {
@@ -676,7 +677,7 @@ impl Engine {
             return pg.claim(self, key, opts, true);
         }
         self.check_key(key)?;
-        let key = &*self.scoped_key(&opts.scope, key)?;
+        let key = &self.scoped_key(&opts.scope, key)?;
         self.check_open()?;
         let s = self.shared();
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);

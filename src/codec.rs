@@ -15,13 +15,6 @@ use std::sync::Arc;
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Blob(pub(crate) Arc<[u8]>);
 
-impl Blob {
-    /// No bytes (the unscoped key's scope).
-    pub(crate) fn empty() -> Self {
-        Blob(Arc::from(&[][..]))
-    }
-}
-
 impl fmt::Debug for Blob {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Blob({} bytes)", self.0.len())
@@ -95,7 +88,7 @@ impl Checkpoint {
 pub(crate) struct Record {
     pub(crate) key: Blob,
     /// The namespace the key lives in (tenant, client, operation); empty: unscoped.
-    pub(crate) scope: Blob,
+    pub(crate) scope: ScopeBlob,
     /// The request's fingerprint. One whose high 64 bits are zero is a 64-bit fingerprint:
     /// a caller's `u64`, or a version-1 record's FNV-1a of the payload.
     pub(crate) fingerprint: Option<u128>,
@@ -158,10 +151,47 @@ pub(crate) enum HeadState {
     },
 }
 
+/// A record's scope. Bytes like [`Blob`] on disk; the empty scope (an unscoped key, the
+/// common case) holds no allocation, since an empty `Arc<[u8]>` still allocates its counts.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub(crate) struct ScopeBlob(Option<Arc<[u8]>>);
+
+impl ScopeBlob {
+    pub(crate) fn new(bytes: &[u8]) -> Self {
+        Self((!bytes.is_empty()).then(|| Arc::from(bytes)))
+    }
+}
+
+impl std::ops::Deref for ScopeBlob {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for ScopeBlob {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ScopeBlob({} bytes)", self.len())
+    }
+}
+
+impl Serialize for ScopeBlob {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ScopeBlob {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Blob::deserialize(d).map(|b| Self((!b.0.is_empty()).then_some(b.0)))
+    }
+}
+
 /// The records of format version 1, read (never written) so that files written by the
 /// previous format keep working; each converts to its version-2 form.
 mod v1 {
-    use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordState};
+    use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordState, ScopeBlob};
     use serde::Deserialize;
 
     #[derive(Deserialize)]
@@ -235,7 +265,7 @@ mod v1 {
             };
             Record {
                 key: r.key,
-                scope: Blob::empty(),
+                scope: ScopeBlob::default(),
                 fingerprint: r.fingerprint.map(u128::from),
                 first_claimed_wall_ms: 0,
                 retention_ms: None,
@@ -591,7 +621,7 @@ mod tests {
     fn sample() -> Record {
         Record {
             key: Blob(Arc::from(&b"order-42"[..])),
-            scope: Blob(Arc::from(&b"tenant-7"[..])),
+            scope: ScopeBlob::new(b"tenant-7"),
             fingerprint: Some(7 << 64 | 3),
             first_claimed_wall_ms: 4,
             retention_ms: Some(30_000),
@@ -615,7 +645,7 @@ mod tests {
         let r = sample();
         let head = decode_head(5, &encode(5, &r)).unwrap();
         assert_eq!(&*head.key.0, &*r.key.0);
-        assert_eq!(&*head.scope.0, &*r.scope.0);
+        assert_eq!(&*head.scope.0, &*r.scope);
         assert_eq!(head.fingerprint, Some(7 << 64 | 3));
         assert_eq!(head.first_claimed_wall_ms, 4);
         assert_eq!(head.retention_ms, Some(30_000));
@@ -643,7 +673,7 @@ mod tests {
     fn inflight() -> Record {
         Record {
             key: Blob(Arc::from(&b"k"[..])),
-            scope: Blob::empty(),
+            scope: ScopeBlob::default(),
             fingerprint: None,
             first_claimed_wall_ms: 2,
             retention_ms: None,
@@ -658,9 +688,26 @@ mod tests {
     }
 
     /// What a version-1 record becomes: its fields kept, the new ones at "unknown".
+    #[test]
+    fn a_scope_is_encoded_as_the_bytes_it_holds_and_an_empty_one_allocates_nothing() {
+        for bytes in [&b""[..], b"t", b"tenant-7", &[0xff; 255]] {
+            let scope = ScopeBlob::new(bytes);
+            assert_eq!(&*scope, bytes);
+            assert_eq!(scope.0.is_none(), bytes.is_empty());
+            // The same bytes on disk as a blob of those bytes, both ways.
+            let as_blob = bincode::serde::encode_to_vec(Blob(Arc::from(bytes)), config());
+            let as_scope = bincode::serde::encode_to_vec(&scope, config());
+            assert_eq!(as_scope.as_ref().ok(), as_blob.as_ref().ok());
+            let back: Option<(ScopeBlob, usize)> = as_blob
+                .ok()
+                .and_then(|b| bincode::serde::decode_from_slice(&b, config()).ok());
+            assert_eq!(back.map(|(s, _)| s), Some(scope));
+        }
+    }
+
     fn as_v1(r: &Record) -> Record {
         let mut r = r.clone();
-        r.scope = Blob::empty();
+        r.scope = ScopeBlob::default();
         r.fingerprint = r.fingerprint.map(|f| u128::from(f as u64));
         r.first_claimed_wall_ms = 0;
         r.retention_ms = None;

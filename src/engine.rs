@@ -373,7 +373,7 @@ impl Shared {
                 // the key's keyed hash and the token, so the hash is taken here, on the
                 // caller's thread, not on the writer's, and without building the scoped key.
                 publish: publish
-                    .then(|| self.index.keyed_hash_scoped(&record.scope.0, &record.key.0))
+                    .then(|| self.index.keyed_hash_scoped(&record.scope, &record.key.0))
                     .flatten(),
                 drop_marker,
             },
@@ -744,8 +744,8 @@ impl Engine {
 
     /// The scoped key (`scope.rs`) of `key` within `scope`, the form every internal call
     /// takes; a scope past its limit is refused.
-    pub(crate) fn scoped_key(&self, scope: &[u8], key: &[u8]) -> Result<Box<[u8]>, ClaimError> {
-        crate::scope::scoped(scope, key).ok_or(ClaimError::ScopeTooLong {
+    pub(crate) fn scoped_key(&self, scope: &[u8], key: &[u8]) -> Result<Arc<[u8]>, ClaimError> {
+        crate::scope::scoped_shared(scope, key).ok_or(ClaimError::ScopeTooLong {
             len: scope.len(),
             max: SCOPE_LEN_MAX,
         })

@@ -149,6 +149,12 @@ impl Slot {
         table_hash(u32::from_le_bytes([a, b, c, 0]))
     }
 
+    /// Whether this slot's key has the table tag `tag` (see [`is_key`]).
+    fn has_tag(&self, tag: u32) -> bool {
+        let [a, b, c, _] = tag.to_le_bytes();
+        self.tag == [a, b, c]
+    }
+
     /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
     fn same_place(&self, other: &Slot) -> bool {
         self.token == other.token
@@ -517,9 +523,9 @@ impl Shard {
     }
 
     pub(crate) fn get(&self, key: Key<'_>) -> Option<Slot> {
-        let (hash, key) = (key.hash, key.bytes);
+        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
         self.slots
-            .find(hash, |(k, ..)| **k == *key)
+            .find(hash, |(k, s, _)| is_key(k, s, tag, key))
             .map(|(_, s, _)| *s)
     }
 
@@ -537,8 +543,8 @@ impl Shard {
     /// The key's state, as the state machine reads it: one lookup for the slot and its
     /// side data.
     pub(crate) fn view(&self, key: Key<'_>) -> View<'_> {
-        let (hash, key) = (key.hash, key.bytes);
-        match self.slots.find(hash, |(k, ..)| **k == *key) {
+        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
+        match self.slots.find(hash, |(k, s, _)| is_key(k, s, tag, key)) {
             Some((_, slot, extra)) => View {
                 slot: Some(*slot),
                 extra: extra.as_deref(),
@@ -601,7 +607,10 @@ impl Shard {
         let mut added = if has_extra { extra.heap_bytes() } else { 0 };
         let mut freed = 0;
         // One lookup when the key exists (every transition but a first claim).
-        let old = match self.slots.find_mut(hash, |(k, ..)| **k == *key) {
+        let old = match self
+            .slots
+            .find_mut(hash, |(k, s, _)| is_key(k, s, tag, key))
+        {
             Some((_, existing, side)) => {
                 let old = *existing;
                 // A checkpoint of an abandoned lease leaves it abandoned.
@@ -821,8 +830,11 @@ impl Shard {
 
     /// Removes the key and its side data; returns the slot it had.
     pub(crate) fn remove(&mut self, key: Key<'_>) -> Option<Slot> {
-        let (hash, key) = (key.hash, key.bytes);
-        let entry = self.slots.find_entry(hash, |(k, ..)| **k == *key).ok()?;
+        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
+        let entry = self
+            .slots
+            .find_entry(hash, |(k, s, _)| is_key(k, s, tag, key))
+            .ok()?;
         let ((k, slot, side), _) = entry.remove();
         self.drop_entry(&k, side);
         self.leave(hash, &slot);
@@ -841,8 +853,11 @@ impl Shard {
     /// the slot leaves the abandoned set without being counted live a second time. The
     /// caller replaces the slot right after, under the same lock.
     pub(crate) fn adopt(&mut self, key: Key<'_>) {
-        let (hash, key) = (key.hash, key.bytes);
-        if let Some((_, slot, _)) = self.slots.find_mut(hash, |(k, ..)| **k == *key) {
+        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
+        if let Some((_, slot, _)) = self
+            .slots
+            .find_mut(hash, |(k, s, _)| is_key(k, s, tag, key))
+        {
             if slot.is_abandoned() {
                 slot.flags &= !ABANDONED;
                 self.abandoned -= 1;
@@ -1323,6 +1338,14 @@ pub(crate) struct Key<'a> {
     tag: u32,
     /// Bits 32 to 63 of the keyed hash.
     stripe_bits: u32,
+}
+
+/// Whether the table entry (`k`, `s`) is the key `key` of tag `tag`. The tag is compared
+/// first: a control-byte match of another key then costs no read of its boxed key (a cache
+/// miss), and only keys with equal 24-bit tags are compared byte by byte.
+fn is_key(k: &[u8], s: &Slot, tag: u32, key: &[u8]) -> bool {
+    debug_assert!(s.has_tag(tag) || k != key, "a key's slot carries its tag");
+    s.has_tag(tag) && k == key
 }
 
 /// Bits of the keyed hash kept in a slot (the padding holds three bytes).

@@ -46,7 +46,7 @@ pub enum Claim {
 pub struct Lease {
     pub(crate) engine: Engine,
     /// The scoped key (`scope.rs`).
-    pub(crate) key: Box<[u8]>,
+    pub(crate) key: Arc<[u8]>,
     pub(crate) token: u64,
     pub(crate) attempt: u32,
     pub(crate) checkpoint: Option<Checkpoint>,
@@ -240,7 +240,7 @@ impl Lease {
         self.settled = true;
         self.staged.settle();
         Detached {
-            key: std::mem::take(&mut self.key),
+            key: Arc::clone(&self.key),
             token: self.token,
             attempt: self.attempt,
         }
@@ -339,7 +339,7 @@ impl Drop for Lease {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detached {
     /// The scoped key (`scope.rs`).
-    key: Box<[u8]>,
+    key: Arc<[u8]>,
     token: u64,
     attempt: u32,
 }

@@ -32,7 +32,7 @@
 //! (`Shard::publish`).
 
 use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at};
-use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordState};
+use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordState, ScopeBlob};
 use crate::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::index::{Extra, Slot};
 use crate::lease::{Busy, Forgotten, Stored};
@@ -440,7 +440,7 @@ pub(crate) fn inflight_record(
     let (scope, key) = crate::scope::split(key);
     Record {
         key: Blob(Arc::from(key)),
-        scope: Blob(Arc::from(scope)),
+        scope: ScopeBlob::new(scope),
         fingerprint,
         first_claimed_wall_ms: 0,
         retention_ms: None,
@@ -633,7 +633,7 @@ fn complete(
         old: None,
         record: Record {
             key: Blob(Arc::from(key)),
-            scope: Blob(Arc::from(scope)),
+            scope: ScopeBlob::new(scope),
             fingerprint,
             first_claimed_wall_ms,
             retention_ms: own_ms,
@@ -861,7 +861,7 @@ pub(crate) fn import(
         old,
         record: Record {
             key: Blob(Arc::from(record.key.as_slice())),
-            scope: Blob(Arc::from(record.scope.as_slice())),
+            scope: ScopeBlob::new(record.scope.as_slice()),
             fingerprint: record.fingerprint,
             first_claimed_wall_ms,
             retention_ms: None,
@@ -1797,7 +1797,7 @@ mod tests {
                     old: None,
                     record: Record {
                         key: Blob(Arc::from(KEY)),
-                        scope: Blob::empty(),
+                        scope: ScopeBlob::default(),
                         fingerprint: Some(7),
                         first_claimed_wall_ms: FIRST_CLAIMED,
                         retention_ms: None,

@@ -174,7 +174,7 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
     };
     Ok(RecordInfo {
         key: record.key.0.to_vec(),
-        scope: record.scope.0.to_vec(),
+        scope: record.scope.to_vec(),
         token,
         fingerprint: record.fingerprint,
         attempt,

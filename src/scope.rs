@@ -9,7 +9,8 @@
 //! records store the scope and the key apart, and recovery rebuilds the scoped key from
 //! them. Only the public calls take a scope and a key.
 
-use crate::constants::SCOPE_LEN_MAX;
+use crate::constants::{SCOPED_STACK_LEN, SCOPE_LEN_MAX};
+use crate::sync::Arc;
 
 // The length prefix is one byte.
 const _: () = assert!(SCOPE_LEN_MAX <= u8::MAX as usize);
@@ -23,6 +24,22 @@ pub(crate) fn scoped(scope: &[u8], key: &[u8]) -> Option<Box<[u8]>> {
 
 /// Writes the scoped key of `key` within `scope` into `out` (cleared first); false, with
 /// `out` empty, if the scope is longer than `SCOPE_LEN_MAX`.
+/// [`scoped`] in one shared allocation: the form a call and the lease it hands out share.
+/// Built on the stack first, so the shared slice is allocated once, at its size, and filled
+/// by two copies (a key over the default limit takes a second allocation).
+pub(crate) fn scoped_shared(scope: &[u8], key: &[u8]) -> Option<Arc<[u8]>> {
+    let len = prefix(scope)?;
+    let (scope_end, end) = (1 + scope.len(), 1 + scope.len() + key.len());
+    if end > SCOPED_STACK_LEN {
+        return scoped(scope, key).map(Arc::from);
+    }
+    let mut buf = [0u8; SCOPED_STACK_LEN];
+    buf[0] = len;
+    buf[1..scope_end].copy_from_slice(scope);
+    buf[scope_end..end].copy_from_slice(key);
+    Some(Arc::from(&buf[..end]))
+}
+
 pub(crate) fn write_scoped(out: &mut Vec<u8>, scope: &[u8], key: &[u8]) -> bool {
     out.clear();
     let Some(len) = prefix(scope) else {
@@ -76,6 +93,15 @@ mod tests {
                 assert_ne!(keys[i], keys[j], "{:?} and {:?}", pairs[i], pairs[j]);
             }
         }
+        // The shared form is the same bytes, on either side of its stack buffer's size.
+        let long = vec![7u8; SCOPED_STACK_LEN];
+        for (scope, key) in pairs.iter().copied().chain([(&b"s"[..], &long[..])]) {
+            assert_eq!(
+                scoped_shared(scope, key).as_deref(),
+                scoped(scope, key).as_deref()
+            );
+        }
+        assert!(scoped_shared(&[0; SCOPE_LEN_MAX + 1], b"k").is_none());
         // The unscoped key is the key behind a zero byte.
         assert_eq!(&*scoped(b"", b"order-42").unwrap(), b"\0order-42");
         assert_eq!(key_of(b"\0order-42"), b"order-42");
