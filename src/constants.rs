@@ -14,9 +14,10 @@ pub(crate) const KEY_LEN_LIMIT: usize = 4096;
 /// name, or a hash of one. Inside the engine a scoped key is the scope's length (one byte),
 /// the scope and the key, so the ceiling is a byte's.
 pub(crate) const SCOPE_LEN_MAX: usize = 255;
-/// Stack buffer for building a scoped key: its length byte, the longest scope and a key of
-/// the default length limit. A longer key is built on the heap (one more allocation).
-pub(crate) const SCOPED_STACK_LEN: usize = 1 + SCOPE_LEN_MAX + KEY_LEN_MAX_DEFAULT;
+/// Stack buffer for building a scoped key: two cache lines, enough for the usual scope and
+/// key (an id, a UUID, a hash in hex), cheap to clear on every call. A longer one is built
+/// on the heap, then copied into its shared allocation: one allocation more.
+pub(crate) const SCOPED_STACK_LEN: usize = 128;
 
 /// Default largest stored response, in bytes.
 pub(crate) const RESPONSE_LEN_MAX_DEFAULT: usize = 1 << 20;

@@ -22,11 +22,9 @@ pub(crate) fn scoped(scope: &[u8], key: &[u8]) -> Option<Box<[u8]>> {
     write_scoped(&mut out, scope, key).then(|| out.into_boxed_slice())
 }
 
-/// Writes the scoped key of `key` within `scope` into `out` (cleared first); false, with
-/// `out` empty, if the scope is longer than `SCOPE_LEN_MAX`.
 /// [`scoped`] in one shared allocation: the form a call and the lease it hands out share.
 /// Built on the stack first, so the shared slice is allocated once, at its size, and filled
-/// by two copies (a key over the default limit takes a second allocation).
+/// by one copy (one longer than `SCOPED_STACK_LEN` takes a second allocation).
 pub(crate) fn scoped_shared(scope: &[u8], key: &[u8]) -> Option<Arc<[u8]>> {
     let len = prefix(scope)?;
     let (scope_end, end) = (1 + scope.len(), 1 + scope.len() + key.len());
@@ -40,6 +38,8 @@ pub(crate) fn scoped_shared(scope: &[u8], key: &[u8]) -> Option<Arc<[u8]>> {
     Some(Arc::from(&buf[..end]))
 }
 
+/// Writes the scoped key of `key` within `scope` into `out` (cleared first); false, with
+/// `out` empty, if the scope is longer than `SCOPE_LEN_MAX`.
 pub(crate) fn write_scoped(out: &mut Vec<u8>, scope: &[u8], key: &[u8]) -> bool {
     out.clear();
     let Some(len) = prefix(scope) else {
@@ -95,7 +95,12 @@ mod tests {
         }
         // The shared form is the same bytes, on either side of its stack buffer's size.
         let long = vec![7u8; SCOPED_STACK_LEN];
-        for (scope, key) in pairs.iter().copied().chain([(&b"s"[..], &long[..])]) {
+        let edges = [
+            (&b""[..], &long[..SCOPED_STACK_LEN - 1]),
+            (&b""[..], &long[..]),
+            (&b"s"[..], &long[..]),
+        ];
+        for (scope, key) in pairs.iter().copied().chain(edges) {
             assert_eq!(
                 scoped_shared(scope, key).as_deref(),
                 scoped(scope, key).as_deref()

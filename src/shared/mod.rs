@@ -245,7 +245,7 @@ impl Backend {
                 lease,
             } => Claim::Acquired(Lease {
                 engine: engine.clone(),
-                key: Box::from(key),
+                key: Arc::from(key),
                 token,
                 attempt,
                 checkpoint,
@@ -264,7 +264,7 @@ impl Backend {
         engine: &Engine,
         key: &[u8],
         opts: &ClaimOptions,
-    ) -> Result<Box<[u8]>, ClaimError> {
+    ) -> Result<Arc<[u8]>, ClaimError> {
         engine.check_key(key)?;
         opts.retention_ms()?;
         let scoped = engine.scoped_key(&opts.scope, key)?;
