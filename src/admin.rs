@@ -551,7 +551,7 @@ impl Admin<'_> {
                 s.cfg.key_len_max
             )));
         }
-        let key = crate::scope::scoped(&record.scope, &record.key).ok_or_else(|| {
+        let key = crate::scope::scoped_shared(&record.scope, &record.key).ok_or_else(|| {
             ImportError::Invalid(format!(
                 "scope length {} over {}",
                 record.scope.len(),
@@ -559,7 +559,14 @@ impl Admin<'_> {
             ))
         })?;
         let (mut shard, changed, k) = s.index.lock(&key);
-        let step = machine::import(shard.view(k), record, s.tokens.next(), s.now(), &s.rules())?;
+        let step = machine::import(
+            shard.view(k),
+            machine::KeyRef::Shared(&key),
+            record,
+            s.tokens.next(),
+            s.now(),
+            &s.rules(),
+        )?;
         if step.answer == Imported::Gone {
             return Ok(());
         }

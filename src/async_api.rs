@@ -139,7 +139,7 @@ impl Engine {
     /// busy and the wait has time left) a registration for the next change and a timer.
     fn poll_claim(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
         looking: &mut Looking,
         cx: &mut Context<'_>,
@@ -159,7 +159,7 @@ impl Engine {
                 return Poll::Ready(Err(ClaimError::Closed));
             }
         }
-        let step = match self.claim_step(&mut shard, k, opts) {
+        let step = match self.claim_step(&mut shard, k, key, opts) {
             Ok(step) => step,
             Err(e) => return Poll::Ready(Err(e)),
         };

@@ -13,7 +13,7 @@ use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
 use crate::index::{Forgot, Key, Shard};
 use crate::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome};
-use crate::machine::{self, Acquired, Acquiring, ClaimAnswer, MarkerAnswer, Now};
+use crate::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now};
 #[cfg(doc)]
 use crate::options::OnHandlerError;
 use crate::options::{AskedFingerprint, ClaimOptions};
@@ -147,9 +147,14 @@ impl Engine {
         &self,
         shard: &mut MutexGuard<'_, Shard>,
         k: Key<'_>,
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
     ) -> Result<Step, ClaimError> {
-        let key = k.bytes();
+        debug_assert_eq!(
+            k.bytes(),
+            &key[..],
+            "the call's key and its hashed form agree"
+        );
         let s = self.shared();
         let c = &s.counters;
         let retention_ms = opts.retention_ms()?;
@@ -217,7 +222,7 @@ impl Engine {
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let plan = plan.asking_retention(retention_ms);
-        let step = machine::acquire(plan, key, token, lease, now, &rules);
+        let step = machine::acquire(plan, KeyRef::Shared(key), token, lease, now, &rules);
         let seq = match s.queue_dropping(step.write, drop_marker, true) {
             Ok(seq) => seq,
             Err(refused) => {
@@ -327,7 +332,7 @@ impl Engine {
     /// counted at its first look.
     pub(crate) fn look(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
         first: bool,
     ) -> Result<Step, ClaimError> {
@@ -335,7 +340,7 @@ impl Engine {
         if first {
             self.shared().count_claim(&mut shard.events);
         }
-        self.claim_step(&mut shard, k, opts)
+        self.claim_step(&mut shard, k, key, opts)
     }
 
     /// Whether a new key fits the `keys_max` budget, after reclaiming what this stripe has
@@ -601,7 +606,7 @@ impl Engine {
         else {
             return Err(self.corrupted(format!("record under token {token} is not a completion")));
         };
-        if crate::scope::split(key) != (&record.scope[..], &record.key.0[..]) {
+        if key != record.key.scoped() {
             return Err(
                 self.corrupted(format!("record under token {token} belongs to another key"))
             );
@@ -700,7 +705,7 @@ impl Engine {
                             return Err(ClaimError::Closed);
                         }
                     }
-                    let step = self.claim_step(&mut shard, k, opts)?;
+                    let step = self.claim_step(&mut shard, k, key, opts)?;
                     let Step::Busy(busy) = &step else { break step };
                     let now = s.time.mono_ns();
                     if now >= deadline {

@@ -86,9 +86,8 @@ impl Checkpoint {
 /// One key's durable state, as stored under its token (format version 2).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record {
-    pub(crate) key: Blob,
-    /// The namespace the key lives in (tenant, client, operation); empty: unscoped.
-    pub(crate) scope: ScopeBlob,
+    /// The key and the namespace it lives in (tenant, client, operation; empty: unscoped).
+    pub(crate) key: RecordKey,
     /// The request's fingerprint. One whose high 64 bits are zero is a 64-bit fingerprint:
     /// a caller's `u64`, or a version-1 record's FNV-1a of the payload.
     pub(crate) fingerprint: Option<u128>,
@@ -151,47 +150,115 @@ pub(crate) enum HeadState {
     },
 }
 
-/// A record's scope. Bytes like [`Blob`] on disk; the empty scope (an unscoped key, the
-/// common case) holds no allocation, since an empty `Arc<[u8]>` still allocates its counts.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub(crate) struct ScopeBlob(Option<Arc<[u8]>>);
+/// A record's key and scope, held as the engine's scoped key (`scope.rs`): a claim's
+/// records share the one allocation its call and its lease hold. On disk it is the key, then
+/// the scope: two byte blobs, as format 2 has always laid them out (a tuple adds no bytes).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct RecordKey(Arc<[u8]>);
 
-impl ScopeBlob {
-    pub(crate) fn new(bytes: &[u8]) -> Self {
-        Self((!bytes.is_empty()).then(|| Arc::from(bytes)))
+impl RecordKey {
+    /// Shares `scoped`, a scoped key the engine built (`scope::scoped_shared`).
+    pub(crate) fn shared(scoped: &Arc<[u8]>) -> Self {
+        Self(Arc::clone(scoped))
+    }
+
+    /// A copy of `scoped`, a scoped key.
+    pub(crate) fn copied(scoped: &[u8]) -> Self {
+        Self(Arc::from(scoped))
+    }
+
+    /// `key` without a scope (a format-1 record's).
+    fn unscoped(key: &[u8]) -> Self {
+        Self(std::iter::once(0).chain(key.iter().copied()).collect())
+    }
+
+    /// The key `key` within `scope`; `None` for a scope past `SCOPE_LEN_MAX`.
+    pub(crate) fn from_parts(scope: &[u8], key: &[u8]) -> Option<Self> {
+        crate::scope::scoped_shared(scope, key).map(Self)
+    }
+
+    pub(crate) fn key(&self) -> &[u8] {
+        crate::scope::split(&self.0).1
+    }
+
+    pub(crate) fn scope(&self) -> &[u8] {
+        crate::scope::split(&self.0).0
+    }
+
+    /// The scoped key: the index's name for the key.
+    pub(crate) fn scoped(&self) -> &[u8] {
+        &self.0
     }
 }
 
-impl std::ops::Deref for ScopeBlob {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        self.0.as_deref().unwrap_or_default()
-    }
-}
-
-impl fmt::Debug for ScopeBlob {
+impl fmt::Debug for RecordKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ScopeBlob({} bytes)", self.len())
+        write!(
+            f,
+            "RecordKey(key {} bytes, scope {} bytes)",
+            self.key().len(),
+            self.scope().len()
+        )
     }
 }
 
-impl Serialize for ScopeBlob {
+/// Bytes serialized as one length-prefixed blob, borrowed.
+struct BytesRef<'a>(&'a [u8]);
+
+impl Serialize for BytesRef<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_bytes(self)
+        s.serialize_bytes(self.0)
     }
 }
 
-impl<'de> Deserialize<'de> for ScopeBlob {
+/// One byte blob decoded into a `Vec` (an empty one allocates nothing).
+struct VecBuf(Vec<u8>);
+
+impl<'de> Deserialize<'de> for VecBuf {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Blob::deserialize(d).map(|b| Self((!b.0.is_empty()).then_some(b.0)))
+        d.deserialize_byte_buf(BytesVisitor::<Vec<u8>>::default())
+            .map(VecBuf)
+    }
+}
+
+impl Serialize for RecordKey {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeTuple;
+        let mut t = s.serialize_tuple(2)?;
+        t.serialize_element(&BytesRef(self.key()))?;
+        t.serialize_element(&BytesRef(self.scope()))?;
+        t.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyThenScope;
+        impl<'de> Visitor<'de> for KeyThenScope {
+            type Value = RecordKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key, then its scope")
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<RecordKey, A::Error> {
+                let key: VecBuf = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(0, &self))?;
+                let scope: VecBuf = seq
+                    .next_element()?
+                    .ok_or_else(|| de::Error::invalid_length(1, &self))?;
+                RecordKey::from_parts(&scope.0, &key.0).ok_or_else(|| {
+                    de::Error::custom(format_args!("scope of {} bytes", scope.0.len()))
+                })
+            }
+        }
+        d.deserialize_tuple(2, KeyThenScope)
     }
 }
 
 /// The records of format version 1, read (never written) so that files written by the
 /// previous format keep working; each converts to its version-2 form.
 mod v1 {
-    use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordState, ScopeBlob};
+    use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordKey, RecordState};
     use serde::Deserialize;
 
     #[derive(Deserialize)]
@@ -264,8 +331,7 @@ mod v1 {
                 },
             };
             Record {
-                key: r.key,
-                scope: ScopeBlob::default(),
+                key: RecordKey::unscoped(&r.key.0),
                 fingerprint: r.fingerprint.map(u128::from),
                 first_claimed_wall_ms: 0,
                 retention_ms: None,
@@ -356,8 +422,9 @@ mod v1 {
                 response,
             },
         };
+        let key = Blob(std::sync::Arc::from(r.key.key()));
         let body = R1 {
-            key: &r.key,
+            key: &key,
             // A version-1 fingerprint is 64 bits wide.
             fingerprint: r.fingerprint.map(|f| f as u64),
             state,
@@ -620,8 +687,7 @@ mod tests {
 
     fn sample() -> Record {
         Record {
-            key: Blob(Arc::from(&b"order-42"[..])),
-            scope: ScopeBlob::new(b"tenant-7"),
+            key: RecordKey::from_parts(b"tenant-7", b"order-42").expect("a short scope"),
             fingerprint: Some(7 << 64 | 3),
             first_claimed_wall_ms: 4,
             retention_ms: Some(30_000),
@@ -644,8 +710,8 @@ mod tests {
     fn head_decodes_from_full_record() {
         let r = sample();
         let head = decode_head(5, &encode(5, &r)).unwrap();
-        assert_eq!(&*head.key.0, &*r.key.0);
-        assert_eq!(&*head.scope.0, &*r.scope);
+        assert_eq!(&*head.key.0, r.key.key());
+        assert_eq!(&*head.scope.0, r.key.scope());
         assert_eq!(head.fingerprint, Some(7 << 64 | 3));
         assert_eq!(head.first_claimed_wall_ms, 4);
         assert_eq!(head.retention_ms, Some(30_000));
@@ -672,8 +738,7 @@ mod tests {
 
     fn inflight() -> Record {
         Record {
-            key: Blob(Arc::from(&b"k"[..])),
-            scope: ScopeBlob::default(),
+            key: RecordKey::from_parts(b"", b"k").expect("no scope"),
             fingerprint: None,
             first_claimed_wall_ms: 2,
             retention_ms: None,
@@ -688,26 +753,47 @@ mod tests {
     }
 
     /// What a version-1 record becomes: its fields kept, the new ones at "unknown".
+    /// A record's key is held as the scoped key but written as format 2 always wrote it:
+    /// the key's bytes, then the scope's, each a length-prefixed blob.
     #[test]
-    fn a_scope_is_encoded_as_the_bytes_it_holds_and_an_empty_one_allocates_nothing() {
-        for bytes in [&b""[..], b"t", b"tenant-7", &[0xff; 255]] {
-            let scope = ScopeBlob::new(bytes);
-            assert_eq!(&*scope, bytes);
-            assert_eq!(scope.0.is_none(), bytes.is_empty());
-            // The same bytes on disk as a blob of those bytes, both ways.
-            let as_blob = bincode::serde::encode_to_vec(Blob(Arc::from(bytes)), config());
-            let as_scope = bincode::serde::encode_to_vec(&scope, config());
-            assert_eq!(as_scope.as_ref().ok(), as_blob.as_ref().ok());
-            let back: Option<(ScopeBlob, usize)> = as_blob
-                .ok()
-                .and_then(|b| bincode::serde::decode_from_slice(&b, config()).ok());
-            assert_eq!(back.map(|(s, _)| s), Some(scope));
+    fn a_record_key_is_written_as_the_key_then_the_scope() {
+        let long_key = vec![b'k'; 300];
+        let long_scope = vec![b's'; crate::constants::SCOPE_LEN_MAX];
+        for (scope, key) in [
+            (&b""[..], &b"order-42"[..]),
+            (b"tenant-7", b"order-42"),
+            (b"t", b""),
+            (&long_scope[..], b"k"),
+            (b"tenant-7", &long_key[..]),
+        ] {
+            let rk = RecordKey::from_parts(scope, key).expect("a scope within the limit");
+            assert_eq!((rk.scope(), rk.key()), (scope, key));
+            let as_pair = bincode::serde::encode_to_vec(
+                (Blob(Arc::from(key)), Blob(Arc::from(scope))),
+                config(),
+            )
+            .expect("encodes");
+            let as_key = bincode::serde::encode_to_vec(&rk, config()).expect("encodes");
+            assert_eq!(as_key, as_pair);
+            let back: (RecordKey, usize) =
+                bincode::serde::decode_from_slice(&as_key, config()).expect("decodes");
+            assert_eq!(back, (rk, as_key.len()));
         }
+        // A stored scope past the limit is a decoding error, not a panic or a wrong key.
+        let over = vec![b's'; crate::constants::SCOPE_LEN_MAX + 1];
+        let bytes = bincode::serde::encode_to_vec(
+            (Blob(Arc::from(&b"k"[..])), Blob(Arc::from(&over[..]))),
+            config(),
+        )
+        .expect("encodes");
+        let decoded: Result<(RecordKey, usize), _> =
+            bincode::serde::decode_from_slice(&bytes, config());
+        assert!(decoded.is_err());
     }
 
     fn as_v1(r: &Record) -> Record {
         let mut r = r.clone();
-        r.scope = ScopeBlob::default();
+        r.key = RecordKey::unscoped(r.key.key());
         r.fingerprint = r.fingerprint.map(|f| u128::from(f as u64));
         r.first_claimed_wall_ms = 0;
         r.retention_ms = None;
@@ -731,7 +817,7 @@ mod tests {
             let want = as_v1(&r);
             assert_eq!(decode(11, &old), Ok(want.clone()));
             let head = decode_head(11, &old).unwrap();
-            assert_eq!(&*head.key.0, &*want.key.0);
+            assert_eq!(&*head.key.0, want.key.key());
             assert!(head.scope.0.is_empty());
             assert_eq!(head.fingerprint, want.fingerprint);
             assert_eq!(head.first_claimed_wall_ms, 0);

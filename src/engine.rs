@@ -369,12 +369,9 @@ impl Shared {
                 token,
                 old,
                 value: crate::codec::encode(token, &record),
-                // The index names the key by its scoped key; the writer finds the slot by
-                // the key's keyed hash and the token, so the hash is taken here, on the
-                // caller's thread, not on the writer's, and without building the scoped key.
-                publish: publish
-                    .then(|| self.index.keyed_hash_scoped(&record.scope, &record.key.0))
-                    .flatten(),
+                // The writer finds the slot by the key's keyed hash and the token, so the
+                // hash is taken here, on the caller's thread, not on the writer's.
+                publish: publish.then(|| self.index.keyed_hash(record.key.scoped())),
                 drop_marker,
             },
             Write::Delete { token } => Op::Delete { token },

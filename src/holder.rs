@@ -11,7 +11,7 @@ use crate::clock::wall_ms_at;
 use crate::codec::Checkpoint;
 use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{FlushError, LeaseError, Limit};
-use crate::machine::{self, Holder, HolderAnswer};
+use crate::machine::{self, Holder, HolderAnswer, KeyRef};
 use crate::stats::bump;
 use crate::sync::Arc;
 use crate::write_set::WriteSet;
@@ -73,8 +73,8 @@ impl Engine {
     }
 
     /// The scoped key of a holder's call by key and token.
-    fn lease_key(&self, scope: &[u8], key: &[u8]) -> Result<Box<[u8]>, LeaseError> {
-        crate::scope::scoped(scope, key).ok_or(LeaseError::ScopeTooLong {
+    fn lease_key(&self, scope: &[u8], key: &[u8]) -> Result<Arc<[u8]>, LeaseError> {
+        crate::scope::scoped_shared(scope, key).ok_or(LeaseError::ScopeTooLong {
             len: scope.len(),
             max: crate::constants::SCOPE_LEN_MAX,
         })
@@ -83,7 +83,7 @@ impl Engine {
     /// Completes the scoped key `key` (`scope.rs`); every holder's call below takes one.
     pub(crate) fn complete_arc(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         token: u64,
         response: Arc<[u8]>,
         writes: Option<&WriteSet>,
@@ -96,7 +96,7 @@ impl Engine {
     /// chose one); returns the wall-clock end of the stored response's retention, in ms.
     pub(crate) fn complete_kept(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         token: u64,
         response: Arc<[u8]>,
         retention_ms: Option<u64>,
@@ -195,7 +195,7 @@ impl Engine {
     /// response's retention (ms).
     pub(crate) fn try_complete_kept(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         token: u64,
         response: Arc<[u8]>,
         retention_ms: Option<u64>,
@@ -224,7 +224,7 @@ impl Engine {
             retention_ms,
         };
         let now = s.now();
-        let step = machine::hold(view, key, token, op, now, &rules);
+        let step = machine::hold(view, KeyRef::Shared(key), token, op, now, &rules);
         let expires_wall_ms = match (&step.change, view.slot) {
             (machine::Change::Put { extra, .. }, _) => extra.expires_wall_ms,
             // A repeat: the first completion's end, from its side data while it has any,
@@ -324,7 +324,7 @@ impl Engine {
         let (mut shard, changed, k) = s.index.lock(key);
         let step = machine::hold(
             shard.view(k),
-            key,
+            KeyRef::Bytes(key),
             token,
             Holder::Release,
             s.now(),
@@ -383,7 +383,14 @@ impl Engine {
     pub(crate) fn fail_locked(&self, key: &[u8], token: u64) -> Result<(bool, u64), LeaseError> {
         let s = self.shared();
         let (mut shard, changed, k) = s.index.lock(key);
-        let step = machine::hold(shard.view(k), key, token, Holder::Fail, s.now(), &s.rules());
+        let step = machine::hold(
+            shard.view(k),
+            KeyRef::Bytes(key),
+            token,
+            Holder::Fail,
+            s.now(),
+            &s.rules(),
+        );
         if step.answer != HolderAnswer::Done {
             return Ok((false, 0));
         }
@@ -427,7 +434,14 @@ impl Engine {
         let (mut shard, _, k) = s.index.lock(key);
         let now = s.now();
         let op = op(now.mono_ns);
-        let step = machine::hold(shard.view(k), key, token, op, now, &s.rules());
+        let step = machine::hold(
+            shard.view(k),
+            KeyRef::Bytes(key),
+            token,
+            op,
+            now,
+            &s.rules(),
+        );
         if step.answer != HolderAnswer::Done {
             s.count(&mut shard.events, &step.deltas);
             return Err(LeaseError::LeaseLost);

@@ -1292,31 +1292,14 @@ impl KeyHasher {
     pub(crate) fn check(&self, bytes: &[u8]) -> u64 {
         sip(self.check, bytes)
     }
-
-    /// [`KeyHasher::hash`] of the scoped key of `key` within `scope` (`scope.rs`), without
-    /// building it: the same byte stream, fed in parts. `None` if the scope is too long to
-    /// make a scoped key.
-    pub(crate) fn hash_scoped(&self, scope: &[u8], key: &[u8]) -> Option<u64> {
-        let prefix = crate::scope::prefix(scope)?;
-        Some(sip_parts(self.table, &[&[prefix], scope, key]))
-    }
 }
 
 /// SipHash-1-3 of `bytes` under `keys`, length first: a fixed byte stream on every platform,
 /// since the hashes are persisted.
 fn sip(keys: (u64, u64), bytes: &[u8]) -> u64 {
-    sip_parts(keys, &[bytes])
-}
-
-/// [`sip`] of the concatenation of `parts`, without making it: the hasher takes its input
-/// as one stream, so the parts' boundaries do not show.
-fn sip_parts(keys: (u64, u64), parts: &[&[u8]]) -> u64 {
-    let len: usize = parts.iter().map(|p| p.len()).sum();
     let mut h = SipHasher13::new_with_keys(keys.0, keys.1);
-    h.write(&(len as u64).to_le_bytes());
-    for part in parts {
-        h.write(part);
-    }
+    h.write(&(bytes.len() as u64).to_le_bytes());
+    h.write(bytes);
     h.finish()
 }
 
@@ -1455,10 +1438,10 @@ impl Index {
         Key::new(&self.hasher, bytes)
     }
 
-    /// The keyed hash of the scoped key of `key` within `scope`, without building it: with
-    /// a token, enough for the writer to find a key's slot ([`Shard::publish`]).
-    pub(crate) fn keyed_hash_scoped(&self, scope: &[u8], key: &[u8]) -> Option<u64> {
-        self.hasher.hash_scoped(scope, key)
+    /// The keyed hash of the scoped key `bytes`: with a token, enough for the writer to
+    /// find a key's slot ([`Shard::publish`]).
+    pub(crate) fn keyed_hash(&self, bytes: &[u8]) -> u64 {
+        self.hasher.hash(bytes)
     }
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
@@ -1672,24 +1655,6 @@ mod tests {
                 self.common.reclaim_due[0].load(Ordering::Relaxed),
             )
         }
-    }
-
-    #[test]
-    fn a_scoped_key_hashes_the_same_in_parts_as_built() {
-        let h = KeyHasher::random();
-        let long = vec![b's'; crate::constants::SCOPE_LEN_MAX + 1];
-        for (scope, key) in [
-            (&b""[..], &b"order-42"[..]),
-            (b"tenant-a", b"order-42"),
-            (b"t", b""),
-            (&[0u8; 255][..], b"k"),
-            (b"tenant-a", &[7u8; 300][..]),
-        ] {
-            let built = crate::scope::scoped(scope, key).expect("a scope within the limit");
-            assert_eq!(h.hash_scoped(scope, key), Some(h.hash(&built)));
-        }
-        assert_eq!(crate::scope::scoped(&long, b"k"), None);
-        assert_eq!(h.hash_scoped(&long, b"k"), None);
     }
 
     /// Hashes are persisted (marker rows are keyed by them): for a given secret they must

@@ -32,7 +32,7 @@
 //! (`Shard::publish`).
 
 use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at};
-use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordState, ScopeBlob};
+use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordKey, RecordState};
 use crate::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::index::{Extra, Slot};
 use crate::lease::{Busy, Forgotten, Stored};
@@ -361,7 +361,7 @@ pub(crate) struct Acquired {
 /// The claim, admitted and holding a fresh `token`, acquires the key for `lease`.
 pub(crate) fn acquire(
     plan: Plan,
-    key: &[u8],
+    key: KeyRef<'_>,
     token: u64,
     lease: Duration,
     now: Now,
@@ -429,18 +429,34 @@ pub(crate) fn acquire(
     }
 }
 
+/// The scoped key (`scope.rs`) a transition may write a record for: the call's shared
+/// allocation when it has one (the record then holds another reference, not a copy), or
+/// bytes that a record copies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum KeyRef<'a> {
+    Shared(&'a Arc<[u8]>),
+    Bytes(&'a [u8]),
+}
+
+impl KeyRef<'_> {
+    fn record_key(self) -> RecordKey {
+        match self {
+            KeyRef::Shared(key) => RecordKey::shared(key),
+            KeyRef::Bytes(key) => RecordKey::copied(key),
+        }
+    }
+}
+
 /// The InFlight record persisted for a lease of the scoped key `key` (`scope.rs`).
 pub(crate) fn inflight_record(
-    key: &[u8],
+    key: KeyRef<'_>,
     fingerprint: Option<u128>,
     attempt: u32,
     checkpoint: Option<Checkpoint>,
     deadline_wall_ms: u64,
 ) -> Record {
-    let (scope, key) = crate::scope::split(key);
     Record {
-        key: Blob(Arc::from(key)),
-        scope: ScopeBlob::new(scope),
+        key: key.record_key(),
         fingerprint,
         first_claimed_wall_ms: 0,
         retention_ms: None,
@@ -525,7 +541,7 @@ pub(crate) enum HolderAnswer {
 /// lease ended as long as nobody took the key over.
 pub(crate) fn hold(
     view: View<'_>,
-    key: &[u8],
+    key: KeyRef<'_>,
     token: u64,
     op: Holder,
     now: Now,
@@ -612,7 +628,7 @@ pub(crate) fn hold(
 /// retention is whole milliseconds, so memory and file agree on its end to the ns.
 fn complete(
     view: View<'_>,
-    key: &[u8],
+    key: KeyRef<'_>,
     slot: Slot,
     response: Arc<[u8]>,
     retention_ms: Option<u64>,
@@ -627,13 +643,11 @@ fn complete(
     };
     let expires_wall_ms = now.wall_ms.saturating_add(keep_ms);
     let first_claimed_wall_ms = view.extra.map_or(0, |e| e.first_claimed_wall_ms);
-    let (scope, key) = crate::scope::split(key);
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
         old: None,
         record: Record {
-            key: Blob(Arc::from(key)),
-            scope: ScopeBlob::new(scope),
+            key: key.record_key(),
             fingerprint,
             first_claimed_wall_ms,
             retention_ms: own_ms,
@@ -678,7 +692,13 @@ fn complete(
 /// `extend` or `checkpoint`: the InFlight slot changes and its record is rewritten with the
 /// lease's own end, also when it is already over (a holder may act until someone takes
 /// over), so that recovery reaps the claim `retention` after it, as the sweeper would have.
-fn update(key: &[u8], slot: Slot, extra: Extra, now: Now, rules: &Rules) -> Step<HolderAnswer> {
+fn update(
+    key: KeyRef<'_>,
+    slot: Slot,
+    extra: Extra,
+    now: Now,
+    rules: &Rules,
+) -> Step<HolderAnswer> {
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
         old: None,
@@ -725,9 +745,11 @@ pub(crate) enum Imported {
 
 /// An operator imports `record` into the key. `min_token` is the engine's next token: an
 /// imported token must not be below it, or fencing would break. The caller advances the
-/// token counter past the record's token before queueing the write.
+/// token counter past the record's token before queueing the write. `key` is the record's
+/// scoped key, as the caller built it from the record's scope and key.
 pub(crate) fn import(
     view: View<'_>,
+    key: KeyRef<'_>,
     record: &RecordInfo,
     min_token: u64,
     now: Now,
@@ -860,8 +882,7 @@ pub(crate) fn import(
         token: record.token,
         old,
         record: Record {
-            key: Blob(Arc::from(record.key.as_slice())),
-            scope: ScopeBlob::new(record.scope.as_slice()),
+            key: key.record_key(),
             fingerprint: record.fingerprint,
             first_claimed_wall_ms,
             retention_ms: None,
@@ -1304,6 +1325,8 @@ mod tests {
     use crate::clock::wall_time;
 
     const KEY: &[u8] = b"k";
+    /// `KEY` as the transitions take it.
+    const K: KeyRef<'static> = KeyRef::Bytes(KEY);
     const MS: u64 = 1_000_000;
     /// Monotonic instants (ns): leases of the fixtures end at `END`, completions expire at
     /// `EXPIRES`.
@@ -1439,7 +1462,7 @@ mod tests {
                 first_claimed_wall_ms: None,
             }
         );
-        let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
+        let step = acquire(plan, K, 11, LEASE, at(LIVE), &durable());
         let deadline = LIVE + LEASE.as_nanos() as u64;
         // A new key: first claimed now, and its attempt started now.
         let extra = Extra {
@@ -1457,10 +1480,7 @@ mod tests {
             }
         );
         let lease_end_wall = at(LIVE).wall_ms + 30_000;
-        let record = with_progress(
-            inflight_record(KEY, Some(9), 1, None, lease_end_wall),
-            &extra,
-        );
+        let record = with_progress(inflight_record(K, Some(9), 1, None, lease_end_wall), &extra);
         assert_eq!(record.first_claimed_wall_ms, at(LIVE).wall_ms);
         assert!(matches!(
             record.state,
@@ -1510,7 +1530,7 @@ mod tests {
             (Acquiring::Expired, Some(5), 1, Some(8), true)
         );
         assert_eq!(plan.checkpoint, None);
-        let step = acquire(plan, KEY, 12, LEASE, at(now), &durable());
+        let step = acquire(plan, K, 12, LEASE, at(now), &durable());
         assert!(matches!(
             step.write,
             Some(Write::Put {
@@ -1562,7 +1582,7 @@ mod tests {
                 first_claimed_wall_ms: Some(FIRST_CLAIMED),
             }
         );
-        let step = acquire(plan, KEY, 20, LEASE, at(END), &durable());
+        let step = acquire(plan, K, 20, LEASE, at(END), &durable());
         let cp = st.lease_extra.checkpoint.clone();
         // The first claim is kept; the new attempt starts now.
         let extra = Extra {
@@ -1587,7 +1607,7 @@ mod tests {
                 token: 20,
                 old: Some(5),
                 record: with_progress(
-                    inflight_record(KEY, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
+                    inflight_record(K, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
                     &extra
                 ),
                 publish: false,
@@ -1617,7 +1637,7 @@ mod tests {
         let abandoned = st.lease.into_abandoned();
         let plan = plan_of(claim(view(abandoned, &st.lease_extra), ask(7), END + 1));
         assert_eq!((plan.reserve, plan.adopt, plan.attempt), (true, true, 3));
-        let step = acquire(plan, KEY, 21, LEASE, at(END + 1), &memory());
+        let step = acquire(plan, K, 21, LEASE, at(END + 1), &memory());
         assert!(matches!(step.change, Change::Put { adopt: true, .. }));
         assert_eq!(step.write, None, "a memory-only engine builds no record");
     }
@@ -1746,21 +1766,14 @@ mod tests {
         let st = states();
         lost(&hold(
             View::ABSENT,
-            KEY,
+            K,
             5,
             complete_op(),
             at(LIVE),
             &durable(),
         ));
         let expired = view(st.done, &st.done_extra);
-        lost(&hold(
-            expired,
-            KEY,
-            5,
-            complete_op(),
-            at(EXPIRES),
-            &durable(),
-        ));
+        lost(&hold(expired, K, 5, complete_op(), at(EXPIRES), &durable()));
     }
 
     #[test]
@@ -1769,7 +1782,7 @@ mod tests {
         let v = view(st.lease, &st.lease_extra);
         // Live, and over (nobody took over): the same transition.
         for now in [LIVE, END, END + 1_000 * MS] {
-            let step = hold(v, KEY, 5, complete_op(), at(now), &durable());
+            let step = hold(v, K, 5, complete_op(), at(now), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             let expires_wall_ms = at(now).wall_ms + 10_000;
             assert_eq!(
@@ -1796,8 +1809,7 @@ mod tests {
                     token: 5,
                     old: None,
                     record: Record {
-                        key: Blob(Arc::from(KEY)),
-                        scope: ScopeBlob::default(),
+                        key: RecordKey::copied(KEY),
                         fingerprint: Some(7),
                         first_claimed_wall_ms: FIRST_CLAIMED,
                         retention_ms: None,
@@ -1821,7 +1833,7 @@ mod tests {
                 }
             );
             // A superseded token (the key was taken over: it holds a newer one).
-            lost(&hold(v, KEY, 4, complete_op(), at(now), &durable()));
+            lost(&hold(v, K, 4, complete_op(), at(now), &durable()));
         }
     }
 
@@ -1829,7 +1841,7 @@ mod tests {
     fn complete_in_a_memory_only_engine_is_published_at_once() {
         let st = states();
         let v = view(st.lease, &st.lease_extra);
-        let step = hold(v, KEY, 5, complete_op(), at(LIVE), &memory());
+        let step = hold(v, K, 5, complete_op(), at(LIVE), &memory());
         assert_eq!(step.write, None);
         assert!(
             matches!(&step.change, Change::Put { slot, extra, .. } if slot.is_published() && extra.response.is_some())
@@ -1841,11 +1853,11 @@ mod tests {
         let st = states();
         for (slot, published) in [(st.done, true), (st.done_unpublished, false)] {
             let v = view(slot, &st.done_extra);
-            let step = hold(v, KEY, 5, complete_op(), at(LIVE), &durable());
+            let step = hold(v, K, 5, complete_op(), at(LIVE), &durable());
             assert_eq!(step.answer, HolderAnswer::Repeat { published });
             assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
             assert_eq!(step.deltas, NONE);
-            lost(&hold(v, KEY, 6, complete_op(), at(LIVE), &durable()));
+            lost(&hold(v, K, 6, complete_op(), at(LIVE), &durable()));
         }
     }
 
@@ -1865,7 +1877,7 @@ mod tests {
         let st = states();
         let v = view(st.lease, &st.lease_extra);
         for now in [LIVE, END] {
-            let step = hold(v, KEY, 5, Holder::Release, at(now), &durable());
+            let step = hold(v, K, 5, Holder::Release, at(now), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             assert_eq!(step.change, Change::Remove);
             assert_eq!(step.write, Some(Write::Delete { token: 5 }));
@@ -1877,9 +1889,9 @@ mod tests {
                     ..NONE
                 }
             );
-            not_held(&hold(v, KEY, 4, Holder::Release, at(now), &durable()));
+            not_held(&hold(v, K, 4, Holder::Release, at(now), &durable()));
         }
-        let step = hold(v, KEY, 5, Holder::Release, at(LIVE), &memory());
+        let step = hold(v, K, 5, Holder::Release, at(LIVE), &memory());
         assert_eq!((step.change, step.write), (Change::Remove, None));
     }
 
@@ -1888,26 +1900,19 @@ mod tests {
         let st = states();
         not_held(&hold(
             View::ABSENT,
-            KEY,
+            K,
             5,
             Holder::Release,
             at(LIVE),
             &durable(),
         ));
         let done = view(st.done, &st.done_extra);
-        not_held(&hold(done, KEY, 5, Holder::Release, at(LIVE), &durable()));
-        not_held(&hold(
-            done,
-            KEY,
-            5,
-            Holder::Release,
-            at(EXPIRES),
-            &durable(),
-        ));
+        not_held(&hold(done, K, 5, Holder::Release, at(LIVE), &durable()));
+        not_held(&hold(done, K, 5, Holder::Release, at(EXPIRES), &durable()));
         let unpublished = view(st.done_unpublished, &st.done_extra);
         not_held(&hold(
             unpublished,
-            KEY,
+            K,
             5,
             Holder::Release,
             at(LIVE),
@@ -1921,7 +1926,7 @@ mod tests {
     fn fail_by_the_holder_ends_a_live_lease_now_and_keeps_the_record() {
         let st = states();
         let v = view(st.lease, &st.lease_extra);
-        let step = hold(v, KEY, 5, Holder::Fail, at(LIVE), &durable());
+        let step = hold(v, K, 5, Holder::Fail, at(LIVE), &durable());
         assert_eq!(step.answer, HolderAnswer::Done);
         let extra = Extra {
             failed: true,
@@ -1939,7 +1944,7 @@ mod tests {
         );
         let record = with_progress(
             inflight_record(
-                KEY,
+                K,
                 Some(7),
                 2,
                 st.lease_extra.checkpoint.clone(),
@@ -1973,7 +1978,7 @@ mod tests {
             }
         );
         // A memory-only engine keeps the same state and writes nothing.
-        let step = hold(v, KEY, 5, Holder::Fail, at(LIVE), &memory());
+        let step = hold(v, K, 5, Holder::Fail, at(LIVE), &memory());
         assert_eq!(step.write, None);
         assert!(matches!(step.change, Change::Put { slot, .. } if slot.deadline_ns == LIVE));
     }
@@ -1983,7 +1988,7 @@ mod tests {
         let st = states();
         for slot in [st.lease, st.lease.into_abandoned()] {
             let v = view(slot, &st.lease_extra);
-            let step = hold(v, KEY, 5, Holder::Fail, at(END + 7 * MS), &durable());
+            let step = hold(v, K, 5, Holder::Fail, at(END + 7 * MS), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             let Change::Put {
                 slot: after, extra, ..
@@ -2021,7 +2026,7 @@ mod tests {
         ];
         for (name, v) in cells {
             let token = if name == "another token" { 4 } else { 5 };
-            let step = hold(v, KEY, token, Holder::Fail, at(LIVE), &durable());
+            let step = hold(v, K, token, Holder::Fail, at(LIVE), &durable());
             assert_eq!(step.answer, HolderAnswer::NotHeld, "{name}");
             assert_eq!(
                 (&step.change, &step.write),
@@ -2047,7 +2052,7 @@ mod tests {
             (Acquiring::Takeover, 3, &failed.checkpoint, Some(7))
         );
         assert_eq!(plan.first_claimed_wall_ms, Some(FIRST_CLAIMED));
-        let step = acquire(plan, KEY, 9, LEASE, at(LIVE + MS), &durable());
+        let step = acquire(plan, K, 9, LEASE, at(LIVE + MS), &durable());
         let Change::Put { extra, .. } = &step.change else {
             panic!("expected Put");
         };
@@ -2074,7 +2079,7 @@ mod tests {
         let v = view(Slot::inflight(5, LIVE, 2), &failed);
         lost(&hold(
             v,
-            KEY,
+            K,
             5,
             Holder::Extend { lease: LEASE },
             at(LIVE),
@@ -2083,7 +2088,7 @@ mod tests {
         // Until someone takes it over, the failed token may complete, checkpoint or release.
         let cp = Holder::Checkpoint(Checkpoint::new(9, b"more"));
         for op in [complete_op(), cp, Holder::Release] {
-            let step = hold(v, KEY, 5, op.clone(), at(LIVE + MS), &durable());
+            let step = hold(v, K, 5, op.clone(), at(LIVE + MS), &durable());
             assert_eq!(step.answer, HolderAnswer::Done, "{op:?}");
         }
         // An extend of a lease loaded already over forgets the recorded end.
@@ -2094,7 +2099,7 @@ mod tests {
         let v = view(Slot::inflight(5, LIVE, 2), &loaded);
         let step = hold(
             v,
-            KEY,
+            K,
             5,
             Holder::Extend { lease: LEASE },
             at(LIVE),
@@ -2208,7 +2213,7 @@ mod tests {
             },
             ..record(42, completed_info(0, b"", true))
         };
-        let step = import(View::ABSENT, &info, 42, now, &durable()).expect("imported");
+        let step = import(View::ABSENT, K, &info, 42, now, &durable()).expect("imported");
         let Change::Put { slot, extra, .. } = &step.change else {
             panic!("expected Put");
         };
@@ -2238,7 +2243,7 @@ mod tests {
         for now in [LIVE, END + 7 * MS] {
             let lease = Duration::from_secs(5);
             let op = Holder::Extend { lease };
-            let step = hold(v, KEY, 5, op.clone(), at(now), &durable());
+            let step = hold(v, K, 5, op.clone(), at(now), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             let deadline = now + 5_000 * MS;
             assert_eq!(
@@ -2257,7 +2262,7 @@ mod tests {
                     old: None,
                     record: with_progress(
                         inflight_record(
-                            KEY,
+                            K,
                             Some(7),
                             2,
                             st.lease_extra.checkpoint.clone(),
@@ -2269,7 +2274,7 @@ mod tests {
                 })
             );
             assert_eq!(step.deltas, NONE);
-            lost(&hold(v, KEY, 4, op, at(now), &durable()));
+            lost(&hold(v, K, 4, op, at(now), &durable()));
         }
     }
 
@@ -2280,7 +2285,7 @@ mod tests {
         let cp = Checkpoint::new(4, b"more");
         for now in [LIVE, END + 7 * MS] {
             let op = Holder::Checkpoint(cp.clone());
-            let step = hold(v, KEY, 5, op.clone(), at(now), &durable());
+            let step = hold(v, K, 5, op.clone(), at(now), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             let extra = Extra {
                 checkpoint: Some(cp.clone()),
@@ -2302,15 +2307,15 @@ mod tests {
                     token: 5,
                     old: None,
                     record: with_progress(
-                        inflight_record(KEY, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
+                        inflight_record(K, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
                         &extra
                     ),
                     publish: false,
                 })
             );
-            lost(&hold(v, KEY, 6, op, at(now), &durable()));
+            lost(&hold(v, K, 6, op, at(now), &durable()));
         }
-        let step = hold(v, KEY, 5, Holder::Checkpoint(cp), at(LIVE), &memory());
+        let step = hold(v, K, 5, Holder::Checkpoint(cp), at(LIVE), &memory());
         assert_eq!(step.write, None);
     }
 
@@ -2322,19 +2327,12 @@ mod tests {
             Holder::Checkpoint(Checkpoint::new(1, b"x")),
         ];
         for op in ops {
-            lost(&hold(
-                View::ABSENT,
-                KEY,
-                5,
-                op.clone(),
-                at(LIVE),
-                &durable(),
-            ));
+            lost(&hold(View::ABSENT, K, 5, op.clone(), at(LIVE), &durable()));
             let done = view(st.done, &st.done_extra);
-            lost(&hold(done, KEY, 5, op.clone(), at(LIVE), &durable()));
-            lost(&hold(done, KEY, 5, op.clone(), at(EXPIRES), &durable()));
+            lost(&hold(done, K, 5, op.clone(), at(LIVE), &durable()));
+            lost(&hold(done, K, 5, op.clone(), at(EXPIRES), &durable()));
             let unpublished = view(st.done_unpublished, &st.done_extra);
-            lost(&hold(unpublished, KEY, 5, op, at(LIVE), &durable()));
+            lost(&hold(unpublished, K, 5, op, at(LIVE), &durable()));
         }
     }
 
@@ -2388,7 +2386,7 @@ mod tests {
     #[test]
     fn a_claims_own_retention_is_kept_through_a_takeover_and_used_by_its_completion() {
         let plan = plan_of(claim(View::ABSENT, None, LIVE)).asking_retention(Some(4_000));
-        let step = acquire(plan, KEY, 11, LEASE, at(LIVE), &durable());
+        let step = acquire(plan, K, 11, LEASE, at(LIVE), &durable());
         let Change::Put { extra, .. } = &step.change else {
             panic!("a claim puts")
         };
@@ -2412,7 +2410,7 @@ mod tests {
                 retention_ms: asked,
             };
             for rules in [durable(), memory()] {
-                let done = hold(view(lease, extra), KEY, 11, op.clone(), at(END), &rules);
+                let done = hold(view(lease, extra), K, 11, op.clone(), at(END), &rules);
                 let Change::Put { slot, extra: e, .. } = &done.change else {
                     panic!("a completion puts")
                 };
@@ -2776,7 +2774,7 @@ mod tests {
     fn import_adds_a_record_to_an_absent_or_expired_key() {
         let now = at(LIVE);
         let info = record(40, completed_info(now.wall_ms + 3, b"r", true));
-        let step = import(View::ABSENT, &info, 40, now, &durable()).expect("imported");
+        let step = import(View::ABSENT, K, &info, 40, now, &durable()).expect("imported");
         assert_eq!(step.answer, Imported::Added);
         assert_eq!(
             step.change,
@@ -2815,7 +2813,7 @@ mod tests {
         let expired = view(st.done, &st.done_extra);
         let later = at(EXPIRES);
         let info = record(41, completed_info(later.wall_ms + 3, b"r", true));
-        let step = import(expired, &info, 41, later, &memory()).expect("imported");
+        let step = import(expired, K, &info, 41, later, &memory()).expect("imported");
         assert_eq!(step.write, None);
         assert_eq!(step.deltas, NONE, "one completion out, one in");
         assert!(
@@ -2831,7 +2829,7 @@ mod tests {
                 failed: false,
             },
         );
-        let step = import(View::ABSENT, &info, 42, now, &durable()).expect("imported");
+        let step = import(View::ABSENT, K, &info, 42, now, &durable()).expect("imported");
         assert!(matches!(
             step.change,
             Change::Put { slot, reap_ns: Some(r), .. }
@@ -2857,27 +2855,27 @@ mod tests {
             view(st.done_unpublished, &st.done_extra),
         ] {
             assert_eq!(
-                import(live, &good, 40, now, &durable()).err(),
+                import(live, K, &good, 40, now, &durable()).err(),
                 Some(ImportError::KeyExists)
             );
         }
         assert_eq!(
-            import(View::ABSENT, &good, 41, now, &durable()).err(),
+            import(View::ABSENT, K, &good, 41, now, &durable()).err(),
             Some(ImportError::TokenTooSmall { token: 40, min: 41 })
         );
         let max = record(u64::MAX, completed_info(now.wall_ms + 3, b"r", true));
         assert!(matches!(
-            import(View::ABSENT, &max, 1, now, &durable()),
+            import(View::ABSENT, K, &max, 1, now, &durable()),
             Err(ImportError::TokenTooSmall { .. })
         ));
         let unpublished = record(40, completed_info(now.wall_ms + 3, b"r", false));
         assert!(matches!(
-            import(View::ABSENT, &unpublished, 40, now, &durable()),
+            import(View::ABSENT, K, &unpublished, 40, now, &durable()),
             Err(ImportError::Invalid(_))
         ));
         let large = record(40, completed_info(now.wall_ms + 3, &[0; 17], true));
         assert!(matches!(
-            import(View::ABSENT, &large, 40, now, &durable()),
+            import(View::ABSENT, K, &large, 40, now, &durable()),
             Err(ImportError::Invalid(_))
         ));
     }
@@ -2898,7 +2896,7 @@ mod tests {
             },
         ];
         for state in gone {
-            let step = import(live, &record(1, state), 40, now, &durable()).expect("no error");
+            let step = import(live, K, &record(1, state), 40, now, &durable()).expect("no error");
             assert_eq!(step.answer, Imported::Gone);
             assert_eq!(
                 (step.change, step.write, step.deltas),

@@ -412,7 +412,14 @@ impl Probe {
                 let plan = plan.asking_retention(retention_ms);
                 let token = self.next_token;
                 self.next_token += 1;
-                let step = machine::acquire(plan, KEY, token, lease, self.now, &self.rules);
+                let step = machine::acquire(
+                    plan,
+                    machine::KeyRef::Bytes(KEY),
+                    token,
+                    lease,
+                    self.now,
+                    &self.rules,
+                );
                 self.apply(step.change, step.write);
                 ProbeClaim::Acquired {
                     token: step.answer.token,
@@ -464,7 +471,14 @@ impl Probe {
     }
 
     fn hold(&mut self, token: u64, op: Holder) -> HolderAnswer {
-        let step = machine::hold(self.view(), KEY, token, op, self.now, &self.rules);
+        let step = machine::hold(
+            self.view(),
+            machine::KeyRef::Bytes(KEY),
+            token,
+            op,
+            self.now,
+            &self.rules,
+        );
         self.apply(step.change, step.write);
         step.answer
     }

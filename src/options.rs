@@ -786,14 +786,13 @@ impl EngineBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{self, Blob, Record, RecordState, ScopeBlob};
+    use crate::codec::{self, Blob, Record, RecordKey, RecordState};
 
     /// A completed record of `payload`'s request as the previous format wrote it (its
     /// fingerprint the 64-bit FNV-1a of the payload), read back as the engine reads it.
     fn version_1_record(payload: &[u8]) -> Record {
         let record = Record {
-            key: Blob(Arc::from(&b"k"[..])),
-            scope: ScopeBlob::default(),
+            key: RecordKey::copied(b"\0k"),
             fingerprint: Some(u128::from(fnv1a64(payload))),
             first_claimed_wall_ms: 0,
             retention_ms: None,

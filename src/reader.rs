@@ -173,8 +173,8 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
         ),
     };
     Ok(RecordInfo {
-        key: record.key.0.to_vec(),
-        scope: record.scope.to_vec(),
+        key: record.key.key().to_vec(),
+        scope: record.key.scope().to_vec(),
         token,
         fingerprint: record.fingerprint,
         attempt,

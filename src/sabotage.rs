@@ -89,7 +89,7 @@ impl Engine {
             return Ok(None);
         };
         let record = record.map_err(|e| format!("record under token {token}: {e}"))?;
-        let key = record.key.0.to_vec();
+        let key = record.key.key().to_vec();
         Ok(Some(match record.state {
             crate::codec::RecordState::InFlight { attempt, .. } => {
                 CommittedRecord::InFlight { key, attempt }

@@ -94,7 +94,7 @@ mod tests {
             }
         }
         // The shared form is the same bytes, on either side of its stack buffer's size.
-        let long = vec![7u8; SCOPED_STACK_LEN];
+        let long = [7u8; SCOPED_STACK_LEN];
         let edges = [
             (&b""[..], &long[..SCOPED_STACK_LEN - 1]),
             (&b""[..], &long[..]),
