@@ -153,8 +153,17 @@ pub(crate) enum HeadState {
 /// A record's key and scope, held as the engine's scoped key (`scope.rs`): a claim's
 /// records share the one allocation its call and its lease hold. On disk it is the key, then
 /// the scope: two byte blobs, as format 2 has always laid them out (a tuple adds no bytes).
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) struct RecordKey(Arc<[u8]>);
+
+/// Two record keys are equal when their scopes and keys are: what the file holds of them.
+impl PartialEq for RecordKey {
+    fn eq(&self, other: &Self) -> bool {
+        crate::scope::split(&self.0) == crate::scope::split(&other.0)
+    }
+}
+
+impl Eq for RecordKey {}
 
 impl RecordKey {
     /// Shares `scoped`, a scoped key the engine built (`scope::scoped_shared`).
