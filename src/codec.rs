@@ -818,6 +818,31 @@ mod tests {
         r
     }
 
+    /// Format 2's bytes, as the code before the record key held the scoped key wrote them
+    /// for these two records (a scoped completion, an unscoped failed InFlight record):
+    /// today's encoder writes the same bytes and its decoder reads them back.
+    #[test]
+    fn format_2_bytes_are_those_written_before_the_record_key() {
+        #[rustfmt::skip]
+        let completed: &[u8] = &[
+            2, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 111, 114, 100, 101, 114, 45, 52, 50, 8, 0, 0, 0,
+            0, 0, 0, 0, 116, 101, 110, 97, 110, 116, 45, 55, 1, 3, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0,
+            0, 0, 0, 0, 0, 4, 0, 0, 0, 0, 0, 0, 0, 1, 48, 117, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 2,
+            0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0, 20, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0,
+            99, 104, 97, 114, 103, 101, 100, 170, 133, 122, 183,
+        ];
+        #[rustfmt::skip]
+        let inflight_failed: &[u8] = &[
+            2, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 107, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0,
+            1, 1, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 99, 112, 124, 17, 204, 253,
+        ];
+        assert_eq!(encode(5, &sample()), completed);
+        assert_eq!(decode(5, completed), Ok(sample()));
+        assert_eq!(encode(9, &inflight()), inflight_failed);
+        assert_eq!(decode(9, inflight_failed), Ok(inflight()));
+    }
+
     #[test]
     fn version_1_records_decode_to_their_version_2_form() {
         for r in [sample(), inflight()] {
