@@ -168,11 +168,19 @@ impl Eq for RecordKey {}
 impl RecordKey {
     /// Shares `scoped`, a scoped key the engine built (`scope::scoped_shared`).
     pub(crate) fn shared(scoped: &Arc<[u8]>) -> Self {
+        debug_assert!(
+            crate::scope::is_scoped(scoped),
+            "a record key is a scoped key"
+        );
         Self(Arc::clone(scoped))
     }
 
     /// A copy of `scoped`, a scoped key.
     pub(crate) fn copied(scoped: &[u8]) -> Self {
+        debug_assert!(
+            crate::scope::is_scoped(scoped),
+            "a record key is a scoped key"
+        );
         Self(Arc::from(scoped))
     }
 
@@ -761,7 +769,6 @@ mod tests {
         }
     }
 
-    /// What a version-1 record becomes: its fields kept, the new ones at "unknown".
     /// A record's key is held as the scoped key but written as format 2 always wrote it:
     /// the key's bytes, then the scope's, each a length-prefixed blob.
     #[test]
@@ -800,6 +807,7 @@ mod tests {
         assert!(decoded.is_err());
     }
 
+    /// What a version-1 record becomes: its fields kept, the new ones at "unknown".
     fn as_v1(r: &Record) -> Record {
         let mut r = r.clone();
         r.key = RecordKey::unscoped(r.key.key());

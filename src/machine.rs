@@ -1325,8 +1325,8 @@ mod tests {
     use crate::clock::wall_time;
 
     const KEY: &[u8] = b"k";
-    /// `KEY` as the transitions take it.
-    const K: KeyRef<'static> = KeyRef::Bytes(KEY);
+    /// `KEY` as the transitions take it: its scoped key (unscoped).
+    const K: KeyRef<'static> = KeyRef::Bytes(b"\0k");
     const MS: u64 = 1_000_000;
     /// Monotonic instants (ns): leases of the fixtures end at `END`, completions expire at
     /// `EXPIRES`.
@@ -1809,7 +1809,7 @@ mod tests {
                     token: 5,
                     old: None,
                     record: Record {
-                        key: RecordKey::copied(KEY),
+                        key: RecordKey::copied(b"\0k"),
                         fingerprint: Some(7),
                         first_claimed_wall_ms: FIRST_CLAIMED,
                         retention_ms: None,

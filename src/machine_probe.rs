@@ -21,7 +21,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-const KEY: &[u8] = b"probe";
+/// The probe's one key, as a scoped key (unscoped).
+const KEY: &[u8] = b"\0probe";
 /// The probe key's marker hashes (any fixed pair: the probe holds one key).
 const ID: MarkerId = MarkerId {
     hash: 0x5EED,

@@ -59,8 +59,16 @@ pub(crate) fn prefix(scope: &[u8]) -> Option<u8> {
         .filter(|&l| usize::from(l) <= SCOPE_LEN_MAX)
 }
 
-/// The scope and the key of a scoped key. Every scoped key is built by [`scoped`]; bytes
-/// that are not one (which the engine never makes) read as an unscoped key.
+/// Whether `bytes` is a scoped key: a length byte the rest is long enough for.
+pub(crate) fn is_scoped(bytes: &[u8]) -> bool {
+    bytes
+        .split_first()
+        .is_some_and(|(&len, rest)| rest.len() >= usize::from(len))
+}
+
+/// The scope and the key of a scoped key. Every scoped key is built by [`scoped`] or
+/// [`scoped_shared`]; bytes that are not one (which the engine never makes) read as an
+/// unscoped key.
 pub(crate) fn split(scoped: &[u8]) -> (&[u8], &[u8]) {
     let parts = scoped
         .split_first()
@@ -89,6 +97,7 @@ mod tests {
         let keys: Vec<Box<[u8]>> = pairs.iter().map(|(s, k)| scoped(s, k).unwrap()).collect();
         for (i, (scope, key)) in pairs.iter().enumerate() {
             assert_eq!(split(&keys[i]), (*scope, *key));
+            assert!(is_scoped(&keys[i]));
             for j in i + 1..pairs.len() {
                 assert_ne!(keys[i], keys[j], "{:?} and {:?}", pairs[i], pairs[j]);
             }
@@ -107,6 +116,10 @@ mod tests {
             );
         }
         assert!(scoped_shared(&[0; SCOPE_LEN_MAX + 1], b"k").is_none());
+        // Bytes the engine never makes: no length byte, or one past the end.
+        assert!(!is_scoped(b""));
+        assert!(!is_scoped(b"k"));
+        assert!(!is_scoped(b"\x03ab"));
         // The unscoped key is the key behind a zero byte.
         assert_eq!(&*scoped(b"", b"order-42").unwrap(), b"\0order-42");
         assert_eq!(key_of(b"\0order-42"), b"order-42");

@@ -208,7 +208,7 @@ impl Backend {
     /// `Stats::claims_cancelled`.
     fn start_claim(
         &self,
-        key: &[u8],
+        key: &Arc<[u8]>,
         opts: &ClaimOptions,
         wait: bool,
     ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
@@ -220,7 +220,7 @@ impl Backend {
             return rx;
         }
         let core = self.core.clone();
-        let key: Arc<[u8]> = Arc::from(key);
+        let key = Arc::clone(key);
         let lease = opts.lease.unwrap_or(self.lease);
         let retention = own_retention(opts.retention_ms().ok().flatten());
         let wait = wait.then(|| opts.wait.unwrap_or(WAIT_DEFAULT));
@@ -236,7 +236,7 @@ impl Backend {
         rx
     }
 
-    fn to_claim(engine: &Engine, key: &[u8], answer: Answer) -> Claim {
+    fn to_claim(engine: &Engine, key: &Arc<[u8]>, answer: Answer) -> Claim {
         match answer {
             Answer::Acquired {
                 token,
@@ -245,7 +245,7 @@ impl Backend {
                 lease,
             } => Claim::Acquired(Lease {
                 engine: engine.clone(),
-                key: Arc::from(key),
+                key: Arc::clone(key),
                 token,
                 attempt,
                 checkpoint,
@@ -280,7 +280,7 @@ impl Backend {
         opts: &ClaimOptions,
         wait: bool,
     ) -> Result<Claim, ClaimError> {
-        let key = &*Self::shared_key(engine, key, opts)?;
+        let key = &Self::shared_key(engine, key, opts)?;
         let answer =
             block_on(self.start_claim(key, opts, wait)).unwrap_or(Err(ClaimError::Closed))?;
         Ok(Self::to_claim(engine, key, answer))
@@ -294,7 +294,7 @@ impl Backend {
         opts: &ClaimOptions,
         wait: bool,
     ) -> Result<Claim, ClaimError> {
-        let key = &*Self::shared_key(engine, key, opts)?;
+        let key = &Self::shared_key(engine, key, opts)?;
         let answer = self
             .start_claim(key, opts, wait)
             .await
