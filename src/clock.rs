@@ -200,8 +200,9 @@ pub(crate) fn wall_ms_at(wall_now_ms: u64, now_ns: u64, at_ns: u64) -> u64 {
 /// derived from the monotonic one by an offset re-measured at least every
 /// [`WALL_OFFSET_AGE_NS_MAX`]. Both system clocks advance at the same (NTP-slewed) rate, so
 /// the offset changes only when the wall clock is stepped (or a suspend stopped the
-/// monotonic clock alone), and a step is seen within that age. A user's clock ([`EngineBuilder::clock`](crate::EngineBuilder::clock)) is read as it
-/// is, both readings on their own: a mock may move its wall clock alone.
+/// monotonic clock alone), and a step is seen within that age. A user's clock
+/// ([`EngineBuilder::clock`](crate::EngineBuilder::clock)) is read as it is, both readings
+/// on their own: a mock may move its wall clock alone.
 #[derive(Debug, Clone)]
 pub(crate) struct Time {
     source: Source,

@@ -186,7 +186,7 @@ impl RecordKey {
 
     /// `key` without a scope (a format-1 record's).
     fn unscoped(key: &[u8]) -> Self {
-        Self(std::iter::once(0).chain(key.iter().copied()).collect())
+        Self(crate::scope::unscoped_shared(key))
     }
 
     /// The key `key` within `scope`; `None` for a scope past `SCOPE_LEN_MAX`.
@@ -228,22 +228,13 @@ impl Serialize for BytesRef<'_> {
     }
 }
 
-/// One byte blob decoded into a `Vec` (an empty one allocates nothing).
-struct VecBuf(Vec<u8>);
-
-impl<'de> Deserialize<'de> for VecBuf {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_byte_buf(BytesVisitor::<Vec<u8>>::default())
-            .map(VecBuf)
-    }
-}
-
 impl Serialize for RecordKey {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeTuple;
+        let (scope, key) = crate::scope::split(&self.0);
         let mut t = s.serialize_tuple(2)?;
-        t.serialize_element(&BytesRef(self.key()))?;
-        t.serialize_element(&BytesRef(self.scope()))?;
+        t.serialize_element(&BytesRef(key))?;
+        t.serialize_element(&BytesRef(scope))?;
         t.end()
     }
 }
@@ -257,10 +248,10 @@ impl<'de> Deserialize<'de> for RecordKey {
                 f.write_str("a key, then its scope")
             }
             fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<RecordKey, A::Error> {
-                let key: VecBuf = seq
+                let key: KeyBuf = seq
                     .next_element()?
                     .ok_or_else(|| de::Error::invalid_length(0, &self))?;
-                let scope: VecBuf = seq
+                let scope: KeyBuf = seq
                     .next_element()?
                     .ok_or_else(|| de::Error::invalid_length(1, &self))?;
                 RecordKey::from_parts(&scope.0, &key.0).ok_or_else(|| {

@@ -149,7 +149,7 @@ impl Slot {
         table_hash(u32::from_le_bytes([a, b, c, 0]))
     }
 
-    /// Whether this slot's key has the table tag `tag` (see [`is_key`]).
+    /// Whether this slot's key has the table tag `tag` (see [`Key::is`]).
     fn has_tag(&self, tag: u32) -> bool {
         let [a, b, c, _] = tag.to_le_bytes();
         self.tag == [a, b, c]
@@ -523,9 +523,9 @@ impl Shard {
     }
 
     pub(crate) fn get(&self, key: Key<'_>) -> Option<Slot> {
-        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
+        let hash = key.hash;
         self.slots
-            .find(hash, |(k, s, _)| is_key(k, s, tag, key))
+            .find(hash, |(k, s, _)| key.is(k, s))
             .map(|(_, s, _)| *s)
     }
 
@@ -543,8 +543,8 @@ impl Shard {
     /// The key's state, as the state machine reads it: one lookup for the slot and its
     /// side data.
     pub(crate) fn view(&self, key: Key<'_>) -> View<'_> {
-        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
-        match self.slots.find(hash, |(k, s, _)| is_key(k, s, tag, key)) {
+        let hash = key.hash;
+        match self.slots.find(hash, |(k, s, _)| key.is(k, s)) {
             Some((_, slot, extra)) => View {
                 slot: Some(*slot),
                 extra: extra.as_deref(),
@@ -593,12 +593,12 @@ impl Shard {
     }
 
     fn put_with(&mut self, key: Key<'_>, mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
-        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
+        let hash = key.hash;
         let has_extra = !extra.is_empty();
         let own_retention_ns = extra.retention_ms.map(|ms| ms.saturating_mul(1_000_000));
         // The caller's copy may carry stale flags and no tag; this table decides them.
         slot.flags &= !(HAS_EXTRA | ABANDONED);
-        let [a, b, c, _] = tag.to_le_bytes();
+        let [a, b, c, _] = key.tag.to_le_bytes();
         slot.tag = [a, b, c];
         if has_extra {
             slot.flags |= HAS_EXTRA;
@@ -607,10 +607,7 @@ impl Shard {
         let mut added = if has_extra { extra.heap_bytes() } else { 0 };
         let mut freed = 0;
         // One lookup when the key exists (every transition but a first claim).
-        let old = match self
-            .slots
-            .find_mut(hash, |(k, s, _)| is_key(k, s, tag, key))
-        {
+        let old = match self.slots.find_mut(hash, |(k, s, _)| key.is(k, s)) {
             Some((_, existing, side)) => {
                 let old = *existing;
                 // A checkpoint of an abandoned lease leaves it abandoned.
@@ -631,13 +628,13 @@ impl Shard {
                 Some(old)
             }
             None => {
-                added += key.len();
+                added += key.bytes.len();
                 let side = has_extra.then(|| {
                     added += std::mem::size_of::<Extra>();
                     Box::new(extra)
                 });
                 self.slots
-                    .insert_unique(hash, (Box::from(key), slot, side), |(_, s, _)| {
+                    .insert_unique(hash, (Box::from(key.bytes), slot, side), |(_, s, _)| {
                         s.table_hash()
                     });
                 None
@@ -830,11 +827,8 @@ impl Shard {
 
     /// Removes the key and its side data; returns the slot it had.
     pub(crate) fn remove(&mut self, key: Key<'_>) -> Option<Slot> {
-        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
-        let entry = self
-            .slots
-            .find_entry(hash, |(k, s, _)| is_key(k, s, tag, key))
-            .ok()?;
+        let hash = key.hash;
+        let entry = self.slots.find_entry(hash, |(k, s, _)| key.is(k, s)).ok()?;
         let ((k, slot, side), _) = entry.remove();
         self.drop_entry(&k, side);
         self.leave(hash, &slot);
@@ -853,11 +847,8 @@ impl Shard {
     /// the slot leaves the abandoned set without being counted live a second time. The
     /// caller replaces the slot right after, under the same lock.
     pub(crate) fn adopt(&mut self, key: Key<'_>) {
-        let (hash, tag, key) = (key.hash, key.tag, key.bytes);
-        if let Some((_, slot, _)) = self
-            .slots
-            .find_mut(hash, |(k, s, _)| is_key(k, s, tag, key))
-        {
+        let hash = key.hash;
+        if let Some((_, slot, _)) = self.slots.find_mut(hash, |(k, s, _)| key.is(k, s)) {
             if slot.is_abandoned() {
                 slot.flags &= !ABANDONED;
                 self.abandoned -= 1;
@@ -1323,14 +1314,6 @@ pub(crate) struct Key<'a> {
     stripe_bits: u32,
 }
 
-/// Whether the table entry (`k`, `s`) is the key `key` of tag `tag`. The tag is compared
-/// first: a control-byte match of another key then costs no read of its boxed key (a cache
-/// miss), and only keys with equal 24-bit tags are compared byte by byte.
-fn is_key(k: &[u8], s: &Slot, tag: u32, key: &[u8]) -> bool {
-    debug_assert!(s.has_tag(tag) || k != key, "a key's slot carries its tag");
-    s.has_tag(tag) && k == key
-}
-
 /// Bits of the keyed hash kept in a slot (the padding holds three bytes).
 const TAG_BITS: u32 = 24;
 
@@ -1346,6 +1329,17 @@ fn table_hash(tag: u32) -> u64 {
 }
 
 impl<'a> Key<'a> {
+    /// Whether the table entry (`k`, `s`) is this key. The tag is compared first: a
+    /// control-byte match of another key then costs no read of its boxed key (a cache
+    /// miss), and only keys with equal 24-bit tags are compared byte by byte.
+    fn is(&self, k: &[u8], s: &Slot) -> bool {
+        debug_assert!(
+            s.has_tag(self.tag) || k != self.bytes,
+            "a key's slot carries its tag"
+        );
+        s.has_tag(self.tag) && k == self.bytes
+    }
+
     fn new(hasher: &KeyHasher, bytes: &'a [u8]) -> Self {
         let keyed = hasher.hash(bytes);
         let tag = tag_of(keyed);

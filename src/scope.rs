@@ -38,6 +38,11 @@ pub(crate) fn scoped_shared(scope: &[u8], key: &[u8]) -> Option<Arc<[u8]>> {
     Some(Arc::from(&buf[..end]))
 }
 
+/// [`scoped_shared`] of `key` without a scope, which is always within the limit.
+pub(crate) fn unscoped_shared(key: &[u8]) -> Arc<[u8]> {
+    std::iter::once(0).chain(key.iter().copied()).collect()
+}
+
 /// Writes the scoped key of `key` within `scope` into `out` (cleared first); false, with
 /// `out` empty, if the scope is longer than `SCOPE_LEN_MAX`.
 pub(crate) fn write_scoped(out: &mut Vec<u8>, scope: &[u8], key: &[u8]) -> bool {

@@ -53,14 +53,6 @@ impl Shared {
     }
 }
 
-/// The index of `order-NNNNNNNN`.
-fn key_index(key: &[u8]) -> Option<usize> {
-    std::str::from_utf8(key.strip_prefix(b"order-")?)
-        .ok()?
-        .parse()
-        .ok()
-}
-
 impl Peer for Shared {
     type Conn = ();
 
@@ -98,7 +90,7 @@ impl Peer for Shared {
 
 impl Shared {
     fn ran_once(&self, key: &[u8]) {
-        if let Some(slot) = key_index(key).and_then(|k| self.ran.get(k)) {
+        if let Some(slot) = workload::key_index(key).and_then(|k| self.ran.get(k)) {
             slot.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -669,7 +669,6 @@ impl Peer for Floor {
         Ok(())
     }
 
-    /// The key's index is its eight digits (`workload::key_of`).
     fn deliver(
         &self,
         _: &mut (),
@@ -677,11 +676,7 @@ impl Peer for Floor {
         _response: &[u8],
         effect: &dyn Fn(),
     ) -> Result<Delivery, String> {
-        let index = key
-            .get(6..)
-            .and_then(|d| std::str::from_utf8(d).ok())
-            .and_then(|d| d.parse::<usize>().ok());
-        let flag = index
+        let flag = crate::workload::key_index(key)
             .and_then(|i| self.flags.get(i))
             .ok_or_else(|| format!("floor: not a workload key: {key:?}"))?;
         Ok(if flag.swap(true, Ordering::AcqRel) {

@@ -127,6 +127,14 @@ impl Measured {
     }
 }
 
+/// The index of a key [`key_of`] built (`order-NNNNNNNN`); `None` for any other bytes.
+pub fn key_index(key: &[u8]) -> Option<usize> {
+    std::str::from_utf8(key.strip_prefix(b"order-")?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
 /// The key of index `k`: `order-` and eight digits, built without allocating.
 pub fn key_of(k: usize) -> [u8; 14] {
     let mut key = *b"order-00000000";
