@@ -156,10 +156,11 @@ pub(crate) enum HeadState {
 #[derive(Clone)]
 pub(crate) struct RecordKey(Arc<[u8]>);
 
-/// Two record keys are equal when their scopes and keys are: what the file holds of them.
+/// Two record keys are equal when their scopes and keys are, what the file holds of them:
+/// the scoped encoding is injective, so that is when their scoped keys' bytes are.
 impl PartialEq for RecordKey {
     fn eq(&self, other: &Self) -> bool {
-        crate::scope::split(&self.0) == crate::scope::split(&other.0)
+        self.0 == other.0
     }
 }
 

@@ -151,8 +151,7 @@ impl Slot {
 
     /// Whether this slot's key has the table tag `tag` (see [`Key::is`]).
     fn has_tag(&self, tag: u32) -> bool {
-        let [a, b, c, _] = tag.to_le_bytes();
-        self.tag == [a, b, c]
+        self.tag == tag_bytes(tag)
     }
 
     /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
@@ -598,8 +597,7 @@ impl Shard {
         let own_retention_ns = extra.retention_ms.map(|ms| ms.saturating_mul(1_000_000));
         // The caller's copy may carry stale flags and no tag; this table decides them.
         slot.flags &= !(HAS_EXTRA | ABANDONED);
-        let [a, b, c, _] = key.tag.to_le_bytes();
-        slot.tag = [a, b, c];
+        slot.tag = tag_bytes(key.tag);
         if has_extra {
             slot.flags |= HAS_EXTRA;
         }
@@ -1326,6 +1324,12 @@ fn tag_of(keyed: u64) -> u32 {
 /// over the table's bucket bits (the low ones) and its control bits (the top seven).
 fn table_hash(tag: u32) -> u64 {
     u64::from(tag).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The three bytes of a 24-bit table tag, as a slot stores them.
+fn tag_bytes(tag: u32) -> [u8; 3] {
+    let [a, b, c, _] = tag.to_le_bytes();
+    [a, b, c]
 }
 
 impl<'a> Key<'a> {
