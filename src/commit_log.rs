@@ -27,15 +27,14 @@
 //!   flushes data only, never the file's size or block map.
 
 use crate::backend::Storage;
-use crate::constants::{HASH_SECRET_LEN, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
+use crate::constants::{HASH_SECRET_LEN, LOG_BLOCK_BYTES, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
 use crate::error::OpenError;
+use crate::log_file::{Access, LogFile};
 use crate::options::EngineBuilder;
 use crate::storage::Write;
 use crate::storage::{Durable, Store};
 use crate::sync::Arc;
 use crate::tables::Batch;
-use redb::backends::FileBackend;
-use redb::StorageBackend;
 use std::hash::Hasher;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -90,6 +89,9 @@ pub(crate) struct CommitLog {
     epoch: u64,
     seq: u64,
     offset: u64,
+    /// Each frame is padded with zeros to a multiple of this (1: no padding), so that its
+    /// write is whole blocks (the log file's direct writes, `log_file.rs`).
+    block_bytes: u64,
     /// Reused frame buffer.
     frame: Vec<u8>,
 }
@@ -115,15 +117,27 @@ enum Appended {
 }
 
 impl CommitLog {
-    /// A log whose current epoch is `epoch` and which holds no frame of it yet. The storage
-    /// must already be `LOG_BYTES` long (see [`prepare`]).
-    pub(crate) fn new(storage: Box<dyn Storage>, key: MacKey, epoch: u64) -> Self {
+    /// A log whose current epoch is `epoch` and which holds no frame of it yet, its frames
+    /// padded to multiples of `block_bytes` (a power of two dividing `LOG_BYTES`). The
+    /// storage must already be `LOG_BYTES` long (see [`prepare`]).
+    pub(crate) fn new(
+        storage: Box<dyn Storage>,
+        key: MacKey,
+        epoch: u64,
+        block_bytes: u64,
+    ) -> Self {
+        debug_assert!(block_bytes.is_power_of_two() && LOG_BYTES.is_multiple_of(block_bytes));
+        debug_assert!(
+            block_bytes <= LOG_BLOCK_BYTES,
+            "replay looks for frames at its blocks"
+        );
         CommitLog {
             storage,
             key,
             epoch,
             seq: 0,
             offset: 0,
+            block_bytes,
             frame: Vec::new(),
         }
     }
@@ -181,22 +195,30 @@ impl CommitLog {
         // Sized before it is built: a batch that cannot fit (large responses under
         // `Buffered`) is never copied into a frame.
         let room = LOG_BYTES.saturating_sub(self.offset);
-        if encoded_len(writes, tables) > room {
+        if encoded_len(writes, tables).next_multiple_of(self.block_bytes) > room {
             return Ok(Appended::Full);
         }
         let mut frame = std::mem::take(&mut self.frame);
         frame.clear();
         frame.resize(FRAME_HEADER_BYTES, 0);
         encode_payload(&mut frame, writes, tables, hwm);
-        debug_assert!(frame.len() as u64 <= room, "encoded_len is a bound");
         let seq = self.seq;
         seal(&mut frame, &self.key, self.epoch, seq);
+        // Zeros after the frame, which its MAC does not cover: a replay steps over them
+        // (`next_start`).
+        let padded = (frame.len() as u64).next_multiple_of(self.block_bytes);
+        frame.resize(padded as usize, 0);
+        debug_assert!(frame.len() as u64 <= room, "encoded_len is a bound");
         let result = self.write_frame(&frame).map(|()| Appended::Logged { seq });
         self.frame = frame;
         result
     }
 
     fn write_frame(&mut self, frame: &[u8]) -> io::Result<()> {
+        debug_assert!(
+            self.offset.is_multiple_of(self.block_bytes)
+                && (frame.len() as u64).is_multiple_of(self.block_bytes)
+        );
         self.storage.write(self.offset, frame)?;
         self.storage.sync_data()?;
         self.offset += frame.len() as u64;
@@ -557,9 +579,10 @@ pub(crate) fn replay<E>(
     mut apply: impl FnMut(Replayed, u64) -> Result<(), E>,
 ) -> Result<Result<u64, ReplayError>, E> {
     let epoch = state.epoch;
-    let (mut at, mut seq, mut applied) = (0usize, 0u64, 0u64);
+    let (mut end, mut seq, mut applied) = (0usize, 0u64, 0u64);
     loop {
-        match frame_at(image, at, key, epoch, seq) {
+        let (at, frame) = next_frame(image, end, key, epoch, seq);
+        match frame {
             Frame::Valid { payload, next } => {
                 if seq >= state.applied {
                     match decode_payload(payload) {
@@ -574,7 +597,7 @@ pub(crate) fn replay<E>(
                         }
                     }
                 }
-                at = next;
+                end = next;
                 seq += 1;
             }
             // Zeros, or a whole frame of an earlier epoch: the end, as a clean stop leaves it.
@@ -600,6 +623,36 @@ pub(crate) fn replay<E>(
 /// apply, or damage that an open must report.
 pub(crate) fn pending(image: &[u8], key: &MacKey, state: LogState) -> bool {
     !matches!(replay(image, key, state, |_, _| Ok::<_, ()>(())), Ok(Ok(0)))
+}
+
+/// The frame numbered `seq` after the one that ends at `end` (0 for the first), and where
+/// it was looked for. Frames are written back to back (the next one starts at `end`) or
+/// padded with zeros to whole blocks (`CommitLog::block_bytes`; the next one starts at the
+/// first multiple of `LOG_BLOCK_BYTES` from `end`), and a log of either kind replays the
+/// same: a whole frame of this epoch and number is taken at either place (its MAC says it
+/// is the one written there). Otherwise the log ends, or is damaged, where its layout puts
+/// the next frame: after zeros up to the boundary, at the boundary (a frame starts with its
+/// magic, never with a zero byte); at `end` otherwise.
+fn next_frame<'a>(
+    image: &'a [u8],
+    end: usize,
+    key: &MacKey,
+    epoch: u64,
+    seq: u64,
+) -> (usize, Frame<'a>) {
+    let at_end = frame_at(image, end, key, epoch, seq);
+    let boundary = end.next_multiple_of(LOG_BLOCK_BYTES as usize);
+    if boundary == end || matches!(at_end, Frame::Valid { .. }) {
+        return (end, at_end);
+    }
+    let at_boundary = frame_at(image, boundary, key, epoch, seq);
+    let padded = image
+        .get(end..boundary)
+        .is_some_and(|gap| gap.iter().all(|&b| b == 0));
+    match (at_boundary, padded) {
+        (valid @ Frame::Valid { .. }, _) | (valid, true) => (boundary, valid),
+        (_, false) => (end, at_end),
+    }
 }
 
 enum Frame<'a> {
@@ -739,7 +792,7 @@ pub(crate) fn log_path(path: &Path) -> PathBuf {
 /// the builder asks for one; otherwise a log found is applied, and a file's log removed.
 pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>, OpenError> {
     let file = match (&b.log_backend, &b.path, b.backend.is_some()) {
-        (Some(slot), _, _) => Some((slot.take()?, None)),
+        (Some(slot), _, _) => Some((slot.take()?, None, 1)),
         (None, Some(path), false) => {
             let path = log_path(path);
             let access = match b.commit_log {
@@ -747,14 +800,15 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
                 false => Access::Write,
             };
             LogFile::open(&path, access, b.file_mode)?.map(|f| {
+                let block_bytes = f.block_bytes();
                 let storage: Box<dyn Storage> = Box::new(f);
-                (storage, Some(path))
+                (storage, Some(path), block_bytes)
             })
         }
         _ => None,
     };
     let state = store.log_state()?;
-    let Some((storage, path)) = file else {
+    let Some((storage, path, block_bytes)) = file else {
         return match state.active {
             true => Err(missing(b.path.as_deref().map(log_path))),
             false => Ok(None),
@@ -792,7 +846,7 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
             // acknowledged.
             crate::storage::sync_dir(path).map_err(OpenError::Io)?;
         }
-        return Ok(Some(CommitLog::new(storage, key, next)));
+        return Ok(Some(CommitLog::new(storage, key, next, block_bytes)));
     }
     let _ = storage.close();
     drop(storage);
@@ -849,71 +903,6 @@ fn read_all(storage: &dyn Storage) -> io::Result<Vec<u8>> {
     Ok(image)
 }
 
-/// A commit log in a file, through redb's own file backend (the same positioned reads and
-/// writes, on every platform, as the database file).
-#[derive(Debug)]
-struct LogFile(FileBackend);
-
-/// How a log file is opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Access {
-    /// To look for unapplied frames (a read-only open of the file).
-    Read,
-    /// To apply and remove a log left beside the file.
-    Write,
-    /// To apply and keep writing it, created if absent.
-    Create,
-}
-
-impl LogFile {
-    /// Opens the log at `path`: `None` when it is absent (never with `Access::Create`).
-    fn open(path: &Path, access: Access, mode: u32) -> Result<Option<LogFile>, OpenError> {
-        let create = access == Access::Create;
-        let mut options = std::fs::OpenOptions::new();
-        options
-            .read(true)
-            .write(access != Access::Read)
-            .create(create)
-            .truncate(false);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            if create {
-                options.mode(mode);
-            }
-        }
-        #[cfg(not(unix))]
-        let _ = mode;
-        match options.open(path) {
-            Ok(file) => Ok(Some(LogFile(crate::storage::file_backend(file, path)?))),
-            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(OpenError::Io(e)),
-        }
-    }
-}
-
-impl Storage for LogFile {
-    fn len(&self) -> io::Result<u64> {
-        self.0.len()
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.0.read(offset, out)
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.write(offset, data)
-    }
-
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
-    }
-
-    fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -953,13 +942,27 @@ mod tests {
         MacKey::from_secret(&[7u8; HASH_SECRET_LEN])
     }
 
+    /// Frames back to back, and frames padded to whole blocks (the log file's direct
+    /// writes): every layout test runs on both.
+    const BLOCKS: [u64; 2] = [1, LOG_BLOCK_BYTES];
+
     fn log(epoch: u64) -> (CommitLog, MemoryStorage) {
+        log_in(epoch, 1)
+    }
+
+    fn log_in(epoch: u64, block_bytes: u64) -> (CommitLog, MemoryStorage) {
         let storage = MemoryStorage::default();
         prepare(&storage).unwrap();
         (
-            CommitLog::new(Box::new(storage.clone()), key(), epoch),
+            CommitLog::new(Box::new(storage.clone()), key(), epoch, block_bytes),
             storage,
         )
+    }
+
+    /// The length of the frame at `at` without its padding.
+    fn unpadded_len(img: &[u8], at: usize) -> usize {
+        let len = u32::from_le_bytes(img[at + 4..at + 8].try_into().unwrap());
+        FRAME_HEADER_BYTES + len as usize
     }
 
     /// The log's content up to 4 KiB past its last write (the rest is zeros, and scanning
@@ -1060,71 +1063,128 @@ mod tests {
 
     #[test]
     fn frames_of_another_epoch_or_key_are_not_replayed() {
-        let (mut log, s) = log(4);
-        log.append(&[Write::Delete { token: 1 }], &[], None)
-            .unwrap();
-        let img = image(&s);
-        assert_eq!(all(&img, 4).unwrap().len(), 1);
-        assert_eq!(all(&img, 5).unwrap().len(), 0);
-        assert!(pending(&img, &key(), at(4)));
-        assert!(!pending(&img, &key(), at(5)));
-        let other = MacKey::from_secret(&[8u8; HASH_SECRET_LEN]);
-        assert!(!pending(&img, &other, at(4)));
+        for block in BLOCKS {
+            let (mut log, s) = log_in(4, block);
+            log.append(&[Write::Delete { token: 1 }], &[], None)
+                .unwrap();
+            let img = image(&s);
+            assert_eq!(all(&img, 4).unwrap().len(), 1);
+            assert_eq!(all(&img, 5).unwrap().len(), 0);
+            assert!(pending(&img, &key(), at(4)));
+            assert!(!pending(&img, &key(), at(5)));
+            let other = MacKey::from_secret(&[8u8; HASH_SECRET_LEN]);
+            assert!(!pending(&img, &other, at(4)));
+        }
     }
 
     #[test]
     fn a_restarted_epoch_overwrites_the_old_frames_and_replays_only_its_own() {
-        let (mut log, s) = log(1);
-        for t in 0..3 {
-            log.append(&[Write::Delete { token: t }], &[], None)
+        for block in BLOCKS {
+            let (mut log, s) = log_in(1, block);
+            for t in 0..3 {
+                log.append(&[Write::Delete { token: t }], &[], None)
+                    .unwrap();
+            }
+            log.restart(2);
+            log.append(&[Write::Delete { token: 50 }], &[], None)
                 .unwrap();
+            let got = all(&image(&s), 2).unwrap();
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].writes, vec![OwnedWrite::Delete { token: 50 }]);
+            // The first epoch's later frames are still there, but epoch 1 starts with a
+            // frame of epoch 2 now: nothing of epoch 1 replays.
+            assert_eq!(all(&image(&s), 1).unwrap().len(), 0);
         }
-        log.restart(2);
-        log.append(&[Write::Delete { token: 50 }], &[], None)
-            .unwrap();
-        let got = all(&image(&s), 2).unwrap();
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].writes, vec![OwnedWrite::Delete { token: 50 }]);
-        // The first epoch's later frames are still there, but epoch 1 starts with a frame
-        // of epoch 2 now: nothing of epoch 1 replays.
-        assert_eq!(all(&image(&s), 1).unwrap().len(), 0);
     }
 
     #[test]
     fn a_torn_last_frame_ends_the_log_at_every_cut() {
-        let (mut log, s) = log(1);
-        let value = vec![0xabu8; 300];
-        let put = |t| Write::Put {
-            token: t,
-            old: None,
-            value: &value,
-        };
-        log.append(&[put(1)], &[], None).unwrap();
-        let whole = log.offset() as usize;
-        log.append(&[put(2)], &[], None).unwrap();
-        let end = log.offset() as usize;
-        let img = image(&s);
-        // Every prefix of the second frame (the rest zeros, as pre-written) keeps the first.
-        for cut in whole..end {
-            let mut torn = img.clone();
-            torn[cut..end].fill(0);
-            if torn == img {
-                // The frame's last bytes are zeros themselves: nothing was cut.
-                continue;
+        for block in BLOCKS {
+            let (mut log, s) = log_in(1, block);
+            let value = vec![0xabu8; 300];
+            let put = |t| Write::Put {
+                token: t,
+                old: None,
+                value: &value,
+            };
+            log.append(&[put(1)], &[], None).unwrap();
+            let whole = log.offset() as usize;
+            log.append(&[put(2)], &[], None).unwrap();
+            let img = image(&s);
+            let end = whole + unpadded_len(&img, whole);
+            // Every prefix of the second frame (the rest zeros, as pre-written) keeps the
+            // first.
+            for cut in whole..end {
+                let mut torn = img.clone();
+                torn[cut..end].fill(0);
+                if torn == img {
+                    // The frame's last bytes are zeros themselves: nothing was cut.
+                    continue;
+                }
+                assert_eq!(
+                    all(&torn, 1).unwrap().len(),
+                    1,
+                    "cut at {cut}, block {block}"
+                );
             }
-            assert_eq!(all(&torn, 1).unwrap().len(), 1, "cut at {cut}");
+            // Every single-byte change of the second frame drops it, never the first.
+            for at in whole..end {
+                let mut flipped = img.clone();
+                flipped[at] ^= 0x40;
+                assert_eq!(
+                    all(&flipped, 1).unwrap().len(),
+                    1,
+                    "flip at {at}, block {block}"
+                );
+            }
         }
-        // Every single-byte change of the second frame drops it, never the first.
-        for at in whole..end {
-            let mut flipped = img.clone();
-            flipped[at] ^= 0x40;
-            assert_eq!(all(&flipped, 1).unwrap().len(), 1, "flip at {at}");
+    }
+
+    #[test]
+    fn padded_frames_start_on_blocks_and_replay_as_frames_back_to_back_do() {
+        let value = vec![0x5au8; 700];
+        let mut replayed = Vec::new();
+        for block in BLOCKS {
+            let (mut log, s) = log_in(1, block);
+            for t in 0..9 {
+                let start = log.offset();
+                assert_eq!(start % block, 0, "frame {t} starts at {start}");
+                let put = Write::Put {
+                    token: t,
+                    old: t.checked_sub(1),
+                    value: &value[..(t as usize * 77) % 700],
+                };
+                log.append(&[put], &[], Some(t)).unwrap();
+            }
+            let got = all(&image(&s), 1).unwrap();
+            assert_eq!(got.len(), 9);
+            replayed.push(format!(
+                "{:?}",
+                got.iter().map(|r| (&r.writes, r.hwm)).collect::<Vec<_>>()
+            ));
+        }
+        assert_eq!(replayed[0], replayed[1]);
+    }
+
+    #[test]
+    fn damaged_padding_neither_hides_the_next_frame_nor_counts_as_one() {
+        let (img, starts) = frames_in(3, LOG_BLOCK_BYTES);
+        let first_end = unpadded_len(&img, 0);
+        assert!(first_end < starts[1], "the first frame is padded");
+        for at in [first_end, (first_end + starts[1]) / 2, starts[1] - 1] {
+            let mut damaged = img.clone();
+            damaged[at] = 0x49; // the magic's first byte
+            assert_eq!(all(&damaged, 1).unwrap().len(), 3, "padding byte {at}");
         }
     }
 
     /// A log of epoch 1 holding `n` one-write frames, and where each frame starts.
     fn frames(n: u64) -> (Vec<u8>, Vec<usize>) {
-        let (mut log, s) = log(1);
+        frames_in(n, 1)
+    }
+
+    fn frames_in(n: u64, block_bytes: u64) -> (Vec<u8>, Vec<usize>) {
+        let (mut log, s) = log_in(1, block_bytes);
         let mut starts = Vec::new();
         for t in 0..n {
             starts.push(log.offset() as usize);
@@ -1136,10 +1196,12 @@ mod tests {
 
     #[test]
     fn a_damaged_frame_followed_by_a_whole_one_is_refused() {
-        let (mut img, starts) = frames(3);
-        // A payload byte of the second frame.
-        img[starts[1] + FRAME_HEADER_BYTES + 3] ^= 1;
-        assert!(matches!(all(&img, 1), Err(ReplayError::Damaged(_))));
+        for block in BLOCKS {
+            let (mut img, starts) = frames_in(3, block);
+            // A payload byte of the second frame.
+            img[starts[1] + FRAME_HEADER_BYTES + 3] ^= 1;
+            assert!(matches!(all(&img, 1), Err(ReplayError::Damaged(_))));
+        }
     }
 
     #[test]
@@ -1167,25 +1229,34 @@ mod tests {
 
     #[test]
     fn a_damaged_header_followed_by_a_whole_frame_is_refused() {
-        let (img, starts) = frames(3);
-        // Every byte of the second frame's header: magic, length, epoch, number, MAC.
-        for byte in 0..FRAME_HEADER_BYTES {
-            let mut damaged = img.clone();
-            damaged[starts[1] + byte] ^= 0x10;
-            assert!(
-                matches!(all(&damaged, 1), Err(ReplayError::Damaged(_))),
-                "header byte {byte}"
-            );
-            assert!(pending(&damaged, &key(), at(1)), "header byte {byte}");
+        for block in BLOCKS {
+            let (img, starts) = frames_in(3, block);
+            // Every byte of the second frame's header: magic, length, epoch, number, MAC.
+            for byte in 0..FRAME_HEADER_BYTES {
+                let mut damaged = img.clone();
+                damaged[starts[1] + byte] ^= 0x10;
+                assert!(
+                    matches!(all(&damaged, 1), Err(ReplayError::Damaged(_))),
+                    "header byte {byte}, block {block}"
+                );
+                assert!(pending(&damaged, &key(), at(1)), "header byte {byte}");
+            }
+            // The last frame's header damaged: a torn tail, the frames before it replay.
+            let mut torn = img.clone();
+            torn[starts[2] + 4] ^= 0x10;
+            assert_eq!(all(&torn, 1).unwrap().len(), 2);
         }
-        // The last frame's header damaged: a torn tail, the frames before it replay.
-        let mut torn = img.clone();
-        torn[starts[2] + 4] ^= 0x10;
-        assert_eq!(all(&torn, 1).unwrap().len(), 2);
     }
 
     #[test]
     fn frames_the_file_already_holds_are_skipped() {
+        let (img, _) = frames_in(4, LOG_BLOCK_BYTES);
+        let state = LogState {
+            epoch: 1,
+            applied: 3,
+            active: true,
+        };
+        assert_eq!(from(&img, state).unwrap().len(), 1);
         let (img, _) = frames(4);
         let state = LogState {
             epoch: 1,

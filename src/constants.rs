@@ -354,5 +354,10 @@ pub(crate) const PG_CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// write this is about 100 000 writes between checkpoints.
 pub(crate) const LOG_BYTES: u64 = 16 << 20;
 
+/// The block of the commit log file's direct writes (`O_DIRECT`): frames are padded to a
+/// multiple of it, and written from a buffer aligned to it. A multiple of the logical block
+/// of the devices in use (512 and 4096 bytes), so a direct write is accepted on either.
+pub(crate) const LOG_BLOCK_BYTES: u64 = 4096;
+
 /// The write size used to fill a new commit log with zeros.
 pub(crate) const LOG_ZERO_CHUNK_BYTES: usize = 4 << 20;

@@ -47,6 +47,7 @@ pub mod http;
 mod index;
 mod keep_alive;
 mod lease;
+mod log_file;
 mod machine;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]

@@ -1,0 +1,312 @@
+//! The commit log's own file (`<path>-log`, `commit_log.rs` says what it holds).
+//!
+//! Reads, the zeros written at creation and every write on a platform or file system
+//! without direct I/O go through redb's file backend, the same positioned reads and writes
+//! as the database file, made durable by `fdatasync`. On Linux the writer's frames go
+//! through a second descriptor of the same file opened with `O_DIRECT | O_DSYNC`: a write
+//! of whole blocks from an aligned buffer reaches the device without the page cache and is
+//! durable when it returns, so a frame costs one device write instead of a buffered write,
+//! a writeback and a flush. The commit log pads each frame to whole blocks
+//! ([`LogFile::block_bytes`]) so that its writes take this path.
+//!
+//! Invariants:
+//! - `sync_data` flushes whenever a write since the last sync went through the page cache,
+//!   so a caller that writes then syncs gets durability on either path.
+//! - A file system that refuses direct I/O (at open, or with `EINVAL` on a write, before any
+//!   byte is written) turns the direct path off for good; the write goes through the page
+//!   cache instead, and the next `sync_data` flushes it.
+
+use crate::backend::Storage;
+use crate::constants::LOG_BLOCK_BYTES;
+use crate::error::OpenError;
+use crate::sync::{AtomicBool, Ordering};
+use redb::backends::FileBackend;
+use redb::StorageBackend;
+use std::io;
+use std::path::Path;
+
+/// How a log file is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// To look for unapplied frames (a read-only open of the file).
+    Read,
+    /// To apply and remove a log left beside the file.
+    Write,
+    /// To apply and keep writing it, created if absent.
+    Create,
+}
+
+/// A commit log in a file.
+#[derive(Debug)]
+pub(crate) struct LogFile {
+    file: FileBackend,
+    /// The direct, synchronous descriptor (Linux, `Access::Create`, when the file system
+    /// takes it).
+    direct: Option<Direct>,
+    /// A write went through the page cache since the last `sync_data`.
+    dirty: AtomicBool,
+}
+
+impl LogFile {
+    /// Opens the log at `path`: `None` when it is absent (never with `Access::Create`).
+    pub(crate) fn open(
+        path: &Path,
+        access: Access,
+        mode: u32,
+    ) -> Result<Option<LogFile>, OpenError> {
+        let create = access == Access::Create;
+        let mut options = std::fs::OpenOptions::new();
+        options
+            .read(true)
+            .write(access != Access::Read)
+            .create(create)
+            .truncate(false);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            if create {
+                options.mode(mode);
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = mode;
+        let file = match options.open(path) {
+            Ok(file) => crate::storage::file_backend(file, path)?,
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(OpenError::Io(e)),
+        };
+        // Only the engine that appends frames writes them directly.
+        let direct = match create {
+            true => Direct::open(path),
+            false => None,
+        };
+        Ok(Some(LogFile {
+            file,
+            direct,
+            dirty: AtomicBool::new(false),
+        }))
+    }
+
+    /// The size the commit log rounds its frames up to: a block with direct I/O (so each
+    /// frame is written directly), 1 without.
+    pub(crate) fn block_bytes(&self) -> u64 {
+        match &self.direct {
+            Some(_) => LOG_BLOCK_BYTES,
+            None => 1,
+        }
+    }
+}
+
+impl Storage for LogFile {
+    fn len(&self) -> io::Result<u64> {
+        self.file.len()
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.file.read(offset, out)
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        if let Some(direct) = &self.direct {
+            if direct.write(offset, data)? {
+                return Ok(());
+            }
+        }
+        self.dirty.store(true, Ordering::Release);
+        self.file.write(offset, data)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.dirty.store(true, Ordering::Release);
+        self.file.set_len(len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        // Direct writes were durable when they returned; only the page cache's need a flush.
+        match self.dirty.swap(false, Ordering::AcqRel) {
+            true => self.file.sync_data().inspect_err(|_| {
+                // Still not durable: the next sync must try again.
+                self.dirty.store(true, Ordering::Release);
+            }),
+            false => Ok(()),
+        }
+    }
+}
+
+/// The log file opened again for direct, synchronous writes of whole blocks.
+#[derive(Debug)]
+struct Direct {
+    #[cfg(target_os = "linux")]
+    file: std::fs::File,
+    /// Direct I/O needs a buffer aligned to the block: frames are copied into this one.
+    #[cfg(target_os = "linux")]
+    aligned: crate::sync::Mutex<Vec<u8>>,
+    /// Cleared when the file system refused a direct write.
+    on: AtomicBool,
+}
+
+impl Direct {
+    /// `None` where the platform or the file system has no direct I/O.
+    #[cfg(target_os = "linux")]
+    fn open(path: &Path) -> Option<Direct> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+            .open(path)
+            .ok()?;
+        Some(Direct {
+            file,
+            aligned: crate::sync::Mutex::new(Vec::new()),
+            on: AtomicBool::new(true),
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn open(_path: &Path) -> Option<Direct> {
+        None
+    }
+
+    /// Writes `data` at `offset` directly and durably when both are whole blocks: `true`
+    /// then, `false` when the caller must write it through the page cache instead.
+    #[cfg(target_os = "linux")]
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<bool> {
+        use std::os::unix::fs::FileExt;
+        let len = data.len() as u64;
+        let whole = len > 0
+            && offset.is_multiple_of(LOG_BLOCK_BYTES)
+            && len.is_multiple_of(LOG_BLOCK_BYTES);
+        if !whole || !self.on.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let block = LOG_BLOCK_BYTES as usize;
+        let mut aligned = self.aligned.lock();
+        // The buffer's address is what must be aligned: room for the data from the first
+        // block boundary inside it. (Growing it may move it, so the start is found after.)
+        aligned.resize(data.len() + block, 0);
+        let start = aligned.as_ptr().align_offset(block);
+        let Some(out) = aligned.get_mut(start..start + data.len()) else {
+            return Ok(false);
+        };
+        out.copy_from_slice(data);
+        match self.file.write_at(out, offset) {
+            Ok(n) if n == data.len() => Ok(true),
+            Ok(n) => Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!(
+                    "a direct write of {} bytes to the commit log wrote {n}",
+                    data.len()
+                ),
+            )),
+            // The file system takes no direct I/O for this file after all; nothing was
+            // written.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                self.on.store(false, Ordering::Release);
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn write(&self, _offset: u64, _data: &[u8]) -> io::Result<bool> {
+        Ok(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::commit_log::{prepare, replay, CommitLog, LogState, MacKey};
+    use crate::constants::{HASH_SECRET_LEN, LOG_BYTES};
+    use crate::storage::Write;
+
+    fn key() -> MacKey {
+        MacKey::from_secret(&[3u8; HASH_SECRET_LEN])
+    }
+
+    fn read_all(file: &LogFile) -> Vec<u8> {
+        let mut image = vec![0u8; file.len().unwrap() as usize];
+        file.read(0, &mut image).unwrap();
+        image
+    }
+
+    #[test]
+    fn frames_written_to_the_file_replay_after_it_is_opened_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db-log");
+        let file = LogFile::open(&path, Access::Create, 0o600)
+            .unwrap()
+            .unwrap();
+        prepare(&file).unwrap();
+        assert_eq!(file.len().unwrap(), LOG_BYTES);
+        let block_bytes = file.block_bytes();
+        // Direct I/O where the platform has it (the file system may still refuse it).
+        assert!(block_bytes == 1 || block_bytes == LOG_BLOCK_BYTES);
+        let mut log = CommitLog::new(Box::new(file), key(), 1, block_bytes);
+        let value = vec![0x77u8; 9000];
+        for t in 0..6u64 {
+            let put = Write::Put {
+                token: t,
+                old: None,
+                value: &value[..(t as usize * 1500)],
+            };
+            log.stage(&[put], &[], None, false).unwrap();
+        }
+        drop(log);
+        let again = LogFile::open(&path, Access::Read, 0).unwrap().unwrap();
+        assert_eq!(
+            again.block_bytes(),
+            1,
+            "only an appending engine writes directly"
+        );
+        let state = LogState {
+            epoch: 1,
+            applied: 0,
+            active: true,
+        };
+        let mut tokens = Vec::new();
+        let replayed = replay(&read_all(&again), &key(), state, |batch, _| {
+            for w in &batch.writes {
+                tokens.push(w.borrow().token());
+            }
+            Ok::<_, ()>(())
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(replayed, 6);
+        assert_eq!(tokens, (0..6).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn writes_that_are_not_whole_blocks_go_through_the_page_cache_and_are_synced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db-log");
+        let file = LogFile::open(&path, Access::Create, 0o600)
+            .unwrap()
+            .unwrap();
+        prepare(&file).unwrap();
+        assert!(
+            !file.dirty.load(Ordering::Acquire),
+            "prepare ends with a sync"
+        );
+        let block = LOG_BLOCK_BYTES as usize;
+        let whole = vec![0xa5u8; 2 * block];
+        file.write(LOG_BLOCK_BYTES, &whole).unwrap();
+        // Written directly, or through the cache and due for a flush: never neither.
+        let direct = file
+            .direct
+            .as_ref()
+            .is_some_and(|d| d.on.load(Ordering::Acquire));
+        assert_eq!(file.dirty.load(Ordering::Acquire), !direct);
+        eprintln!("the log file's whole blocks were written directly: {direct}");
+        let odd = b"not a whole block";
+        file.write(100, odd).unwrap();
+        assert!(file.dirty.load(Ordering::Acquire));
+        file.sync_data().unwrap();
+        assert!(!file.dirty.load(Ordering::Acquire));
+        let image = read_all(&file);
+        assert_eq!(&image[100..100 + odd.len()], odd);
+        assert_eq!(&image[block..3 * block], &whole[..]);
+    }
+}
