@@ -1,20 +1,24 @@
-//! The commit log (`EngineBuilder::commit_log`): a group commit made durable by one append
-//! and one fdatasync of a pre-written log file, instead of a two-phase redb commit (two
-//! fsyncs). The batch then reaches the redb file in a non-durable commit; a *checkpoint* (a
-//! durable redb commit that also starts a new log epoch) makes the file complete again
-//! when the log is full, at close, and at every open.
+//! The commit log (`EngineBuilder::commit_log`): a group commit made durable by one durable
+//! append to a pre-written log file (`log_file.rs`: a direct, synchronous write on Linux,
+//! else a write and an fdatasync), instead of a two-phase redb commit (two fsyncs). The
+//! batch then reaches the redb file in a non-durable commit; a *checkpoint* (a durable redb
+//! commit that also starts a new log epoch) makes the file complete again when the log is
+//! full, at close, and at every open.
 //!
 //! Definitions:
 //! - An *epoch* numbers the log's lives. Every checkpoint makes the next epoch current in
 //!   the same durable commit, then the log is written again from offset 0.
 //! - A *frame* is one batch: a 32-byte header (magic, payload length, epoch, sequence
-//!   number, MAC) and the payload (the batch's writes, table writes and token mark).
+//!   number, MAC) and the payload (the batch's writes, table writes and token mark),
+//!   followed by zeros up to a multiple of the log's block when it has one (the log file's
+//!   direct writes take whole blocks); a replay finds the next frame at either place.
 //! - The file's meta row `log_state` ([`LogState`]) holds the epoch, how many of its frames
 //!   the file holds, and whether an engine is appending to the log.
 //!
 //! Invariants:
-//! - A frame is acknowledged only after its fdatasync returned, and the next frame is
-//!   written only after that: at most one frame, the last, can be torn.
+//! - A frame is acknowledged only after it is durable (its direct synchronous write or its
+//!   fdatasync returned), and the next frame is written only after that: at most one
+//!   frame, the last, can be torn.
 //! - The file's records are the state of a prefix of the current epoch's frames, and
 //!   `log_state` says which: each non-durable commit records the frame it applies, and a
 //!   logging writer's only durable commits are checkpoints. Replay applies the frames after
@@ -23,8 +27,8 @@
 //!   keyed by the file's secret. Keys and responses are client bytes: a keyed MAC, unlike a
 //!   plain checksum, cannot be matched by crafted bytes, so a torn frame is never mistaken
 //!   for a whole one.
-//! - The log file is written in place over bytes written at creation, so an fdatasync
-//!   flushes data only, never the file's size or block map.
+//! - The log file is written in place over bytes written at creation, so making a frame
+//!   durable flushes data only, never the file's size or block map.
 
 use crate::backend::Storage;
 use crate::constants::{HASH_SECRET_LEN, LOG_BLOCK_BYTES, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};

@@ -349,9 +349,10 @@ pub(crate) const PG_RUNTIME_THREADS: usize = 2;
 pub(crate) const PG_CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 /// Size of the commit log file, written in full when it is created so that appends never
-/// change its size or block map (one fdatasync flushes data only). A batch whose frame no
+/// change its size or block map (a durable write flushes data only). A batch whose frame no
 /// longer fits is committed as a checkpoint, which starts the log again: at ~150 bytes per
-/// write this is about 100 000 writes between checkpoints.
+/// write this is about 100 000 writes between checkpoints under load, and at least 4 096
+/// frames (one padded block each) when every batch is small.
 pub(crate) const LOG_BYTES: u64 = 16 << 20;
 
 /// The block of the commit log file's direct writes (`O_DIRECT`): frames are padded to a

@@ -646,9 +646,10 @@ impl EngineBuilder {
         self
     }
 
-    /// Makes each group commit durable with one append and one fdatasync of a commit log
-    /// beside the file (`<path>-log`, 16 MiB, written in full when created) instead of a
-    /// durable two-phase redb commit (two fsyncs); default off. Every guarantee of the
+    /// Makes each group commit durable with one durable append to a commit log beside the
+    /// file (`<path>-log`, 16 MiB, written in full when created; on Linux a direct write
+    /// with `O_DIRECT | O_DSYNC`, elsewhere or where the file system refuses it a write and
+    /// an fdatasync) instead of a durable two-phase redb commit (two fsyncs); default off. Every guarantee of the
     /// durability mode is unchanged: a call acknowledged under
     /// [`Durability::Immediate`] is in the log, fsynced, before it returns, and survives a
     /// crash or a power loss. The batch then reaches the redb file in a non-durable commit,
