@@ -93,8 +93,8 @@ pub(crate) struct CommitLog {
     epoch: u64,
     seq: u64,
     offset: u64,
-    /// Each frame is padded with zeros to a multiple of this (1: no padding), so that its
-    /// write is whole blocks (the log file's direct writes, `log_file.rs`).
+    /// Each frame is padded with zeros to a multiple of this, so that its write is whole
+    /// blocks (the log file's direct writes, `log_file.rs`); 1 (no padding) only in tests.
     block_bytes: u64,
     /// Reused frame buffer.
     frame: Vec<u8>,
@@ -121,15 +121,18 @@ enum Appended {
 }
 
 impl CommitLog {
-    /// A log whose current epoch is `epoch` and which holds no frame of it yet, its frames
-    /// padded to multiples of `block_bytes` (a power of two dividing `LOG_BYTES`). The
-    /// storage must already be `LOG_BYTES` long (see [`prepare`]).
-    pub(crate) fn new(
-        storage: Box<dyn Storage>,
-        key: MacKey,
-        epoch: u64,
-        block_bytes: u64,
-    ) -> Self {
+    /// A log whose current epoch is `epoch` and which holds no frame of it yet. The storage
+    /// must already be `LOG_BYTES` long (see [`prepare`]). Its frames are padded to whole
+    /// `LOG_BLOCK_BYTES` blocks whatever the storage: the log file writes them directly
+    /// (`log_file.rs`), and one layout for every storage keeps the fault-injection suites
+    /// (custom storages) on the layout the file writes.
+    pub(crate) fn new(storage: Box<dyn Storage>, key: MacKey, epoch: u64) -> Self {
+        Self::with_block(storage, key, epoch, LOG_BLOCK_BYTES)
+    }
+
+    /// [`CommitLog::new`] with frames padded to multiples of `block_bytes` (1: back to back,
+    /// as logs were written before the padding, which replay must still read).
+    fn with_block(storage: Box<dyn Storage>, key: MacKey, epoch: u64, block_bytes: u64) -> Self {
         debug_assert!(block_bytes.is_power_of_two() && LOG_BYTES.is_multiple_of(block_bytes));
         debug_assert!(
             block_bytes <= LOG_BLOCK_BYTES,
@@ -604,13 +607,16 @@ pub(crate) fn replay<E>(
                 end = next;
                 seq += 1;
             }
-            // Zeros, or a whole frame of an earlier epoch: the end, as a clean stop leaves it.
+            // A whole frame of another epoch (an earlier life of the log): the end, as a
+            // clean stop leaves it.
             Frame::Stale => return Ok(Ok(applied)),
-            // Bytes that are not a whole frame: a torn last frame, unless a whole frame of
-            // this epoch numbered `seq` or later follows somewhere (then this one was
-            // acknowledged before it, and is damaged).
-            Frame::Torn => {
-                if let Some((later, found)) = later_frame(image, at, key, epoch, seq) {
+            // Zeros (never written since the log was created), or bytes that are not a
+            // whole frame (a torn last frame): the end, unless a whole frame of this epoch
+            // numbered `seq` or later lies anywhere from the end of the last one (then the
+            // frame that belongs here was written before it, was acknowledged, and is
+            // damaged, zeroed included).
+            Frame::Zeros | Frame::Torn => {
+                if let Some((later, found)) = later_frame(image, end, key, epoch, seq) {
                     return Ok(Err(ReplayError::Damaged(format!(
                         "the bytes at {at}, where frame {seq} of epoch {epoch} belongs, are \
                          not a whole frame, yet frame {later} is whole at byte {found}: an \
@@ -662,8 +668,9 @@ fn next_frame<'a>(
 enum Frame<'a> {
     /// A whole frame of this epoch with the expected number.
     Valid { payload: &'a [u8], next: usize },
-    /// Zeros (never written), a whole frame of another epoch (an earlier life of the log),
-    /// or too few bytes left for a header.
+    /// A header of zeros (never written), or too few bytes left for a header.
+    Zeros,
+    /// A whole frame of another epoch (an earlier life of the log).
     Stale,
     /// Anything else.
     Torn,
@@ -706,10 +713,10 @@ fn whole_at<'a>(image: &'a [u8], at: usize, key: &MacKey) -> Option<(Header, &'a
 
 fn frame_at<'a>(image: &'a [u8], at: usize, key: &MacKey, epoch: u64, seq: u64) -> Frame<'a> {
     let Some((_, head)) = header_at(image, at) else {
-        return Frame::Stale;
+        return Frame::Zeros;
     };
     if head.iter().all(|&b| b == 0) {
-        return Frame::Stale;
+        return Frame::Zeros;
     }
     match whole_at(image, at, key) {
         Some((h, payload, next)) if h.epoch == epoch && h.seq == seq => {
@@ -720,8 +727,9 @@ fn frame_at<'a>(image: &'a [u8], at: usize, key: &MacKey, epoch: u64, seq: u64) 
     }
 }
 
-/// A whole frame of `epoch` numbered `seq` or later anywhere after `at`: its number and
-/// position. Looked for only when a replay stops at bytes that are not a whole frame.
+/// A whole frame of `epoch` numbered `seq` or later anywhere from `at` on: its number and
+/// position. Looked for only when a replay stops at bytes that are not a whole frame of
+/// this epoch (at most once per open: it reads the rest of the log).
 fn later_frame(
     image: &[u8],
     at: usize,
@@ -731,7 +739,7 @@ fn later_frame(
 ) -> Option<(u64, usize)> {
     let magic = FRAME_MAGIC.to_le_bytes();
     let last = image.len().checked_sub(FRAME_HEADER_BYTES)?;
-    let mut i = at.saturating_add(1);
+    let mut i = at;
     while i <= last {
         // Candidates start with the magic's first byte.
         i += image[i..=last].iter().position(|&b| b == magic[0])?;
@@ -796,7 +804,7 @@ pub(crate) fn log_path(path: &Path) -> PathBuf {
 /// the builder asks for one; otherwise a log found is applied, and a file's log removed.
 pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>, OpenError> {
     let file = match (&b.log_backend, &b.path, b.backend.is_some()) {
-        (Some(slot), _, _) => Some((slot.take()?, None, 1)),
+        (Some(slot), _, _) => Some((slot.take()?, None)),
         (None, Some(path), false) => {
             let path = log_path(path);
             let access = match b.commit_log {
@@ -804,15 +812,14 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
                 false => Access::Write,
             };
             LogFile::open(&path, access, b.file_mode)?.map(|f| {
-                let block_bytes = f.block_bytes();
                 let storage: Box<dyn Storage> = Box::new(f);
-                (storage, Some(path), block_bytes)
+                (storage, Some(path))
             })
         }
         _ => None,
     };
     let state = store.log_state()?;
-    let Some((storage, path, block_bytes)) = file else {
+    let Some((storage, path)) = file else {
         return match state.active {
             true => Err(missing(b.path.as_deref().map(log_path))),
             false => Ok(None),
@@ -850,7 +857,7 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
             // acknowledged.
             crate::storage::sync_dir(path).map_err(OpenError::Io)?;
         }
-        return Ok(Some(CommitLog::new(storage, key, next, block_bytes)));
+        return Ok(Some(CommitLog::new(storage, key, next)));
     }
     let _ = storage.close();
     drop(storage);
@@ -958,7 +965,7 @@ mod tests {
         let storage = MemoryStorage::default();
         prepare(&storage).unwrap();
         (
-            CommitLog::new(Box::new(storage.clone()), key(), epoch, block_bytes),
+            CommitLog::with_block(Box::new(storage.clone()), key(), epoch, block_bytes),
             storage,
         )
     }
@@ -1168,6 +1175,40 @@ mod tests {
             ));
         }
         assert_eq!(replayed[0], replayed[1]);
+    }
+
+    #[test]
+    fn a_zeroed_frame_followed_by_a_whole_one_is_refused() {
+        for block in BLOCKS {
+            let (img, starts) = frames_in(3, block);
+            // The second frame's bytes (and padding) wiped, as a lost write would leave them.
+            let mut zeroed = img.clone();
+            zeroed[starts[1]..starts[2]].fill(0);
+            assert!(
+                matches!(all(&zeroed, 1), Err(ReplayError::Damaged(_))),
+                "block {block}"
+            );
+            // The last frame wiped is a log that ends before it.
+            let mut last = img.clone();
+            let end = starts[2] + unpadded_len(&img, starts[2]);
+            last[starts[2]..end].fill(0);
+            assert_eq!(all(&last, 1).unwrap().len(), 2, "block {block}");
+        }
+    }
+
+    #[test]
+    fn damaged_padding_before_a_damaged_frame_is_refused_and_before_a_torn_last_one_ends() {
+        let (img, starts) = frames_in(3, LOG_BLOCK_BYTES);
+        let first_end = unpadded_len(&img, 0);
+        let mut damaged = img.clone();
+        damaged[first_end + 5] = 0x49;
+        damaged[starts[1] + FRAME_HEADER_BYTES + 1] ^= 1;
+        assert!(matches!(all(&damaged, 1), Err(ReplayError::Damaged(_))));
+        let second_end = starts[1] + unpadded_len(&img, starts[1]);
+        let mut torn = img.clone();
+        torn[second_end + 5] = 0x49;
+        torn[starts[2] + FRAME_HEADER_BYTES + 1] ^= 1;
+        assert_eq!(all(&torn, 1).unwrap().len(), 2);
     }
 
     #[test]

@@ -360,5 +360,10 @@ pub(crate) const LOG_BYTES: u64 = 16 << 20;
 /// of the devices in use (512 and 4096 bytes), so a direct write is accepted on either.
 pub(crate) const LOG_BLOCK_BYTES: u64 = 4096;
 
+/// The commit log file's aligned buffer for direct writes is dropped after a write that grew
+/// it past this (the zeros at creation, a frame of large responses), and kept below it: a
+/// frame of 64 ordinary writes is about 8 KiB.
+pub(crate) const DIRECT_BUFFER_KEPT_BYTES: usize = 1 << 20;
+
 /// The write size used to fill a new commit log with zeros.
 pub(crate) const LOG_ZERO_CHUNK_BYTES: usize = 4 << 20;

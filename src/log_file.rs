@@ -1,23 +1,25 @@
 //! The commit log's own file (`<path>-log`, `commit_log.rs` says what it holds).
 //!
-//! Reads, the zeros written at creation and every write on a platform or file system
-//! without direct I/O go through redb's file backend, the same positioned reads and writes
-//! as the database file, made durable by `fdatasync`. On Linux the writer's frames go
-//! through a second descriptor of the same file opened with `O_DIRECT | O_DSYNC`: a write
-//! of whole blocks from an aligned buffer reaches the device without the page cache and is
+//! Reads, and every write on a platform or file system without direct I/O, go through
+//! redb's file backend, the same positioned reads and writes as the database file, made
+//! durable by `fdatasync`. On Linux every write of whole blocks at a block's offset (each
+//! frame, which the commit log pads to whole blocks, and the zeros written at creation) goes
+//! through a second descriptor of the same file opened with `O_DIRECT | O_DSYNC`, from a
+//! buffer aligned to the block: it reaches the device without the page cache and is
 //! durable when it returns, so a frame costs one device write instead of a buffered write,
-//! a writeback and a flush. The commit log pads each frame to whole blocks
-//! ([`LogFile::block_bytes`]) so that its writes take this path.
+//! a writeback and a flush.
 //!
 //! Invariants:
 //! - `sync_data` flushes whenever a write since the last sync went through the page cache,
 //!   so a caller that writes then syncs gets durability on either path.
-//! - A file system that refuses direct I/O (at open, or with `EINVAL` on a write, before any
-//!   byte is written) turns the direct path off for good; the write goes through the page
-//!   cache instead, and the next `sync_data` flushes it.
+//! - A file system that refuses direct I/O (at open, or with `EINVAL` or `EOPNOTSUPP` on a
+//!   write) turns the direct path off for good; that write, and every later one, goes
+//!   through the page cache instead, and the next `sync_data` flushes it.
+//! - Both descriptors name the same file: the direct one is used only if it opened the
+//!   same device and inode as the first.
 
 use crate::backend::Storage;
-use crate::constants::LOG_BLOCK_BYTES;
+use crate::constants::{DIRECT_BUFFER_KEPT_BYTES, LOG_BLOCK_BYTES};
 use crate::error::OpenError;
 use crate::sync::{AtomicBool, Ordering};
 use redb::backends::FileBackend;
@@ -71,29 +73,21 @@ impl LogFile {
         #[cfg(not(unix))]
         let _ = mode;
         let file = match options.open(path) {
-            Ok(file) => crate::storage::file_backend(file, path)?,
+            Ok(file) => file,
             Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(OpenError::Io(e)),
         };
         // Only the engine that appends frames writes them directly.
         let direct = match create {
-            true => Direct::open(path),
+            true => Direct::open(path, &file),
             false => None,
         };
+        let file = crate::storage::file_backend(file, path)?;
         Ok(Some(LogFile {
             file,
             direct,
             dirty: AtomicBool::new(false),
         }))
-    }
-
-    /// The size the commit log rounds its frames up to: a block with direct I/O (so each
-    /// frame is written directly), 1 without.
-    pub(crate) fn block_bytes(&self) -> u64 {
-        match &self.direct {
-            Some(_) => LOG_BLOCK_BYTES,
-            None => 1,
-        }
     }
 }
 
@@ -123,9 +117,10 @@ impl Storage for LogFile {
 
     fn sync_data(&self) -> io::Result<()> {
         // Direct writes were durable when they returned; only the page cache's need a flush.
+        // (A failed flush poisons the engine, which writes nothing more: it is never
+        // retried, whose success Linux may report without the lost pages.)
         match self.dirty.swap(false, Ordering::AcqRel) {
             true => self.file.sync_data().inspect_err(|_| {
-                // Still not durable: the next sync must try again.
                 self.dirty.store(true, Ordering::Release);
             }),
             false => Ok(()),
@@ -135,6 +130,7 @@ impl Storage for LogFile {
 
 /// The log file opened again for direct, synchronous writes of whole blocks.
 #[derive(Debug)]
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
 struct Direct {
     #[cfg(target_os = "linux")]
     file: std::fs::File,
@@ -146,15 +142,21 @@ struct Direct {
 }
 
 impl Direct {
-    /// `None` where the platform or the file system has no direct I/O.
+    /// `None` where the platform or the file system has no direct I/O (the log is then
+    /// written through the page cache, as on any platform), or where `path` no longer
+    /// names the file `first` opened.
     #[cfg(target_os = "linux")]
-    fn open(path: &Path) -> Option<Direct> {
-        use std::os::unix::fs::OpenOptionsExt;
+    fn open(path: &Path, first: &std::fs::File) -> Option<Direct> {
+        use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
         let file = std::fs::OpenOptions::new()
             .write(true)
             .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
             .open(path)
             .ok()?;
+        let (a, b) = (first.metadata().ok()?, file.metadata().ok()?);
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return None;
+        }
         Some(Direct {
             file,
             aligned: crate::sync::Mutex::new(Vec::new()),
@@ -163,7 +165,7 @@ impl Direct {
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn open(_path: &Path) -> Option<Direct> {
+    fn open(_path: &Path, _first: &std::fs::File) -> Option<Direct> {
         None
     }
 
@@ -185,11 +187,20 @@ impl Direct {
         // block boundary inside it. (Growing it may move it, so the start is found after.)
         aligned.resize(data.len() + block, 0);
         let start = aligned.as_ptr().align_offset(block);
-        let Some(out) = aligned.get_mut(start..start + data.len()) else {
+        let Some(out) = start
+            .checked_add(data.len())
+            .and_then(|end| aligned.get_mut(start..end))
+        else {
             return Ok(false);
         };
         out.copy_from_slice(data);
-        match self.file.write_at(out, offset) {
+        let written = self.file.write_at(out, offset);
+        // A large write (the zeros at creation, a batch of large responses) does not keep
+        // its buffer for the log's life.
+        if aligned.capacity() > DIRECT_BUFFER_KEPT_BYTES {
+            *aligned = Vec::new();
+        }
+        match written {
             Ok(n) if n == data.len() => Ok(true),
             Ok(n) => Err(io::Error::new(
                 io::ErrorKind::WriteZero,
@@ -198,9 +209,9 @@ impl Direct {
                     data.len()
                 ),
             )),
-            // The file system takes no direct I/O for this file after all; nothing was
-            // written.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            // The file system takes no direct I/O for this file after all. The caller writes
+            // the same bytes through the page cache, whatever this wrote.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
                 self.on.store(false, Ordering::Release);
                 Ok(false)
             }
@@ -217,7 +228,7 @@ impl Direct {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::commit_log::{prepare, replay, CommitLog, LogState, MacKey};
+    use crate::commit_log::{prepare, replay, CommitLog, LogState, MacKey, FRAME_HEADER_BYTES};
     use crate::constants::{HASH_SECRET_LEN, LOG_BYTES};
     use crate::storage::Write;
 
@@ -240,10 +251,7 @@ mod tests {
             .unwrap();
         prepare(&file).unwrap();
         assert_eq!(file.len().unwrap(), LOG_BYTES);
-        let block_bytes = file.block_bytes();
-        // Direct I/O where the platform has it (the file system may still refuse it).
-        assert!(block_bytes == 1 || block_bytes == LOG_BLOCK_BYTES);
-        let mut log = CommitLog::new(Box::new(file), key(), 1, block_bytes);
+        let mut log = CommitLog::new(Box::new(file), key(), 1);
         let value = vec![0x77u8; 9000];
         for t in 0..6u64 {
             let put = Write::Put {
@@ -255,18 +263,25 @@ mod tests {
         }
         drop(log);
         let again = LogFile::open(&path, Access::Read, 0).unwrap().unwrap();
-        assert_eq!(
-            again.block_bytes(),
-            1,
+        assert!(
+            again.direct.is_none(),
             "only an appending engine writes directly"
         );
+        let image = read_all(&again);
+        // Each frame starts on a block, right after the previous one's padding.
+        let mut at = 0;
+        for t in 0..6 {
+            assert_eq!(&image[at..at + 4], b"IKVL", "frame {t} at {at}");
+            let len = u32::from_le_bytes(image[at + 4..at + 8].try_into().unwrap()) as usize;
+            at = (at + FRAME_HEADER_BYTES + len).next_multiple_of(LOG_BLOCK_BYTES as usize);
+        }
         let state = LogState {
             epoch: 1,
             applied: 0,
             active: true,
         };
         let mut tokens = Vec::new();
-        let replayed = replay(&read_all(&again), &key(), state, |batch, _| {
+        let replayed = replay(&image, &key(), state, |batch, _| {
             for w in &batch.writes {
                 tokens.push(w.borrow().token());
             }
