@@ -242,8 +242,9 @@ mod tests {
         image
     }
 
-    #[test]
-    fn frames_written_to_the_file_replay_after_it_is_opened_again() {
+    /// A new log file, prepared as an engine prepares it, in a directory that lives as long
+    /// as the first value.
+    fn created() -> (tempfile::TempDir, std::path::PathBuf, LogFile) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("db-log");
         let file = LogFile::open(&path, Access::Create, 0o600)
@@ -251,6 +252,12 @@ mod tests {
             .unwrap();
         prepare(&file).unwrap();
         assert_eq!(file.len().unwrap(), LOG_BYTES);
+        (dir, path, file)
+    }
+
+    #[test]
+    fn frames_written_to_the_file_replay_after_it_is_opened_again() {
+        let (_dir, path, file) = created();
         let mut log = CommitLog::new(Box::new(file), key(), 1);
         let value = vec![0x77u8; 9000];
         for t in 0..6u64 {
@@ -295,12 +302,7 @@ mod tests {
 
     #[test]
     fn writes_that_are_not_whole_blocks_go_through_the_page_cache_and_are_synced() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("db-log");
-        let file = LogFile::open(&path, Access::Create, 0o600)
-            .unwrap()
-            .unwrap();
-        prepare(&file).unwrap();
+        let (_dir, _path, file) = created();
         assert!(
             !file.dirty.load(Ordering::Acquire),
             "prepare ends with a sync"
