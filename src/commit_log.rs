@@ -212,7 +212,7 @@ impl CommitLog {
         let seq = self.seq;
         seal(&mut frame, &self.key, self.epoch, seq);
         // Zeros after the frame, which its MAC does not cover: a replay steps over them
-        // (`next_start`).
+        // (`next_frame`).
         let padded = (frame.len() as u64).next_multiple_of(self.block_bytes);
         frame.resize(padded as usize, 0);
         debug_assert!(frame.len() as u64 <= room, "encoded_len is a bound");

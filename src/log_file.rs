@@ -117,8 +117,9 @@ impl Storage for LogFile {
 
     fn sync_data(&self) -> io::Result<()> {
         // Direct writes were durable when they returned; only the page cache's need a flush.
-        // (A failed flush poisons the engine, which writes nothing more: it is never
-        // retried, whose success Linux may report without the lost pages.)
+        // A failed flush leaves the file dirty; the writer poisons the engine on it and
+        // writes nothing more, so the flush is never retried (Linux may report a retried
+        // flush as a success without the pages it lost).
         match self.dirty.swap(false, Ordering::AcqRel) {
             true => self.file.sync_data().inspect_err(|_| {
                 self.dirty.store(true, Ordering::Release);

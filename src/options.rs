@@ -649,8 +649,8 @@ impl EngineBuilder {
     /// Makes each group commit durable with one durable append to a commit log beside the
     /// file (`<path>-log`, 16 MiB, written in full when created; on Linux a direct write
     /// with `O_DIRECT | O_DSYNC`, elsewhere or where the file system refuses it a write and
-    /// an fdatasync) instead of a durable two-phase redb commit (two fsyncs); default off. Every guarantee of the
-    /// durability mode is unchanged: a call acknowledged under
+    /// an fdatasync) instead of a durable two-phase redb commit (two fsyncs); default off.
+    /// Every guarantee of the durability mode is unchanged: a call acknowledged under
     /// [`Durability::Immediate`] is in the log, fsynced, before it returns, and survives a
     /// crash or a power loss. The batch then reaches the redb file in a non-durable commit,
     /// and a *checkpoint* (a durable redb commit) makes the file complete again when the
