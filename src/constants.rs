@@ -60,15 +60,17 @@ pub(crate) const GATHER_DEADLINE_CHECK_OPS: usize = 64;
 pub(crate) const ADMIT_BATCH_OPS_MIN: usize = 256;
 /// `Buffered` admission: the fewest queued operations new claims are ever held to. The
 /// `2 × max_delay` bound holds while the writer commits at least this many per `max_delay`
-/// (205 k operations/s at the default 10 ms; this machine's writer commits about 1 M).
+/// (205 k operations/s at the default 10 ms; this machine's writer commits 250–450 k over
+/// its whole cycle, fewer as the file and the index grow).
 pub(crate) const ADMIT_CLAIMS_MIN: u64 = 2048;
 /// `Buffered` admission: new claims are admitted while what is acknowledged but not yet
 /// durable is under this share of what the writer commits in one `max_delay`. An
 /// acknowledged operation then waits for at most that backlog and its own batch (no larger):
 /// `2 × share × max_delay`, 1.5 × at 0.75, leaving a quarter of `max_delay` of the
 /// documented `2 × max_delay` for fsync stalls and scheduling. Measured under saturation
-/// (docs/benchmarks.md): 0.5 gave 11–16 ms at 10 ms and 0.75 14–18 ms with 1.1–1.5× the
-/// throughput; 1.0 reached 21 ms.
+/// (docs/benchmarks.md), with the rate timed over the commit alone (about twice the real
+/// one): 0.5 gave 11–16 ms at 10 ms and 0.75 14–18 ms with 1.1–1.5× the throughput; 1.0
+/// reached 21 ms. With the rate timed over the whole cycle, 0.75 gave 10–18 ms.
 pub(crate) const ADMIT_BACKLOG_SHARE: f64 = 0.75;
 /// `Buffered` admission: the weight of the newest measurement in the rate's moving average.
 pub(crate) const ADMIT_RATE_WEIGHT: f64 = 0.25;

@@ -82,6 +82,9 @@ pub(crate) struct Shared {
     /// Lets a test hold the writer before its next commit (`sabotage::HeldCommits`).
     #[cfg(idemkv_sabotage)]
     pub(crate) commit_gate: crate::sabotage::CommitGate,
+    /// Lets a test hold the writer after its next commit, before it publishes.
+    #[cfg(idemkv_sabotage)]
+    pub(crate) after_commit_gate: crate::sabotage::CommitGate,
 }
 
 /// Bugs a test can switch on, to prove that the checkers catch them. Each one breaks a
@@ -626,6 +629,8 @@ impl EngineBuilder {
             writer_panic: AtomicBool::new(false),
             #[cfg(idemkv_sabotage)]
             commit_gate: crate::sabotage::CommitGate::default(),
+            #[cfg(idemkv_sabotage)]
+            after_commit_gate: crate::sabotage::CommitGate::default(),
         });
         let mut threads = Threads::default();
         if let (Some(store), Some(rx)) = (store, rx) {

@@ -37,7 +37,17 @@ impl Engine {
     #[doc(hidden)]
     pub fn hold_commits(&self) -> HeldCommits {
         self.shared().commit_gate.close();
-        HeldCommits(self.clone())
+        HeldCommits(self.clone(), Gate::Commit)
+    }
+
+    /// Holds the writer after its next commit, before it publishes the batch, until the
+    /// returned guard is dropped: the batch is durable and nobody has been told, and the
+    /// writer's cycle lasts as long as a test needs (on a mock clock, as far as the test
+    /// advances it).
+    #[doc(hidden)]
+    pub fn hold_after_commits(&self) -> HeldCommits {
+        self.shared().after_commit_gate.close();
+        HeldCommits(self.clone(), Gate::AfterCommit)
     }
 
     /// Overwrites the stored value of the record under `token` with `damage` applied to its
@@ -102,7 +112,8 @@ impl Engine {
     }
 }
 
-/// Holds the writer before its next commit while closed (see [`Engine::hold_commits`]).
+/// Holds the writer at one point of its cycle while closed (see [`Engine::hold_commits`],
+/// [`Engine::hold_after_commits`]).
 /// It uses std's lock even in model-checking builds: no shuttle test closes it.
 #[derive(Debug, Default)]
 pub(crate) struct CommitGate {
@@ -131,7 +142,7 @@ impl CommitGate {
         self.changed.notify_all();
     }
 
-    /// Called by the writer before each commit: waits while the gate is closed.
+    /// Called by the writer at the gate's point of each cycle: waits while it is closed.
     pub(crate) fn pass(&self) {
         let mut s = self.lock();
         if !s.closed {
@@ -146,15 +157,32 @@ impl CommitGate {
     }
 }
 
-/// The writer is held before its next commit until this is dropped.
+/// Where the writer is held.
+#[derive(Debug, Clone, Copy)]
+enum Gate {
+    /// Before its next commit.
+    Commit,
+    /// After its next commit, before publishing it.
+    AfterCommit,
+}
+
+/// The writer is held at a gate until this is dropped.
 #[must_use = "the writer is released when this guard is dropped"]
-pub struct HeldCommits(Engine);
+pub struct HeldCommits(Engine, Gate);
 
 impl HeldCommits {
+    fn gate(&self) -> &CommitGate {
+        let shared = self.0.shared();
+        match self.1 {
+            Gate::Commit => &shared.commit_gate,
+            Gate::AfterCommit => &shared.after_commit_gate,
+        }
+    }
+
     /// Waits until a commit is held at the gate, at most `limit` of real time (a safety net
     /// for a writer that never commits); returns whether one is.
     pub fn wait_until_held(&self, limit: Duration) -> bool {
-        let gate = &self.0.shared().commit_gate;
+        let gate = self.gate();
         let deadline = Instant::now() + limit;
         let mut s = gate.lock();
         while s.held == 0 {
@@ -173,7 +201,7 @@ impl HeldCommits {
 
 impl Drop for HeldCommits {
     fn drop(&mut self) {
-        self.0.shared().commit_gate.open();
+        self.gate().open();
     }
 }
 

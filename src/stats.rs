@@ -73,8 +73,9 @@ pub struct Stats {
     pub batch_max: u64,
     /// Operations waiting in the writer queue now.
     pub queue_depth: u64,
-    /// Queue length below which new claims are admitted now: under `Buffered`, what the
-    /// writer commits in one `max_delay` at its measured rate; otherwise the count limit.
+    /// Queue length below which new claims are admitted now: under `Buffered`, three
+    /// quarters of what the writer commits in one `max_delay` at its measured rate (timed
+    /// over its whole cycle, on the engine's clock); otherwise the count limit.
     pub queue_claims_max: u64,
     /// `Buffered`: the longest an acknowledged operation waited for its fsync since open,
     /// in microseconds (the writer's measurement, on its own real-time clock).

@@ -23,7 +23,7 @@ use crate::storage::{Closing, Durable, Marked, Write};
 use crate::sync::channel::Receiver;
 use crate::sync::{Arc, Ordering};
 use crate::tables::Batch;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One operation in the writer's queue, with its durability sequence number (0 for the
 /// shutdown message, which has none) and, under `Buffered`, when it was acknowledged: the
@@ -196,13 +196,22 @@ impl Writer {
         }
         #[cfg(idemkv_sabotage)]
         self.shared.commit_gate.pass();
+        // The writer's rate, which admission and the gathering deadline use, is measured
+        // over the whole batch: the commit, and the publishing, settling and freeing after
+        // it, which take as long again for a large batch. Measured over the commit alone,
+        // the rate came out about twice the writer's real one, and admitted backlogs that
+        // took `2 × max_delay` and more to become durable. On the engine's clock, so a test
+        // can make the cycle as long as it needs.
+        let began_ns = self.shared.time.mono_ns();
         // A poisoned engine commits nothing more: the waiters of this batch wake to fail
         // (poisoning woke them) and the watermark stays below them.
         let written = match self.shared.poison_reason() {
             None => self.write(batch, closing, ack_early),
             Some(why) => Err(why),
         };
-        if let Ok(acked) = written {
+        if let Ok(Written { acked, .. }) = written {
+            #[cfg(idemkv_sabotage)]
+            self.shared.after_commit_gate.pass();
             if acked == Acked::AfterApply {
                 self.made_durable(batch);
             }
@@ -219,6 +228,12 @@ impl Writer {
             }
         }
         batch.clear();
+        if let Ok(Written { ops, .. }) = written {
+            let took_ns = self.shared.time.mono_ns().saturating_sub(began_ns);
+            self.shared
+                .admission
+                .committed(ops, Duration::from_nanos(took_ns));
+        }
     }
 
     /// Records how long the batch's oldest `Buffered` operation waited for its fsync.
@@ -241,7 +256,7 @@ impl Writer {
 
     /// Commits the batch; says whether its callers were already acknowledged (a logged
     /// batch, once its frame was synced). `acked`: they were before the call (sabotage).
-    fn write(&mut self, batch: &[Queued], closing: bool, acked: bool) -> Result<Acked, Arc<str>> {
+    fn write(&mut self, batch: &[Queued], closing: bool, acked: bool) -> Result<Written, Arc<str>> {
         let mut writes: Vec<Write> = Vec::with_capacity(batch.len());
         for q in batch {
             match &q.op {
@@ -305,10 +320,12 @@ impl Writer {
         // A close with a log checkpoints, even nothing: the file is then complete and
         // says so (its log is no longer active), and stands without the log.
         if ops == 0 && tables.is_empty() && hwm.is_none() && !(closing && self.log.is_some()) {
-            return Ok(Acked::AfterApply);
+            return Ok(Written {
+                acked: Acked::AfterApply,
+                ops,
+            });
         }
         let started = crate::observe::commit_started();
-        let began = Instant::now();
         let how = match &mut self.log {
             None => Durable::Yes,
             Some(log) => log
@@ -347,7 +364,6 @@ impl Writer {
                 if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
                     self.shared.tables.committed(last);
                 }
-                self.shared.admission.committed(ops, began.elapsed());
                 if let Some(hwm) = hwm {
                     self.shared.tokens.raise_limit(hwm);
                 }
@@ -356,9 +372,12 @@ impl Writer {
                 c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
                 c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
                 crate::observe::committed(&self.shared, started, ops);
-                Ok(match early {
-                    true => Acked::OnSync,
-                    false => Acked::AfterApply,
+                Ok(Written {
+                    acked: match early {
+                        true => Acked::OnSync,
+                        false => Acked::AfterApply,
+                    },
+                    ops,
                 })
             }
             Err(why) => Err(self.shared.poison(why)),
@@ -427,6 +446,14 @@ impl Writer {
             stripe.changed.notify_all();
         }
     }
+}
+
+/// A committed batch: when its callers were acknowledged, and how many operations it held.
+#[derive(Debug, Clone, Copy)]
+struct Written {
+    acked: Acked,
+    /// Record writes as queued, before the collapse: what the writer's rate counts.
+    ops: usize,
 }
 
 /// When a committed batch's callers were acknowledged.
