@@ -525,10 +525,11 @@ impl EngineBuilder {
 
     /// The time source (default: the system clock). Tests pass a [`crate::MockClock`].
     ///
-    /// Everything the engine times reads it: leases, retention, waits, and under
-    /// `Buffered` the writer's rate that admission follows. A clock that stands still while
-    /// the writer commits measures no rate, and admission then stays at its floor
-    /// (2,048 pending operations) instead of following the writer.
+    /// Leases, retention, waits and, under `Buffered`, the writer's rate that admission
+    /// follows read it; the `Buffered` batch deadline and `Stats::ack_to_fsync_max_us` are
+    /// real time. A clock that stands still while the writer commits measures no rate, and
+    /// admission then stays at its floor (2,048 pending operations) instead of following the
+    /// writer.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
