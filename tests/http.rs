@@ -961,3 +961,176 @@ async fn the_layer_is_a_clone_send_service_for_tower() {
     let res = app.oneshot(req).await.unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
 }
+
+/// One request through the router in process (no server), answered in full.
+async fn call(app: &Router, key: &str, body: &str) -> Reply {
+    use tower::ServiceExt;
+    let req = Request::post("/charges")
+        .header("idempotency-key", key)
+        .body(axum::body::Body::from(body.to_owned()))
+        .unwrap();
+    let (parts, body) = app.clone().oneshot(req).await.unwrap().into_parts();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// A server drops a request's future when its client disconnects, and so does an outer
+/// timeout: the handler stopped at an unknown point, perhaps after its side effect. The key
+/// is kept InFlight until its lease ends, as after a crash, not released for the retry to
+/// run the handler again at once.
+#[tokio::test]
+async fn a_request_cut_off_while_its_handler_runs_keeps_the_key_until_its_lease_ends() {
+    use tower::ServiceExt;
+    let clock = MockClock::new();
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(clock.clone())
+        .lease(Duration::from_secs(7))
+        .open()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    // The first run does its side effect (the count), then never finishes.
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    if n == 1 {
+                        std::future::pending::<()>().await;
+                    }
+                    (StatusCode::CREATED, format!("charge #{n}"))
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(
+            engine.clone(),
+            IdempotencyConfig::default(),
+        ));
+    let first = Request::post("/charges")
+        .header("idempotency-key", "\"k\"")
+        .body(axum::body::Body::from("x"))
+        .unwrap();
+    let mut first = Box::pin(app.clone().oneshot(first));
+    while runs.load(Ordering::SeqCst) == 0 {
+        assert!(futures::poll!(&mut first).is_pending());
+        tokio::task::yield_now().await;
+    }
+    drop(first);
+
+    assert!(
+        matches!(engine.get(b"k").unwrap(), Some(KeyState::InFlight { .. })),
+        "the key stays InFlight"
+    );
+    let retry = call(&app, "\"k\"", "x").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert_eq!(retry.retry_after(), 7, "the first request's whole lease");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler did not run again"
+    );
+
+    // Past the lease, as after a crash, the retry takes the key over and runs it.
+    clock.advance(Duration::from_secs(7));
+    let retry = call(&app, "\"k\"", "x").await;
+    assert_eq!(
+        (retry.status, retry.text(), retry.replayed()),
+        (StatusCode::CREATED, "charge #2", false)
+    );
+    let replay = call(&app, "\"k\"", "x").await;
+    assert_eq!((replay.text(), replay.replayed()), ("charge #2", true));
+}
+
+/// A panicking handler releases the key, as a 5xx does: the retry runs the handler.
+#[tokio::test]
+async fn a_panicking_handler_releases_the_key() {
+    use futures::FutureExt;
+    let engine = engine();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(move || {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    assert!(n > 1, "the handler's first run panics");
+                    (StatusCode::CREATED, format!("charge #{n}"))
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(
+            engine.clone(),
+            IdempotencyConfig::default(),
+        ));
+    let panicked = std::panic::AssertUnwindSafe(call(&app, "\"k\"", "x"))
+        .catch_unwind()
+        .await;
+    assert!(panicked.is_err());
+    assert!(engine.get(b"k").unwrap().is_none(), "released");
+    let retry = call(&app, "\"k\"", "x").await;
+    assert_eq!(
+        (retry.status, retry.text()),
+        (StatusCode::CREATED, "charge #2")
+    );
+}
+
+/// 408, 425 and 429 tell the client to send the request again later: not stored, so the
+/// retry runs the handler; another 4xx is stored and replayed.
+#[tokio::test]
+async fn statuses_that_say_retry_later_are_not_stored() {
+    for status in ["408", "425", "429"] {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let app = status_echo(engine(), IdempotencyConfig::default(), runs.clone());
+        let first = call(&app, "\"k\"", status).await;
+        assert_eq!(first.status.as_str(), status);
+        let retry = call(&app, "\"k\"", status).await;
+        assert_eq!(
+            (retry.text(), retry.replayed()),
+            ("run 2", false),
+            "{status}"
+        );
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = status_echo(engine(), IdempotencyConfig::default(), runs.clone());
+    call(&app, "\"k\"", "409").await;
+    let replay = call(&app, "\"k\"", "409").await;
+    assert_eq!((replay.text(), replay.replayed()), ("run 1", true));
+}
+
+/// The stored body is the encoded representation: its `Content-Encoding` is replayed with
+/// it by default.
+#[tokio::test]
+async fn a_replay_keeps_the_content_encoding_of_its_body() {
+    const GZIP: &[u8] =
+        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03\x4b\x04\x00\x43\xbe\xb7\xe8\x01\x00\x00\x00";
+    let app = Router::new()
+        .route(
+            "/charges",
+            post(|| async {
+                (
+                    StatusCode::CREATED,
+                    [
+                        (CONTENT_TYPE, "application/json"),
+                        (axum::http::header::CONTENT_ENCODING, "gzip"),
+                    ],
+                    GZIP,
+                )
+            }),
+        )
+        .layer(IdempotencyLayer::new(
+            engine(),
+            IdempotencyConfig::default(),
+        ));
+    let first = call(&app, "\"k\"", "{}").await;
+    let replay = call(&app, "\"k\"", "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+    assert_eq!(replay.headers["content-encoding"], "gzip");
+    assert_eq!(replay.headers[CONTENT_TYPE], "application/json");
+}

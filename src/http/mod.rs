@@ -45,8 +45,9 @@
 //! (`urn:idemkv:problem:<slug>`), `title`, `status` and `detail`.
 //!
 //! **Which responses are stored.** By default 2xx and 4xx responses (and every status below
-//! 500) are stored and replayed; a 5xx releases the key so that a retry runs the handler
-//! again ([`IdempotencyConfig::store_when`] changes the policy). The winner's response body
+//! 500) are stored and replayed, except 408, 425 and 429, which tell the client to retry
+//! later ([`retries_later`]); those and a 5xx release the key so that a retry runs the
+//! handler again ([`IdempotencyConfig::store_when`] changes the policy). The winner's response body
 //! is buffered whole, as the request body is. If the engine refuses to store a response
 //! (over [`crate::EngineBuilder::response_len_max`], or a writer queue full for the whole
 //! lease), the handler's response is still returned, and the key stays in flight until the
@@ -67,7 +68,8 @@ pub use service::{IdempotencyLayer, IdempotencyService, ResponseBody};
 
 use crate::constants::{HTTP_BODY_LEN_MAX_DEFAULT, HTTP_KEY_LEN_MAX_DEFAULT};
 use ::http::header::{
-    HeaderName, CACHE_CONTROL, CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LOCATION, SET_COOKIE,
+    HeaderName, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LOCATION,
+    SET_COOKIE,
 };
 use ::http::request::Parts;
 use ::http::{Method, StatusCode};
@@ -113,9 +115,10 @@ pub struct IdempotencyConfig {
 
 impl Default for IdempotencyConfig {
     /// POST and PATCH protected; quoted and bare keys of up to 255 bytes; one empty scope;
-    /// no header fingerprinted; [`InFlight::Conflict`]; content-type, content-language,
-    /// location, etag and cache-control replayed; every status below 500 stored; bodies up
-    /// to 1 MiB; the engine's lease.
+    /// no header fingerprinted; [`InFlight::Conflict`]; content-type, content-encoding,
+    /// content-language, location, etag and cache-control replayed; every status below 500
+    /// stored but 408, 425 and 429 ([`retries_later`]); bodies up to 1 MiB; the engine's
+    /// lease.
     fn default() -> Self {
         Self {
             methods: vec![Method::POST, Method::PATCH],
@@ -126,12 +129,15 @@ impl Default for IdempotencyConfig {
             in_flight: InFlight::Conflict,
             replay_headers: vec![
                 CONTENT_TYPE,
+                // The stored body is the encoded representation: without its coding a
+                // replay of a compressed body could not be read.
+                CONTENT_ENCODING,
                 CONTENT_LANGUAGE,
                 LOCATION,
                 ETAG,
                 CACHE_CONTROL,
             ],
-            store: Arc::new(|status| !status.is_server_error()),
+            store: Arc::new(|status| !status.is_server_error() && !retries_later(status)),
             body_len_max: HTTP_BODY_LEN_MAX_DEFAULT,
             lease: None,
         }
@@ -198,8 +204,19 @@ impl IdempotencyConfig {
         self
     }
 
-    /// Which responses are stored and replayed (default: every status below 500). A
-    /// response not stored releases the key, so that a retry runs the handler again.
+    /// Which responses are stored and replayed (default: every status below 500 but those
+    /// that tell the client to retry later, [`retries_later`]). A response not stored
+    /// releases the key, so that a retry runs the handler again.
+    ///
+    /// ```
+    /// use idemkv::http::{retries_later, IdempotencyConfig};
+    /// // Store 2xx only: any error lets the retry run the handler again.
+    /// let only_success = IdempotencyConfig::default().store_when(|s| s.is_success());
+    /// // The default, spelled out.
+    /// let default = IdempotencyConfig::default()
+    ///     .store_when(|s| !s.is_server_error() && !retries_later(s));
+    /// # let _ = (only_success, default);
+    /// ```
     pub fn store_when(
         mut self,
         store: impl Fn(StatusCode) -> bool + Send + Sync + 'static,
@@ -226,6 +243,18 @@ impl IdempotencyConfig {
     pub(crate) fn replays_header(&self, name: &HeaderName) -> bool {
         *name != SET_COOKIE && self.replay_headers.contains(name)
     }
+}
+
+/// Whether `status` tells the client to send the same request again later: 408 Request
+/// Timeout, 425 Too Early and 429 Too Many Requests. The default [`IdempotencyConfig`] does
+/// not store these: the request was refused before its work, and replaying the refusal for
+/// the key's whole retention would turn a refusal the client is told to wait out into a
+/// permanent one.
+pub fn retries_later(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_EARLY | StatusCode::TOO_MANY_REQUESTS
+    )
 }
 
 impl fmt::Debug for IdempotencyConfig {

@@ -220,11 +220,19 @@ where
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
+    // Until the handler's response is settled, the lease is held by a guard: if this
+    // future is dropped (the client went away, an outer timeout fired), the handler's work
+    // was cut off at an unknown point, perhaps after its side effect, so the key is kept
+    // InFlight until its lease ends, as after a crash, instead of being released for the
+    // retry to run the handler again at once. A panicking handler still releases it.
+    let mut held = Held(Some(lease));
     let res = match handler.await {
         Ok(res) => res,
         Err(e) => {
             // The handler failed without a response: a retry may run it.
-            let _ = lease.release_async().await;
+            if let Some(lease) = held.take() {
+                let _ = lease.release_async().await;
+            }
             return Err(e);
         }
     };
@@ -235,19 +243,38 @@ where
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
             // No response to store or return: treated as a failed handler.
-            let _ = lease.release_async().await;
+            if let Some(lease) = held.take() {
+                let _ = lease.release_async().await;
+            }
             return Ok(problem(
                 problem::INTERNAL,
                 &format!("the handler's response body failed: {e}"),
             ));
         }
     };
-    if (cfg.store)(res_parts.status) {
+    // The handler ran and its response was read: the key is settled now.
+    if let Some(lease) = held.take() {
+        settle(cfg, lease, &res_parts, &body).await;
+    }
+    Ok(Response::from_parts(
+        res_parts,
+        Either::Right(Full::new(body)),
+    ))
+}
+
+/// Stores the handler's response under `lease` (if `store_when` says so) or gives the key up.
+async fn settle(
+    cfg: &IdempotencyConfig,
+    lease: Lease,
+    res: &::http::response::Parts,
+    body: &Bytes,
+) {
+    if (cfg.store)(res.status) {
         match stored::encode(
-            res_parts.status,
-            &res_parts.headers,
+            res.status,
+            &res.headers,
             |name| cfg.replays_header(name),
-            &body,
+            body,
         ) {
             // Whatever the engine answers, the handler ran: its response goes back. A
             // refused completion (too large, queue full for the whole lease) keeps the key
@@ -265,10 +292,30 @@ where
     } else {
         let _ = lease.release_async().await;
     }
-    Ok(Response::from_parts(
-        res_parts,
-        Either::Right(Full::new(body)),
-    ))
+}
+
+/// The lease while the handler runs and its response body is read. Dropped with the lease
+/// still in it (the future was dropped, or a panic unwinds through it), it detaches the
+/// lease, leaving the key InFlight until the lease ends, unless a panic is unwinding, which
+/// releases it as a failed handler does.
+struct Held(Option<Lease>);
+
+impl Held {
+    fn take(&mut self) -> Option<Lease> {
+        self.0.take()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(lease) = self.0.take() {
+            if std::thread::panicking() {
+                drop(lease);
+            } else {
+                let _ = lease.detach();
+            }
+        }
+    }
 }
 
 fn key_of(headers: &HeaderMap, cfg: &IdempotencyConfig) -> Result<Vec<u8>, KeyError> {
