@@ -169,6 +169,11 @@ pub(crate) fn wall_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, duration_ms)
 }
 
+/// Nanoseconds since the UNIX epoch of a wall-clock time (0 before it, as [`wall_ms`]).
+fn wall_ns(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, duration_ns)
+}
+
 /// The wall-clock time `ms` milliseconds after the UNIX epoch. A platform whose
 /// `SystemTime` cannot hold it gets a time it can (halving until one fits), so a far-future
 /// deadline stays far in the future.
@@ -248,20 +253,22 @@ impl Time {
         }
     }
 
-    /// The wall reading, in milliseconds since the Unix epoch.
-    pub(crate) fn wall_ms(&self) -> u64 {
-        self.now().1
+    /// The wall reading, in milliseconds since the Unix epoch (the tests' reading).
+    #[cfg(test)]
+    fn wall_ms(&self) -> u64 {
+        self.now().1 / 1_000_000
     }
 
-    /// The monotonic reading (ns) and the wall reading (ms). With the system clock the wall
-    /// reading comes with the monotonic one, at no extra read.
+    /// The monotonic reading and the wall reading (since the Unix epoch), both in
+    /// nanoseconds. With the system clock the wall reading comes with the monotonic one, at
+    /// no extra read.
     pub(crate) fn now(&self) -> (u64, u64) {
         match &self.source {
             Source::System(sys) => {
                 let mono_ns = duration_ns(sys.origin.elapsed());
-                (mono_ns, sys.wall.wall_ms(mono_ns, system_wall_ns))
+                (mono_ns, sys.wall.wall_ns(mono_ns, system_wall_ns))
             }
-            Source::Custom(clock) => (duration_ns(clock.monotonic()), wall_ms(clock.wall())),
+            Source::Custom(clock) => (duration_ns(clock.monotonic()), wall_ns(clock.wall())),
         }
     }
 }
@@ -292,9 +299,15 @@ impl DerivedWall {
         }
     }
 
-    /// The wall clock at monotonic `mono_ns`, in ms; `read_wall_ns` is called to measure
-    /// the offset again if it is too old.
+    /// The wall clock at monotonic `mono_ns`, in ms (the tests' reading).
+    #[cfg(test)]
     fn wall_ms(&self, mono_ns: u64, read_wall_ns: impl FnOnce() -> u64) -> u64 {
+        self.wall_ns(mono_ns, read_wall_ns) / 1_000_000
+    }
+
+    /// The wall clock at monotonic `mono_ns`, in ns; `read_wall_ns` is called to measure
+    /// the offset again if it is too old.
+    fn wall_ns(&self, mono_ns: u64, read_wall_ns: impl FnOnce() -> u64) -> u64 {
         let measured = self.measured_ns.load(Ordering::Relaxed);
         let offset = if mono_ns.saturating_sub(measured) > WALL_OFFSET_AGE_NS_MAX
             && self
@@ -313,7 +326,7 @@ impl DerivedWall {
         if offset > u64::MAX / 2 && wall_ns > mono_ns {
             0
         } else {
-            wall_ns / 1_000_000
+            wall_ns
         }
     }
 }
@@ -388,7 +401,8 @@ mod tests {
     fn system_time_gives_both_readings_close_to_the_system_clocks() {
         let time = Time::new(None);
         let before = wall_ms(SystemTime::now());
-        let (mono_ns, wall) = time.now();
+        let (mono_ns, wall_ns) = time.now();
+        let wall = wall_ns / 1_000_000;
         let after = wall_ms(SystemTime::now());
         // The offset was measured at `Time::new`, microseconds before `before`.
         assert!(
@@ -400,7 +414,7 @@ mod tests {
         let mock_wall_ms = wall_ms(UNIX_EPOCH + MOCK_WALL_START);
         assert_eq!(
             custom.now(),
-            (0, mock_wall_ms),
+            (0, duration_ns(MOCK_WALL_START)),
             "a user's clock, read as it is"
         );
         assert_eq!(custom.wall_ms(), mock_wall_ms);

@@ -325,8 +325,8 @@ impl Shared {
     /// The instant of a transition, for the state machine: both readings (with the system
     /// clock, the wall one comes with the monotonic one at no extra read).
     pub(crate) fn now(&self) -> Now {
-        let (mono_ns, wall_ms) = self.time.now();
-        Now { mono_ns, wall_ms }
+        let (mono_ns, wall_ns) = self.time.now();
+        Now::new(mono_ns, wall_ns)
     }
 
     /// The settings the state machine's transitions depend on.

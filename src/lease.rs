@@ -417,7 +417,8 @@ impl Stored {
 
     /// When the key stops being remembered (wall clock, stored to the millisecond): the
     /// completion's instant plus the retention in effect for the key (the completion's own,
-    /// else its claim's, else the engine's; an imported record keeps its own). From then on
+    /// else its claim's, else the engine's; an imported record keeps its own), rounded up to
+    /// the next whole millisecond, so never before the exact end. From then on
     /// a claim of the key acquires it afresh. The same instant whether the response is
     /// replayed from memory or from the file, before or after a restart.
     pub fn expires_at(&self) -> SystemTime {

@@ -49,6 +49,49 @@ pub(crate) struct Now {
     pub(crate) mono_ns: u64,
     /// Wall-clock ms since the epoch: what records persist and reports show.
     pub(crate) wall_ms: u64,
+    /// The wall reading's nanoseconds past `wall_ms` (below one ms): the ends stored on the
+    /// wall clock's millisecond grid are measured from the exact reading.
+    pub(crate) wall_sub_ns: u64,
+}
+
+impl Now {
+    /// The instant whose monotonic reading is `mono_ns` and whose wall reading is `wall_ns`
+    /// since the epoch.
+    pub(crate) fn new(mono_ns: u64, wall_ns: u64) -> Self {
+        Self {
+            mono_ns,
+            wall_ms: wall_ns / 1_000_000,
+            wall_sub_ns: wall_ns % 1_000_000,
+        }
+    }
+
+    /// Nanoseconds from this instant until the wall clock reaches millisecond `ms` (0 once
+    /// it has).
+    pub(crate) fn ns_until_wall_ms(&self, ms: u64) -> u64 {
+        ms.saturating_sub(self.wall_ms)
+            .saturating_mul(1_000_000)
+            .saturating_sub(self.wall_sub_ns)
+    }
+
+    /// The end of something kept `keep_ns` from this instant, on the wall clock's
+    /// millisecond grid: the first whole wall millisecond at or after the exact end (as
+    /// stored), and the monotonic instant of it (as the index keeps it). Memory and file
+    /// then end at the same instant, never before the exact end and less than a millisecond
+    /// after it. Zero ends now.
+    pub(crate) fn end_on_wall_grid(&self, keep_ns: u64) -> (u64, u64) {
+        if keep_ns == 0 {
+            return (self.wall_ms, self.mono_ns);
+        }
+        let rem_ns = keep_ns % 1_000_000 + self.wall_sub_ns;
+        let end_ms = self
+            .wall_ms
+            .saturating_add(keep_ns / 1_000_000)
+            .saturating_add(rem_ns.div_ceil(1_000_000));
+        (
+            end_ms,
+            self.mono_ns.saturating_add(self.ns_until_wall_ms(end_ms)),
+        )
+    }
 }
 
 /// The engine's settings a transition depends on.
@@ -637,11 +680,11 @@ fn complete(
 ) -> Step<HolderAnswer> {
     let fingerprint = view.fingerprint();
     let own_ms = retention_ms.or(view.extra.and_then(|e| e.retention_ms));
-    let (keep_ms, keep_ns) = match own_ms {
-        Some(ms) => (ms, ms.saturating_mul(1_000_000)),
-        None => (duration_ms(rules.retention), duration_ns(rules.retention)),
+    let keep_ns = match own_ms {
+        Some(ms) => ms.saturating_mul(1_000_000),
+        None => duration_ns(rules.retention),
     };
-    let expires_wall_ms = now.wall_ms.saturating_add(keep_ms);
+    let (expires_wall_ms, expires_ns) = now.end_on_wall_grid(keep_ns);
     let first_claimed_wall_ms = view.extra.map_or(0, |e| e.first_claimed_wall_ms);
     let write = rules.durable.then(|| Write::Put {
         token: slot.token,
@@ -660,7 +703,6 @@ fn complete(
         },
         publish: true,
     });
-    let expires_ns = now.mono_ns.saturating_add(keep_ns);
     let extra = Extra {
         fingerprint,
         response: Some(response),
@@ -758,11 +800,7 @@ pub(crate) fn import(
     let gone = || Ok(Step::answer(Imported::Gone, NONE));
     let retention_ms = duration_ms(rules.retention);
     let first_claimed_wall_ms = record.first_claimed_at.map_or(0, wall_ms);
-    let ms_left = |until_ms: u64| {
-        until_ms
-            .saturating_sub(now.wall_ms)
-            .saturating_mul(1_000_000)
-    };
+    let ms_left = |until_ms: u64| now.ns_until_wall_ms(until_ms);
     // Classified before the key is looked at: a record with nothing to bring back is not
     // refused because the key exists.
     let (slot, state, extra, reap_ns, deltas) = match &record.state {
@@ -1204,7 +1242,7 @@ pub(crate) fn recover(
             expires_wall_ms,
             ..
         } => {
-            let left_ns = (expires_wall_ms - now.wall_ms).saturating_mul(1_000_000);
+            let left_ns = now.ns_until_wall_ms(expires_wall_ms);
             let slot = Slot::completed(token, now.mono_ns.saturating_add(left_ns), attempt, true);
             Recovered::Load {
                 slot,
@@ -1340,10 +1378,7 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(30);
 
     fn at(mono_ns: u64) -> Now {
-        Now {
-            mono_ns,
-            wall_ms: WALL0 + mono_ns / MS,
-        }
+        Now::new(mono_ns, WALL0 * MS + mono_ns)
     }
 
     fn rules(durable: bool) -> Rules {

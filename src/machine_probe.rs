@@ -188,7 +188,7 @@ impl Probe {
             reap_ns: 0,
             records: BTreeMap::new(),
             next_token: 1,
-            now: Now { mono_ns, wall_ms },
+            now: Now::new(mono_ns, wall_ms.saturating_mul(1_000_000)),
             rules: Rules {
                 retention,
                 response_len_max: usize::MAX,
@@ -572,8 +572,15 @@ impl Probe {
     /// readers see it).
     pub fn advance(&mut self, by: Duration) {
         let ns = duration_ns(by);
-        self.now.mono_ns = self.now.mono_ns.saturating_add(ns);
-        self.now.wall_ms = self.now.wall_ms.saturating_add(ns / 1_000_000);
+        let wall_ns = self
+            .now
+            .wall_ms
+            .saturating_mul(1_000_000)
+            .saturating_add(self.now.wall_sub_ns);
+        self.now = Now::new(
+            self.now.mono_ns.saturating_add(ns),
+            wall_ns.saturating_add(ns),
+        );
     }
 
     /// One sweep of the key: a lease seen to end becomes abandoned, then

@@ -40,8 +40,7 @@ pub(crate) fn recover(
     time: &Time,
     counters: &Counters,
 ) -> Result<u64, OpenError> {
-    let now_ns = time.mono_ns();
-    let now_wall = time.wall_ms();
+    let (now_ns, now_wall_ns) = time.now();
     let records = store.len()?;
     // The stored count sizes the tables, but a damaged count must not ask for terabytes:
     // cap it, and let a failed reservation just mean growing as the scan goes.
@@ -54,10 +53,7 @@ pub(crate) fn recover(
             .lock()
             .try_reserve(per_stripe.saturating_add(per_stripe / 8));
     }
-    let now = Now {
-        mono_ns: now_ns,
-        wall_ms: now_wall,
-    };
+    let now = Now::new(now_ns, now_wall_ns);
     let markers = b.marker_retention.map(|retention| MarkerRules {
         retention,
         durable: true,

@@ -368,13 +368,19 @@ fn expires_at_is_the_same_from_memory_from_the_file_and_after_a_restart() {
             .run_typed(b"typed", &own, |_| Ok::<_, ()>(7u32))
             .unwrap();
         assert!(!fresh.replayed() && !typed.replayed);
-        // Stored to the millisecond: the mock wall reads 1.234567 s past its start.
+        // On the wall clock's millisecond grid, rounded up: the mock wall reads 1.234567 s
+        // past its start, so the end is at ….235 ms, never before the exact end.
         let ms = |t: SystemTime| {
             t.duration_since(SystemTime::UNIX_EPOCH)
                 .unwrap()
                 .as_millis()
         };
-        assert_eq!(ms(fresh.expires_at()), ms(start + RETENTION), "{mode:?}");
+        assert_eq!(
+            ms(fresh.expires_at()),
+            ms(start + RETENTION) + 1,
+            "{mode:?}"
+        );
+        assert!(fresh.expires_at() >= start + RETENTION, "{mode:?}");
         assert_eq!(
             fresh.expires_at(),
             typed.expires_at - Duration::from_millis(90_001) + RETENTION
@@ -510,5 +516,63 @@ fn an_import_keeps_the_records_own_expiry() {
             expires,
             "{mode:?}"
         );
+    }
+}
+
+/// An end that falls inside a wall millisecond is kept to the next whole one, in memory and
+/// in the file alike: never forgotten before `completed_at + retention`, before or after a
+/// restart, and `expires_at` is the instant the key is forgotten, whatever the durability.
+#[test]
+fn an_end_inside_a_millisecond_is_kept_to_the_next_one_in_memory_and_after_a_restart() {
+    for own in [false, true] {
+        for mode in MODES {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("k.redb");
+            let clock = MockClock::new();
+            clock.advance(Duration::from_micros(900));
+            let retention = Duration::from_micros(1_000_500);
+            let (builder, opts) = if own {
+                (
+                    builder(&path, &clock, mode),
+                    ClaimOptions::default().retention(Duration::from_secs(1)),
+                )
+            } else {
+                (
+                    builder(&path, &clock, mode).retention(retention),
+                    ClaimOptions::default(),
+                )
+            };
+            let engine = builder.open().unwrap();
+            let completed = wall(&clock);
+            acquire(&engine, "k", &opts).complete(b"r").unwrap();
+            engine.flush().unwrap();
+            let expires_at = replay(&engine, "k").unwrap().expires_at();
+            let kept = if own {
+                Duration::from_secs(1)
+            } else {
+                retention
+            };
+            assert!(expires_at >= completed + kept, "{mode:?} own {own}");
+            assert!(
+                expires_at < completed + kept + Duration::from_millis(1),
+                "{mode:?} own {own}"
+            );
+            let left = expires_at.duration_since(completed).unwrap();
+            let restart = |engine: Engine| -> Engine {
+                if mode == Durability::None {
+                    return engine;
+                }
+                engine.close().unwrap();
+                drop(engine);
+                open(&path, &clock, mode)
+            };
+            // Just before the end: still kept, also after a restart.
+            clock.advance(left - NS);
+            let engine = restart(engine);
+            assert!(replay(&engine, "k").is_some(), "{mode:?} own {own}: kept");
+            // At `expires_at`: forgotten, as it says.
+            clock.advance(NS);
+            assert!(replay(&engine, "k").is_none(), "{mode:?} own {own}: gone");
+        }
     }
 }

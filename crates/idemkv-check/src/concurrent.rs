@@ -176,7 +176,7 @@ pub fn builder(mode: Durability, clock: &MockClock) -> EngineBuilder {
 
 /// The spec's starting state for every key, with `clock` as the engine saw it at open.
 pub fn initial(clock: &MockClock) -> KeySpec {
-    KeySpec::new(ns(clock.monotonic()), crate::wall_ms(clock.wall()))
+    KeySpec::at_wall_ns(ns(clock.monotonic()), crate::wall_ns(clock.wall()))
 }
 
 /// Runs one thread's script, recording every call. Returns the leases it was handed

@@ -27,6 +27,13 @@ pub fn wall_ms(t: std::time::SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// Nanoseconds since the UNIX epoch of a wall-clock time, as the engine reads it (0 before
+/// the epoch; saturates at `u64::MAX`).
+pub fn wall_ns(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
 /// The three durability modes, for checks and tests that run in each (`Buffered` with a
 /// 1 ms delay, so a batch closes quickly).
 pub fn modes() -> [idemkv::Durability; 3] {

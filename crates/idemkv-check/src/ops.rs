@@ -268,6 +268,8 @@ pub struct Model {
     pub now_ns: u64,
     /// Wall clock, ms.
     pub wall_ms: u64,
+    /// Wall clock, the ns past `wall_ms` (below one ms).
+    pub wall_sub_ns: u64,
     /// Per key, the claim (its token) whose lease was already over in the file a restart
     /// loaded it from, and when the file says it ended (wall ms): what `records` reports as
     /// its lease end until the claim is extended or replaced.
@@ -284,6 +286,7 @@ impl Model {
             max_token: 0,
             now_ns: ns(clock.monotonic()),
             wall_ms: crate::wall_ms(clock.wall()),
+            wall_sub_ns: crate::wall_ns(clock.wall()) % 1_000_000,
             ended: BTreeMap::new(),
         }
     }
@@ -296,7 +299,12 @@ impl Model {
                 .get(key)
                 .and_then(|t| t.last().copied())
                 .unwrap_or(0),
-            ..KeySpec::new(self.now_ns, self.wall_ms)
+            ..KeySpec::at_wall_ns(
+                self.now_ns,
+                self.wall_ms
+                    .saturating_mul(1_000_000)
+                    .saturating_add(self.wall_sub_ns),
+            )
         })
     }
 
@@ -366,7 +374,13 @@ impl Model {
             }
         }
         self.now_ns = self.now_ns.saturating_add(ns(d));
-        self.wall_ms = self.wall_ms.saturating_add(ns(d) / 1_000_000);
+        let wall_ns = self
+            .wall_ms
+            .saturating_mul(1_000_000)
+            .saturating_add(self.wall_sub_ns)
+            .saturating_add(ns(d));
+        self.wall_ms = wall_ns / 1_000_000;
+        self.wall_sub_ns = wall_ns % 1_000_000;
     }
 
     /// A sweep ran, then everything queued became durable and published: abandoned claims

@@ -130,6 +130,8 @@ pub struct KeySpec {
     pub now_ns: u64,
     /// Wall clock, ms.
     pub wall_ms: u64,
+    /// Wall clock, the ns past `wall_ms` (below one ms).
+    pub wall_sub_ns: u64,
     /// Largest token this key has had (a new one must be above it).
     pub max_token: u64,
 }
@@ -345,11 +347,6 @@ fn keep_ns(cfg: &SpecConfig, own_ms: Option<u64>) -> u64 {
     own_ms.map_or(cfg.retention_ns, |ms| ms.saturating_mul(1_000_000))
 }
 
-/// The same in whole ms, as records store it.
-fn keep_ms(cfg: &SpecConfig, own_ms: Option<u64>) -> u64 {
-    own_ms.unwrap_or(cfg.retention_ns / 1_000_000)
-}
-
 /// Whether the key is Absent at `now` (no slot, or a completion past its retention) to
 /// every call but a claim, which also looks at a marker.
 fn is_absent(state: &KeyModel, now: u64) -> bool {
@@ -393,12 +390,25 @@ impl KeyModel {
 impl KeySpec {
     /// A key that is Absent, with the clock at `now_ns` / `wall_ms`.
     pub fn new(now_ns: u64, wall_ms: u64) -> Self {
+        Self::at_wall_ns(now_ns, wall_ms.saturating_mul(1_000_000))
+    }
+
+    /// A key that is Absent, with the clock at `now_ns` / `wall_ns` (since the epoch).
+    pub fn at_wall_ns(now_ns: u64, wall_ns: u64) -> Self {
         KeySpec {
             state: KeyModel::Absent,
             now_ns,
-            wall_ms,
+            wall_ms: wall_ns / 1_000_000,
+            wall_sub_ns: wall_ns % 1_000_000,
             max_token: 0,
         }
+    }
+
+    /// The wall clock, ns since the epoch.
+    pub fn wall_ns(&self) -> u64 {
+        self.wall_ms
+            .saturating_mul(1_000_000)
+            .saturating_add(self.wall_sub_ns)
     }
 
     /// The state as a caller may observe it now (expired completions are Absent).
@@ -427,6 +437,25 @@ impl KeySpec {
         self.is_inflight() && !self.is_live()
     }
 
+    /// When something kept `keep_ns` from now ends: the first whole wall millisecond at or
+    /// after the exact end (as the record stores it), and the monotonic instant of it. Memory
+    /// and file end together, never early. Zero ends now.
+    fn end_on_wall_grid(&self, keep_ns: u64) -> (u64, u64) {
+        if keep_ns == 0 {
+            return (self.now_ns, self.wall_ms);
+        }
+        // ceil((wall + keep) / 1 ms), in parts that cannot overflow.
+        let end_ms = self
+            .wall_ms
+            .saturating_add(keep_ns / 1_000_000)
+            .saturating_add((keep_ns % 1_000_000 + self.wall_sub_ns).div_ceil(1_000_000));
+        let left_ns = end_ms
+            .saturating_sub(self.wall_ms)
+            .saturating_mul(1_000_000)
+            .saturating_sub(self.wall_sub_ns);
+        (self.now_ns.saturating_add(left_ns), end_ms)
+    }
+
     /// Checks `ret` as the result of `op` and returns the state after it.
     pub fn step(&self, cfg: &SpecConfig, op: &KeyOp, ret: &KeyRet) -> Result<KeySpec, Mismatch> {
         let mut next = self.clone();
@@ -434,7 +463,9 @@ impl KeySpec {
         match op {
             KeyOp::Advance { ns } => {
                 next.now_ns = now.saturating_add(*ns);
-                next.wall_ms = self.wall_ms.saturating_add(ns / 1_000_000);
+                let wall_ns = self.wall_ns().saturating_add(*ns);
+                next.wall_ms = wall_ns / 1_000_000;
+                next.wall_sub_ns = wall_ns % 1_000_000;
                 Ok(next)
             }
             KeyOp::Publish { token } => {
@@ -499,13 +530,15 @@ impl KeySpec {
                         // The completion's own retention, else its claim's, else the
                         // engine's.
                         let own = asked_ms.or(*retention_ms);
+                        let (expires_ns, expires_wall_ms) =
+                            self.end_on_wall_grid(keep_ns(cfg, own));
                         next.state = KeyModel::Completed {
                             token: *t,
                             fingerprint: *fingerprint,
                             attempt: *attempt,
                             response: response.clone(),
-                            expires_ns: now.saturating_add(keep_ns(cfg, own)),
-                            expires_wall_ms: self.wall_ms.saturating_add(keep_ms(cfg, own)),
+                            expires_ns,
+                            expires_wall_ms,
                             completed_wall_ms: self.wall_ms,
                             published: cfg.publishes_at_once(),
                         };
