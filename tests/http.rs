@@ -586,29 +586,46 @@ fn status_echo(engine: Engine, config: IdempotencyConfig, runs: Arc<AtomicUsize>
         .layer(IdempotencyLayer::new(engine, config))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_error_is_not_stored_and_a_retry_runs_again() {
-    let runs = Arc::new(AtomicUsize::new(0));
-    // The handler fails on its first run only.
-    let counted = runs.clone();
-    let app = Router::new()
+/// What the first run of [`first_run_app`]'s handler does; every later run answers 201
+/// "run N".
+#[derive(Debug, Clone, Copy)]
+enum FirstRun {
+    /// Answers 503.
+    Unavailable,
+    /// Counts itself (its side effect), then never finishes.
+    Hangs,
+    /// Panics.
+    Panics,
+}
+
+/// `POST /charges` behind the layer, counting its handler's runs in `runs`.
+fn first_run_app(engine: Engine, runs: Arc<AtomicUsize>, first: FirstRun) -> Router {
+    Router::new()
         .route(
             "/charges",
             post(move || {
-                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
                 async move {
                     if n == 1 {
-                        (StatusCode::SERVICE_UNAVAILABLE, "down".to_owned())
-                    } else {
-                        (StatusCode::CREATED, format!("run {n}"))
+                        match first {
+                            FirstRun::Unavailable => {
+                                return (StatusCode::SERVICE_UNAVAILABLE, "down".to_owned())
+                            }
+                            FirstRun::Hangs => std::future::pending::<()>().await,
+                            FirstRun::Panics => panic!("the handler's first run panics"),
+                        }
                     }
+                    (StatusCode::CREATED, format!("run {n}"))
                 }
             }),
         )
-        .layer(IdempotencyLayer::new(
-            engine(),
-            IdempotencyConfig::default(),
-        ));
+        .layer(IdempotencyLayer::new(engine, IdempotencyConfig::default()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_error_is_not_stored_and_a_retry_runs_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = first_run_app(engine(), runs.clone(), FirstRun::Unavailable);
     let server = serve(app).await;
     let client = client();
     let r = post_key(&client, server.addr, "k", "x").await;
@@ -992,25 +1009,7 @@ async fn a_request_cut_off_while_its_handler_runs_keeps_the_key_until_its_lease_
         .open()
         .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
-    let counted = runs.clone();
-    // The first run does its side effect (the count), then never finishes.
-    let app = Router::new()
-        .route(
-            "/charges",
-            post(move || {
-                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
-                async move {
-                    if n == 1 {
-                        std::future::pending::<()>().await;
-                    }
-                    (StatusCode::CREATED, format!("charge #{n}"))
-                }
-            }),
-        )
-        .layer(IdempotencyLayer::new(
-            engine.clone(),
-            IdempotencyConfig::default(),
-        ));
+    let app = first_run_app(engine.clone(), runs.clone(), FirstRun::Hangs);
     let first = Request::post("/charges")
         .header("idempotency-key", "\"k\"")
         .body(axum::body::Body::from("x"))
@@ -1040,10 +1039,10 @@ async fn a_request_cut_off_while_its_handler_runs_keeps_the_key_until_its_lease_
     let retry = call(&app, "\"k\"", "x").await;
     assert_eq!(
         (retry.status, retry.text(), retry.replayed()),
-        (StatusCode::CREATED, "charge #2", false)
+        (StatusCode::CREATED, "run 2", false)
     );
     let replay = call(&app, "\"k\"", "x").await;
-    assert_eq!((replay.text(), replay.replayed()), ("charge #2", true));
+    assert_eq!((replay.text(), replay.replayed()), ("run 2", true));
 }
 
 /// A panicking handler releases the key, as a 5xx does: the retry runs the handler.
@@ -1052,32 +1051,15 @@ async fn a_panicking_handler_releases_the_key() {
     use futures::FutureExt;
     let engine = engine();
     let runs = Arc::new(AtomicUsize::new(0));
-    let counted = runs.clone();
-    let app = Router::new()
-        .route(
-            "/charges",
-            post(move || {
-                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
-                async move {
-                    assert!(n > 1, "the handler's first run panics");
-                    (StatusCode::CREATED, format!("charge #{n}"))
-                }
-            }),
-        )
-        .layer(IdempotencyLayer::new(
-            engine.clone(),
-            IdempotencyConfig::default(),
-        ));
+    let app = first_run_app(engine.clone(), runs.clone(), FirstRun::Panics);
     let panicked = std::panic::AssertUnwindSafe(call(&app, "\"k\"", "x"))
         .catch_unwind()
         .await;
     assert!(panicked.is_err());
     assert!(engine.get(b"k").unwrap().is_none(), "released");
     let retry = call(&app, "\"k\"", "x").await;
-    assert_eq!(
-        (retry.status, retry.text()),
-        (StatusCode::CREATED, "charge #2")
-    );
+    assert_eq!((retry.status, retry.text()), (StatusCode::CREATED, "run 2"));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
 /// 408, 425 and 429 tell the client to send the request again later: not stored, so the
