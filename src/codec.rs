@@ -5,7 +5,9 @@
 //! Every value is checked after it is encoded and before it is trusted after a read (pair
 //! assertions), so a damaged record is refused instead of replayed.
 
-use crate::constants::{FORMAT_VERSION, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION};
+use crate::constants::{
+    FORMAT_VERSION, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION, RECORD_INLINE_BYTES,
+};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
@@ -491,11 +493,65 @@ fn config() -> impl bincode::config::Config {
 const HEADER_LEN: usize = 4;
 const TRAILER_LEN: usize = 4;
 
-/// Encodes `record` stored under `token`, in the current format.
+/// Encodes `record` stored under `token`, in the current format (the engine queues
+/// [`encode_queued`]'s form of the same bytes).
+#[cfg(any(test, idemkv_sabotage))]
 pub(crate) fn encode(token: u64, record: &Record) -> Vec<u8> {
     let out = frame(token, FORMAT_VERSION, record);
     debug_assert_eq!(decode(token, &out).as_ref(), Ok(record));
     out
+}
+
+/// An encoded record as a queued operation carries it: inline when it fits in
+/// [`RECORD_INLINE_BYTES`], so the caller allocates nothing and the writer frees nothing,
+/// otherwise on the heap. The bytes are the same either way.
+// Large on purpose: boxing the inline variant would be the allocation it exists to avoid.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Encoded {
+    Inline {
+        len: u8,
+        bytes: [u8; RECORD_INLINE_BYTES],
+    },
+    Heap(Vec<u8>),
+}
+
+// The inline length is a `u8`.
+const _: () = assert!(RECORD_INLINE_BYTES <= u8::MAX as usize);
+
+impl Encoded {
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            Encoded::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Encoded::Heap(bytes) => bytes,
+        }
+    }
+}
+
+/// [`encode`] for the writer's queue: the same bytes, inline when they fit.
+pub(crate) fn encode_queued(token: u64, record: &Record) -> Encoded {
+    let out = match frame_inline(token, FORMAT_VERSION, record) {
+        Some(inline) => inline,
+        None => Encoded::Heap(frame(token, FORMAT_VERSION, record)),
+    };
+    debug_assert_eq!(decode(token, out.as_slice()).as_ref(), Ok(record));
+    out
+}
+
+/// [`frame`] into an inline buffer; `None` if the frame does not fit (the encoder stops at
+/// the buffer's end, so a large record costs at most a buffer's worth of wasted work).
+fn frame_inline<T: Serialize>(token: u64, version: u32, body: &T) -> Option<Encoded> {
+    let mut bytes = [0u8; RECORD_INLINE_BYTES];
+    bytes
+        .get_mut(..HEADER_LEN)?
+        .copy_from_slice(&version.to_le_bytes());
+    let n = bincode::serde::encode_into_slice(body, bytes.get_mut(HEADER_LEN..)?, config()).ok()?;
+    let end = HEADER_LEN + n;
+    let crc = crc32c_token(token, bytes.get(..end)?);
+    bytes
+        .get_mut(end..end + TRAILER_LEN)?
+        .copy_from_slice(&crc.to_le_bytes());
+    let len = u8::try_from(end + TRAILER_LEN).ok()?;
+    Some(Encoded::Inline { len, bytes })
 }
 
 /// `version | body | crc32c(token, version | body)`.
@@ -707,6 +763,44 @@ mod tests {
                 response: Blob(Arc::from(&b"charged"[..])),
             },
         }
+    }
+
+    /// A completion whose encoding is `len` bytes long.
+    fn completion_of_len(len: usize) -> Record {
+        let base = encode(5, &sample()).len() - b"charged".len();
+        Record {
+            state: RecordState::Completed {
+                attempt: 2,
+                completed_wall_ms: 10,
+                expires_wall_ms: 20,
+                response: Blob(Arc::from(vec![b'r'; len - base])),
+            },
+            ..sample()
+        }
+    }
+
+    #[test]
+    fn a_queued_record_is_the_same_bytes_inline_up_to_the_limit_and_on_the_heap_past_it() {
+        let sample_len = encode(5, &sample()).len();
+        for len in [sample_len, RECORD_INLINE_BYTES - 1, RECORD_INLINE_BYTES] {
+            let r = completion_of_len(len);
+            let queued = encode_queued(5, &r);
+            assert!(matches!(queued, Encoded::Inline { .. }), "{len} bytes fit");
+            assert_eq!(queued.as_slice(), encode(5, &r).as_slice());
+            assert_eq!(queued.as_slice().len(), len);
+            assert_eq!(decode(5, queued.as_slice()).unwrap(), r);
+        }
+        for len in [RECORD_INLINE_BYTES + 1, 4096] {
+            let r = completion_of_len(len);
+            let queued = encode_queued(5, &r);
+            assert!(matches!(queued, Encoded::Heap(_)), "{len} bytes do not fit");
+            assert_eq!(queued.as_slice(), encode(5, &r).as_slice());
+        }
+        // An InFlight record fits as well.
+        let inflight = inflight();
+        let queued = encode_queued(9, &inflight);
+        assert!(matches!(queued, Encoded::Inline { .. }));
+        assert_eq!(queued.as_slice(), encode(9, &inflight).as_slice());
     }
 
     #[test]

@@ -371,7 +371,7 @@ impl Shared {
             } => Op::Put {
                 token,
                 old,
-                value: crate::codec::encode(token, &record),
+                value: crate::codec::encode_queued(token, &record),
                 // The writer finds the slot by the key's keyed hash and the token, so the
                 // hash is taken here, on the caller's thread, not on the writer's.
                 publish: publish.then(|| self.index.keyed_hash(record.key.scoped())),
