@@ -800,7 +800,6 @@ pub(crate) fn import(
     let gone = || Ok(Step::answer(Imported::Gone, NONE));
     let retention_ms = duration_ms(rules.retention);
     let first_claimed_wall_ms = record.first_claimed_at.map_or(0, wall_ms);
-    let ms_left = |until_ms: u64| now.ns_until_wall_ms(until_ms);
     // Classified before the key is looked at: a record with nothing to bring back is not
     // refused because the key exists.
     let (slot, state, extra, reap_ns, deltas) = match &record.state {
@@ -838,16 +837,16 @@ pub(crate) fn import(
             let left_ns = if *failed {
                 0
             } else {
-                ms_left(lease_deadline_ms)
+                now.ns_until_wall_ms(lease_deadline_ms)
             };
             let slot = Slot::inflight(
                 record.token,
                 now.mono_ns.saturating_add(left_ns),
                 record.attempt,
             );
-            let reap_ns = now
-                .mono_ns
-                .saturating_add(ms_left(lease_deadline_ms.saturating_add(retention_ms)));
+            let reap_ns = now.mono_ns.saturating_add(
+                now.ns_until_wall_ms(lease_deadline_ms.saturating_add(retention_ms)),
+            );
             let deltas = Deltas {
                 inflight: 1,
                 ..NONE
@@ -890,7 +889,8 @@ pub(crate) fn import(
             // A durable import is shown once the writer has committed and published it.
             let slot = Slot::completed(
                 record.token,
-                now.mono_ns.saturating_add(ms_left(expires_at_ms)),
+                now.mono_ns
+                    .saturating_add(now.ns_until_wall_ms(expires_at_ms)),
                 record.attempt,
                 !rules.durable,
             );

@@ -230,9 +230,7 @@ where
         Ok(res) => res,
         Err(e) => {
             // The handler failed without a response: a retry may run it.
-            if let Some(lease) = held.take() {
-                let _ = lease.release_async().await;
-            }
+            held.release().await;
             return Err(e);
         }
     };
@@ -243,9 +241,7 @@ where
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
             // No response to store or return: treated as a failed handler.
-            if let Some(lease) = held.take() {
-                let _ = lease.release_async().await;
-            }
+            held.release().await;
             return Ok(problem(
                 problem::INTERNAL,
                 &format!("the handler's response body failed: {e}"),
@@ -303,6 +299,13 @@ struct Held(Option<Lease>);
 impl Held {
     fn take(&mut self) -> Option<Lease> {
         self.0.take()
+    }
+
+    /// Gives the key up: the handler failed, and a retry may run it.
+    async fn release(&mut self) {
+        if let Some(lease) = self.take() {
+            let _ = lease.release_async().await;
+        }
     }
 }
 

@@ -266,10 +266,8 @@ pub struct Model {
     pub max_token: u64,
     /// Monotonic clock, ns.
     pub now_ns: u64,
-    /// Wall clock, ms.
-    pub wall_ms: u64,
-    /// Wall clock, the ns past `wall_ms` (below one ms).
-    pub wall_sub_ns: u64,
+    /// Wall clock, ns since the epoch.
+    pub wall_ns: u64,
     /// Per key, the claim (its token) whose lease was already over in the file a restart
     /// loaded it from, and when the file says it ended (wall ms): what `records` reports as
     /// its lease end until the claim is extended or replaced.
@@ -285,10 +283,14 @@ impl Model {
             tokens: BTreeMap::new(),
             max_token: 0,
             now_ns: ns(clock.monotonic()),
-            wall_ms: crate::wall_ms(clock.wall()),
-            wall_sub_ns: crate::wall_ns(clock.wall()) % 1_000_000,
+            wall_ns: crate::wall_ns(clock.wall()),
             ended: BTreeMap::new(),
         }
+    }
+
+    /// The wall clock in whole ms, as the engine stores instants.
+    fn wall_ms(&self) -> u64 {
+        self.wall_ns / 1_000_000
     }
 
     /// The key's spec (Absent if never touched).
@@ -299,12 +301,7 @@ impl Model {
                 .get(key)
                 .and_then(|t| t.last().copied())
                 .unwrap_or(0),
-            ..KeySpec::at_wall_ns(
-                self.now_ns,
-                self.wall_ms
-                    .saturating_mul(1_000_000)
-                    .saturating_add(self.wall_sub_ns),
-            )
+            ..KeySpec::at_wall_ns(self.now_ns, self.wall_ns)
         })
     }
 
@@ -374,13 +371,7 @@ impl Model {
             }
         }
         self.now_ns = self.now_ns.saturating_add(ns(d));
-        let wall_ns = self
-            .wall_ms
-            .saturating_mul(1_000_000)
-            .saturating_add(self.wall_sub_ns)
-            .saturating_add(ns(d));
-        self.wall_ms = wall_ns / 1_000_000;
-        self.wall_sub_ns = wall_ns % 1_000_000;
+        self.wall_ns = self.wall_ns.saturating_add(ns(d));
     }
 
     /// A sweep ran, then everything queued became durable and published: abandoned claims
@@ -406,7 +397,7 @@ impl Model {
             self.max_token = 0;
             return;
         }
-        let (now, wall) = (self.now_ns, self.wall_ms);
+        let (now, wall) = (self.now_ns, self.wall_ms());
         let retention_ms = self.cfg.retention_ns / 1_000_000;
         self.ended.clear();
         for (key, k) in self.keys.iter_mut() {
@@ -474,10 +465,10 @@ impl Model {
                             *ended_ms
                         }
                         _ if *deadline_ns >= self.now_ns => self
-                            .wall_ms
+                            .wall_ms()
                             .saturating_add((deadline_ns - self.now_ns) / 1_000_000),
                         _ => self
-                            .wall_ms
+                            .wall_ms()
                             .saturating_sub((self.now_ns - deadline_ns) / 1_000_000),
                     };
                     r.token == *token
