@@ -335,7 +335,7 @@ impl Admin<'_> {
         let mut out = Vec::new();
         let mut from_file = Vec::new();
         for stripe in s.index.stripes() {
-            let shard = stripe.map.lock();
+            let shard = stripe.lock();
             let now = s.now();
             for (scoped, slot) in shard
                 .iter()
@@ -432,7 +432,7 @@ impl Admin<'_> {
         let s = self.engine.shared();
         let mut found = Vec::new();
         for stripe in s.index.stripes() {
-            let shard = stripe.map.lock();
+            let shard = stripe.lock();
             let now = s.now();
             let over = |slot: &Slot| slot.is_inflight() && slot.deadline_ns <= now.mono_ns;
             for (scoped, slot) in shard.iter().filter(|(_, slot)| over(slot)) {
@@ -576,7 +576,7 @@ impl Admin<'_> {
         let seq = s
             .queue(step.write, false)
             .map_err(|_| ImportError::Engine(ClaimError::Overloaded(Limit::WriterQueue)))?;
-        shard.apply(k, step.change);
+        shard.apply(k, step.change, seq);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
         changed.notify_all();

@@ -182,8 +182,17 @@ impl Engine {
         };
         bump(&s.counters.waits);
         looking.waited = true;
-        // Registered under the stripe lock: a change made after this look wakes us.
-        changed.watch(cx.waker());
+        match shard.published_at(k) {
+            // A durable completion is published by the writer's watermark, which wakes its
+            // waiters; the stripe is not notified. Durable since this look: look again.
+            Some(seq) => {
+                if s.progress.poll(seq, s, cx).is_ready() {
+                    cx.waker().wake_by_ref();
+                }
+            }
+            // Registered under the stripe lock: a change made after this look wakes us.
+            None => changed.watch(cx.waker()),
+        }
         drop(shard);
         if looking.timer_ns != Some(wake_ns) {
             looking.timer_ns = Some(wake_ns);

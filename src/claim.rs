@@ -237,7 +237,7 @@ impl Engine {
                 });
             }
         };
-        shard.apply(k, step.change);
+        shard.apply(k, step.change, seq);
         if let Some((hash, marker_token)) = drop_marker {
             shard.drop_marker(hash, marker_token);
         }
@@ -723,7 +723,16 @@ impl Engine {
                         .clamp(WAIT_SLICE_MIN, WAIT_SLICE_MAX);
                     bump(&s.counters.waits);
                     waited = true;
-                    changed.wait_for(&mut shard, slice);
+                    match shard.published_at(k) {
+                        // A durable completion is published by the writer's watermark,
+                        // which wakes its waiters; the stripe is not notified.
+                        Some(seq) => MutexGuard::unlocked(&mut shard, || {
+                            s.progress.sleep(seq, s, slice);
+                        }),
+                        None => changed.wait_for(&mut shard, slice),
+                    }
+                    // The lock was taken again without publishing what came due meanwhile.
+                    shard.catch_up();
                 }
             };
             if let Some(claim) = self.settle(key, opts, step, &mut looks)? {

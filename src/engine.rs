@@ -363,18 +363,10 @@ impl Shared {
     /// caller's thread: the writer's one thread only does the B-tree work and the commit.
     pub(crate) fn op(&self, write: Write, drop_marker: Option<(u64, u64)>) -> Op {
         match write {
-            Write::Put {
-                token,
-                old,
-                record,
-                publish,
-            } => Op::Put {
+            Write::Put { token, old, record } => Op::Put {
                 token,
                 old,
                 value: crate::codec::encode_queued(token, &record),
-                // The writer finds the slot by the key's keyed hash and the token, so the
-                // hash is taken here, on the caller's thread, not on the writer's.
-                publish: publish.then(|| self.index.keyed_hash(record.key.scoped())),
                 drop_marker,
             },
             Write::Delete { token } => Op::Delete { token },
@@ -497,7 +489,7 @@ fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushEr
         // Every queued send happens under a stripe lock after a check of `closed`: passing
         // through each lock once orders all of them before the shutdown message.
         for stripe in shared.index.stripes() {
-            drop(stripe.map.lock());
+            drop(stripe.lock());
         }
         if let Some(tx) = &shared.tx {
             let _ = tx.send(Queued {
@@ -547,6 +539,7 @@ impl EngineBuilder {
             Some(store) => KeyHasher::from_secret(&store.hash_secret()?),
             None => KeyHasher::random(),
         };
+        let progress = Progress::new();
         let index = Index::new(
             self.stripes,
             crate::clock::duration_ns(self.retention),
@@ -557,6 +550,7 @@ impl EngineBuilder {
                     retention,
                     durable: !memory_only,
                 }),
+                marks: progress.marks(),
             },
         );
         let (tokens, store, outbox_next) = match opened {
@@ -604,7 +598,7 @@ impl EngineBuilder {
             counters,
             observe: crate::observe::Observer::new(&self),
             tx,
-            progress: Progress::new(),
+            progress,
             timers: Default::default(),
             keep_alive: Default::default(),
             admission: crate::admission::Admission::new(
@@ -797,7 +791,7 @@ impl Engine {
         let (mut expired_unswept, mut index_bytes, mut markers) = (0u64, 0u64, 0u64);
         let mut events = Events::default();
         for (i, stripe) in s.index.stripes().enumerate() {
-            let mut shard = stripe.map.lock();
+            let mut shard = stripe.lock();
             events.merge(&shard.events);
             if s.index.lease_may_be_due(i, now) {
                 shard.end_leases(now, usize::MAX);

@@ -260,13 +260,13 @@ impl Engine {
         let seq = s
             .queue_with(step.write, writes)
             .map_err(|r| refused(self, r))?;
-        shard.apply(k, step.change);
+        shard.apply(k, step.change, seq);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
-        // A memory-only engine's completion is published at once.
-        if !rules.durable {
-            changed.notify_all();
-        }
+        // A memory-only engine's completion is published at once. A durable one's waiters,
+        // asleep on the stripe while the key was InFlight, look again: they then wait for
+        // the watermark that publishes it.
+        changed.notify_all();
         Ok((self.durable_wait(seq), expires_wall_ms))
     }
 
@@ -334,7 +334,7 @@ impl Engine {
             return Ok((false, 0));
         }
         let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
-        shard.apply(k, step.change);
+        shard.apply(k, step.change, seq);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
         changed.notify_all();
@@ -395,7 +395,7 @@ impl Engine {
             return Ok((false, 0));
         }
         let seq = s.queue(step.write, false).map_err(|r| refused(self, r))?;
-        shard.apply(k, step.change);
+        shard.apply(k, step.change, seq);
         s.count(&mut shard.events, &step.deltas);
         drop(shard);
         // The key can be taken over now: a waiting caller takes it.
@@ -449,7 +449,7 @@ impl Engine {
         let seq = s
             .queue_with(step.write, writes)
             .map_err(|r| refused(self, r))?;
-        shard.apply(k, step.change);
+        shard.apply(k, step.change, seq);
         drop(shard);
         Ok(self.durable_wait(seq))
     }

@@ -40,8 +40,10 @@ use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
 use crate::machine::{self, Change, MarkerRules, Step, View};
 use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
+pub(crate) use crate::publication::Side;
+use crate::publication::{Marks, Unpublished};
 use crate::stats::{Events, Gauges};
-use crate::sync::{Arc, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::wake::Changed;
 use hashbrown::HashTable;
 use siphasher::sip::SipHasher13;
@@ -425,6 +427,11 @@ pub(crate) struct Common {
     /// Per stripe: no completion expires and no abandoned lease is due to be reaped before
     /// this instant (ns).
     reclaim_due: Box<[AtomicU64]>,
+    /// The writer's watermarks, by which each stripe publishes its completions when locked.
+    marks: Arc<Marks>,
+    /// Per stripe: whether it may hold completions not yet published. Written under the
+    /// stripe's lock, read without it.
+    unpublished: Box<[AtomicBool]>,
 }
 
 /// What [`Shard::end_leases`] did.
@@ -485,6 +492,8 @@ pub(crate) struct Shard {
     completed: usize,
     /// Recovery is loading the file: `done` is sorted once at the end.
     loading: bool,
+    /// Completions waiting for the writer's watermarks (`publication.rs`).
+    unpublished: Unpublished,
     common: Arc<Common>,
     id: usize,
     /// Events counted under this stripe's lock (see [`Events`]).
@@ -509,6 +518,7 @@ impl Shard {
             abandoned: 0,
             completed: 0,
             loading: false,
+            unpublished: Unpublished::default(),
             common,
             id,
             events: Events::default(),
@@ -555,8 +565,19 @@ impl Shard {
         }
     }
 
-    /// Applies a state machine's change to the key.
-    pub(crate) fn apply(&mut self, key: Key<'_>, change: Change) {
+    /// Applies a state machine's change to the key, whose write was queued as operation
+    /// `seq` (0: nothing was queued). A completion of a durable engine is published when the
+    /// writer's watermark passes `seq`.
+    pub(crate) fn apply(&mut self, key: Key<'_>, change: Change, seq: u64) {
+        if let Change::Put { slot, .. } = &change {
+            if seq != 0 && !slot.is_inflight() && !slot.is_published() {
+                self.unpublished.push(seq, key.hash, slot.token);
+                let flag = &self.common.unpublished[self.id];
+                if !flag.load(Ordering::Relaxed) {
+                    flag.store(true, Ordering::Relaxed);
+                }
+            }
+        }
         match change {
             Change::Keep => {}
             Change::Remove => {
@@ -800,8 +821,13 @@ impl Shard {
     /// one in memory (an import) waits for the file. Does nothing if the key has moved on.
     /// The slot is found by its table hash and its token, which no other key's slot
     /// carries, so the key's bytes are neither needed nor hashed again.
+    #[cfg(test)]
     pub(crate) fn publish(&mut self, keyed: u64, token: u64, side: Side) {
-        let hash = table_hash(tag_of(keyed));
+        self.publish_at(table_hash(tag_of(keyed)), token, side);
+    }
+
+    /// [`Shard::publish`] of the slot filed under the table hash `hash`.
+    fn publish_at(&mut self, hash: u64, token: u64, side: Side) {
         let Some((_, slot, extra)) = self.slots.find_mut(hash, |(_, s, _)| s.token == token) else {
             return;
         };
@@ -821,6 +847,36 @@ impl Shard {
                 self.heap_bytes = self.heap_bytes.saturating_sub(freed);
             }
         }
+    }
+
+    /// Publishes the completions the writer's watermarks have reached: the stripe's lock
+    /// calls this before handing the shard out, so no holder sees a durable completion
+    /// hidden. A holder that waits on the stripe's condition variable (which takes the lock
+    /// again by itself) calls it after waking.
+    pub(crate) fn catch_up(&mut self) {
+        if self.unpublished.is_empty() {
+            return;
+        }
+        let (durable, applied) = self.common.marks.read();
+        let mut unpublished = std::mem::take(&mut self.unpublished);
+        unpublished.due(durable, applied, |hash, token, side| {
+            self.publish_at(hash, token, side);
+        });
+        self.unpublished = unpublished;
+        if self.unpublished.is_empty() {
+            self.common.unpublished[self.id].store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// The number of the queued operation whose durability publishes `key`'s completion,
+    /// if the key holds one not visible yet: what a caller waits for on the durability
+    /// progress, since no notification on the stripe announces it.
+    pub(crate) fn published_at(&self, key: Key<'_>) -> Option<u64> {
+        let slot = self.get(key)?;
+        if slot.is_inflight() || slot.is_published() {
+            return None;
+        }
+        self.unpublished.seq_of(slot.token)
     }
 
     /// Removes the key and its side data; returns the slot it had.
@@ -1171,6 +1227,7 @@ impl Shard {
             + (self.done.capacity() + self.kept.capacity()) * std::mem::size_of::<DoneEntry>()
             + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
             + self.markers.memory_bytes()
+            + self.unpublished.memory_bytes()
             + self.heap_bytes
     }
 }
@@ -1363,10 +1420,21 @@ impl<'a> Key<'a> {
 
 /// A lock and the condition variable its waiters sleep on.
 pub(crate) struct Stripe {
-    pub(crate) map: Mutex<Shard>,
-    /// Notified on every state change that could settle a waiter: completion published,
-    /// release, takeover, poison, close, clock jump.
+    /// Locked through [`Stripe::lock`] only, which publishes what is due first.
+    map: Mutex<Shard>,
+    /// Notified on every state change that could settle a waiter: a memory-only
+    /// completion, release, takeover, settled marker, poison, close, clock jump. (A durable
+    /// completion is published by the writer's watermark, which waiters watch instead.)
     pub(crate) changed: Changed,
+}
+
+impl Stripe {
+    /// Locks the stripe, first publishing the completions the writer's watermarks reached.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Shard> {
+        let mut shard = self.map.lock();
+        shard.catch_up();
+        shard
+    }
 }
 
 /// Aligns each stripe to its own cache lines, so that stripes do not false-share.
@@ -1377,6 +1445,8 @@ struct Padded(Stripe);
 pub(crate) struct Keying {
     pub(crate) hasher: KeyHasher,
     pub(crate) markers: Option<MarkerRules>,
+    /// The writer's watermarks, by which stripes publish completions.
+    pub(crate) marks: Arc<Marks>,
 }
 
 pub(crate) struct Index {
@@ -1412,6 +1482,8 @@ impl Index {
             gauges,
             lease_due: board(),
             reclaim_due: board(),
+            marks: keying.marks,
+            unpublished: (0..stripes).map(|_| AtomicBool::new(false)).collect(),
         });
         let stripes: Box<[Padded]> = (0..stripes)
             .map(|id| {
@@ -1434,12 +1506,6 @@ impl Index {
     /// then finds the key in the stripe's table.
     pub(crate) fn key<'a>(&self, bytes: &'a [u8]) -> Key<'a> {
         Key::new(&self.hasher, bytes)
-    }
-
-    /// The keyed hash of the scoped key `bytes`: with a token, enough for the writer to
-    /// find a key's slot ([`Shard::publish`]).
-    pub(crate) fn keyed_hash(&self, bytes: &[u8]) -> u64 {
-        self.hasher.hash(bytes)
     }
 
     pub(crate) fn stripe(&self, key: Key<'_>) -> &Stripe {
@@ -1474,7 +1540,7 @@ impl Index {
     pub(crate) fn lock<'a>(&self, bytes: &'a [u8]) -> (MutexGuard<'_, Shard>, &Changed, Key<'a>) {
         let key = self.key(bytes);
         let stripe = self.stripe(key);
-        (stripe.map.lock(), &stripe.changed, key)
+        (stripe.lock(), &stripe.changed, key)
     }
 
     /// Wakes every waiter of every stripe (poison, close, clock jumps).
@@ -1483,6 +1549,17 @@ impl Index {
             // Taking the lock orders the wake after any waiter's check of the state.
             drop(s.0.map.lock());
             s.0.changed.notify_all();
+        }
+    }
+
+    /// Publishes what is due in every stripe that holds unpublished completions (the
+    /// writer, when idle, and the sweeper): a completion's response leaves memory even if
+    /// nobody locks its stripe again.
+    pub(crate) fn catch_up(&self) {
+        for (p, flag) in self.stripes.iter().zip(self.common.unpublished.iter()) {
+            if flag.load(Ordering::Relaxed) {
+                drop(p.0.lock());
+            }
         }
     }
 
@@ -1527,29 +1604,20 @@ impl Index {
     /// Recovery starts loading the file into the index.
     pub(crate) fn begin_load(&self) {
         for s in self.stripes() {
-            s.map.lock().begin_load();
+            s.lock().begin_load();
         }
     }
 
     /// Recovery is done (at `now`): every stripe orders its completions once.
     pub(crate) fn finish_load(&self, now: u64) {
         for s in self.stripes() {
-            s.map.lock().finish_load(now);
+            s.lock().finish_load(now);
         }
     }
 
     pub(crate) fn len(&self) -> usize {
         self.stripes.len()
     }
-}
-
-/// What publishing a completion does with its side data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Side {
-    /// Drop it: the file holds the record, and replays read it there.
-    Drop,
-    /// Keep it until the record reaches the file.
-    Keep,
 }
 
 #[cfg(test)]
@@ -1581,6 +1649,8 @@ mod tests {
             gauges: gauges.clone(),
             lease_due: board(),
             reclaim_due: board(),
+            marks: Arc::new(Marks::new()),
+            unpublished: vec![AtomicBool::new(false)].into(),
         });
         Fixture {
             shard: Shard::new(&hasher, common.clone(), 0),

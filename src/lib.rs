@@ -57,6 +57,7 @@ mod observe;
 mod options;
 mod outbox;
 mod progress;
+mod publication;
 mod reader;
 mod recovery;
 #[cfg(idemkv_sabotage)]

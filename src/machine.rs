@@ -169,13 +169,13 @@ pub(crate) enum Change {
 /// A write for the writer's queue (the caller adds the acknowledgement channel).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Write {
-    /// Store `record` under `token`, removing the key's previous record at `old`; publish
-    /// the completion after the commit if `publish`.
+    /// Store `record` under `token`, removing the key's previous record at `old`. (A
+    /// completion's record is published when the writer's watermark passes it: see
+    /// `Shard::apply`.)
     Put {
         token: u64,
         old: Option<u64>,
         record: Record,
-        publish: bool,
     },
     /// Remove the record under `token`.
     Delete { token: u64 },
@@ -438,7 +438,6 @@ pub(crate) fn acquire(
                 &extra,
             )
         },
-        publish: false,
     });
     let slot = Slot::inflight(
         token,
@@ -701,7 +700,6 @@ fn complete(
                 response: Blob(response.clone()),
             },
         },
-        publish: true,
     });
     let extra = Extra {
         fingerprint,
@@ -757,7 +755,6 @@ fn update(
                 &extra,
             )
         },
-        publish: false,
     });
     Step {
         change: Change::Put {
@@ -926,7 +923,6 @@ pub(crate) fn import(
             retention_ms: None,
             state,
         },
-        publish: true,
     });
     // Only an expired completion can be replaced.
     let deltas = Deltas {
@@ -1528,7 +1524,6 @@ mod tests {
                 token: 11,
                 old: None,
                 record,
-                publish: false,
             })
         );
         assert_eq!(
@@ -1645,7 +1640,6 @@ mod tests {
                     inflight_record(K, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
                     &extra
                 ),
-                publish: false,
             })
         );
         assert_eq!(
@@ -1855,7 +1849,6 @@ mod tests {
                             response: Blob(Arc::from(&b"out"[..])),
                         },
                     },
-                    publish: true,
                 })
             );
             assert_eq!(
@@ -2002,7 +1995,6 @@ mod tests {
                 token: 5,
                 old: None,
                 record,
-                publish: false,
             })
         );
         assert_eq!(
@@ -2305,7 +2297,6 @@ mod tests {
                         ),
                         &st.lease_extra
                     ),
-                    publish: false,
                 })
             );
             assert_eq!(step.deltas, NONE);
@@ -2345,7 +2336,6 @@ mod tests {
                         inflight_record(K, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
                         &extra
                     ),
-                    publish: false,
                 })
             );
             lost(&hold(v, K, 6, op, at(now), &durable()));
@@ -2832,7 +2822,6 @@ mod tests {
             Some(Write::Put {
                 token: 40,
                 old: None,
-                publish: true,
                 record,
             }) if record.first_claimed_wall_ms == FIRST_CLAIMED
         ));

@@ -18,11 +18,13 @@
 //! lock to wake: no wake-up is lost.
 
 use crate::constants::ACK_POLL;
+use crate::publication::Marks;
 use crate::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use std::cmp::{Ordering as CmpOrdering, Reverse};
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 /// How a wait for durability ended badly; the caller maps it to its own error.
 pub(crate) type Failed = Arc<str>;
@@ -68,8 +70,9 @@ struct Waiters {
 pub(crate) struct Progress {
     /// The next number to hand out; the first operation gets 1.
     next: AtomicU64,
-    /// Every operation numbered at or below this is durable.
-    durable: AtomicU64,
+    /// The watermarks: every operation numbered at or below `durable` is durable. Shared
+    /// with the index, which publishes completions by them.
+    marks: crate::sync::Arc<Marks>,
     /// Numbers handed out whose operation never entered the queue.
     voided: Mutex<Vec<u64>>,
     waiters: Mutex<Waiters>,
@@ -80,7 +83,7 @@ impl Progress {
     pub(crate) fn new() -> Self {
         Self {
             next: AtomicU64::new(1),
-            durable: AtomicU64::new(0),
+            marks: crate::sync::Arc::new(Marks::new()),
             voided: Mutex::new(Vec::new()),
             waiters: Mutex::new(Waiters::default()),
             changed: Condvar::new(),
@@ -108,13 +111,24 @@ impl Progress {
     }
 
     pub(crate) fn durable(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
+        self.marks.durable()
+    }
+
+    /// The watermarks, for the index.
+    pub(crate) fn marks(&self) -> crate::sync::Arc<Marks> {
+        self.marks.clone()
+    }
+
+    /// Every operation numbered at or below `watermark` is in the file (the writer's, after
+    /// the apply; with the commit log this may come after [`Progress::publish`]).
+    pub(crate) fn applied(&self, watermark: u64) {
+        self.marks.raise_applied(watermark);
     }
 
     /// Publishes a new watermark and wakes whoever it satisfies: every sleeping thread with
     /// one notification, and the futures registered at or below it.
     pub(crate) fn publish(&self, watermark: u64) {
-        let before = self.durable.fetch_max(watermark, Ordering::AcqRel);
+        let before = self.marks.raise_durable(watermark);
         if watermark <= before {
             return;
         }
@@ -172,6 +186,21 @@ impl Progress {
             self.changed.wait_for(&mut w, ACK_POLL);
             w.sleepers -= 1;
         }
+    }
+
+    /// Sleeps until operation `seq` is durable, the engine stops, or `timeout` passes; the
+    /// caller looks at what it waits for again either way (a commit wakes every sleeper).
+    pub(crate) fn sleep(&self, seq: u64, engine: &impl Stopped, timeout: Duration) {
+        if self.ready(seq, engine).is_some() {
+            return;
+        }
+        let mut w = self.waiters.lock();
+        if self.ready(seq, engine).is_some() {
+            return;
+        }
+        w.sleepers += 1;
+        self.changed.wait_for(&mut w, timeout);
+        w.sleepers -= 1;
     }
 
     /// The async form of [`Progress::wait`]: registers `cx`'s waker until `seq` is durable.

@@ -49,7 +49,6 @@ pub(crate) fn recover(
     for stripe in index.stripes() {
         // A little over the average: stripes fill unevenly.
         let _ = stripe
-            .map
             .lock()
             .try_reserve(per_stripe.saturating_add(per_stripe / 8));
     }
@@ -167,7 +166,6 @@ fn load_markers(
         let per_stripe = usize::try_from(per_stripe).unwrap_or(0);
         for stripe in index.stripes() {
             let _ = stripe
-                .map
                 .lock()
                 .reserve_markers(per_stripe.saturating_add(per_stripe / 8));
         }
@@ -194,7 +192,7 @@ fn load_markers(
             Some(marker) => {
                 let stripe = index.stripe_of_hash(hash);
                 if let Some(stripe) = index.stripe_at(stripe) {
-                    stripe.map.lock().load_marker(marker);
+                    stripe.lock().load_marker(marker);
                 }
             }
             None => dropped.push((hash, row.token)),
@@ -281,7 +279,7 @@ fn scan_range(
                         ));
                         let stripe = index.stripe_of_hash(marker.hash);
                         if let Some(stripe) = index.stripe_at(stripe) {
-                            stripe.map.lock().load_marker(marker);
+                            stripe.lock().load_marker(marker);
                         }
                     }
                     None => local.stale.push(token),
@@ -300,7 +298,7 @@ fn scan_range(
             } => (slot, extra, reap_ns),
         };
         let k = index.key(key);
-        let mut shard = index.stripe(k).map.lock();
+        let mut shard = index.stripe(k).lock();
         let step = machine::load(shard.get(k), slot, extra, reap_ns);
         if let Some(write) = &step.write {
             local.stale.push(write.token());
@@ -308,7 +306,7 @@ fn scan_range(
         // Wrapping: the per-thread counts can go below zero transiently (below).
         inflight = inflight.wrapping_add(step.deltas.inflight as u64);
         completed = completed.wrapping_add(step.deltas.completed as u64);
-        shard.apply(k, step.change);
+        shard.apply(k, step.change, 0);
         Ok(())
     })?;
     local.scanned = scanned?;

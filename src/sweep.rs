@@ -80,6 +80,9 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHan
                 if shared.poison_reason().is_some() || shared.is_closed() {
                     return;
                 }
+                // Completions on stripes nobody locked since their commit leave their
+                // responses in memory until published.
+                shared.index.catch_up();
                 sweep_pass(&shared, Pace::Background);
             }
         })
@@ -202,7 +205,7 @@ pub(crate) fn make_room(s: &Shared) -> Result<(), Room> {
     let mut refused = None;
     for stripe in s.index.any_due(now) {
         let swept = {
-            let mut shard = stripe.map.lock();
+            let mut shard = stripe.lock();
             sweep_stripe(s, &mut shard, now, SWEEP_STRIPE_BATCH)
         };
         if swept.removed > 0 {
@@ -233,7 +236,7 @@ pub(crate) enum Room {
 pub(crate) fn end_leases_anywhere(s: &Shared) -> u64 {
     let now = s.time.mono_ns();
     for stripe in s.index.leases_due(now) {
-        let moved = stripe.map.lock().end_leases(now, usize::MAX).moved;
+        let moved = stripe.lock().end_leases(now, usize::MAX).moved;
         if moved > 0 {
             return moved;
         }
@@ -269,7 +272,7 @@ fn sweep_pass(s: &Shared, pace: Pace) -> u64 {
                 continue;
             }
             let (n, more) = {
-                let mut shard = stripe.map.lock();
+                let mut shard = stripe.lock();
                 let now = s.time.mono_ns();
                 sweep_shard(s, &mut shard, now, SWEEP_STRIPE_BATCH)
             };

@@ -658,6 +658,10 @@ mod model {
                 }
             }
 
+            pub(crate) fn is_empty(&self) -> bool {
+                self.len() == 0
+            }
+
             pub(crate) fn recv(&self) -> Result<T, RecvError> {
                 match self {
                     Receiver::Real(rx) => rx.recv(),

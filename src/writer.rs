@@ -1,9 +1,11 @@
 //! The background writer: drains the queue, commits everything pending in one redb write
-//! transaction (group commit), then publishes the batch's completions and the durability
-//! watermark (`progress.rs`).
+//! transaction (group commit), then publishes the durability watermark (`progress.rs`).
+//! It does not publish the batch's completions one by one: the watermark does, in each
+//! stripe as it is next locked (`publication.rs`).
 //!
 //! Architecture invariant: the writer never holds a stripe lock during I/O. It takes stripe
-//! locks only after a commit, to publish completions.
+//! locks only after a commit: to settle markers, and, when its queue is empty, to publish
+//! completions nobody else has.
 //! Architecture invariant: a failed commit poisons the engine before any caller learns of it,
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
 //! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
@@ -15,7 +17,6 @@ use crate::commit_log::CommitLog;
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
 use crate::gather::Window;
-use crate::index::Side;
 use crate::options::Durability;
 use crate::progress::Tracker;
 use crate::stats::bump;
@@ -60,9 +61,6 @@ pub(crate) enum Op {
         token: u64,
         old: Option<u64>,
         value: crate::codec::Encoded,
-        /// After the commit, mark the completion with this token of the key with this keyed
-        /// hash as visible.
-        publish: Option<u64>,
         /// In the same commit, remove the marker row `(hash, token)`: a claim acquires a key
         /// whose marker ended or that it asked to run again.
         drop_marker: Option<(u64, u64)>,
@@ -154,6 +152,12 @@ impl Writer {
                 self.shared.set_writer_stopped();
                 return;
             }
+            // Nothing waits to be committed: publish what the callers have not, so that
+            // responses the file now holds leave memory. Under load the callers do it, as
+            // they lock the stripes anyway, and the writer goes on to the next batch.
+            if self.rx.is_empty() {
+                self.shared.index.catch_up();
+            }
         }
     }
 
@@ -190,12 +194,13 @@ impl Writer {
         // Test-only sabotages: acknowledge or publish before the commit returns, so that the
         // durability checks can show they catch a writer that breaks this order.
         let ack_early = self.shared.sabotaged(Sabotage::AckBeforeCommit);
-        let publish_early = self.shared.sabotaged(Sabotage::PublishBeforeCommit);
         if ack_early {
-            self.advance(batch);
+            self.advance(batch, false);
         }
-        if publish_early {
-            self.publish(batch, Side::Drop);
+        #[cfg(idemkv_sabotage)]
+        if self.shared.sabotaged(Sabotage::PublishBeforeCommit) {
+            let last = batch.iter().map(|q| q.seq).max().unwrap_or(0);
+            self.shared.progress.marks().show_early(last);
         }
         #[cfg(idemkv_sabotage)]
         self.shared.commit_gate.pass();
@@ -218,17 +223,16 @@ impl Writer {
             if acked == Acked::AfterApply {
                 self.made_durable(batch);
             }
-            // The file holds the batch now: completions published at the sync drop the
-            // responses they kept in memory, the others are published.
-            if acked == Acked::OnSync || !publish_early {
-                self.publish(batch, Side::Drop);
-            }
             // Before the watermark moves: a claim that waits for its marker's commit finds
             // it settled.
             self.settle_markers();
             if acked == Acked::AfterApply && !ack_early {
-                self.advance(batch);
+                self.advance(batch, true);
             }
+            // The file holds the batch now: its completions drop the responses they keep in
+            // memory as their stripes are next locked. (Without the log this is the
+            // watermark just published; with it, the one published at the frame's sync.)
+            self.shared.progress.applied(self.tracker.watermark());
         }
         batch.clear();
         if let Ok(Written { ops, .. }) = written {
@@ -247,14 +251,20 @@ impl Writer {
     }
 
     /// Counts the batch's operations (and any voided numbers) as durable and publishes the
-    /// watermark: one store and one wake for the whole batch.
-    fn advance(&mut self, batch: &[Queued]) {
+    /// watermark: one store and one wake for the whole batch, its completions included.
+    /// `applied`: the file holds the batch too (the applied watermark moves first, so a
+    /// caller the wake sends to a completion's stripe settles it in one step).
+    fn advance(&mut self, batch: &[Queued], applied: bool) {
         self.shared.progress.take_voided(&mut self.voided);
         let seqs = batch.iter().map(|q| q.seq).filter(|&seq| seq != 0);
         for seq in seqs.chain(self.voided.drain(..)) {
             self.tracker.done(seq);
         }
-        self.shared.progress.publish(self.tracker.watermark());
+        let watermark = self.tracker.watermark();
+        if applied {
+            self.shared.progress.applied(watermark);
+        }
+        self.shared.progress.publish(watermark);
     }
 
     /// Commits the batch; says whether its callers were already acknowledged (a logged
@@ -338,10 +348,9 @@ impl Writer {
         // A logged batch is durable once its frame's fdatasync returned: its callers are
         // acknowledged now, while the batch is applied to the file, so that the ones who
         // go on queue their next writes in time for the next batch instead of the one
-        // after. Its completions are published now too, keeping their responses in memory
-        // (a replay of a published completion without one reads the file, which does not
-        // hold it yet; a completion with none in memory, an import, is published after the
-        // apply). A batch whose waiters expect the apply's effects when they wake is
+        // after. The watermark publishes its completions too; they keep their responses in
+        // memory until the applied watermark passes them (a replay of a completion without
+        // one reads the file, which does not hold it yet). A batch whose waiters expect the apply's effects when they wake is
         // acknowledged after it: a token mark (claims waiting for tokens look for the
         // raised limit) and marker rows (settled after the apply).
         let early = matches!(how, Durable::Logged { .. })
@@ -350,8 +359,7 @@ impl Writer {
             && !batch.iter().any(touches_markers);
         if early {
             self.made_durable(batch);
-            self.publish(batch, Side::Keep);
-            self.advance(batch);
+            self.advance(batch, false);
         }
         self.marked.clear();
         match self
@@ -406,7 +414,7 @@ impl Writer {
             else {
                 continue;
             };
-            let mut shard = stripe.map.lock();
+            let mut shard = stripe.lock();
             let mut settled = false;
             for m in group {
                 settled |= shard.settle_marker(m.hash, m.token, m.row.as_ref());
@@ -417,37 +425,6 @@ impl Writer {
             }
         }
         self.marked.clear();
-    }
-
-    /// Makes committed completions visible (with `side`, as
-    /// [`crate::index::Shard::publish`] says) and wakes their waiters: each stripe is locked
-    /// and notified once per batch, however many of the batch's completions it holds.
-    fn publish(&self, batch: &[Queued], side: Side) {
-        let index = &self.shared.index;
-        let mut done: Vec<(usize, u64, u64)> = batch
-            .iter()
-            .filter_map(|q| match &q.op {
-                Op::Put {
-                    token,
-                    publish: Some(keyed),
-                    ..
-                } => Some((index.stripe_of_hash(*keyed), *keyed, *token)),
-                _ => None,
-            })
-            .collect();
-        // Stable: one key's completions keep their queue order.
-        done.sort_by_key(|d| d.0);
-        for group in done.chunk_by(|a, b| a.0 == b.0) {
-            let Some(stripe) = group.first().and_then(|d| index.stripe_at(d.0)) else {
-                continue;
-            };
-            let mut shard = stripe.map.lock();
-            for (_, keyed, token) in group {
-                shard.publish(*keyed, *token, side);
-            }
-            drop(shard);
-            stripe.changed.notify_all();
-        }
     }
 }
 
