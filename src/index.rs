@@ -1912,6 +1912,71 @@ mod tests {
     }
 
     #[test]
+    fn a_queued_completion_is_shown_by_the_durable_watermark_and_settled_by_the_applied_one() {
+        let mut f = fixture();
+        let done = Extra {
+            response: Some(Arc::from(&b"resp"[..])),
+            ..Extra::default()
+        };
+        let complete = |token| Change::Put {
+            slot: Slot::completed(token, 10, 1, false),
+            extra: done.clone(),
+            reap_ns: None,
+            adopt: false,
+        };
+        let shard = &mut f.shard;
+        let (a, b) = (shard.key(b"a"), shard.key(b"b"));
+        shard.apply(a, complete(1), 4);
+        shard.apply(b, complete(2), 6);
+        assert_eq!(shard.published_at(a), Some(4));
+        assert_eq!(shard.published_at(b), Some(6));
+        assert!(f.common.unpublished[0].load(Ordering::Relaxed));
+        let marks = &f.common.marks;
+
+        // The commit log synced up to 5: `a` is shown, its response kept for replays.
+        marks.raise_durable(5);
+        shard.catch_up();
+        let slot = shard.get(a).unwrap();
+        assert!(slot.is_published());
+        assert_eq!(
+            shard.extra(&slot),
+            Some(&done),
+            "the file does not hold it yet"
+        );
+        assert_eq!(shard.published_at(a), None);
+        assert!(!shard.get(b).unwrap().is_published(), "6 is not durable");
+
+        // Applied up to 6 (and so durable): both settle, and nothing is left to publish.
+        marks.raise_applied(6);
+        marks.raise_durable(6);
+        shard.catch_up();
+        for k in [a, b] {
+            let slot = shard.get(k).unwrap();
+            assert!(slot.is_published());
+            assert_eq!(shard.extra(&slot), None, "the file holds it now");
+        }
+        assert_eq!(shard.heap_bytes, 2);
+        assert!(!f.common.unpublished[0].load(Ordering::Relaxed));
+
+        // A memory-only completion (nothing queued, 0) or a claim is not queued for
+        // publication.
+        let c = shard.key(b"c");
+        shard.apply(
+            c,
+            Change::Put {
+                slot: Slot::inflight(3, 10, 1),
+                extra: Extra::default(),
+                reap_ns: None,
+                adopt: false,
+            },
+            7,
+        );
+        shard.apply(shard.key(b"d"), complete(4), 0);
+        assert!(!f.common.unpublished[0].load(Ordering::Relaxed));
+        assert_eq!(shard.published_at(c), None);
+    }
+
+    #[test]
     fn side_data_follows_the_token() {
         let mut f = fixture();
         let shard = &mut f.shard;

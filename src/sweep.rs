@@ -80,9 +80,8 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHan
                 if shared.poison_reason().is_some() || shared.is_closed() {
                     return;
                 }
-                // Completions on stripes nobody locked since their commit leave their
-                // responses in memory until published.
-                shared.index.catch_up();
+                // The pass locks every stripe, which also publishes the completions of
+                // stripes nobody locked since their commit (their responses leave memory).
                 sweep_pass(&shared, Pace::Background);
             }
         })
