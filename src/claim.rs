@@ -219,6 +219,7 @@ impl Engine {
         // prevent, so that the checkers can show they catch it (docs/testing.md).
         if plan.kind == Acquiring::New && self.sabotaged(Sabotage::CheckThenAct) {
             MutexGuard::unlocked(shard, std::thread::yield_now);
+            shard.catch_up();
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let plan = plan.asking_retention(retention_ms);

@@ -82,7 +82,7 @@ pub(crate) struct Shared {
     /// Lets a test hold the writer before its next commit (`sabotage::HeldCommits`).
     #[cfg(idemkv_sabotage)]
     pub(crate) commit_gate: crate::sabotage::CommitGate,
-    /// Lets a test hold the writer after its next commit, before it publishes.
+    /// Lets a test hold the writer after its next commit, before it moves its watermarks.
     #[cfg(idemkv_sabotage)]
     pub(crate) after_commit_gate: crate::sabotage::CommitGate,
 }

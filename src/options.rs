@@ -561,8 +561,8 @@ impl EngineBuilder {
 
     /// Capacity of the writer queue, in operations (default 16 Ki, from 16 to 1 Mi). New
     /// claims may use seven eighths of it; the rest is kept for completions and releases.
-    /// The queue is allocated at open, about 350 bytes a slot (an operation carries a small
-    /// record inline): 5.6 MB at the default.
+    /// The queue is allocated at open, about 330 bytes a slot (an operation carries a small
+    /// record inline): 5.4 MB at the default.
     pub fn queue_depth(mut self, depth: usize) -> Self {
         self.queue_depth = depth;
         self

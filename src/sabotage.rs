@@ -40,7 +40,7 @@ impl Engine {
         HeldCommits(self.clone(), Gate::Commit)
     }
 
-    /// Holds the writer after its next commit, before it publishes the batch, until the
+    /// Holds the writer after its next commit, before it moves its watermarks, until the
     /// returned guard is dropped: the batch is durable and nobody has been told, and the
     /// writer's cycle lasts as long as a test needs (on a mock clock, as far as the test
     /// advances it).
@@ -162,7 +162,7 @@ impl CommitGate {
 enum Gate {
     /// Before its next commit.
     Commit,
-    /// After its next commit, before publishing it.
+    /// After its next commit, before moving its watermarks.
     AfterCommit,
 }
 
