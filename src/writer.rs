@@ -350,9 +350,10 @@ impl Writer {
         // go on queue their next writes in time for the next batch instead of the one
         // after. The watermark publishes its completions too; they keep their responses in
         // memory until the applied watermark passes them (a replay of a completion without
-        // one reads the file, which does not hold it yet). A batch whose waiters expect the apply's effects when they wake is
-        // acknowledged after it: a token mark (claims waiting for tokens look for the
-        // raised limit) and marker rows (settled after the apply).
+        // one reads the file, which does not hold it yet). A batch whose waiters expect the
+        // apply's effects when they wake is acknowledged after it: a token mark (claims
+        // waiting for tokens look for the raised limit) and marker rows (settled after the
+        // apply).
         let early = matches!(how, Durable::Logged { .. })
             && !acked
             && hwm.is_none()
