@@ -4,7 +4,7 @@
 //! later. A queue admitted by count alone breaks that under overload: callers outrun the
 //! writer, and an acknowledged operation waits behind whole batches. So the writer measures
 //! how many operations it commits per second, over its whole cycle for a batch (the commit
-//! and the publishing and freeing after it), and new claims are admitted only while what
+//! and the work after it), and new claims are admitted only while what
 //! is acknowledged but not yet durable is under three quarters (`ADMIT_BACKLOG_SHARE`) of
 //! what it commits in one `max_delay`. A batch is gathered against a deadline of its oldest
 //! acknowledgement plus `max_delay` less its own commit time (`gather.rs`) and holds no more

@@ -251,8 +251,18 @@ impl Shared {
                 None => SendRefused::Closed,
             },
         };
-        self.progress.void(seq);
+        self.void(tx, seq);
         Err(refused)
+    }
+
+    /// `seq` will never reach the writer: it counts as done at the writer's next commit.
+    /// The queue was full when the operation was refused, but the writer may have drained
+    /// it and gone idle since, with the watermark held below `seq` and everything after
+    /// it committed but not acknowledged or shown. A barrier without a number wakes it to
+    /// count the void; if the queue is full again, the writer has work and counts it then.
+    fn void(&self, tx: &crate::sync::channel::Sender<Queued>, seq: u64) {
+        self.progress.void(seq);
+        let _ = tx.try_send(Queued::barrier(0));
     }
 
     /// Blocks until the operation numbered `seq` is durable (0: nothing to wait for).
@@ -286,7 +296,7 @@ impl Shared {
             Err(TrySendError::Full(_)) => Ok(None),
             Err(TrySendError::Disconnected(_)) => Err(self.flush_stopped()),
         };
-        self.progress.void(seq);
+        self.void(tx, seq);
         result
     }
 
@@ -654,6 +664,8 @@ fn subscribe_clock(b: &EngineBuilder, shared: &Arc<Shared>) -> Arc<ClockListener
     let listener: Arc<ClockListener> = Arc::new(move || {
         if let Some(shared) = weak.upgrade() {
             shared.index.wake_all();
+            // Callers waiting for a completion to be published sleep on the watermark.
+            shared.progress.wake_all();
             shared.notify_room();
             shared.sweeper.nudge();
             shared.timers.nudge();

@@ -8,8 +8,8 @@
 //! its side data) and one entry in its stripe's expiry order (16 bytes for a completion). The
 //! rare parts — a fingerprint or checkpoint of an InFlight key, the wall-clock instants and
 //! response of a memory-only engine's key — live in a box beside the slot in the same
-//! entry, so a completed key in a durable engine carries nothing else once published: its
-//! response stays in the file. A transition reads and replaces the side data through the
+//! entry, so a completed key in a durable engine carries nothing else once the file holds
+//! it (`publication.rs`): its response stays in the file. A transition reads and replaces the side data through the
 //! entry it looks up anyway (no second table, no second miss); replacing side data reuses
 //! its box.
 //!
@@ -569,15 +569,36 @@ impl Shard {
     /// `seq` (0: nothing was queued). A completion of a durable engine is published when the
     /// writer's watermark passes `seq`.
     pub(crate) fn apply(&mut self, key: Key<'_>, change: Change, seq: u64) {
-        if let Change::Put { slot, .. } = &change {
-            if seq != 0 && !slot.is_inflight() && !slot.is_published() {
-                self.unpublished.push(seq, key.hash, slot.token);
-                let flag = &self.common.unpublished[self.id];
-                if !flag.load(Ordering::Relaxed) {
-                    flag.store(true, Ordering::Relaxed);
-                }
+        let unpublished = match &change {
+            Change::Put { slot, .. } if seq != 0 && !slot.is_inflight() && !slot.is_published() => {
+                Some(slot.token)
             }
+            _ => None,
+        };
+        self.change(key, change);
+        if let Some(token) = unpublished {
+            self.await_watermark(key, token, seq);
         }
+    }
+
+    /// Queues the completion `token` of `key` (just put) for publication at `seq`. The
+    /// writer may have committed and applied `seq` already, and looked for stripes to
+    /// publish before this flag was set: then nobody would come back for it, so the
+    /// completion is published here. (The flag's store and the applied watermark's load
+    /// here, and the writer's store of the watermark and load of the flags, are
+    /// sequentially consistent: one side sees the other.)
+    fn await_watermark(&mut self, key: Key<'_>, token: u64, seq: u64) {
+        self.unpublished.push(seq, key.hash, token);
+        let flag = &self.common.unpublished[self.id];
+        if !flag.load(Ordering::Relaxed) {
+            flag.store(true, Ordering::SeqCst);
+        }
+        if self.common.marks.applied_now() >= seq {
+            self.catch_up();
+        }
+    }
+
+    fn change(&mut self, key: Key<'_>, change: Change) {
         match change {
             Change::Keep => {}
             Change::Remove => {
@@ -816,9 +837,8 @@ impl Shard {
     /// Marks the completion by `token` of the key whose keyed hash is `keyed` durable. With
     /// [`Side::Drop`] its side data goes too (the file holds all of it now). With
     /// [`Side::Keep`] (a batch acknowledged by its commit-log frame before it reached the
-    /// file) it is published only if its side data holds the response, which then stays so
-    /// that replays answer from memory until a later [`Side::Drop`]; a completion without
-    /// one in memory (an import) waits for the file. Does nothing if the key has moved on.
+    /// file) its side data, which holds the response, stays so that replays answer from
+    /// memory until a later [`Side::Drop`]. Does nothing if the key has moved on.
     /// The slot is found by its table hash and its token, which no other key's slot
     /// carries, so the key's bytes are neither needed nor hashed again.
     #[cfg(test)]
@@ -836,6 +856,13 @@ impl Shard {
         }
         match side {
             Side::Keep => {
+                // Every unpublished completion keeps its response until the file holds it
+                // (an import's included): a Keep that shows nothing would leave a waiter
+                // that looked up its number waiting for a wake that never comes.
+                debug_assert!(
+                    extra.as_ref().is_some_and(|e| e.response.is_some()),
+                    "an unpublished completion holds its response"
+                );
                 if extra.as_ref().is_some_and(|e| e.response.is_some()) {
                     slot.flags |= PUBLISHED;
                 }
@@ -1557,7 +1584,8 @@ impl Index {
     /// nobody locks its stripe again.
     pub(crate) fn catch_up(&self) {
         for (p, flag) in self.stripes.iter().zip(self.common.unpublished.iter()) {
-            if flag.load(Ordering::Relaxed) {
+            // Sequentially consistent with the store in `Shard::await_watermark`.
+            if flag.load(Ordering::SeqCst) {
                 drop(p.0.lock());
             }
         }
@@ -1892,23 +1920,6 @@ mod tests {
         shard.publish(b.keyed, 2, Side::Drop);
         assert_eq!(shard.extra(&shard.get(b).unwrap()), None);
         assert_eq!(shard.heap_bytes, 3 + boxed_bytes(&done));
-
-        // Without its response in memory (an import), a completion waits for the file.
-        let no_response = Extra {
-            fingerprint: Some(5),
-            ..Extra::default()
-        };
-        shard.put(
-            shard.key(b"d"),
-            Slot::completed(4, 10, 1, false),
-            no_response.clone(),
-        );
-        let d = shard.key(b"d");
-        shard.publish(d.keyed, 4, Side::Keep);
-        assert!(!shard.get(d).unwrap().is_published());
-        shard.publish(d.keyed, 4, Side::Drop);
-        assert!(shard.get(d).unwrap().is_published());
-        assert_eq!(shard.extra(&shard.get(d).unwrap()), None);
     }
 
     #[test]
@@ -1974,6 +1985,16 @@ mod tests {
         shard.apply(shard.key(b"d"), complete(4), 0);
         assert!(!f.common.unpublished[0].load(Ordering::Relaxed));
         assert_eq!(shard.published_at(c), None);
+
+        // A completion whose operation the writer applied before the completion reached
+        // its stripe (the writer may have looked for stripes to publish in between) is
+        // published by its own call, not left for a lock that may never come.
+        let e = shard.key(b"e");
+        shard.apply(e, complete(5), 6);
+        let slot = shard.get(e).unwrap();
+        assert!(slot.is_published());
+        assert_eq!(shard.extra(&slot), None);
+        assert!(!f.common.unpublished[0].load(Ordering::Relaxed));
     }
 
     #[test]

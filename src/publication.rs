@@ -55,13 +55,19 @@ impl Marks {
     }
 
     /// Raises the applied watermark. Only the writer calls this, after the apply.
+    /// Sequentially consistent: see `index::Shard::await_watermark`.
     pub(crate) fn raise_applied(&self, watermark: u64) {
-        self.applied.fetch_max(watermark, Ordering::AcqRel);
+        self.applied.fetch_max(watermark, Ordering::SeqCst);
+    }
+
+    /// The applied watermark, read sequentially consistent (`index::Shard::await_watermark`).
+    pub(crate) fn applied_now(&self) -> u64 {
+        self.applied.load(Ordering::SeqCst)
     }
 
     /// What a stripe catching up may do: show what is durable, drop the side data of what
-    /// is applied. Applied is read first: a durable watermark read after it is never
-    /// below it, so nothing is dropped without being shown.
+    /// is applied. What is applied is durable too (the writer may raise `applied` just
+    /// before `durable`), so durable is taken as at least applied.
     pub(crate) fn read(&self) -> (u64, u64) {
         let applied = self.applied.load(Ordering::Acquire);
         #[allow(unused_mut)]

@@ -43,7 +43,8 @@ impl Engine {
     /// Holds the writer after its next commit, before it moves its watermarks, until the
     /// returned guard is dropped: the batch is durable and nobody has been told, and the
     /// writer's cycle lasts as long as a test needs (on a mock clock, as far as the test
-    /// advances it).
+    /// advances it). With the commit log, a batch acknowledged at its log sync has moved
+    /// the durable watermark already; only its applied watermark waits here.
     #[doc(hidden)]
     pub fn hold_after_commits(&self) -> HeldCommits {
         self.shared().after_commit_gate.close();

@@ -27,7 +27,8 @@ use crate::tables::Batch;
 use std::time::{Duration, Instant};
 
 /// One operation in the writer's queue, with its durability sequence number (0 for the
-/// shutdown message, which has none) and, under `Buffered`, when it was acknowledged: the
+/// shutdown message and for the barrier that wakes the writer to count a voided number,
+/// which have none) and, under `Buffered`, when it was acknowledged: the
 /// writer commits it within `max_delay` of that instant plus one commit.
 pub(crate) struct Queued {
     pub(crate) seq: u64,
@@ -149,6 +150,8 @@ impl Writer {
             let stop = batch.iter().any(|q| matches!(q.op, Op::Shutdown));
             self.commit(&mut batch, stop);
             if stop {
+                // The last commit's responses leave memory too.
+                self.shared.index.catch_up();
                 self.shared.set_writer_stopped();
                 return;
             }
@@ -205,8 +208,9 @@ impl Writer {
         #[cfg(idemkv_sabotage)]
         self.shared.commit_gate.pass();
         // The writer's rate, which admission and the gathering deadline use, is measured
-        // over the whole batch: the commit, and the publishing, settling and freeing after
-        // it, which take as long again for a large batch. Measured over the commit alone,
+        // over the whole batch: the commit, and the settling, acknowledging and freeing
+        // after it (before completions were published by the watermark, this work took as
+        // long again as the commit for a large batch). Measured over the commit alone,
         // the rate came out about twice the writer's real one, and admitted backlogs that
         // took `2 × max_delay` and more to become durable. On the engine's clock, so a test
         // can make the cycle as long as it needs.
