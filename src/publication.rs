@@ -158,6 +158,11 @@ impl Unpublished {
             self.shown += 1;
             publish(w.hash, w.token, Side::Keep);
         }
+        debug_assert!(
+            self.queue.front().is_none_or(|w| w.seq > applied)
+                && self.queue.get(self.shown).is_none_or(|w| w.seq > durable),
+            "everything the watermarks reached was published"
+        );
     }
 
     /// The number of the completion `token` if it is waiting and not yet shown: what a
