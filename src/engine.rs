@@ -100,7 +100,8 @@ pub enum Sabotage {
     NoFencing = 2,
     /// The writer acknowledges a batch before its commit returns.
     AckBeforeCommit = 3,
-    /// The writer publishes a batch's completions before its commit returns.
+    /// The writer shows a batch's completions (a watermark every stripe lock reads) before
+    /// its commit returns.
     PublishBeforeCommit = 4,
     /// Commits never write the token high-water mark (the engine believes they did).
     SkipTokenHwm = 5,

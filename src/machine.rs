@@ -28,8 +28,8 @@
 //! What is not here, and why: admission (the key budget and the in-flight limit, which
 //! reserve a place on a shared counter and may sweep), issuing tokens (a shared counter
 //! backed by the file), the expiry order of each stripe (`index.rs`, which asks [`expire`]
-//! and [`reap`] before removing anything), and publishing a completion after its commit
-//! (`Shard::publish`).
+//! and [`reap`] before removing anything), and publishing a completion once the writer's
+//! watermark passes it (`publication.rs`, applied when its stripe is locked).
 
 use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at};
 use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordKey, RecordState};
@@ -100,7 +100,7 @@ pub(crate) struct Rules {
     pub(crate) retention: Duration,
     pub(crate) response_len_max: usize,
     /// A file backs the engine: transitions describe the records to put, and completions
-    /// are published by the writer after their commit. A memory-only engine publishes at
+    /// are published once the writer's watermark passes them. A memory-only engine publishes at
     /// once and has no records to build.
     pub(crate) durable: bool,
 }
@@ -866,7 +866,7 @@ pub(crate) fn import(
                 return Err(ImportError::Invalid("response too large".into()));
             }
             let response: Arc<[u8]> = Arc::from(response.as_slice());
-            // As a completion's: until the writer publishes it and the file holds it, the
+            // As a completion's: until it is published and the file holds it, the
             // fingerprint is checked and a replay answered from here (with the commit log, a
             // batch is published before it reaches the file).
             let extra = Extra {

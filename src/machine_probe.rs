@@ -548,8 +548,9 @@ impl Probe {
         to_hold(self.hold(token, Holder::Checkpoint(Checkpoint::new(phase, data))))
     }
 
-    /// The writer publishes the key's completion after its commit (`Shard::publish`): the
-    /// slot is shown and its side data dropped (the record holds it). Returns the token
+    /// The key's completion is published once its commit is durable and in the file (in
+    /// the engine, by the writer's watermarks as its stripe is next locked): the slot is
+    /// shown and its side data dropped (the record holds it). Returns the token
     /// published, if any.
     pub fn publish(&mut self) -> Option<u64> {
         if self.slot.is_none() {
