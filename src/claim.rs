@@ -218,8 +218,7 @@ impl Engine {
         // Test-only sabotage: open a check-then-act window, the bug this crate exists to
         // prevent, so that the checkers can show they catch it (docs/testing.md).
         if plan.kind == Acquiring::New && self.sabotaged(Sabotage::CheckThenAct) {
-            MutexGuard::unlocked(shard, std::thread::yield_now);
-            shard.catch_up();
+            crate::index::unlocked(shard, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let plan = plan.asking_retention(retention_ms);
@@ -727,13 +726,11 @@ impl Engine {
                     match shard.published_at(k) {
                         // A durable completion is published by the writer's watermark,
                         // which wakes its waiters; the stripe is not notified.
-                        Some(seq) => MutexGuard::unlocked(&mut shard, || {
+                        Some(seq) => crate::index::unlocked(&mut shard, || {
                             s.progress.sleep(seq, s, slice);
                         }),
-                        None => changed.wait_for(&mut shard, slice),
+                        None => crate::index::wait(changed, &mut shard, slice),
                     }
-                    // The lock was taken again without publishing what came due meanwhile.
-                    shard.catch_up();
                 }
             };
             if let Some(claim) = self.settle(key, opts, step, &mut looks)? {

@@ -40,8 +40,7 @@ use crate::codec::Checkpoint;
 use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
 use crate::machine::{self, Change, MarkerRules, Step, View};
 use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
-pub(crate) use crate::publication::Side;
-use crate::publication::{Marks, Unpublished};
+use crate::publication::{Marks, Side, Unpublished};
 use crate::stats::{Events, Gauges};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::wake::Changed;
@@ -51,6 +50,7 @@ use std::cmp::Ordering as CmpOrdering;
 use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, VecDeque};
 use std::hash::{BuildHasher, Hasher};
+use std::time::Duration;
 
 const INFLIGHT: u8 = 1;
 const PUBLISHED: u8 = 2;
@@ -878,9 +878,8 @@ impl Shard {
 
     /// Publishes the completions the writer's watermarks have reached: the stripe's lock
     /// calls this before handing the shard out, so no holder sees a durable completion
-    /// hidden. A holder that waits on the stripe's condition variable (which takes the lock
-    /// again by itself) calls it after waking.
-    pub(crate) fn catch_up(&mut self) {
+    /// hidden, and so do [`unlocked`] and [`wait`] when they take it again.
+    fn catch_up(&mut self) {
         if self.unpublished.is_empty() {
             return;
         }
@@ -1462,6 +1461,22 @@ impl Stripe {
         shard.catch_up();
         shard
     }
+}
+
+/// Lets the stripe go while `f` runs, then takes it again and publishes what came due
+/// meanwhile: a holder that lets go of its stripe and comes back does it through this or
+/// [`wait`], as a new holder goes through [`Stripe::lock`].
+pub(crate) fn unlocked<U>(shard: &mut MutexGuard<'_, Shard>, f: impl FnOnce() -> U) -> U {
+    let out = MutexGuard::unlocked(shard, f);
+    shard.catch_up();
+    out
+}
+
+/// Sleeps on the stripe's change signal until notified or `timeout` passes, then publishes
+/// what came due meanwhile (see [`unlocked`]).
+pub(crate) fn wait(changed: &Changed, shard: &mut MutexGuard<'_, Shard>, timeout: Duration) {
+    changed.wait_for(shard, timeout);
+    shard.catch_up();
 }
 
 /// Aligns each stripe to its own cache lines, so that stripes do not false-share.

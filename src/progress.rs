@@ -173,18 +173,12 @@ impl Progress {
 
     /// Blocks until operation `seq` is durable, or fails when nothing more will be.
     pub(crate) fn wait(&self, seq: u64, engine: &impl Stopped) -> Result<(), Failed> {
-        if let Some(done) = self.ready(seq, engine) {
-            return done;
-        }
-        let mut w = self.waiters.lock();
         loop {
             if let Some(done) = self.ready(seq, engine) {
                 return done;
             }
-            w.sleepers += 1;
             // Every change a waiter waits for notifies; the timeout is only a backstop.
-            self.changed.wait_for(&mut w, ACK_POLL);
-            w.sleepers -= 1;
+            self.sleep(seq, engine, ACK_POLL);
         }
     }
 

@@ -232,11 +232,12 @@ impl Writer {
             self.settle_markers();
             if acked == Acked::AfterApply && !ack_early {
                 self.advance(batch, true);
+            } else {
+                // Acknowledged before the apply (at the log's sync, or early by sabotage):
+                // the file holds the batch now, and its completions drop the responses they
+                // keep in memory as their stripes are next locked.
+                self.shared.progress.applied(self.tracker.watermark());
             }
-            // The file holds the batch now: its completions drop the responses they keep in
-            // memory as their stripes are next locked. (Without the log this is the
-            // watermark just published; with it, the one published at the frame's sync.)
-            self.shared.progress.applied(self.tracker.watermark());
         }
         batch.clear();
         if let Ok(Written { ops, .. }) = written {
