@@ -845,6 +845,7 @@ impl Engine {
             committed_ops: read(&c.committed_ops),
             log_checkpoints: read(&c.log_checkpoints),
             batch_max: read(&c.batch_max),
+            commit_max_us: read(&c.commit_max_us),
             queue_depth: s.tx.as_ref().map_or(0, |tx| tx.len() as u64),
             queue_claims_max: s.admission.claims_max(),
             ack_to_fsync_max_us: u64::try_from(s.admission.lag_max().as_micros())

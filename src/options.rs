@@ -25,8 +25,9 @@ pub enum Durability {
     /// of the oldest queued call in one group commit. New claims are admitted by the
     /// writer's measured rate (no more pending than it commits in three quarters of one
     /// `max_delay`), so a crash loses at most the calls of about the last `2 × max_delay`
-    /// even under overload
-    /// (claims beyond that are refused with `Overloaded`; see docs/design.md). Another
+    /// even under overload (claims beyond that are refused with `Overloaded`), plus
+    /// whatever a single commit takes beyond its prediction when the disk or the scheduler
+    /// stalls it (`Stats::commit_max_us`; see docs/design.md). Another
     /// caller sees a completion only after it is fsynced, so nothing lost was ever replayed.
     Buffered {
         /// How long the writer gathers calls into one commit: the loss window while the

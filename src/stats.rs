@@ -71,6 +71,12 @@ pub struct Stats {
     pub log_checkpoints: u64,
     /// Largest number of operations in one commit.
     pub batch_max: u64,
+    /// The longest one group commit took since open, in microseconds: from the start of
+    /// its write (to the commit log, or to the file) to the return of its last fsync, on
+    /// the writer's real-time clock. Under `Buffered` an acknowledged operation can wait
+    /// behind such a commit, so a disk that stalls longer than `max_delay` shows here
+    /// and in `ack_to_fsync_max_us` together.
+    pub commit_max_us: u64,
     /// Operations waiting in the writer queue now.
     pub queue_depth: u64,
     /// Queue length below which new claims are admitted now: under `Buffered`, three
@@ -121,6 +127,7 @@ pub(crate) struct Counters {
     pub(crate) committed_ops: Counted,
     pub(crate) log_checkpoints: Counted,
     pub(crate) batch_max: AtomicU64,
+    pub(crate) commit_max_us: AtomicU64,
     /// The key-count gauges admission compares with its limits; shared with the index.
     pub(crate) gauges: Arc<Gauges>,
     /// Abandoned claims reaped on open.
@@ -144,6 +151,7 @@ impl Default for Counters {
             committed_ops: Counted::new(name::COMMITTED_OPS, None),
             log_checkpoints: Counted::new(name::LOG_CHECKPOINTS, None),
             batch_max: AtomicU64::new(0),
+            commit_max_us: AtomicU64::new(0),
             gauges: Arc::default(),
             abandoned_reaped: Counted::new(name::ABANDONED_REAPED, None),
             metrics: EventMetrics::new(),

@@ -343,7 +343,9 @@ impl Writer {
                 ops,
             });
         }
-        let started = crate::observe::commit_started();
+        // The commit's span, for `Stats::commit_max_us` and the latency metric: from the
+        // first write (to the log, or to the file) to the return of the last fsync.
+        let began = Instant::now();
         let how = match &mut self.log {
             None => Durable::Yes,
             Some(log) => log
@@ -388,7 +390,10 @@ impl Writer {
                 bump(&c.commits);
                 c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
                 c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
-                crate::observe::committed(&self.shared, started, ops);
+                let took = began.elapsed();
+                let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+                c.commit_max_us.fetch_max(took_us, Ordering::Relaxed);
+                crate::observe::committed(&self.shared, took, ops);
                 Ok(Written {
                     acked: match early {
                         true => Acked::OnSync,

@@ -518,6 +518,7 @@ fn metrics_equal_stats_after_a_mixed_workload_in_memory() {
     let m = Metrics::take(&snapshotter);
     assert_mirrors_stats(&m, &stats);
     assert_eq!(stats.commits, 0, "a memory-only engine never commits");
+    assert_eq!(stats.commit_max_us, 0, "and has no longest commit");
 }
 
 #[test]
@@ -544,6 +545,14 @@ fn metrics_equal_stats_after_a_mixed_workload_on_a_file() {
     assert_eq!(
         sizes.iter().copied().fold(0.0, f64::max),
         stats.batch_max as f64
+    );
+    // The longest commit in stats is the longest the latency histogram holds (the same
+    // span, in whole microseconds there).
+    let longest_us = seconds.iter().copied().fold(0.0, f64::max) * 1e6;
+    assert!(
+        stats.commit_max_us > 0 && (longest_us - stats.commit_max_us as f64).abs() <= 1.0,
+        "commit_max_us {} against the histogram's longest {longest_us:.1} us",
+        stats.commit_max_us
     );
 }
 

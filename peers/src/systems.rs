@@ -98,6 +98,10 @@ impl Idem {
                     s.ack_to_fsync_max_us as f64 / 1000.0
                 ));
             }
+            note.push_str(&format!(
+                "; longest commit {:.1} ms",
+                s.commit_max_us as f64 / 1000.0
+            ));
             note
         })
     }

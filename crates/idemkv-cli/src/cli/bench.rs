@@ -141,6 +141,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), CliError> {
             "commits": s.commits,
             "committed_ops": s.committed_ops,
             "batch_max": s.batch_max,
+            "commit_max_us": s.commit_max_us,
         });
         drop(temp);
         return output::print(&format!("{out}\n"));
@@ -163,6 +164,10 @@ pub(crate) fn run(args: &BenchArgs) -> Result<(), CliError> {
                 s.committed_ops as f64 / s.commits as f64,
                 count(s.batch_max)
             ),
+        );
+        row(
+            "longest commit",
+            duration(std::time::Duration::from_micros(s.commit_max_us)),
         );
     }
     let text = format!(
