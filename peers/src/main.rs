@@ -30,6 +30,7 @@ ids: idemkv-immediate idemkv-immediate-lazy idemkv-buffered idemkv-none
      the -log rows: with the commit log)
      redb-naive sqlite-full sqlite-normal
      sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka
+     striped-map
      idemkv-shared idemkv-shared-4p idemkv-shared-async idemkv-shared-4p-async
      (not in `all`: PostgreSQL at D = 8, `--section shared`)
 
@@ -268,6 +269,12 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         Class::Memory,
         "memory only, in-process",
     ),
+    (
+        "striped-map",
+        "lock-striped HashMap (256 parking_lot mutexes)",
+        Class::Memory,
+        "memory only, in-process; claim and complete, no lease or retention",
+    ),
 ];
 
 fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, String> {
@@ -329,6 +336,7 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
             w,
         ),
         "moka" => workload::run(&systems::Moka::new(), w),
+        "striped-map" => workload::run(&systems::StripedMap::new(), w),
         "idemkv-shared" => shared::run_one_process(&need_pg()?, w, false),
         "idemkv-shared-4p" => shared::run_processes(&need_pg()?, w, 4, dir, false),
         "idemkv-shared-async" => shared::run_one_process(&need_pg()?, w, true),

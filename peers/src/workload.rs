@@ -492,6 +492,36 @@ mod tests {
         }
     }
 
+    /// The lock-striped map runs each key once under the workload's concurrent duplicates,
+    /// and a second delivery after the first completed is a duplicate too.
+    #[test]
+    fn the_striped_map_runs_each_key_once() {
+        let w = small();
+        let map = crate::systems::StripedMap::new();
+        let m = run(&map, &w).expect("striped map run");
+        assert_eq!((m.deliveries, m.executed, m.duplicates), (1500, 500, 1000));
+        assert_eq!((m.keys_run, m.double_keys, m.errors), (500, 0, 0));
+        let ran = std::sync::atomic::AtomicU32::new(0);
+        let effect = || {
+            ran.fetch_add(1, Ordering::Relaxed);
+        };
+        let key = b"order-00000000";
+        assert_eq!(
+            map.deliver(&mut (), key, b"r", &effect),
+            Ok(Delivery::Duplicate)
+        );
+        let fresh = crate::systems::StripedMap::new();
+        assert_eq!(
+            fresh.deliver(&mut (), key, b"r", &effect),
+            Ok(Delivery::Executed)
+        );
+        assert_eq!(
+            fresh.deliver(&mut (), key, b"r", &effect),
+            Ok(Delivery::Duplicate)
+        );
+        assert_eq!(ran.load(Ordering::Relaxed), 1);
+    }
+
     /// A run stopped by the time limit reports what it finished, for tasks as for threads.
     #[test]
     fn async_runner_stops_at_the_time_limit() {
