@@ -57,6 +57,11 @@ pub(crate) const BATCH_OPS_MAX: usize = 8192;
 /// of a sustained `Buffered` writer's cycle). 240 bytes hold a completion with a 36-byte key
 /// and a 100-byte response; each queue slot and batch entry grows by about that much.
 pub(crate) const RECORD_INLINE_BYTES: usize = 240;
+/// Side-data boxes a stripe keeps for reuse (`index.rs`). A claim allocates one for its
+/// InFlight slot and the completion's publication frees it, usually on another thread:
+/// both sides pay glibc's paths under the stripe lock. Kept boxes are counted in the
+/// stripe's memory (about 1.3 KB per stripe at most).
+pub(crate) const SPARE_EXTRAS_PER_STRIPE: usize = 8;
 /// `Buffered` gathering (`gather.rs`): operations taken between two readings of the clock
 /// against the batch's deadline. A reading costs tens of nanoseconds; a batch holds
 /// thousands of operations, so this checks it often enough at a small fraction of the cost.

@@ -37,7 +37,9 @@
 //! let the engine answer "what is due, where" without a walk.
 
 use crate::codec::Checkpoint;
-use crate::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN};
+use crate::constants::{
+    EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, HASH_SECRET_LEN, SPARE_EXTRAS_PER_STRIPE,
+};
 use crate::machine::{self, Change, MarkerRules, Step, View};
 use crate::marker::{Marker, MarkerEnded, MarkerId, Markers};
 use crate::publication::{Marks, Side, Unpublished};
@@ -217,6 +219,17 @@ impl Extra {
 }
 
 /// Heap bytes of a boxed side data: the box and what it holds.
+/// `extra` in `spare`'s box if there is one (taking it), else in a new box.
+fn boxed(extra: Extra, spare: &mut Option<Box<Extra>>) -> Box<Extra> {
+    match spare.take() {
+        Some(mut b) => {
+            *b = extra;
+            b
+        }
+        None => Box::new(extra),
+    }
+}
+
 fn boxed_bytes(extra: &Extra) -> usize {
     std::mem::size_of::<Extra>() + extra.heap_bytes()
 }
@@ -494,6 +507,14 @@ pub(crate) struct Shard {
     loading: bool,
     /// Completions waiting for the writer's watermarks (`publication.rs`).
     unpublished: Unpublished,
+    /// Emptied side-data boxes kept for the next slot that needs one, at most
+    /// `SPARE_EXTRAS_PER_STRIPE`: a box then moves between the publication that empties it
+    /// and the claim that fills it without a free and a malloc under the lock.
+    #[allow(
+        clippy::vec_box,
+        reason = "the boxes themselves are what is kept: a slot's side data is a box"
+    )]
+    spare: Vec<Box<Extra>>,
     common: Arc<Common>,
     id: usize,
     /// Events counted under this stripe's lock (see [`Events`]).
@@ -519,6 +540,7 @@ impl Shard {
             completed: 0,
             loading: false,
             unpublished: Unpublished::default(),
+            spare: Vec::new(),
             common,
             id,
             events: Events::default(),
@@ -646,6 +668,10 @@ impl Shard {
         // Heap bytes the change adds and frees (a side-data box counts its size).
         let mut added = if has_extra { extra.heap_bytes() } else { 0 };
         let mut freed = 0;
+        // A kept box for new side data, taken before the lookup borrows the table; one the
+        // change empties goes back after it.
+        let mut spare = if has_extra { self.spare.pop() } else { None };
+        let mut emptied = None;
         // One lookup when the key exists (every transition but a first claim).
         let old = match self.slots.find_mut(hash, |(k, s, _)| key.is(k, s)) {
             Some((_, existing, side)) => {
@@ -658,10 +684,13 @@ impl Shard {
                 // The old side data goes; its box carries the new side data, if any.
                 match (side.as_deref_mut(), has_extra) {
                     (Some(held), true) => freed = std::mem::replace(held, extra).heap_bytes(),
-                    (Some(_), false) => freed = side.take().map_or(0, |b| boxed_bytes(&b)),
+                    (Some(_), false) => {
+                        freed = side.as_deref().map_or(0, boxed_bytes);
+                        emptied = side.take();
+                    }
                     (None, true) => {
                         added += std::mem::size_of::<Extra>();
-                        *side = Some(Box::new(extra));
+                        *side = Some(boxed(extra, &mut spare));
                     }
                     (None, false) => {}
                 }
@@ -671,7 +700,7 @@ impl Shard {
                 added += key.bytes.len();
                 let side = has_extra.then(|| {
                     added += std::mem::size_of::<Extra>();
-                    Box::new(extra)
+                    boxed(extra, &mut spare)
                 });
                 self.slots
                     .insert_unique(hash, (Box::from(key.bytes), slot, side), |(_, s, _)| {
@@ -681,6 +710,9 @@ impl Shard {
             }
         };
         self.heap_bytes = (self.heap_bytes + added).saturating_sub(freed);
+        for b in spare.into_iter().chain(emptied) {
+            self.keep_spare(b);
+        }
         match old {
             Some(old) if old.same_place(&slot) => {}
             _ => {
@@ -870,9 +902,21 @@ impl Shard {
             Side::Drop => {
                 slot.flags |= PUBLISHED;
                 slot.flags &= !HAS_EXTRA;
-                let freed = extra.take().map_or(0, |b| boxed_bytes(&b));
-                self.heap_bytes = self.heap_bytes.saturating_sub(freed);
+                if let Some(b) = extra.take() {
+                    self.heap_bytes = self.heap_bytes.saturating_sub(boxed_bytes(&b));
+                    self.keep_spare(b);
+                }
             }
+        }
+    }
+
+    /// Empties a side-data box that left its slot (its response and checkpoint are freed
+    /// now: memory promised back goes back) and keeps it for the next slot that needs one,
+    /// or frees it when the stripe keeps enough.
+    fn keep_spare(&mut self, mut b: Box<Extra>) {
+        if self.spare.len() < SPARE_EXTRAS_PER_STRIPE {
+            *b = Extra::default();
+            self.spare.push(b);
         }
     }
 
@@ -1254,6 +1298,8 @@ impl Shard {
             + (self.leases.capacity() + self.ended.capacity()) * std::mem::size_of::<LeaseEntry>()
             + self.markers.memory_bytes()
             + self.unpublished.memory_bytes()
+            + self.spare.capacity() * std::mem::size_of::<Box<Extra>>()
+            + self.spare.len() * std::mem::size_of::<Extra>()
             + self.heap_bytes
     }
 }
@@ -1935,6 +1981,75 @@ mod tests {
         shard.publish(b.keyed, 2, Side::Drop);
         assert_eq!(shard.extra(&shard.get(b).unwrap()), None);
         assert_eq!(shard.heap_bytes, 3 + boxed_bytes(&done));
+    }
+
+    #[test]
+    fn a_settled_completions_box_is_emptied_and_filled_again_by_the_next_side_data() {
+        let mut f = fixture();
+        let response: Arc<[u8]> = Arc::from(&b"resp"[..]);
+        let shard = &mut f.shard;
+        let put = |slot, extra| Change::Put {
+            slot,
+            extra,
+            reap_ns: None,
+            adopt: false,
+        };
+        let done = || Extra {
+            response: Some(response.clone()),
+            ..Extra::default()
+        };
+        let names: Vec<Vec<u8>> = (0..SPARE_EXTRAS_PER_STRIPE + 2)
+            .map(|i| format!("k{i}").into_bytes())
+            .collect();
+        let keys: Vec<Key<'_>> = names.iter().map(|n| shard.key(n)).collect();
+        for (i, &k) in keys.iter().enumerate() {
+            let seq = i as u64 + 1;
+            shard.apply(k, put(Slot::completed(seq, 10, 1, false), done()), seq);
+        }
+        let heap_before = shard.heap_bytes;
+        let last = keys.len() as u64;
+        f.common.marks.raise_applied(last);
+        f.common.marks.raise_durable(last);
+        shard.catch_up();
+
+        // Settled: every response is freed (the boxes kept hold no reference), the slots
+        // have no side data, and the stripe keeps no more boxes than its limit.
+        assert_eq!(
+            Arc::strong_count(&response),
+            1,
+            "every response left memory"
+        );
+        assert_eq!(shard.spare.len(), SPARE_EXTRAS_PER_STRIPE);
+        assert!(shard.spare.iter().all(|b| **b == Extra::default()));
+        assert!(keys.iter().all(|&k| {
+            let slot = shard.get(k).unwrap();
+            shard.extra(&slot).is_none()
+        }));
+        assert_eq!(
+            shard.heap_bytes,
+            heap_before - keys.len() * boxed_bytes(&done()),
+            "the boxes left the slots' count"
+        );
+        assert!(
+            shard.memory_bytes()
+                >= shard.heap_bytes + SPARE_EXTRAS_PER_STRIPE * std::mem::size_of::<Extra>(),
+            "the kept boxes count in the stripe's memory"
+        );
+
+        // The next side data takes a kept box, and holds exactly what it was given.
+        let claim = Extra {
+            first_claimed_wall_ms: 7,
+            ..Extra::default()
+        };
+        let fresh = shard.key(b"fresh");
+        shard.apply(
+            fresh,
+            put(Slot::inflight(99, 10, 1), claim.clone()),
+            last + 1,
+        );
+        assert_eq!(shard.spare.len(), SPARE_EXTRAS_PER_STRIPE - 1);
+        let slot = shard.get(fresh).unwrap();
+        assert_eq!(shard.extra(&slot), Some(&claim));
     }
 
     #[test]
