@@ -9,9 +9,10 @@
 //! rare parts — a fingerprint or checkpoint of an InFlight key, the wall-clock instants and
 //! response of a memory-only engine's key — live in a box beside the slot in the same
 //! entry, so a completed key in a durable engine carries nothing else once the file holds
-//! it (`publication.rs`): its response stays in the file. A transition reads and replaces the side data through the
-//! entry it looks up anyway (no second table, no second miss); replacing side data reuses
-//! its box.
+//! it (`publication.rs`): its response stays in the file. A transition reads and replaces
+//! the side data through the entry it looks up anyway (no second table, no second miss);
+//! replacing side data reuses its box, and a stripe keeps a few emptied boxes for the next
+//! key that needs one.
 //!
 //! Expiry order: beside its table, each stripe keeps the order in which its slots fall due,
 //! so that no caller walks the table to find work:
@@ -218,10 +219,16 @@ impl Extra {
     }
 }
 
-/// Heap bytes of a boxed side data: the box and what it holds.
-/// `extra` in `spare`'s box if there is one (taking it), else in a new box.
-fn boxed(extra: Extra, spare: &mut Option<Box<Extra>>) -> Box<Extra> {
-    match spare.take() {
+/// A stripe's emptied side-data boxes, kept for reuse.
+#[allow(
+    clippy::vec_box,
+    reason = "the boxes themselves are what is kept: a slot's side data is a box"
+)]
+type Spare = Vec<Box<Extra>>;
+
+/// `extra` in one of a stripe's kept boxes if it has one, else in a new box.
+fn boxed(extra: Extra, spare: &mut Spare) -> Box<Extra> {
+    match spare.pop() {
         Some(mut b) => {
             *b = extra;
             b
@@ -230,6 +237,17 @@ fn boxed(extra: Extra, spare: &mut Option<Box<Extra>>) -> Box<Extra> {
     }
 }
 
+/// Empties a side-data box that left its slot (its response and checkpoint are freed
+/// now: memory promised back goes back) and keeps it among the stripe's `spare` boxes for
+/// the next slot that needs one, or frees it when the stripe keeps enough.
+fn keep_spare(spare: &mut Spare, mut b: Box<Extra>) {
+    if spare.len() < SPARE_EXTRAS_PER_STRIPE {
+        *b = Extra::default();
+        spare.push(b);
+    }
+}
+
+/// Heap bytes of a boxed side data: the box and what it holds.
 fn boxed_bytes(extra: &Extra) -> usize {
     std::mem::size_of::<Extra>() + extra.heap_bytes()
 }
@@ -510,11 +528,7 @@ pub(crate) struct Shard {
     /// Emptied side-data boxes kept for the next slot that needs one, at most
     /// `SPARE_EXTRAS_PER_STRIPE`: a box then moves between the publication that empties it
     /// and the claim that fills it without a free and a malloc under the lock.
-    #[allow(
-        clippy::vec_box,
-        reason = "the boxes themselves are what is kept: a slot's side data is a box"
-    )]
-    spare: Vec<Box<Extra>>,
+    spare: Spare,
     common: Arc<Common>,
     id: usize,
     /// Events counted under this stripe's lock (see [`Events`]).
@@ -668,10 +682,6 @@ impl Shard {
         // Heap bytes the change adds and frees (a side-data box counts its size).
         let mut added = if has_extra { extra.heap_bytes() } else { 0 };
         let mut freed = 0;
-        // A kept box for new side data, taken before the lookup borrows the table; one the
-        // change empties goes back after it.
-        let mut spare = if has_extra { self.spare.pop() } else { None };
-        let mut emptied = None;
         // One lookup when the key exists (every transition but a first claim).
         let old = match self.slots.find_mut(hash, |(k, s, _)| key.is(k, s)) {
             Some((_, existing, side)) => {
@@ -685,12 +695,14 @@ impl Shard {
                 match (side.as_deref_mut(), has_extra) {
                     (Some(held), true) => freed = std::mem::replace(held, extra).heap_bytes(),
                     (Some(_), false) => {
-                        freed = side.as_deref().map_or(0, boxed_bytes);
-                        emptied = side.take();
+                        if let Some(b) = side.take() {
+                            freed = boxed_bytes(&b);
+                            keep_spare(&mut self.spare, b);
+                        }
                     }
                     (None, true) => {
                         added += std::mem::size_of::<Extra>();
-                        *side = Some(boxed(extra, &mut spare));
+                        *side = Some(boxed(extra, &mut self.spare));
                     }
                     (None, false) => {}
                 }
@@ -700,7 +712,7 @@ impl Shard {
                 added += key.bytes.len();
                 let side = has_extra.then(|| {
                     added += std::mem::size_of::<Extra>();
-                    boxed(extra, &mut spare)
+                    boxed(extra, &mut self.spare)
                 });
                 self.slots
                     .insert_unique(hash, (Box::from(key.bytes), slot, side), |(_, s, _)| {
@@ -710,9 +722,6 @@ impl Shard {
             }
         };
         self.heap_bytes = (self.heap_bytes + added).saturating_sub(freed);
-        for b in spare.into_iter().chain(emptied) {
-            self.keep_spare(b);
-        }
         match old {
             Some(old) if old.same_place(&slot) => {}
             _ => {
@@ -904,19 +913,9 @@ impl Shard {
                 slot.flags &= !HAS_EXTRA;
                 if let Some(b) = extra.take() {
                     self.heap_bytes = self.heap_bytes.saturating_sub(boxed_bytes(&b));
-                    self.keep_spare(b);
+                    keep_spare(&mut self.spare, b);
                 }
             }
-        }
-    }
-
-    /// Empties a side-data box that left its slot (its response and checkpoint are freed
-    /// now: memory promised back goes back) and keeps it for the next slot that needs one,
-    /// or frees it when the stripe keeps enough.
-    fn keep_spare(&mut self, mut b: Box<Extra>) {
-        if self.spare.len() < SPARE_EXTRAS_PER_STRIPE {
-            *b = Extra::default();
-            self.spare.push(b);
         }
     }
 
@@ -1723,6 +1722,16 @@ mod tests {
         common: Arc<Common>,
     }
 
+    /// The change that puts `slot` with `extra`, as the state machine hands it over.
+    fn put(slot: Slot, extra: Extra) -> Change {
+        Change::Put {
+            slot,
+            extra,
+            reap_ns: None,
+            adopt: false,
+        }
+    }
+
     fn fixture() -> Fixture {
         fixture_with(None)
     }
@@ -1988,12 +1997,6 @@ mod tests {
         let mut f = fixture();
         let response: Arc<[u8]> = Arc::from(&b"resp"[..]);
         let shard = &mut f.shard;
-        let put = |slot, extra| Change::Put {
-            slot,
-            extra,
-            reap_ns: None,
-            adopt: false,
-        };
         let done = || Extra {
             response: Some(response.clone()),
             ..Extra::default()
@@ -2059,12 +2062,7 @@ mod tests {
             response: Some(Arc::from(&b"resp"[..])),
             ..Extra::default()
         };
-        let complete = |token| Change::Put {
-            slot: Slot::completed(token, 10, 1, false),
-            extra: done.clone(),
-            reap_ns: None,
-            adopt: false,
-        };
+        let complete = |token| put(Slot::completed(token, 10, 1, false), done.clone());
         let shard = &mut f.shard;
         let (a, b) = (shard.key(b"a"), shard.key(b"b"));
         shard.apply(a, complete(1), 4);
@@ -2102,16 +2100,7 @@ mod tests {
         // A memory-only completion (nothing queued, 0) or a claim is not queued for
         // publication.
         let c = shard.key(b"c");
-        shard.apply(
-            c,
-            Change::Put {
-                slot: Slot::inflight(3, 10, 1),
-                extra: Extra::default(),
-                reap_ns: None,
-                adopt: false,
-            },
-            7,
-        );
+        shard.apply(c, put(Slot::inflight(3, 10, 1), Extra::default()), 7);
         shard.apply(shard.key(b"d"), complete(4), 0);
         assert!(!f.common.unpublished[0].load(Ordering::Relaxed));
         assert_eq!(shard.published_at(c), None);

@@ -100,8 +100,8 @@ pub(crate) struct Rules {
     pub(crate) retention: Duration,
     pub(crate) response_len_max: usize,
     /// A file backs the engine: transitions describe the records to put, and completions
-    /// are published once the writer's watermark passes them. A memory-only engine publishes at
-    /// once and has no records to build.
+    /// are published once the writer's watermark passes them. A memory-only engine
+    /// publishes at once and has no records to build.
     pub(crate) durable: bool,
 }
 
