@@ -15,6 +15,8 @@
 //!   before the clock stops, so the figure is sustained durable throughput, not the burst the
 //!   writer queue absorbs. A claim refused with `Overloaded` (the writer queue is full)
 //!   flushes and retries, counted as `backoffs`.
+//! - `buffered_10ms_nondurable_claims`: `buffered_10ms` with `durable_claims(false)`; a new
+//!   key's claim queues nothing and its completion writes the whole record.
 //! - `none`: `Durability::None`, memory only.
 //! - `redb_txn_per_op`: the naive baseline, one redb write transaction per operation, each
 //!   with redb's default `Immediate` durability — claim = begin_write, open table, get(key),

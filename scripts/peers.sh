@@ -14,10 +14,12 @@
 # docs/benchmarks.md (between its peers:begin / peers:end markers) and docs/peers.svg.
 #
 # Each idemkv mode runs twice where it has an `-async` row (idemkv-immediate-async,
-# idemkv-immediate-lazy-async, idemkv-buffered-async): once with C OS threads calling the
+# idemkv-immediate-lazy-async, idemkv-buffered-async, idemkv-buffered-lazy-async): once
+# with C OS threads calling the
 # blocking API, once with C tasks on a tokio runtime of 2 worker threads awaiting the async
 # API (claim_async, Lease::complete_async); same keys, deliveries, checks and time limit.
-# The -log rows run the Immediate modes with the commit log (EngineBuilder::commit_log).
+# The -log rows run the Immediate modes with the commit log (EngineBuilder::commit_log);
+# the -lazy rows run with EngineBuilder::durable_claims(false).
 #
 # Knobs (environment): N (keys, 100000), D (deliveries per key, 2), C (workers: threads, or
 # tasks in the -async rows, 64),

@@ -221,9 +221,19 @@ impl Engine {
             crate::index::unlocked(shard, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
+        // A new key's claim may leave its record to its lease's first durable act, which
+        // writes the whole record anyway: the key has no record in the file to replace and
+        // no marker to remove, so the claim changes nothing there until then.
+        let unwritten =
+            s.cfg.defers_new_claims() && plan.kind == Acquiring::New && drop_marker.is_none();
         let plan = plan.asking_retention(retention_ms);
         let step = machine::acquire(plan, KeyRef::Shared(key), token, lease, now, &rules);
-        let seq = match s.queue_dropping(step.write, drop_marker, true) {
+        let queued = if unwritten {
+            s.admit_unwritten_claim().map(|()| 0)
+        } else {
+            s.queue_dropping(step.write, drop_marker, true)
+        };
+        let seq = match queued {
             Ok(seq) => seq,
             Err(refused) => {
                 undo();

@@ -37,8 +37,18 @@ pub(crate) struct Config {
     pub(crate) keys_max: u64,
     /// Queue length above which new claims are refused (the rest is headroom for holders).
     pub(crate) claim_queue_max: usize,
-    /// Under `Immediate`, whether an `Acquired` claim waits for its record's fsync.
+    /// Under `Immediate`, whether an `Acquired` claim waits for its record's fsync; under
+    /// `Buffered`, whether a new key's claim queues its record at once.
     pub(crate) durable_claims: bool,
+}
+
+impl Config {
+    /// Whether a claim of a key with no slot leaves its record unwritten until its lease's
+    /// first durable act (`Buffered` with `durable_claims(false)`): the writer then gets one
+    /// operation per claim and completion instead of two.
+    pub(crate) fn defers_new_claims(&self) -> bool {
+        !self.durable_claims && matches!(self.durability, Durability::Buffered { .. })
+    }
 }
 
 /// State shared by every engine handle, the writer thread and the sweeper thread.
@@ -223,17 +233,10 @@ impl Shared {
         if self.is_closed() {
             return Err(SendRefused::Closed);
         }
-        // `Buffered` counts what is acknowledged but not yet durable (queued, or in the
-        // commit in flight): that, not the queue alone, is what a crash can lose.
-        let buffered = matches!(self.cfg.durability, Durability::Buffered { .. });
-        let pending = if buffered {
-            (self.progress.issued() - self.progress.durable()) as usize
-        } else {
-            tx.len()
-        };
-        if claim && !self.admission.admits_claim(pending) {
+        if claim && !self.admission.admits_claim(self.backlog(tx)) {
             return Err(SendRefused::Full);
         }
+        let buffered = matches!(self.cfg.durability, Durability::Buffered { .. });
         let seq = self.progress.issue();
         // Under `Buffered` an operation carries its acknowledgement time for the writer.
         let acked_at = buffered.then(std::time::Instant::now);
@@ -254,6 +257,43 @@ impl Shared {
         };
         self.void(tx, seq);
         Err(refused)
+    }
+
+    /// What a new claim is admitted against. `Buffered` counts what is acknowledged but not
+    /// yet durable (queued, or in the commit in flight): that, not the queue alone, is what
+    /// a crash can lose. When new keys' claims leave their records unwritten, each live
+    /// lease counts too, for the write its first durable act will queue: otherwise any
+    /// number of claims would be admitted at once, and their completions would arrive
+    /// together past the backlog that bounds how long an acknowledged call waits.
+    fn backlog(&self, tx: &crate::sync::channel::Sender<Queued>) -> usize {
+        if !matches!(self.cfg.durability, Durability::Buffered { .. }) {
+            return tx.len();
+        }
+        let pending = self.progress.issued() - self.progress.durable();
+        let leases = if self.cfg.defers_new_claims() {
+            self.counters.gauges.inflight.load(Ordering::Relaxed)
+        } else {
+            0
+        };
+        usize::try_from(pending.saturating_add(leases)).unwrap_or(usize::MAX)
+    }
+
+    /// [`Shared::send`]'s checks for a claim that queues nothing
+    /// ([`Config::defers_new_claims`]): refused when the engine is poisoned or closed, or
+    /// when admission would refuse a queued claim, so that such a claim is acknowledged
+    /// exactly when a queued one would be.
+    pub(crate) fn admit_unwritten_claim(&self) -> Result<(), SendRefused> {
+        let Some(tx) = &self.tx else { return Ok(()) };
+        if let Some(why) = self.poison_reason() {
+            return Err(SendRefused::Poisoned(why));
+        }
+        if self.is_closed() {
+            return Err(SendRefused::Closed);
+        }
+        if !self.admission.admits_claim(self.backlog(tx)) {
+            return Err(SendRefused::Full);
+        }
+        Ok(())
     }
 
     /// `seq` will never reach the writer: it counts as done at the writer's next commit.

@@ -594,10 +594,11 @@ impl EngineBuilder {
         self
     }
 
-    /// Under [`Durability::Immediate`], whether an `Acquired` claim waits for its InFlight
-    /// record to be fsynced before it returns (default `true`).
+    /// Whether an `Acquired` claim is made durable on its own (default `true`); with `false`
+    /// its record is made durable by its lease's first durable act. Under
+    /// [`Durability::None`] it changes nothing.
     ///
-    /// With `false` the claim returns at once and its record becomes durable in the same
+    /// Under [`Durability::Immediate`], with `false` the claim returns at once and its record becomes durable in the same
     /// group commit as the lease's first durable act (`complete`, `set_checkpoint`,
     /// `extend`, `release`, which wait for every earlier write too) or a `flush`: one
     /// durable wait per delivery instead of two. Completions, checkpoints and releases keep
@@ -607,6 +608,15 @@ impl EngineBuilder {
     /// with attempt 1, where a durable claim would make the retry wait for the old lease to
     /// end and see attempt 2. Keep the default when handlers rely on `attempt > 1` to detect
     /// a retry after a crash; see the durability table in docs/design.md.
+    ///
+    /// Under [`Durability::Buffered`], with `false` a claim of a key that has no state in
+    /// memory (a new key, or one released or reclaimed) queues no write at all: the lease's
+    /// first durable act writes the key's whole record, so the writer gets one operation per
+    /// claim and completion instead of two. Such a claim is refused exactly when a queued
+    /// one would be (each live lease counts toward the admission backlog), and neither
+    /// `flush` nor `close` writes it: what a crash or a restart loses is, as above, the
+    /// claim of a holder that made no durable act yet, whatever its age. A claim that
+    /// replaces a record (a takeover, an expired completion) is queued as with `true`.
     ///
     /// ```
     /// use idemkv::{Durability, Engine};

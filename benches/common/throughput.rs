@@ -45,19 +45,28 @@ pub enum Mode {
     /// `Durability::buffered()` (10 ms); every timed sample ends with a flush, so the
     /// figure is sustained durable throughput, not the burst the writer queue absorbs.
     Buffered,
+    /// `Buffered` with `durable_claims(false)`: a new key's claim queues nothing, and its
+    /// completion writes the whole record (one queued operation per pair).
+    BufferedNondurableClaims,
     /// `Durability::None`: memory only.
     None,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 6] = [
+    pub const ALL: [Mode; 7] = [
         Mode::Immediate,
         Mode::ImmediateNondurableClaims,
         Mode::ImmediateLog,
         Mode::ImmediateLogNondurableClaims,
         Mode::Buffered,
+        Mode::BufferedNondurableClaims,
         Mode::None,
     ];
+
+    /// Whether acknowledged calls may still be waiting for their commit when a sample ends.
+    fn buffered(self) -> bool {
+        matches!(self, Mode::Buffered | Mode::BufferedNondurableClaims)
+    }
 
     /// The name of the mode in benchmark ids and on stderr.
     pub fn name(self) -> &'static str {
@@ -67,6 +76,7 @@ impl Mode {
             Mode::ImmediateLog => "immediate_log",
             Mode::ImmediateLogNondurableClaims => "immediate_log_nondurable_claims",
             Mode::Buffered => "buffered_10ms",
+            Mode::BufferedNondurableClaims => "buffered_10ms_nondurable_claims",
             Mode::None => "none",
         }
     }
@@ -89,6 +99,9 @@ impl Mode {
                     Mode::ImmediateLogNondurableClaims => builder
                         .durability(Durability::Immediate)
                         .commit_log(true)
+                        .durable_claims(false),
+                    Mode::BufferedNondurableClaims => builder
+                        .durability(Durability::buffered())
                         .durable_claims(false),
                     _ => builder.durability(Durability::buffered()),
                 };
@@ -187,13 +200,13 @@ impl Idem {
     /// The end of a timed sample: `Buffered` flushes, so what was acknowledged is durable
     /// before the clock stops; the other modes are durable (or memory only) already.
     pub fn finish(&self) {
-        if self.mode == Mode::Buffered {
+        if self.mode.buffered() {
             self.engine.flush().expect("flush");
         }
     }
 
     pub async fn finish_async(&self) {
-        if self.mode == Mode::Buffered {
+        if self.mode.buffered() {
             self.engine.flush_async().await.expect("flush");
         }
     }

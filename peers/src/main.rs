@@ -25,7 +25,7 @@ const USAGE: &str = "usage: idemkv-peers --data-dir DIR [--n 100000] [--d 2] [--
 ids: idemkv-immediate idemkv-immediate-lazy idemkv-buffered idemkv-none
      idemkv-immediate-async idemkv-immediate-lazy-async idemkv-buffered-async
      idemkv-immediate-log idemkv-immediate-lazy-log idemkv-immediate-log-async
-     idemkv-immediate-lazy-log-async
+     idemkv-immediate-lazy-log-async idemkv-buffered-lazy idemkv-buffered-lazy-async
      (the -async rows: C tasks on a 2-thread tokio runtime, idemkv's async API;
      the -log rows: with the commit log)
      redb-naive sqlite-full sqlite-normal
@@ -207,6 +207,18 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         "idemkv Buffered (10 ms), async tasks",
         Class::Buffered,
         "as idemkv Buffered; C tasks on 2 runtime threads, async API",
+    ),
+    (
+        "idemkv-buffered-lazy",
+        "idemkv Buffered (10 ms), lazy claims",
+        Class::Buffered,
+        "as idemkv Buffered; a new key's claim is written with its completion",
+    ),
+    (
+        "idemkv-buffered-lazy-async",
+        "idemkv Buffered (10 ms), lazy claims, async tasks",
+        Class::Buffered,
+        "as idemkv Buffered, lazy claims; C tasks on 2 runtime threads, async API",
     ),
     (
         "redis-everysec",

@@ -277,6 +277,14 @@ const IMMEDIATE_ROWS: [&str; 8] = [
     "idemkv-immediate-lazy-log-async",
 ];
 
+/// The `Buffered` rows the goals are checked for.
+const BUFFERED_ROWS: [&str; 4] = [
+    "idemkv-buffered",
+    "idemkv-buffered-async",
+    "idemkv-buffered-lazy",
+    "idemkv-buffered-lazy-async",
+];
+
 /// The product's goals against this run: ratios to the peers of the same class
 /// (deliveries/s), then absolute claim+complete/s, then (given the calibration's
 /// single-insert redb commit p50, in ns) the `Immediate` rows' claim+complete p50 against
@@ -299,30 +307,20 @@ pub fn targets(rows: &[Row], redb_commit_p50_ns: Option<u64>) -> String {
         ));
         pairs.push((idem, "redb-naive", 40.0, "naive redb"));
     }
-    pairs.push((
-        "idemkv-buffered",
-        "redis-everysec",
-        10.0,
-        "Redis `SET NX`, appendfsync everysec",
-    ));
-    pairs.push((
-        "idemkv-buffered",
-        "pg-sync-off",
-        10.0,
-        "PostgreSQL, synchronous_commit off",
-    ));
-    pairs.push((
-        "idemkv-buffered-async",
-        "redis-everysec",
-        10.0,
-        "Redis `SET NX`, appendfsync everysec",
-    ));
-    pairs.push((
-        "idemkv-buffered-async",
-        "pg-sync-off",
-        10.0,
-        "PostgreSQL, synchronous_commit off",
-    ));
+    for idem in BUFFERED_ROWS {
+        pairs.push((
+            idem,
+            "redis-everysec",
+            10.0,
+            "Redis `SET NX`, appendfsync everysec",
+        ));
+        pairs.push((
+            idem,
+            "pg-sync-off",
+            10.0,
+            "PostgreSQL, synchronous_commit off",
+        ));
+    }
     pairs.push((
         "idemkv-none",
         "redis-none",
@@ -346,11 +344,11 @@ pub fn targets(rows: &[Row], redb_commit_p50_ns: Option<u64>) -> String {
             verdict(r, target)
         );
     }
-    let absolute = IMMEDIATE_ROWS.iter().map(|&id| (id, 100_000.0)).chain([
-        ("idemkv-buffered", 400_000.0),
-        ("idemkv-buffered-async", 400_000.0),
-        ("idemkv-none", 2_000_000.0),
-    ]);
+    let absolute = IMMEDIATE_ROWS
+        .iter()
+        .map(|&id| (id, 100_000.0))
+        .chain(BUFFERED_ROWS.iter().map(|&id| (id, 400_000.0)))
+        .chain([("idemkv-none", 2_000_000.0)]);
     for (idem, goal) in absolute {
         let measured = rows
             .iter()

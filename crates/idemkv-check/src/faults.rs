@@ -46,9 +46,24 @@ impl Mode {
         durable_claims: false,
     };
 
+    /// `Buffered` with `durable_claims(false)`: a new key's claim queues nothing, and its
+    /// record is written by its lease's first durable act, if any.
+    pub const LAZY_BUFFERED: Mode = Mode {
+        durability: Durability::Buffered {
+            max_delay: Duration::from_millis(1),
+        },
+        durable_claims: false,
+    };
+
     /// Whether an acknowledged call of kind `claim` (or not) is durable when it returns.
     fn acknowledges_durably(self, claim: bool) -> bool {
         self.durability == Durability::Immediate && (self.durable_claims || !claim)
+    }
+
+    /// Whether a claim may leave its record unwritten
+    /// (`EngineBuilder::durable_claims` under `Buffered`).
+    fn leaves_claims_unwritten(self) -> bool {
+        !self.durable_claims && matches!(self.durability, Durability::Buffered { .. })
     }
 }
 
@@ -181,14 +196,53 @@ fn view_of_records(records: &[RecordInfo]) -> Result<DurableView, String> {
     Ok(v)
 }
 
-/// Drops completions past their retention and abandoned claims past their reap instant at
-/// `wall_ms` (recovery deletes both).
+/// Whether recovery keeps `r` at `wall_ms`: it deletes completions past their retention
+/// and abandoned claims past their reap instant.
+fn kept(r: &DurableRec, wall_ms: u64) -> bool {
+    !matches!(&r.state, Err((_, exp)) if *exp <= wall_ms)
+        && r.reap_wall_ms.is_none_or(|reap| reap > wall_ms)
+}
+
+/// `v` without what recovery deletes at `wall_ms` ([`kept`]).
 fn unexpired(v: &DurableView, wall_ms: u64) -> DurableView {
     v.iter()
-        .filter(|(_, r)| !matches!(&r.state, Err((_, exp)) if *exp <= wall_ms))
-        .filter(|(_, r)| r.reap_wall_ms.is_none_or(|reap| reap > wall_ms))
+        .filter(|(_, r)| kept(r, wall_ms))
         .map(|(k, r)| (k.clone(), r.clone()))
         .collect()
+}
+
+/// Keys whose last write was a claim that may have left its record unwritten
+/// ([`Mode::LAZY_BUFFERED`]), each with what the file may hold for it instead of the view's
+/// record: its record before the claim (`None`: none), and before each earlier claim since
+/// its last durable act.
+type Unwritten = BTreeMap<Vec<u8>, Vec<Option<DurableRec>>>;
+
+/// Whether the reopened file `found` is the durable `view` at `wall_ms`, where each key of
+/// `unwritten` may also hold one of its earlier records. `Some(true)`: it is, and some key
+/// holds an earlier record (a claim's record was never written).
+fn matches_view(
+    view: &DurableView,
+    unwritten: &Unwritten,
+    found: &DurableView,
+    wall_ms: u64,
+) -> Option<bool> {
+    let view = unexpired(view, wall_ms);
+    let mut earlier_used = false;
+    for key in view.keys().chain(found.keys()) {
+        let (want, got) = (view.get(key), found.get(key));
+        if want == got {
+            continue;
+        }
+        let earlier = unwritten.get(key)?;
+        if !earlier
+            .iter()
+            .any(|e| e.as_ref().filter(|r| kept(r, wall_ms)) == got)
+        {
+            return None;
+        }
+        earlier_used = true;
+    }
+    Some(earlier_used)
 }
 
 /// What one fault run saw.
@@ -206,6 +260,9 @@ pub struct FaultRun {
     pub floor: usize,
     /// Writes up to the last one a call returned `Ok` for (in-doubt writes excluded).
     pub acked: usize,
+    /// The reopened file lacked an acknowledged claim's record because the claim left it
+    /// unwritten ([`Mode::LAZY_BUFFERED`]), and held the key's earlier state instead.
+    pub unwritten_claim_missing: bool,
 }
 
 /// Runs `ops` in `mode` on a disk armed with `fault`, then reopens and checks. `keep`
@@ -236,6 +293,19 @@ pub fn run_with(
     let mut model = Model::new(ops::spec_config(mode), &clock);
     // Durable views after each submitted write; [0] is the empty file.
     let mut views: Vec<DurableView> = vec![DurableView::new()];
+    // What each view's keys may hold instead (`Unwritten`), and the current one.
+    let mut unwritten_at: Vec<Unwritten> = vec![Unwritten::new()];
+    let mut unwritten = Unwritten::new();
+    // Records the key's state before a claim that may leave its record unwritten, or
+    // forgets the key once a durable act wrote its whole record.
+    let note_write = |unwritten: &mut Unwritten, views: &[DurableView], key: &[u8], claim| {
+        if claim && setup.leaves_claims_unwritten() {
+            let before = views.last().and_then(|v| v.get(key)).cloned();
+            unwritten.entry(key.to_vec()).or_default().push(before);
+        } else {
+            unwritten.remove(key);
+        }
+    };
     let mut floor = 0usize;
     let mut acked = 0usize;
     // For Buffered: the view index at which each completion (by token) was submitted.
@@ -320,7 +390,14 @@ pub fn run_with(
                 model
                     .step(&key, &kop, &assumed)
                     .map_err(|e| format!("the in-doubt call is not one the model allows: {e}"))?;
+                note_write(
+                    &mut unwritten,
+                    &views,
+                    &key,
+                    matches!(kop, KeyOp::Claim { .. }),
+                );
                 views.push(view_of_model(&model));
+                unwritten_at.push(unwritten.clone());
                 break;
             }
             if stop {
@@ -340,7 +417,14 @@ pub fn run_with(
                 _ => false,
             };
             if wrote {
+                note_write(
+                    &mut unwritten,
+                    &views,
+                    &key,
+                    matches!(kop, KeyOp::Claim { .. }),
+                );
                 views.push(view_of_model(&model));
+                unwritten_at.push(unwritten.clone());
                 acked = views.len() - 1;
                 if let (KeyOp::Complete { token, .. }, true) =
                     (&kop, matches!(before.state, KeyModel::InFlight { .. }))
@@ -408,10 +492,19 @@ pub fn run_with(
     };
     let wall_ms = crate::wall_ms(idemkv::Clock::wall(&clock));
     let found = view_of_records(&reopened.admin().records())?;
+    // A prefix that matches exactly is preferred: a claim whose record is missing only
+    // because the crash came before its write (queued or not) leaves such a prefix.
+    let none = Unwritten::new();
     let matched = (floor..views.len())
         .rev()
-        .find(|&j| unexpired(&views[j], wall_ms) == found);
-    let Some(matched) = matched else {
+        .find(|&j| matches_view(&views[j], &none, &found, wall_ms).is_some())
+        .map(|j| (j, false))
+        .or_else(|| {
+            (floor..views.len()).rev().find_map(|j| {
+                matches_view(&views[j], &unwritten_at[j], &found, wall_ms).map(|e| (j, e))
+            })
+        });
+    let Some((matched, unwritten_claim_missing)) = matched else {
         let candidates: Vec<String> = (floor..views.len())
             .map(|j| format!("  after write {j}: {:?}", unexpired(&views[j], wall_ms)))
             .collect();
@@ -451,6 +544,7 @@ pub fn run_with(
         matched,
         floor,
         acked,
+        unwritten_claim_missing,
     })
 }
 
@@ -518,6 +612,9 @@ pub struct Coverage {
     /// Runs whose reopened file lacks a write a call returned `Ok` for: never under
     /// `Immediate`; only claims with lazy claims; anything recent under `Buffered`.
     pub lost_acknowledged: u64,
+    /// Runs whose reopened file held a key's state from before an acknowledged claim that
+    /// left its record unwritten ([`Mode::LAZY_BUFFERED`]).
+    pub unwritten_claims_missing: u64,
 }
 
 /// Power loss (synced bytes only; every unsynced write too) and a failing call, at every
@@ -535,6 +632,7 @@ pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result
         io_points: base.ios,
         runs: 1,
         lost_acknowledged: 0,
+        unwritten_claims_missing: u64::from(base.unwritten_claim_missing),
     };
     for at in 1..=base.ios {
         for (name, fault, keep_all) in [
@@ -554,6 +652,7 @@ pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result
                 .map_err(|e| format!("{mode:?}, {name} at I/O {at} of {}: {e}", base.ios))?;
             cov.runs += 1;
             cov.lost_acknowledged += u64::from(run.matched < run.acked);
+            cov.unwritten_claims_missing += u64::from(run.unwritten_claim_missing);
         }
     }
     Ok(cov)
@@ -622,6 +721,49 @@ pub fn small_workload() -> Vec<Op> {
             response: BytesSel(3),
         },
         Op::Get { key: KeySel(1) },
+        Op::Flush,
+    ]
+}
+
+/// A workload for [`Mode::LAZY_BUFFERED`]: a claim stays open without a durable act across
+/// another key's completion and a flush, then checkpoints and completes; a third key's
+/// claim is released before any durable act. A crash after the first flush finds the
+/// first key as it was before its claim while the second key's completion is there.
+pub fn unwritten_claims_workload() -> Vec<Op> {
+    use crate::ops::{BytesSel, FpSel, KeySel, LeaseSel, TokenSel};
+    let claim = |key, lease| Op::Claim {
+        key: KeySel(key),
+        fingerprint: FpSel(0),
+        lease: LeaseSel(lease),
+        wait: false,
+    };
+    // Lease 7 is 25 hours: nothing is taken over while the clock stands still.
+    vec![
+        claim(0, 7),
+        claim(1, 7),
+        Op::Complete {
+            key: KeySel(1),
+            token: TokenSel(0),
+            response: BytesSel(2),
+        },
+        Op::Flush,
+        Op::Checkpoint {
+            key: KeySel(0),
+            token: TokenSel(0),
+            phase: 1,
+            data: BytesSel(3),
+        },
+        claim(2, 7),
+        Op::Release {
+            key: KeySel(2),
+            token: TokenSel(0),
+        },
+        Op::Flush,
+        Op::Complete {
+            key: KeySel(0),
+            token: TokenSel(0),
+            response: BytesSel(3),
+        },
         Op::Flush,
     ]
 }

@@ -24,7 +24,7 @@ use idemkv::sabotage::CommittedRecord;
 use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, OnHandlerError, RunError};
 use idemkv_check::backend::FaultyBackend;
 use idemkv_check::concurrent::{check_under_shuttle, Scenario};
-use idemkv_check::{sabotage, Bug};
+use idemkv_check::{faults, sabotage, Bug};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use std::path::Path;
 use std::time::Duration;
@@ -310,11 +310,12 @@ fn a_failed_async_attempt_is_resumed_by_a_waiter_pct() {
 /// redb call is one step of the model; the writer thread, its queue and the acknowledgement
 /// channels are shuttle's. (Under `Buffered` the writer's wait for more operations is
 /// modelled as a delay that has already passed.)
-fn durable_engine(mode: Durability, bug: Bug) -> Engine {
+fn durable_engine(setup: faults::Mode, bug: Bug) -> Engine {
     let engine = Engine::builder()
         .path("shuttle.redb")
         .backend(FaultyBackend::memory())
-        .durability(mode)
+        .durability(setup.durability)
+        .durable_claims(setup.durable_claims)
         .stripes(1)
         .sweep_interval(None)
         .open()
@@ -335,9 +336,9 @@ fn committed(engine: &Engine, token: u64) -> Option<CommittedRecord> {
 /// - a caller is shown only a completion that is committed (invariant 5), by `run` and by
 ///   `get`;
 /// - one handler run, every caller the same bytes, one of them not replayed.
-fn real_writer_handoff(mode: Durability, bug: Bug, asynk: bool) {
-    let immediate = mode == Durability::Immediate;
-    let engine = durable_engine(mode, bug);
+fn real_writer_handoff(setup: faults::Mode, bug: Bug, asynk: bool) {
+    let immediate = setup.durability == Durability::Immediate;
+    let engine = durable_engine(setup, bug);
     let runs = std::sync::Arc::new(shuttle::sync::atomic::AtomicUsize::new(0));
     let handles: Vec<_> = (0..3u8)
         .map(|i| {
@@ -432,11 +433,12 @@ const REAL_WRITER_SCHEDULES: usize = 300;
 /// than its 32 KiB default.
 const REAL_WRITER_STACK_BYTES: usize = 4 << 20;
 
-fn check_real_writer(mode: Durability, bug: Bug) {
+fn check_real_writer(mode: impl Into<faults::Mode>, bug: Bug) {
     check_real_writer_with(mode, bug, false);
 }
 
-fn check_real_writer_with(mode: Durability, bug: Bug, asynk: bool) {
+fn check_real_writer_with(mode: impl Into<faults::Mode>, bug: Bug, asynk: bool) {
+    let mode = mode.into();
     let config = || {
         let mut config = shuttle::Config::default();
         config.stack_size = REAL_WRITER_STACK_BYTES;
@@ -484,6 +486,14 @@ fn real_writer_model_catches_ack_before_commit_for_async_callers() {
 #[test]
 fn real_writer_buffered_publishes_only_committed_writes() {
     check_real_writer(buffered(), Bug::None);
+}
+
+/// The key's claim leaves its record to the completion, which writes both in one: the
+/// waiters are still shown only the committed completion.
+#[test]
+fn real_writer_buffered_lazy_claims_publishes_only_committed_writes() {
+    check_real_writer(faults::Mode::LAZY_BUFFERED, Bug::None);
+    check_real_writer_with(faults::Mode::LAZY_BUFFERED, Bug::None, true);
 }
 
 fn caught(mode: Durability, bug: Bug) -> bool {
