@@ -13,7 +13,7 @@ use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
 use crate::index::{Forgot, Key, Shard};
 use crate::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome};
-use crate::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now};
+use crate::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now, Rules};
 #[cfg(doc)]
 use crate::options::OnHandlerError;
 use crate::options::{AskedFingerprint, ClaimOptions};
@@ -227,7 +227,16 @@ impl Engine {
         let unwritten =
             s.cfg.defers_new_claims() && plan.kind == Acquiring::New && drop_marker.is_none();
         let plan = plan.asking_retention(retention_ms);
+        // An unwritten claim's record is not built either: nothing would read it.
+        let rules = Rules {
+            durable: rules.durable && !unwritten,
+            ..rules
+        };
         let step = machine::acquire(plan, KeyRef::Shared(key), token, lease, now, &rules);
+        debug_assert!(
+            !unwritten || step.write.is_none(),
+            "an unwritten claim builds no record"
+        );
         let queued = if unwritten {
             s.admit_unwritten_claim().map(|()| 0)
         } else {
