@@ -256,7 +256,11 @@ impl Engine {
                 });
             }
         };
-        shard.apply(k, step.change, seq);
+        if unwritten {
+            shard.apply_unwritten(k, step.change);
+        } else {
+            shard.apply(k, step.change, seq);
+        }
         if let Some((hash, marker_token)) = drop_marker {
             shard.drop_marker(hash, marker_token);
         }

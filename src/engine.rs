@@ -261,21 +261,18 @@ impl Shared {
 
     /// What a new claim is admitted against. `Buffered` counts what is acknowledged but not
     /// yet durable (queued, or in the commit in flight): that, not the queue alone, is what
-    /// a crash can lose. When new keys' claims leave their records unwritten, each live
-    /// lease counts too, for the write its first durable act will queue: otherwise any
-    /// number of claims would be admitted at once, and their completions would arrive
-    /// together past the backlog that bounds how long an acknowledged call waits.
+    /// a crash can lose. Each lease whose claim left its record unwritten counts too, for
+    /// the write its next act will queue: otherwise any number of such claims would be
+    /// admitted at once, and their completions would arrive together past the backlog that
+    /// bounds how long an acknowledged call waits. (Leases whose record is queued or written
+    /// do not count: they do not cap how many leases may be live.)
     fn backlog(&self, tx: &crate::sync::channel::Sender<Queued>) -> usize {
         if !matches!(self.cfg.durability, Durability::Buffered { .. }) {
             return tx.len();
         }
         let pending = self.progress.issued() - self.progress.durable();
-        let leases = if self.cfg.defers_new_claims() {
-            self.counters.gauges.inflight.load(Ordering::Relaxed)
-        } else {
-            0
-        };
-        usize::try_from(pending.saturating_add(leases)).unwrap_or(usize::MAX)
+        let unwritten = self.counters.gauges.unwritten.load(Ordering::Relaxed);
+        usize::try_from(pending.saturating_add(unwritten)).unwrap_or(usize::MAX)
     }
 
     /// [`Shared::send`]'s checks for a claim that queues nothing
@@ -860,6 +857,7 @@ impl Engine {
         Stats {
             inflight: read(&c.gauges.inflight),
             abandoned: read(&c.gauges.abandoned),
+            claims_unwritten: read(&c.gauges.unwritten),
             abandoned_reaped: read(&c.abandoned_reaped) + events.abandoned_reaped,
             completed: read(&c.gauges.completed).saturating_sub(expired_unswept),
             expired_unswept,

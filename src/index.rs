@@ -61,6 +61,10 @@ const HAS_EXTRA: u8 = 4;
 /// An InFlight slot whose lease was seen to end: it no longer counts against the in-flight
 /// limit, and it waits in `ended` to be taken over or reaped.
 const ABANDONED: u8 = 8;
+/// An InFlight slot whose claim queued no record: counted in the `unwritten` gauge until
+/// the slot is replaced or removed. Only [`Shard::apply_unwritten`] sets it; every other
+/// change clears it.
+const UNWRITTEN: u8 = 16;
 
 /// One key's state in memory. Absent keys have no slot.
 ///
@@ -133,6 +137,10 @@ impl Slot {
     /// over since): it is not counted against the in-flight limit.
     pub(crate) fn is_abandoned(&self) -> bool {
         self.flags & ABANDONED != 0
+    }
+
+    fn is_unwritten(&self) -> bool {
+        self.flags & UNWRITTEN != 0
     }
 
     /// True when retention has run out at `now_ns`: the key is Absent to every call. A live
@@ -617,6 +625,30 @@ impl Shard {
         }
     }
 
+    /// [`Shard::apply`] of a claim that queued no record (`Buffered` with
+    /// `durable_claims(false)`): the slot is marked unwritten and counted in the engine's
+    /// `unwritten` gauge, which admission adds to the backlog, until the lease's next
+    /// change replaces the slot or a removal takes it.
+    pub(crate) fn apply_unwritten(&mut self, key: Key<'_>, change: Change) {
+        debug_assert!(
+            matches!(&change, Change::Put { slot, .. } if slot.is_inflight()),
+            "only a claim is left unwritten"
+        );
+        self.change(key, change);
+        if let Some((_, slot, _)) = self.slots.find_mut(key.hash, |(k, s, _)| key.is(k, s)) {
+            debug_assert!(!slot.is_unwritten(), "the change cleared the old mark");
+            slot.flags |= UNWRITTEN;
+            self.common.gauges.unwritten.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A slot that was left unwritten stops being one (replaced or removed).
+    fn leave_unwritten(&self, old: &Slot) {
+        if old.is_unwritten() {
+            self.common.gauges.unwritten.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     /// Queues the completion `token` of `key` (just put) for publication at `seq`. The
     /// writer may have committed and applied `seq` already, and looked for stripes to
     /// publish before this flag was set: then nobody would come back for it, so the
@@ -674,7 +706,7 @@ impl Shard {
         let has_extra = !extra.is_empty();
         let own_retention_ns = extra.retention_ms.map(|ms| ms.saturating_mul(1_000_000));
         // The caller's copy may carry stale flags and no tag; this table decides them.
-        slot.flags &= !(HAS_EXTRA | ABANDONED);
+        slot.flags &= !(HAS_EXTRA | ABANDONED | UNWRITTEN);
         slot.tag = tag_bytes(key.tag);
         if has_extra {
             slot.flags |= HAS_EXTRA;
@@ -686,6 +718,9 @@ impl Shard {
         let old = match self.slots.find_mut(hash, |(k, s, _)| key.is(k, s)) {
             Some((_, existing, side)) => {
                 let old = *existing;
+                if old.is_unwritten() {
+                    self.common.gauges.unwritten.fetch_sub(1, Ordering::AcqRel);
+                }
                 // A checkpoint of an abandoned lease leaves it abandoned.
                 if old.is_abandoned() && old.same_place(&slot) {
                     slot.flags |= ABANDONED;
@@ -954,6 +989,7 @@ impl Shard {
         let entry = self.slots.find_entry(hash, |(k, s, _)| key.is(k, s)).ok()?;
         let ((k, slot, side), _) = entry.remove();
         self.drop_entry(&k, side);
+        self.leave_unwritten(&slot);
         self.leave(hash, &slot);
         self.compact_if_stale();
         self.refresh_due();
@@ -1116,8 +1152,9 @@ impl Shard {
         if !send(&step) {
             return Reclaimed::Refused;
         }
-        let ((key, _, side), _) = entry.remove();
+        let ((key, slot, side), _) = entry.remove();
         self.ended.pop();
+        self.leave_unwritten(&slot);
         self.drop_entry(&key, side);
         self.abandoned -= 1;
         self.common.gauges.abandoned.fetch_sub(1, Ordering::AcqRel);

@@ -613,9 +613,11 @@ impl EngineBuilder {
     /// memory (a new key, or one released or reclaimed) queues no write at all: the lease's
     /// first durable act writes the key's whole record, so the writer gets one operation per
     /// claim and completion instead of two. Such a claim is refused exactly when a queued
-    /// one would be (each live lease counts toward the admission backlog), and neither
-    /// `flush` nor `close` writes it: what a crash or a restart loses is, as above, the
-    /// claim of a holder that made no durable act yet, whatever its age. A claim that
+    /// one would be, and until its lease's next act it counts in the admission backlog as
+    /// a queued record would ([`crate::Stats::claims_unwritten`]). Neither `flush` nor
+    /// `close` writes it: what a crash or a restart loses is, as above, the claim of a
+    /// holder that made no durable act yet, whatever its age, and
+    /// [`crate::Recovery::HonourLeases`] cannot honour a lease it never saw. A claim that
     /// replaces a record (a takeover, an expired completion) is queued as with `true`.
     ///
     /// ```

@@ -51,6 +51,11 @@ fn a_new_keys_claim_is_written_only_by_its_leases_first_durable_act() {
             .expect("complete");
         assert!(acquire(&engine, b"released").release().expect("release"));
         engine.flush().expect("flush");
+        assert_eq!(
+            engine.stats().claims_unwritten,
+            u64::from(!durable_claims),
+            "durable_claims({durable_claims}): only the open lease's claim is unwritten"
+        );
         let writes = if durable_claims { 4 + 3 } else { 3 };
         assert_eq!(
             engine.stats().committed_ops,
@@ -92,9 +97,9 @@ fn a_new_keys_claim_is_written_only_by_its_leases_first_durable_act() {
     }
 }
 
-/// Claims that queue nothing are refused at the admission limit all the same: each live
-/// lease counts in the backlog (its own included), for the write its first durable act will
-/// queue. A completion moves a lease's place to the queue, so only its commit makes room.
+/// Claims that queue nothing are refused at the admission limit all the same: each lease
+/// left unwritten counts in the backlog, for the write its next act will queue. A
+/// completion moves a lease's place to the queue, so only its commit makes room.
 #[test]
 fn unwritten_claims_are_admitted_against_the_backlog() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -104,11 +109,9 @@ fn unwritten_claims_are_admitted_against_the_backlog() {
     let limit = usize::try_from(engine.stats().queue_claims_max).expect("limit");
     let mut leases = Vec::new();
     let refused = loop {
-        assert!(leases.len() < limit, "admitted past the limit of {limit}");
-        match engine.claim(
-            format!("k{}", leases.len()).as_bytes(),
-            &ClaimOptions::default(),
-        ) {
+        assert!(leases.len() <= limit, "admitted past the limit of {limit}");
+        let key = format!("k{}", leases.len());
+        match engine.claim(key.as_bytes(), &ClaimOptions::default()) {
             Ok(Claim::Acquired(lease)) => leases.push(lease),
             Err(e) => break e,
             Ok(other) => panic!("claim of a new key: {other:?}"),
@@ -120,16 +123,15 @@ fn unwritten_claims_are_admitted_against_the_backlog() {
     );
     assert_eq!(
         leases.len(),
-        limit - 1,
-        "the refused claim's own lease counted"
+        limit,
+        "refused at the limit, as a queued claim is"
     );
-    assert_eq!(engine.stats().committed_ops, 0, "no claim queued a write");
+    let stats = engine.stats();
+    assert_eq!(stats.committed_ops, 0, "no claim queued a write");
+    assert_eq!(stats.claims_unwritten, limit as u64);
 
-    leases
-        .pop()
-        .expect("a lease")
-        .complete(b"r")
-        .expect("complete");
+    let done = leases.pop().expect("a lease");
+    done.complete(b"r").expect("complete");
     assert!(
         matches!(
             engine.claim(b"next", &ClaimOptions::default()),
@@ -139,5 +141,45 @@ fn unwritten_claims_are_admitted_against_the_backlog() {
     );
     engine.flush().expect("flush");
     leases.push(acquire(&engine, b"next"));
+    assert_eq!(engine.stats().claims_unwritten, limit as u64);
+    // Every way a lease ends or writes its record takes its place out of the count.
+    for (i, mut lease) in leases.drain(..).enumerate() {
+        match i % 3 {
+            0 => lease.complete(b"r"),
+            1 => lease.release().map(drop),
+            _ => lease.set_checkpoint(1, b"c"),
+        }
+        .expect("the lease's act");
+    }
+    assert_eq!(engine.stats().claims_unwritten, 0);
+    engine.close().expect("close");
+}
+
+/// Only unwritten leases count: leases whose record is written (here by a checkpoint) may
+/// be live past the admission limit, as with durable claims.
+#[test]
+fn written_leases_do_not_count_against_the_backlog() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = MockClock::new();
+    let engine = open(&dir.path().join("written.redb"), &clock, false);
+    let limit = usize::try_from(engine.stats().queue_claims_max).expect("limit");
+    let mut leases = Vec::new();
+    for i in 0..limit + 100 {
+        let key = format!("k{i}");
+        let mut lease = match engine.claim(key.as_bytes(), &ClaimOptions::default()) {
+            Ok(Claim::Acquired(lease)) => lease,
+            Err(ClaimError::Overloaded(Limit::WriterQueue)) => {
+                // The checkpoints fill the backlog: their commit makes room.
+                engine.flush().expect("flush");
+                acquire(&engine, key.as_bytes())
+            }
+            other => panic!("claim {i}: {other:?}"),
+        };
+        lease.set_checkpoint(1, b"c").expect("checkpoint");
+        leases.push(lease);
+    }
+    let stats = engine.stats();
+    assert_eq!(stats.inflight, (limit + 100) as u64);
+    assert_eq!(stats.claims_unwritten, 0);
     engine.close().expect("close");
 }

@@ -297,10 +297,15 @@ pub fn run_with(
     let mut unwritten_at: Vec<Unwritten> = vec![Unwritten::new()];
     let mut unwritten = Unwritten::new();
     // Records the key's state before a claim that may leave its record unwritten, or
-    // forgets the key once a durable act wrote its whole record.
+    // forgets the key once a write covers its whole record. Only a claim of a key without
+    // a live record can be left unwritten (one replacing a record is queued): its key
+    // had no record, or one that recovery deletes by now (which the engine may still hold
+    // in memory, and then queues the claim: either way is allowed).
     let note_write = |unwritten: &mut Unwritten, views: &[DurableView], key: &[u8], claim| {
-        if claim && setup.leaves_claims_unwritten() {
-            let before = views.last().and_then(|v| v.get(key)).cloned();
+        let before = views.last().and_then(|v| v.get(key)).cloned();
+        let wall_now = crate::wall_ms(idemkv::Clock::wall(&clock));
+        let replaced_nothing = before.as_ref().is_none_or(|r| !kept(r, wall_now));
+        if claim && setup.leaves_claims_unwritten() && replaced_nothing {
             unwritten.entry(key.to_vec()).or_default().push(before);
         } else {
             unwritten.remove(key);
