@@ -24,6 +24,14 @@ fn open(path: &Path, clock: &MockClock, durable_claims: bool) -> Engine {
         .expect("open")
 }
 
+/// A `Buffered` engine with lazy claims on a new file in `dir`, and its admission limit,
+/// which before the writer's rate is measured is the limit's floor.
+fn open_lazy(dir: &tempfile::TempDir, clock: &MockClock) -> (Engine, usize) {
+    let engine = open(&dir.path().join("lazy.redb"), clock, false);
+    let limit = usize::try_from(engine.stats().queue_claims_max).expect("limit");
+    (engine, limit)
+}
+
 fn acquire(engine: &Engine, key: &[u8]) -> Lease {
     match engine.claim(key, &ClaimOptions::default()) {
         Ok(Claim::Acquired(lease)) => lease,
@@ -104,9 +112,7 @@ fn a_new_keys_claim_is_written_only_by_its_leases_first_durable_act() {
 fn unwritten_claims_are_admitted_against_the_backlog() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = MockClock::new();
-    let engine = open(&dir.path().join("admission.redb"), &clock, false);
-    // Before the writer's rate is measured, the limit is its floor.
-    let limit = usize::try_from(engine.stats().queue_claims_max).expect("limit");
+    let (engine, limit) = open_lazy(&dir, &clock);
     let mut leases = Vec::new();
     let refused = loop {
         assert!(leases.len() <= limit, "admitted past the limit of {limit}");
@@ -161,8 +167,7 @@ fn unwritten_claims_are_admitted_against_the_backlog() {
 fn written_leases_do_not_count_against_the_backlog() {
     let dir = tempfile::tempdir().expect("tempdir");
     let clock = MockClock::new();
-    let engine = open(&dir.path().join("written.redb"), &clock, false);
-    let limit = usize::try_from(engine.stats().queue_claims_max).expect("limit");
+    let (engine, limit) = open_lazy(&dir, &clock);
     let mut leases = Vec::new();
     for i in 0..limit + 100 {
         let key = format!("k{i}");
