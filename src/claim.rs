@@ -227,7 +227,8 @@ impl Engine {
         let unwritten =
             s.cfg.defers_new_claims() && plan.kind == Acquiring::New && drop_marker.is_none();
         let plan = plan.asking_retention(retention_ms);
-        // An unwritten claim's record is not built either: nothing would read it.
+        // An unwritten claim builds no record (nothing would read it), so queueing its step
+        // queues nothing and only runs the checks a queued claim passes.
         let rules = Rules {
             durable: rules.durable && !unwritten,
             ..rules
@@ -237,12 +238,7 @@ impl Engine {
             !unwritten || step.write.is_none(),
             "an unwritten claim builds no record"
         );
-        let queued = if unwritten {
-            s.admit_unwritten_claim().map(|()| 0)
-        } else {
-            s.queue_dropping(step.write, drop_marker, true)
-        };
-        let seq = match queued {
+        let seq = match s.queue_dropping(step.write, drop_marker, true) {
             Ok(seq) => seq,
             Err(refused) => {
                 undo();

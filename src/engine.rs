@@ -227,15 +227,7 @@ impl Shared {
         claim: bool,
     ) -> Result<u64, SendRefused> {
         let Some(tx) = &self.tx else { return Ok(0) };
-        if let Some(why) = self.poison_reason() {
-            return Err(SendRefused::Poisoned(why));
-        }
-        if self.is_closed() {
-            return Err(SendRefused::Closed);
-        }
-        if claim && !self.admission.admits_claim(self.backlog(tx)) {
-            return Err(SendRefused::Full);
-        }
+        self.admit(tx, claim)?;
         let buffered = matches!(self.cfg.durability, Durability::Buffered { .. });
         let seq = self.progress.issue();
         // Under `Buffered` an operation carries its acknowledgement time for the writer.
@@ -275,19 +267,22 @@ impl Shared {
         usize::try_from(pending.saturating_add(unwritten)).unwrap_or(usize::MAX)
     }
 
-    /// [`Shared::send`]'s checks for a claim that queues nothing
-    /// ([`Config::defers_new_claims`]): refused when the engine is poisoned or closed, or
-    /// when admission would refuse a queued claim, so that such a claim is acknowledged
-    /// exactly when a queued one would be.
-    pub(crate) fn admit_unwritten_claim(&self) -> Result<(), SendRefused> {
-        let Some(tx) = &self.tx else { return Ok(()) };
+    /// The checks an operation passes before it is acknowledged: refused once the engine is
+    /// poisoned or closed, and a `claim` also when admission refuses it. A claim that
+    /// queues nothing ([`Config::defers_new_claims`]) passes them too, so it is
+    /// acknowledged exactly when a queued one would be.
+    fn admit(
+        &self,
+        tx: &crate::sync::channel::Sender<Queued>,
+        claim: bool,
+    ) -> Result<(), SendRefused> {
         if let Some(why) = self.poison_reason() {
             return Err(SendRefused::Poisoned(why));
         }
         if self.is_closed() {
             return Err(SendRefused::Closed);
         }
-        if !self.admission.admits_claim(self.backlog(tx)) {
+        if claim && !self.admission.admits_claim(self.backlog(tx)) {
             return Err(SendRefused::Full);
         }
         Ok(())
@@ -387,7 +382,9 @@ impl Shared {
     }
 
     /// Queues a state machine's write (see [`Shared::send`]) and returns its durability
-    /// sequence number; nothing to write is queued as nothing (0).
+    /// sequence number; nothing to write is queued as nothing (0). A claim with nothing to
+    /// write in a durable engine (one left to its lease's first durable act) still passes
+    /// [`Shared::send`]'s checks.
     pub(crate) fn queue(&self, write: Option<Write>, claim: bool) -> Result<u64, SendRefused> {
         self.queue_dropping(write, None, claim)
     }
@@ -400,9 +397,10 @@ impl Shared {
         drop_marker: Option<(u64, u64)>,
         claim: bool,
     ) -> Result<u64, SendRefused> {
-        match write {
-            None => Ok(0),
-            Some(write) => self.send(self.op(write, drop_marker), claim),
+        match (write, &self.tx) {
+            (None, Some(tx)) if claim => self.admit(tx, true).map(|()| 0),
+            (None, _) => Ok(0),
+            (Some(write), _) => self.send(self.op(write, drop_marker), claim),
         }
     }
 

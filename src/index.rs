@@ -634,12 +634,7 @@ impl Shard {
             matches!(&change, Change::Put { slot, .. } if slot.is_inflight()),
             "only a claim is left unwritten"
         );
-        self.change(key, change);
-        if let Some((_, slot, _)) = self.slots.find_mut(key.hash, |(k, s, _)| key.is(k, s)) {
-            debug_assert!(!slot.is_unwritten(), "the change cleared the old mark");
-            slot.flags |= UNWRITTEN;
-            self.common.gauges.unwritten.fetch_add(1, Ordering::AcqRel);
-        }
+        self.change_with(key, change, true);
     }
 
     /// A slot that was left unwritten stops being one (replaced or removed).
@@ -667,6 +662,11 @@ impl Shard {
     }
 
     fn change(&mut self, key: Key<'_>, change: Change) {
+        self.change_with(key, change, false);
+    }
+
+    /// [`Shard::change`]; `unwritten`: the slot it puts is a claim that queued no record.
+    fn change_with(&mut self, key: Key<'_>, change: Change, unwritten: bool) {
         match change {
             Change::Keep => {}
             Change::Remove => {
@@ -681,7 +681,7 @@ impl Shard {
                 if adopt {
                     self.adopt(key);
                 }
-                self.put_with(key, slot, extra, reap_ns);
+                self.put_with(key, slot, extra, reap_ns, unwritten);
             }
         }
     }
@@ -691,22 +691,34 @@ impl Shard {
     /// settled or extended first. (The engine goes through [`Shard::apply`].)
     #[cfg(test)]
     pub(crate) fn put(&mut self, key: Key<'_>, slot: Slot, extra: Extra) {
-        self.put_with(key, slot, extra, None);
+        self.put_with(key, slot, extra, None, false);
     }
 
     /// [`Shard::put`] of an InFlight slot found in the file (or imported), whose reap
     /// instant comes from its recorded lease end rather than its in-memory deadline.
     #[cfg(test)]
     pub(crate) fn put_reaped_at(&mut self, key: Key<'_>, slot: Slot, extra: Extra, reap_ns: u64) {
-        self.put_with(key, slot, extra, Some(reap_ns));
+        self.put_with(key, slot, extra, Some(reap_ns), false);
     }
 
-    fn put_with(&mut self, key: Key<'_>, mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
+    /// Puts `slot` with `extra`, marked [`UNWRITTEN`] if `unwritten` (the caller's only say
+    /// in the flags besides the state).
+    fn put_with(
+        &mut self,
+        key: Key<'_>,
+        mut slot: Slot,
+        extra: Extra,
+        reap_ns: Option<u64>,
+        unwritten: bool,
+    ) {
         let hash = key.hash;
         let has_extra = !extra.is_empty();
         let own_retention_ns = extra.retention_ms.map(|ms| ms.saturating_mul(1_000_000));
         // The caller's copy may carry stale flags and no tag; this table decides them.
         slot.flags &= !(HAS_EXTRA | ABANDONED | UNWRITTEN);
+        if unwritten {
+            slot.flags |= UNWRITTEN;
+        }
         slot.tag = tag_bytes(key.tag);
         if has_extra {
             slot.flags |= HAS_EXTRA;
@@ -718,9 +730,6 @@ impl Shard {
         let old = match self.slots.find_mut(hash, |(k, s, _)| key.is(k, s)) {
             Some((_, existing, side)) => {
                 let old = *existing;
-                if old.is_unwritten() {
-                    self.common.gauges.unwritten.fetch_sub(1, Ordering::AcqRel);
-                }
                 // A checkpoint of an abandoned lease leaves it abandoned.
                 if old.is_abandoned() && old.same_place(&slot) {
                     slot.flags |= ABANDONED;
@@ -757,6 +766,12 @@ impl Shard {
             }
         };
         self.heap_bytes = (self.heap_bytes + added).saturating_sub(freed);
+        if let Some(old) = &old {
+            self.leave_unwritten(old);
+        }
+        if unwritten {
+            self.common.gauges.unwritten.fetch_add(1, Ordering::AcqRel);
+        }
         match old {
             Some(old) if old.same_place(&slot) => {}
             _ => {

@@ -296,12 +296,18 @@ pub fn run_with(
     // What each view's keys may hold instead (`Unwritten`), and the current one.
     let mut unwritten_at: Vec<Unwritten> = vec![Unwritten::new()];
     let mut unwritten = Unwritten::new();
-    // Records the key's state before a claim that may leave its record unwritten, or
-    // forgets the key once a write covers its whole record. Only a claim of a key without
-    // a live record can be left unwritten (one replacing a record is queued): its key
-    // had no record, or one that recovery deletes by now (which the engine may still hold
-    // in memory, and then queues the claim: either way is allowed).
-    let note_write = |unwritten: &mut Unwritten, views: &[DurableView], key: &[u8], claim| {
+    // Adds the durable `view` after a write to `key` (a claim's, or not), with what each of
+    // its keys may hold instead: the key's state before a claim that may leave its record
+    // unwritten, none once a write covers its whole record. Only a claim of a key without
+    // a live record can be left unwritten (one replacing a record is queued): its key had
+    // no record, or one that recovery deletes by now (which the engine may still hold in
+    // memory, and then queues the claim: either way is allowed).
+    let push_view = |views: &mut Vec<DurableView>,
+                     unwritten_at: &mut Vec<Unwritten>,
+                     unwritten: &mut Unwritten,
+                     key: &[u8],
+                     claim: bool,
+                     view: DurableView| {
         let before = views.last().and_then(|v| v.get(key)).cloned();
         let wall_now = crate::wall_ms(idemkv::Clock::wall(&clock));
         let replaced_nothing = before.as_ref().is_none_or(|r| !kept(r, wall_now));
@@ -310,6 +316,8 @@ pub fn run_with(
         } else {
             unwritten.remove(key);
         }
+        views.push(view);
+        unwritten_at.push(unwritten.clone());
     };
     let mut floor = 0usize;
     let mut acked = 0usize;
@@ -395,14 +403,14 @@ pub fn run_with(
                 model
                     .step(&key, &kop, &assumed)
                     .map_err(|e| format!("the in-doubt call is not one the model allows: {e}"))?;
-                note_write(
+                push_view(
+                    &mut views,
+                    &mut unwritten_at,
                     &mut unwritten,
-                    &views,
                     &key,
                     matches!(kop, KeyOp::Claim { .. }),
+                    view_of_model(&model),
                 );
-                views.push(view_of_model(&model));
-                unwritten_at.push(unwritten.clone());
                 break;
             }
             if stop {
@@ -422,14 +430,14 @@ pub fn run_with(
                 _ => false,
             };
             if wrote {
-                note_write(
+                push_view(
+                    &mut views,
+                    &mut unwritten_at,
                     &mut unwritten,
-                    &views,
                     &key,
                     matches!(kop, KeyOp::Claim { .. }),
+                    view_of_model(&model),
                 );
-                views.push(view_of_model(&model));
-                unwritten_at.push(unwritten.clone());
                 acked = views.len() - 1;
                 if let (KeyOp::Complete { token, .. }, true) =
                     (&kop, matches!(before.state, KeyModel::InFlight { .. }))
