@@ -302,12 +302,7 @@ pub fn run_with(
     // a live record can be left unwritten (one replacing a record is queued): its key had
     // no record, or one that recovery deletes by now (which the engine may still hold in
     // memory, and then queues the claim: either way is allowed).
-    let push_view = |views: &mut Vec<DurableView>,
-                     unwritten_at: &mut Vec<Unwritten>,
-                     unwritten: &mut Unwritten,
-                     key: &[u8],
-                     claim: bool,
-                     view: DurableView| {
+    let mut push_view = |views: &mut Vec<DurableView>, key: &[u8], claim, view| {
         let before = views.last().and_then(|v| v.get(key)).cloned();
         let wall_now = crate::wall_ms(idemkv::Clock::wall(&clock));
         let replaced_nothing = before.as_ref().is_none_or(|r| !kept(r, wall_now));
@@ -403,14 +398,8 @@ pub fn run_with(
                 model
                     .step(&key, &kop, &assumed)
                     .map_err(|e| format!("the in-doubt call is not one the model allows: {e}"))?;
-                push_view(
-                    &mut views,
-                    &mut unwritten_at,
-                    &mut unwritten,
-                    &key,
-                    matches!(kop, KeyOp::Claim { .. }),
-                    view_of_model(&model),
-                );
+                let claim = matches!(kop, KeyOp::Claim { .. });
+                push_view(&mut views, &key, claim, view_of_model(&model));
                 break;
             }
             if stop {
@@ -430,14 +419,8 @@ pub fn run_with(
                 _ => false,
             };
             if wrote {
-                push_view(
-                    &mut views,
-                    &mut unwritten_at,
-                    &mut unwritten,
-                    &key,
-                    matches!(kop, KeyOp::Claim { .. }),
-                    view_of_model(&model),
-                );
+                let claim = matches!(kop, KeyOp::Claim { .. });
+                push_view(&mut views, &key, claim, view_of_model(&model));
                 acked = views.len() - 1;
                 if let (KeyOp::Complete { token, .. }, true) =
                     (&kop, matches!(before.state, KeyModel::InFlight { .. }))
