@@ -124,6 +124,10 @@ pub(crate) const WAIT_SLICE_MAX: Duration = Duration::from_millis(250);
 /// Backstop for a thread waiting for durability: every change it waits for (a new watermark,
 /// poison, the writer stopping) wakes it, so this timeout only bounds the cost of a bug.
 pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
+
+/// Backstop for the writer waiting for the applier, and the applier for its next batch:
+/// every hand-over, apply and stop notifies, so this timeout only bounds the cost of a bug.
+pub(crate) const APPLIER_POLL: Duration = Duration::from_millis(100);
 /// A kept-alive lease is renewed when this fraction of it has passed (every third), so a
 /// renewal delayed by a full queue or a busy machine still lands before the lease ends.
 pub(crate) const KEEP_ALIVE_DIVISOR: u64 = 3;

@@ -30,6 +30,7 @@
 
 mod admin;
 mod admission;
+mod apply;
 mod async_api;
 mod backend;
 mod claim;

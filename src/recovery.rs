@@ -69,32 +69,48 @@ pub(crate) fn recover(
             1
         };
         let span = (last - first) / threads + 1;
-        let results: Vec<Result<(), OpenError>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..threads)
-                .map(|i| {
-                    let start = first.saturating_add(span.saturating_mul(i));
-                    let end = if i + 1 == threads {
-                        last.saturating_add(1).max(start)
-                    } else {
-                        start.saturating_add(span)
-                    };
-                    let found = &found;
-                    scope.spawn(move || {
-                        scan_range(store, b, index, counters, start..end, now, markers, found)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(OpenError::Corrupted {
-                            detail: "recovery thread panicked".into(),
+        // One range is scanned on this thread: a thread of its own would buy nothing (and
+        // a model-checked open could not follow it).
+        let results: Vec<Result<(), OpenError>> = if threads == 1 {
+            let end = last.saturating_add(1).max(first);
+            vec![scan_range(
+                store,
+                b,
+                index,
+                counters,
+                first..end,
+                now,
+                markers,
+                &found,
+            )]
+        } else {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..threads)
+                    .map(|i| {
+                        let start = first.saturating_add(span.saturating_mul(i));
+                        let end = if i + 1 == threads {
+                            last.saturating_add(1).max(start)
+                        } else {
+                            start.saturating_add(span)
+                        };
+                        let found = &found;
+                        scope.spawn(move || {
+                            scan_range(store, b, index, counters, start..end, now, markers, found)
                         })
                     })
-                })
-                .collect()
-        });
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(OpenError::Corrupted {
+                                detail: "recovery thread panicked".into(),
+                            })
+                        })
+                    })
+                    .collect()
+            })
+        };
         for r in results {
             r?;
         }

@@ -10,9 +10,11 @@
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
 //! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
 //! With the commit log a batch is committed once its frame is synced: its callers are
-//! acknowledged before the batch is applied to the file, and a failed apply poisons the
-//! engine for what follows (the batch replays from the log at the next open).
+//! acknowledged before the batch is applied to the file, which the applier (`apply.rs`)
+//! does while the writer syncs the next frame. A failed apply poisons the engine for what
+//! follows (the batches acknowledged by then replay from the log at the next open).
 
+use crate::apply::{Applier, Job};
 use crate::commit_log::CommitLog;
 use crate::constants::BATCH_OPS_MAX;
 use crate::engine::{Sabotage, Shared};
@@ -92,11 +94,18 @@ pub(crate) fn spawn(
     log: Option<CommitLog>,
     rx: Receiver<Queued>,
 ) -> std::io::Result<crate::sync::JoinHandle<()>> {
+    // Only a logging writer acknowledges a batch before it reaches the file, so only it has
+    // an apply to overlap with its next sync.
+    let applier = match log {
+        Some(_) => Some(Applier::spawn(shared.clone(), store.clone())?),
+        None => None,
+    };
     crate::sync::spawn("idemkv-writer", move || {
         Writer {
             shared,
             store,
             log,
+            applier,
             rx,
             tracker: Tracker::default(),
             voided: Vec::new(),
@@ -111,6 +120,8 @@ struct Writer {
     store: Arc<Closing>,
     /// The commit log, when group commits are made durable by it.
     log: Option<CommitLog>,
+    /// With the commit log: applies the batches acknowledged on their frame's sync.
+    applier: Option<Applier>,
     rx: Receiver<Queued>,
     tracker: Tracker,
     /// Scratch space for the numbers voided since the last commit.
@@ -140,6 +151,7 @@ impl Writer {
         let mut batch = Vec::with_capacity(BATCH_OPS_MAX);
         loop {
             let Ok(first) = self.rx.recv() else {
+                self.drain_applier();
                 self.shared.set_writer_stopped();
                 return;
             };
@@ -161,6 +173,18 @@ impl Writer {
             if self.rx.is_empty() {
                 self.shared.index.catch_up();
             }
+        }
+    }
+
+    /// Waits until the applier has applied every batch handed to it: before the writer
+    /// commits to the file itself, and before it stops.
+    fn drain_applier(&self) {
+        // Test-only sabotage: go on while the applier may still be applying.
+        if self.shared.sabotaged(Sabotage::SkipApplierDrain) {
+            return;
+        }
+        if let Some(applier) = &self.applier {
+            applier.drain();
         }
     }
 
@@ -221,7 +245,24 @@ impl Writer {
             None => self.write(batch, closing, ack_early),
             Some(why) => Err(why),
         };
-        if let Ok(Written { acked, .. }) = written {
+        if let Ok(Written {
+            acked: Acked::OnSync { how, began },
+            ..
+        }) = written
+        {
+            // Acknowledged when its frame was synced: the applier takes the batch to the
+            // file while this thread gathers and syncs the next one.
+            let job = Job {
+                batch: std::mem::take(batch),
+                how,
+                watermark: self.tracker.watermark(),
+                idle: self.rx.is_empty(),
+                began,
+            };
+            if let Some(applier) = &self.applier {
+                *batch = applier.hand_off(job);
+            }
+        } else if let Ok(Written { acked, .. }) = written {
             #[cfg(idemkv_sabotage)]
             self.shared.after_commit_gate.pass();
             if acked == Acked::AfterApply {
@@ -272,79 +313,26 @@ impl Writer {
         self.shared.progress.publish(watermark);
     }
 
-    /// Commits the batch; says whether its callers were already acknowledged (a logged
-    /// batch, once its frame was synced). `acked`: they were before the call (sabotage).
+    /// Commits the batch, or stages it and leaves it to the applier; says when its callers
+    /// were acknowledged. `acked`: they were before the call (sabotage).
     fn write(&mut self, batch: &[Queued], closing: bool, acked: bool) -> Result<Written, Arc<str>> {
-        let mut writes: Vec<Write> = Vec::with_capacity(batch.len());
-        for q in batch {
-            match &q.op {
-                Op::Put {
-                    token,
-                    old,
-                    value,
-                    drop_marker,
-                    ..
-                } => {
-                    if let Some((hash, token)) = drop_marker {
-                        writes.push(Write::DropMarker {
-                            hash: *hash,
-                            token: *token,
-                        });
-                    }
-                    writes.push(Write::Put {
-                        token: *token,
-                        // Test-only sabotage: leave the replaced record in the file.
-                        old: old.filter(|_| !self.shared.sabotaged(Sabotage::DropOldRemoval)),
-                        value: value.as_slice(),
-                    });
-                }
-                Op::Delete { token } => writes.push(Write::Delete { token: *token }),
-                Op::Forget {
-                    token,
-                    hash,
-                    check,
-                    marker_retention_ms,
-                } => writes.push(Write::Forget {
-                    token: *token,
-                    hash: *hash,
-                    check: *check,
-                    marker_retention_ms: *marker_retention_ms,
-                }),
-                Op::DropMarker { hash, token } => writes.push(Write::DropMarker {
-                    hash: *hash,
-                    token: *token,
-                }),
-                Op::TablesOnly | Op::Barrier | Op::Shutdown => {}
-            }
-        }
-        // Table writes keep their queue order (which is their acceptance order): a later
-        // holder may have built on an earlier one's writes.
-        let tables: Vec<&Batch> = batch.iter().filter_map(|q| q.tables.as_deref()).collect();
-        // Token order makes the B-tree work sequential: claims already arrive nearly in
-        // order, and the sweeper's deletions come stripe by stripe, scattered over the tree.
-        // The sort is stable, so the writes of one token keep their queue order; writes of
-        // different tokens touch different records (an `old` removal only deletes a token
-        // that no later write recreates), so reordering them changes nothing committed.
-        // A marker row's writes carry its completion's token, and a later marker of the same
-        // key has a larger token, so they too keep their order.
-        writes.sort_by_key(Write::token);
-        // Operations, as queued: the writer's rate (admission) and the counters count these,
-        // whatever the collapse below saves.
-        let ops = writes.len();
-        collapse(&mut writes);
+        let (writes, tables, ops) = writes_of(batch, &self.shared);
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
         let hwm = self.shared.tokens.reserve_target();
         // A close with a log checkpoints, even nothing: the file is then complete and
         // says so (its log is no longer active), and stands without the log.
         if ops == 0 && tables.is_empty() && hwm.is_none() && !(closing && self.log.is_some()) {
+            // Acknowledged as applied (a flush): so is everything handed over before it.
+            self.drain_applier();
             return Ok(Written {
                 acked: Acked::AfterApply,
                 ops,
             });
         }
         // The commit's span, for `Stats::commit_max_us` and the latency metric: from the
-        // first write (to the log, or to the file) to the return of the last fsync.
+        // first write (to the log, or to the file) to the return of the last fsync, or to
+        // the end of the apply for a batch acknowledged on its frame's sync.
         let began = Instant::now();
         let how = match &mut self.log {
             None => Durable::Yes,
@@ -353,8 +341,8 @@ impl Writer {
                 .map_err(|why| self.shared.poison(why))?,
         };
         // A logged batch is durable once its frame's fdatasync returned: its callers are
-        // acknowledged now, while the batch is applied to the file, so that the ones who
-        // go on queue their next writes in time for the next batch instead of the one
+        // acknowledged now, and the applier takes the batch to the file, so that the ones
+        // who go on queue their next writes in time for the next batch instead of the one
         // after. The watermark publishes its completions too; they keep their responses in
         // memory until the applied watermark passes them (a replay of a completion without
         // one reads the file, which does not hold it yet). A batch whose waiters expect the
@@ -362,12 +350,27 @@ impl Writer {
         // waiting for tokens look for the raised limit) and marker rows (settled after the
         // apply).
         let early = matches!(how, Durable::Logged { .. })
+            && self.applier.is_some()
             && !acked
             && hwm.is_none()
             && !batch.iter().any(touches_markers);
         if early {
+            // The applier may have failed while the frame was synced: a poisoned engine
+            // acknowledges nothing more.
+            if let Some(why) = self.shared.poison_reason() {
+                return Err(why);
+            }
             self.made_durable(batch);
             self.advance(batch, false);
+            return Ok(Written {
+                acked: Acked::OnSync { how, began },
+                ops,
+            });
+        }
+        // The file takes its commits in frame order: the applier's batch first.
+        self.drain_applier();
+        if let Some(why) = self.shared.poison_reason() {
+            return Err(why);
         }
         self.marked.clear();
         match self
@@ -386,19 +389,9 @@ impl Writer {
                 if let Some(hwm) = hwm {
                     self.shared.tokens.raise_limit(hwm);
                 }
-                let c = &self.shared.counters;
-                bump(&c.commits);
-                c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
-                c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
-                let took = began.elapsed();
-                let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-                c.commit_max_us.fetch_max(took_us, Ordering::Relaxed);
-                crate::observe::committed(&self.shared, took, ops);
+                committed(&self.shared, began, ops);
                 Ok(Written {
-                    acked: match early {
-                        true => Acked::OnSync,
-                        false => Acked::AfterApply,
-                    },
+                    acked: Acked::AfterApply,
                     ops,
                 })
             }
@@ -439,6 +432,85 @@ impl Writer {
     }
 }
 
+/// The record writes of `batch` in the order a commit applies them (token order, each
+/// token's run collapsed), its table writes in queue order, and how many record writes it
+/// queued (what the writer's rate counts, whatever the collapse saves).
+pub(crate) fn writes_of<'a>(
+    batch: &'a [Queued],
+    shared: &Shared,
+) -> (Vec<Write<'a>>, Vec<&'a Batch>, usize) {
+    let mut writes: Vec<Write> = Vec::with_capacity(batch.len());
+    for q in batch {
+        match &q.op {
+            Op::Put {
+                token,
+                old,
+                value,
+                drop_marker,
+                ..
+            } => {
+                if let Some((hash, token)) = drop_marker {
+                    writes.push(Write::DropMarker {
+                        hash: *hash,
+                        token: *token,
+                    });
+                }
+                writes.push(Write::Put {
+                    token: *token,
+                    // Test-only sabotage: leave the replaced record in the file.
+                    old: old.filter(|_| !shared.sabotaged(Sabotage::DropOldRemoval)),
+                    value: value.as_slice(),
+                });
+            }
+            Op::Delete { token } => writes.push(Write::Delete { token: *token }),
+            Op::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            } => writes.push(Write::Forget {
+                token: *token,
+                hash: *hash,
+                check: *check,
+                marker_retention_ms: *marker_retention_ms,
+            }),
+            Op::DropMarker { hash, token } => writes.push(Write::DropMarker {
+                hash: *hash,
+                token: *token,
+            }),
+            Op::TablesOnly | Op::Barrier | Op::Shutdown => {}
+        }
+    }
+    // Table writes keep their queue order (which is their acceptance order): a later
+    // holder may have built on an earlier one's writes.
+    let tables: Vec<&Batch> = batch.iter().filter_map(|q| q.tables.as_deref()).collect();
+    // Token order makes the B-tree work sequential: claims already arrive nearly in
+    // order, and the sweeper's deletions come stripe by stripe, scattered over the tree.
+    // The sort is stable, so the writes of one token keep their queue order; writes of
+    // different tokens touch different records (an `old` removal only deletes a token
+    // that no later write recreates), so reordering them changes nothing committed.
+    // A marker row's writes carry its completion's token, and a later marker of the same
+    // key has a larger token, so they too keep their order.
+    writes.sort_by_key(Write::token);
+    // Operations, as queued: the writer's rate (admission) and the counters count these,
+    // whatever the collapse below saves.
+    let ops = writes.len();
+    collapse(&mut writes);
+    (writes, tables, ops)
+}
+
+/// Counts a commit of `ops` record writes that began at `began` and succeeded.
+pub(crate) fn committed(shared: &Shared, began: Instant, ops: usize) {
+    let c = &shared.counters;
+    bump(&c.commits);
+    c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
+    c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
+    let took = began.elapsed();
+    let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+    c.commit_max_us.fetch_max(took_us, Ordering::Relaxed);
+    crate::observe::committed(shared, took, ops);
+}
+
 /// A committed batch: when its callers were acknowledged, and how many operations it held.
 #[derive(Debug, Clone, Copy)]
 struct Written {
@@ -450,8 +522,9 @@ struct Written {
 /// When a committed batch's callers were acknowledged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Acked {
-    /// When its log frame's fdatasync returned, before the apply to the file.
-    OnSync,
+    /// When its log frame's fdatasync returned; the applier takes it to the file, staged
+    /// as `how`, and counts the commit that began at `began`.
+    OnSync { how: Durable, began: Instant },
     /// After the commit (the only way without the log).
     AfterApply,
 }

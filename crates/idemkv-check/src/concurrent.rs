@@ -321,7 +321,8 @@ pub fn check_events(mode: Durability, init: &KeySpec, events: &[Event]) -> Resul
 }
 
 /// Parses a sabotage name (`none`, `check-then-act`, `no-fencing`, `ack-before-commit`,
-/// `publish-before-commit`, `skip-token-hwm`, `drop-old-removal`, `skip-replay-checksum`),
+/// `publish-before-commit`, `skip-token-hwm`, `drop-old-removal`, `skip-replay-checksum`,
+/// `skip-applier-drain`),
 /// as the fuzz targets read it from `IDEMKV_SABOTAGE`.
 pub fn bug_from_name(name: &str) -> Option<Bug> {
     match name {
@@ -333,6 +334,7 @@ pub fn bug_from_name(name: &str) -> Option<Bug> {
         "skip-token-hwm" | "SkipTokenHwm" => Some(Bug::SkipTokenHwm),
         "drop-old-removal" | "DropOldRemoval" => Some(Bug::DropOldRemoval),
         "skip-replay-checksum" | "SkipReplayChecksum" => Some(Bug::SkipReplayChecksum),
+        "skip-applier-drain" | "SkipApplierDrain" => Some(Bug::SkipApplierDrain),
         _ => None,
     }
 }

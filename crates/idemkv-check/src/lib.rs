@@ -78,11 +78,15 @@ pub enum Bug {
     DropOldRemoval,
     /// A replay reads the stored response without checking its checksum.
     SkipReplayChecksum,
+    /// With the commit log, a flush (or any batch acknowledged as applied) returns without
+    /// waiting for the batches handed to the applier: the applied watermark passes
+    /// completions the file does not hold yet.
+    SkipApplierDrain,
 }
 
 impl Bug {
     /// Every bug (not [`Bug::None`]).
-    pub const ALL: [Bug; 7] = [
+    pub const ALL: [Bug; 8] = [
         Bug::CheckThenAct,
         Bug::NoFencing,
         Bug::AckBeforeCommit,
@@ -90,6 +94,7 @@ impl Bug {
         Bug::SkipTokenHwm,
         Bug::DropOldRemoval,
         Bug::SkipReplayChecksum,
+        Bug::SkipApplierDrain,
     ];
 
     /// The engine's switch for this bug (`None` for [`Bug::None`]).
@@ -105,6 +110,7 @@ impl Bug {
             Bug::SkipTokenHwm => Sabotage::SkipTokenHwm,
             Bug::DropOldRemoval => Sabotage::DropOldRemoval,
             Bug::SkipReplayChecksum => Sabotage::SkipReplayChecksum,
+            Bug::SkipApplierDrain => Sabotage::SkipApplierDrain,
         })
     }
 
