@@ -15,9 +15,10 @@
 //! - At most one job is handed over and not yet applied. The writer hands the next one
 //!   over only once the applier is idle, so jobs are applied in the order their frames
 //!   were synced: the file's records are always the state of a prefix of the log's frames.
-//! - The writer commits to the file itself, and acknowledges a batch as applied (a flush
-//!   among them), only when the applier is idle: redb's commits stay in frame order, and
-//!   the applied watermark the writer raises covers every batch handed over before.
+//! - The writer commits to the file itself, and acknowledges a batch as applied (a flush's
+//!   barrier alone in its batch), only when the applier is idle and has not failed: redb's
+//!   commits stay in frame order, and the applied watermark the writer raises covers every
+//!   batch handed over before.
 //! - Only the applier raises the applied watermark for a job it applied, to the watermark
 //!   the job carries, after its commit returned.
 //! - A failed apply poisons the engine. The batch it held, and the one the writer may have
@@ -29,7 +30,7 @@ use crate::engine::Shared;
 use crate::storage::{Closing, Durable};
 use crate::sync::{Arc, Condvar, JoinHandle, Mutex};
 use crate::writer::{committed, writes_of, Queued};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One acknowledged batch for the file.
 pub(crate) struct Job {
@@ -41,8 +42,9 @@ pub(crate) struct Job {
     /// The writer's queue was empty at the hand-over: after this apply, publish the
     /// completions nobody else will (responses the file now holds leave memory).
     pub(crate) idle: bool,
-    /// When the batch's commit began (its frame's write), for `Stats::commit_max_us`.
-    pub(crate) began: Instant,
+    /// How long the batch's frame took to write, for `Stats::commit_max_us` (with the
+    /// apply's own time, not the wait for the applier between them).
+    pub(crate) staged: Duration,
 }
 
 #[derive(Default)]
@@ -171,10 +173,12 @@ fn apply(shared: &Shared, store: &Closing, job: Job) -> Vec<Queued> {
         how,
         watermark,
         idle,
-        began,
+        staged,
     } = job;
     // A poisoned engine writes nothing more to the file; the log holds the batch.
     if shared.poison_reason().is_none() {
+        let began = Instant::now();
+        // The same writes as the frame's: `writes_of` is a function of the batch alone.
         let (writes, tables, ops) = writes_of(&batch, shared);
         let mut marked = Vec::new();
         // An acknowledged-on-sync batch carries no token mark and no marker row.
@@ -187,7 +191,11 @@ fn apply(shared: &Shared, store: &Closing, job: Job) -> Vec<Queued> {
                 if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
                     shared.tables.committed(last);
                 }
-                committed(shared, began, ops);
+                committed(shared, staged + began.elapsed(), ops);
+                // Test-only hook: a test holding the writer after its commits holds the
+                // applied watermark of a batch acknowledged on its sync here.
+                #[cfg(idemkv_sabotage)]
+                shared.after_commit_gate.pass();
                 shared.progress.applied(watermark);
                 if idle {
                     shared.index.catch_up();

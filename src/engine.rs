@@ -119,8 +119,9 @@ pub enum Sabotage {
     DropOldRemoval = 6,
     /// A replay decodes the stored record without checking its checksum.
     SkipReplayChecksum = 7,
-    /// With the commit log, the writer acknowledges a batch as applied (a flush, a
-    /// checkpoint) without waiting for the applier to apply the batches before it.
+    /// With the commit log, the writer acknowledges a batch as applied (a flush's barrier
+    /// alone), or commits to the file itself, without waiting for the applier to apply the
+    /// batches handed to it before.
     SkipApplierDrain = 8,
 }
 

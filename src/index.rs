@@ -1692,7 +1692,7 @@ impl Index {
     }
 
     /// Publishes what is due in every stripe that holds unpublished completions (the
-    /// writer, when idle, and the sweeper): a completion's response leaves memory even if
+    /// writer or the applier, when the queue is idle, and the sweeper): a completion's response leaves memory even if
     /// nobody locks its stripe again.
     pub(crate) fn catch_up(&self) {
         for (p, flag) in self.stripes.iter().zip(self.common.unpublished.iter()) {

@@ -119,8 +119,9 @@ impl Progress {
         self.marks.clone()
     }
 
-    /// Every operation numbered at or below `watermark` is in the file (the writer's, after
-    /// the apply; with the commit log this may come after [`Progress::publish`]).
+    /// Every operation numbered at or below `watermark` is in the file (the writer's or the
+    /// applier's, after the apply; with the commit log this may come after
+    /// [`Progress::publish`]).
     pub(crate) fn applied(&self, watermark: u64) {
         self.marks.raise_applied(watermark);
     }

@@ -54,7 +54,8 @@ impl Marks {
         self.durable.fetch_max(watermark, Ordering::AcqRel)
     }
 
-    /// Raises the applied watermark. Only the writer calls this, after the apply.
+    /// Raises the applied watermark. Only the thread that applied the batch calls this
+    /// (the writer, or with the commit log the applier), after the apply.
     /// Sequentially consistent: see `index::Shard::await_watermark`.
     pub(crate) fn raise_applied(&self, watermark: u64) {
         self.applied.fetch_max(watermark, Ordering::SeqCst);

@@ -4,13 +4,13 @@
 //! In an ordinary build these are plain re-exports of parking_lot, crossbeam and std.
 //!
 //! Built with `--cfg shuttle` (through RUSTFLAGS; no feature can set it), every lock,
-//! condition variable, atomic, channel and the writer's thread decides when it is created:
+//! condition variable, atomic, channel and the writer's (and applier's) thread decides when it is created:
 //! inside a shuttle execution it is shuttle's (every acquire, release, notify, send, receive
 //! and atomic access becomes a scheduling point the model checker controls), anywhere else
 //! it is parking_lot's, crossbeam's or std's. So one build runs both the model tests
 //! (`crates/idemkv-check/tests/shuttle_model.rs`, the
 //! `concurrent_claims` fuzz target) and every ordinary test, and an engine opened inside
-//! `shuttle::check_*` runs entirely under the scheduler, its writer thread included (the
+//! `shuttle::check_*` runs entirely under the scheduler, its writer and applier threads included (the
 //! store's own I/O is synchronous, so each redb call is one step of the model). The API
 //! keeps parking_lot's and crossbeam's shape: `Mutex::lock() -> MutexGuard`,
 //! `MutexGuard::unlocked`, `Condvar::wait_for(&mut guard, d)`, `Condvar::notify_all`,
@@ -31,7 +31,7 @@ pub(crate) mod channel {
 #[cfg(not(shuttle))]
 pub(crate) use std::thread::JoinHandle;
 
-/// Starts a named thread (the writer).
+/// Starts a named thread (the writer, the applier).
 #[cfg(not(shuttle))]
 pub(crate) fn spawn<F, T>(name: &str, f: F) -> std::io::Result<JoinHandle<T>>
 where

@@ -3,9 +3,9 @@
 //! It does not publish the batch's completions one by one: the watermark does, in each
 //! stripe as it is next locked (`publication.rs`).
 //!
-//! Architecture invariant: the writer never holds a stripe lock during I/O. It takes stripe
-//! locks only after a commit: to settle markers, and, when its queue is empty, to publish
-//! completions nobody else has.
+//! Architecture invariant: the writer (and the applier) never holds a stripe lock during
+//! I/O. They take stripe locks only after a commit: to settle markers, and, when the queue
+//! is empty, to publish completions nobody else has.
 //! Architecture invariant: a failed commit poisons the engine before any caller learns of it,
 //! so nothing after the failure is acknowledged. A panic on the writer thread counts as a
 //! failed commit: it poisons the engine as it unwinds, which wakes every waiter to fail.
@@ -151,7 +151,8 @@ impl Writer {
         let mut batch = Vec::with_capacity(BATCH_OPS_MAX);
         loop {
             let Ok(first) = self.rx.recv() else {
-                self.drain_applier();
+                // Stopping either way: a failed apply has poisoned the engine already.
+                let _ = self.drain_applier();
                 self.shared.set_writer_stopped();
                 return;
             };
@@ -169,7 +170,9 @@ impl Writer {
             }
             // Nothing waits to be committed: publish what the callers have not, so that
             // responses the file now holds leave memory. Under load the callers do it, as
-            // they lock the stripes anyway, and the writer goes on to the next batch.
+            // they lock the stripes anyway, and the writer goes on to the next batch. (A
+            // batch just handed to the applier is shown now; the applier publishes it
+            // again once the file holds it.)
             if self.rx.is_empty() {
                 self.shared.index.catch_up();
             }
@@ -177,15 +180,17 @@ impl Writer {
     }
 
     /// Waits until the applier has applied every batch handed to it: before the writer
-    /// commits to the file itself, and before it stops.
-    fn drain_applier(&self) {
+    /// commits to the file itself or acknowledges a batch as applied, and before it stops.
+    /// `Err`: an apply failed, and the engine is poisoned (nothing more is acknowledged).
+    fn drain_applier(&self) -> Result<(), Arc<str>> {
         // Test-only sabotage: go on while the applier may still be applying.
         if self.shared.sabotaged(Sabotage::SkipApplierDrain) {
-            return;
+            return Ok(());
         }
         if let Some(applier) = &self.applier {
             applier.drain();
         }
+        self.shared.poison_reason().map_or(Ok(()), Err)
     }
 
     /// Adds to `batch` what is queued now (`Immediate`) or arrives within the delay
@@ -245,40 +250,51 @@ impl Writer {
             None => self.write(batch, closing, ack_early),
             Some(why) => Err(why),
         };
-        if let Ok(Written {
-            acked: Acked::OnSync { how, began },
-            ..
-        }) = written
-        {
-            // Acknowledged when its frame was synced: the applier takes the batch to the
-            // file while this thread gathers and syncs the next one.
-            let job = Job {
-                batch: std::mem::take(batch),
-                how,
-                watermark: self.tracker.watermark(),
-                idle: self.rx.is_empty(),
-                began,
-            };
-            if let Some(applier) = &self.applier {
-                *batch = applier.hand_off(job);
+        match written {
+            Ok(Written {
+                acked: Acked::OnSync { how, staged },
+                ..
+            }) => {
+                // Acknowledged when its frame was synced: the applier takes the batch to
+                // the file while this thread gathers and syncs the next one.
+                let job = Job {
+                    batch: std::mem::take(batch),
+                    how,
+                    watermark: self.tracker.watermark(),
+                    idle: self.rx.is_empty(),
+                    staged,
+                };
+                match &self.applier {
+                    Some(applier) => *batch = applier.hand_off(job),
+                    // Not reached: only a writer with an applier acknowledges on the sync.
+                    // Were it reached, the batch would stay out of the file while it is
+                    // acknowledged: the engine stops acknowledging instead.
+                    None => {
+                        self.shared
+                            .poison("the writer has no applier for a logged batch".into());
+                    }
+                }
             }
-        } else if let Ok(Written { acked, .. }) = written {
-            #[cfg(idemkv_sabotage)]
-            self.shared.after_commit_gate.pass();
-            if acked == Acked::AfterApply {
+            Ok(Written {
+                acked: Acked::AfterApply,
+                ..
+            }) => {
+                #[cfg(idemkv_sabotage)]
+                self.shared.after_commit_gate.pass();
                 self.made_durable(batch);
+                // Before the watermark moves: a claim that waits for its marker's commit
+                // finds it settled.
+                self.settle_markers();
+                if ack_early {
+                    // Acknowledged before the commit by sabotage: the file holds the batch
+                    // now, and its completions drop the responses they keep in memory as
+                    // their stripes are next locked.
+                    self.shared.progress.applied(self.tracker.watermark());
+                } else {
+                    self.advance(batch, true);
+                }
             }
-            // Before the watermark moves: a claim that waits for its marker's commit finds
-            // it settled.
-            self.settle_markers();
-            if acked == Acked::AfterApply && !ack_early {
-                self.advance(batch, true);
-            } else {
-                // Acknowledged before the apply (at the log's sync, or early by sabotage):
-                // the file holds the batch now, and its completions drop the responses they
-                // keep in memory as their stripes are next locked.
-                self.shared.progress.applied(self.tracker.watermark());
-            }
+            Err(_) => {}
         }
         batch.clear();
         if let Ok(Written { ops, .. }) = written {
@@ -323,8 +339,9 @@ impl Writer {
         // A close with a log checkpoints, even nothing: the file is then complete and
         // says so (its log is no longer active), and stands without the log.
         if ops == 0 && tables.is_empty() && hwm.is_none() && !(closing && self.log.is_some()) {
-            // Acknowledged as applied (a flush): so is everything handed over before it.
-            self.drain_applier();
+            // Acknowledged as applied (a flush's barrier alone): so is everything handed
+            // over before it, or the engine is poisoned.
+            self.drain_applier()?;
             return Ok(Written {
                 acked: Acked::AfterApply,
                 ops,
@@ -363,15 +380,15 @@ impl Writer {
             self.made_durable(batch);
             self.advance(batch, false);
             return Ok(Written {
-                acked: Acked::OnSync { how, began },
+                acked: Acked::OnSync {
+                    how,
+                    staged: began.elapsed(),
+                },
                 ops,
             });
         }
         // The file takes its commits in frame order: the applier's batch first.
-        self.drain_applier();
-        if let Some(why) = self.shared.poison_reason() {
-            return Err(why);
-        }
+        self.drain_applier()?;
         self.marked.clear();
         match self
             .store
@@ -389,7 +406,7 @@ impl Writer {
                 if let Some(hwm) = hwm {
                     self.shared.tokens.raise_limit(hwm);
                 }
-                committed(&self.shared, began, ops);
+                committed(&self.shared, began.elapsed(), ops);
                 Ok(Written {
                     acked: Acked::AfterApply,
                     ops,
@@ -499,13 +516,14 @@ pub(crate) fn writes_of<'a>(
     (writes, tables, ops)
 }
 
-/// Counts a commit of `ops` record writes that began at `began` and succeeded.
-pub(crate) fn committed(shared: &Shared, began: Instant, ops: usize) {
+/// Counts a commit of `ops` record writes that succeeded and took `took` (from its first
+/// write to its last fsync, or, for a batch acknowledged on its frame's sync, the frame's
+/// write and the apply, without the wait for the applier between them).
+pub(crate) fn committed(shared: &Shared, took: Duration, ops: usize) {
     let c = &shared.counters;
     bump(&c.commits);
     c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
     c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
-    let took = began.elapsed();
     let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
     c.commit_max_us.fetch_max(took_us, Ordering::Relaxed);
     crate::observe::committed(shared, took, ops);
@@ -523,8 +541,8 @@ struct Written {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Acked {
     /// When its log frame's fdatasync returned; the applier takes it to the file, staged
-    /// as `how`, and counts the commit that began at `began`.
-    OnSync { how: Durable, began: Instant },
+    /// as `how`, and counts the commit, whose frame took `staged`.
+    OnSync { how: Durable, staged: Duration },
     /// After the commit (the only way without the log).
     AfterApply,
 }

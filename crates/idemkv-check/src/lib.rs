@@ -78,9 +78,9 @@ pub enum Bug {
     DropOldRemoval,
     /// A replay reads the stored response without checking its checksum.
     SkipReplayChecksum,
-    /// With the commit log, a flush (or any batch acknowledged as applied) returns without
-    /// waiting for the batches handed to the applier: the applied watermark passes
-    /// completions the file does not hold yet.
+    /// With the commit log, a batch acknowledged as applied (a flush's barrier alone) or
+    /// committed by the writer itself does not wait for the batches handed to the applier:
+    /// the applied watermark passes completions the file does not hold yet.
     SkipApplierDrain,
 }
 

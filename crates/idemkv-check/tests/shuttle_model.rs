@@ -525,13 +525,16 @@ fn real_writer_model_catches_publish_before_commit() {
 /// Three callers complete a key each with the commit log on: the writer acknowledges each
 /// batch when its frame is synced and hands it to the applier, which takes it to the file
 /// while the writer syncs the next frame. Checked at every schedule:
-/// - a power loss at any moment after the acknowledgements (here: while the applier may
-///   still be applying) keeps every acknowledged completion (the log holds what the file
-///   does not);
-/// - once a flush returns, the file holds every completion acknowledged before it, and a
-///   claim of each key replays its response (a flush is acknowledged only once the applier
-///   has applied every batch handed to it; otherwise the applied watermark would drop a
-///   response from memory that the file does not hold yet);
+/// - a power loss (what both storages synced) and a kill (everything both were given)
+///   right after the acknowledgements, while the applier may still be applying, keep every
+///   acknowledged completion. After a kill the file holds the batches the applier
+///   committed and says which frames they were, so a batch applied out of frame order, or
+///   recorded as applied without being so, loses a completion at the reopen;
+/// - once a flush with nothing else queued returns (its barrier is a batch of its own,
+///   acknowledged as applied), the file holds every completion acknowledged before it, and
+///   a claim of each key replays its response (such a batch is acknowledged only once the
+///   applier has applied every batch handed to it; otherwise the applied watermark would
+///   drop a response from memory that the file does not hold yet);
 /// - the writer, the applier and the callers never wait for each other in a cycle
 ///   (shuttle reports a deadlock).
 fn commit_log_handoff(bug: Bug) {
@@ -571,11 +574,16 @@ fn commit_log_handoff(bug: Bug) {
         .into_iter()
         .map(|h| h.join().expect("join"))
         .collect();
-    // The log's image first, as when power goes at one instant: nothing the file holds is
-    // newer than the log.
+    // The file's images first: the log's, taken after, then holds every frame the file
+    // applied (and maybe more), as when both stop at one instant.
+    let (file_synced, file_given) = (file.durable_image(), file.live_image());
     let lost_power = (
-        FaultyBackend::from_image(file.durable_image()),
+        FaultyBackend::from_image(file_synced),
         FaultyBackend::from_image(log.durable_image()),
+    );
+    let killed = (
+        FaultyBackend::from_image(file_given),
+        FaultyBackend::from_image(log.live_image()),
     );
     engine.flush().unwrap_or_else(|e| panic!("flush: {e}"));
     for (key, token) in &acked {
@@ -594,15 +602,18 @@ fn commit_log_handoff(bug: Bug) {
         }
     }
     engine.close().expect("close");
-    let (file, log) = lost_power;
-    let reopened = open(&file, &log);
-    for (key, _) in &acked {
-        match reopened.claim(key, &ClaimOptions::default()) {
-            Ok(Claim::Completed(stored)) => assert_eq!(stored.response(), &[key[1]; 4][..]),
-            other => panic!("after a power loss, an acknowledged completion is {other:?}"),
+    for (what, (file, log)) in [("a power loss", lost_power), ("a kill", killed)] {
+        let reopened = open(&file, &log);
+        for (key, _) in &acked {
+            match reopened.claim(key, &ClaimOptions::default()) {
+                Ok(Claim::Completed(stored)) => {
+                    assert_eq!(stored.response(), &[key[1]; 4][..])
+                }
+                other => panic!("after {what}, an acknowledged completion is {other:?}"),
+            }
         }
+        reopened.close().expect("close");
     }
-    reopened.close().expect("close");
 }
 
 /// Schedules tried per scheduler: each one opens two engines and replays a log, about
@@ -634,9 +645,15 @@ fn commit_log_applier_applies_in_order_and_a_flush_waits_for_it() {
 
 #[test]
 fn commit_log_model_catches_a_flush_that_does_not_wait_for_the_applier() {
-    let caught = std::panic::catch_unwind(|| check_commit_log(Bug::SkipApplierDrain)).is_err();
+    let caught = std::panic::catch_unwind(|| check_commit_log(Bug::SkipApplierDrain))
+        .expect_err("a flush that left the applier behind went unnoticed");
+    let why = caught
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| caught.downcast_ref::<&str>().copied())
+        .unwrap_or_default();
     assert!(
-        caught,
-        "a flush that left the applier behind went unnoticed"
+        why.contains("a flush returned before the file held an acknowledged completion"),
+        "caught for another reason: {why}"
     );
 }
