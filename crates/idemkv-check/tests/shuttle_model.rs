@@ -439,21 +439,29 @@ fn check_real_writer(mode: impl Into<faults::Mode>, bug: Bug) {
 
 fn check_real_writer_with(mode: impl Into<faults::Mode>, bug: Bug, asynk: bool) {
     let mode = mode.into();
+    under_schedules(REAL_WRITER_SCHEDULES, move || {
+        real_writer_handoff(mode, bug, asynk)
+    });
+}
+
+/// Runs `test` under PCT (depth 3) and random schedules, `schedules` of each from the fixed
+/// seeds, on stacks large enough for redb.
+fn under_schedules(schedules: usize, test: impl Fn() + Send + Sync + Clone + 'static) {
     let config = || {
         let mut config = shuttle::Config::default();
         config.stack_size = REAL_WRITER_STACK_BYTES;
         config
     };
     shuttle::Runner::new(
-        PctScheduler::new_from_seed(PCT_SEED, 3, REAL_WRITER_SCHEDULES),
+        PctScheduler::new_from_seed(PCT_SEED, 3, schedules),
         config(),
     )
-    .run(move || real_writer_handoff(mode, bug, asynk));
+    .run(test.clone());
     shuttle::Runner::new(
-        RandomScheduler::new_from_seed(RANDOM_SEED, REAL_WRITER_SCHEDULES),
+        RandomScheduler::new_from_seed(RANDOM_SEED, schedules),
         config(),
     )
-    .run(move || real_writer_handoff(mode, bug, asynk));
+    .run(test);
 }
 
 fn buffered() -> Durability {
@@ -621,21 +629,7 @@ fn commit_log_handoff(bug: Bug) {
 const COMMIT_LOG_SCHEDULES: usize = 60;
 
 fn check_commit_log(bug: Bug) {
-    let config = || {
-        let mut config = shuttle::Config::default();
-        config.stack_size = REAL_WRITER_STACK_BYTES;
-        config
-    };
-    shuttle::Runner::new(
-        PctScheduler::new_from_seed(PCT_SEED, 3, COMMIT_LOG_SCHEDULES),
-        config(),
-    )
-    .run(move || commit_log_handoff(bug));
-    shuttle::Runner::new(
-        RandomScheduler::new_from_seed(RANDOM_SEED, COMMIT_LOG_SCHEDULES),
-        config(),
-    )
-    .run(move || commit_log_handoff(bug));
+    under_schedules(COMMIT_LOG_SCHEDULES, move || commit_log_handoff(bug));
 }
 
 #[test]
