@@ -1692,8 +1692,8 @@ impl Index {
     }
 
     /// Publishes what is due in every stripe that holds unpublished completions (the
-    /// writer or the applier, when the queue is idle, and the sweeper): a completion's response leaves memory even if
-    /// nobody locks its stripe again.
+    /// writer or the applier, when the queue is idle, and the sweeper): a completion's
+    /// response leaves memory even if nobody locks its stripe again.
     pub(crate) fn catch_up(&self) {
         for (p, flag) in self.stripes.iter().zip(self.common.unpublished.iter()) {
             // Sequentially consistent with the store in `Shard::await_watermark`.

@@ -69,35 +69,26 @@ pub(crate) fn recover(
             1
         };
         let span = (last - first) / threads + 1;
+        let ranges: Vec<std::ops::Range<u64>> = (0..threads)
+            .map(|i| {
+                let start = first.saturating_add(span.saturating_mul(i));
+                let end = if i + 1 == threads {
+                    last.saturating_add(1).max(start)
+                } else {
+                    start.saturating_add(span)
+                };
+                start..end
+            })
+            .collect();
+        let scan = |range| scan_range(store, b, index, counters, range, now, markers, &found);
         // One range is scanned on this thread: a thread of its own would buy nothing (and
         // a model-checked open could not follow it).
-        let results: Vec<Result<(), OpenError>> = if threads == 1 {
-            let end = last.saturating_add(1).max(first);
-            vec![scan_range(
-                store,
-                b,
-                index,
-                counters,
-                first..end,
-                now,
-                markers,
-                &found,
-            )]
-        } else {
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..threads)
-                    .map(|i| {
-                        let start = first.saturating_add(span.saturating_mul(i));
-                        let end = if i + 1 == threads {
-                            last.saturating_add(1).max(start)
-                        } else {
-                            start.saturating_add(span)
-                        };
-                        let found = &found;
-                        scope.spawn(move || {
-                            scan_range(store, b, index, counters, start..end, now, markers, found)
-                        })
-                    })
+        let results: Vec<Result<(), OpenError>> = match ranges.as_slice() {
+            [range] => vec![scan(range.clone())],
+            _ => std::thread::scope(|scope| {
+                let handles: Vec<_> = ranges
+                    .iter()
+                    .map(|range| scope.spawn(|| scan(range.clone())))
                     .collect();
                 handles
                     .into_iter()
@@ -109,7 +100,7 @@ pub(crate) fn recover(
                         })
                     })
                     .collect()
-            })
+            }),
         };
         for r in results {
             r?;

@@ -161,7 +161,7 @@ impl Writer {
             // Holders waiting for room in a full queue can go on.
             self.shared.notify_room();
             let stop = batch.iter().any(|q| matches!(q.op, Op::Shutdown));
-            self.commit(&mut batch, stop);
+            let handed = self.commit(&mut batch, stop);
             if stop {
                 // The last commit's responses leave memory too.
                 self.shared.index.catch_up();
@@ -170,10 +170,10 @@ impl Writer {
             }
             // Nothing waits to be committed: publish what the callers have not, so that
             // responses the file now holds leave memory. Under load the callers do it, as
-            // they lock the stripes anyway, and the writer goes on to the next batch. (A
-            // batch just handed to the applier is shown now; the applier publishes it
-            // again once the file holds it.)
-            if self.rx.is_empty() {
+            // they lock the stripes anyway, and the writer goes on to the next batch. A
+            // batch handed to the applier with the queue empty is published by the
+            // applier, once the file holds it.
+            if !handed && self.rx.is_empty() {
                 self.shared.index.catch_up();
             }
         }
@@ -217,8 +217,9 @@ impl Writer {
         crate::gather::gather(&self.rx, batch, window);
     }
 
-    /// Commits `batch`; `closing`: it holds the shutdown, the engine's last commit.
-    fn commit(&mut self, batch: &mut Vec<Queued>, closing: bool) {
+    /// Commits `batch`; `closing`: it holds the shutdown, the engine's last commit. Returns
+    /// whether the batch was handed to the applier (acknowledged on its frame's sync).
+    fn commit(&mut self, batch: &mut Vec<Queued>, closing: bool) -> bool {
         #[cfg(idemkv_sabotage)]
         if self.shared.writer_panic.swap(false, Ordering::AcqRel) {
             panic!("sabotage: the writer panics on purpose");
@@ -303,6 +304,13 @@ impl Writer {
                 .admission
                 .committed(ops, Duration::from_nanos(took_ns));
         }
+        matches!(
+            written,
+            Ok(Written {
+                acked: Acked::OnSync { .. },
+                ..
+            })
+        )
     }
 
     /// Records how long the batch's oldest `Buffered` operation waited for its fsync.

@@ -1,6 +1,6 @@
 //! `Buffered` with `durable_claims(false)`: a claim of a key with no state in memory queues
 //! no write, its lease's first durable act writes the key's whole record, and admission
-//! counts the claim's live lease in the backlog as it would count its queued record.
+//! counts each lease left unwritten in the backlog as it would count its queued record.
 //! (Crashes at every I/O point of such a workload: `idemkv-check`'s
 //! `storage_faults_every_io_point_buffered_lazy_claims`.)
 
@@ -24,19 +24,27 @@ fn open(path: &Path, clock: &MockClock, durable_claims: bool) -> Engine {
         .expect("open")
 }
 
-/// A `Buffered` engine with lazy claims on a new file in `dir`, and its admission limit,
-/// which before the writer's rate is measured is the limit's floor.
-fn open_lazy(dir: &tempfile::TempDir, clock: &MockClock) -> (Engine, usize) {
-    let engine = open(&dir.path().join("lazy.redb"), clock, false);
+/// A `Buffered` engine with lazy claims on a new file in a new directory (kept while the
+/// engine is), and its admission limit, which before the writer's rate is measured is the
+/// limit's floor.
+fn open_lazy() -> (tempfile::TempDir, Engine, usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = open(&dir.path().join("lazy.redb"), &MockClock::new(), false);
     let limit = usize::try_from(engine.stats().queue_claims_max).expect("limit");
-    (engine, limit)
+    (dir, engine, limit)
+}
+
+/// The lease of a claim of a new key, or the error that refused the claim.
+fn try_acquire(engine: &Engine, key: &[u8]) -> Result<Lease, ClaimError> {
+    match engine.claim(key, &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => Ok(lease),
+        Err(e) => Err(e),
+        Ok(other) => panic!("claim of the new key {key:?}: {other:?}"),
+    }
 }
 
 fn acquire(engine: &Engine, key: &[u8]) -> Lease {
-    match engine.claim(key, &ClaimOptions::default()) {
-        Ok(Claim::Acquired(lease)) => lease,
-        other => panic!("claim of {key:?}: {other:?}"),
-    }
+    try_acquire(engine, key).unwrap_or_else(|e| panic!("claim of {key:?}: {e:?}"))
 }
 
 /// The same four leases with and without durable claims: one left open, one checkpointed,
@@ -110,17 +118,14 @@ fn a_new_keys_claim_is_written_only_by_its_leases_first_durable_act() {
 /// completion moves a lease's place to the queue, so only its commit makes room.
 #[test]
 fn unwritten_claims_are_admitted_against_the_backlog() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let clock = MockClock::new();
-    let (engine, limit) = open_lazy(&dir, &clock);
+    let (_dir, engine, limit) = open_lazy();
     let mut leases = Vec::new();
     let refused = loop {
         assert!(leases.len() <= limit, "admitted past the limit of {limit}");
         let key = format!("k{}", leases.len());
-        match engine.claim(key.as_bytes(), &ClaimOptions::default()) {
-            Ok(Claim::Acquired(lease)) => leases.push(lease),
+        match try_acquire(&engine, key.as_bytes()) {
+            Ok(lease) => leases.push(lease),
             Err(e) => break e,
-            Ok(other) => panic!("claim of a new key: {other:?}"),
         }
     };
     assert!(
@@ -165,20 +170,18 @@ fn unwritten_claims_are_admitted_against_the_backlog() {
 /// be live past the admission limit, as with durable claims.
 #[test]
 fn written_leases_do_not_count_against_the_backlog() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let clock = MockClock::new();
-    let (engine, limit) = open_lazy(&dir, &clock);
+    let (_dir, engine, limit) = open_lazy();
     let mut leases = Vec::new();
     for i in 0..limit + 100 {
         let key = format!("k{i}");
-        let mut lease = match engine.claim(key.as_bytes(), &ClaimOptions::default()) {
-            Ok(Claim::Acquired(lease)) => lease,
+        let mut lease = match try_acquire(&engine, key.as_bytes()) {
+            Ok(lease) => lease,
             Err(ClaimError::Overloaded(Limit::WriterQueue)) => {
                 // The checkpoints fill the backlog: their commit makes room.
                 engine.flush().expect("flush");
                 acquire(&engine, key.as_bytes())
             }
-            other => panic!("claim {i}: {other:?}"),
+            Err(e) => panic!("claim {i}: {e:?}"),
         };
         lease.set_checkpoint(1, b"c").expect("checkpoint");
         leases.push(lease);

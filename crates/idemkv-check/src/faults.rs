@@ -304,9 +304,11 @@ pub fn run_with(
     // memory, and then queues the claim: either way is allowed).
     let mut push_view = |views: &mut Vec<DurableView>, key: &[u8], claim, view| {
         let before = views.last().and_then(|v| v.get(key)).cloned();
-        let wall_now = crate::wall_ms(idemkv::Clock::wall(&clock));
-        let replaced_nothing = before.as_ref().is_none_or(|r| !kept(r, wall_now));
-        if claim && setup.leaves_claims_unwritten() && replaced_nothing {
+        let replaced_nothing = || {
+            let wall_now = crate::wall_ms(idemkv::Clock::wall(&clock));
+            before.as_ref().is_none_or(|r| !kept(r, wall_now))
+        };
+        if claim && setup.leaves_claims_unwritten() && replaced_nothing() {
             unwritten.entry(key.to_vec()).or_default().push(before);
         } else {
             unwritten.remove(key);
