@@ -256,6 +256,26 @@ pub(crate) const HTTP_OVERLOADED_RETRY_AFTER_SECS: u64 = 1;
 /// change; a stored response of an unknown version is answered with 500, never misread.
 #[cfg(feature = "http")]
 pub(crate) const HTTP_STORED_VERSION: u8 = 1;
+/// Most header values a stored response carries. Stored values are untrusted (a damaged
+/// file, an `import`, the shared table): the decoder checks every count and length against
+/// these limits before it reads or allocates, and the encoder keeps to them, so that every
+/// response it stores decodes. Far above what the allow-listed headers of one response hold.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_STORED_HEADERS_MAX: usize = 100;
+/// Longest header name of a stored response, in bytes.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_STORED_HEADER_NAME_LEN_MAX: usize = 256;
+/// Longest header value of a stored response, in bytes (8 KiB, a common server's limit for
+/// a whole header line).
+#[cfg(feature = "http")]
+pub(crate) const HTTP_STORED_HEADER_VALUE_LEN_MAX: usize = 8 << 10;
+/// Most bytes of header names and values one stored response carries in all.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_STORED_HEADERS_LEN_MAX: usize = 64 << 10;
+/// Largest stored response, in bytes: the engine's ceiling for any stored response, which no
+/// `response_len_max` can raise.
+#[cfg(feature = "http")]
+pub(crate) const HTTP_STORED_LEN_MAX: usize = RESPONSE_LEN_LIMIT;
 
 // The shared backend over PostgreSQL (feature `postgres`, src/shared/, docs/shared.md).
 

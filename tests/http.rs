@@ -1116,3 +1116,88 @@ async fn a_replay_keeps_the_content_encoding_of_its_body() {
     assert_eq!(replay.headers["content-encoding"], "gzip");
     assert_eq!(replay.headers[CONTENT_TYPE], "application/json");
 }
+
+/// A stored response in the layer's version-1 encoding, written by hand as a damaged record
+/// (an `import` file, the shared table) could hold it: magic, version, status (u16 LE), the
+/// headers (a u64 LE count, then each name and value as a u64 LE length and bytes), the body.
+fn stored_by_hand(status: u16, count: u64, headers: &[(&[u8], &[u8])], body: &[u8]) -> Vec<u8> {
+    let mut out = b"idemkv-http\x01".to_vec();
+    out.extend_from_slice(&status.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    for (name, value) in headers {
+        out.extend_from_slice(&(name.len() as u64).to_le_bytes());
+        out.extend_from_slice(name);
+        out.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_stored_response_is_a_500_problem_and_the_key_is_not_run_again() {
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(MockClock::new())
+        .response_len_max(4 << 20)
+        .open()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = charges(engine.clone(), IdempotencyConfig::default(), runs.clone());
+    let many: Vec<(&[u8], &[u8])> = vec![(b"x-a", b"1"); 40_000];
+    let damaged = [
+        // More headers than a header map can hold (a capacity or an append that panics).
+        ("many", stored_by_hand(200, many.len() as u64, &many, b"ok")),
+        // A count far beyond the record's bytes.
+        ("count", stored_by_hand(200, u64::MAX, &[], b"")),
+        // A header name and a value no header may have.
+        ("name", stored_by_hand(200, 1, &[(b"bad name", b"v")], b"")),
+        ("value", stored_by_hand(200, 1, &[(b"x-a", b"\n")], b"")),
+        // A name far over any header's.
+        (
+            "long",
+            stored_by_hand(200, 1, &[(&[b'a'; 100_000][..], b"v")], b""),
+        ),
+        // An impossible status.
+        ("status", stored_by_hand(1000, 0, &[], b"")),
+    ];
+    for (key, bytes) in &damaged {
+        // Claimed without a fingerprint, so that the layer's request matches it.
+        let Claim::Acquired(lease) = engine
+            .claim(key.as_bytes(), &ClaimOptions::default())
+            .unwrap()
+        else {
+            panic!("a new key is acquired")
+        };
+        lease.complete(bytes).unwrap();
+        let r = call(&app, key, "x").await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{key}");
+        assert_eq!(
+            r.problem()["type"],
+            "urn:idemkv:problem:stored-response-corrupted",
+            "{key}"
+        );
+        // The key stays completed: the handler is not run again for it.
+        assert!(
+            matches!(
+                engine.get(key.as_bytes()).unwrap(),
+                Some(KeyState::Completed { .. })
+            ),
+            "{key}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // The same shape within the limits replays.
+    let fine = stored_by_hand(201, 2, &[(b"x-a", b"1"), (b"x-a", b"2")], b"ok");
+    let Claim::Acquired(lease) = engine.claim(b"fine", &ClaimOptions::default()).unwrap() else {
+        panic!("a new key is acquired")
+    };
+    lease.complete(&fine).unwrap();
+    let r = call(&app, "fine", "x").await;
+    assert_eq!(
+        (r.status, r.text(), r.replayed()),
+        (StatusCode::CREATED, "ok", true)
+    );
+    assert_eq!(r.headers.get_all("x-a").iter().count(), 2);
+}

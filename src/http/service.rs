@@ -279,8 +279,9 @@ async fn settle(
             Ok(encoded) => {
                 let _ = lease.complete_async(&encoded).await;
             }
-            // Not reachable with the crate's encoding (no value can fail it); the work is
-            // done, so the key is kept until the lease ends rather than released.
+            // The kept headers are over the stored-response limits (a response that could
+            // not be replayed): the work is done, so the key is kept until the lease ends,
+            // as for a response the engine refuses, rather than released.
             Err(_) => {
                 let _ = lease.detach();
             }
@@ -375,21 +376,29 @@ fn fingerprint(parts: &Parts, cfg: &IdempotencyConfig, body: &[u8]) -> Vec<u8> {
 }
 
 /// A stored response as it is replayed, or 500 if it cannot be read.
-fn replay<B>(bytes: &[u8]) -> Response<ResponseBody<B>> {
-    match stored::decode(bytes) {
-        Ok(stored) => {
-            let mut res = Response::new(Either::Right(Full::new(stored.body)));
-            *res.status_mut() = stored.status;
-            *res.headers_mut() = stored.headers;
-            res.headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            res
-        }
-        Err(e) => problem(
+///
+/// A damaged value is answered, never re-run: the key stays Completed, so the handler does
+/// not run for it again, and every duplicate gets the same 500.
+pub(crate) fn replay<B>(bytes: &[u8]) -> Response<ResponseBody<B>> {
+    let built = stored::decode(bytes).and_then(|stored| {
+        let mut headers = stored.headers;
+        headers
+            .try_insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"))
+            .map_err(|_| stored::StoredError::TooManyHeaders {
+                count: headers.len() as u64,
+                max: crate::constants::HTTP_STORED_HEADERS_MAX,
+            })?;
+        let mut res = Response::new(Either::Right(Full::new(stored.body)));
+        *res.status_mut() = stored.status;
+        *res.headers_mut() = headers;
+        Ok(res)
+    });
+    built.unwrap_or_else(|e| {
+        problem(
             problem::CORRUPTED,
             &format!("the stored response for this Idempotency-Key cannot be decoded: {e}"),
-        ),
-    }
+        )
+    })
 }
 
 /// The answer to a claim the engine refused (see `docs/http.md`). Engine-internal reasons
