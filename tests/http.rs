@@ -5,13 +5,13 @@ use axum::body::Bytes;
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER, SET_COOKIE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idemkv::http::{IdempotencyConfig, IdempotencyLayer, InFlight, PROBLEM_JSON};
-use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, MockClock};
+use idemkv::http::{ClaimContext, IdempotencyConfig, IdempotencyLayer, InFlight, PROBLEM_JSON};
+use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, MockClock, WriteSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -1200,4 +1200,203 @@ async fn a_damaged_stored_response_is_a_500_problem_and_the_key_is_not_run_again
         (StatusCode::CREATED, "ok", true)
     );
     assert_eq!(r.headers.get_all("x-a").iter().count(), 2);
+}
+
+/// `POST /charges` whose handler reads its [`ClaimContext`], stages a row
+/// (`charges`/key = the body) and an outbox message, and answers with the status the body's
+/// first word names (`"201 a"`) and the claim it saw.
+fn staging_app(engine: Engine, runs: Arc<AtomicUsize>) -> Router {
+    let config = IdempotencyConfig::default().scope(|parts| {
+        parts
+            .headers
+            .get("x-tenant")
+            .map_or(Vec::new(), |v| v.as_bytes().to_vec())
+    });
+    Router::new()
+        .route(
+            "/charges",
+            post(
+                move |Extension(claim): Extension<ClaimContext>, body: String| {
+                    let runs = runs.clone();
+                    async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let mut writes = WriteSet::new();
+                        writes
+                            .put("charges", claim.key(), body.as_bytes())
+                            .unwrap()
+                            .emit(body.as_bytes())
+                            .unwrap();
+                        claim.stage(writes).unwrap();
+                        let status = body.split(' ').next().unwrap().parse().unwrap();
+                        (
+                            StatusCode::from_u16(status).unwrap(),
+                            format!(
+                                "key={} scope={} attempt={} checkpoint={} token>0={}",
+                                String::from_utf8_lossy(claim.key()),
+                                String::from_utf8_lossy(claim.scope()),
+                                claim.attempt(),
+                                claim.checkpoint().is_some(),
+                                claim.token() > 0,
+                            ),
+                        )
+                    }
+                },
+            ),
+        )
+        .layer(IdempotencyLayer::new(engine, config))
+}
+
+#[tokio::test]
+async fn a_handler_reads_its_claim_and_its_staged_writes_commit_with_the_stored_response() {
+    use tower::ServiceExt;
+    let engine = engine();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = staging_app(engine.clone(), runs.clone());
+    let post = |key: &str, body: &str| {
+        Request::post("/charges")
+            .header("idempotency-key", key)
+            .header("x-tenant", "acme")
+            .body(axum::body::Body::from(body.to_owned()))
+            .unwrap()
+    };
+    let reply = |res: axum::response::Response| async move {
+        let (parts, body) = res.into_parts();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes(),
+        }
+    };
+
+    // A stored 2xx: the handler saw its claim, and its writes are committed with it.
+    let r = reply(app.clone().oneshot(post("\"k1\"", "201 a")).await.unwrap()).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(
+        r.text(),
+        "key=k1 scope=acme attempt=1 checkpoint=false token>0=true"
+    );
+    assert_eq!(
+        engine.table_get("charges", b"k1").unwrap().as_deref(),
+        Some(&b"201 a"[..])
+    );
+    assert_eq!(engine.outbox().pending(10).unwrap().len(), 1);
+
+    // A replay does not run the handler, so nothing is applied again.
+    let r = reply(app.clone().oneshot(post("\"k1\"", "201 a")).await.unwrap()).await;
+    assert!(r.replayed());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(engine.outbox().pending(10).unwrap().len(), 1);
+
+    // A 5xx is not stored: its staged writes are dropped with it, and the retry's are kept.
+    let r = reply(app.clone().oneshot(post("\"k2\"", "503 b")).await.unwrap()).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(engine.table_get("charges", b"k2").unwrap(), None);
+    assert_eq!(engine.outbox().pending(10).unwrap().len(), 1);
+    assert_eq!(engine.get(b"k2").unwrap(), None, "released");
+    // A 4xx is stored (the default policy), and so are its writes.
+    let r = reply(app.clone().oneshot(post("\"k3\"", "404 c")).await.unwrap()).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        engine.table_get("charges", b"k3").unwrap().as_deref(),
+        Some(&b"404 c"[..])
+    );
+    assert_eq!(engine.outbox().pending(10).unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_handler_error_drops_its_staged_writes() {
+    use tower::ServiceExt;
+    let engine = engine();
+    let svc = tower::ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(
+            engine.clone(),
+            IdempotencyConfig::default(),
+        ))
+        .service(tower::service_fn(
+            |req: Request<axum::body::Body>| async move {
+                let claim = req.extensions().get::<ClaimContext>().unwrap().clone();
+                let mut writes = WriteSet::new();
+                writes.put("charges", claim.key(), b"x").unwrap();
+                claim.stage(writes).unwrap();
+                Err::<axum::response::Response, _>(std::io::Error::other("the handler failed"))
+            },
+        ));
+    let req = Request::post("/charges")
+        .header("idempotency-key", "k")
+        .body(axum::body::Body::from("x"))
+        .unwrap();
+    let err = svc.clone().oneshot(req).await.unwrap_err();
+    assert_eq!(err.to_string(), "the handler failed");
+    assert_eq!(engine.table_get("charges", b"k").unwrap(), None);
+    assert_eq!(engine.get(b"k").unwrap(), None, "released for a retry");
+}
+
+/// A request cut off while its handler runs leaves its staged writes unapplied; the attempt
+/// that takes the key over sees attempt 2 and the checkpoint the first one saved.
+#[tokio::test]
+async fn a_takeover_sees_its_attempt_and_the_checkpoint_and_only_its_own_writes() {
+    use tower::ServiceExt;
+    let clock = MockClock::new();
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(clock.clone())
+        .lease(Duration::from_secs(7))
+        .open()
+        .unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Set once the first run saved its checkpoint.
+    let saved = Arc::new(AtomicUsize::new(0));
+    let app = {
+        let (runs, saved) = (runs.clone(), saved.clone());
+        Router::new()
+            .route(
+                "/charges",
+                post(move |Extension(claim): Extension<ClaimContext>| {
+                    let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                    let saved = saved.clone();
+                    async move {
+                        let mut writes = WriteSet::new();
+                        writes.put("runs", &[n as u8], b"").unwrap();
+                        claim.stage(writes).unwrap();
+                        let seen = format!(
+                            "attempt {} checkpoint {:?}",
+                            claim.attempt(),
+                            claim.checkpoint().map(|c| c.data().to_vec())
+                        );
+                        if n == 1 {
+                            claim.lease().set_checkpoint(1, b"half").await.unwrap();
+                            saved.store(1, Ordering::SeqCst);
+                            std::future::pending::<()>().await;
+                        }
+                        (StatusCode::CREATED, seen)
+                    }
+                }),
+            )
+            .layer(IdempotencyLayer::new(
+                engine.clone(),
+                IdempotencyConfig::default(),
+            ))
+    };
+    let first = Request::post("/charges")
+        .header("idempotency-key", "k")
+        .body(axum::body::Body::from("x"))
+        .unwrap();
+    let mut first = Box::pin(app.clone().oneshot(first));
+    // The first run saves its checkpoint, then is cut off.
+    while saved.load(Ordering::SeqCst) == 0 {
+        assert!(futures::poll!(&mut first).is_pending());
+        tokio::task::yield_now().await;
+    }
+    drop(first);
+    clock.advance(Duration::from_secs(7));
+    let retry = call(&app, "k", "x").await;
+    assert_eq!(
+        (retry.status, retry.text()),
+        (
+            StatusCode::CREATED,
+            "attempt 2 checkpoint Some([104, 97, 108, 102])"
+        )
+    );
+    assert_eq!(engine.table_get("runs", &[1]).unwrap(), None);
+    assert_eq!(engine.table_get("runs", &[2]).unwrap(), Some(Vec::new()));
 }

@@ -58,13 +58,78 @@
 //! configured headers ([`IdempotencyConfig::fingerprint_header`]) and its body, as a
 //! canonical length-prefixed encoding hashed by [`crate::ClaimOptions::payload`].
 
+mod claim;
 mod key;
 mod problem;
 mod service;
 mod stored;
 
+pub use claim::ClaimContext;
 pub use problem::PROBLEM_JSON;
 pub use service::{IdempotencyLayer, IdempotencyService, ResponseBody};
+
+/// The stored form of a response, reached from the fuzz target `stored_response`. Compiled
+/// only with `--cfg idemkv_sabotage` (as the engine's other test hooks, `src/sabotage.rs`),
+/// so no build of a user's has it; hidden from the documentation. Plain types only, so the
+/// fuzz crate needs no `http` of its own.
+#[cfg(idemkv_sabotage)]
+#[doc(hidden)]
+pub mod stored_hooks {
+    use ::http::header::{HeaderName, HeaderValue};
+    use ::http::{HeaderMap, StatusCode};
+    use http_body_util::BodyExt;
+    use std::future::Future;
+
+    /// A response as plain parts: status, headers (name, value) in order, body.
+    pub type Plain = (u16, Vec<(String, Vec<u8>)>, Vec<u8>);
+
+    /// Decodes a stored response.
+    pub fn decode_stored(bytes: &[u8]) -> Result<Plain, String> {
+        let stored = super::stored::decode(bytes).map_err(|e| e.to_string())?;
+        Ok(plain(stored.status, &stored.headers, &stored.body))
+    }
+
+    /// Encodes a response as the layer stores it (every header kept).
+    pub fn encode_stored(response: &Plain) -> Result<Vec<u8>, String> {
+        let (status, headers, body) = response;
+        let status = StatusCode::from_u16(*status).map_err(|e| e.to_string())?;
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|e| e.to_string())?;
+            let value = HeaderValue::from_bytes(value).map_err(|e| e.to_string())?;
+            map.try_append(name, value).map_err(|e| e.to_string())?;
+        }
+        super::stored::encode(status, &map, |_| true, body).map_err(|e| e.to_string())
+    }
+
+    /// What the layer answers a duplicate whose key holds `bytes`: the replay, or the 500
+    /// problem for a value that does not decode.
+    pub fn replay_stored(bytes: &[u8]) -> Plain {
+        let res = super::service::replay::<http_body_util::Full<bytes::Bytes>>(bytes);
+        let (parts, body) = res.into_parts();
+        // Both arms are in-memory bodies, which cannot fail; polled without a runtime.
+        let body = match body {
+            http_body_util::Either::Left(full) | http_body_util::Either::Right(full) => {
+                let waker = std::task::Waker::noop();
+                let mut cx = std::task::Context::from_waker(waker);
+                let mut collect = std::pin::pin!(full.collect());
+                match collect.as_mut().poll(&mut cx) {
+                    std::task::Poll::Ready(Ok(c)) => c.to_bytes(),
+                    _ => bytes::Bytes::new(),
+                }
+            }
+        };
+        plain(parts.status, &parts.headers, &body)
+    }
+
+    fn plain(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> Plain {
+        let headers = headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        (status.as_u16(), headers, body.to_vec())
+    }
+}
 
 use crate::constants::{HTTP_BODY_LEN_MAX_DEFAULT, HTTP_KEY_LEN_MAX_DEFAULT};
 use ::http::header::{

@@ -1,5 +1,6 @@
 //! The tower `Layer` and `Service`: one claim per protected request.
 
+use super::claim::ClaimContext;
 use super::key::{self, KeyError};
 use super::problem::{self, Kind};
 use super::stored;
@@ -203,6 +204,11 @@ where
             ),
         )),
         Ok(Claim::Acquired(lease)) => {
+            // The handler's view of its claim, made from the lease before `run` takes it.
+            let mut parts = parts;
+            parts
+                .extensions
+                .insert(ClaimContext::of(&lease, &shared.engine));
             let req = Request::from_parts(parts, ReqBody::from(body));
             run(cfg, lease, inner.call(req)).await
         }
