@@ -1400,3 +1400,138 @@ async fn a_takeover_sees_its_attempt_and_the_checkpoint_and_only_its_own_writes(
     assert_eq!(engine.table_get("runs", &[1]).unwrap(), None);
     assert_eq!(engine.table_get("runs", &[2]).unwrap(), Some(Vec::new()));
 }
+
+/// The payments example's router, as the example serves it.
+#[allow(dead_code)]
+#[path = "../examples/payments.rs"]
+mod payments;
+
+/// `POST /charges` to the payments example with `key` and `body`, then the charge's id.
+async fn pay(app: &Router, key: &str, body: &str) -> (Reply, Option<String>) {
+    let r = call(app, key, body).await;
+    let id = serde_json::from_slice::<serde_json::Value>(&r.body)
+        .ok()
+        .and_then(|v| v["id"].as_str().map(str::to_owned));
+    (r, id)
+}
+
+/// `GET /charges` of the payments example: the ids in the ledger.
+async fn ledger(app: &Router) -> Vec<String> {
+    use tower::ServiceExt;
+    let req = Request::get("/charges")
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let charges: Vec<serde_json::Value> = serde_json::from_slice(&body).unwrap();
+    charges
+        .iter()
+        .map(|c| c["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_ledger_survives_a_restart_and_its_ids_never_repeat() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payments.redb");
+    let open = || {
+        Engine::builder()
+            .path(&path)
+            .durability(Durability::Immediate)
+            .open()
+            .unwrap()
+    };
+    let eur = |amount: u32| format!("{{\"amount\":{amount},\"currency\":\"EUR\"}}");
+
+    let engine = open();
+    let app = payments::router(engine.clone());
+    let (r, a) = pay(&app, "\"order-1\"", &eur(100)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let (r, b) = pay(&app, "\"order-2\"", &eur(200)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    // The processor fails: 503, not stored, and its staged ledger row is dropped.
+    let failing = "{\"amount\":300,\"currency\":\"EUR\",\"fail\":true}";
+    let (r, _) = pay(&app, "\"order-3\"", failing).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{r:?}");
+    assert!(!r.replayed());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_ne!(a, b);
+    let mut before = ledger(&app).await;
+    before.sort();
+    let mut expected = vec![a.clone(), b.clone()];
+    expected.sort();
+    assert_eq!(before, expected);
+    drop(app);
+    engine.close().unwrap();
+    drop(engine);
+
+    // After the restart: the same ledger, the same replays, and new ids for new keys.
+    let engine = open();
+    let app = payments::router(engine.clone());
+    let mut after = ledger(&app).await;
+    after.sort();
+    assert_eq!(after, expected);
+    let (r, again) = pay(&app, "\"order-1\"", &eur(100)).await;
+    assert!(r.replayed(), "{r:?}");
+    assert_eq!(again.as_deref(), Some(a.as_str()));
+    // The failed key runs again, now that the processor answers.
+    let (r, c) = pay(&app, "\"order-3\"", &eur(300)).await;
+    assert_eq!(
+        (r.status, r.replayed()),
+        (StatusCode::CREATED, false),
+        "{r:?}"
+    );
+    let (r, d) = pay(&app, "\"order-4\"", &eur(400)).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    let (c, d) = (c.unwrap(), d.unwrap());
+    let mut ids = vec![a.clone(), b.clone(), c.clone(), d.clone()];
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 4, "no id is shared: {ids:?}");
+    let mut all = ledger(&app).await;
+    all.sort();
+    assert_eq!(all, ids, "every acknowledged charge once");
+    // The same key in another API key's scope is another charge.
+    let other = {
+        use tower::ServiceExt;
+        let req = Request::post("/charges")
+            .header("idempotency-key", "\"order-1\"")
+            .header("x-api-key", "tenant-2")
+            .body(axum::body::Body::from(eur(100)))
+            .unwrap();
+        let res = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        v["id"].as_str().unwrap().to_owned()
+    };
+    assert!(!ids.contains(&other));
+    assert_eq!(ledger(&app).await.len(), 5);
+    drop(app);
+    engine.close().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_payments_ledger_refuses_a_key_reused_after_its_response_expired() {
+    let clock = MockClock::new();
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(clock.clone())
+        .retention(Duration::from_secs(60))
+        .open()
+        .unwrap();
+    let app = payments::router(engine.clone());
+    let body = "{\"amount\":100,\"currency\":\"EUR\"}";
+    let (r, id) = pay(&app, "\"order-1\"", body).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{r:?}");
+    clock.advance(Duration::from_secs(61));
+    let (r, _) = pay(&app, "\"order-1\"", body).await;
+    assert_eq!(
+        (r.status, r.replayed()),
+        (StatusCode::CONFLICT, false),
+        "{r:?}"
+    );
+    assert!(r.text().contains(&id.unwrap()), "{r:?}");
+    assert_eq!(ledger(&app).await.len(), 1);
+}
