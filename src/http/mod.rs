@@ -39,7 +39,7 @@
 //! | 413 | the body is over [`IdempotencyConfig::body_len_max`] |
 //! | 422 | the key was used with a different request (fingerprint mismatch) |
 //! | 503 (+ `Retry-After` for a limit) | the engine is overloaded, closed, poisoned or out of tokens |
-//! | 500 | the engine's outcome is unknown, a stored response is unreadable, or the layer is misconfigured |
+//! | 500 | the engine's outcome is unknown, a stored response is unreadable (damaged or over the stored-response limits: answered, never a panic, and the handler is not run again), or the layer is misconfigured |
 //!
 //! Error bodies are RFC 9457 problem details (`application/problem+json`) with `type`
 //! (`urn:idemkv:problem:<slug>`), `title`, `status` and `detail`.
@@ -53,6 +53,12 @@
 //! lease), the handler's response is still returned, and the key stays in flight until the
 //! lease ends (the engine never runs finished work twice on its own): duplicates get 409
 //! until then, and the first request after it runs the handler again.
+//!
+//! **The handler's claim.** A request that acquires its key reaches the handler with a
+//! [`ClaimContext`] in its extensions: the key, scope, fencing token, attempt and
+//! checkpoint of its claim, and [`ClaimContext::stage`], which stages writes to the
+//! engine's application tables and outbox ([`crate::WriteSet`]) to commit in the same
+//! transaction as the stored response; they are dropped if the response is not stored.
 //!
 //! **Fingerprints.** A request's fingerprint covers its method, path and query, the
 //! configured headers ([`IdempotencyConfig::fingerprint_header`]) and its body, as a
