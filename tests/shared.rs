@@ -1484,3 +1484,33 @@ fn a_completion_nobody_waits_for_sends_no_notification() {
         "the completion notified: {seen:?}"
     );
 }
+
+/// A keep-alive renewal (an `extend` with the holder's token) that lands after the holder
+/// failed the attempt does not revive it: it is `LeaseLost`, as on the file engine, and
+/// the next claim still takes the key over at once with the checkpoint.
+#[test]
+fn an_extend_after_a_fail_is_lease_lost_and_the_takeover_stays_immediate() {
+    let p = prefix("failext");
+    let (a, b) = (engine(&p), engine(&p));
+    let opts = ClaimOptions::default().lease(Duration::from_secs(600));
+    let Claim::Acquired(mut first) = a.claim(b"k", &opts).expect("claim") else {
+        panic!("acquired");
+    };
+    first.set_checkpoint(1, b"charged").expect("checkpoint");
+    let (key, token) = (first.key().to_vec(), first.token());
+    assert!(first.fail().expect("fail"));
+    assert_eq!(
+        a.extend(&key, token, Duration::from_secs(600)),
+        Err(LeaseError::LeaseLost)
+    );
+    let Claim::Acquired(second) = b.claim(b"k", &opts).expect("claim") else {
+        panic!("the failed attempt is taken over at once, renewal or not");
+    };
+    assert_eq!(second.attempt(), 2);
+    assert!(second.token() > token);
+    assert_eq!(
+        second.checkpoint().map(|c| (c.phase(), c.data().to_vec())),
+        Some((1, b"charged".to_vec()))
+    );
+    second.complete(b"done").expect("complete");
+}

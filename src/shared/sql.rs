@@ -255,11 +255,13 @@ FROM generate_series(0, {last}) s",
         );
 
         // Extend: the lease ends `$3` µs from the database's now; the abandoned row's
-        // reaping moves with it ($4 retention µs).
+        // reaping moves with it ($4 retention µs). A failed attempt is over for good: a
+        // renewal racing the fail finds no row (`LeaseLost`), so the next claim still
+        // takes the key over at once.
         let extend = format!(
             "UPDATE {keys} SET lease_until = clock_timestamp() + $3::bigint {US},
     reap_at = clock_timestamp() + ($3::bigint + coalesce(retention_us, $4::bigint)) {US}
-WHERE key = $1 AND token = $2 AND state = 'i'
+WHERE key = $1 AND token = $2 AND state = 'i' AND NOT failed
 RETURNING 1"
         );
 
