@@ -1514,3 +1514,28 @@ fn an_extend_after_a_fail_is_lease_lost_and_the_takeover_stays_immediate() {
     );
     second.complete(b"done").expect("complete");
 }
+
+/// A claim bringing another payload than the holder's is refused with
+/// `FingerprintMismatch` while the lease is live, as on the file engine, also when the
+/// holder is this process (whose front knows the lease and answers without a round trip).
+#[test]
+fn a_live_lease_of_this_process_refuses_another_fingerprint() {
+    let e = engine(&prefix("fplive"));
+    let Claim::Acquired(lease) = e
+        .claim(b"k", &ClaimOptions::default().payload(b"one"))
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    for _ in 0..2 {
+        assert!(matches!(
+            e.claim(b"k", &ClaimOptions::default().payload(b"two")),
+            Err(ClaimError::FingerprintMismatch)
+        ));
+    }
+    assert!(matches!(
+        e.claim(b"k", &ClaimOptions::default().payload(b"one")),
+        Ok(Claim::InProgress(_))
+    ));
+    lease.complete(b"done").expect("complete");
+}

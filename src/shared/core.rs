@@ -218,6 +218,7 @@ impl Core {
                         token,
                         attempt,
                         lease,
+                        fingerprint: asked.map(|a| a.value),
                     };
                     (found, Some(Ok(answer)))
                 }
@@ -245,11 +246,18 @@ impl Core {
                     (Found::Nothing, Some(Err(ClaimError::FingerprintMismatch)))
                 }
                 Ok(ClaimRow::Held {
-                    attempt, remaining, ..
+                    attempt,
+                    remaining,
+                    fingerprint,
                 }) if !remaining.is_zero() => {
                     let waits_on = deadline.is_some_and(|d| Instant::now() < d);
                     let answer = (!waits_on).then(|| Ok(self.busy(remaining, attempt)));
-                    (Found::Held { remaining, attempt }, answer)
+                    let found = Found::Held {
+                        remaining,
+                        attempt,
+                        fingerprint,
+                    };
+                    (found, answer)
                 }
                 // The function's passes all lost races to other callers' commits, or it read a
                 // row whose lease or retention ended as it answered: ask again.
