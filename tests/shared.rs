@@ -1539,3 +1539,22 @@ fn a_live_lease_of_this_process_refuses_another_fingerprint() {
     ));
     lease.complete(b"done").expect("complete");
 }
+
+/// A repeated completion by the same token with other bytes succeeds and changes nothing,
+/// as on the file engine: every later claim replays the first completion's bytes, also in
+/// the engine that made the repeat.
+#[test]
+fn a_repeated_completion_keeps_the_first_response() {
+    let e = engine(&prefix("repeat"));
+    let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    let token = lease.token();
+    lease.complete(b"first").expect("complete");
+    e.complete(b"k", token, b"second")
+        .expect("a repeat by the same token succeeds");
+    match e.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!(s.response(), b"first"),
+        other => panic!("expected the stored completion, got {other:?}"),
+    }
+}

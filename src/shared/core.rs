@@ -301,6 +301,22 @@ impl Core {
             .await
         {
             Ok(CompleteRow::Done {
+                repeat: true,
+                remaining,
+                heard,
+                ..
+            }) => {
+                // Stored before under this token: the row keeps the first completion's
+                // response, which this call's bytes need not be, so none is cached here
+                // (a local claim asks and replays the stored one).
+                self.front.forget_held(key, hash, token);
+                if heard {
+                    self.outbox.push(hash);
+                }
+                Ok(expires_wall_ms(remaining))
+            }
+            Ok(CompleteRow::Done {
+                repeat: false,
                 attempt,
                 fingerprint,
                 remaining,
