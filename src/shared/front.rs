@@ -765,7 +765,7 @@ mod tests {
             fingerprint: Some(1),
         };
         front.publish(b"u", 2, Instant::now(), found);
-        assert_eq!(front.lease_remaining(b"u", 2, 3).is_zero(), false);
+        assert!(!front.lease_remaining(b"u", 2, 3).is_zero());
         assert!(matches!(
             front.answer_locally(b"u", 2, Some(fp(2)), false),
             Some(Look::Mismatch)

@@ -406,4 +406,44 @@ mod tests {
         }
         assert!(doc.contains(&format!("LISTEN \"{}\"", sql.channel)));
     }
+
+    /// Every statement reads the time as an unqualified `clock_timestamp()`, the one
+    /// reading a test database shadows through `search_path` to move the clock
+    /// (docs/testing.md, "The differential suite"): no other time function, no
+    /// schema-qualified one.
+    #[test]
+    fn every_statement_reads_the_time_through_clock_timestamp() {
+        let sql = Sql::new(Some("s"), "p_");
+        let mut all = vec![
+            sql.claim.clone(),
+            sql.claim_batch.clone(),
+            sql.complete.clone(),
+            sql.release.clone(),
+            sql.extend.clone(),
+            sql.checkpoint.clone(),
+            sql.fail.clone(),
+            sql.get.clone(),
+            sql.sweep.clone(),
+        ];
+        all.extend(sql.create.iter().cloned());
+        all.extend(sql.upgrade_from_1.iter().cloned());
+        let mut reads = 0;
+        for stmt in &all {
+            let lower = stmt.to_lowercase();
+            for other in [
+                "now()",
+                "current_timestamp",
+                "current_time",
+                "localtime",
+                "statement_timestamp",
+                "transaction_timestamp",
+                "timeofday",
+                "pg_catalog.clock_timestamp",
+            ] {
+                assert!(!lower.contains(other), "{other} in:\n{stmt}");
+            }
+            reads += lower.matches("clock_timestamp()").count();
+        }
+        assert!(reads > 0);
+    }
 }
