@@ -46,7 +46,8 @@ const UNIT: u64 = 60;
 const LEASE: u64 = 13;
 const RETENTION: u64 = 62;
 const STEP: u64 = 5;
-const LEASES: [u64; 4] = [0, 7, 13, 31];
+/// The last is longer than the shared backend's cap (about 100 years).
+const LEASES: [u64; 5] = [0, 7, 13, 31, 200 * 365 * 24 * 60];
 const OWN_RETENTION: u64 = 17;
 const KEYS: [&[u8]; 2] = [b"k1", b"k2"];
 const SCOPES: [&[u8]; 2] = [b"", b"tenant"];
@@ -152,10 +153,15 @@ fn units(n: u64) -> Duration {
     Duration::from_secs(n * UNIT)
 }
 
-/// A duration in units, rounded to the nearest: both backends agree to it.
+/// A duration in units, rounded to the nearest: both backends agree to it. The shared
+/// backend caps what it sends at about 100 years (docs/design.md), so anything past half
+/// of that reads as "forever".
 fn in_units(d: Duration) -> u64 {
+    let d = if d > CAP / 2 { CAP } else { d };
     (d.as_secs() + UNIT / 2) / UNIT
 }
+
+const CAP: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 fn units_until(at: SystemTime, now: SystemTime) -> i64 {
     match at.duration_since(now) {
