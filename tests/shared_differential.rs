@@ -222,6 +222,8 @@ enum Answer {
     Swept(Result<u64, String>),
     Moved,
     Duplicates(Vec<String>),
+    /// Concurrent claims' answers, sorted.
+    Race(Vec<Answer>),
 }
 
 fn lease_err(e: LeaseError) -> String {
@@ -275,6 +277,14 @@ enum Op {
     Duplicates {
         n: usize,
         wait: bool,
+    },
+    /// `n` concurrent claims of a key of the history, whatever its state (a live lease, an
+    /// expired or failed one to take over, a completion), half of them through a second
+    /// shared engine (another process) so that they meet in the database.
+    Race {
+        slot: usize,
+        n: usize,
+        payload: Option<u8>,
     },
 }
 
@@ -330,13 +340,18 @@ fn generate(rng: &mut fastrand::Rng, ops: usize) -> Vec<Op> {
             85..=94 => Op::Advance {
                 units: STEP * [1, 1, 2, 4, 13][rng.usize(0..5)],
             },
-            95..=96 => Op::Sweep,
+            95 => Op::Sweep,
+            96..=97 => Op::Race {
+                slot: rng.usize(0..slots),
+                n: rng.usize(2..5),
+                payload: (rng.u8(0..4) > 0).then(|| rng.u8(0..2)),
+            },
             _ => Op::Duplicates {
                 n: rng.usize(2..6),
                 wait: rng.bool(),
             },
         };
-        if let Op::Claim { .. } = op {
+        if let Op::Claim { .. } | Op::Race { .. } = op {
             // Each claim may acquire; a holder call naming one that did not is skipped.
             leases += 1;
         }
@@ -513,6 +528,39 @@ impl Run {
                 Answer::Swept(self.file.engine.admin().sweep_now().map_err(claim_err)),
                 Answer::Swept(self.pg.engine.admin().sweep_now().map_err(claim_err)),
             ),
+            Op::Race {
+                slot: s,
+                n,
+                payload,
+            } => {
+                let (scope, key) = slot(s);
+                let mut opts = ClaimOptions::default();
+                if !scope.is_empty() {
+                    opts = opts.scope(scope);
+                }
+                if let Some(p) = payload {
+                    opts = opts.payload(&[p]);
+                }
+                let peer = pg_engine(&self.pg_clock, &self.prefix, &self.clock);
+                let f = race(&mut self.file, None, key, &opts, n, self.clock.wall());
+                let p = race(&mut self.pg, Some(&peer), key, &opts, n, SystemTime::now());
+                let won = |a: &Answer| match a {
+                    Answer::Race(all) => all
+                        .iter()
+                        .filter(|x| matches!(x, Answer::Acquired { .. }))
+                        .count(),
+                    _ => 0,
+                };
+                let index = (won(&f) == 1 && won(&p) == 1).then(|| {
+                    self.claimed.push(Claimed {
+                        slot: s,
+                        lease: LEASE,
+                    });
+                    self.claimed.len() - 1
+                });
+                self.by_claim.push(index);
+                (f, p)
+            }
             Op::Duplicates { n, wait } => {
                 self.dups += 1;
                 let key = format!("dup-{}", self.dups);
@@ -548,7 +596,48 @@ fn checkpoint_of(c: Option<&idemkv::Checkpoint>) -> Option<(u32, Vec<u8>)> {
 }
 
 fn claim(side: &mut Side, key: &[u8], opts: &ClaimOptions, now: SystemTime) -> Answer {
-    match side.engine.claim(key, opts) {
+    let result = side.engine.claim(key, opts);
+    answer_of(side, result, now)
+}
+
+/// `n` threads claim `key` at once, every other one through `peer` when given; their
+/// answers, sorted. An acquired lease joins the history's.
+fn race(
+    side: &mut Side,
+    peer: Option<&Engine>,
+    key: &[u8],
+    opts: &ClaimOptions,
+    n: usize,
+    now: SystemTime,
+) -> Answer {
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let engine = match peer {
+                Some(p) if i % 2 == 1 => p.clone(),
+                _ => side.engine.clone(),
+            };
+            let (barrier, key, opts) = (barrier.clone(), key.to_vec(), opts.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                engine.claim(&key, &opts)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .collect();
+    let mut answers: Vec<Answer> = results
+        .into_iter()
+        .map(|r| answer_of(side, r, now))
+        .collect();
+    answers.sort_by_key(|a| format!("{a:?}"));
+    Answer::Race(answers)
+}
+
+fn answer_of(side: &mut Side, result: Result<Claim, ClaimError>, now: SystemTime) -> Answer {
+    match result {
         Ok(Claim::Acquired(lease)) => {
             let answer = Answer::Acquired {
                 token: side.tokens.id(lease.token()),
