@@ -241,9 +241,24 @@ impl Core {
                     };
                     (Found::Completed(cached), Some(answer))
                 }
-                Ok(ClaimRow::Held { fingerprint, .. }) if mismatched(asked, fingerprint) => {
+                Ok(ClaimRow::Held {
+                    attempt,
+                    remaining,
+                    fingerprint,
+                }) if mismatched(asked, fingerprint) => {
                     bump(&self.counters.fingerprint_mismatches);
-                    (Found::Nothing, Some(Err(ClaimError::FingerprintMismatch)))
+                    // A live row is published as for a match: a lease of this process
+                    // stays held here, and joined callers check their own fingerprint. An
+                    // ended one is not: a joined caller that matches may take it over.
+                    let found = match remaining.is_zero() {
+                        true => Found::Nothing,
+                        false => Found::Held {
+                            remaining,
+                            attempt,
+                            fingerprint,
+                        },
+                    };
+                    (found, Some(Err(ClaimError::FingerprintMismatch)))
                 }
                 Ok(ClaimRow::Held {
                     attempt,

@@ -330,7 +330,9 @@ impl Front {
                 attempt,
                 fingerprint,
             } if now < recheck => {
-                if local_check(asked, Some(fingerprint)) == Check::Mismatch {
+                // The ask this caller joined answers it as the database did: the row's
+                // fingerprint is checked as the asker's was.
+                if joined && local_check(asked, Some(fingerprint)) == Check::Mismatch {
                     return Look::Mismatch;
                 }
                 if waiting {
@@ -769,6 +771,39 @@ mod tests {
         assert!(matches!(
             front.answer_locally(b"u", 2, Some(fp(2)), false),
             Some(Look::Mismatch)
+        ));
+    }
+
+    /// Another process's lease: a caller that joined an ask is answered as the database
+    /// answered the asker, its own fingerprint checked against the row's; one that did not
+    /// join asks.
+    #[test]
+    fn a_joined_caller_with_another_fingerprint_is_refused() {
+        let front = Front::new();
+        let (k, h) = (&b"k"[..], 4);
+        let fp = |value| AskedFingerprint {
+            value,
+            legacy: None,
+        };
+        ask(&front, k, h);
+        let found = Found::Held {
+            remaining: Duration::from_secs(60),
+            attempt: 1,
+            fingerprint: Some(1),
+        };
+        front.publish(k, h, Instant::now(), found);
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(matches!(
+            front.look(k, h, Some(fp(2)), None, true, far),
+            Look::Mismatch
+        ));
+        assert!(matches!(
+            front.look(k, h, Some(fp(1)), None, true, far),
+            Look::Busy { attempt: 1, .. }
+        ));
+        assert!(matches!(
+            front.look(k, h, Some(fp(2)), None, false, far),
+            Look::Ask
         ));
     }
 }
