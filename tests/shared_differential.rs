@@ -181,9 +181,8 @@ impl Tokens {
     }
 }
 
-/// One backend: its engine(s), clock and tokens.
+/// One backend: its engine, its tokens by identity and the history's leases on it.
 struct Side {
-    name: &'static str,
     engine: Engine,
     tokens: Tokens,
     /// Tokens of the leases the history acquired, in order (same index on both sides).
@@ -361,16 +360,14 @@ fn generate(rng: &mut fastrand::Rng, ops: usize) -> Vec<Op> {
 }
 
 struct Run {
-    seed: u64,
-    history: u64,
     clock: MockClock,
     pg_clock: TestClock,
     prefix: String,
     file: Side,
     pg: Side,
     claimed: Vec<Claimed>,
-    /// The claim-op number of each acquired lease: the generator counts claims, the run
-    /// counts acquisitions; a holder op names a generator index, mapped here.
+    /// For each claim of the plan, in order (holder calls name claims by this number), the
+    /// index of its lease in `claimed` when both sides acquired it.
     by_claim: Vec<Option<usize>>,
     dups: usize,
     _dir: tempfile::TempDir,
@@ -406,19 +403,15 @@ impl Run {
         let prefix = format!("d{:08x}_{history}_", seed as u32);
         let pg = pg_engine(&pg_clock, &prefix, &clock);
         Run {
-            seed,
-            history,
             clock,
             pg_clock,
             prefix,
             file: Side {
-                name: "file",
                 engine: file,
                 tokens: Tokens::default(),
                 leases: Vec::new(),
             },
             pg: Side {
-                name: "postgres",
                 engine: pg,
                 tokens: Tokens::default(),
                 leases: Vec::new(),
@@ -798,7 +791,6 @@ fn run_history(
             log.join("\n")
         ));
     }
-    let _ = (run.file.name, run.pg.name, run.history, run.seed);
     Ok(run.pg_clock)
 }
 
