@@ -5,7 +5,8 @@
 #   scripts/pg.sh env     # print `export IDEMKV_PG_URL=... IDEMKV_PG_TLS_DIR=...
 #                         # IDEMKV_PG_SOCKET_DIR=...` (eval "$(scripts/pg.sh env)")
 #   scripts/pg.sh test    # start, run `cargo test --features postgres --test shared`,
-#                         # `--test shared_tls` and `--test shared_processes`, stop
+#                         # `--test shared_differential`, `--test shared_tls` and
+#                         # `--test shared_processes`, stop
 #                         # (a server already running is reused and left running)
 #   scripts/pg.sh stop    # stop it and remove its directory
 #   scripts/pg.sh restart # restart the running server (pg_ctl restart -m fast)
@@ -157,6 +158,8 @@ case "${1:-}" in
         # The statement texts that docs/shared.md reproduces, then the suite.
         cargo test -q -p idemkv --features postgres --lib shared::
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared "$@"
+        # The same seeded histories on the file engine and on this server, compared.
+        IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared_differential "$@"
         IDEMKV_PG_URL=$URL IDEMKV_PG_TLS_DIR=$TLS_DIR IDEMKV_PG_SOCKET_DIR=$PG_DIR/sock \
             cargo test -p idemkv --features postgres --test shared_tls "$@"
         # Across processes; its restart test runs `scripts/pg.sh restart` on this server.

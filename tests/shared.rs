@@ -1484,3 +1484,145 @@ fn a_completion_nobody_waits_for_sends_no_notification() {
         "the completion notified: {seen:?}"
     );
 }
+
+/// A keep-alive renewal (an `extend` with the holder's token) that lands after the holder
+/// failed the attempt does not revive it: it is `LeaseLost`, as on the file engine, and
+/// the next claim still takes the key over at once with the checkpoint.
+#[test]
+fn an_extend_after_a_fail_is_lease_lost_and_the_takeover_stays_immediate() {
+    let p = prefix("failext");
+    let (a, b) = (engine(&p), engine(&p));
+    let opts = ClaimOptions::default().lease(Duration::from_secs(600));
+    let Claim::Acquired(mut first) = a.claim(b"k", &opts).expect("claim") else {
+        panic!("acquired");
+    };
+    first.set_checkpoint(1, b"charged").expect("checkpoint");
+    let (key, token) = (first.key().to_vec(), first.token());
+    assert!(first.fail().expect("fail"));
+    assert_eq!(
+        a.extend(&key, token, Duration::from_secs(600)),
+        Err(LeaseError::LeaseLost)
+    );
+    let Claim::Acquired(second) = b.claim(b"k", &opts).expect("claim") else {
+        panic!("the failed attempt is taken over at once, renewal or not");
+    };
+    assert_eq!(second.attempt(), 2);
+    assert!(second.token() > token);
+    assert_eq!(
+        second.checkpoint().map(|c| (c.phase(), c.data().to_vec())),
+        Some((1, b"charged".to_vec()))
+    );
+    second.complete(b"done").expect("complete");
+}
+
+/// A claim bringing another payload than the holder's is refused with
+/// `FingerprintMismatch` while the lease is live, as on the file engine, also when the
+/// holder is this process (whose front knows the lease and answers without a round trip).
+#[test]
+fn a_live_lease_of_this_process_refuses_another_fingerprint() {
+    let e = engine(&prefix("fplive"));
+    let Claim::Acquired(lease) = e
+        .claim(b"k", &ClaimOptions::default().payload(b"one"))
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    for _ in 0..2 {
+        assert!(matches!(
+            e.claim(b"k", &ClaimOptions::default().payload(b"two")),
+            Err(ClaimError::FingerprintMismatch)
+        ));
+    }
+    assert!(matches!(
+        e.claim(b"k", &ClaimOptions::default().payload(b"one")),
+        Ok(Claim::InProgress(_))
+    ));
+    lease.complete(b"done").expect("complete");
+}
+
+/// A repeated completion by the same token with other bytes succeeds and changes nothing,
+/// as on the file engine: every later claim replays the first completion's bytes, also in
+/// the engine that made the repeat.
+#[test]
+fn a_repeated_completion_keeps_the_first_response() {
+    let e = engine(&prefix("repeat"));
+    let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    let token = lease.token();
+    lease.complete(b"first").expect("complete");
+    e.complete(b"k", token, b"second")
+        .expect("a repeat by the same token succeeds");
+    match e.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!(s.response(), b"first"),
+        other => panic!("expected the stored completion, got {other:?}"),
+    }
+}
+
+/// Waits (bounded) until `n` backends of this test's objects wait on a lock.
+fn wait_blocked_connections(prefix: &str, n: usize) {
+    let sql = format!(
+        "SELECT count(*) >= {n} FROM pg_stat_activity \
+         WHERE wait_event_type = 'Lock' AND query LIKE '%{prefix}%' \
+           AND query NOT LIKE '%pg_stat_activity%' AND pid <> pg_backend_pid()"
+    );
+    let end = Instant::now() + Duration::from_secs(20);
+    // Polls a state of the server (backends blocked on the lock), not the passing of time.
+    while Instant::now() < end {
+        if psql(&sql) == "t" {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("fewer than {n} connections of the engines blocked on the row lock");
+}
+
+/// The takeover of an expired lease is one conditional statement: two processes that both
+/// read the row as over and then race to take it over, each blocked on the row's lock
+/// until it is free, cannot both win. The second re-checks the lease on the row the first
+/// wrote, finds it live and answers `InProgress`. (A takeover that read the row and then
+/// updated it without the lease-over condition in the same statement would hand the key
+/// to both.)
+#[test]
+fn two_engines_racing_the_takeover_of_an_expired_lease_acquire_it_once() {
+    let p = prefix("race");
+    let (a, b, c) = (engine(&p), engine(&p), engine(&p));
+    let Claim::Acquired(old) = a
+        .claim(b"k", &ClaimOptions::default().lease(Duration::ZERO))
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    // The holder dies without settling; its lease of zero is over on the database's clock.
+    let old = old.detach();
+    let lock = RowLock::take(&p, b"k");
+    let long = ClaimOptions::default().lease(Duration::from_secs(600));
+    let racers: Vec<_> = [b.clone(), c.clone()]
+        .into_iter()
+        .map(|e| {
+            let long = long.clone();
+            std::thread::spawn(move || e.claim(b"k", &long).expect("claim"))
+        })
+        .collect();
+    // Both read the row as over and wait on its lock inside their takeover.
+    wait_blocked_connections(&p, 2);
+    drop(lock);
+    let answers: Vec<Claim> = racers
+        .into_iter()
+        .map(|h| h.join().expect("no panic"))
+        .collect();
+    let mut acquired = Vec::new();
+    for answer in answers {
+        match answer {
+            Claim::Acquired(lease) => acquired.push(lease),
+            Claim::InProgress(busy) => assert_eq!(busy.attempt(), 2),
+            other => panic!("expected Acquired or InProgress, got {other:?}"),
+        }
+    }
+    assert_eq!(acquired.len(), 1, "exactly one racer takes the key over");
+    let winner = acquired.pop().expect("one winner");
+    assert_eq!(winner.attempt(), 2);
+    assert!(winner.token() > old.token());
+    winner.complete(b"once").expect("complete");
+    assert_eq!(b.stats().takeovers + c.stats().takeovers, 1);
+}

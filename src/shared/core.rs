@@ -218,6 +218,7 @@ impl Core {
                         token,
                         attempt,
                         lease,
+                        fingerprint: asked.map(|a| a.value),
                     };
                     (found, Some(Ok(answer)))
                 }
@@ -240,16 +241,38 @@ impl Core {
                     };
                     (Found::Completed(cached), Some(answer))
                 }
-                Ok(ClaimRow::Held { fingerprint, .. }) if mismatched(asked, fingerprint) => {
+                Ok(ClaimRow::Held {
+                    attempt,
+                    remaining,
+                    fingerprint,
+                }) if mismatched(asked, fingerprint) => {
                     bump(&self.counters.fingerprint_mismatches);
-                    (Found::Nothing, Some(Err(ClaimError::FingerprintMismatch)))
+                    // A live row is published as for a match: a lease of this process
+                    // stays held here, and joined callers check their own fingerprint. An
+                    // ended one is not: a joined caller that matches may take it over.
+                    let found = match remaining.is_zero() {
+                        true => Found::Nothing,
+                        false => Found::Held {
+                            remaining,
+                            attempt,
+                            fingerprint,
+                        },
+                    };
+                    (found, Some(Err(ClaimError::FingerprintMismatch)))
                 }
                 Ok(ClaimRow::Held {
-                    attempt, remaining, ..
+                    attempt,
+                    remaining,
+                    fingerprint,
                 }) if !remaining.is_zero() => {
                     let waits_on = deadline.is_some_and(|d| Instant::now() < d);
                     let answer = (!waits_on).then(|| Ok(self.busy(remaining, attempt)));
-                    (Found::Held { remaining, attempt }, answer)
+                    let found = Found::Held {
+                        remaining,
+                        attempt,
+                        fingerprint,
+                    };
+                    (found, answer)
                 }
                 // The function's passes all lost races to other callers' commits, or it read a
                 // row whose lease or retention ended as it answered: ask again.
@@ -293,6 +316,22 @@ impl Core {
             .await
         {
             Ok(CompleteRow::Done {
+                repeat: true,
+                remaining,
+                heard,
+                ..
+            }) => {
+                // Stored before under this token: the row keeps the first completion's
+                // response, which this call's bytes need not be, so none is cached here
+                // (a local claim asks and replays the stored one).
+                self.front.forget_held(key, hash, token);
+                if heard {
+                    self.outbox.push(hash);
+                }
+                Ok(expires_wall_ms(remaining))
+            }
+            Ok(CompleteRow::Done {
+                repeat: false,
                 attempt,
                 fingerprint,
                 remaining,

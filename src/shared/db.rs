@@ -56,6 +56,8 @@ pub(crate) enum ClaimRow {
 pub(crate) enum CompleteRow {
     /// Stored now, or stored before under the same token (a repeat).
     Done {
+        /// Stored before: the row keeps the first completion's response, not this call's.
+        repeat: bool,
         attempt: u32,
         fingerprint: Option<u128>,
         remaining: Duration,
@@ -487,7 +489,9 @@ impl Db {
         let Some(row) = rows.first() else {
             return Ok(CompleteRow::Lost);
         };
+        let kind: &str = row.try_get(0).map_err(undecodable)?;
         Ok(CompleteRow::Done {
+            repeat: kind == "repeat",
             attempt: attempt_of(row.try_get(1).map_err(undecodable)?),
             fingerprint: fingerprint_of(row.try_get(2).map_err(undecodable)?),
             remaining: remaining(row.try_get(3).map_err(undecodable)?),

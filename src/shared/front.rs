@@ -42,9 +42,14 @@ enum Local {
         attempt: u32,
         /// The lease's end as this process estimates it (never later than the database's).
         until: Instant,
+        /// The row's fingerprint, when known (`None`: the claim brought none and took over
+        /// a row that may have one; an ask learns it).
+        fingerprint: Option<Option<u128>>,
     },
     Remote {
         attempt: u32,
+        /// The row's fingerprint, as the last ask read it.
+        fingerprint: Option<u128>,
         /// The other holder's lease end, as the last ask reported it.
         until: Instant,
         /// When a waiter asks again without a notification.
@@ -208,14 +213,37 @@ pub(crate) enum Found {
         token: u64,
         attempt: u32,
         lease: Duration,
+        /// The claim's own fingerprint: the row's, when the claim brought one.
+        fingerprint: Option<u128>,
     },
     Completed(Cached),
     Held {
         remaining: Duration,
         attempt: u32,
+        fingerprint: Option<u128>,
     },
     /// The ask failed, or could not decide: nothing is known.
     Nothing,
+}
+
+/// Whether a claim's fingerprint lets the front answer it from a held key's entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    Matches,
+    Mismatch,
+    /// The row's fingerprint is not known here: only the database can answer.
+    Unknown,
+}
+
+/// `known`: the row's fingerprint, when the front knows it. As the database decides: a
+/// claim or a row without a fingerprint matches anything.
+fn local_check(asked: Option<AskedFingerprint>, known: Option<Option<u128>>) -> Check {
+    match (asked, known) {
+        (None, _) | (Some(_), Some(None)) => Check::Matches,
+        (Some(_), None) => Check::Unknown,
+        (Some(a), Some(Some(stored))) if a.matches(stored) => Check::Matches,
+        (Some(_), Some(Some(_))) => Check::Mismatch,
+    }
 }
 
 pub(crate) struct Front {
@@ -275,7 +303,15 @@ impl Front {
                 }
                 return Look::Replay(c.stored);
             }
-            Local::Held { until, attempt, .. } if now < until => {
+            Local::Held {
+                until,
+                attempt,
+                fingerprint,
+                ..
+            } if now < until && local_check(asked, fingerprint) != Check::Unknown => {
+                if local_check(asked, fingerprint) == Check::Mismatch {
+                    return Look::Mismatch;
+                }
                 if waiting {
                     return Look::Wait {
                         signal: e.signal.subscribe(),
@@ -292,7 +328,13 @@ impl Front {
                 until,
                 recheck,
                 attempt,
+                fingerprint,
             } if now < recheck => {
+                // The ask this caller joined answers it as the database did: the row's
+                // fingerprint is checked as the asker's was.
+                if joined && local_check(asked, Some(fingerprint)) == Check::Mismatch {
+                    return Look::Mismatch;
+                }
                 if waiting {
                     return Look::Wait {
                         signal: e.signal.subscribe(),
@@ -342,10 +384,20 @@ impl Front {
                 }
                 Some(Look::Replay(c.stored.clone()))
             }
-            Local::Held { until, attempt, .. } if now < *until && !waits => Some(Look::Busy {
-                retry_after: *until - now,
-                attempt: *attempt,
-            }),
+            Local::Held {
+                until,
+                attempt,
+                fingerprint,
+                ..
+            } if now < *until => match local_check(asked, *fingerprint) {
+                Check::Mismatch => Some(Look::Mismatch),
+                Check::Unknown => None,
+                Check::Matches if waits => None,
+                Check::Matches => Some(Look::Busy {
+                    retry_after: *until - now,
+                    attempt: *attempt,
+                }),
+            },
             _ => None,
         }
     }
@@ -357,18 +409,47 @@ impl Front {
         let now = Instant::now();
         let mut stripe = self.stripe(hash).lock();
         let notified = stripe.find(hash, key).is_some_and(|e| e.notified);
-        let state = match found {
-            Found::Acquired {
+        // A lease of this process that is live by its estimate (never later than the
+        // database's end) is the row's holder: an ask that found the key held found it.
+        let own = stripe.find(hash, key).and_then(|e| match e.state {
+            Local::Held {
                 token,
                 attempt,
-                lease,
-            } => Local::Held {
+                until,
+                ..
+            } if now < until => Some((token, attempt, until)),
+            _ => None,
+        });
+        let state = match (found, own) {
+            (
+                Found::Acquired {
+                    token,
+                    attempt,
+                    lease,
+                    fingerprint,
+                },
+                _,
+            ) => Local::Held {
                 token,
                 attempt,
                 until: sent + lease.min(PG_INTERVAL_MAX),
+                fingerprint: fingerprint.map(Some),
             },
-            Found::Completed(c) => Local::Completed(c),
-            Found::Held { remaining, attempt } => {
+            (Found::Completed(c), _) => Local::Completed(c),
+            (Found::Held { fingerprint, .. }, Some((token, attempt, until))) => Local::Held {
+                token,
+                attempt,
+                until,
+                fingerprint: Some(fingerprint),
+            },
+            (
+                Found::Held {
+                    remaining,
+                    attempt,
+                    fingerprint,
+                },
+                None,
+            ) => {
                 let until = now + remaining.min(PG_INTERVAL_MAX);
                 // A notification during the ask means the answer may be stale: look again
                 // at once (after the shortest pause).
@@ -381,11 +462,12 @@ impl Front {
                 };
                 Local::Remote {
                     attempt,
+                    fingerprint,
                     until,
                     recheck,
                 }
             }
-            Found::Nothing => Local::Unknown,
+            (Found::Nothing, _) => Local::Unknown,
         };
         let cache =
             matches!(state, Local::Completed(ref c) if c.stored.response.len() <= self.bytes_max);
@@ -581,6 +663,7 @@ mod tests {
             token: 3,
             attempt: 1,
             lease,
+            fingerprint: None,
         };
         front.publish(k, h, Instant::now(), found);
         match front.answer_locally(k, h, None, false) {
@@ -609,6 +692,7 @@ mod tests {
         let found = Found::Held {
             remaining: lease,
             attempt: 2,
+            fingerprint: None,
         };
         front.publish(r, rh, Instant::now(), found);
         assert!(front.answer_locally(r, rh, None, false).is_none());
@@ -633,6 +717,93 @@ mod tests {
         assert!(matches!(
             front.answer_locally(k, h, Some(other), false),
             Some(Look::Mismatch)
+        ));
+    }
+
+    /// A live lease of this process answers a claim locally only as the database would:
+    /// a claim bringing another fingerprint than the holder's is refused, not told to wait,
+    /// and one the front cannot check (the holder brought none to a takeover) is asked.
+    #[test]
+    fn a_held_key_refuses_a_mismatched_fingerprint_locally() {
+        let front = Front::new();
+        let fp = |value| AskedFingerprint {
+            value,
+            legacy: None,
+        };
+        let lease = Duration::from_secs(60);
+        for (k, h, holder) in [(&b"k"[..], 1, Some(1)), (&b"u"[..], 2, None)] {
+            ask(&front, k, h);
+            let found = Found::Acquired {
+                token: 3,
+                attempt: 2,
+                lease,
+                fingerprint: holder,
+            };
+            front.publish(k, h, Instant::now(), found);
+        }
+        for waits in [false, true] {
+            assert!(matches!(
+                front.answer_locally(b"k", 1, Some(fp(2)), waits),
+                Some(Look::Mismatch)
+            ));
+        }
+        assert!(matches!(
+            front.look(b"k", 1, Some(fp(2)), None, false, Instant::now()),
+            Look::Mismatch
+        ));
+        assert!(matches!(
+            front.answer_locally(b"k", 1, Some(fp(1)), false),
+            Some(Look::Busy { attempt: 2, .. })
+        ));
+        // Unknown: the full claim asks, and what it finds keeps the lease held here.
+        assert!(front.answer_locally(b"u", 2, Some(fp(2)), false).is_none());
+        assert!(matches!(
+            front.look(b"u", 2, Some(fp(2)), None, false, Instant::now()),
+            Look::Ask
+        ));
+        let found = Found::Held {
+            remaining: lease,
+            attempt: 2,
+            fingerprint: Some(1),
+        };
+        front.publish(b"u", 2, Instant::now(), found);
+        assert!(!front.lease_remaining(b"u", 2, 3).is_zero());
+        assert!(matches!(
+            front.answer_locally(b"u", 2, Some(fp(2)), false),
+            Some(Look::Mismatch)
+        ));
+    }
+
+    /// Another process's lease: a caller that joined an ask is answered as the database
+    /// answered the asker, its own fingerprint checked against the row's; one that did not
+    /// join asks.
+    #[test]
+    fn a_joined_caller_with_another_fingerprint_is_refused() {
+        let front = Front::new();
+        let (k, h) = (&b"k"[..], 4);
+        let fp = |value| AskedFingerprint {
+            value,
+            legacy: None,
+        };
+        ask(&front, k, h);
+        let found = Found::Held {
+            remaining: Duration::from_secs(60),
+            attempt: 1,
+            fingerprint: Some(1),
+        };
+        front.publish(k, h, Instant::now(), found);
+        let far = Instant::now() + Duration::from_secs(60);
+        assert!(matches!(
+            front.look(k, h, Some(fp(2)), None, true, far),
+            Look::Mismatch
+        ));
+        assert!(matches!(
+            front.look(k, h, Some(fp(1)), None, true, far),
+            Look::Busy { attempt: 1, .. }
+        ));
+        assert!(matches!(
+            front.look(k, h, Some(fp(2)), None, false, far),
+            Look::Ask
         ));
     }
 }

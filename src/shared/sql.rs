@@ -255,11 +255,13 @@ FROM generate_series(0, {last}) s",
         );
 
         // Extend: the lease ends `$3` µs from the database's now; the abandoned row's
-        // reaping moves with it ($4 retention µs).
+        // reaping moves with it ($4 retention µs). A failed attempt is over for good: a
+        // renewal racing the fail finds no row (`LeaseLost`), so the next claim still
+        // takes the key over at once.
         let extend = format!(
             "UPDATE {keys} SET lease_until = clock_timestamp() + $3::bigint {US},
     reap_at = clock_timestamp() + ($3::bigint + coalesce(retention_us, $4::bigint)) {US}
-WHERE key = $1 AND token = $2 AND state = 'i'
+WHERE key = $1 AND token = $2 AND state = 'i' AND NOT failed
 RETURNING 1"
         );
 
@@ -403,5 +405,45 @@ mod tests {
             assert!(doc.contains(&stmt), "docs/shared.md lacks:\n{stmt}");
         }
         assert!(doc.contains(&format!("LISTEN \"{}\"", sql.channel)));
+    }
+
+    /// Every statement reads the time as an unqualified `clock_timestamp()`, the one
+    /// reading a test database shadows through `search_path` to move the clock
+    /// (docs/testing.md, "The differential suite"): no other time function, no
+    /// schema-qualified one.
+    #[test]
+    fn every_statement_reads_the_time_through_clock_timestamp() {
+        let sql = Sql::new(Some("s"), "p_");
+        let mut all = vec![
+            sql.claim.clone(),
+            sql.claim_batch.clone(),
+            sql.complete.clone(),
+            sql.release.clone(),
+            sql.extend.clone(),
+            sql.checkpoint.clone(),
+            sql.fail.clone(),
+            sql.get.clone(),
+            sql.sweep.clone(),
+        ];
+        all.extend(sql.create.iter().cloned());
+        all.extend(sql.upgrade_from_1.iter().cloned());
+        let mut reads = 0;
+        for stmt in &all {
+            let lower = stmt.to_lowercase();
+            for other in [
+                "now()",
+                "current_timestamp",
+                "current_time",
+                "localtime",
+                "statement_timestamp",
+                "transaction_timestamp",
+                "timeofday",
+                "pg_catalog.clock_timestamp",
+            ] {
+                assert!(!lower.contains(other), "{other} in:\n{stmt}");
+            }
+            reads += lower.matches("clock_timestamp()").count();
+        }
+        assert!(reads > 0);
     }
 }
