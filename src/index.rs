@@ -2414,6 +2414,38 @@ mod tests {
         assert_eq!(f.reclaim_all(10 + 3 * ms), vec![(Reclaimed::Reaped, 1)]);
     }
 
+    /// An extension leaves the lease's old entry behind when it is not on top of the heap;
+    /// that entry must not match the slot (it compares the deadline, not the token alone),
+    /// or the sweep would end the lease at its old deadline while its holder still holds it.
+    #[test]
+    fn an_extended_lease_is_not_ended_at_its_old_deadline() {
+        let mut f = fixture();
+        // "a" ends first, so the entry of "b" is below the top when "b" is extended.
+        f.claim("a", 1, 5);
+        f.claim("b", 2, 10);
+        f.shard.put(
+            f.shard.key(b"b"),
+            Slot::inflight(2, 50, 1),
+            Extra::default(),
+        );
+        assert_eq!(f.shard.leases.len(), 3, "the old entry of b is left behind");
+        assert_eq!(
+            f.shard.end_leases(20, usize::MAX).moved,
+            1,
+            "only a has ended"
+        );
+        let b = f.shard.get(f.shard.key(b"b")).expect("b");
+        assert!(!b.is_abandoned(), "b was ended at its old deadline");
+        assert_eq!(f.gauges(), (1, 1));
+        assert_eq!(f.shard.end_leases(49, usize::MAX).moved, 0);
+        assert_eq!(
+            f.shard.end_leases(50, usize::MAX).moved,
+            1,
+            "b ends at its new one"
+        );
+        assert_eq!(f.gauges(), (0, 2));
+    }
+
     /// Lazy deletion in the heap: a completion that leaves pops its entry if it is on top,
     /// and otherwise leaves it stale, to be dropped when it comes up or by a compaction that
     /// keeps the heap within twice its keys plus the slack.
