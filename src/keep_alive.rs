@@ -207,23 +207,27 @@ mod tests {
 
     /// A renewal extends the lease it was registered for and no other: once the key has
     /// ended and another caller took it over, the old holder's renewal leaves the new
-    /// lease alone and is dropped. Renewals are run by the test (no timer thread).
-    #[test]
-    fn a_renewal_never_extends_a_lease_another_caller_took_over() {
+    /// lease alone and is dropped. Renewals are run by the check (no timer thread).
+    /// `bug` is switched on in the engine (test-only sabotage).
+    fn renewal_after_a_takeover(bug: Option<Sabotage>) -> Result<(), String> {
         let clock = MockClock::new();
         let engine = Engine::builder()
             .durability(Durability::None)
             .clock(clock.clone())
             .sweep_interval(None)
             .open()
-            .expect("open");
+            .map_err(|e| format!("open: {e}"))?;
+        #[cfg(idemkv_sabotage)]
+        crate::sabotage::switch(&engine, bug);
+        #[cfg(not(idemkv_sabotage))]
+        assert!(bug.is_none(), "a bug needs --cfg idemkv_sabotage");
         let s = engine.shared();
         let first = claim(&engine, Duration::from_secs(3));
         let now = s.time.mono_ns();
         let renewal = Renewal {
             engine: engine.clone(),
             // As the lease's handle registers it: the key within its (empty) scope.
-            key: Box::from(&*crate::scope::scoped_shared(&[], b"k").expect("scoped key")),
+            key: Box::from(&*crate::scope::scoped_shared(&[], b"k").ok_or("scoped key")?),
             token: first.token(),
             lease: Duration::from_secs(3),
             until_ns: now + duration_ns(Duration::from_secs(60)),
@@ -234,19 +238,35 @@ mod tests {
         // The renewal is late (its holder's lease ended): another caller takes the key over.
         clock.advance(Duration::from_secs(4));
         let second = claim(&engine, Duration::from_secs(1));
-        assert!(second.token() > first.token());
         s.keep_alive.renew_due(s.time.mono_ns());
-        assert_eq!(
-            lease_remaining(&engine),
-            (second.token(), Duration::from_secs(1)),
-            "the old holder's renewal extended the new holder's lease"
-        );
-        assert_eq!(
-            s.keep_alive.next_due_ns(),
-            None,
-            "a lost lease is not renewed"
-        );
+        let seen = lease_remaining(&engine);
+        let next = s.keep_alive.next_due_ns();
         s.keep_alive.remove(id);
-        drop((first, second));
+        if seen != (second.token(), Duration::from_secs(1)) {
+            return Err(format!(
+                "the renewal of token {} changed the lease of token {} that took the key \
+                 over: (token, lease left) is {seen:?}, expected ({}, 1s)",
+                first.token(),
+                second.token(),
+                second.token()
+            ));
+        }
+        if next.is_some() {
+            return Err("the renewal of a lost lease is still registered".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_renewal_never_extends_a_lease_another_caller_took_over() {
+        renewal_after_a_takeover(None).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Teeth: the check catches a renewal that extends whoever holds the key now.
+    #[cfg(idemkv_sabotage)]
+    #[test]
+    fn teeth_renewal_check_catches_renewing_the_current_holder() {
+        let caught = renewal_after_a_takeover(Some(Sabotage::RenewCurrentHolder));
+        assert!(caught.is_err(), "RenewCurrentHolder was not caught");
     }
 }
