@@ -123,6 +123,11 @@ pub enum Sabotage {
     /// alone), or commits to the file itself, without waiting for the applier to apply the
     /// batches handed to it before.
     SkipApplierDrain = 8,
+    /// A keep-alive renewal extends whoever holds the key now, not the lease it was
+    /// registered for.
+    RenewCurrentHolder = 9,
+    /// `Outbox::mark_sent` returns under `Immediate` before the removal is durable.
+    MarkSentBeforeDurable = 10,
 }
 
 impl Shared {

@@ -415,8 +415,29 @@ impl PartialOrd for ByReap {
 fn lease_matches(slot: &Slot, e: &LeaseEntry, abandoned: bool) -> bool {
     slot.token == e.token
         && slot.is_inflight()
-        && slot.deadline_ns == e.deadline_ns
+        && (slot.deadline_ns == e.deadline_ns || token_only_lease_entries())
         && slot.is_abandoned() == abandoned
+}
+
+#[cfg(idemkv_sabotage)]
+thread_local! {
+    /// Test-only sabotage, for the calling thread only: a lease entry matches its slot by
+    /// token alone, so an extended lease's old entry ends it at its old deadline.
+    pub(crate) static TOKEN_ONLY_LEASE_ENTRIES: std::cell::Cell<bool> =
+        const { std::cell::Cell::new(false) };
+}
+
+/// Whether the test-only sabotage above is on (always false without `--cfg idemkv_sabotage`).
+#[inline]
+fn token_only_lease_entries() -> bool {
+    #[cfg(idemkv_sabotage)]
+    {
+        TOKEN_ONLY_LEASE_ENTRIES.with(std::cell::Cell::get)
+    }
+    #[cfg(not(idemkv_sabotage))]
+    {
+        false
+    }
 }
 
 /// Whether `(key, slot)` is the completion `e` stands for.
@@ -2412,6 +2433,56 @@ mod tests {
         assert_eq!(f.boards().1, 10 + 3 * ms);
         assert_eq!(f.reclaim_all(10 + 3 * ms - 1), vec![]);
         assert_eq!(f.reclaim_all(10 + 3 * ms), vec![(Reclaimed::Reaped, 1)]);
+    }
+
+    /// An extension leaves the lease's old entry behind when it is not on top of the heap;
+    /// that entry must not match the slot (it compares the deadline, not the token alone),
+    /// or the sweep would end the lease at its old deadline while its holder still holds it.
+    fn extended_lease_check() -> Result<(), String> {
+        let mut f = fixture();
+        // "a" ends first, so the entry of "b" is below the top when "b" is extended.
+        f.claim("a", 1, 5);
+        f.claim("b", 2, 10);
+        f.shard.put(
+            f.shard.key(b"b"),
+            Slot::inflight(2, 50, 1),
+            Extra::default(),
+        );
+        if f.shard.leases.len() != 3 {
+            return Err("the old entry of b was not left behind".into());
+        }
+        let ended = f.shard.end_leases(20, usize::MAX).moved;
+        let b = f.shard.get(f.shard.key(b"b")).ok_or("b is gone")?;
+        if ended != 1 || b.is_abandoned() || f.gauges() != (1, 1) {
+            return Err(format!(
+                "b (extended from 10 to 50) was ended at 20 by its old entry: {ended} leases \
+                 ended, b abandoned: {}, gauges (inflight, abandoned) {:?}",
+                b.is_abandoned(),
+                f.gauges()
+            ));
+        }
+        if f.shard.end_leases(49, usize::MAX).moved != 0
+            || f.shard.end_leases(50, usize::MAX).moved != 1
+            || f.gauges() != (0, 2)
+        {
+            return Err("b did not end at its new deadline".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_extended_lease_is_not_ended_at_its_old_deadline() {
+        extended_lease_check().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Teeth: the check catches lease entries that match their slot by token alone.
+    #[cfg(idemkv_sabotage)]
+    #[test]
+    fn teeth_extended_lease_check_catches_token_only_entries() {
+        TOKEN_ONLY_LEASE_ENTRIES.with(|on| on.set(true));
+        let caught = extended_lease_check();
+        TOKEN_ONLY_LEASE_ENTRIES.with(|on| on.set(false));
+        assert!(caught.is_err(), "token-only lease entries were not caught");
     }
 
     /// Lazy deletion in the heap: a completion that leaves pops its entry if it is on top,

@@ -9,7 +9,7 @@
 
 use crate::clock::duration_ns;
 use crate::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MIN};
-use crate::engine::Engine;
+use crate::engine::{Engine, Sabotage};
 use crate::error::LeaseError;
 use crate::machine::Holder;
 use crate::sync::Mutex;
@@ -24,6 +24,20 @@ struct Renewal {
     lease: Duration,
     /// Renewals never move the lease's end past this instant (monotonic ns).
     until_ns: u64,
+}
+
+impl Renewal {
+    /// The token the renewal extends: always the one it was registered for, since a key
+    /// taken over by another caller is no longer this guard's lease.
+    fn token(&self) -> u64 {
+        // Test-only sabotage: renew whoever holds the key now.
+        if self.engine.shared().sabotaged(Sabotage::RenewCurrentHolder) {
+            let s = self.engine.shared();
+            let (shard, _, k) = s.index.lock(&self.key);
+            return shard.get(k).map_or(self.token, |slot| slot.token);
+        }
+        self.token
+    }
 }
 
 #[derive(Default)]
@@ -99,7 +113,7 @@ impl KeepAlives {
             let next_ns =
                 match renewal
                     .engine
-                    .update_inflight_at(&renewal.key, renewal.token, extend, None)
+                    .update_inflight_at(&renewal.key, renewal.token(), extend, None)
                 {
                     // The lease now ends at the maximum: nothing more to renew.
                     Ok(_) if capped => continue,
@@ -165,5 +179,94 @@ impl Engine {
             engine: self.clone(),
             id,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Claim, ClaimOptions, Durability, KeyState, MockClock};
+
+    fn claim(engine: &Engine, lease: Duration) -> crate::Lease {
+        match engine.claim(b"k", &ClaimOptions::default().lease(lease)) {
+            Ok(Claim::Acquired(lease)) => lease,
+            other => panic!("expected Acquired, got {other:?}"),
+        }
+    }
+
+    fn lease_remaining(engine: &Engine) -> (u64, Duration) {
+        match engine.get(b"k") {
+            Ok(Some(KeyState::InFlight {
+                token,
+                lease_remaining,
+                ..
+            })) => (token, lease_remaining),
+            other => panic!("expected InFlight, got {other:?}"),
+        }
+    }
+
+    /// A renewal extends the lease it was registered for and no other: once the key has
+    /// ended and another caller took it over, the old holder's renewal leaves the new
+    /// lease alone and is dropped. Renewals are run by the check (no timer thread).
+    /// `bug` is switched on in the engine (test-only sabotage).
+    fn renewal_after_a_takeover(bug: Option<Sabotage>) -> Result<(), String> {
+        let clock = MockClock::new();
+        let engine = Engine::builder()
+            .durability(Durability::None)
+            .clock(clock.clone())
+            .sweep_interval(None)
+            .open()
+            .map_err(|e| format!("open: {e}"))?;
+        #[cfg(idemkv_sabotage)]
+        crate::sabotage::switch(&engine, bug);
+        #[cfg(not(idemkv_sabotage))]
+        assert!(bug.is_none(), "a bug needs --cfg idemkv_sabotage");
+        let s = engine.shared();
+        let first = claim(&engine, Duration::from_secs(3));
+        let now = s.time.mono_ns();
+        let renewal = Renewal {
+            engine: engine.clone(),
+            // As the lease's handle registers it: the key within its (empty) scope.
+            key: Box::from(&*crate::scope::scoped_shared(&[], b"k").ok_or("scoped key")?),
+            token: first.token(),
+            lease: Duration::from_secs(3),
+            until_ns: now + duration_ns(Duration::from_secs(60)),
+        };
+        let id = s
+            .keep_alive
+            .add(renewal, now + duration_ns(Duration::from_secs(1)));
+        // The renewal is late (its holder's lease ended): another caller takes the key over.
+        clock.advance(Duration::from_secs(4));
+        let second = claim(&engine, Duration::from_secs(1));
+        s.keep_alive.renew_due(s.time.mono_ns());
+        let seen = lease_remaining(&engine);
+        let next = s.keep_alive.next_due_ns();
+        s.keep_alive.remove(id);
+        if seen != (second.token(), Duration::from_secs(1)) {
+            return Err(format!(
+                "the renewal of token {} changed the lease of token {} that took the key \
+                 over: (token, lease left) is {seen:?}, expected ({}, 1s)",
+                first.token(),
+                second.token(),
+                second.token()
+            ));
+        }
+        if next.is_some() {
+            return Err("the renewal of a lost lease is still registered".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_renewal_never_extends_a_lease_another_caller_took_over() {
+        renewal_after_a_takeover(None).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Teeth: the check catches a renewal that extends whoever holds the key now.
+    #[cfg(idemkv_sabotage)]
+    #[test]
+    fn teeth_renewal_check_catches_renewing_the_current_holder() {
+        let caught = renewal_after_a_takeover(Some(Sabotage::RenewCurrentHolder));
+        assert!(caught.is_err(), "RenewCurrentHolder was not caught");
     }
 }

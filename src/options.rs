@@ -376,7 +376,6 @@ pub struct EngineBuilder {
     pub(crate) inflight_max: usize,
     pub(crate) queue_depth: usize,
     pub(crate) stripes: usize,
-    pub(crate) verify_on_open: bool,
     pub(crate) keys_max: usize,
     pub(crate) sweep_interval: Option<Duration>,
     pub(crate) two_phase_commit: bool,
@@ -451,7 +450,6 @@ impl Default for EngineBuilder {
             inflight_max: INFLIGHT_MAX_DEFAULT,
             queue_depth: QUEUE_DEPTH_DEFAULT,
             stripes: STRIPES_DEFAULT,
-            verify_on_open: false,
             keys_max: KEYS_MAX_DEFAULT,
             sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
             two_phase_commit: true,
@@ -648,13 +646,6 @@ impl EngineBuilder {
     /// Number of index stripes, a power of two (default 256).
     pub fn stripes(mut self, stripes: usize) -> Self {
         self.stripes = stripes;
-        self
-    }
-
-    /// Verify every page checksum of the redb file on open (slower open; default off). Every
-    /// record is checksummed and verified on open either way.
-    pub fn verify_on_open(mut self, verify: bool) -> Self {
-        self.verify_on_open = verify;
         self
     }
 

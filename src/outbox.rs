@@ -5,7 +5,7 @@
 //! completion that emitted it); publication is at-least-once (a relay that crashes after
 //! publishing and before `mark_sent` is durable publishes again). See `docs/outbox.md`.
 
-use crate::engine::{Engine, SendRefused};
+use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::TableError;
 use crate::sync::Arc;
 use crate::tables::{check_limit, OutboxView};
@@ -160,8 +160,11 @@ impl Outbox {
             return Ok(Some(0));
         }
         let s = self.engine.shared();
+        // Test-only sabotage: the removal is not waited for under a durable mode.
+        let waits =
+            self.engine.waits_for_durability() && !s.sabotaged(Sabotage::MarkSentBeforeDurable);
         match s.try_mark_sent(ids) {
-            Ok(Some(seq)) if self.engine.waits_for_durability() => Ok(Some(seq)),
+            Ok(Some(seq)) if waits => Ok(Some(seq)),
             Ok(Some(_)) => Ok(Some(0)),
             Ok(None) => Ok(None),
             Err(SendRefused::Poisoned(why)) => Err(TableError::Poisoned(why)),

@@ -492,10 +492,15 @@ fn writer_mode(b: &EngineBuilder, path: &Path) -> ConcurrencyMode {
     }
 }
 
-fn redb_builder(b: &EngineBuilder, mode: ConcurrencyMode) -> redb::Builder {
+fn redb_builder(mode: ConcurrencyMode) -> redb::Builder {
     let mut builder = Database::builder();
     builder.set_cache_size(REDB_CACHE_BYTES);
-    builder.set_check_integrity_on_open(b.verify_on_open);
+    // Every page checksum is verified before the engine's first commit. A commit walks
+    // redb's own trees (the freed-page lists above all), which nothing else of the open
+    // reads: a damaged page there makes redb panic inside a commit while an iterator whose
+    // `Drop` walks the same page again is live, and that second panic during unwinding
+    // aborts the process, past any `catch_unwind`. Verified pages never reach that path.
+    builder.set_check_integrity_on_open(true);
     builder.set_concurrency_mode(mode);
     builder
 }
@@ -542,7 +547,7 @@ impl Store {
             backend.sync_data().map_err(OpenError::Io)?;
         }
         // A custom backend may have no byte-range locks: lock it whole.
-        let builder = redb_builder(b, ConcurrencyMode::ExclusiveWriter);
+        let builder = redb_builder(ConcurrencyMode::ExclusiveWriter);
         let db = contain("open", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(&path, e))?;
@@ -615,7 +620,7 @@ impl Store {
         }
         #[cfg(unix)]
         remove_leftover(&creating_path(&path));
-        let builder = redb_builder(b, writer_mode(b, &path));
+        let builder = redb_builder(writer_mode(b, &path));
         let db = contain("open", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(&path, e))?;
@@ -669,7 +674,7 @@ impl Store {
         // and then loses to redb's lock.
         let _ = backend.unlock_range(whole.0, whole.1);
         reset.map_err(OpenError::Io)?;
-        let builder = redb_builder(b, writer_mode(b, path));
+        let builder = redb_builder(writer_mode(b, path));
         let db = contain("create", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;
@@ -705,7 +710,7 @@ impl Store {
             .open(path)
             .map_err(OpenError::Io)?;
         let backend = file_backend(file, path)?;
-        let builder = redb_builder(b, writer_mode(b, path));
+        let builder = redb_builder(writer_mode(b, path));
         let db = contain("create", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;

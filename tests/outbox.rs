@@ -504,6 +504,16 @@ fn the_relay_reads_in_id_order_and_mark_sent_removes_through_the_writer() {
     }
 }
 
+/// Under `Immediate`, `mark_sent` returns once the removal is durable: a power loss right
+/// after it returns leaves the message sent, and a power loss at the removal's first I/O
+/// makes the call fail rather than return `Ok` (the check is shared with the teeth test
+/// that switches the early return on).
+#[test]
+fn mark_sent_under_immediate_returns_once_the_removal_is_durable() {
+    idemkv_check::faults::mark_sent_then_power_loss(idemkv_check::Bug::None)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
 #[test]
 fn outbox_ids_continue_after_a_restart() {
     for mode in [Durability::Immediate, Durability::buffered()] {

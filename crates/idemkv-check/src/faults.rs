@@ -1004,3 +1004,70 @@ pub fn damaged_response(mode: Durability, bug: Bug) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// `Outbox::mark_sent` under `Immediate` returns once the removal is durable: the disk as a
+/// power loss leaves it right after the call returned `Ok` must not hold the message as
+/// pending. Run twice: with the power on, and with the power lost at the removal's first
+/// I/O (then the call must not return `Ok`: the disk lost the removal). `bug` is armed from
+/// the open on.
+pub fn mark_sent_then_power_loss(bug: Bug) -> Result<(), String> {
+    for lose_power in [false, true] {
+        let clock = MockClock::new();
+        let disk = FaultyBackend::memory();
+        let open = |disk: &FaultyBackend, bug: Bug| {
+            crate::armed(ops::builder(Durability::Immediate, &clock, Some(disk)), bug)
+                .open()
+                .map_err(|e| format!("open: {e}"))
+        };
+        let engine = open(&disk, bug)?;
+        let Claim::Acquired(lease) = engine
+            .claim(b"k", &ClaimOptions::default())
+            .map_err(|e| format!("claim: {e}"))?
+        else {
+            return Err("a fresh key was not acquired".into());
+        };
+        let mut writes = idemkv::WriteSet::new();
+        writes.emit(b"message").map_err(|e| format!("emit: {e}"))?;
+        lease
+            .complete_with(b"ok", &writes)
+            .map_err(|e| format!("complete: {e}"))?;
+        let outbox = engine.outbox();
+        let ids: Vec<u64> = outbox
+            .pending(10)
+            .map_err(|e| format!("pending: {e}"))?
+            .iter()
+            .map(|m| m.id())
+            .collect();
+        if ids.len() != 1 {
+            return Err(format!("expected one pending message, found {ids:?}"));
+        }
+        if lose_power {
+            disk.set_fault(Some(Fault::PowerLoss { at: disk.ios() + 1 }));
+        }
+        let sent = outbox.mark_sent(&ids);
+        // What a power loss at this instant leaves.
+        let image = disk.durable_image();
+        drop(engine);
+        if !lose_power {
+            sent.as_ref().map_err(|e| format!("mark_sent: {e}"))?;
+        }
+        let reopened = open(&FaultyBackend::from_image(&image), Bug::None)?;
+        let pending = reopened
+            .outbox()
+            .pending(10)
+            .map_err(|e| format!("pending after the reopen: {e}"))?;
+        let _ = reopened.close();
+        if sent.is_ok() && !pending.is_empty() {
+            return Err(format!(
+                "mark_sent returned Ok under Immediate ({}), yet after a power loss at \
+                 its return the message is pending again",
+                if lose_power {
+                    "the power went at the removal's first I/O"
+                } else {
+                    "the power stayed on until it returned"
+                }
+            ));
+        }
+    }
+    Ok(())
+}

@@ -82,11 +82,17 @@ pub enum Bug {
     /// committed by the writer itself does not wait for the batches handed to the applier:
     /// the applied watermark passes completions the file does not hold yet.
     SkipApplierDrain,
+    /// A keep-alive renewal extends whoever holds the key now instead of the lease it was
+    /// registered for (a lease another caller took over is extended for them).
+    RenewCurrentHolder,
+    /// `Outbox::mark_sent` returns under `Immediate` before the removal is durable (a power
+    /// loss right after it returns publishes the message again).
+    MarkSentBeforeDurable,
 }
 
 impl Bug {
     /// Every bug (not [`Bug::None`]).
-    pub const ALL: [Bug; 8] = [
+    pub const ALL: [Bug; 10] = [
         Bug::CheckThenAct,
         Bug::NoFencing,
         Bug::AckBeforeCommit,
@@ -95,6 +101,8 @@ impl Bug {
         Bug::DropOldRemoval,
         Bug::SkipReplayChecksum,
         Bug::SkipApplierDrain,
+        Bug::RenewCurrentHolder,
+        Bug::MarkSentBeforeDurable,
     ];
 
     /// The engine's switch for this bug (`None` for [`Bug::None`]).
@@ -111,6 +119,8 @@ impl Bug {
             Bug::DropOldRemoval => Sabotage::DropOldRemoval,
             Bug::SkipReplayChecksum => Sabotage::SkipReplayChecksum,
             Bug::SkipApplierDrain => Sabotage::SkipApplierDrain,
+            Bug::RenewCurrentHolder => Sabotage::RenewCurrentHolder,
+            Bug::MarkSentBeforeDurable => Sabotage::MarkSentBeforeDurable,
         })
     }
 

@@ -359,8 +359,7 @@ fn open_parent(path: &Path, bug: Bug) -> Engine {
     armed(
         Engine::builder()
             .path(path)
-            .durability(Durability::Immediate)
-            .verify_on_open(true),
+            .durability(Durability::Immediate),
         bug,
     )
     .open()

@@ -393,3 +393,14 @@ mod under_shuttle {
         assert!(search(Bug::None, Duration::from_secs(2)).is_none());
     }
 }
+
+/// `mark_sent` under `Immediate` returning before its removal is durable: the disk a power
+/// loss leaves right after the call returned still holds the message as pending.
+#[test]
+fn mark_sent_power_loss_catches_an_early_return() {
+    idemkv_check::faults::mark_sent_then_power_loss(Bug::None).unwrap_or_else(|e| panic!("{e}"));
+    match idemkv_check::faults::mark_sent_then_power_loss(Bug::MarkSentBeforeDurable) {
+        Err(why) => println!("MarkSentBeforeDurable caught: {why}"),
+        Ok(()) => panic!("MarkSentBeforeDurable was NOT caught"),
+    }
+}
