@@ -186,8 +186,9 @@ pub(crate) const READER_CACHE_BYTES: usize = 16 << 20;
 pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 
 /// Version of the record encoding. Bumped on any incompatible change.
-pub(crate) const FORMAT_VERSION: u32 = 2;
-/// The oldest record version still read (and converted on the way in); never written.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The oldest record version still read (and converted on the way in); never written. Every
+/// version from it up to [`FORMAT_VERSION`] is read.
 pub(crate) const FORMAT_VERSION_READ_MIN: u32 = 1;
 /// Version of the marker row encoding (the markers table, docs/retention.md). Bumped on any
 /// incompatible change.
@@ -195,9 +196,9 @@ pub(crate) const MARKER_FORMAT_VERSION: u32 = 1;
 /// Marks a redb file as an idemkv file of the current format. A writable open of a file of
 /// the previous format rewrites its marker, so that an older engine refuses the file
 /// instead of misreading the records this one adds.
-pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x02";
-/// The marker of the previous format, whose files are still opened.
-pub(crate) const FORMAT_MAGIC_V1: &[u8; 8] = b"idemkv\0\x01";
+pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x03";
+/// The markers of the previous formats (1 and 2), whose files are still opened.
+pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 2] = [b"idemkv\0\x01", b"idemkv\0\x02"];
 
 // Request fingerprints (src/fingerprint.rs). Fingerprints are persisted: changing an
 // encoding or a context string changes every fingerprint and needs a new context.

@@ -31,7 +31,7 @@
 //! and [`reap`] before removing anything), and publishing a completion once the writer's
 //! watermark passes it (`publication.rs`, applied when its stripe is locked).
 
-use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at};
+use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at, wall_ms_ceil};
 use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordKey, RecordState};
 use crate::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::index::{Extra, Slot};
@@ -73,6 +73,18 @@ impl Now {
             .saturating_sub(self.wall_sub_ns)
     }
 
+    /// The first whole wall millisecond at or after the monotonic instant `at_ns`: a lease
+    /// end as it is stored and reported, never before the real one.
+    pub(crate) fn wall_ms_ceil_at(&self, at_ns: u64) -> u64 {
+        let wall_ns = u128::from(self.wall_ms) * 1_000_000 + u128::from(self.wall_sub_ns);
+        let at_wall_ns = if at_ns >= self.mono_ns {
+            wall_ns + u128::from(at_ns - self.mono_ns)
+        } else {
+            wall_ns.saturating_sub(u128::from(self.mono_ns - at_ns))
+        };
+        u64::try_from(at_wall_ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
+
     /// The end of something kept `keep_ns` from this instant, on the wall clock's
     /// millisecond grid: the first whole wall millisecond at or after the exact end (as
     /// stored), and the monotonic instant of it (as the index keeps it). Memory and file
@@ -103,6 +115,19 @@ pub(crate) struct Rules {
     /// are published once the writer's watermark passes them. A memory-only engine
     /// publishes at once and has no records to build.
     pub(crate) durable: bool,
+    /// The engine's lease: the lease length an InFlight record keeps for a holder whose own
+    /// is unknown (one loaded from a record of format 1 or 2).
+    pub(crate) lease: Duration,
+}
+
+/// A lease length in whole milliseconds, rounded up (a stored length is never shorter).
+pub(crate) fn lease_ms(lease: Duration) -> u64 {
+    duration_ns(lease).div_ceil(1_000_000)
+}
+
+/// The lease length an InFlight record keeps for the holder whose side data is `extra`.
+fn holder_lease_ms(extra: &Extra, rules: &Rules) -> u64 {
+    extra.lease_ms.unwrap_or_else(|| lease_ms(rules.lease))
 }
 
 /// A key's state: its slot (none when Absent) and the side data kept beside it.
@@ -263,6 +288,11 @@ pub(crate) enum ClaimAnswer {
     ReplayFromFile {
         token: u64,
     },
+    /// The claim presents the claim identity of the key's InFlight holder (`token`), which
+    /// did not fail: it resumes that lease ([`resume`]).
+    Resume {
+        token: u64,
+    },
     FingerprintMismatch,
 }
 
@@ -288,6 +318,8 @@ pub(crate) struct Plan {
     /// A takeover keeps the key's first-claimed instant (wall ms, 0: unknown); `None`: the
     /// key is claimed for the first time now.
     pub(crate) first_claimed_wall_ms: Option<u64>,
+    /// The claim identity the claim presents, which its lease keeps.
+    pub(crate) claim_id: Option<u128>,
 }
 
 impl Plan {
@@ -310,10 +342,13 @@ pub(crate) enum Acquiring {
     Takeover,
 }
 
-/// A claim looks at the key: row `claim` of the table.
+/// A claim looks at the key: row `claim` of the table. A claim presenting `claim_id`, the
+/// identity the key's InFlight holder presented, resumes that lease (live, or over and not
+/// yet taken over) unless its holder failed it: the caller lost the answer of its own claim.
 pub(crate) fn claim(
     view: View<'_>,
     asked: Option<AskedFingerprint>,
+    claim_id: Option<u128>,
     now_ns: u64,
 ) -> Step<ClaimAnswer> {
     let fingerprint = asked.map(|a| a.value);
@@ -327,6 +362,7 @@ pub(crate) fn claim(
         adopt: false,
         retention_ms: None,
         first_claimed_wall_ms: None,
+        claim_id,
     };
     let Some(slot) = view.slot else {
         return Step::answer(ClaimAnswer::Acquire(fresh(Acquiring::New, None)), NONE);
@@ -375,6 +411,10 @@ pub(crate) fn claim(
             None => Step::answer(ClaimAnswer::ReplayFromFile { token: slot.token }, NONE),
         };
     }
+    let holder = view.extra.filter(|e| !e.failed).and_then(|e| e.claim_id);
+    if claim_id.is_some() && holder == claim_id {
+        return Step::answer(ClaimAnswer::Resume { token: slot.token }, NONE);
+    }
     if now_ns < slot.deadline_ns {
         return busy(Duration::from_nanos(slot.deadline_ns - now_ns), false);
     }
@@ -389,8 +429,42 @@ pub(crate) fn claim(
         adopt,
         retention_ms: view.extra.and_then(|e| e.retention_ms),
         first_claimed_wall_ms: Some(view.extra.map_or(0, |e| e.first_claimed_wall_ms)),
+        claim_id,
     };
     Step::answer(ClaimAnswer::Acquire(plan), NONE)
+}
+
+/// A claim resumes the lease of `token`, whose holder presented the same claim identity
+/// ([`ClaimAnswer::Resume`]): the lease is renewed for `lease` from now, as `extend` would,
+/// and handed back with its token, attempt and checkpoint (no new token, no new attempt).
+/// `None` if `token` no longer holds the key as a lease that may be resumed.
+pub(crate) fn resume(
+    view: View<'_>,
+    key: KeyRef<'_>,
+    token: u64,
+    lease: Duration,
+    now: Now,
+    rules: &Rules,
+) -> Option<Step<Acquired>> {
+    let slot = view.slot.filter(|s| s.token == token && s.is_inflight())?;
+    let checkpoint = view.extra.and_then(|e| e.checkpoint.clone());
+    let step = hold(view, key, token, Holder::Extend { lease }, now, rules);
+    if step.answer != HolderAnswer::Done {
+        return None;
+    }
+    Some(Step {
+        change: step.change,
+        write: step.write,
+        answer: Acquired {
+            token,
+            attempt: slot.attempt,
+            checkpoint,
+        },
+        deltas: Deltas {
+            acquired: 1,
+            ..step.deltas
+        },
+    })
 }
 
 /// What an acquired claim returns to its caller.
@@ -420,6 +494,8 @@ pub(crate) fn acquire(
         first_claimed_wall_ms: plan.first_claimed_wall_ms.unwrap_or(now.wall_ms),
         attempt_started_wall_ms: now.wall_ms,
         retention_ms: plan.retention_ms,
+        lease_ms: Some(lease_ms(lease)),
+        claim_id: plan.claim_id,
         ..Extra::default()
     };
     let write = rules.durable.then(|| Write::Put {
@@ -433,9 +509,11 @@ pub(crate) fn acquire(
                     plan.fingerprint,
                     plan.attempt,
                     plan.checkpoint.clone(),
-                    now.wall_ms.saturating_add(duration_ms(lease)),
+                    // Rounded up: the stored end is never before the real one.
+                    now.end_on_wall_grid(duration_ns(lease)).0,
                 ),
                 &extra,
+                rules,
             )
         },
     });
@@ -508,34 +586,41 @@ pub(crate) fn inflight_record(
             attempt_started_wall_ms: 0,
             failed: false,
             checkpoint,
+            lease_ms: None,
+            claim_id: None,
         },
     }
 }
 
-/// `record` with the key's instants and failure flag, as its side data holds them: the
-/// first claim (kept across takeovers and fails), and for an InFlight record the start of
-/// its attempt and whether its holder failed it.
-pub(crate) fn with_progress(mut record: Record, extra: &Extra) -> Record {
+/// `record` with the key's instants, failure flag and holder, as its side data holds them:
+/// the first claim (kept across takeovers and fails), and for an InFlight record the start
+/// of its attempt, whether its holder failed it, the lease length its holder was given (the
+/// engine's of `rules` if unknown) and the claim identity it presented.
+pub(crate) fn with_progress(mut record: Record, extra: &Extra, rules: &Rules) -> Record {
     record.first_claimed_wall_ms = extra.first_claimed_wall_ms;
     if let RecordState::InFlight {
         attempt_started_wall_ms,
         failed,
+        lease_ms,
+        claim_id,
         ..
     } = &mut record.state
     {
         *attempt_started_wall_ms = extra.attempt_started_wall_ms;
         *failed = extra.failed;
+        *lease_ms = Some(holder_lease_ms(extra, rules));
+        *claim_id = extra.claim_id;
     }
     record
 }
 
-/// When the lease of the InFlight `slot` ends or ended, on the wall clock (ms): its
-/// deadline, or for a lease that was already over in the file it was loaded from, the end
-/// that file recorded.
+/// When the lease of the InFlight `slot` ends or ended, on the wall clock (ms, rounded up:
+/// never before the real end): its deadline, or for a lease that was already over in the
+/// file it was loaded from, the end that file recorded.
 pub(crate) fn lease_end_wall_ms(slot: &Slot, extra: Option<&Extra>, now: Now) -> u64 {
     match extra.map_or(0, |e| e.ended_wall_ms) {
         ended if ended != 0 && slot.deadline_ns <= now.mono_ns => ended,
-        _ => wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+        _ => now.wall_ms_ceil_at(slot.deadline_ns),
     }
 }
 
@@ -636,8 +721,9 @@ pub(crate) fn hold(
             };
             slot.deadline_ns = now.mono_ns.saturating_add(duration_ns(lease));
             let mut extra = view.extra.cloned().unwrap_or_default();
-            // A live lease again: its end is its deadline.
+            // A live lease again: its end is its deadline, and its length the one given now.
             extra.ended_wall_ms = 0;
+            extra.lease_ms = Some(lease_ms(lease));
             update(key, slot, extra, now, rules)
         }
         Holder::Fail => {
@@ -750,9 +836,11 @@ fn update(
                     extra.fingerprint,
                     slot.attempt,
                     extra.checkpoint.clone(),
-                    wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+                    // Rounded up: the stored end is never before the real one.
+                    now.wall_ms_ceil_at(slot.deadline_ns),
                 ),
                 &extra,
+                rules,
             )
         },
     });
@@ -801,7 +889,7 @@ pub(crate) fn import(
     // refused because the key exists.
     let (slot, state, extra, reap_ns, deltas) = match &record.state {
         RecordInfoState::InFlight { lease_deadline, .. }
-            if wall_ms(*lease_deadline).saturating_add(retention_ms) <= now.wall_ms =>
+            if wall_ms_ceil(*lease_deadline).saturating_add(retention_ms) <= now.wall_ms =>
         {
             return gone()
         }
@@ -810,8 +898,11 @@ pub(crate) fn import(
             checkpoint,
             attempt_started_at,
             failed,
+            lease,
+            claim_id,
         } => {
-            let lease_deadline_ms = wall_ms(*lease_deadline);
+            // Rounded up: the stored end is never before the one imported.
+            let lease_deadline_ms = wall_ms_ceil(*lease_deadline);
             let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
             let over = *failed || lease_deadline_ms <= now.wall_ms;
             let extra = Extra {
@@ -821,6 +912,8 @@ pub(crate) fn import(
                 attempt_started_wall_ms: attempt_started_at.map_or(0, wall_ms),
                 failed: *failed,
                 ended_wall_ms: if over { lease_deadline_ms } else { 0 },
+                lease_ms: lease.map(lease_ms),
+                claim_id: *claim_id,
                 ..Extra::default()
             };
             let state = RecordState::InFlight {
@@ -829,6 +922,8 @@ pub(crate) fn import(
                 attempt_started_wall_ms: extra.attempt_started_wall_ms,
                 failed: *failed,
                 checkpoint,
+                lease_ms: Some(holder_lease_ms(&extra, rules)),
+                claim_id: *claim_id,
             };
             // A failed claim is taken over at once, whatever end its record gives.
             let left_ns = if *failed {
@@ -1194,7 +1289,8 @@ pub(crate) fn loaded_marker(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reopen {
     pub(crate) recovery: Recovery,
-    /// The configured lease, which caps an honoured one.
+    /// The configured lease, which caps an honoured lease whose record does not keep its
+    /// own length (a record of format 1 or 2).
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
 }
@@ -1258,6 +1354,8 @@ pub(crate) fn recover(
             checkpoint,
             attempt_started_wall_ms,
             failed,
+            lease_ms,
+            claim_id,
         } => {
             // Reaped `retention` after the recorded lease end, as a completion expires
             // `retention` after it was made; taken from the file, not from the in-memory
@@ -1273,11 +1371,16 @@ pub(crate) fn recover(
                 // lease ended when its holder failed it.
                 Recovery::TakeOver => now.mono_ns,
                 _ if failed => now.mono_ns,
+                // What is left of the recorded lease, capped by the length its holder was
+                // given (a wall clock that jumped back must not keep a dead claim alive
+                // longer than one of its leases); a record without it: the engine's lease.
                 Recovery::HonourLeases => {
+                    let cap_ns = lease_ms
+                        .map_or(duration_ns(reopen.lease), |ms| ms.saturating_mul(1_000_000));
                     let left_ns = lease_deadline_wall_ms
                         .saturating_sub(now.wall_ms)
                         .saturating_mul(1_000_000)
-                        .min(duration_ns(reopen.lease));
+                        .min(cap_ns);
                     now.mono_ns.saturating_add(left_ns)
                 }
             };
@@ -1293,6 +1396,8 @@ pub(crate) fn recover(
                 attempt_started_wall_ms,
                 failed,
                 ended_wall_ms: if over { lease_deadline_wall_ms } else { 0 },
+                lease_ms,
+                claim_id,
                 ..Extra::default()
             };
             Recovered::Load {
@@ -1382,6 +1487,7 @@ mod tests {
             retention: RETENTION,
             response_len_max: 16,
             durable,
+            lease: LEASE,
         }
     }
 
@@ -1478,10 +1584,11 @@ mod tests {
 
     #[test]
     fn claim_of_an_absent_key_acquires_a_new_key() {
-        let plan = plan_of(claim(View::ABSENT, ask(9), LIVE));
+        let plan = plan_of(claim(View::ABSENT, ask(9), None, LIVE));
         assert_eq!(
             plan,
             Plan {
+                claim_id: None,
                 kind: Acquiring::New,
                 old: None,
                 attempt: 1,
@@ -1511,7 +1618,11 @@ mod tests {
             }
         );
         let lease_end_wall = at(LIVE).wall_ms + 30_000;
-        let record = with_progress(inflight_record(K, Some(9), 1, None, lease_end_wall), &extra);
+        let record = with_progress(
+            inflight_record(K, Some(9), 1, None, lease_end_wall),
+            &extra,
+            &durable(),
+        );
         assert_eq!(record.first_claimed_wall_ms, at(LIVE).wall_ms);
         assert!(matches!(
             record.state,
@@ -1548,7 +1659,7 @@ mod tests {
         let st = states();
         let now = EXPIRES;
         // The stored fingerprint belongs to the expired completion: not checked.
-        let plan = plan_of(claim(view(st.done, &st.done_extra), ask(8), now));
+        let plan = plan_of(claim(view(st.done, &st.done_extra), ask(8), None, now));
         assert_eq!(
             (
                 plan.kind,
@@ -1585,21 +1696,27 @@ mod tests {
     #[test]
     fn claim_of_a_live_lease_is_busy_until_its_end() {
         let st = states();
-        let busy = busy_of(claim(view(st.lease, &st.lease_extra), None, LIVE));
+        let busy = busy_of(claim(view(st.lease, &st.lease_extra), None, None, LIVE));
         assert_eq!(busy.retry_after, Duration::from_nanos(END - LIVE));
         assert_eq!((busy.attempt, busy.completing), (2, false));
         // One nanosecond before the end it is still live.
-        let busy = busy_of(claim(view(st.lease, &st.lease_extra), ask(7), END - 1));
+        let busy = busy_of(claim(
+            view(st.lease, &st.lease_extra),
+            ask(7),
+            None,
+            END - 1,
+        ));
         assert_eq!(busy.retry_after, Duration::from_nanos(1));
     }
 
     #[test]
     fn claim_of_a_lease_that_is_over_takes_it_over_keeping_checkpoint_and_fingerprint() {
         let st = states();
-        let plan = plan_of(claim(view(st.lease, &st.lease_extra), None, END));
+        let plan = plan_of(claim(view(st.lease, &st.lease_extra), None, None, END));
         assert_eq!(
             plan,
             Plan {
+                claim_id: None,
                 kind: Acquiring::Takeover,
                 old: Some(5),
                 attempt: 3,
@@ -1638,7 +1755,8 @@ mod tests {
                 old: Some(5),
                 record: with_progress(
                     inflight_record(K, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
-                    &extra
+                    &extra,
+                    &durable()
                 ),
             })
         );
@@ -1664,7 +1782,12 @@ mod tests {
     fn a_takeover_of_an_abandoned_lease_reserves_a_place_and_adopts_it() {
         let st = states();
         let abandoned = st.lease.into_abandoned();
-        let plan = plan_of(claim(view(abandoned, &st.lease_extra), ask(7), END + 1));
+        let plan = plan_of(claim(
+            view(abandoned, &st.lease_extra),
+            ask(7),
+            None,
+            END + 1,
+        ));
         assert_eq!((plan.reserve, plan.adopt, plan.attempt), (true, true, 3));
         let step = acquire(plan, K, 21, LEASE, at(END + 1), &memory());
         assert!(matches!(step.change, Change::Put { adopt: true, .. }));
@@ -1675,7 +1798,7 @@ mod tests {
     fn claim_of_a_published_completion_replays_it() {
         let st = states();
         // Memory only: the response is beside the slot.
-        let step = claim(view(st.done, &st.done_extra), ask(7), LIVE);
+        let step = claim(view(st.done, &st.done_extra), ask(7), None, LIVE);
         assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
         assert_eq!(step.deltas, Deltas { replays: 1, ..NONE });
         let ClaimAnswer::Replay(stored) = step.answer else {
@@ -1688,7 +1811,7 @@ mod tests {
         // Durable: the response is in the file, read after the lock is dropped (and the
         // replay counted then).
         let extra = fp(7);
-        let step = claim(view(st.done, &extra), None, EXPIRES - 1);
+        let step = claim(view(st.done, &extra), None, None, EXPIRES - 1);
         assert!(matches!(
             step.answer,
             ClaimAnswer::ReplayFromFile { token: 5 }
@@ -1700,7 +1823,7 @@ mod tests {
             extra: None,
         };
         assert!(matches!(
-            claim(bare, ask(1), LIVE).answer,
+            claim(bare, ask(1), None, LIVE).answer,
             ClaimAnswer::ReplayFromFile { token: 5 }
         ));
     }
@@ -1708,7 +1831,12 @@ mod tests {
     #[test]
     fn claim_of_an_unpublished_completion_is_busy_completing() {
         let st = states();
-        let busy = busy_of(claim(view(st.done_unpublished, &st.done_extra), None, LIVE));
+        let busy = busy_of(claim(
+            view(st.done_unpublished, &st.done_extra),
+            None,
+            None,
+            LIVE,
+        ));
         assert_eq!(
             (busy.retry_after, busy.attempt, busy.completing),
             (RETRY_AFTER_UNPUBLISHED, 2, true)
@@ -1731,7 +1859,7 @@ mod tests {
             ),
         ];
         for (name, v, now) in cells {
-            let step = claim(v, ask(8), now);
+            let step = claim(v, ask(8), None, now);
             assert!(
                 matches!(step.answer, ClaimAnswer::FingerprintMismatch),
                 "{name}"
@@ -1751,7 +1879,7 @@ mod tests {
             );
             // The same fingerprint, or none asked, is never a mismatch.
             for asked in [ask(7), None] {
-                let step = claim(v, asked, now);
+                let step = claim(v, asked, None, now);
                 assert!(
                     !matches!(step.answer, ClaimAnswer::FingerprintMismatch),
                     "{name}"
@@ -1760,11 +1888,11 @@ mod tests {
         }
         // A state without a stored fingerprint is not checked.
         let none = Extra::default();
-        let step = claim(view(st.lease, &none), ask(8), LIVE);
+        let step = claim(view(st.lease, &none), ask(8), None, LIVE);
         assert!(matches!(step.answer, ClaimAnswer::Busy(_)));
         // Absent and expired have none to compare with.
         assert!(matches!(
-            claim(View::ABSENT, ask(8), LIVE).answer,
+            claim(View::ABSENT, ask(8), None, LIVE).answer,
             ClaimAnswer::Acquire(_)
         ));
     }
@@ -1979,6 +2107,7 @@ mod tests {
                 at(LIVE).wall_ms,
             ),
             &extra,
+            &durable(),
         );
         assert!(matches!(
             record.state,
@@ -2073,7 +2202,7 @@ mod tests {
         };
         let slot = Slot::inflight(5, LIVE, 2);
         // At the instant of the fail, as any time after.
-        let plan = plan_of(claim(view(slot, &failed), ask(7), LIVE));
+        let plan = plan_of(claim(view(slot, &failed), ask(7), None, LIVE));
         assert_eq!(
             (plan.kind, plan.attempt, &plan.checkpoint, plan.fingerprint),
             (Acquiring::Takeover, 3, &failed.checkpoint, Some(7))
@@ -2091,7 +2220,7 @@ mod tests {
         );
         // Another payload cannot take the key.
         assert!(matches!(
-            claim(view(slot, &failed), ask(8), LIVE).answer,
+            claim(view(slot, &failed), ask(8), None, LIVE).answer,
             ClaimAnswer::FingerprintMismatch
         ));
     }
@@ -2167,6 +2296,8 @@ mod tests {
         let now = at(LIVE);
         let failed_at = now.wall_ms - 5;
         let head = HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms: failed_at,
             attempt: 2,
             attempt_started_wall_ms: failed_at - 100,
@@ -2208,6 +2339,8 @@ mod tests {
         }
         // Even with a lease end the wall clock has not reached (a clock stepped back).
         let ahead = HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms: now.wall_ms + 60_000,
             attempt: 2,
             attempt_started_wall_ms: 0,
@@ -2233,6 +2366,8 @@ mod tests {
         let now = at(LIVE);
         let info = RecordInfo {
             state: RecordInfoState::InFlight {
+                lease: None,
+                claim_id: None,
                 lease_deadline: wall_time(now.wall_ms - 3),
                 checkpoint: Some((1, b"c".to_vec())),
                 attempt_started_at: Some(wall_time(now.wall_ms - 50)),
@@ -2295,7 +2430,8 @@ mod tests {
                             st.lease_extra.checkpoint.clone(),
                             at(now).wall_ms + 5_000
                         ),
-                        &st.lease_extra
+                        &st.lease_extra,
+                        &durable()
                     ),
                 })
             );
@@ -2334,7 +2470,8 @@ mod tests {
                     old: None,
                     record: with_progress(
                         inflight_record(K, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
-                        &extra
+                        &extra,
+                        &durable()
                     ),
                 })
             );
@@ -2410,7 +2547,7 @@ mod tests {
     /// and used by the completion unless the completion chooses its own.
     #[test]
     fn a_claims_own_retention_is_kept_through_a_takeover_and_used_by_its_completion() {
-        let plan = plan_of(claim(View::ABSENT, None, LIVE)).asking_retention(Some(4_000));
+        let plan = plan_of(claim(View::ABSENT, None, None, LIVE)).asking_retention(Some(4_000));
         let step = acquire(plan, K, 11, LEASE, at(LIVE), &durable());
         let Change::Put { extra, .. } = &step.change else {
             panic!("a claim puts")
@@ -2422,7 +2559,7 @@ mod tests {
         assert_eq!(record.retention_ms, Some(4_000));
         // A takeover keeps it; a claim asking for its own replaces it.
         let lease = Slot::inflight(11, END, 1);
-        let kept = plan_of(claim(view(lease, extra), None, END));
+        let kept = plan_of(claim(view(lease, extra), None, None, END));
         assert_eq!(
             kept.clone().asking_retention(None).retention_ms,
             Some(4_000)
@@ -2454,6 +2591,8 @@ mod tests {
     fn recovery_reaps_a_claim_by_its_own_retention() {
         let now = at(LIVE);
         let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms,
             attempt: 1,
             attempt_started_wall_ms: 0,
@@ -2626,6 +2765,8 @@ mod tests {
         let gone = head(now.wall_ms - window_ms);
         assert_eq!(recover_marker(5, &gone, None, ID, &rules, now), None);
         let lease = HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms: 0,
             attempt: 1,
             attempt_started_wall_ms: 0,
@@ -2674,6 +2815,8 @@ mod tests {
         let retention_ms = RETENTION.as_millis() as u64;
         let cp = Some(Checkpoint::new(1, b"c"));
         let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms,
             attempt: 2,
             attempt_started_wall_ms: 0,
@@ -2847,6 +2990,8 @@ mod tests {
         let info = record(
             42,
             RecordInfoState::InFlight {
+                lease: None,
+                claim_id: None,
                 lease_deadline: wall_time(now.wall_ms + 2),
                 checkpoint: Some((1, b"c".to_vec())),
                 attempt_started_at: None,
@@ -2913,6 +3058,8 @@ mod tests {
         let gone = [
             completed_info(now.wall_ms, b"r", true),
             RecordInfoState::InFlight {
+                lease: None,
+                claim_id: None,
                 lease_deadline: wall_time(now.wall_ms - retention_ms),
                 checkpoint: None,
                 attempt_started_at: None,
