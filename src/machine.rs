@@ -1606,6 +1606,7 @@ mod tests {
         let extra = Extra {
             first_claimed_wall_ms: at(LIVE).wall_ms,
             attempt_started_wall_ms: at(LIVE).wall_ms,
+            lease_ms: Some(LEASE.as_millis() as u64),
             ..fp(9)
         };
         assert_eq!(
@@ -1737,6 +1738,7 @@ mod tests {
             checkpoint: cp.clone(),
             first_claimed_wall_ms: FIRST_CLAIMED,
             attempt_started_wall_ms: at(END).wall_ms,
+            lease_ms: Some(LEASE.as_millis() as u64),
             ..Extra::default()
         };
         assert_eq!(
@@ -2396,6 +2398,191 @@ mod tests {
         ));
     }
 
+    // --- claim identity ----------------------------------------------------------------------
+
+    #[test]
+    fn a_claim_presenting_its_holders_identity_resumes_the_lease_live_or_over() {
+        let st = states();
+        let id = Some(0xC1A1_u128 << 64 | 1);
+        let extra = Extra {
+            claim_id: id,
+            lease_ms: Some(600_000),
+            ..st.lease_extra.clone()
+        };
+        let v = view(st.lease, &extra);
+        for now in [LIVE, END + 7 * MS] {
+            // The same identity (and a matching fingerprint, or none): the holder's lease.
+            for asked in [ask(7), None] {
+                let step = claim(v, asked, id, now);
+                assert_eq!(step.answer_kind(), "resume 5");
+                assert_eq!(
+                    (step.change.clone(), step.write.clone()),
+                    (Change::Keep, None)
+                );
+            }
+            // Another identity, or none: as without identities.
+            let other = claim(v, ask(7), Some(2), now);
+            let none = claim(v, ask(7), None, now);
+            for step in [other, none] {
+                let want = if now < END { "busy" } else { "acquire" };
+                assert_eq!(step.answer_kind(), want);
+            }
+            // A different fingerprint is refused first.
+            assert_eq!(claim(v, ask(8), id, now).answer_kind(), "mismatch");
+            // Resumed: renewed for the claim's lease, same token, attempt and checkpoint,
+            // the record rewritten with the new end and length.
+            let lease = Duration::from_secs(40);
+            let step = resume(v, K, 5, lease, at(now), &durable()).expect("resumable");
+            assert_eq!(
+                step.answer,
+                Acquired {
+                    token: 5,
+                    attempt: 2,
+                    checkpoint: st.lease_extra.checkpoint.clone(),
+                }
+            );
+            let Change::Put { slot, extra: e, .. } = &step.change else {
+                panic!("{:?}", step.change);
+            };
+            assert_eq!(*slot, Slot::inflight(5, now + 40_000 * MS, 2));
+            assert_eq!((e.lease_ms, e.claim_id), (Some(40_000), id));
+            assert!(matches!(
+                &step.write,
+                Some(Write::Put { token: 5, record, .. }) if matches!(record.state,
+                    RecordState::InFlight { lease_ms: Some(40_000), claim_id, attempt: 2, .. }
+                        if claim_id == id)
+            ));
+            assert_eq!(step.deltas.acquired, 1);
+        }
+        // A failed lease is never resumed: the next claim takes it over.
+        let failed = Extra {
+            failed: true,
+            ..extra.clone()
+        };
+        let over = Slot::inflight(5, LIVE, 2);
+        assert_eq!(
+            claim(view(over, &failed), ask(7), id, LIVE).answer_kind(),
+            "acquire"
+        );
+        assert!(resume(view(over, &failed), K, 5, LEASE, at(LIVE), &durable()).is_none());
+        // A takeover keeps the new claim's identity, not the old holder's.
+        let plan = plan_of(claim(v, ask(7), Some(3), END));
+        let step = acquire(plan, K, 20, LEASE, at(END), &durable());
+        let Change::Put { extra: e, .. } = &step.change else {
+            panic!("{:?}", step.change);
+        };
+        assert_eq!(e.claim_id, Some(3));
+    }
+
+    impl Step<ClaimAnswer> {
+        /// The kind of a claim's answer, for compact assertions.
+        fn answer_kind(&self) -> String {
+            match &self.answer {
+                ClaimAnswer::Acquire(_) => "acquire".into(),
+                ClaimAnswer::Busy(_) => "busy".into(),
+                ClaimAnswer::Resume { token } => format!("resume {token}"),
+                ClaimAnswer::FingerprintMismatch => "mismatch".into(),
+                ClaimAnswer::Replay(_) | ClaimAnswer::ReplayFromFile { .. } => "replay".into(),
+            }
+        }
+    }
+
+    /// A lease's stored end is never before its real one: an instant a fraction of a
+    /// millisecond past the wall clock's grid rounds the stored end up, on a claim and on an
+    /// extension, and the reported end too.
+    #[test]
+    fn a_stored_lease_end_is_rounded_up_to_the_millisecond() {
+        let sub = 400_000; // 0.4 ms past the wall grid
+        let now = Now::new(LIVE, WALL0 * MS + LIVE + sub);
+        assert_eq!(now.wall_sub_ns, (LIVE + sub) % MS);
+        let exact_end_ns = WALL0 * MS + LIVE + sub + LEASE.as_nanos() as u64;
+        let plan = plan_of(claim(View::ABSENT, ask(9), None, LIVE));
+        let step = acquire(plan, K, 11, LEASE, now, &durable());
+        let Some(Write::Put { record, .. }) = &step.write else {
+            panic!("{:?}", step.write);
+        };
+        let RecordState::InFlight {
+            lease_deadline_wall_ms,
+            lease_ms,
+            ..
+        } = record.state
+        else {
+            panic!("{:?}", record.state);
+        };
+        assert_eq!(lease_deadline_wall_ms, exact_end_ns.div_ceil(MS));
+        assert!(lease_deadline_wall_ms * MS >= exact_end_ns);
+        assert_eq!(lease_ms, Some(30_000));
+        // Extended at the same kind of instant.
+        let Change::Put { slot, extra, .. } = step.change else {
+            panic!()
+        };
+        let later = Now::new(LIVE + 3 * MS, WALL0 * MS + LIVE + 3 * MS + sub);
+        let ext = hold(
+            view(slot, &extra),
+            K,
+            11,
+            Holder::Extend {
+                lease: Duration::from_nanos(5_000 * MS + 1),
+            },
+            later,
+            &durable(),
+        );
+        let exact_ns = WALL0 * MS + LIVE + 3 * MS + sub + 5_000 * MS + 1;
+        assert!(matches!(
+            &ext.write,
+            Some(Write::Put { record, .. }) if matches!(record.state,
+                RecordState::InFlight { lease_deadline_wall_ms, lease_ms: Some(5_001), .. }
+                    if lease_deadline_wall_ms == exact_ns.div_ceil(MS))
+        ));
+        // Reported: the end rounded up too.
+        let Change::Put { slot, extra, .. } = ext.change else {
+            panic!()
+        };
+        assert_eq!(
+            lease_end_wall_ms(&slot, Some(&extra), later),
+            exact_ns.div_ceil(MS)
+        );
+    }
+
+    /// With `HonourLeases`, a recovered lease keeps what is left of it, capped by the length
+    /// its holder was given: a 600 s lease survives a restart past the engine's 30 s, and a
+    /// deadline pushed far out by a wall-clock jump is still capped, by that length. A record
+    /// that does not keep a length (formats 1 and 2) is capped by the engine's lease.
+    #[test]
+    fn an_honoured_lease_is_capped_by_its_own_length() {
+        let now = at(LIVE);
+        let honour = reopen(Recovery::HonourLeases);
+        let head = |left_ms: u64, lease_ms| HeadState::InFlight {
+            lease_deadline_wall_ms: now.wall_ms + left_ms,
+            attempt: 1,
+            attempt_started_wall_ms: 0,
+            failed: false,
+            checkpoint: None,
+            lease_ms,
+            claim_id: Some(9),
+        };
+        let deadline = |h| match recover(5, h, None, None, now, &honour, 0) {
+            Recovered::Load { slot, extra, .. } => {
+                assert_eq!((extra.lease_ms.is_some(), extra.claim_id), (true, Some(9)));
+                slot.deadline_ns
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(deadline(head(590_000, Some(600_000))), LIVE + 590_000 * MS);
+        assert_eq!(
+            deadline(head(86_400_000, Some(600_000))),
+            LIVE + 600_000 * MS
+        );
+        assert_eq!(deadline(head(20_000, Some(10_000))), LIVE + 10_000 * MS);
+        let Recovered::Load { slot, extra, .. } =
+            recover(5, head(590_000, None), None, None, now, &honour, 0)
+        else {
+            panic!()
+        };
+        assert_eq!(slot.deadline_ns, LIVE + LEASE.as_nanos() as u64);
+        assert_eq!(extra.lease_ms, None);
+    }
+
     // --- extend and checkpoint ---------------------------------------------------------------
 
     #[test]
@@ -2408,11 +2595,16 @@ mod tests {
             let step = hold(v, K, 5, op.clone(), at(now), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             let deadline = now + 5_000 * MS;
+            // The holder's lease length is the one extended to.
+            let extra = Extra {
+                lease_ms: Some(5_000),
+                ..st.lease_extra.clone()
+            };
             assert_eq!(
                 step.change,
                 Change::Put {
                     slot: Slot::inflight(5, deadline, 2),
-                    extra: st.lease_extra.clone(),
+                    extra: extra.clone(),
                     reap_ns: None,
                     adopt: false,
                 }
@@ -2430,7 +2622,7 @@ mod tests {
                             st.lease_extra.checkpoint.clone(),
                             at(now).wall_ms + 5_000
                         ),
-                        &st.lease_extra,
+                        &extra,
                         &durable()
                     ),
                 })

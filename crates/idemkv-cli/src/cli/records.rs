@@ -397,9 +397,10 @@ impl RecordLine {
                 };
                 let claim_id = match &self.claim_id {
                     None => None,
-                    Some(id) => Some(u128::from_str_radix(id.trim(), 16).map_err(|_| {
-                        format!("claim_id: {id:?} is not 1 to 32 hex digits")
-                    })?),
+                    Some(id) => Some(
+                        u128::from_str_radix(id.trim(), 16)
+                            .map_err(|_| format!("claim_id: {id:?} is not 1 to 32 hex digits"))?,
+                    ),
                 };
                 RecordInfoState::InFlight {
                     lease_deadline: wall_time(lease_deadline_ms),
