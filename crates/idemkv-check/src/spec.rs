@@ -16,11 +16,12 @@ use std::time::Duration;
 pub const RETRY_AFTER_UNPUBLISHED: Duration = Duration::from_millis(1);
 
 /// The wall-clock time (ms) of the monotonic instant `at_ns`, given the wall time
-/// `wall_now_ms` at the monotonic instant `now_ns`: how the contract turns a deadline into
-/// the wall-clock time it reports.
+/// `wall_now_ms` (a whole millisecond) at the monotonic instant `now_ns`: how the contract
+/// turns a lease deadline into the wall-clock time it stores and reports, rounded up (never
+/// before the real end).
 fn wall_ms_at(wall_now_ms: u64, now_ns: u64, at_ns: u64) -> u64 {
     if at_ns >= now_ns {
-        wall_now_ms.saturating_add((at_ns - now_ns) / 1_000_000)
+        wall_now_ms.saturating_add((at_ns - now_ns).div_ceil(1_000_000))
     } else {
         wall_now_ms.saturating_sub((now_ns - at_ns) / 1_000_000)
     }
@@ -690,7 +691,7 @@ impl KeySpec {
                         attempt,
                         checkpoint,
                         reap_ns: deadline_ns.saturating_add(keep_ns(cfg, retention_ms)),
-                        lease_wall_ms: self.wall_ms.saturating_add(lease / 1_000_000),
+                        lease_wall_ms: self.wall_ms.saturating_add(lease.div_ceil(1_000_000)),
                         retention_ms,
                         failed: false,
                     };
