@@ -241,7 +241,10 @@ impl Front {
 
     /// One look at `key` by a claim. `waiting`: the caller waits for a settled key (until
     /// `deadline`); `joined`: its last wait was for another caller's ask, whose answer
-    /// serves it.
+    /// serves it; `resumes`: the claim presents a claim identity, so a lease known held
+    /// (here or elsewhere) may be its own to resume: it asks the database instead of
+    /// waiting or answering busy.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn look(
         &self,
         key: &[u8],
@@ -250,6 +253,7 @@ impl Front {
         deadline: Option<Instant>,
         joined: bool,
         far: Instant,
+        resumes: bool,
     ) -> Look {
         let now = Instant::now();
         let waiting = deadline.is_some_and(|d| now < d);
@@ -275,7 +279,7 @@ impl Front {
                 }
                 return Look::Replay(c.stored);
             }
-            Local::Held { until, attempt, .. } if now < until => {
+            Local::Held { until, attempt, .. } if now < until && !resumes => {
                 if waiting {
                     return Look::Wait {
                         signal: e.signal.subscribe(),
@@ -292,7 +296,7 @@ impl Front {
                 until,
                 recheck,
                 attempt,
-            } if now < recheck => {
+            } if now < recheck && !resumes => {
                 if waiting {
                     return Look::Wait {
                         signal: e.signal.subscribe(),
@@ -560,7 +564,7 @@ mod tests {
 
     fn ask(front: &Front, key: &[u8], hash: u64) {
         assert!(matches!(
-            front.look(key, hash, None, None, false, Instant::now()),
+            front.look(key, hash, None, None, false, Instant::now(), false),
             Look::Ask
         ));
     }
