@@ -60,7 +60,7 @@ pub(crate) const RECORD_INLINE_BYTES: usize = 240;
 /// Side-data boxes a stripe keeps for reuse (`index.rs`). A claim allocates one for its
 /// InFlight slot and the completion's publication frees it, usually on another thread:
 /// both sides pay glibc's paths under the stripe lock. Kept boxes are counted in the
-/// stripe's memory (about 1.3 KB per stripe at most).
+/// stripe's memory (about 1.5 KB per stripe at most).
 pub(crate) const SPARE_EXTRAS_PER_STRIPE: usize = 8;
 /// `Buffered` gathering (`gather.rs`): operations taken between two readings of the clock
 /// against the batch's deadline. A reading costs tens of nanoseconds; a batch holds
