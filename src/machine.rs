@@ -175,6 +175,11 @@ impl<A> Step<A> {
 
 /// What the key's slot becomes.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a transition's change lives on the stack for one call; boxing the side data \
+              would allocate on every transition"
+)]
 pub(crate) enum Change {
     Keep,
     /// Replace the slot and its side data.
@@ -1297,6 +1302,11 @@ pub(crate) struct Reopen {
 
 /// What recovery does with one record of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one record's verdict lives on the stack for one call; boxing its side data \
+              would allocate per record"
+)]
 pub(crate) enum Recovered {
     /// A completion past its retention: its record is deleted.
     Expired,
