@@ -85,6 +85,15 @@ impl Now {
         u64::try_from(at_wall_ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
     }
 
+    /// The first whole wall millisecond at or after `keep_ns` from this instant (not
+    /// bounded by the monotonic clock's range): a lease's end as its record stores it.
+    pub(crate) fn wall_ms_ceil_after(&self, keep_ns: u64) -> u64 {
+        let end_ns = u128::from(self.wall_ms) * 1_000_000
+            + u128::from(self.wall_sub_ns)
+            + u128::from(keep_ns);
+        u64::try_from(end_ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
+
     /// The end of something kept `keep_ns` from this instant, on the wall clock's
     /// millisecond grid: the first whole wall millisecond at or after the exact end (as
     /// stored), and the monotonic instant of it (as the index keeps it). Memory and file
@@ -515,7 +524,7 @@ pub(crate) fn acquire(
                     plan.attempt,
                     plan.checkpoint.clone(),
                     // Rounded up: the stored end is never before the real one.
-                    now.end_on_wall_grid(duration_ns(lease)).0,
+                    now.wall_ms_ceil_after(duration_ns(lease)),
                 ),
                 &extra,
                 rules,
@@ -2522,6 +2531,15 @@ mod tests {
         assert_eq!(lease_deadline_wall_ms, exact_end_ns.div_ceil(MS));
         assert!(lease_deadline_wall_ms * MS >= exact_end_ns);
         assert_eq!(lease_ms, Some(30_000));
+        // A zero lease ends now: stored as the next whole millisecond, not the one before.
+        let plan = plan_of(claim(View::ABSENT, None, None, LIVE));
+        let zero = acquire(plan, K, 12, Duration::ZERO, now, &durable());
+        assert!(matches!(
+            &zero.write,
+            Some(Write::Put { record, .. }) if matches!(record.state,
+                RecordState::InFlight { lease_deadline_wall_ms, lease_ms: Some(0), .. }
+                    if lease_deadline_wall_ms == now.wall_ms + 1)
+        ));
         // Extended at the same kind of instant.
         let Change::Put { slot, extra, .. } = step.change else {
             panic!()
