@@ -42,8 +42,8 @@ pub struct RecordInfo {
 pub enum RecordInfoState {
     /// Claimed, not completed.
     InFlight {
-        /// Wall-clock end of the lease (stored to the millisecond): when it ends, or for a
-        /// lease that is over, when it ended.
+        /// Wall-clock end of the lease (stored rounded up to the millisecond, so never
+        /// before the real end): when it ends, or for a lease that is over, when it ended.
         lease_deadline: SystemTime,
         /// The saved checkpoint: phase and payload.
         checkpoint: Option<(u32, Vec<u8>)>,

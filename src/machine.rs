@@ -1396,10 +1396,7 @@ pub(crate) fn recover(
                 Recovery::HonourLeases => {
                     let cap_ns = lease_ms
                         .map_or(duration_ns(reopen.lease), |ms| ms.saturating_mul(1_000_000));
-                    let left_ns = lease_deadline_wall_ms
-                        .saturating_sub(now.wall_ms)
-                        .saturating_mul(1_000_000)
-                        .min(cap_ns);
+                    let left_ns = now.ns_until_wall_ms(lease_deadline_wall_ms).min(cap_ns);
                     now.mono_ns.saturating_add(left_ns)
                 }
             };
