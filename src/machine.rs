@@ -628,12 +628,16 @@ pub(crate) fn with_progress(mut record: Record, extra: &Extra, rules: &Rules) ->
     record
 }
 
-/// When the lease of the InFlight `slot` ends or ended, on the wall clock (ms, rounded up:
-/// never before the real end): its deadline, or for a lease that was already over in the
-/// file it was loaded from, the end that file recorded.
+/// When the lease of the InFlight `slot` ends or ended, on the wall clock (ms): its
+/// deadline, or for a lease that was already over in the file it was loaded from, the end
+/// that file recorded. A live lease's end is rounded up (never before the real end); a
+/// lease that is over reports an end no later than now, so that it reads as over.
 pub(crate) fn lease_end_wall_ms(slot: &Slot, extra: Option<&Extra>, now: Now) -> u64 {
     match extra.map_or(0, |e| e.ended_wall_ms) {
         ended if ended != 0 && slot.deadline_ns <= now.mono_ns => ended,
+        _ if slot.deadline_ns <= now.mono_ns => {
+            now.wall_ms_ceil_at(slot.deadline_ns).min(now.wall_ms)
+        }
         _ => now.wall_ms_ceil_at(slot.deadline_ns),
     }
 }
