@@ -42,8 +42,8 @@ pub struct RecordInfo {
 pub enum RecordInfoState {
     /// Claimed, not completed.
     InFlight {
-        /// Wall-clock end of the lease (stored to the millisecond): when it ends, or for a
-        /// lease that is over, when it ended.
+        /// Wall-clock end of the lease (stored rounded up to the millisecond, so never
+        /// before the real end): when it ends, or for a lease that is over, when it ended.
         lease_deadline: SystemTime,
         /// The saved checkpoint: phase and payload.
         checkpoint: Option<(u32, Vec<u8>)>,
@@ -54,6 +54,15 @@ pub enum RecordInfoState {
         /// progress kept, and the next claim takes the key over at once.
         #[serde(default)]
         failed: bool,
+        /// The lease length the holder was given (whole milliseconds): its claim's, or its
+        /// last extension's or renewal's; it caps the lease `Recovery::HonourLeases`
+        /// honours. `None`: unknown (a record of an older format, or an export without
+        /// it): the engine's lease.
+        #[serde(default)]
+        lease: Option<Duration>,
+        /// The claim identity the holder presented ([`crate::ClaimOptions::claim_id`]).
+        #[serde(default)]
+        claim_id: Option<u128>,
     },
     /// Completed (a completion not yet durable is listed too, as `published: false`).
     Completed {
@@ -93,6 +102,8 @@ fn inflight_state(slot: &Slot, extra: Option<&Extra>, now: Now) -> RecordInfoSta
             .map(|c| (c.phase(), c.data().to_vec())),
         attempt_started_at: known_time(extra.map_or(0, |e| e.attempt_started_wall_ms)),
         failed: extra.is_some_and(|e| e.failed),
+        lease: extra.and_then(|e| e.lease_ms).map(Duration::from_millis),
+        claim_id: extra.and_then(|e| e.claim_id),
     }
 }
 
@@ -186,6 +197,7 @@ impl AbandonedClaim {
             checkpoint,
             attempt_started_at,
             failed,
+            ..
         } = &r.state
         else {
             return None;

@@ -169,13 +169,14 @@ impl Engine {
                 MarkerLook::Proceed(dropped) => drop_marker = dropped,
             }
         }
-        let decided = machine::claim(shard.view(k), opts.fingerprint, now.mono_ns);
+        let decided = machine::claim(shard.view(k), opts.fingerprint, opts.claim_id, now.mono_ns);
         s.count(&mut shard.events, &decided.deltas);
         let mut plan = match decided.answer {
             ClaimAnswer::Acquire(plan) => plan,
             ClaimAnswer::Busy(busy) => return Ok(Step::Busy(busy)),
             ClaimAnswer::Replay(stored) => return Ok(Step::Replay(stored)),
             ClaimAnswer::ReplayFromFile { token } => return Ok(Step::ReplayFromFile { token }),
+            ClaimAnswer::Resume { token } => return self.resume_step(shard, k, key, opts, token),
             ClaimAnswer::FingerprintMismatch => return Err(ClaimError::FingerprintMismatch),
         };
         if plan.kind == Acquiring::New && !self.admit_new_key(shard, now.mono_ns) {
@@ -191,7 +192,7 @@ impl Engine {
             // lease, which reserves a place.
             shard.end_leases(now.mono_ns, usize::MAX);
             if let ClaimAnswer::Acquire(again) =
-                machine::claim(shard.view(k), opts.fingerprint, now.mono_ns).answer
+                machine::claim(shard.view(k), opts.fingerprint, opts.claim_id, now.mono_ns).answer
             {
                 plan = again;
             }
@@ -277,6 +278,57 @@ impl Engine {
             } else {
                 0
             },
+        })
+    }
+
+    /// A claim that presents its key's holder's claim identity resumes that lease
+    /// (`machine::resume`), under the stripe lock: the lease is renewed for the claim's
+    /// lease and its record rewritten, as an `extend` would, and the claim is answered with
+    /// the holder's token, attempt and checkpoint.
+    fn resume_step(
+        &self,
+        shard: &mut MutexGuard<'_, Shard>,
+        k: Key<'_>,
+        key: &Arc<[u8]>,
+        opts: &ClaimOptions,
+        token: u64,
+    ) -> Result<Step, ClaimError> {
+        let s = self.shared();
+        let lease = opts.lease.unwrap_or(s.cfg.lease);
+        let now = s.now();
+        let rules = s.rules();
+        let step = machine::resume(
+            shard.view(k),
+            KeyRef::Shared(key),
+            token,
+            lease,
+            now,
+            &rules,
+        )
+        // The look that answered `Resume` saw this lease under the same lock.
+        .ok_or(ClaimError::Contended)?;
+        let seq = s
+            .queue(step.write, false)
+            .map_err(|refused| match refused {
+                SendRefused::Full => {
+                    bump(&s.counters.overloaded);
+                    ClaimError::Overloaded(Limit::WriterQueue)
+                }
+                SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
+                SendRefused::Closed => ClaimError::Closed,
+            })?;
+        shard.apply(k, step.change, seq);
+        s.count(&mut shard.events, &step.deltas);
+        let Acquired {
+            token,
+            attempt,
+            checkpoint,
+        } = step.answer;
+        Ok(Step::Acquired {
+            token,
+            attempt,
+            checkpoint,
+            durable: if self.waits_for_durability() { seq } else { 0 },
         })
     }
 

@@ -169,6 +169,15 @@ pub(crate) fn wall_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, duration_ms)
 }
 
+/// [`wall_ms`] rounded up to the next whole millisecond: a lease end as it is stored, never
+/// before the real one.
+pub(crate) fn wall_ms_ceil(t: SystemTime) -> u64 {
+    let ns = t
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().div_ceil(1_000_000));
+    u64::try_from(ns).unwrap_or(u64::MAX)
+}
+
 /// Nanoseconds since the UNIX epoch of a wall-clock time (0 before it, as [`wall_ms`]).
 fn wall_ns(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, duration_ns)

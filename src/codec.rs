@@ -85,7 +85,7 @@ impl Checkpoint {
     }
 }
 
-/// One key's durable state, as stored under its token (format version 2).
+/// One key's durable state, as stored under its token (format version 3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record {
     /// The key and the namespace it lives in (tenant, client, operation; empty: unscoped).
@@ -113,6 +113,13 @@ pub(crate) enum RecordState {
         /// The attempt was ended by its holder's failure (progress kept), not abandoned.
         failed: bool,
         checkpoint: Option<Checkpoint>,
+        /// The lease length in ms the current holder was given (its claim's, or its last
+        /// extension's or keep-alive renewal's): recovery caps an honoured lease by it.
+        /// `None`: unknown (a record of format 1 or 2), read as the engine's lease at reopen.
+        lease_ms: Option<u64>,
+        /// The claim identity the current holder presented (`ClaimOptions::claim_id`): a
+        /// claim presenting it again resumes this lease.
+        claim_id: Option<u128>,
     },
     /// The response comes last, so that recovery can decode the head and skip it.
     Completed {
@@ -144,6 +151,8 @@ pub(crate) enum HeadState {
         attempt_started_wall_ms: u64,
         failed: bool,
         checkpoint: Option<Checkpoint>,
+        lease_ms: Option<u64>,
+        claim_id: Option<u128>,
     },
     Completed {
         attempt: u32,
@@ -154,7 +163,7 @@ pub(crate) enum HeadState {
 
 /// A record's key and scope, held as the engine's scoped key (`scope.rs`): a claim's
 /// records share the one allocation its call and its lease hold. On disk it is the key, then
-/// the scope: two byte blobs, as format 2 has always laid them out (a tuple adds no bytes).
+/// the scope: two byte blobs, as formats 2 and 3 lay them out (a tuple adds no bytes).
 #[derive(Clone)]
 pub(crate) struct RecordKey(Arc<[u8]>);
 
@@ -266,8 +275,8 @@ impl<'de> Deserialize<'de> for RecordKey {
     }
 }
 
-/// The records of format version 1, read (never written) so that files written by the
-/// previous format keep working; each converts to its version-2 form.
+/// The records of format version 1, read (never written) so that files written by an older
+/// format keep working; each converts to its version-3 form.
 mod v1 {
     use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordKey, RecordState};
     use serde::Deserialize;
@@ -328,6 +337,8 @@ mod v1 {
                     attempt_started_wall_ms: 0,
                     failed: false,
                     checkpoint,
+                    lease_ms: None,
+                    claim_id: None,
                 },
                 State1::Completed {
                     attempt,
@@ -364,6 +375,8 @@ mod v1 {
                     attempt_started_wall_ms: 0,
                     failed: false,
                     checkpoint,
+                    lease_ms: None,
+                    claim_id: None,
                 },
                 HeadState1::Completed {
                     attempt,
@@ -446,6 +459,214 @@ mod v1 {
 
 #[cfg(test)]
 pub(crate) use v1::encode as encode_v1;
+
+/// The records of format version 2, read (never written) so that files written by the
+/// previous format keep working; each converts to its version-3 form, the InFlight fields
+/// version 3 added unknown (`lease_ms` and `claim_id` are `None`: an honoured lease is then
+/// capped by the engine's lease at reopen, and no claim resumes it).
+mod v2 {
+    use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordKey, RecordState};
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    pub(super) struct Record2 {
+        key: RecordKey,
+        fingerprint: Option<u128>,
+        first_claimed_wall_ms: u64,
+        retention_ms: Option<u64>,
+        state: State2,
+    }
+
+    #[derive(Deserialize)]
+    enum State2 {
+        InFlight {
+            lease_deadline_wall_ms: u64,
+            attempt: u32,
+            attempt_started_wall_ms: u64,
+            failed: bool,
+            checkpoint: Option<Checkpoint>,
+        },
+        Completed {
+            attempt: u32,
+            completed_wall_ms: u64,
+            expires_wall_ms: u64,
+            response: Blob,
+        },
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Head2 {
+        key: KeyBuf,
+        scope: KeyBuf,
+        fingerprint: Option<u128>,
+        first_claimed_wall_ms: u64,
+        retention_ms: Option<u64>,
+        state: HeadState2,
+    }
+
+    #[derive(Deserialize)]
+    enum HeadState2 {
+        InFlight {
+            lease_deadline_wall_ms: u64,
+            attempt: u32,
+            attempt_started_wall_ms: u64,
+            failed: bool,
+            checkpoint: Option<Checkpoint>,
+        },
+        Completed {
+            attempt: u32,
+            completed_wall_ms: u64,
+            expires_wall_ms: u64,
+        },
+    }
+
+    impl From<Record2> for Record {
+        fn from(r: Record2) -> Self {
+            let state = match r.state {
+                State2::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    attempt_started_wall_ms,
+                    failed,
+                    checkpoint,
+                } => RecordState::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    attempt_started_wall_ms,
+                    failed,
+                    checkpoint,
+                    lease_ms: None,
+                    claim_id: None,
+                },
+                State2::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                    response,
+                } => RecordState::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                    response,
+                },
+            };
+            Record {
+                key: r.key,
+                fingerprint: r.fingerprint,
+                first_claimed_wall_ms: r.first_claimed_wall_ms,
+                retention_ms: r.retention_ms,
+                state,
+            }
+        }
+    }
+
+    impl From<Head2> for RecordHead {
+        fn from(h: Head2) -> Self {
+            let state = match h.state {
+                HeadState2::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    attempt_started_wall_ms,
+                    failed,
+                    checkpoint,
+                } => HeadState::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    attempt_started_wall_ms,
+                    failed,
+                    checkpoint,
+                    lease_ms: None,
+                    claim_id: None,
+                },
+                HeadState2::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                } => HeadState::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                },
+            };
+            RecordHead {
+                key: h.key,
+                scope: h.scope,
+                fingerprint: h.fingerprint,
+                first_claimed_wall_ms: h.first_claimed_wall_ms,
+                retention_ms: h.retention_ms,
+                state,
+            }
+        }
+    }
+
+    /// Encodes a version-2 record, as the previous format wrote it: the tests' fixture for
+    /// reading old files.
+    #[cfg(test)]
+    pub(crate) fn encode(token: u64, r: &Record) -> Vec<u8> {
+        #[derive(serde::Serialize)]
+        struct R2<'a> {
+            key: &'a RecordKey,
+            fingerprint: Option<u128>,
+            first_claimed_wall_ms: u64,
+            retention_ms: Option<u64>,
+            state: S2<'a>,
+        }
+        #[derive(serde::Serialize)]
+        enum S2<'a> {
+            InFlight {
+                lease_deadline_wall_ms: u64,
+                attempt: u32,
+                attempt_started_wall_ms: u64,
+                failed: bool,
+                checkpoint: &'a Option<Checkpoint>,
+            },
+            Completed {
+                attempt: u32,
+                completed_wall_ms: u64,
+                expires_wall_ms: u64,
+                response: &'a Blob,
+            },
+        }
+        let state = match &r.state {
+            RecordState::InFlight {
+                lease_deadline_wall_ms,
+                attempt,
+                attempt_started_wall_ms,
+                failed,
+                checkpoint,
+                ..
+            } => S2::InFlight {
+                lease_deadline_wall_ms: *lease_deadline_wall_ms,
+                attempt: *attempt,
+                attempt_started_wall_ms: *attempt_started_wall_ms,
+                failed: *failed,
+                checkpoint,
+            },
+            RecordState::Completed {
+                attempt,
+                completed_wall_ms,
+                expires_wall_ms,
+                response,
+            } => S2::Completed {
+                attempt: *attempt,
+                completed_wall_ms: *completed_wall_ms,
+                expires_wall_ms: *expires_wall_ms,
+                response,
+            },
+        };
+        let body = R2 {
+            key: &r.key,
+            fingerprint: r.fingerprint,
+            first_claimed_wall_ms: r.first_claimed_wall_ms,
+            retention_ms: r.retention_ms,
+            state,
+        };
+        super::frame(token, 2, &body)
+    }
+}
+
+#[cfg(test)]
+pub(crate) use v2::encode as encode_v2;
 
 /// Key bytes decoded straight into the box the index keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -581,7 +802,7 @@ fn verify(token: u64, bytes: &[u8]) -> Result<(u32, &[u8]), DecodeError> {
         return Err(DecodeError::Checksum { stored, computed });
     }
     let version = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_READ_MIN {
+    if !(FORMAT_VERSION_READ_MIN..=FORMAT_VERSION).contains(&version) {
         return Err(DecodeError::Version(version));
     }
     Ok((version, &body[HEADER_LEN..]))
@@ -600,11 +821,12 @@ fn decode_whole<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Decode
     Ok(value)
 }
 
-/// Decodes and verifies a value read under `token`, in the current format or the previous
+/// Decodes and verifies a value read under `token`, in the current format or a previous
 /// one.
 pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
     match verify(token, bytes)? {
         (FORMAT_VERSION, body) => decode_whole(body),
+        (2, body) => decode_whole::<v2::Record2>(body).map(Record::from),
         (_, body) => decode_whole::<v1::Record1>(body).map(Record::from),
     }
 }
@@ -632,6 +854,7 @@ pub(crate) fn decode_head(token: u64, bytes: &[u8]) -> Result<RecordHead, Decode
     }
     match verify(token, bytes)? {
         (FORMAT_VERSION, body) => decode_prefix(body),
+        (2, body) => decode_prefix::<v2::Head2>(body).map(RecordHead::from),
         (_, body) => decode_prefix::<v1::Head1>(body).map(RecordHead::from),
     }
 }
@@ -834,7 +1057,9 @@ mod tests {
                 attempt: 3,
                 attempt_started_wall_ms: 8,
                 failed: true,
-                checkpoint: Some(Checkpoint::new(4, b"cp"))
+                checkpoint: Some(Checkpoint::new(4, b"cp")),
+                lease_ms: Some(600_000),
+                claim_id: Some(0xC1A1 << 64 | 0x1D),
             }
         );
     }
@@ -851,8 +1076,23 @@ mod tests {
                 attempt_started_wall_ms: 8,
                 failed: true,
                 checkpoint: Some(Checkpoint::new(4, b"cp")),
+                lease_ms: Some(600_000),
+                claim_id: Some(0xC1A1 << 64 | 0x1D),
             },
         }
+    }
+
+    /// `r` without what format 3 added: as a record of format 2 reads.
+    fn as_v2(r: &Record) -> Record {
+        let mut r = r.clone();
+        if let RecordState::InFlight {
+            lease_ms, claim_id, ..
+        } = &mut r.state
+        {
+            *lease_ms = None;
+            *claim_id = None;
+        }
+        r
     }
 
     /// A record's key is held as the scoped key but written as format 2 always wrote it:
@@ -895,7 +1135,7 @@ mod tests {
 
     /// What a version-1 record becomes: its fields kept, the new ones at "unknown".
     fn as_v1(r: &Record) -> Record {
-        let mut r = r.clone();
+        let mut r = as_v2(r);
         r.key = RecordKey::unscoped(r.key.key());
         r.fingerprint = r.fingerprint.map(|f| u128::from(f as u64));
         r.first_claimed_wall_ms = 0;
@@ -912,11 +1152,12 @@ mod tests {
         r
     }
 
-    /// Format 2's bytes, as the code before the record key held the scoped key wrote them
-    /// for these two records (a scoped completion, an unscoped failed InFlight record):
-    /// today's encoder writes the same bytes and its decoder reads them back.
+    /// Format 2's bytes, as the engine of format 2 wrote them for these two records (a
+    /// scoped completion, an unscoped failed InFlight record): the version-2 encoder the
+    /// tests keep writes the same bytes, and today's decoder reads them back, the InFlight
+    /// record without the fields format 3 added.
     #[test]
-    fn format_2_bytes_are_those_written_before_the_record_key() {
+    fn format_2_bytes_are_read_as_format_2_wrote_them() {
         #[rustfmt::skip]
         let completed: &[u8] = &[
             2, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 111, 114, 100, 101, 114, 45, 52, 50, 8, 0, 0, 0,
@@ -931,14 +1172,76 @@ mod tests {
             0, 0, 0, 0, 0, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0,
             1, 1, 4, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 99, 112, 124, 17, 204, 253,
         ];
-        assert_eq!(encode(5, &sample()), completed);
+        assert_eq!(encode_v2(5, &sample()), completed);
         assert_eq!(decode(5, completed), Ok(sample()));
-        assert_eq!(encode(9, &inflight()), inflight_failed);
-        assert_eq!(decode(9, inflight_failed), Ok(inflight()));
+        assert_eq!(encode_v2(9, &inflight()), inflight_failed);
+        assert_eq!(decode(9, inflight_failed), Ok(as_v2(&inflight())));
+        let head = decode_head(9, inflight_failed).unwrap();
+        assert!(matches!(
+            head.state,
+            HeadState::InFlight {
+                attempt: 3,
+                lease_ms: None,
+                claim_id: None,
+                ..
+            }
+        ));
+        // A completion's body is the same in formats 2 and 3; only the version differs.
+        let current = encode(5, &sample());
+        assert_eq!(&current[..4], &3u32.to_le_bytes());
+        assert_eq!(
+            current[4..current.len() - 4],
+            completed[4..completed.len() - 4]
+        );
+    }
+
+    /// Format 3 appends the holder's lease length and claim identity to an InFlight record:
+    /// both round-trip, absent or present, in the record and in its head.
+    #[test]
+    fn format_3_keeps_the_lease_length_and_the_claim_id() {
+        for (lease_ms, claim_id) in [
+            (None, None),
+            (Some(1), Some(u128::MAX)),
+            (Some(30_000), None),
+        ] {
+            let mut r = inflight();
+            if let RecordState::InFlight {
+                lease_ms: l,
+                claim_id: c,
+                ..
+            } = &mut r.state
+            {
+                (*l, *c) = (lease_ms, claim_id);
+            }
+            let bytes = encode(9, &r);
+            assert_eq!(decode(9, &bytes), Ok(r));
+            match decode_head(9, &bytes).unwrap().state {
+                HeadState::InFlight {
+                    lease_ms: l,
+                    claim_id: c,
+                    ..
+                } => assert_eq!((l, c), (lease_ms, claim_id)),
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     #[test]
-    fn version_1_records_decode_to_their_version_2_form() {
+    fn version_2_records_decode_to_their_version_3_form() {
+        for r in [sample(), inflight()] {
+            let old = encode_v2(11, &r);
+            assert_eq!(&old[..4], &2u32.to_le_bytes());
+            assert_eq!(decode(11, &old), Ok(as_v2(&r)));
+            for i in 0..old.len() {
+                let mut damaged = old.clone();
+                damaged[i] ^= 0x40;
+                assert!(decode(11, &damaged).is_err(), "flip at {i} not detected");
+            }
+        }
+    }
+
+    #[test]
+    fn version_1_records_decode_to_their_version_3_form() {
         for r in [sample(), inflight()] {
             let old = encode_v1(11, &r);
             assert_eq!(&old[..4], &1u32.to_le_bytes());
@@ -972,7 +1275,7 @@ mod tests {
 
     #[test]
     fn unknown_versions_are_refused() {
-        for version in [0u32, 3, u32::MAX] {
+        for version in [0u32, 4, u32::MAX] {
             let mut bytes = frame(5, version, &sample());
             // A valid checksum over an unknown version: refused for the version.
             let n = bytes.len();

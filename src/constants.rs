@@ -60,7 +60,7 @@ pub(crate) const RECORD_INLINE_BYTES: usize = 240;
 /// Side-data boxes a stripe keeps for reuse (`index.rs`). A claim allocates one for its
 /// InFlight slot and the completion's publication frees it, usually on another thread:
 /// both sides pay glibc's paths under the stripe lock. Kept boxes are counted in the
-/// stripe's memory (about 1.3 KB per stripe at most).
+/// stripe's memory (about 1.5 KB per stripe at most).
 pub(crate) const SPARE_EXTRAS_PER_STRIPE: usize = 8;
 /// `Buffered` gathering (`gather.rs`): operations taken between two readings of the clock
 /// against the batch's deadline. A reading costs tens of nanoseconds; a batch holds
@@ -186,8 +186,9 @@ pub(crate) const READER_CACHE_BYTES: usize = 16 << 20;
 pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 
 /// Version of the record encoding. Bumped on any incompatible change.
-pub(crate) const FORMAT_VERSION: u32 = 2;
-/// The oldest record version still read (and converted on the way in); never written.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The oldest record version still read (and converted on the way in); never written. Every
+/// version from it up to [`FORMAT_VERSION`] is read.
 pub(crate) const FORMAT_VERSION_READ_MIN: u32 = 1;
 /// Version of the marker row encoding (the markers table, docs/retention.md). Bumped on any
 /// incompatible change.
@@ -195,9 +196,9 @@ pub(crate) const MARKER_FORMAT_VERSION: u32 = 1;
 /// Marks a redb file as an idemkv file of the current format. A writable open of a file of
 /// the previous format rewrites its marker, so that an older engine refuses the file
 /// instead of misreading the records this one adds.
-pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x02";
-/// The marker of the previous format, whose files are still opened.
-pub(crate) const FORMAT_MAGIC_V1: &[u8; 8] = b"idemkv\0\x01";
+pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x03";
+/// The markers of the previous formats (1 and 2), whose files are still opened.
+pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 2] = [b"idemkv\0\x01", b"idemkv\0\x02"];
 
 // Request fingerprints (src/fingerprint.rs). Fingerprints are persisted: changing an
 // encoding or a context string changes every fingerprint and needs a new context.
@@ -309,7 +310,7 @@ pub(crate) const PG_TABLE_PREFIX_LEN_MAX: usize = 30;
 pub(crate) const PG_SCHEMA_LEN_MAX: usize = 20;
 /// The schema version this build creates and reads (the version row of the meta table).
 #[cfg(feature = "postgres")]
-pub(crate) const PG_SCHEMA_VERSION: i64 = 3;
+pub(crate) const PG_SCHEMA_VERSION: i64 = 4;
 /// Longest lease or retention sent to the database (about 100 years): the interval and
 /// the timestamp it is added to stay far inside PostgreSQL's ranges, and the microsecond
 /// count stays exact in a double.

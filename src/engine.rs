@@ -387,6 +387,7 @@ impl Shared {
             retention: self.cfg.retention,
             response_len_max: self.cfg.response_len_max,
             durable: self.tx.is_some(),
+            lease: self.cfg.lease,
         }
     }
 

@@ -248,8 +248,17 @@ pub enum ClaimError {
     TokensExhausted,
     /// A storage failure stopped the engine; it acknowledges nothing more. Reopen it.
     Poisoned(Arc<str>),
-    /// The claim was queued but its write was not confirmed before the engine failed. After
-    /// a reopen the key is either Absent or InFlight (taken over at once); nothing ran yet.
+    /// The claim may or may not hold the key, and the caller has no token: the file engine
+    /// queued it but failed before confirming its write; the shared backend lost the
+    /// connection after sending it (it may have committed). Nothing ran yet. After a
+    /// reopen the key is Absent, or InFlight with the claim's lease (taken over at once
+    /// under [`crate::Recovery::TakeOver`], held for what is left of it under
+    /// [`crate::Recovery::HonourLeases`]); on the shared backend, InFlight until its lease
+    /// ends.
+    ///
+    /// Retry it with the same [`crate::ClaimOptions::claim_id`]: if the claim holds the
+    /// key, the retry gets that lease back (`Acquired`, same token and attempt) instead of
+    /// waiting out the whole lease; if it does not, the retry claims the key afresh.
     OutcomeUnknown(Arc<str>),
     /// A stored record failed its checksum, does not match its key, or is missing although
     /// the index still names it (the file lost a write): it is not replayed, and the call

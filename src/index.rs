@@ -205,6 +205,13 @@ pub(crate) struct Extra {
     /// Wall-clock instant of that completion, for the marker it leaves (a memory-only
     /// engine's; a durable engine's marker takes it from the record).
     pub(crate) completed_wall_ms: u64,
+    /// The lease length in ms the InFlight key's holder was given (its claim's, its last
+    /// extension's or renewal's); `None`: the engine's lease (a lease loaded from a record
+    /// of format 1 or 2, which did not keep it).
+    pub(crate) lease_ms: Option<u64>,
+    /// The claim identity the InFlight key's holder presented (`ClaimOptions::claim_id`):
+    /// a claim presenting it again resumes the lease.
+    pub(crate) claim_id: Option<u128>,
 }
 
 impl Extra {
@@ -219,6 +226,8 @@ impl Extra {
             && !self.failed
             && self.ended_wall_ms == 0
             && self.completed_wall_ms == 0
+            && self.lease_ms.is_none()
+            && self.claim_id.is_none()
     }
 
     fn heap_bytes(&self) -> usize {

@@ -31,7 +31,7 @@
 //! and [`reap`] before removing anything), and publishing a completion once the writer's
 //! watermark passes it (`publication.rs`, applied when its stripe is locked).
 
-use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at};
+use crate::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at, wall_ms_ceil};
 use crate::codec::{Blob, Checkpoint, HeadState, Record, RecordKey, RecordState};
 use crate::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::index::{Extra, Slot};
@@ -73,6 +73,27 @@ impl Now {
             .saturating_sub(self.wall_sub_ns)
     }
 
+    /// The first whole wall millisecond at or after the monotonic instant `at_ns`: a lease
+    /// end as it is stored and reported, never before the real one.
+    pub(crate) fn wall_ms_ceil_at(&self, at_ns: u64) -> u64 {
+        let wall_ns = u128::from(self.wall_ms) * 1_000_000 + u128::from(self.wall_sub_ns);
+        let at_wall_ns = if at_ns >= self.mono_ns {
+            wall_ns + u128::from(at_ns - self.mono_ns)
+        } else {
+            wall_ns.saturating_sub(u128::from(self.mono_ns - at_ns))
+        };
+        u64::try_from(at_wall_ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
+
+    /// The first whole wall millisecond at or after `keep_ns` from this instant (not
+    /// bounded by the monotonic clock's range): a lease's end as its record stores it.
+    pub(crate) fn wall_ms_ceil_after(&self, keep_ns: u64) -> u64 {
+        let end_ns = u128::from(self.wall_ms) * 1_000_000
+            + u128::from(self.wall_sub_ns)
+            + u128::from(keep_ns);
+        u64::try_from(end_ns.div_ceil(1_000_000)).unwrap_or(u64::MAX)
+    }
+
     /// The end of something kept `keep_ns` from this instant, on the wall clock's
     /// millisecond grid: the first whole wall millisecond at or after the exact end (as
     /// stored), and the monotonic instant of it (as the index keeps it). Memory and file
@@ -103,6 +124,19 @@ pub(crate) struct Rules {
     /// are published once the writer's watermark passes them. A memory-only engine
     /// publishes at once and has no records to build.
     pub(crate) durable: bool,
+    /// The engine's lease: the lease length an InFlight record keeps for a holder whose own
+    /// is unknown (one loaded from a record of format 1 or 2).
+    pub(crate) lease: Duration,
+}
+
+/// A lease length in whole milliseconds, rounded up (a stored length is never shorter).
+pub(crate) fn lease_ms(lease: Duration) -> u64 {
+    duration_ns(lease).div_ceil(1_000_000)
+}
+
+/// The lease length an InFlight record keeps for the holder whose side data is `extra`.
+fn holder_lease_ms(extra: &Extra, rules: &Rules) -> u64 {
+    extra.lease_ms.unwrap_or_else(|| lease_ms(rules.lease))
 }
 
 /// A key's state: its slot (none when Absent) and the side data kept beside it.
@@ -150,6 +184,11 @@ impl<A> Step<A> {
 
 /// What the key's slot becomes.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a transition's change lives on the stack for one call; boxing the side data \
+              would allocate on every transition"
+)]
 pub(crate) enum Change {
     Keep,
     /// Replace the slot and its side data.
@@ -263,6 +302,11 @@ pub(crate) enum ClaimAnswer {
     ReplayFromFile {
         token: u64,
     },
+    /// The claim presents the claim identity of the key's InFlight holder (`token`), which
+    /// did not fail: it resumes that lease ([`resume`]).
+    Resume {
+        token: u64,
+    },
     FingerprintMismatch,
 }
 
@@ -288,6 +332,8 @@ pub(crate) struct Plan {
     /// A takeover keeps the key's first-claimed instant (wall ms, 0: unknown); `None`: the
     /// key is claimed for the first time now.
     pub(crate) first_claimed_wall_ms: Option<u64>,
+    /// The claim identity the claim presents, which its lease keeps.
+    pub(crate) claim_id: Option<u128>,
 }
 
 impl Plan {
@@ -310,10 +356,13 @@ pub(crate) enum Acquiring {
     Takeover,
 }
 
-/// A claim looks at the key: row `claim` of the table.
+/// A claim looks at the key: row `claim` of the table. A claim presenting `claim_id`, the
+/// identity the key's InFlight holder presented, resumes that lease (live, or over and not
+/// yet taken over) unless its holder failed it: the caller lost the answer of its own claim.
 pub(crate) fn claim(
     view: View<'_>,
     asked: Option<AskedFingerprint>,
+    claim_id: Option<u128>,
     now_ns: u64,
 ) -> Step<ClaimAnswer> {
     let fingerprint = asked.map(|a| a.value);
@@ -327,6 +376,7 @@ pub(crate) fn claim(
         adopt: false,
         retention_ms: None,
         first_claimed_wall_ms: None,
+        claim_id,
     };
     let Some(slot) = view.slot else {
         return Step::answer(ClaimAnswer::Acquire(fresh(Acquiring::New, None)), NONE);
@@ -375,6 +425,10 @@ pub(crate) fn claim(
             None => Step::answer(ClaimAnswer::ReplayFromFile { token: slot.token }, NONE),
         };
     }
+    let holder = view.extra.filter(|e| !e.failed).and_then(|e| e.claim_id);
+    if claim_id.is_some() && holder == claim_id {
+        return Step::answer(ClaimAnswer::Resume { token: slot.token }, NONE);
+    }
     if now_ns < slot.deadline_ns {
         return busy(Duration::from_nanos(slot.deadline_ns - now_ns), false);
     }
@@ -389,8 +443,42 @@ pub(crate) fn claim(
         adopt,
         retention_ms: view.extra.and_then(|e| e.retention_ms),
         first_claimed_wall_ms: Some(view.extra.map_or(0, |e| e.first_claimed_wall_ms)),
+        claim_id,
     };
     Step::answer(ClaimAnswer::Acquire(plan), NONE)
+}
+
+/// A claim resumes the lease of `token`, whose holder presented the same claim identity
+/// ([`ClaimAnswer::Resume`]): the lease is renewed for `lease` from now, as `extend` would,
+/// and handed back with its token, attempt and checkpoint (no new token, no new attempt).
+/// `None` if `token` no longer holds the key as a lease that may be resumed.
+pub(crate) fn resume(
+    view: View<'_>,
+    key: KeyRef<'_>,
+    token: u64,
+    lease: Duration,
+    now: Now,
+    rules: &Rules,
+) -> Option<Step<Acquired>> {
+    let slot = view.slot.filter(|s| s.token == token && s.is_inflight())?;
+    let checkpoint = view.extra.and_then(|e| e.checkpoint.clone());
+    let step = hold(view, key, token, Holder::Extend { lease }, now, rules);
+    if step.answer != HolderAnswer::Done {
+        return None;
+    }
+    Some(Step {
+        change: step.change,
+        write: step.write,
+        answer: Acquired {
+            token,
+            attempt: slot.attempt,
+            checkpoint,
+        },
+        deltas: Deltas {
+            acquired: 1,
+            ..step.deltas
+        },
+    })
 }
 
 /// What an acquired claim returns to its caller.
@@ -420,6 +508,8 @@ pub(crate) fn acquire(
         first_claimed_wall_ms: plan.first_claimed_wall_ms.unwrap_or(now.wall_ms),
         attempt_started_wall_ms: now.wall_ms,
         retention_ms: plan.retention_ms,
+        lease_ms: Some(lease_ms(lease)),
+        claim_id: plan.claim_id,
         ..Extra::default()
     };
     let write = rules.durable.then(|| Write::Put {
@@ -433,9 +523,11 @@ pub(crate) fn acquire(
                     plan.fingerprint,
                     plan.attempt,
                     plan.checkpoint.clone(),
-                    now.wall_ms.saturating_add(duration_ms(lease)),
+                    // Rounded up: the stored end is never before the real one.
+                    now.wall_ms_ceil_after(duration_ns(lease)),
                 ),
                 &extra,
+                rules,
             )
         },
     });
@@ -508,34 +600,45 @@ pub(crate) fn inflight_record(
             attempt_started_wall_ms: 0,
             failed: false,
             checkpoint,
+            lease_ms: None,
+            claim_id: None,
         },
     }
 }
 
-/// `record` with the key's instants and failure flag, as its side data holds them: the
-/// first claim (kept across takeovers and fails), and for an InFlight record the start of
-/// its attempt and whether its holder failed it.
-pub(crate) fn with_progress(mut record: Record, extra: &Extra) -> Record {
+/// `record` with the key's instants, failure flag and holder, as its side data holds them:
+/// the first claim (kept across takeovers and fails), and for an InFlight record the start
+/// of its attempt, whether its holder failed it, the lease length its holder was given (the
+/// engine's of `rules` if unknown) and the claim identity it presented.
+pub(crate) fn with_progress(mut record: Record, extra: &Extra, rules: &Rules) -> Record {
     record.first_claimed_wall_ms = extra.first_claimed_wall_ms;
     if let RecordState::InFlight {
         attempt_started_wall_ms,
         failed,
+        lease_ms,
+        claim_id,
         ..
     } = &mut record.state
     {
         *attempt_started_wall_ms = extra.attempt_started_wall_ms;
         *failed = extra.failed;
+        *lease_ms = Some(holder_lease_ms(extra, rules));
+        *claim_id = extra.claim_id;
     }
     record
 }
 
 /// When the lease of the InFlight `slot` ends or ended, on the wall clock (ms): its
 /// deadline, or for a lease that was already over in the file it was loaded from, the end
-/// that file recorded.
+/// that file recorded. A live lease's end is rounded up (never before the real end); a
+/// lease that is over reports an end no later than now, so that it reads as over.
 pub(crate) fn lease_end_wall_ms(slot: &Slot, extra: Option<&Extra>, now: Now) -> u64 {
     match extra.map_or(0, |e| e.ended_wall_ms) {
         ended if ended != 0 && slot.deadline_ns <= now.mono_ns => ended,
-        _ => wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+        _ if slot.deadline_ns <= now.mono_ns => {
+            now.wall_ms_ceil_at(slot.deadline_ns).min(now.wall_ms)
+        }
+        _ => now.wall_ms_ceil_at(slot.deadline_ns),
     }
 }
 
@@ -636,8 +739,9 @@ pub(crate) fn hold(
             };
             slot.deadline_ns = now.mono_ns.saturating_add(duration_ns(lease));
             let mut extra = view.extra.cloned().unwrap_or_default();
-            // A live lease again: its end is its deadline.
+            // A live lease again: its end is its deadline, and its length the one given now.
             extra.ended_wall_ms = 0;
+            extra.lease_ms = Some(lease_ms(lease));
             update(key, slot, extra, now, rules)
         }
         Holder::Fail => {
@@ -750,9 +854,11 @@ fn update(
                     extra.fingerprint,
                     slot.attempt,
                     extra.checkpoint.clone(),
-                    wall_ms_at(now.wall_ms, now.mono_ns, slot.deadline_ns),
+                    // Rounded up: the stored end is never before the real one.
+                    now.wall_ms_ceil_at(slot.deadline_ns),
                 ),
                 &extra,
+                rules,
             )
         },
     });
@@ -801,7 +907,7 @@ pub(crate) fn import(
     // refused because the key exists.
     let (slot, state, extra, reap_ns, deltas) = match &record.state {
         RecordInfoState::InFlight { lease_deadline, .. }
-            if wall_ms(*lease_deadline).saturating_add(retention_ms) <= now.wall_ms =>
+            if wall_ms_ceil(*lease_deadline).saturating_add(retention_ms) <= now.wall_ms =>
         {
             return gone()
         }
@@ -810,8 +916,11 @@ pub(crate) fn import(
             checkpoint,
             attempt_started_at,
             failed,
+            lease,
+            claim_id,
         } => {
-            let lease_deadline_ms = wall_ms(*lease_deadline);
+            // Rounded up: the stored end is never before the one imported.
+            let lease_deadline_ms = wall_ms_ceil(*lease_deadline);
             let checkpoint = checkpoint.as_ref().map(|(p, d)| Checkpoint::new(*p, d));
             let over = *failed || lease_deadline_ms <= now.wall_ms;
             let extra = Extra {
@@ -821,6 +930,8 @@ pub(crate) fn import(
                 attempt_started_wall_ms: attempt_started_at.map_or(0, wall_ms),
                 failed: *failed,
                 ended_wall_ms: if over { lease_deadline_ms } else { 0 },
+                lease_ms: lease.map(lease_ms),
+                claim_id: *claim_id,
                 ..Extra::default()
             };
             let state = RecordState::InFlight {
@@ -829,6 +940,8 @@ pub(crate) fn import(
                 attempt_started_wall_ms: extra.attempt_started_wall_ms,
                 failed: *failed,
                 checkpoint,
+                lease_ms: Some(holder_lease_ms(&extra, rules)),
+                claim_id: *claim_id,
             };
             // A failed claim is taken over at once, whatever end its record gives.
             let left_ns = if *failed {
@@ -1194,13 +1307,19 @@ pub(crate) fn loaded_marker(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Reopen {
     pub(crate) recovery: Recovery,
-    /// The configured lease, which caps an honoured one.
+    /// The configured lease, which caps an honoured lease whose record does not keep its
+    /// own length (a record of format 1 or 2).
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
 }
 
 /// What recovery does with one record of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one record's verdict lives on the stack for one call; boxing its side data \
+              would allocate per record"
+)]
 pub(crate) enum Recovered {
     /// A completion past its retention: its record is deleted.
     Expired,
@@ -1258,6 +1377,8 @@ pub(crate) fn recover(
             checkpoint,
             attempt_started_wall_ms,
             failed,
+            lease_ms,
+            claim_id,
         } => {
             // Reaped `retention` after the recorded lease end, as a completion expires
             // `retention` after it was made; taken from the file, not from the in-memory
@@ -1273,11 +1394,13 @@ pub(crate) fn recover(
                 // lease ended when its holder failed it.
                 Recovery::TakeOver => now.mono_ns,
                 _ if failed => now.mono_ns,
+                // What is left of the recorded lease, capped by the length its holder was
+                // given (a wall clock that jumped back must not keep a dead claim alive
+                // longer than one of its leases); a record without it: the engine's lease.
                 Recovery::HonourLeases => {
-                    let left_ns = lease_deadline_wall_ms
-                        .saturating_sub(now.wall_ms)
-                        .saturating_mul(1_000_000)
-                        .min(duration_ns(reopen.lease));
+                    let cap_ns = lease_ms
+                        .map_or(duration_ns(reopen.lease), |ms| ms.saturating_mul(1_000_000));
+                    let left_ns = now.ns_until_wall_ms(lease_deadline_wall_ms).min(cap_ns);
                     now.mono_ns.saturating_add(left_ns)
                 }
             };
@@ -1293,6 +1416,8 @@ pub(crate) fn recover(
                 attempt_started_wall_ms,
                 failed,
                 ended_wall_ms: if over { lease_deadline_wall_ms } else { 0 },
+                lease_ms,
+                claim_id,
                 ..Extra::default()
             };
             Recovered::Load {
@@ -1382,6 +1507,7 @@ mod tests {
             retention: RETENTION,
             response_len_max: 16,
             durable,
+            lease: LEASE,
         }
     }
 
@@ -1478,10 +1604,11 @@ mod tests {
 
     #[test]
     fn claim_of_an_absent_key_acquires_a_new_key() {
-        let plan = plan_of(claim(View::ABSENT, ask(9), LIVE));
+        let plan = plan_of(claim(View::ABSENT, ask(9), None, LIVE));
         assert_eq!(
             plan,
             Plan {
+                claim_id: None,
                 kind: Acquiring::New,
                 old: None,
                 attempt: 1,
@@ -1499,6 +1626,7 @@ mod tests {
         let extra = Extra {
             first_claimed_wall_ms: at(LIVE).wall_ms,
             attempt_started_wall_ms: at(LIVE).wall_ms,
+            lease_ms: Some(LEASE.as_millis() as u64),
             ..fp(9)
         };
         assert_eq!(
@@ -1511,7 +1639,11 @@ mod tests {
             }
         );
         let lease_end_wall = at(LIVE).wall_ms + 30_000;
-        let record = with_progress(inflight_record(K, Some(9), 1, None, lease_end_wall), &extra);
+        let record = with_progress(
+            inflight_record(K, Some(9), 1, None, lease_end_wall),
+            &extra,
+            &durable(),
+        );
         assert_eq!(record.first_claimed_wall_ms, at(LIVE).wall_ms);
         assert!(matches!(
             record.state,
@@ -1548,7 +1680,7 @@ mod tests {
         let st = states();
         let now = EXPIRES;
         // The stored fingerprint belongs to the expired completion: not checked.
-        let plan = plan_of(claim(view(st.done, &st.done_extra), ask(8), now));
+        let plan = plan_of(claim(view(st.done, &st.done_extra), ask(8), None, now));
         assert_eq!(
             (
                 plan.kind,
@@ -1585,21 +1717,27 @@ mod tests {
     #[test]
     fn claim_of_a_live_lease_is_busy_until_its_end() {
         let st = states();
-        let busy = busy_of(claim(view(st.lease, &st.lease_extra), None, LIVE));
+        let busy = busy_of(claim(view(st.lease, &st.lease_extra), None, None, LIVE));
         assert_eq!(busy.retry_after, Duration::from_nanos(END - LIVE));
         assert_eq!((busy.attempt, busy.completing), (2, false));
         // One nanosecond before the end it is still live.
-        let busy = busy_of(claim(view(st.lease, &st.lease_extra), ask(7), END - 1));
+        let busy = busy_of(claim(
+            view(st.lease, &st.lease_extra),
+            ask(7),
+            None,
+            END - 1,
+        ));
         assert_eq!(busy.retry_after, Duration::from_nanos(1));
     }
 
     #[test]
     fn claim_of_a_lease_that_is_over_takes_it_over_keeping_checkpoint_and_fingerprint() {
         let st = states();
-        let plan = plan_of(claim(view(st.lease, &st.lease_extra), None, END));
+        let plan = plan_of(claim(view(st.lease, &st.lease_extra), None, None, END));
         assert_eq!(
             plan,
             Plan {
+                claim_id: None,
                 kind: Acquiring::Takeover,
                 old: Some(5),
                 attempt: 3,
@@ -1620,6 +1758,7 @@ mod tests {
             checkpoint: cp.clone(),
             first_claimed_wall_ms: FIRST_CLAIMED,
             attempt_started_wall_ms: at(END).wall_ms,
+            lease_ms: Some(LEASE.as_millis() as u64),
             ..Extra::default()
         };
         assert_eq!(
@@ -1638,7 +1777,8 @@ mod tests {
                 old: Some(5),
                 record: with_progress(
                     inflight_record(K, Some(7), 3, cp.clone(), at(END).wall_ms + 30_000),
-                    &extra
+                    &extra,
+                    &durable()
                 ),
             })
         );
@@ -1664,7 +1804,12 @@ mod tests {
     fn a_takeover_of_an_abandoned_lease_reserves_a_place_and_adopts_it() {
         let st = states();
         let abandoned = st.lease.into_abandoned();
-        let plan = plan_of(claim(view(abandoned, &st.lease_extra), ask(7), END + 1));
+        let plan = plan_of(claim(
+            view(abandoned, &st.lease_extra),
+            ask(7),
+            None,
+            END + 1,
+        ));
         assert_eq!((plan.reserve, plan.adopt, plan.attempt), (true, true, 3));
         let step = acquire(plan, K, 21, LEASE, at(END + 1), &memory());
         assert!(matches!(step.change, Change::Put { adopt: true, .. }));
@@ -1675,7 +1820,7 @@ mod tests {
     fn claim_of_a_published_completion_replays_it() {
         let st = states();
         // Memory only: the response is beside the slot.
-        let step = claim(view(st.done, &st.done_extra), ask(7), LIVE);
+        let step = claim(view(st.done, &st.done_extra), ask(7), None, LIVE);
         assert_eq!((&step.change, &step.write), (&Change::Keep, &None));
         assert_eq!(step.deltas, Deltas { replays: 1, ..NONE });
         let ClaimAnswer::Replay(stored) = step.answer else {
@@ -1688,7 +1833,7 @@ mod tests {
         // Durable: the response is in the file, read after the lock is dropped (and the
         // replay counted then).
         let extra = fp(7);
-        let step = claim(view(st.done, &extra), None, EXPIRES - 1);
+        let step = claim(view(st.done, &extra), None, None, EXPIRES - 1);
         assert!(matches!(
             step.answer,
             ClaimAnswer::ReplayFromFile { token: 5 }
@@ -1700,7 +1845,7 @@ mod tests {
             extra: None,
         };
         assert!(matches!(
-            claim(bare, ask(1), LIVE).answer,
+            claim(bare, ask(1), None, LIVE).answer,
             ClaimAnswer::ReplayFromFile { token: 5 }
         ));
     }
@@ -1708,7 +1853,12 @@ mod tests {
     #[test]
     fn claim_of_an_unpublished_completion_is_busy_completing() {
         let st = states();
-        let busy = busy_of(claim(view(st.done_unpublished, &st.done_extra), None, LIVE));
+        let busy = busy_of(claim(
+            view(st.done_unpublished, &st.done_extra),
+            None,
+            None,
+            LIVE,
+        ));
         assert_eq!(
             (busy.retry_after, busy.attempt, busy.completing),
             (RETRY_AFTER_UNPUBLISHED, 2, true)
@@ -1731,7 +1881,7 @@ mod tests {
             ),
         ];
         for (name, v, now) in cells {
-            let step = claim(v, ask(8), now);
+            let step = claim(v, ask(8), None, now);
             assert!(
                 matches!(step.answer, ClaimAnswer::FingerprintMismatch),
                 "{name}"
@@ -1751,7 +1901,7 @@ mod tests {
             );
             // The same fingerprint, or none asked, is never a mismatch.
             for asked in [ask(7), None] {
-                let step = claim(v, asked, now);
+                let step = claim(v, asked, None, now);
                 assert!(
                     !matches!(step.answer, ClaimAnswer::FingerprintMismatch),
                     "{name}"
@@ -1760,11 +1910,11 @@ mod tests {
         }
         // A state without a stored fingerprint is not checked.
         let none = Extra::default();
-        let step = claim(view(st.lease, &none), ask(8), LIVE);
+        let step = claim(view(st.lease, &none), ask(8), None, LIVE);
         assert!(matches!(step.answer, ClaimAnswer::Busy(_)));
         // Absent and expired have none to compare with.
         assert!(matches!(
-            claim(View::ABSENT, ask(8), LIVE).answer,
+            claim(View::ABSENT, ask(8), None, LIVE).answer,
             ClaimAnswer::Acquire(_)
         ));
     }
@@ -1979,6 +2129,7 @@ mod tests {
                 at(LIVE).wall_ms,
             ),
             &extra,
+            &durable(),
         );
         assert!(matches!(
             record.state,
@@ -2073,7 +2224,7 @@ mod tests {
         };
         let slot = Slot::inflight(5, LIVE, 2);
         // At the instant of the fail, as any time after.
-        let plan = plan_of(claim(view(slot, &failed), ask(7), LIVE));
+        let plan = plan_of(claim(view(slot, &failed), ask(7), None, LIVE));
         assert_eq!(
             (plan.kind, plan.attempt, &plan.checkpoint, plan.fingerprint),
             (Acquiring::Takeover, 3, &failed.checkpoint, Some(7))
@@ -2091,7 +2242,7 @@ mod tests {
         );
         // Another payload cannot take the key.
         assert!(matches!(
-            claim(view(slot, &failed), ask(8), LIVE).answer,
+            claim(view(slot, &failed), ask(8), None, LIVE).answer,
             ClaimAnswer::FingerprintMismatch
         ));
     }
@@ -2167,6 +2318,8 @@ mod tests {
         let now = at(LIVE);
         let failed_at = now.wall_ms - 5;
         let head = HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms: failed_at,
             attempt: 2,
             attempt_started_wall_ms: failed_at - 100,
@@ -2208,6 +2361,8 @@ mod tests {
         }
         // Even with a lease end the wall clock has not reached (a clock stepped back).
         let ahead = HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms: now.wall_ms + 60_000,
             attempt: 2,
             attempt_started_wall_ms: 0,
@@ -2233,6 +2388,8 @@ mod tests {
         let now = at(LIVE);
         let info = RecordInfo {
             state: RecordInfoState::InFlight {
+                lease: None,
+                claim_id: None,
                 lease_deadline: wall_time(now.wall_ms - 3),
                 checkpoint: Some((1, b"c".to_vec())),
                 attempt_started_at: Some(wall_time(now.wall_ms - 50)),
@@ -2261,6 +2418,200 @@ mod tests {
         ));
     }
 
+    // --- claim identity ----------------------------------------------------------------------
+
+    #[test]
+    fn a_claim_presenting_its_holders_identity_resumes_the_lease_live_or_over() {
+        let st = states();
+        let id = Some(0xC1A1_u128 << 64 | 1);
+        let extra = Extra {
+            claim_id: id,
+            lease_ms: Some(600_000),
+            ..st.lease_extra.clone()
+        };
+        let v = view(st.lease, &extra);
+        for now in [LIVE, END + 7 * MS] {
+            // The same identity (and a matching fingerprint, or none): the holder's lease.
+            for asked in [ask(7), None] {
+                let step = claim(v, asked, id, now);
+                assert_eq!(step.answer_kind(), "resume 5");
+                assert_eq!(
+                    (step.change.clone(), step.write.clone()),
+                    (Change::Keep, None)
+                );
+            }
+            // Another identity, or none: as without identities.
+            let other = claim(v, ask(7), Some(2), now);
+            let none = claim(v, ask(7), None, now);
+            for step in [other, none] {
+                let want = if now < END { "busy" } else { "acquire" };
+                assert_eq!(step.answer_kind(), want);
+            }
+            // A different fingerprint is refused first.
+            assert_eq!(claim(v, ask(8), id, now).answer_kind(), "mismatch");
+            // Resumed: renewed for the claim's lease, same token, attempt and checkpoint,
+            // the record rewritten with the new end and length.
+            let lease = Duration::from_secs(40);
+            let step = resume(v, K, 5, lease, at(now), &durable()).expect("resumable");
+            assert_eq!(
+                step.answer,
+                Acquired {
+                    token: 5,
+                    attempt: 2,
+                    checkpoint: st.lease_extra.checkpoint.clone(),
+                }
+            );
+            let Change::Put { slot, extra: e, .. } = &step.change else {
+                panic!("{:?}", step.change);
+            };
+            assert_eq!(*slot, Slot::inflight(5, now + 40_000 * MS, 2));
+            assert_eq!((e.lease_ms, e.claim_id), (Some(40_000), id));
+            assert!(matches!(
+                &step.write,
+                Some(Write::Put { token: 5, record, .. }) if matches!(record.state,
+                    RecordState::InFlight { lease_ms: Some(40_000), claim_id, attempt: 2, .. }
+                        if claim_id == id)
+            ));
+            assert_eq!(step.deltas.acquired, 1);
+        }
+        // A failed lease is never resumed: the next claim takes it over.
+        let failed = Extra {
+            failed: true,
+            ..extra.clone()
+        };
+        let over = Slot::inflight(5, LIVE, 2);
+        assert_eq!(
+            claim(view(over, &failed), ask(7), id, LIVE).answer_kind(),
+            "acquire"
+        );
+        assert!(resume(view(over, &failed), K, 5, LEASE, at(LIVE), &durable()).is_none());
+        // A takeover keeps the new claim's identity, not the old holder's.
+        let plan = plan_of(claim(v, ask(7), Some(3), END));
+        let step = acquire(plan, K, 20, LEASE, at(END), &durable());
+        let Change::Put { extra: e, .. } = &step.change else {
+            panic!("{:?}", step.change);
+        };
+        assert_eq!(e.claim_id, Some(3));
+    }
+
+    impl Step<ClaimAnswer> {
+        /// The kind of a claim's answer, for compact assertions.
+        fn answer_kind(&self) -> String {
+            match &self.answer {
+                ClaimAnswer::Acquire(_) => "acquire".into(),
+                ClaimAnswer::Busy(_) => "busy".into(),
+                ClaimAnswer::Resume { token } => format!("resume {token}"),
+                ClaimAnswer::FingerprintMismatch => "mismatch".into(),
+                ClaimAnswer::Replay(_) | ClaimAnswer::ReplayFromFile { .. } => "replay".into(),
+            }
+        }
+    }
+
+    /// A lease's stored end is never before its real one: an instant a fraction of a
+    /// millisecond past the wall clock's grid rounds the stored end up, on a claim and on an
+    /// extension, and the reported end too.
+    #[test]
+    fn a_stored_lease_end_is_rounded_up_to_the_millisecond() {
+        let sub = 400_000; // 0.4 ms past the wall grid
+        let now = Now::new(LIVE, WALL0 * MS + LIVE + sub);
+        assert_eq!(now.wall_sub_ns, (LIVE + sub) % MS);
+        let exact_end_ns = WALL0 * MS + LIVE + sub + LEASE.as_nanos() as u64;
+        let plan = plan_of(claim(View::ABSENT, ask(9), None, LIVE));
+        let step = acquire(plan, K, 11, LEASE, now, &durable());
+        let Some(Write::Put { record, .. }) = &step.write else {
+            panic!("{:?}", step.write);
+        };
+        let RecordState::InFlight {
+            lease_deadline_wall_ms,
+            lease_ms,
+            ..
+        } = record.state
+        else {
+            panic!("{:?}", record.state);
+        };
+        assert_eq!(lease_deadline_wall_ms, exact_end_ns.div_ceil(MS));
+        assert!(lease_deadline_wall_ms * MS >= exact_end_ns);
+        assert_eq!(lease_ms, Some(30_000));
+        // A zero lease ends now: stored as the next whole millisecond, not the one before.
+        let plan = plan_of(claim(View::ABSENT, None, None, LIVE));
+        let zero = acquire(plan, K, 12, Duration::ZERO, now, &durable());
+        assert!(matches!(
+            &zero.write,
+            Some(Write::Put { record, .. }) if matches!(record.state,
+                RecordState::InFlight { lease_deadline_wall_ms, lease_ms: Some(0), .. }
+                    if lease_deadline_wall_ms == now.wall_ms + 1)
+        ));
+        // Extended at the same kind of instant.
+        let Change::Put { slot, extra, .. } = step.change else {
+            panic!()
+        };
+        let later = Now::new(LIVE + 3 * MS, WALL0 * MS + LIVE + 3 * MS + sub);
+        let ext = hold(
+            view(slot, &extra),
+            K,
+            11,
+            Holder::Extend {
+                lease: Duration::from_nanos(5_000 * MS + 1),
+            },
+            later,
+            &durable(),
+        );
+        let exact_ns = WALL0 * MS + LIVE + 3 * MS + sub + 5_000 * MS + 1;
+        assert!(matches!(
+            &ext.write,
+            Some(Write::Put { record, .. }) if matches!(record.state,
+                RecordState::InFlight { lease_deadline_wall_ms, lease_ms: Some(5_001), .. }
+                    if lease_deadline_wall_ms == exact_ns.div_ceil(MS))
+        ));
+        // Reported: the end rounded up too.
+        let Change::Put { slot, extra, .. } = ext.change else {
+            panic!()
+        };
+        assert_eq!(
+            lease_end_wall_ms(&slot, Some(&extra), later),
+            exact_ns.div_ceil(MS)
+        );
+    }
+
+    /// With `HonourLeases`, a recovered lease keeps what is left of it, capped by the length
+    /// its holder was given: a 600 s lease survives a restart past the engine's 30 s, and a
+    /// deadline pushed far out by a wall-clock jump is still capped, by that length. A record
+    /// that does not keep a length (formats 1 and 2) is capped by the engine's lease.
+    #[test]
+    fn an_honoured_lease_is_capped_by_its_own_length() {
+        let now = at(LIVE);
+        let honour = reopen(Recovery::HonourLeases);
+        let head = |left_ms: u64, lease_ms| HeadState::InFlight {
+            lease_deadline_wall_ms: now.wall_ms + left_ms,
+            attempt: 1,
+            attempt_started_wall_ms: 0,
+            failed: false,
+            checkpoint: None,
+            lease_ms,
+            claim_id: Some(9),
+        };
+        let deadline = |h| match recover(5, h, None, None, now, &honour, 0) {
+            Recovered::Load { slot, extra, .. } => {
+                assert_eq!((extra.lease_ms.is_some(), extra.claim_id), (true, Some(9)));
+                slot.deadline_ns
+            }
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(deadline(head(590_000, Some(600_000))), LIVE + 590_000 * MS);
+        assert_eq!(
+            deadline(head(86_400_000, Some(600_000))),
+            LIVE + 600_000 * MS
+        );
+        assert_eq!(deadline(head(20_000, Some(10_000))), LIVE + 10_000 * MS);
+        let Recovered::Load { slot, extra, .. } =
+            recover(5, head(590_000, None), None, None, now, &honour, 0)
+        else {
+            panic!()
+        };
+        assert_eq!(slot.deadline_ns, LIVE + LEASE.as_nanos() as u64);
+        assert_eq!(extra.lease_ms, None);
+    }
+
     // --- extend and checkpoint ---------------------------------------------------------------
 
     #[test]
@@ -2273,11 +2624,16 @@ mod tests {
             let step = hold(v, K, 5, op.clone(), at(now), &durable());
             assert_eq!(step.answer, HolderAnswer::Done);
             let deadline = now + 5_000 * MS;
+            // The holder's lease length is the one extended to.
+            let extra = Extra {
+                lease_ms: Some(5_000),
+                ..st.lease_extra.clone()
+            };
             assert_eq!(
                 step.change,
                 Change::Put {
                     slot: Slot::inflight(5, deadline, 2),
-                    extra: st.lease_extra.clone(),
+                    extra: extra.clone(),
                     reap_ns: None,
                     adopt: false,
                 }
@@ -2295,7 +2651,8 @@ mod tests {
                             st.lease_extra.checkpoint.clone(),
                             at(now).wall_ms + 5_000
                         ),
-                        &st.lease_extra
+                        &extra,
+                        &durable()
                     ),
                 })
             );
@@ -2334,7 +2691,8 @@ mod tests {
                     old: None,
                     record: with_progress(
                         inflight_record(K, Some(7), 2, Some(cp.clone()), at(END).wall_ms),
-                        &extra
+                        &extra,
+                        &durable()
                     ),
                 })
             );
@@ -2410,7 +2768,7 @@ mod tests {
     /// and used by the completion unless the completion chooses its own.
     #[test]
     fn a_claims_own_retention_is_kept_through_a_takeover_and_used_by_its_completion() {
-        let plan = plan_of(claim(View::ABSENT, None, LIVE)).asking_retention(Some(4_000));
+        let plan = plan_of(claim(View::ABSENT, None, None, LIVE)).asking_retention(Some(4_000));
         let step = acquire(plan, K, 11, LEASE, at(LIVE), &durable());
         let Change::Put { extra, .. } = &step.change else {
             panic!("a claim puts")
@@ -2422,7 +2780,7 @@ mod tests {
         assert_eq!(record.retention_ms, Some(4_000));
         // A takeover keeps it; a claim asking for its own replaces it.
         let lease = Slot::inflight(11, END, 1);
-        let kept = plan_of(claim(view(lease, extra), None, END));
+        let kept = plan_of(claim(view(lease, extra), None, None, END));
         assert_eq!(
             kept.clone().asking_retention(None).retention_ms,
             Some(4_000)
@@ -2454,6 +2812,8 @@ mod tests {
     fn recovery_reaps_a_claim_by_its_own_retention() {
         let now = at(LIVE);
         let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms,
             attempt: 1,
             attempt_started_wall_ms: 0,
@@ -2626,6 +2986,8 @@ mod tests {
         let gone = head(now.wall_ms - window_ms);
         assert_eq!(recover_marker(5, &gone, None, ID, &rules, now), None);
         let lease = HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms: 0,
             attempt: 1,
             attempt_started_wall_ms: 0,
@@ -2674,6 +3036,8 @@ mod tests {
         let retention_ms = RETENTION.as_millis() as u64;
         let cp = Some(Checkpoint::new(1, b"c"));
         let head = |lease_deadline_wall_ms| HeadState::InFlight {
+            lease_ms: None,
+            claim_id: None,
             lease_deadline_wall_ms,
             attempt: 2,
             attempt_started_wall_ms: 0,
@@ -2847,6 +3211,8 @@ mod tests {
         let info = record(
             42,
             RecordInfoState::InFlight {
+                lease: None,
+                claim_id: None,
                 lease_deadline: wall_time(now.wall_ms + 2),
                 checkpoint: Some((1, b"c".to_vec())),
                 attempt_started_at: None,
@@ -2913,6 +3279,8 @@ mod tests {
         let gone = [
             completed_info(now.wall_ms, b"r", true),
             RecordInfoState::InFlight {
+                lease: None,
+                claim_id: None,
                 lease_deadline: wall_time(now.wall_ms - retention_ms),
                 checkpoint: None,
                 attempt_started_at: None,

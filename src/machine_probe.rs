@@ -193,6 +193,9 @@ impl Probe {
                 retention,
                 response_len_max: usize::MAX,
                 durable,
+                // Only a lease loaded from an older record lacks its own length; the probe
+                // loads none.
+                lease: Duration::from_secs(30),
             },
             markers: None,
             marker: None,
@@ -407,7 +410,8 @@ impl Probe {
                 }
             }
         }
-        let step = machine::claim(self.view(), asked, self.now.mono_ns);
+        // The probe presents no claim identity, so no claim resumes a lease.
+        let step = machine::claim(self.view(), asked, None, self.now.mono_ns);
         match step.answer {
             ClaimAnswer::Acquire(plan) => {
                 let plan = plan.asking_retention(retention_ms);
@@ -468,6 +472,9 @@ impl Probe {
                 },
             },
             ClaimAnswer::FingerprintMismatch => ProbeClaim::FingerprintMismatch,
+            ClaimAnswer::Resume { .. } => {
+                unreachable!("a claim without an identity resumes nothing")
+            }
         }
     }
 

@@ -55,8 +55,12 @@ pub enum Recovery {
     /// over at once, attempt + 1, checkpoint kept.
     #[default]
     TakeOver,
-    /// Honour the persisted lease deadline, capped at the configured lease (a wall-clock jump
-    /// must not keep a dead claim alive longer than one lease).
+    /// Honour the persisted lease deadline: the dead holder's side effects may still land.
+    /// The remaining lease is capped by the lease length that holder was given (its claim's
+    /// [`ClaimOptions::lease`], or its last [`crate::Lease::extend`] or keep-alive
+    /// renewal's), so that a wall-clock jump does not keep a dead claim alive longer than
+    /// one of its leases. A record written by a format before 3, which did not keep that
+    /// length, is capped by the engine's lease at reopen.
     HonourLeases,
 }
 
@@ -80,6 +84,7 @@ pub struct ClaimOptions {
     pub(crate) retention: Option<Duration>,
     pub(crate) on_handler_error: OnHandlerError,
     pub(crate) rerun_forgotten: bool,
+    pub(crate) claim_id: Option<u128>,
 }
 
 /// What [`crate::Engine::run`], [`crate::Engine::run_typed`] and
@@ -191,6 +196,39 @@ impl ClaimOptions {
     /// taken over at once); very large values saturate.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = Some(lease);
+        self
+    }
+
+    /// The claim's identity, which its lease keeps (in the record too, so it survives a
+    /// reopen): a claim that presents the identity of the key's current holder gets that
+    /// lease back, as [`crate::Claim::Acquired`] with the same token and attempt (no new
+    /// token, no attempt + 1), renewed for this claim's lease, while the lease is live or
+    /// over and not yet taken over, unless its holder failed it; the fingerprint must match
+    /// as for any claim.
+    ///
+    /// This is how a caller retries a claim that answered
+    /// [`crate::ClaimError::OutcomeUnknown`] (or whose answer it lost): the claim may hold
+    /// the key, and without its token the caller could neither complete nor release it, so
+    /// every delivery would wait out the whole lease. Choose the identity once per claim
+    /// attempt, at random (`u128` leaves no room for collisions), and present it again only
+    /// to retry that same attempt: whoever presents it resumes the lease, so two attempts
+    /// that share one would both hold the key.
+    ///
+    /// ```
+    /// use idemkv::{Claim, ClaimOptions, Durability, Engine};
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// let opts = ClaimOptions::default().claim_id(0x5eed_1dea_0001);
+    /// let Claim::Acquired(first) = engine.claim(b"order-1", &opts)? else { unreachable!() };
+    /// // The answer was lost; the retry with the same identity resumes the lease.
+    /// let Claim::Acquired(again) = engine.claim(b"order-1", &opts)? else { unreachable!() };
+    /// assert_eq!((again.token(), again.attempt()), (first.token(), first.attempt()));
+    /// // Another identity finds the key held.
+    /// let other = ClaimOptions::default().claim_id(0x5eed_1dea_0002);
+    /// assert!(matches!(engine.claim(b"order-1", &other)?, Claim::InProgress(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn claim_id(mut self, id: u128) -> Self {
+        self.claim_id = Some(id);
         self
     }
 

@@ -7,7 +7,7 @@ use crate::codec::{self, RecordState};
 use crate::error::OpenError;
 use crate::storage::ReadOnlyStore;
 use std::path::Path;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// A read-only view of an idemkv file. Nothing it does changes a byte of the file or its
 /// modification time: it never recovers, sweeps, takes over or reserves tokens.
@@ -150,6 +150,8 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
             checkpoint,
             attempt_started_wall_ms,
             failed,
+            lease_ms,
+            claim_id,
         } => (
             attempt,
             RecordInfoState::InFlight {
@@ -157,6 +159,8 @@ fn info(token: u64, bytes: &[u8]) -> Result<RecordInfo, OpenError> {
                 checkpoint: checkpoint.map(|c| (c.phase(), c.data().to_vec())),
                 attempt_started_at: known_time(attempt_started_wall_ms),
                 failed,
+                lease: lease_ms.map(Duration::from_millis),
+                claim_id,
             },
         ),
         RecordState::Completed {

@@ -12,7 +12,7 @@ use crate::backend::{LockKind, Storage};
 use crate::codec::{self, DecodeError, MarkerRecord, Record};
 use crate::commit_log::LogState;
 use crate::constants::{
-    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGIC_V1, HASH_SECRET_LEN, READER_CACHE_BYTES,
+    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, HASH_SECRET_LEN, READER_CACHE_BYTES,
     REDB_CACHE_BYTES,
 };
 use crate::error::OpenError;
@@ -745,9 +745,9 @@ impl Store {
                     })
                 }
                 Some(f) if f == FORMAT_MAGIC => {}
-                // The previous format: its records are read as they are; the marker moves
-                // on in this transaction, before any record of the new format is written.
-                Some(f) if f == FORMAT_MAGIC_V1 => {
+                // A previous format: its records are read as they are; the marker moves on
+                // in this transaction, before any record of the new format is written.
+                Some(f) if FORMAT_MAGICS_OLD.iter().any(|old| f == old.as_slice()) => {
                     meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
                         .map_err(|e| err(e.into()))?;
                 }
@@ -1271,8 +1271,12 @@ fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<(), OpenError> {
     };
     let meta = txn.open_table(META).map_err(|e| damaged(e.into()))?;
     match meta.get(META_FORMAT).map_err(|e| damaged(e.into()))? {
-        // A reader opens either format without changing it.
-        Some(v) if v.value() == FORMAT_MAGIC.as_slice() || v.value() == FORMAT_MAGIC_V1 => {}
+        // A reader opens every format it reads without changing it.
+        Some(v)
+            if v.value() == FORMAT_MAGIC.as_slice()
+                || FORMAT_MAGICS_OLD
+                    .iter()
+                    .any(|old| v.value() == old.as_slice()) => {}
         Some(v) => {
             return Err(OpenError::Foreign {
                 detail: format!("unknown idemkv format marker {:02x?}", v.value()),

@@ -701,7 +701,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=3"
+        "schema_version=4"
     );
     let again = engine(&p);
     assert!(matches!(
@@ -1063,12 +1063,28 @@ fn a_database_of_schema_version_2_is_upgraded_once() {
     upgraded_once("upgrade2", 2);
 }
 
+/// The same from schema version 3 (version 2 and its claim function, of six arguments):
+/// the upgrade adds the claim identity and replaces the function by the one that takes it.
+#[test]
+fn a_database_of_schema_version_3_is_upgraded_once() {
+    upgraded_once("upgrade3", 3);
+}
+
 fn upgraded_once(name: &str, from: u32) {
     let p = prefix(name);
     let v2 = if from >= 2 {
         format!(
             "ALTER TABLE \"{p}keys\" ADD COLUMN failed boolean NOT NULL DEFAULT false,
                 ADD COLUMN attempt_started_at timestamptz, ADD COLUMN retention_us bigint;"
+        )
+    } else {
+        String::new()
+    };
+    // Version 3's claim function, by its signature (the upgrade replaces it).
+    let v3 = if from >= 3 {
+        format!(
+            "CREATE FUNCTION \"{p}claim\"(bytea, bytea, bytea, bigint, bigint, bigint)
+                RETURNS void LANGUAGE sql AS '';"
         )
     } else {
         String::new()
@@ -1084,6 +1100,7 @@ CREATE INDEX \"{p}keys_reap_at\" ON \"{p}keys\" (reap_at);
 CREATE SEQUENCE \"{p}tokens\" AS bigint MINVALUE 1 NO CYCLE;
 CREATE TABLE \"{p}meta\" (name text PRIMARY KEY, value bigint NOT NULL);
 {v2}
+{v3}
 INSERT INTO \"{p}meta\" VALUES ('schema_version', {from});
 INSERT INTO \"{p}keys\" (key, state, token, attempt, lease_until, reap_at, first_claimed_at)
 VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
@@ -1107,13 +1124,13 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         psql(&format!(
             "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
         )),
-        "3"
+        "4"
     );
     assert_eq!(
         psql(&format!(
-            "SELECT count(*) FROM pg_proc WHERE proname = '{p}claim'"
+            "SELECT string_agg(pronargs::text, ',') FROM pg_proc WHERE proname = '{p}claim'"
         )),
-        "1"
+        "7"
     );
     match engines[0].get(b"old").expect("get") {
         Some(KeyState::InFlight {
@@ -1137,6 +1154,20 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         panic!("acquired");
     };
     lease.complete(b"r").expect("the kept retention is read");
+    // A claim identity is kept in the new column: the retry resumes the lease.
+    let with_id = ClaimOptions::default().claim_id(42);
+    let Claim::Acquired(first) = engines[1].claim(b"id", &with_id).expect("claim") else {
+        panic!("acquired");
+    };
+    match engines[2].claim(b"id", &with_id).expect("claim") {
+        Claim::Acquired(again) => assert_eq!(again.token(), first.token()),
+        other => panic!("{other:?}"),
+    }
+    // The row claimed before the upgrade has no identity: nothing resumes it.
+    assert!(matches!(
+        engines[0].claim(b"old", &with_id).expect("claim"),
+        Claim::InProgress(_)
+    ));
     assert!(off_by_s(expires_at(&engines[0], b"own"), Duration::from_secs(7200)) < 60);
     // Opening again finds the current version and changes nothing.
     let again = engine(&p);
@@ -1625,4 +1656,167 @@ fn two_engines_racing_the_takeover_of_an_expired_lease_acquire_it_once() {
     assert!(winner.token() > old.token());
     winner.complete(b"once").expect("complete");
     assert_eq!(b.stats().takeovers + c.stats().takeovers, 1);
+}
+
+/// A TCP proxy to the server that, once armed, cuts the next answer the server sends: the
+/// answer's bytes are dropped and both sides closed, as a network failure right after the
+/// server committed would (the server commits an autocommitted statement before it sends
+/// any of its answer).
+struct CuttingProxy {
+    port: u16,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+}
+
+impl CuttingProxy {
+    fn start() -> CuttingProxy {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let (host_port, _) = url()
+            .rsplit_once('/')
+            .map(|(head, db)| {
+                (
+                    head.rsplit_once('@').map_or(head, |(_, hp)| hp).to_string(),
+                    db.to_string(),
+                )
+            })
+            .expect("a URL of scripts/pg.sh");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("its address").port();
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let (armed2, cuts2) = (armed.clone(), cuts.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let (Ok(mut client), Ok(mut server)) = (client, TcpStream::connect(&host_port))
+                else {
+                    continue;
+                };
+                let (Ok(mut client_w), Ok(mut server_r)) = (client.try_clone(), server.try_clone())
+                else {
+                    continue;
+                };
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut client, &mut server);
+                    let _ = server.shutdown(Shutdown::Both);
+                });
+                let (armed, cuts) = (armed2.clone(), cuts2.clone());
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 64 << 10];
+                    loop {
+                        let n = match server_r.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if armed.swap(false, Ordering::SeqCst) {
+                            cuts.fetch_add(1, Ordering::SeqCst);
+                            break;
+                        }
+                        if client_w.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = client_w.shutdown(Shutdown::Both);
+                    let _ = server_r.shutdown(Shutdown::Both);
+                });
+            }
+        });
+        CuttingProxy { port, armed, cuts }
+    }
+
+    /// The server's URL through the proxy.
+    fn url(&self) -> String {
+        let url = url();
+        let (head, db) = url.rsplit_once('/').expect("a URL of scripts/pg.sh");
+        let (head, _) = head.rsplit_once(':').expect("a URL with a port");
+        format!("{head}:{}/{db}", self.port)
+    }
+
+    fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+/// A claim whose answer is lost after the server committed it answers `OutcomeUnknown`: it
+/// holds the key under a token its caller never saw. Retried with the same claim identity
+/// it gets that lease back (same token, attempt 1), from this process or another; any other
+/// claim finds the key held, and the same identity with another payload is refused.
+#[test]
+fn a_claim_whose_answer_is_lost_after_its_commit_is_resumed_by_its_claim_id() {
+    const ID: u128 = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210;
+    let p = prefix("resume");
+    let proxy = CuttingProxy::start();
+    let cut = Engine::builder()
+        .postgres(
+            PostgresConfig::new(proxy.url())
+                .table_prefix(&p)
+                .pool_size(1),
+        )
+        .open()
+        .expect("open through the proxy");
+    let direct = engine(&p);
+    // The proxy's one connection is open and idle.
+    let Claim::Acquired(warm) = cut.claim(b"warm", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    warm.complete(b"w").expect("complete");
+
+    let opts = ClaimOptions::default().payload(b"charge 42").claim_id(ID);
+    proxy.arm();
+    let answer = cut.claim(b"pay", &opts);
+    assert!(
+        matches!(answer, Err(ClaimError::OutcomeUnknown(_))),
+        "{answer:?}"
+    );
+    assert_eq!(proxy.cuts(), 1);
+    let token = match direct.get(b"pay").expect("get") {
+        Some(KeyState::InFlight {
+            token, attempt: 1, ..
+        }) => token,
+        other => panic!("the claim committed: {other:?}"),
+    };
+
+    // Another identity, or none: the key is held.
+    for other in [
+        ClaimOptions::default()
+            .payload(b"charge 42")
+            .claim_id(ID ^ 1),
+        ClaimOptions::default().payload(b"charge 42"),
+    ] {
+        assert!(matches!(
+            direct.claim(b"pay", &other).expect("claim"),
+            Claim::InProgress(_)
+        ));
+    }
+    assert!(matches!(
+        direct.claim(
+            b"pay",
+            &ClaimOptions::default().payload(b"charge 43").claim_id(ID)
+        ),
+        Err(ClaimError::FingerprintMismatch)
+    ));
+    // The same identity, from the process that lost the answer: the lease.
+    let lease = match cut.claim(b"pay", &opts).expect("claim") {
+        Claim::Acquired(lease) => lease,
+        other => panic!("expected the lease back, got {other:?}"),
+    };
+    assert_eq!((lease.token(), lease.attempt()), (token, 1));
+    // And from another process, while it is held: the same lease again.
+    match direct.claim(b"pay", &opts).expect("claim") {
+        Claim::Acquired(again) => {
+            assert_eq!((again.token(), again.attempt()), (token, 1));
+            std::mem::forget(again);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(cut.stats().takeovers + direct.stats().takeovers, 0);
+    lease.complete(b"charged").expect("complete");
+    match direct.claim(b"pay", &opts).expect("claim") {
+        Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"charged"[..], token)),
+        other => panic!("{other:?}"),
+    }
 }

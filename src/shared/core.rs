@@ -133,12 +133,15 @@ impl Core {
     }
 
     /// A claim; `wait`: `claim_or_wait`'s wait. Concurrent local callers of one key share
-    /// one statement (see `front.rs`).
+    /// one statement (see `front.rs`). A claim presenting `claim_id` asks the database even
+    /// when this process knows the key held: it may resume that lease.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim(
         &self,
         key: &[u8],
         hash: u64,
         asked: Option<AskedFingerprint>,
+        claim_id: Option<u128>,
         lease: Duration,
         own_retention: Option<Duration>,
         wait: Option<Duration>,
@@ -163,7 +166,11 @@ impl Core {
                 return Err(ClaimError::Closed);
             }
             let far = Instant::now() + self.ask_bound;
-            match self.front.look(key, hash, asked, deadline, joined, far) {
+            let resumes = claim_id.is_some();
+            match self
+                .front
+                .look(key, hash, asked, deadline, joined, far, resumes)
+            {
                 Look::Replay(stored) => {
                     bump(&self.counters.replays);
                     return Ok(Answer::Completed(stored));
@@ -195,7 +202,7 @@ impl Core {
             let sent = Instant::now();
             let row = self
                 .db
-                .claim(key, asked, lease, self.retention, own_retention)
+                .claim(key, asked, claim_id, lease, self.retention, own_retention)
                 .await;
             let (found, answer) = match row {
                 Err(f) => (Found::Nothing, Some(Err(claim_failed(f)))),
@@ -203,9 +210,10 @@ impl Core {
                     token,
                     attempt,
                     checkpoint,
+                    resumed,
                 }) => {
                     bump(&self.counters.acquired);
-                    if attempt > 1 {
+                    if attempt > 1 && !resumed {
                         bump(&self.counters.takeovers);
                     }
                     let answer = Answer::Acquired {

@@ -33,6 +33,8 @@ pub(crate) enum ClaimRow {
         token: u64,
         attempt: u32,
         checkpoint: Option<Checkpoint>,
+        /// The claim presented its holder's identity and resumed the lease.
+        resumed: bool,
     },
     /// The key is InFlight under another holder, `remaining` left on its lease (zero: the
     /// lease is over, but the row was not taken over: see `Db::claim`).
@@ -111,6 +113,8 @@ pub(crate) struct ClaimAsk {
     pub(crate) fingerprint: Option<crate::options::AskedFingerprint>,
     pub(crate) lease: Duration,
     pub(crate) own_retention: Option<Duration>,
+    /// The claim identity it presents (`ClaimOptions::claim_id`).
+    pub(crate) claim_id: Option<u128>,
 }
 
 impl Keyed for ClaimAsk {
@@ -384,6 +388,7 @@ impl Db {
         &self,
         key: &[u8],
         fingerprint: Option<crate::options::AskedFingerprint>,
+        claim_id: Option<u128>,
         lease: Duration,
         retention: Duration,
         own_retention: Option<Duration>,
@@ -393,6 +398,7 @@ impl Db {
             fingerprint,
             lease,
             own_retention,
+            claim_id,
         };
         self.claims
             .ask(ask, async |asks: &[&ClaimAsk]| match asks {
@@ -408,10 +414,20 @@ impl Db {
         let (fp, legacy) = (fp.as_ref().map(|b| &b[..]), legacy.as_ref().map(|b| &b[..]));
         let (lease_us, retention_us) = (micros(ask.lease), micros(retention));
         let own_us = ask.own_retention.map(micros);
+        let id = ask.claim_id.map(u128::to_be_bytes);
+        let id = id.as_ref().map(|b| &b[..]);
         let rows = self
             .query(
                 &self.sql.claim,
-                &[&&*ask.key, &fp, &legacy, &lease_us, &retention_us, &own_us],
+                &[
+                    &&*ask.key,
+                    &fp,
+                    &legacy,
+                    &lease_us,
+                    &retention_us,
+                    &own_us,
+                    &id,
+                ],
                 true,
             )
             .await?;
@@ -439,10 +455,15 @@ impl Db {
             .map(|&i| asks[i].own_retention.map(micros))
             .collect();
         let retention_us = micros(retention);
+        let ids: Vec<Option<[u8; 16]>> = order
+            .iter()
+            .map(|&i| asks[i].claim_id.map(u128::to_be_bytes))
+            .collect();
+        let ids: Vec<Option<&[u8]>> = ids.iter().map(|id| id.as_ref().map(|b| &b[..])).collect();
         let rows = self
             .query(
                 &self.sql.claim_batch,
-                &[&keys, &fp, &legacy, &lease_us, &own_us, &retention_us],
+                &[&keys, &fp, &legacy, &lease_us, &own_us, &retention_us, &ids],
                 true,
             )
             .await;
@@ -626,13 +647,14 @@ fn claim_row(row: &Row, at: usize) -> Result<ClaimRow, Fail> {
     let token = token_of(row.try_get(at + 1).map_err(undecodable)?);
     let attempt = attempt_of(row.try_get(at + 2).map_err(undecodable)?);
     Ok(match kind.as_str() {
-        "a" => ClaimRow::Acquired {
+        "a" | "r" => ClaimRow::Acquired {
             token,
             attempt,
             checkpoint: checkpoint_of(
                 row.try_get(at + 3).map_err(undecodable)?,
                 row.try_get(at + 4).map_err(undecodable)?,
             ),
+            resumed: kind == "r",
         },
         state => {
             let response: Option<Vec<u8>> = row.try_get(at + 5).map_err(undecodable)?;

@@ -269,7 +269,10 @@ impl Front {
 
     /// One look at `key` by a claim. `waiting`: the caller waits for a settled key (until
     /// `deadline`); `joined`: its last wait was for another caller's ask, whose answer
-    /// serves it.
+    /// serves it; `resumes`: the claim presents a claim identity, so a lease known held
+    /// (here or elsewhere) may be its own to resume: it asks the database instead of
+    /// waiting or answering busy.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn look(
         &self,
         key: &[u8],
@@ -278,6 +281,7 @@ impl Front {
         deadline: Option<Instant>,
         joined: bool,
         far: Instant,
+        resumes: bool,
     ) -> Look {
         let now = Instant::now();
         let waiting = deadline.is_some_and(|d| now < d);
@@ -308,7 +312,7 @@ impl Front {
                 attempt,
                 fingerprint,
                 ..
-            } if now < until && local_check(asked, fingerprint) != Check::Unknown => {
+            } if now < until && !resumes && local_check(asked, fingerprint) != Check::Unknown => {
                 if local_check(asked, fingerprint) == Check::Mismatch {
                     return Look::Mismatch;
                 }
@@ -329,7 +333,7 @@ impl Front {
                 recheck,
                 attempt,
                 fingerprint,
-            } if now < recheck => {
+            } if now < recheck && !resumes => {
                 // The ask this caller joined answers it as the database did: the row's
                 // fingerprint is checked as the asker's was.
                 if joined && local_check(asked, Some(fingerprint)) == Check::Mismatch {
@@ -642,7 +646,7 @@ mod tests {
 
     fn ask(front: &Front, key: &[u8], hash: u64) {
         assert!(matches!(
-            front.look(key, hash, None, None, false, Instant::now()),
+            front.look(key, hash, None, None, false, Instant::now(), false),
             Look::Ask
         ));
     }
@@ -748,7 +752,7 @@ mod tests {
             ));
         }
         assert!(matches!(
-            front.look(b"k", 1, Some(fp(2)), None, false, Instant::now()),
+            front.look(b"k", 1, Some(fp(2)), None, false, Instant::now(), false),
             Look::Mismatch
         ));
         assert!(matches!(
@@ -758,7 +762,7 @@ mod tests {
         // Unknown: the full claim asks, and what it finds keeps the lease held here.
         assert!(front.answer_locally(b"u", 2, Some(fp(2)), false).is_none());
         assert!(matches!(
-            front.look(b"u", 2, Some(fp(2)), None, false, Instant::now()),
+            front.look(b"u", 2, Some(fp(2)), None, false, Instant::now(), false),
             Look::Ask
         ));
         let found = Found::Held {
@@ -794,15 +798,15 @@ mod tests {
         front.publish(k, h, Instant::now(), found);
         let far = Instant::now() + Duration::from_secs(60);
         assert!(matches!(
-            front.look(k, h, Some(fp(2)), None, true, far),
+            front.look(k, h, Some(fp(2)), None, true, far, false),
             Look::Mismatch
         ));
         assert!(matches!(
-            front.look(k, h, Some(fp(1)), None, true, far),
+            front.look(k, h, Some(fp(1)), None, true, far, false),
             Look::Busy { attempt: 1, .. }
         ));
         assert!(matches!(
-            front.look(k, h, Some(fp(2)), None, false, far),
+            front.look(k, h, Some(fp(2)), None, false, far, false),
             Look::Ask
         ));
     }

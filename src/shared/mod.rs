@@ -215,7 +215,14 @@ impl Backend {
         let (tx, rx) = oneshot::channel();
         let hash = crate::observe::key_hash(key);
         let asked = opts.fingerprint;
-        if let Some(answer) = self.core.claim_locally(key, hash, asked, wait) {
+        let claim_id = opts.claim_id;
+        // A claim presenting an identity may resume a lease of this process: the database
+        // decides.
+        let local = match claim_id {
+            None => self.core.claim_locally(key, hash, asked, wait),
+            Some(_) => None,
+        };
+        if let Some(answer) = local {
             let _ = tx.send(answer);
             return rx;
         }
@@ -227,7 +234,9 @@ impl Backend {
         let running = self.running.enter();
         self.handle.spawn(async move {
             let _running = running;
-            let answer = core.claim(&key, hash, asked, lease, retention, wait).await;
+            let answer = core
+                .claim(&key, hash, asked, claim_id, lease, retention, wait)
+                .await;
             if let Err(Ok(Answer::Acquired { token, .. })) = tx.send(answer) {
                 bump(&core.counters.claims_cancelled);
                 let _ = core.release(&key, token).await;

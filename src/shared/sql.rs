@@ -34,10 +34,11 @@ pub(crate) struct Sql {
     pub(crate) create_schema: Option<String>,
     /// The schema's DDL, run under the advisory lock by the first open of a database.
     pub(crate) create: Vec<String>,
-    /// From schema version 1, then from 2, to the current one (3), run under the same
-    /// lock; each statement is idempotent and the last writes the version row.
+    /// From schema version 1, 2 or 3 to the current one (4), run under the same lock;
+    /// each statement is idempotent and the last writes the version row.
     pub(crate) upgrade_from_1: Vec<String>,
     pub(crate) upgrade_from_2: Vec<String>,
+    pub(crate) upgrade_from_3: Vec<String>,
 }
 
 /// The class of the wake-up stripes' advisory locks (the two-key form, a space of its own),
@@ -88,7 +89,8 @@ impl Sql {
     completed_at     timestamptz,
     failed           boolean     NOT NULL DEFAULT false,
     attempt_started_at timestamptz,
-    retention_us     bigint
+    retention_us     bigint,
+    claim_id         bytea
 )"
         ));
         create.push(format!(
@@ -115,8 +117,11 @@ impl Sql {
         // passes that each lost a race it returns no row, and the caller asks again.
         // Parameters: the key, the fingerprint, the same request's 64-bit legacy
         // fingerprint, the lease µs, the engine's retention µs, the claim's own retention
-        // µs or NULL. The key's own retention is kept in the row through a takeover of an
-        // InFlight row unless the taking claim brings its own; a fresh claim replaces it.
+        // µs or NULL, the claim identity or NULL. The key's own retention is kept in the
+        // row through a takeover of an InFlight row unless the taking claim brings its own;
+        // a fresh claim replaces it. A claim presenting the identity its InFlight row holds
+        // (not failed, the fingerprint matching) resumes that lease, live or over and not
+        // taken over: the same token and attempt, the lease renewed from now.
         let claim_fn = q("claim");
         let asks = crate::constants::PG_CLAIM_ASKS_MAX;
         let take_over = |r: &str| {
@@ -128,11 +133,22 @@ impl Sql {
             )
         };
         let (take_over_seen, take_over_locked) = (take_over("seen"), take_over("k"));
+        let resume = |r: &str| {
+            format!(
+                "p_claim_id IS NOT NULL AND {r}.state = 'i' AND {r}.claim_id = p_claim_id
+               AND NOT {r}.failed
+               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy)"
+            )
+        };
+        let (resume_seen, resume_locked) = (resume("seen"), resume("k"));
         let acquired = "RETURNING 'a'::text, k.token, k.attempt, k.checkpoint_phase, k.checkpoint,
                       NULL::bytea, NULL::bytea, NULL::bigint";
+        // A resumed lease answers as an acquired one, of kind 'r'.
+        let resumed = acquired.replacen("'a'", "'r'", 1);
         let claim_fn_ddl = format!(
             "CREATE OR REPLACE FUNCTION {claim_fn}(p_key bytea, p_fp bytea, p_fp_legacy bytea,
-    p_lease_us bigint, p_retention_us bigint, p_own_us bigint)
+    p_lease_us bigint, p_retention_us bigint, p_own_us bigint, p_claim_id bytea)
 RETURNS TABLE (kind text, token bigint, attempt integer, checkpoint_phase bigint,
                checkpoint bytea, response bytea, fingerprint bytea, remaining_us bigint)
 LANGUAGE plpgsql VOLATILE AS $claim$
@@ -146,13 +162,21 @@ BEGIN
             RETURN QUERY
             INSERT INTO {keys} AS k (key, state, token, attempt, fingerprint, lease_until,
                                      reap_at, first_claimed_at, attempt_started_at,
-                                     retention_us)
+                                     retention_us, claim_id)
             VALUES (p_key, 'i', nextval('{seq_lit}'), 1, p_fp,
                     clock_timestamp() + p_lease_us {US},
                     clock_timestamp() + (p_lease_us + coalesce(p_own_us, p_retention_us)) {US},
-                    clock_timestamp(), clock_timestamp(), p_own_us)
+                    clock_timestamp(), clock_timestamp(), p_own_us, p_claim_id)
             ON CONFLICT (key) DO NOTHING
             {acquired};
+        ELSIF {resume_seen} THEN
+            RETURN QUERY
+            UPDATE {keys} k SET
+                lease_until = clock_timestamp() + p_lease_us {US},
+                reap_at = clock_timestamp() + (p_lease_us + coalesce(k.retention_us,
+                              p_retention_us)) {US}
+            WHERE k.key = p_key AND k.token = seen.token AND ({resume_locked})
+            {resumed};
         ELSIF {take_over_seen} THEN
             RETURN QUERY
             UPDATE {keys} k SET
@@ -165,7 +189,7 @@ BEGIN
                 first_claimed_at = CASE WHEN k.state = 'c' THEN clock_timestamp()
                                         ELSE k.first_claimed_at END,
                 state = 'i', response = NULL, expires_at = NULL, completed_at = NULL,
-                failed = false, attempt_started_at = clock_timestamp(),
+                failed = false, attempt_started_at = clock_timestamp(), claim_id = p_claim_id,
                 lease_until = clock_timestamp() + p_lease_us {US},
                 retention_us = CASE WHEN k.state = 'c' THEN p_own_us
                                     ELSE coalesce(p_own_us, k.retention_us) END,
@@ -189,16 +213,16 @@ BEGIN
 END
 $claim$"
         );
-        let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6)");
+        let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7)");
         // The same function for each key of a batch, in the arrays' order (the keys come
         // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
         // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
-        // none), $6 the engine's retention µs.
+        // none), $6 the engine's retention µs, $7 claim identities (NULL: none).
         let claim_batch = format!(
             "SELECT a.n, c.*
-FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[])
-     WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, n),
-     LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us) c"
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $7::bytea[])
+     WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, n),
+     LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us, a.claim_id) c"
         );
 
         // Complete: fenced by the token and the InFlight state. It does not notify: a
@@ -315,7 +339,10 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
 
         // Version 1 to 2: the failed flag, the attempt's start (unknown, so NULL, for rows
         // claimed before) and the key's own retention. Version 2 to 3: the claim function.
-        // Then the version row. Each statement is idempotent.
+        // Version 3 to 4: the claim identity (NULL for rows claimed before, which no claim
+        // resumes), and the claim function that takes it in place of the one that did not
+        // (a function is named by its arguments: the old one is dropped). Then the version
+        // row. Each statement is idempotent.
         let columns_v2 = vec![
             format!(
                 "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false"
@@ -325,8 +352,17 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
         ];
         let version_row =
             format!("UPDATE {meta} SET value = $1 WHERE name = 'schema_version' AND value < $1");
-        let upgrade_from_1 = [columns_v2, vec![claim_fn_ddl.clone(), version_row.clone()]].concat();
-        let upgrade_from_2 = vec![claim_fn_ddl, version_row];
+        let to_v4 = vec![
+            format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS claim_id bytea"),
+            format!(
+                "DROP FUNCTION IF EXISTS {claim_fn}(bytea, bytea, bytea, bigint, bigint, bigint)"
+            ),
+            claim_fn_ddl,
+            version_row,
+        ];
+        let upgrade_from_1 = [columns_v2, to_v4.clone()].concat();
+        let upgrade_from_2 = to_v4.clone();
+        let upgrade_from_3 = to_v4;
 
         Sql {
             keys,
@@ -349,6 +385,7 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             create,
             upgrade_from_1,
             upgrade_from_2,
+            upgrade_from_3,
         }
     }
 
@@ -357,6 +394,7 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
         match from {
             1 => Some(&self.upgrade_from_1),
             2 => Some(&self.upgrade_from_2),
+            3 => Some(&self.upgrade_from_3),
             _ => None,
         }
     }

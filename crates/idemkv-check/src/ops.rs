@@ -459,14 +459,15 @@ impl Model {
                         ..
                     },
                 ) => {
-                    // A lease that is over is reported with the instant it ended.
+                    // A lease that is over is reported with the instant it ended; every end
+                    // is rounded up to the millisecond (never before the real one).
                     let lease_end_ms = match self.ended.get(&r.key) {
                         Some((t, ended_ms)) if t == token && *deadline_ns <= self.now_ns => {
                             *ended_ms
                         }
                         _ if *deadline_ns >= self.now_ns => self
                             .wall_ms()
-                            .saturating_add((deadline_ns - self.now_ns) / 1_000_000),
+                            .saturating_add((deadline_ns - self.now_ns).div_ceil(1_000_000)),
                         _ => self
                             .wall_ms()
                             .saturating_sub((self.now_ns - deadline_ns) / 1_000_000),

@@ -16,14 +16,17 @@ use std::time::Duration;
 pub const RETRY_AFTER_UNPUBLISHED: Duration = Duration::from_millis(1);
 
 /// The wall-clock time (ms) of the monotonic instant `at_ns`, given the wall time
-/// `wall_now_ms` at the monotonic instant `now_ns`: how the contract turns a deadline into
-/// the wall-clock time it reports.
-fn wall_ms_at(wall_now_ms: u64, now_ns: u64, at_ns: u64) -> u64 {
-    if at_ns >= now_ns {
-        wall_now_ms.saturating_add((at_ns - now_ns) / 1_000_000)
+/// `wall_now_ns` (since the epoch) at the monotonic instant `now_ns`: how the contract
+/// turns a lease deadline into the wall-clock time it stores and reports, rounded up to
+/// the millisecond (never before the real end).
+fn wall_ms_at(wall_now_ns: u64, now_ns: u64, at_ns: u64) -> u64 {
+    let wall = u128::from(wall_now_ns);
+    let at = if at_ns >= now_ns {
+        wall + u128::from(at_ns - now_ns)
     } else {
-        wall_now_ms.saturating_sub((now_ns - at_ns) / 1_000_000)
-    }
+        wall.saturating_sub(u128::from(now_ns - at_ns))
+    };
+    u64::try_from(at.div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// What the spec needs to know about the engine under test.
@@ -580,7 +583,7 @@ impl KeySpec {
                             *deadline_ns = now;
                             *reap_ns = now.saturating_add(keep_ns(cfg, *retention_ms));
                         }
-                        *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
+                        *lease_wall_ms = wall_ms_at(self.wall_ns(), now, *deadline_ns);
                         *failed = true;
                         Ok(next)
                     }
@@ -607,7 +610,7 @@ impl KeySpec {
                     }
                     *deadline_ns = now.saturating_add(*lease_ns);
                     *reap_ns = deadline_ns.saturating_add(keep_ns(cfg, *retention_ms));
-                    *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
+                    *lease_wall_ms = wall_ms_at(self.wall_ns(), now, *deadline_ns);
                     Ok(next)
                 }
                 _ => match ret {
@@ -640,7 +643,7 @@ impl KeySpec {
                         *checkpoint = Some((*phase, data.clone()));
                         // The record is rewritten with the lease's own end, also when it
                         // is already over.
-                        *lease_wall_ms = wall_ms_at(self.wall_ms, now, *deadline_ns);
+                        *lease_wall_ms = wall_ms_at(self.wall_ns(), now, *deadline_ns);
                         Ok(next)
                     }
                     _ => match ret {
@@ -690,7 +693,12 @@ impl KeySpec {
                         attempt,
                         checkpoint,
                         reap_ns: deadline_ns.saturating_add(keep_ns(cfg, retention_ms)),
-                        lease_wall_ms: self.wall_ms.saturating_add(lease / 1_000_000),
+                        // The claim's whole lease from the exact wall reading, rounded up
+                        // (not bounded by the monotonic deadline's saturation).
+                        lease_wall_ms: u64::try_from(
+                            (u128::from(self.wall_ns()) + u128::from(lease)).div_ceil(1_000_000),
+                        )
+                        .unwrap_or(u64::MAX),
                         retention_ms,
                         failed: false,
                     };

@@ -9,11 +9,12 @@
 //!
 //! - [`How::Live`]: the real clock. Recovery reclaims the completions past their retention
 //!   (that is what a service does on open too).
-//! - [`How::Snapshot`]: a clock frozen at the UNIX epoch, with leases honoured and uncapped.
-//!   Recovery then keeps every record and deletes nothing, and every deadline the engine
-//!   reports back is the one persisted in the file, to the millisecond: the engine reports
-//!   `wall + (deadline_mono - now_mono)`, which with both readings frozen at zero is exactly
-//!   the persisted wall deadline. Only calls that persist no time may run on a snapshot:
+//! - [`How::Snapshot`]: a clock frozen at the UNIX epoch, with leases honoured. Recovery
+//!   then keeps every record and deletes nothing, and a deadline the engine reports back is
+//!   `wall + (deadline_mono - now_mono)`: a completion's is the one persisted in the file,
+//!   but a lease is honoured only up to the length its holder was given (from the epoch,
+//!   as the frozen clock reads it), so `release` shows the lease end it reads from the file
+//!   before opening. Only calls that persist no time may run on a snapshot:
 //!   reads, `force_release` (which writes a deletion) and closing. Claims, completions and
 //!   imports stamp wall times into the file and must use [`How::Live`].
 //!

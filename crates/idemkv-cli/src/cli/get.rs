@@ -135,6 +135,7 @@ fn text(scope: &[u8], key: &[u8], record: &Option<RecordInfo>, now: u64) -> Stri
                 checkpoint,
                 attempt_started_at,
                 failed,
+                ..
             } => {
                 let deadline = records::wall_ms(*lease_deadline);
                 lines.push((
@@ -242,6 +243,7 @@ fn to_json(scope: &[u8], key: &[u8], record: &Option<RecordInfo>, now: u64) -> s
             checkpoint,
             attempt_started_at,
             failed,
+            ..
         } => {
             v["attempt_started_ms"] = json!(records::opt_ms(*attempt_started_at));
             v["failed"] = json!(failed);

@@ -228,6 +228,7 @@ fn record_json(r: &RecordInfo, now: u64) -> serde_json::Value {
             checkpoint,
             attempt_started_at,
             failed,
+            ..
         } => {
             v["attempt_started_ms"] = json!(records::opt_ms(*attempt_started_at));
             v["failed"] = json!(failed);

@@ -8,12 +8,15 @@
 //!  "attempt":1,"state":"completed","response":"6f6b","expires_at_ms":1767225600000}
 //! {"key":"6a6f622d31","key_text":"job-1","token":9,"fingerprint":null,"attempt":2,
 //!  "state":"inflight","lease_deadline_ms":1767139230000,"checkpoint":{"phase":3,"data":"00ff"},
-//!  "first_claimed_ms":1767139000000,"attempt_started_ms":1767139200000,"failed":true}
+//!  "first_claimed_ms":1767139000000,"attempt_started_ms":1767139200000,"failed":true,
+//!  "lease_ms":600000,"claim_id":"000000000000000000000000c1a1001d"}
 //! ```
 //!
 //! `first_claimed_ms` (any record) and `attempt_started_ms` (inflight) are left out when
-//! unknown (records of the first file format), `failed` (inflight) when false; lines
-//! without them import as such.
+//! unknown (records of the first file format), `failed` (inflight) when false, `lease_ms`
+//! (inflight: the lease length the holder was given) when unknown (records of formats 1
+//! and 2; it then reads as the engine's lease), `claim_id` (inflight: the claim identity
+//! the holder presented, 32 hex digits) when none; lines without them import as such.
 //!
 //! `key`, `response` and checkpoint `data` are lowercase hex, so any bytes round-trip;
 //! `key_text` is the key decoded as UTF-8 (lossy), for people, and ignored on import. A
@@ -276,6 +279,12 @@ pub(crate) struct RecordLine {
     /// InFlight: the holder failed the attempt; absent when false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub(crate) failed: bool,
+    /// InFlight: the lease length the holder was given, in ms; absent when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) lease_ms: Option<u64>,
+    /// InFlight: the claim identity the holder presented, 32 hex digits; absent when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) claim_id: Option<String>,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -311,6 +320,8 @@ impl RecordLine {
             first_claimed_ms: opt_ms(r.first_claimed_at),
             attempt_started_ms: None,
             failed: false,
+            lease_ms: None,
+            claim_id: None,
         };
         match &r.state {
             RecordInfoState::InFlight {
@@ -318,8 +329,12 @@ impl RecordLine {
                 checkpoint,
                 attempt_started_at,
                 failed,
+                lease,
+                claim_id,
             } => {
                 line.state = "inflight".into();
+                line.lease_ms = lease.map(|l| u64::try_from(l.as_millis()).unwrap_or(u64::MAX));
+                line.claim_id = claim_id.map(|id| format!("{id:032x}"));
                 line.attempt_started_ms = opt_ms(*attempt_started_at);
                 line.failed = *failed;
                 line.lease_deadline_ms = Some(wall_ms(*lease_deadline));
@@ -380,11 +395,20 @@ impl RecordLine {
                         unhex(&c.data).map_err(|e| format!("checkpoint data: {e}"))?,
                     )),
                 };
+                let claim_id = match &self.claim_id {
+                    None => None,
+                    Some(id) => Some(
+                        u128::from_str_radix(id.trim(), 16)
+                            .map_err(|_| format!("claim_id: {id:?} is not 1 to 32 hex digits"))?,
+                    ),
+                };
                 RecordInfoState::InFlight {
                     lease_deadline: wall_time(lease_deadline_ms),
                     checkpoint,
                     attempt_started_at: self.attempt_started_ms.map(wall_time),
                     failed: self.failed,
+                    lease: self.lease_ms.map(Duration::from_millis),
+                    claim_id,
                 }
             }
             "completed" => {
@@ -392,9 +416,11 @@ impl RecordLine {
                     || self.checkpoint.is_some()
                     || self.attempt_started_ms.is_some()
                     || self.failed
+                    || self.lease_ms.is_some()
+                    || self.claim_id.is_some()
                 {
                     return Err("a completed record has no lease_deadline_ms, checkpoint, \
-                         attempt_started_ms or failed (inflight fields)"
+                         attempt_started_ms, failed, lease_ms or claim_id (inflight fields)"
                         .into());
                 }
                 let response = self
@@ -555,6 +581,8 @@ mod tests {
                     checkpoint: Some((3, vec![0, 255])),
                     attempt_started_at: Some(UNIX_EPOCH + Duration::from_millis(4)),
                     failed: true,
+                    lease: Some(Duration::from_secs(600)),
+                    claim_id: Some(0xc1a1_001d),
                 },
                 first_claimed_at: Some(UNIX_EPOCH + Duration::from_millis(2)),
             },
@@ -569,6 +597,8 @@ mod tests {
                     checkpoint: None,
                     attempt_started_at: None,
                     failed: false,
+                    lease: None,
+                    claim_id: None,
                 },
                 first_claimed_at: None,
             },
@@ -580,7 +610,10 @@ mod tests {
         }
         let line = serde_json::to_string(&RecordLine::from_record(&records[1]).unwrap()).unwrap();
         assert!(
-            line.ends_with("\"first_claimed_ms\":2,\"attempt_started_ms\":4,\"failed\":true}"),
+            line.ends_with(
+                "\"first_claimed_ms\":2,\"attempt_started_ms\":4,\"failed\":true,\
+                 \"lease_ms\":600000,\"claim_id\":\"000000000000000000000000c1a1001d\"}"
+            ),
             "{line}"
         );
         let line = serde_json::to_string(&RecordLine::from_record(&records[2]).unwrap()).unwrap();
@@ -588,6 +621,8 @@ mod tests {
         // Unknown instants and a claim not failed are left out (older exports read alike).
         assert!(!line.contains("first_claimed_ms"), "{line}");
         assert!(!line.contains("failed"), "{line}");
+        assert!(!line.contains("lease_ms"), "{line}");
+        assert!(!line.contains("claim_id"), "{line}");
         assert!(line.contains("\"lease_deadline_ms\":5,"), "{line}");
         let line = serde_json::to_string(&RecordLine::from_record(&records[0]).unwrap()).unwrap();
         assert!(line.contains("\"expires_at_ms\":1767225600000"), "{line}");

@@ -13,7 +13,7 @@ use crate::cli::file::{self, How};
 use crate::cli::get::{key_arg, scope_arg};
 use crate::cli::output;
 use crate::cli::records::{self, printable};
-use idemkv::{KeyState, RecordInfoState};
+use idemkv::{KeyState, RecordInfo, RecordInfoState};
 use serde_json::json;
 use std::path::PathBuf;
 
@@ -50,6 +50,10 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
     } else {
         format!("{} in scope {}", printable(&key), printable(&scope))
     };
+    // The record as the file holds it, read first: its lease end is shown as recorded.
+    let recorded = file::read(&args.file, false)
+        .ok()
+        .and_then(|reader| reader.get_scoped(&scope, &key).ok().flatten());
     let engine = file::open(&args.file, How::Snapshot)?;
     let released = engine.admin().force_release_scoped(&scope, &key);
     // Why there was nothing to release, for the message.
@@ -61,7 +65,7 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
     let released = released.map_err(|e| CliError::io(format!("releasing {shown}"), e))?;
     let now = file::now_ms();
 
-    let Some(before) = released else {
+    let Some(mut before) = released else {
         let why = match &now_state {
             None => "it is absent (never claimed, released, or reclaimed)".to_string(),
             Some(KeyState::Completed { expires_at, .. })
@@ -86,6 +90,26 @@ pub(crate) fn run(args: &ReleaseArgs) -> Result<(), CliError> {
         return Err(CliError::silent(EXIT_VIOLATION));
     };
 
+    // The snapshot's clock stands at the epoch, so the engine honours a lease only up to the
+    // length its holder was given from then on: the end it reports for a lease recorded to
+    // end later is not the recorded one. The recorded end of the same claim is shown.
+    if let (
+        RecordInfoState::InFlight { lease_deadline, .. },
+        Some(RecordInfo {
+            token,
+            state:
+                RecordInfoState::InFlight {
+                    lease_deadline: in_file,
+                    ..
+                },
+            ..
+        }),
+    ) = (&mut before.state, &recorded)
+    {
+        if *token == before.token {
+            *lease_deadline = *in_file;
+        }
+    }
     if args.json {
         let mut record = json!({
             "state": "inflight",
