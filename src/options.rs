@@ -470,7 +470,8 @@ impl Default for EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// The redb file. Required unless durability is [`Durability::None`].
+    /// The redb file. Required unless durability is [`Durability::None`], which refuses one
+    /// ([`OpenError::MemoryOnlyPath`]): a memory-only engine keeps no file.
     pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
         self.path = Some(path.into());
         self
@@ -766,6 +767,9 @@ impl EngineBuilder {
                     MARKER_RETENTION_LIMIT.as_secs() / 86_400
                 ));
             }
+        }
+        if let (Durability::None, Some(path)) = (self.durability, &self.path) {
+            return Err(OpenError::MemoryOnlyPath { path: path.clone() });
         }
         if self.commit_log && self.durability == Durability::None {
             return bad("commit_log needs a file: Durability::None keeps nothing on disk".into());
