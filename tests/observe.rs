@@ -256,7 +256,10 @@ fn each_operation_has_a_span_and_an_answer_event_with_its_fields() {
     let e = answer(&seen, "drop");
     assert_eq!(e.field("outcome"), Some("kept"));
     assert_eq!(e.field("token"), Some(token.to_string().as_str()));
-    assert!(matches!(engine.claim(other, &opts).unwrap(), Claim::InProgress(_)));
+    assert!(matches!(
+        engine.claim(other, &opts).unwrap(),
+        Claim::InProgress(_)
+    ));
 }
 
 #[test]

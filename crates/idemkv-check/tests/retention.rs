@@ -45,10 +45,17 @@ fn served_until_the_expiry_instant_and_absent_from_it_in_every_mode() {
     ] {
         let dir = tempfile::tempdir().unwrap();
         let clock = MockClock::new();
-        let engine = builder(&dir.path().join("r.redb"), &clock)
-            .durability(mode)
-            .open()
-            .unwrap();
+        // A memory-only engine keeps no file and refuses a path.
+        let engine = match mode {
+            Durability::None => Engine::builder()
+                .clock(clock.clone())
+                .retention(RETENTION)
+                .durability(mode)
+                .sweep_interval(None),
+            _ => builder(&dir.path().join("r.redb"), &clock).durability(mode),
+        }
+        .open()
+        .unwrap();
         let token = complete(&engine, "k", b"v");
         engine.flush().unwrap();
         clock.advance(RETENTION - Duration::from_nanos(1));

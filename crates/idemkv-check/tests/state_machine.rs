@@ -33,11 +33,15 @@ impl Env {
         let dir = tempfile::tempdir().unwrap();
         let clock = MockClock::new();
         let builder = Engine::builder()
-            .path(dir.path().join("idem.redb"))
             .durability(mode)
             .clock(clock.clone())
             .lease(LEASE)
             .retention(RETENTION);
+        // A memory-only engine keeps no file and refuses a path.
+        let builder = match mode {
+            Durability::None => builder,
+            _ => builder.path(dir.path().join("idem.redb")),
+        };
         let engine = tune(builder).open().unwrap();
         Env {
             engine,
