@@ -586,7 +586,9 @@ impl Lease {
 /// works (extend, checkpoint, stage writes for the completion). Completing, releasing and
 /// failing stay with the [`Lease`] itself: under [`Engine::run_async`] the handler's result
 /// decides (an error releases or fails the claim, as [`ClaimOptions::on_handler_error`]
-/// says), so that one owner ends the lease.
+/// says), so that one owner ends the lease. A handle may outlive its lease (a task the
+/// handler spawned): that is why a lease dropped unsettled keeps its key until the lease
+/// ends rather than handing it to a duplicate while the task may still act under the token.
 #[derive(Clone)]
 pub struct LeaseHandle {
     engine: Engine,

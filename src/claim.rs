@@ -407,8 +407,8 @@ impl Engine {
                 checkpoint,
                 durable,
             } => {
-                // The lease exists before its durability wait, so a caller that stops
-                // waiting (a dropped future) releases the claim like any dropped lease.
+                // The lease exists before its durability wait; a caller that stops waiting
+                // (a dropped future) never received it, and `Won` releases the claim.
                 let lease = Lease {
                     engine: self.clone(),
                     // The call's scoped key, shared: no copy per lease.

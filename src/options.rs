@@ -85,8 +85,9 @@ pub struct ClaimOptions {
 /// What [`crate::Engine::run`], [`crate::Engine::run_typed`] and
 /// [`crate::Engine::run_async`] do with the claim when the handler returns an error (set
 /// with [`ClaimOptions::on_handler_error`]). Either way the error is returned as
-/// `RunError::Handler`, and a handler that panics (or a `run_async` future dropped while
-/// its handler runs) drops its lease, which releases it.
+/// `RunError::Handler`. A handler that panics (or a `run_async` future dropped while its
+/// handler runs) decides nothing: its lease is dropped unsettled, which keeps the key
+/// InFlight until the lease ends, whatever this option says (see [`crate::Lease`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnHandlerError {

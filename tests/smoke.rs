@@ -49,3 +49,37 @@ fn smoke_all_modes() {
         }
     }
 }
+
+/// A memory-only engine keeps no file, so a path given to it is refused rather than
+/// silently ignored (its keys would be forgotten at a restart although a file was asked
+/// for); nothing is created.
+#[test]
+fn a_memory_only_engine_refuses_a_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("none.redb");
+    let err = Engine::builder()
+        .durability(Durability::None)
+        .path(&path)
+        .open()
+        .err()
+        .expect("a path is refused");
+    assert!(
+        matches!(&err, OpenError::MemoryOnlyPath { path: p } if *p == path),
+        "{err:?}"
+    );
+    assert_eq!(err.kind(), OpenErrorKind::InvalidConfig);
+    let text = err.to_string();
+    assert!(text.contains("memory-only") && text.contains("keeps no file"), "{text}");
+    assert!(text.contains("drop the path, or choose a durable mode"), "{text}");
+    assert!(!path.exists(), "no file was created");
+    // Without the path it opens, and a durable mode opens with it.
+    Engine::builder()
+        .durability(Durability::None)
+        .open()
+        .unwrap();
+    Engine::builder()
+        .durability(Durability::Immediate)
+        .path(&path)
+        .open()
+        .unwrap();
+}
