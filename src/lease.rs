@@ -225,8 +225,10 @@ impl Lease {
 
     /// Lets the lease go on purpose **without** releasing the key, as if its holder had
     /// crashed: the key stays InFlight under this token until the lease ends, then the first
-    /// claim takes it over (attempt + 1, checkpoint kept). Unlike `std::mem::forget`, the
-    /// lease's handle on the engine is dropped, so closing the engine still closes the file.
+    /// claim takes it over (attempt + 1, checkpoint kept); a [`crate::KeepAlive`] of the
+    /// lease stops renewing it. Dropping a lease unsettled does the same. Unlike
+    /// `std::mem::forget`, the lease's handle on the engine is dropped, so closing the
+    /// engine still closes the file.
     ///
     /// The returned [`Detached`] keeps what is needed to settle the key later from anywhere
     /// that holds the engine ([`crate::Engine::complete`], [`crate::Engine::release`] and
