@@ -34,7 +34,8 @@ pub enum Durability {
         /// writer keeps up.
         max_delay: Duration,
     },
-    /// Memory only: no file, nothing survives the process.
+    /// Memory only: no file, nothing survives the process. A path given to the builder is
+    /// refused ([`OpenError::MemoryOnlyPath`]) rather than ignored.
     None,
 }
 

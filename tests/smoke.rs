@@ -69,8 +69,14 @@ fn a_memory_only_engine_refuses_a_path() {
     );
     assert_eq!(err.kind(), OpenErrorKind::InvalidConfig);
     let text = err.to_string();
-    assert!(text.contains("memory-only") && text.contains("keeps no file"), "{text}");
-    assert!(text.contains("drop the path, or choose a durable mode"), "{text}");
+    assert!(
+        text.contains("memory-only") && text.contains("keeps no file"),
+        "{text}"
+    );
+    assert!(
+        text.contains("drop the path, or choose a durable mode"),
+        "{text}"
+    );
     assert!(!path.exists(), "no file was created");
     // Without the path it opens, and a durable mode opens with it.
     Engine::builder()

@@ -444,7 +444,10 @@ fn inflight_max_refuses_the_next_claim_until_one_settles() {
             assert_eq!(f2.attempt(), 2);
             let stats = e.engine.stats();
             assert_eq!((stats.inflight, stats.abandoned), (3, 0));
-            drop((e3, f, g, f2));
+            // Only a decision gives the places back: dropped, they would stay live.
+            for lease in [e3, f, g, f2] {
+                lease.release().unwrap();
+            }
             assert_eq!(e.engine.stats().inflight, 0);
         },
     );
