@@ -61,8 +61,7 @@ fn a_memory_only_engine_refuses_a_path() {
         .durability(Durability::None)
         .path(&path)
         .open()
-        .err()
-        .expect("a path is refused");
+        .expect_err("a path is refused");
     assert!(
         matches!(&err, OpenError::MemoryOnlyPath { path: p } if *p == path),
         "{err:?}"
