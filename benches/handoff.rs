@@ -11,12 +11,15 @@ use std::time::{Duration, Instant};
 const LOSERS: [usize; 3] = [1, 8, 32];
 
 fn engine(durability: Durability, dir: &std::path::Path) -> Engine {
-    Engine::builder()
-        .path(dir.join("handoff.redb"))
+    let builder = Engine::builder()
         .durability(durability)
-        .sweep_interval(None)
-        .open()
-        .expect("open")
+        .sweep_interval(None);
+    // A memory-only engine keeps no file and refuses a path.
+    let builder = match durability {
+        Durability::None => builder,
+        _ => builder.path(dir.join("handoff.redb")),
+    };
+    builder.open().expect("open")
 }
 
 /// One hand-off: the winner holds `key`, `k` callers wait in `run`, the winner completes.

@@ -67,12 +67,15 @@ async fn call(app: &Router, req: Request<Body>) -> StatusCode {
 }
 
 fn engine(mode: Durability, dir: &tempfile::TempDir) -> Engine {
-    Engine::builder()
-        .path(dir.path().join("bench.redb"))
+    let builder = Engine::builder()
         .durability(mode)
-        .lease(Duration::from_secs(3600))
-        .open()
-        .expect("open the engine")
+        .lease(Duration::from_secs(3600));
+    // A memory-only engine keeps no file and refuses a path.
+    let builder = match mode {
+        Durability::None => builder,
+        _ => builder.path(dir.path().join("bench.redb")),
+    };
+    builder.open().expect("open the engine")
 }
 
 fn bench(c: &mut Criterion) {

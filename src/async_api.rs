@@ -9,10 +9,13 @@
 //!
 //! - waiting for another holder (`claim_or_wait_async`, `run_async`): nothing was claimed;
 //!   nothing happens.
-//! - waiting for a won claim's durability (`Immediate`): the lease exists already and is
-//!   dropped with the future, which releases the key (counted in `Stats::claims_cancelled`).
-//! - `run_async`'s handler: the lease is dropped with the future, which releases the key,
-//!   as a dropped [`Lease`] does.
+//! - waiting for a won claim's durability (`Immediate`): the lease was never handed to
+//!   anyone, so no work ran under it: the key is released (counted in
+//!   `Stats::claims_cancelled`).
+//! - `run_async`'s handler: the lease is dropped with the future and, as every [`Lease`]
+//!   dropped unsettled, keeps the key InFlight until the lease ends (the handler may have
+//!   done its side effect, or a task holding a [`LeaseHandle`] may still run); its
+//!   keep-alive stops, so the lease does end.
 //! - waiting for a completion's durability: the completion is queued and will be committed;
 //!   the key is never released.
 //! - waiting for room in a full queue to store a completion: nothing is stored and the key
@@ -43,7 +46,7 @@ impl Engine {
     /// `Immediate` an `Acquired` answer resolves once its InFlight record is durable.
     ///
     /// Dropping the future after the claim was won (while it waits for durability) releases
-    /// the key.
+    /// the key: the lease never reached the caller, so no work ran under it.
     ///
     /// ```
     /// use idemkv::{Claim, ClaimOptions, Durability, Engine};
@@ -95,7 +98,7 @@ impl Engine {
     /// lease — up to [`ClaimOptions::wait`] (default 60 s), without blocking a thread.
     ///
     /// Dropping the future while it waits changes nothing; dropping it after the claim was
-    /// won releases the key.
+    /// won, before it returned the lease, releases the key.
     pub async fn claim_or_wait_async(
         &self,
         key: &[u8],
@@ -336,8 +339,11 @@ impl Engine {
     ///
     /// With [`ClaimOptions::keep_alive`] the lease is renewed while the handler's future is
     /// alive, up to the given maximum. Dropping the returned future while the handler runs
-    /// drops the lease, which releases the key (the work was abandoned, as with a dropped
-    /// [`Lease`]).
+    /// (an outer `tokio::time::timeout`, a disconnected client) drops the lease, which keeps
+    /// the key InFlight until the lease ends, as after a crash of its holder: the handler
+    /// may already have done its side effect, so a duplicate must not run it at once. The
+    /// keep-alive stops with the future; the first claim after the lease ends takes the key
+    /// over (attempt + 1, checkpoint kept). A panicking handler does the same.
     pub async fn run_async<E, F, Fut>(
         &self,
         key: &[u8],
@@ -392,14 +398,16 @@ struct Looking {
 }
 
 /// A claim won while its future waits for durability: dropped with the future, it releases
-/// the key and counts the cancellation.
+/// the key (the lease never reached the caller, so no work ran under it) and counts the
+/// cancellation.
 struct Won(Option<Lease>);
 
 impl Drop for Won {
     fn drop(&mut self) {
-        if let Some(lease) = self.0.take() {
+        if let Some(mut lease) = self.0.take() {
             bump(&lease.engine.shared().counters.claims_cancelled);
-            drop(lease);
+            lease.settled = true;
+            lease.engine.release_unwaited(&lease.key, lease.token);
         }
     }
 }
@@ -407,8 +415,9 @@ impl Drop for Won {
 impl Lease {
     /// The async form of [`Lease::complete`]: resolves once the completion is durable under
     /// `Immediate`, waiting for room in a full queue without blocking. Dropping the future
-    /// before its first poll releases the lease (nothing was stored); dropping it later
-    /// never releases the key.
+    /// at any point never releases the key: before its first poll the lease inside is
+    /// dropped unsettled (the key is kept until the lease ends), later the completion is
+    /// queued or, still waiting for room, the lease runs out.
     pub async fn complete_async(self, response: &[u8]) -> Result<(), LeaseError> {
         self.complete_arc_async(Arc::from(response), None).await
     }
@@ -496,7 +505,9 @@ impl Lease {
         Ok(expires_wall_ms)
     }
 
-    /// The async form of [`Lease::release`].
+    /// The async form of [`Lease::release`]. Dropping the future before its first poll drops
+    /// the lease unsettled (the key is kept until the lease ends); dropping it later leaves
+    /// the release queued (or, if it was still waiting for room, the lease to run out).
     pub async fn release_async(mut self) -> Result<bool, LeaseError> {
         self.settled = true;
         self.staged.settle();
@@ -521,9 +532,9 @@ impl Lease {
     /// The async form of [`Lease::fail`]: the lease ends now and the record stays, marked
     /// failed, with its checkpoint and fingerprint; resolves once the failed record is
     /// durable under `Immediate`, waiting for room in a full queue without blocking.
-    /// Dropping the future before its first poll releases the lease instead; dropping it
-    /// later leaves the fail queued (or, if it was still waiting for room, the lease to run
-    /// out).
+    /// Dropping the future before its first poll drops the lease unsettled (the key is kept
+    /// until the lease ends); dropping it later leaves the fail queued (or, if it was still
+    /// waiting for room, the lease to run out).
     pub async fn fail_async(mut self) -> Result<bool, LeaseError> {
         self.settled = true;
         self.staged.settle();
@@ -545,15 +556,16 @@ impl Lease {
         engine.shared().observe.fail(key, token, || done)
     }
 
-    /// Renews this lease while the returned guard lives: every third of the lease, its end
-    /// is moved a full lease ahead, but never past `max` from now. Drop the guard when the
-    /// work ends (completing or releasing the lease also stops the renewals).
+    /// Renews this lease while the returned guard lives and the lease is unsettled: every
+    /// third of the lease, its end is moved a full lease ahead, but never past `max` from
+    /// now. Drop the guard when the work ends; settling the lease (complete, release, fail,
+    /// detach) or dropping it also stops the renewals.
     ///
-    /// A holder that dies drops its guard (a task dropped by its runtime, a thread that
-    /// unwound), so its key is taken over one lease later rather than at `max`.
+    /// A holder that dies drops its guard and its lease (a task dropped by its runtime, a
+    /// thread that unwound), so its key is taken over one lease later rather than at `max`.
     pub fn keep_alive(&self, max: Duration) -> KeepAlive {
         self.engine
-            .keep_alive(&self.key, self.token, self.lease, max)
+            .keep_alive(&self.key, self.token, self.lease, max, self.staged.shared())
     }
 
     /// A handle on this lease for a future that must own it (see [`Engine::run_async`]).
@@ -574,7 +586,9 @@ impl Lease {
 /// works (extend, checkpoint, stage writes for the completion). Completing, releasing and
 /// failing stay with the [`Lease`] itself: under [`Engine::run_async`] the handler's result
 /// decides (an error releases or fails the claim, as [`ClaimOptions::on_handler_error`]
-/// says), so that one owner ends the lease.
+/// says), so that one owner ends the lease. A handle may outlive its lease (a task the
+/// handler spawned): that is why a lease dropped unsettled keeps its key until the lease
+/// ends rather than handing it to a duplicate while the task may still act under the token.
 #[derive(Clone)]
 pub struct LeaseHandle {
     engine: Engine,

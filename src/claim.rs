@@ -459,8 +459,8 @@ impl Engine {
                 checkpoint,
                 durable,
             } => {
-                // The lease exists before its durability wait, so a caller that stops
-                // waiting (a dropped future) releases the claim like any dropped lease.
+                // The lease exists before its durability wait; a caller that stops waiting
+                // (a dropped future) never received it, and `Won` releases the claim.
                 let lease = Lease {
                     engine: self.clone(),
                     // The call's scoped key, shared: no copy per lease.
@@ -822,7 +822,13 @@ impl Engine {
     ///   checkpoint) and runs its own handler. With [`OnHandlerError::Fail`] the claim is
     ///   failed ([`Lease::fail`]): the record stays with its checkpoint and fingerprint, and
     ///   a waiting caller takes it over at once (attempt + 1, the checkpoint handed over).
-    ///   A panicking handler drops its lease, which releases it either way.
+    ///   Only an error the handler *returns* counts.
+    /// - **The handler panicked**: its lease is dropped unsettled, and like every such lease
+    ///   (see [`Lease`]) it keeps the key InFlight under the winner's token until the lease
+    ///   ends, as if the winner had crashed: the engine cannot know whether the handler's
+    ///   side effect happened before the panic. The others keep waiting; the first caller
+    ///   after the lease ended takes the key over (attempt + 1, the checkpoint handed over).
+    ///   A keep-alive ([`ClaimOptions::keep_alive`]) stops with the handler.
     /// - **The handler ran but the engine refused its result** ([`RunError::NotStored`]: a
     ///   response over `response_len_max`, or a writer queue that stayed full for the whole
     ///   lease): the key is *not* released, because the work is done. It stays InFlight under

@@ -75,6 +75,13 @@ pub enum OpenError {
     /// tells a full disk and a refused permission from other I/O errors; the `io::Error` is
     /// the [`std::error::Error::source`]. The file was not judged damaged.
     Io(std::io::Error),
+    /// A path was given to a memory-only engine ([`crate::Durability::None`]), which keeps
+    /// no file: the keys would be forgotten at a restart although a file was asked for.
+    /// Nothing was created; drop the path, or choose a durable mode.
+    MemoryOnlyPath {
+        /// The path that was given.
+        path: PathBuf,
+    },
     /// A builder setting is out of range.
     InvalidConfig {
         /// Which setting and why.
@@ -107,7 +114,8 @@ pub enum OpenErrorKind {
     PermissionDenied,
     /// Any other [`OpenError::Io`]: check the device, then retry.
     Io,
-    /// [`OpenError::InvalidConfig`]: fix the builder settings.
+    /// [`OpenError::InvalidConfig`] or [`OpenError::MemoryOnlyPath`]: fix the builder
+    /// settings.
     InvalidConfig,
     /// An [`OpenError::Database`] that is neither a full disk nor a refused permission:
     /// see its [`crate::DatabaseError::kind`].
@@ -125,7 +133,9 @@ impl OpenError {
             OpenError::HeaderDamaged { .. } => OpenErrorKind::HeaderDamaged,
             OpenError::UnappliedLog { .. } => OpenErrorKind::UnappliedLog,
             OpenError::Io(e) => io_kind(e),
-            OpenError::InvalidConfig { .. } => OpenErrorKind::InvalidConfig,
+            OpenError::InvalidConfig { .. } | OpenError::MemoryOnlyPath { .. } => {
+                OpenErrorKind::InvalidConfig
+            }
             #[cfg(feature = "postgres")]
             OpenError::Database(e) => match e.kind() {
                 crate::shared::DatabaseErrorKind::PermissionDenied => {
@@ -200,6 +210,13 @@ impl fmt::Display for OpenError {
                 ),
             },
             OpenError::InvalidConfig { detail } => write!(f, "invalid configuration: {detail}"),
+            OpenError::MemoryOnlyPath { path } => write!(
+                f,
+                "a path ({}) was given to a memory-only engine (Durability::None), which keeps \
+                 no file and forgets every key at a restart; drop the path, or choose a \
+                 durable mode",
+                path.display()
+            ),
             #[cfg(feature = "postgres")]
             OpenError::Database(e) => write!(f, "opening the shared database failed: {e}"),
         }

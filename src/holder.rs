@@ -303,16 +303,19 @@ impl Engine {
         Ok(released)
     }
 
-    /// Release from `Drop`: never waits, never fails loudly. If the queue is full the lease
-    /// stays and expires on its own, which is equally safe.
-    pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
+    /// A lease dropped unsettled: nothing changes in the index or the file, so the key stays
+    /// InFlight under `token` until its lease ends, as after a crash of its holder (the
+    /// engine cannot tell whether the holder's side effect happened). Only reported.
+    pub(crate) fn lease_dropped(&self, key: &[u8], token: u64) {
         self.shared()
             .observe
             .dropped(crate::scope::key_of(key), token);
-        #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.release_on_drop(key, token);
-        }
+    }
+
+    /// A release that never waits and never fails loudly, for a claim won by a future that
+    /// was dropped before it handed the lease to anyone (no work can have run under it). If
+    /// the queue is full the lease stays and ends on its own, which is equally safe.
+    pub(crate) fn release_unwaited(&self, key: &[u8], token: u64) {
         if self.check_open().is_ok() {
             let _ = self.release_locked(key, token);
         }

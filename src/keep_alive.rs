@@ -1,7 +1,8 @@
 //! Leases that follow their holder: while a [`KeepAlive`] guard lives, the engine's timer
 //! thread renews its lease before it ends, up to a maximum; dropping the guard stops the
-//! renewals, so a holder that died (its task dropped, its thread gone) stops holding the key
-//! one lease later.
+//! renewals, and so does the end of the lease itself (settled, or dropped unsettled), so a
+//! holder that died (its task dropped, its thread gone) stops holding the key one lease
+//! later.
 //!
 //! Renewals queue an extension without waiting for its durability: a crash ends every
 //! holder of the file anyway, and the file's lease end only bounds when a takeover may
@@ -12,7 +13,8 @@ use crate::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MIN};
 use crate::engine::{Engine, Sabotage};
 use crate::error::LeaseError;
 use crate::machine::Holder;
-use crate::sync::Mutex;
+use crate::sync::{Arc, Mutex};
+use crate::write_set::{is_settled, StagedState};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
@@ -24,6 +26,9 @@ struct Renewal {
     lease: Duration,
     /// Renewals never move the lease's end past this instant (monotonic ns).
     until_ns: u64,
+    /// The lease's own state: once it is settled or dropped, nothing is renewed (a dropped
+    /// lease keeps its key only until the lease ends).
+    lease_state: Arc<Mutex<StagedState>>,
 }
 
 impl Renewal {
@@ -96,7 +101,7 @@ impl KeepAlives {
                 r.at.remove(&id);
                 (id, renewal)
             };
-            if renewal.until_ns <= now {
+            if renewal.until_ns <= now || is_settled(&renewal.lease_state) {
                 continue;
             }
             // The extension is sized at the instant it is applied (under the stripe lock), so
@@ -132,8 +137,9 @@ impl KeepAlives {
     }
 }
 
-/// Renews a lease while it lives (see [`crate::Lease::keep_alive`]). Dropping it stops the
-/// renewals; the lease then ends at its last renewed end.
+/// Renews a lease while it lives and the lease is unsettled (see
+/// [`crate::Lease::keep_alive`]). Dropping it, or the lease, stops the renewals; the lease
+/// then ends at its last renewed end.
 #[must_use = "the lease is renewed only while the guard lives"]
 pub struct KeepAlive {
     engine: Engine,
@@ -153,14 +159,15 @@ impl Drop for KeepAlive {
 }
 
 impl Engine {
-    /// Starts renewing the lease of `token` on `key`: every third of `lease`, its end is
-    /// moved to `lease` from then, never past `max` from now.
+    /// Starts renewing the lease of `token` on `key` while `lease_state` is unsettled: every
+    /// third of `lease`, its end is moved to `lease` from then, never past `max` from now.
     pub(crate) fn keep_alive(
         &self,
         key: &[u8],
         token: u64,
         lease: Duration,
         max: Duration,
+        lease_state: Arc<Mutex<StagedState>>,
     ) -> KeepAlive {
         let s = self.shared();
         let now = s.time.mono_ns();
@@ -170,6 +177,7 @@ impl Engine {
             token,
             lease,
             until_ns: now.saturating_add(duration_ns(max)),
+            lease_state,
         };
         let first_ns = now.saturating_add((duration_ns(lease) / KEEP_ALIVE_DIVISOR).max(1));
         let id = s.keep_alive.add(renewal, first_ns);

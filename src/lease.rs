@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 /// outcomes of that state machine. A new answer would change what every caller must do, so
 /// it would be a breaking change whether or not a wildcard arm compiled.
 #[derive(Debug)]
-#[must_use = "an Acquired lease is released when dropped; complete it"]
+#[must_use = "an Acquired lease dropped unsettled keeps its key until the lease ends; complete, fail or release it"]
 pub enum Claim {
     /// The caller owns the key: do the work, then [`Lease::complete`] it.
     Acquired(Lease),
@@ -38,11 +38,19 @@ pub enum Claim {
 /// ways, each explicit: [`Lease::complete`] (the outcome is stored), [`Lease::release`]
 /// (forget the attempt: the key is Absent), [`Lease::fail`] (end the attempt, keep its
 /// progress: the next claim takes the key over at once with the checkpoint) or
-/// [`Lease::detach`] (let the lease run out as if its holder had crashed). Dropping a lease
-/// on which none was called releases it (a retryable failure: the work was abandoned, e.g.
-/// the handler panicked), so the next caller can run it at once. Once `complete` was called
-/// the lease never releases the key, even if the completion was refused (see
-/// [`Lease::complete`]).
+/// [`Lease::detach`] (let the lease run out as if its holder had crashed).
+///
+/// Only such a decision gives the key back. A lease dropped without one (an early `?`
+/// return, a panicking handler, a future dropped by a timeout or a disconnected client)
+/// acts as [`Lease::detach`]: the key stays InFlight under [`Lease::token`] until the lease
+/// ends, exactly as if its holder had crashed, and the first claim after that takes it over
+/// (attempt + 1, checkpoint kept); staged writes are dropped, and a
+/// [`crate::KeepAlive`] of the lease stops renewing it. The engine cannot know whether the
+/// dropped holder's side effect already happened (or whether a task given a
+/// [`crate::LeaseHandle`] still runs), so handing the key to a duplicate at once could run
+/// the work twice. [`Lease::release`] is the explicit way to give the key back at once.
+/// Once `complete` was called the lease never releases the key, even if the completion was
+/// refused (see [`Lease::complete`]).
 pub struct Lease {
     pub(crate) engine: Engine,
     /// The scoped key (`scope.rs`).
@@ -217,8 +225,10 @@ impl Lease {
 
     /// Lets the lease go on purpose **without** releasing the key, as if its holder had
     /// crashed: the key stays InFlight under this token until the lease ends, then the first
-    /// claim takes it over (attempt + 1, checkpoint kept). Unlike `std::mem::forget`, the
-    /// lease's handle on the engine is dropped, so closing the engine still closes the file.
+    /// claim takes it over (attempt + 1, checkpoint kept); a [`crate::KeepAlive`] of the
+    /// lease stops renewing it. Dropping a lease unsettled does the same. Unlike
+    /// `std::mem::forget`, the lease's handle on the engine is dropped, so closing the
+    /// engine still closes the file.
     ///
     /// The returned [`Detached`] keeps what is needed to settle the key later from anywhere
     /// that holds the engine ([`crate::Engine::complete`], [`crate::Engine::release`] and
@@ -326,10 +336,11 @@ impl Lease {
 }
 
 impl Drop for Lease {
+    /// An unsettled lease keeps its key until the lease ends, as [`Lease::detach`] does.
     fn drop(&mut self) {
         if !self.settled {
             self.staged.settle();
-            self.engine.release_on_drop(&self.key, self.token);
+            self.engine.lease_dropped(&self.key, self.token);
         }
     }
 }

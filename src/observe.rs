@@ -341,16 +341,16 @@ impl Observer {
         call()
     }
 
-    /// A lease dropped without `complete` or `release` (a handler that panicked or returned
-    /// early): the engine releases it if it can without waiting.
+    /// A lease dropped unsettled (a handler that panicked or returned early, a dropped
+    /// future): the key is kept until its lease ends, as after a crash of its holder.
     pub(crate) fn dropped(&self, key: &[u8], token: u64) {
         #[cfg(feature = "tracing")]
         {
-            let span = tracing::debug_span!(target: TARGET, "release", key_hash = %Hex(key_hash(key)), key = tracing::field::Empty, token);
+            let span = tracing::debug_span!(target: TARGET, "drop", key_hash = %Hex(key_hash(key)), key = tracing::field::Empty, token);
             if !span.is_disabled() {
                 self.record_key(&span, key);
                 span.in_scope(|| {
-                    tracing::debug!(target: TARGET, outcome = "dropped", token, "lease dropped unsettled; released if the queue has room")
+                    tracing::debug!(target: TARGET, outcome = "kept", token, "lease dropped unsettled; the key is kept until its lease ends")
                 });
             }
         }

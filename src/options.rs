@@ -34,7 +34,8 @@ pub enum Durability {
         /// writer keeps up.
         max_delay: Duration,
     },
-    /// Memory only: no file, nothing survives the process.
+    /// Memory only: no file, nothing survives the process. A path given to the builder is
+    /// refused ([`OpenError::MemoryOnlyPath`]) rather than ignored.
     None,
 }
 
@@ -90,8 +91,9 @@ pub struct ClaimOptions {
 /// What [`crate::Engine::run`], [`crate::Engine::run_typed`] and
 /// [`crate::Engine::run_async`] do with the claim when the handler returns an error (set
 /// with [`ClaimOptions::on_handler_error`]). Either way the error is returned as
-/// `RunError::Handler`, and a handler that panics (or a `run_async` future dropped while
-/// its handler runs) drops its lease, which releases it.
+/// `RunError::Handler`. A handler that panics (or a `run_async` future dropped while its
+/// handler runs) decides nothing: its lease is dropped unsettled, which keeps the key
+/// InFlight until the lease ends, whatever this option says (see [`crate::Lease`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnHandlerError {
@@ -506,7 +508,8 @@ impl Default for EngineBuilder {
 }
 
 impl EngineBuilder {
-    /// The redb file. Required unless durability is [`Durability::None`].
+    /// The redb file. Required unless durability is [`Durability::None`], which refuses one
+    /// ([`OpenError::MemoryOnlyPath`]): a memory-only engine keeps no file.
     pub fn path(mut self, path: impl Into<PathBuf>) -> Self {
         self.path = Some(path.into());
         self
@@ -795,6 +798,9 @@ impl EngineBuilder {
                     MARKER_RETENTION_LIMIT.as_secs() / 86_400
                 ));
             }
+        }
+        if let (Durability::None, Some(path)) = (self.durability, &self.path) {
+            return Err(OpenError::MemoryOnlyPath { path: path.clone() });
         }
         if self.commit_log && self.durability == Durability::None {
             return bad("commit_log needs a file: Durability::None keeps nothing on disk".into());

@@ -249,7 +249,8 @@ impl Span {
 #[derive(Default)]
 pub(crate) struct StagedState {
     writes: WriteSet,
-    /// The lease completed, released or was dropped: nothing staged now would be applied.
+    /// The lease settled (completed, released, failed, detached) or was dropped: nothing
+    /// staged now would be applied, and a keep-alive stops renewing it.
     settled: bool,
 }
 
@@ -283,6 +284,12 @@ impl Staged {
             None => WriteSet::default(),
         }
     }
+}
+
+/// Whether the lease owning `shared` settled (completed, released, failed, detached) or was
+/// dropped.
+pub(crate) fn is_settled(shared: &Mutex<StagedState>) -> bool {
+    shared.lock().settled
 }
 
 /// Adds `writes` to a lease's staged set, unless the lease settled.

@@ -277,10 +277,12 @@ fn the_futures_are_send() {
 }
 
 /// Drops a `run_async` future after each number of polls it can take, in every mode, and
-/// checks what the contract says: no key is left held, and every run that returned is
-/// replayed with its bytes after a restart.
+/// checks what the contract says: a claim dropped before it returned its lease is released,
+/// a handler cut off while it ran keeps its key (attempt 1, lease live) until the lease
+/// ends, then the key is taken over; and every run that returned is replayed with its bytes
+/// after a restart.
 #[test]
-fn dropping_run_futures_at_every_await_point_leaves_no_key_held_and_loses_nothing() {
+fn dropping_run_futures_at_every_await_point_keeps_cut_off_keys_and_loses_nothing() {
     let noop = Waker::noop();
     let mut cx = Context::from_waker(noop);
     for durability in [
@@ -303,6 +305,7 @@ fn dropping_run_futures_at_every_await_point_leaves_no_key_held_and_loses_nothin
         };
         let engine = open();
         let mut returned = Vec::new();
+        let mut kept = Vec::new();
         let opts = ClaimOptions::default();
         for polls in 0..12usize {
             for round in 0..5 {
@@ -329,13 +332,38 @@ fn dropping_run_futures_at_every_await_point_leaves_no_key_held_and_loses_nothin
                 match engine.get(key.as_bytes()).unwrap() {
                     None | Some(KeyState::Completed { .. }) | Some(KeyState::Completing { .. }) => {
                     }
+                    // Cut off while its handler ran: the dropped lease keeps the key.
+                    Some(KeyState::InFlight {
+                        attempt: 1,
+                        failed: false,
+                        lease_remaining,
+                        ..
+                    }) if lease_remaining > Duration::ZERO => kept.push(key.clone()),
                     Some(state) => {
-                        panic!("{durability:?}: {key} left held after {polls} polls: {state:?}")
+                        panic!("{durability:?}: {key} after {polls} polls: {state:?}")
                     }
                 }
             }
         }
         assert!(!returned.is_empty(), "some runs finished");
+        assert!(!kept.is_empty(), "some handlers were cut off");
+        engine.flush().unwrap();
+        assert_eq!(engine.stats().inflight, kept.len() as u64);
+        for key in &kept {
+            assert!(matches!(
+                engine.claim(key.as_bytes(), &opts).unwrap(),
+                Claim::InProgress(_)
+            ));
+        }
+        // Past the leases (30 s by default), each kept key is taken over.
+        clock.advance(Duration::from_secs(31));
+        for key in &kept {
+            let Claim::Acquired(next) = engine.claim(key.as_bytes(), &opts).unwrap() else {
+                panic!("{durability:?}: {key} is taken over once its lease ended")
+            };
+            assert_eq!(next.attempt(), 2);
+            next.release().unwrap();
+        }
         engine.flush().unwrap();
         assert_eq!(engine.stats().inflight, 0);
         if durability == Durability::Immediate {

@@ -1034,31 +1034,70 @@ async fn a_request_cut_off_while_its_handler_runs_keeps_the_key_until_its_lease_
         "the handler did not run again"
     );
 
+    // A tick before the lease ends the key is still held.
+    clock.advance(Duration::from_secs(7) - Duration::from_millis(1));
+    let retry = call(&app, "\"k\"", "x").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+
     // Past the lease, as after a crash, the retry takes the key over and runs it.
-    clock.advance(Duration::from_secs(7));
+    clock.advance(Duration::from_millis(1));
     let retry = call(&app, "\"k\"", "x").await;
     assert_eq!(
         (retry.status, retry.text(), retry.replayed()),
         (StatusCode::CREATED, "run 2", false)
     );
+    assert!(
+        matches!(
+            engine.get(b"k").unwrap(),
+            Some(KeyState::Completed { attempt: 2, .. })
+        ),
+        "the retry took the key over"
+    );
     let replay = call(&app, "\"k\"", "x").await;
     assert_eq!((replay.text(), replay.replayed()), ("run 2", true));
 }
 
-/// A panicking handler releases the key, as a 5xx does: the retry runs the handler.
+/// A panicking handler is cut off at an unknown point too: its lease is dropped unsettled,
+/// which keeps the key until the lease ends, exactly as for a dropped request (unlike a
+/// handler that *returns* an error, or a 5xx, whose retry runs at once).
 #[tokio::test]
-async fn a_panicking_handler_releases_the_key() {
+async fn a_panicking_handler_keeps_the_key_until_its_lease_ends() {
     use futures::FutureExt;
-    let engine = engine();
+    let clock = MockClock::new();
+    let engine = Engine::builder()
+        .durability(Durability::None)
+        .clock(clock.clone())
+        .lease(Duration::from_secs(7))
+        .open()
+        .unwrap();
     let runs = Arc::new(AtomicUsize::new(0));
     let app = first_run_app(engine.clone(), runs.clone(), FirstRun::Panics);
     let panicked = std::panic::AssertUnwindSafe(call(&app, "\"k\"", "x"))
         .catch_unwind()
         .await;
     assert!(panicked.is_err());
-    assert!(engine.get(b"k").unwrap().is_none(), "released");
+    assert!(
+        matches!(
+            engine.get(b"k").unwrap(),
+            Some(KeyState::InFlight { attempt: 1, .. })
+        ),
+        "the key stays InFlight"
+    );
+    let retry = call(&app, "\"k\"", "x").await;
+    assert_eq!(retry.status, StatusCode::CONFLICT, "{retry:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the handler did not run again"
+    );
+
+    clock.advance(Duration::from_secs(7));
     let retry = call(&app, "\"k\"", "x").await;
     assert_eq!((retry.status, retry.text()), (StatusCode::CREATED, "run 2"));
+    assert!(matches!(
+        engine.get(b"k").unwrap(),
+        Some(KeyState::Completed { attempt: 2, .. })
+    ));
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 

@@ -24,14 +24,18 @@ const MODES: [Durability; 3] = [
 ];
 
 fn builder(path: &Path, clock: &MockClock, mode: Durability) -> EngineBuilder {
-    Engine::builder()
-        .path(path)
+    let b = Engine::builder()
         .clock(clock.clone())
         .durability(mode)
         .retention(RETENTION)
         .marker_retention(Some(MARKER))
         // The tests decide when sweeps happen.
-        .sweep_interval(None)
+        .sweep_interval(None);
+    // A memory-only engine keeps no file and refuses a path.
+    match mode {
+        Durability::None => b,
+        _ => b.path(path),
+    }
 }
 
 /// Completes `key` (with `payload`'s fingerprint) and makes it durable; returns the wall

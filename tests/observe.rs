@@ -247,12 +247,19 @@ fn each_operation_has_a_span_and_an_answer_event_with_its_fields() {
     let seen = traced(|| assert!(!engine.release(other, token).unwrap()));
     assert_eq!(answer(&seen, "release").field("outcome"), Some("not_held"));
 
-    // A lease dropped unsettled says so.
+    // A lease dropped unsettled says so: it keeps its key.
     let Claim::Acquired(lease) = engine.claim(other, &opts).unwrap() else {
         panic!("a released key is acquired")
     };
+    let token = lease.token();
     let seen = traced(|| drop(lease));
-    assert_eq!(answer(&seen, "release").field("outcome"), Some("dropped"));
+    let e = answer(&seen, "drop");
+    assert_eq!(e.field("outcome"), Some("kept"));
+    assert_eq!(e.field("token"), Some(token.to_string().as_str()));
+    assert!(matches!(
+        engine.claim(other, &opts).unwrap(),
+        Claim::InProgress(_)
+    ));
 }
 
 #[test]

@@ -474,20 +474,32 @@ fn release_extend_and_checkpoint_follow_the_state_machine() {
         "a second release holds nothing"
     );
     assert_eq!(b.get(b"k").expect("get"), None);
-    let Claim::Acquired(again) = b.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+    let short = ClaimOptions::default().lease(Duration::from_secs(1));
+    let Claim::Acquired(mut again) = b.claim(b"k", &short).expect("claim") else {
         panic!("a released key is Absent");
     };
     assert_eq!(again.attempt(), 1);
     assert!(again.checkpoint().is_none());
     assert!(again.token() > token);
+    again.set_checkpoint(1, b"charged").expect("checkpoint");
 
-    // A dropped lease releases its key.
+    // A dropped lease decides nothing: the key stays held, for this process's front and for
+    // the other process, until the lease ends; then it is taken over with its checkpoint.
     drop(again);
+    for engine in [&b, &a] {
+        assert!(matches!(
+            engine.claim(b"k", &ClaimOptions::default()),
+            Ok(Claim::InProgress(_))
+        ));
+    }
     let waiting = ClaimOptions::default().wait(Duration::from_secs(10));
-    assert!(matches!(
-        a.claim_or_wait(b"k", &waiting),
-        Ok(Claim::Acquired(_))
-    ));
+    match b.claim_or_wait(b"k", &waiting) {
+        Ok(Claim::Acquired(next)) => {
+            assert_eq!(next.attempt(), 2);
+            assert_eq!(next.checkpoint().map(|c| c.phase()), Some(1));
+        }
+        other => panic!("expected a takeover at the lease's end, got {other:?}"),
+    }
 
     // Limits are checked before anything is sent.
     assert!(matches!(

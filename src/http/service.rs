@@ -226,17 +226,15 @@ where
     ResBody: Body<Data = Bytes>,
     ResBody::Error: Into<BoxError>,
 {
-    // Until the handler's response is settled, the lease is held by a guard: if this
-    // future is dropped (the client went away, an outer timeout fired), the handler's work
-    // was cut off at an unknown point, perhaps after its side effect, so the key is kept
-    // InFlight until its lease ends, as after a crash, instead of being released for the
-    // retry to run the handler again at once. A panicking handler still releases it.
-    let mut held = Held(Some(lease));
+    // If this future is dropped (the client went away, an outer timeout fired) or the
+    // handler panics, the lease is dropped unsettled, which keeps the key InFlight until
+    // its lease ends, as after a crash: the handler was cut off at an unknown point, perhaps
+    // after its side effect, so a retry must not run it again at once.
     let res = match handler.await {
         Ok(res) => res,
         Err(e) => {
             // The handler failed without a response: a retry may run it.
-            held.release().await;
+            let _ = lease.release_async().await;
             return Err(e);
         }
     };
@@ -247,7 +245,7 @@ where
         Ok(collected) => collected.to_bytes(),
         Err(e) => {
             // No response to store or return: treated as a failed handler.
-            held.release().await;
+            let _ = lease.release_async().await;
             return Ok(problem(
                 problem::INTERNAL,
                 &format!("the handler's response body failed: {e}"),
@@ -255,9 +253,7 @@ where
         }
     };
     // The handler ran and its response was read: the key is settled now.
-    if let Some(lease) = held.take() {
-        settle(cfg, lease, &res_parts, &body).await;
-    }
+    settle(cfg, lease, &res_parts, &body).await;
     Ok(Response::from_parts(
         res_parts,
         Either::Right(Full::new(body)),
@@ -294,37 +290,6 @@ async fn settle(
         }
     } else {
         let _ = lease.release_async().await;
-    }
-}
-
-/// The lease while the handler runs and its response body is read. Dropped with the lease
-/// still in it (the future was dropped, or a panic unwinds through it), it detaches the
-/// lease, leaving the key InFlight until the lease ends, unless a panic is unwinding, which
-/// releases it as a failed handler does.
-struct Held(Option<Lease>);
-
-impl Held {
-    fn take(&mut self) -> Option<Lease> {
-        self.0.take()
-    }
-
-    /// Gives the key up: the handler failed, and a retry may run it.
-    async fn release(&mut self) {
-        if let Some(lease) = self.take() {
-            let _ = lease.release_async().await;
-        }
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(lease) = self.0.take() {
-            if std::thread::panicking() {
-                drop(lease);
-            } else {
-                let _ = lease.detach();
-            }
-        }
     }
 }
 

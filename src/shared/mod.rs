@@ -418,14 +418,6 @@ impl Backend {
             .unwrap_or(Err(LeaseError::Closed))
     }
 
-    /// A dropped lease's release: sent, never waited for (the lease ends on its own if it
-    /// fails).
-    pub(crate) fn release_on_drop(&self, key: &[u8], token: u64) {
-        if !self.core.is_closed() {
-            drop(self.start_release(key, token));
-        }
-    }
-
     fn start_update(
         &self,
         key: &[u8],

@@ -19,7 +19,7 @@ use crate::ops::FpSel;
 use crate::spec::{self, ns, KeyOp, KeyRet, KeySpec, SpecConfig};
 use crate::Bug;
 use arbitrary::{Arbitrary, Unstructured};
-use idemkv::{ClaimOptions, Clock, Durability, Engine, EngineBuilder, Lease, MockClock};
+use idemkv::{ClaimOptions, Clock, Durability, Engine, EngineBuilder, MockClock};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -179,8 +179,8 @@ pub fn initial(clock: &MockClock) -> KeySpec {
     KeySpec::at_wall_ns(ns(clock.monotonic()), crate::wall_ns(clock.wall()))
 }
 
-/// Runs one thread's script, recording every call. Returns the leases it was handed
-/// (dropping one releases its key, so the caller drops them after closing the engine).
+/// Runs one thread's script, recording every call. A claim's lease is dropped unsettled at
+/// once (it keeps its key; the script settles keys by token).
 /// `prefix` names the keys (`{prefix}k{n}`); `allow_advance` turns clock steps into `get`s
 /// when false.
 pub fn run_script(
@@ -191,8 +191,7 @@ pub fn run_script(
     script: &Script,
     prefix: &str,
     allow_advance: bool,
-) -> Vec<Lease> {
-    let mut parked: Vec<Lease> = Vec::new();
+) {
     // Tokens this thread got per key, and the ones it still holds.
     let mut mine: BTreeMap<u8, Vec<u64>> = BTreeMap::new();
     let mut held: Vec<(u8, u64)> = Vec::new();
@@ -232,7 +231,7 @@ pub fn run_script(
                     } else {
                         engine.claim(&k, &opts)
                     };
-                    spec::claim_ret(r, &mut parked)
+                    spec::claim_ret(r)
                 });
                 if let KeyRet::Acquired { token, .. } = ret {
                     mine.entry(key % KEYS).or_default().push(token);
@@ -312,7 +311,6 @@ pub fn run_script(
             spec::release_ret(engine.release(&k, token))
         });
     }
-    parked
 }
 
 /// Checks a recorded run of these scripts.
@@ -496,15 +494,12 @@ mod under_shuttle {
                     })
                 })
                 .collect();
-            let mut parked = Vec::new();
             for h in handles {
-                match h.join() {
-                    Ok(p) => parked.extend(p),
-                    Err(_) => panic!("a script thread panicked"),
+                if h.join().is_err() {
+                    panic!("a script thread panicked");
                 }
             }
             let _ = engine.close();
-            drop(parked);
             *out2.lock().unwrap_or_else(PoisonError::into_inner) = Some((init, rec.events()));
         });
         let taken = out.lock().unwrap_or_else(PoisonError::into_inner).take();

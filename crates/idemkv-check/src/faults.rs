@@ -320,7 +320,6 @@ pub fn run_with(
     let mut acked = 0usize;
     // For Buffered: the view index at which each completion (by token) was submitted.
     let mut completion_at: BTreeMap<u64, usize> = BTreeMap::new();
-    let mut parked = Vec::new();
     let mut token_next = 1u64;
     let mut log: Vec<String> = Vec::new();
     let opened = crate::armed(
@@ -335,7 +334,7 @@ pub fn run_with(
                 Op::Restart { .. } => &Op::Flush,
                 other => other,
             };
-            let (key, kop, ret) = match call(engine, &model, &mut parked, op) {
+            let (key, kop, ret) = match call(engine, &model, op) {
                 Call::Key { key, op, ret } => (key, op, ret),
                 Call::Advance(d) => {
                     clock.advance(d);
@@ -472,7 +471,6 @@ pub fn run_with(
         let _ = engine.close();
     }
     drop(opened);
-    drop(parked);
     let ios = disk.ios();
     // Reopen and compare.
     // (A higher in-flight limit, so that the fresh claim below is never refused.)

@@ -15,7 +15,7 @@ use crate::modes;
 use crate::spec::{self, ns, KeyModel, KeyOp, KeyRet, KeySpec, SpecConfig};
 use arbitrary::Arbitrary;
 use idemkv::{
-    ClaimError, ClaimOptions, Clock, Durability, Engine, Lease, LeaseError, Limit, MockClock,
+    ClaimError, ClaimOptions, Clock, Durability, Engine, LeaseError, Limit, MockClock,
     RecordInfoState,
 };
 use std::collections::BTreeMap;
@@ -547,9 +547,6 @@ pub struct Harness {
     pub disk: Option<FaultyBackend>,
     /// The engine.
     pub engine: Engine,
-    /// Leases handed out by claims: dropping one would release its key, so they are kept
-    /// until the engine is closed.
-    pub parked: Vec<Lease>,
     /// The model.
     pub model: Model,
     /// What happened so far, for failure reports.
@@ -571,7 +568,6 @@ impl Harness {
             clock,
             disk,
             engine,
-            parked: Vec::new(),
             model,
             log: Vec::new(),
             restarts: 0,
@@ -617,7 +613,7 @@ impl Harness {
 
     /// Runs one operation and checks it.
     pub fn apply(&mut self, op: &Op) -> Result<(), String> {
-        let (key, kop, ret) = match call(&self.engine, &self.model, &mut self.parked, op) {
+        let (key, kop, ret) = match call(&self.engine, &self.model, op) {
             Call::Key { key, op, ret } => (key, op, ret),
             Call::Advance(d) => {
                 self.clock.advance(d);
@@ -717,7 +713,6 @@ impl Harness {
         };
         // The old engine may still write to its own disk; the new one reads a copy.
         let _ = self.engine.close();
-        self.parked.clear();
         self.disk = image.map(FaultyBackend::from_image);
         self.engine = builder(self.mode, &self.clock, self.disk.as_ref())
             .open()
@@ -759,9 +754,10 @@ pub enum Call {
     },
 }
 
-/// Makes the engine call `op` names (tokens picked from `model`); leases go to `parked`.
-/// Clock steps, flushes and restarts are left to the caller.
-pub fn call(engine: &Engine, model: &Model, parked: &mut Vec<Lease>, op: &Op) -> Call {
+/// Makes the engine call `op` names (tokens picked from `model`); a claim's lease is
+/// dropped unsettled, which keeps its key (see [`spec::claim_ret`]). Clock steps, flushes
+/// and restarts are left to the caller.
+pub fn call(engine: &Engine, model: &Model, op: &Op) -> Call {
     let e = engine;
     let (key, kop, ret) = match *op {
         Op::Claim {
@@ -783,7 +779,7 @@ pub fn call(engine: &Engine, model: &Model, parked: &mut Vec<Lease>, op: &Op) ->
             } else {
                 e.claim(&key, &opts)
             };
-            let ret = spec::claim_ret(r, parked);
+            let ret = spec::claim_ret(r);
             let kop = KeyOp::Claim {
                 fingerprint: fingerprint.fingerprint(),
                 lease_ns: lease.lease().map(ns),

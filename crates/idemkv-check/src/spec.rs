@@ -932,9 +932,10 @@ impl KeySpec {
     }
 }
 
-/// Converts a claim's result (the lease, if any, is handed to `park`: dropping it would
-/// release the key).
-pub fn claim_ret(r: Result<idemkv::Claim, ClaimError>, park: &mut Vec<idemkv::Lease>) -> KeyRet {
+/// Converts a claim's result. A lease is dropped at once, unsettled: it keeps its key
+/// InFlight until the lease ends, as a holder that never decides does in the spec; the
+/// operations settle it by key and token.
+pub fn claim_ret(r: Result<idemkv::Claim, ClaimError>) -> KeyRet {
     match r {
         Ok(idemkv::Claim::Acquired(lease)) => {
             let ret = KeyRet::Acquired {
@@ -942,7 +943,7 @@ pub fn claim_ret(r: Result<idemkv::Claim, ClaimError>, park: &mut Vec<idemkv::Le
                 attempt: lease.attempt(),
                 checkpoint: lease.checkpoint().map(|c| (c.phase(), c.data().to_vec())),
             };
-            park.push(lease);
+            drop(lease);
             ret
         }
         Ok(idemkv::Claim::InProgress(busy)) => KeyRet::InProgress {

@@ -81,7 +81,6 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     let init = concurrent::initial(&clock);
     let mut rng = fastrand::Rng::with_seed(cfg.seed);
     let mut report = StressReport::default();
-    let mut parked = Vec::new();
     let mut max_before = 0u64;
     while report.rounds < cfg.rounds_max && start.elapsed() < cfg.duration {
         let batch = cfg.batch.min(cfg.rounds_max - report.rounds);
@@ -115,28 +114,17 @@ pub fn run(cfg: &StressConfig) -> StressReport {
                     let (engine, clock, rec, barrier, scenarios) =
                         (&engine, &clock, &rec, &barrier, &scenarios);
                     scope.spawn(move || {
-                        let mut mine = Vec::new();
                         for (r, s) in scenarios.iter().enumerate() {
                             barrier.wait();
                             let prefix = format!("r{}-", first + r as u64);
-                            mine.extend(run_script(
-                                engine,
-                                clock,
-                                rec,
-                                t,
-                                &s.threads[t],
-                                &prefix,
-                                false,
-                            ));
+                            run_script(engine, clock, rec, t, &s.threads[t], &prefix, false);
                         }
-                        mine
                     })
                 })
                 .collect();
             for h in handles {
-                match h.join() {
-                    Ok(p) => parked.extend(p),
-                    Err(_) => panic!("a stress thread panicked"),
+                if h.join().is_err() {
+                    panic!("a stress thread panicked");
                 }
             }
         });
@@ -171,6 +159,5 @@ pub fn run(cfg: &StressConfig) -> StressReport {
         }
     }
     let _ = engine.close();
-    drop(parked);
     report
 }

@@ -212,9 +212,12 @@ fn a_failing_handler_still_releases_at_once() {
             Ok::<_, ()>(b"ok".to_vec())
         });
         assert_eq!(out.unwrap().response(), b"ok");
-        // A lease dropped without complete or release (a panicking handler) releases too.
+        // A lease dropped without complete or release (a panicking handler) is no decision:
+        // it keeps its key until the lease ends.
         drop(acquired(engine.claim(b"j", &o).unwrap()));
-        assert_eq!(engine.get(b"j").unwrap(), None);
+        in_progress(engine.claim(b"j", &o).unwrap());
+        clock.advance(LEASE);
+        assert_eq!(acquired(engine.claim(b"j", &o).unwrap()).attempt(), 2);
     }
 }
 

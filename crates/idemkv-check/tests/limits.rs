@@ -24,10 +24,14 @@ impl Env {
         let dir = tempfile::tempdir().unwrap();
         let clock = MockClock::new();
         let builder = Engine::builder()
-            .path(dir.path().join("idem.redb"))
             .durability(mode)
             .clock(clock.clone())
             .lease(LEASE);
+        // A memory-only engine keeps no file and refuses a path.
+        let builder = match mode {
+            Durability::None => builder,
+            _ => builder.path(dir.path().join("idem.redb")),
+        };
         let engine = tune(builder).open().unwrap();
         Env {
             engine,
@@ -400,10 +404,14 @@ fn inflight_max_refuses_the_next_claim_until_one_settles() {
             a.complete(b"A").unwrap();
             let d = acquired(e.claim(b"d"));
             assert_eq!(claim_err(e.claim(b"e")), full);
-            // Releasing one, or dropping it, too.
+            // Releasing one too; dropping one does not: its lease keeps the key, and its
+            // place, until it ends (or its token settles it).
             b.release().unwrap();
             let e2 = acquired(e.claim(b"e"));
+            let c_token = c.token();
             drop(c);
+            assert_eq!(claim_err(e.claim(b"f")), full);
+            assert_eq!(e.engine.release(b"c", c_token), Ok(true));
             let f = acquired(e.claim(b"f"));
             assert_eq!(claim_err(e.claim(b"g")), full);
             assert_eq!(e.engine.stats().inflight, 3);
@@ -436,7 +444,10 @@ fn inflight_max_refuses_the_next_claim_until_one_settles() {
             assert_eq!(f2.attempt(), 2);
             let stats = e.engine.stats();
             assert_eq!((stats.inflight, stats.abandoned), (3, 0));
-            drop((e3, f, g, f2));
+            // Only a decision gives the places back: dropped, they would stay live.
+            for lease in [e3, f, g, f2] {
+                lease.release().unwrap();
+            }
             assert_eq!(e.engine.stats().inflight, 0);
         },
     );
@@ -708,7 +719,7 @@ fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
 
     drop(gate);
     assert_eq!(waiter.join().unwrap(), Ok(()));
-    drop(l); // settled through the token form; the drop's release finds a completion
+    drop(l); // settled through the token form; the drop changes nothing
     engine.flush().unwrap();
     assert_eq!(engine.stats().queue_depth, 0);
     assert_eq!(

@@ -33,11 +33,15 @@ impl Env {
         let dir = tempfile::tempdir().unwrap();
         let clock = MockClock::new();
         let builder = Engine::builder()
-            .path(dir.path().join("idem.redb"))
             .durability(mode)
             .clock(clock.clone())
             .lease(LEASE)
             .retention(RETENTION);
+        // A memory-only engine keeps no file and refuses a path.
+        let builder = match mode {
+            Durability::None => builder,
+            _ => builder.path(dir.path().join("idem.redb")),
+        };
         let engine = tune(builder).open().unwrap();
         Env {
             engine,
@@ -604,25 +608,40 @@ fn release_on_completed_has_no_effect() {
     });
 }
 
+/// Only a decision gives a key back: a lease dropped unsettled keeps its key InFlight
+/// until the lease ends, as after a crash of its holder, then the key is taken over.
 #[test]
-fn dropping_an_unfinished_lease_releases_it() {
+fn dropping_an_unfinished_lease_keeps_its_key_until_the_lease_ends() {
     each_mode(|e| {
         let lease = acquired(e.claim(b"k"));
         let token = lease.token();
         drop(lease);
-        assert_eq!(e.get(b"k"), None);
-        assert_eq!(e.engine.stats().inflight, 0);
+        assert!(
+            matches!(e.get(b"k"), Some(KeyState::InFlight { token: t, attempt: 1, .. }) if t == token)
+        );
+        assert_eq!(e.engine.stats().inflight, 1);
+        in_progress(e.claim(b"k"));
+        e.clock.advance(LEASE - NS);
+        in_progress(e.claim(b"k"));
+        e.clock.advance(NS);
         let next = acquired(e.claim(b"k"));
         assert!(next.token() > token);
-        assert_eq!(next.attempt(), 1);
-        // A lease dropped during a panic (the usual "handler crashed" case) is released too.
+        assert_eq!(next.attempt(), 2);
+        // A lease dropped during a panic (the usual "handler crashed" case) keeps it too.
         let r = catch_unwind(AssertUnwindSafe(|| {
             let _held = next;
             panic!("handler crashed");
         }));
         assert!(r.is_err());
-        assert_eq!(e.get(b"k"), None);
-        acquired(e.claim(b"k")).complete(b"v").unwrap();
+        assert!(matches!(
+            e.get(b"k"),
+            Some(KeyState::InFlight { attempt: 2, .. })
+        ));
+        in_progress(e.claim(b"k"));
+        e.clock.advance(LEASE);
+        let last = acquired(e.claim(b"k"));
+        assert_eq!(last.attempt(), 3);
+        last.complete(b"v").unwrap();
     });
 }
 
