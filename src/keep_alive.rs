@@ -239,6 +239,9 @@ mod tests {
             token: first.token(),
             lease: Duration::from_secs(3),
             until_ns: now + duration_ns(Duration::from_secs(60)),
+            // The first lease is still held (unsettled), so only the token check can stop
+            // the renewal.
+            lease_state: first.staged.shared(),
         };
         let id = s
             .keep_alive
