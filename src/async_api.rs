@@ -337,8 +337,8 @@ impl Engine {
     /// handler's error releases or fails the claim, as [`ClaimOptions::on_handler_error`]
     /// says (see [`Engine::run`]).
     ///
-    /// With [`ClaimOptions::keep_alive`] the lease is renewed while the handler's future is
-    /// alive, up to the given maximum. Dropping the returned future while the handler runs
+    /// The lease is renewed while the handler's future is alive, up to ten minutes by
+    /// default ([`ClaimOptions::keep_alive`]), so a slow handler keeps its key. Dropping the returned future while the handler runs
     /// (an outer `tokio::time::timeout`, a disconnected client) drops the lease, which keeps
     /// the key InFlight until the lease ends, as after a crash of its holder: the handler
     /// may already have done its side effect, so a duplicate must not run it at once. The
@@ -357,7 +357,7 @@ impl Engine {
         match self.claim_or_wait_async(key, opts).await? {
             Claim::Acquired(lease) => {
                 let token = lease.token();
-                let keep = opts.keep_alive.map(|max| lease.keep_alive(max));
+                let keep = opts.keep_alive_max().map(|max| lease.keep_alive(max));
                 let out = handler(lease.handle()).await;
                 drop(keep);
                 match out {

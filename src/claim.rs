@@ -75,9 +75,9 @@ pub(crate) enum Prepared {
     },
 }
 
-/// Runs a blocking handler, renewing its lease meanwhile if the options ask for it.
+/// Runs a blocking handler, renewing its lease meanwhile unless the options turn it off.
 fn kept_alive<T>(lease: &Lease, opts: &ClaimOptions, handler: impl FnOnce(&Lease) -> T) -> T {
-    let _renewing = opts.keep_alive.map(|max| lease.keep_alive(max));
+    let _renewing = opts.keep_alive_max().map(|max| lease.keep_alive(max));
     handler(lease)
 }
 
@@ -813,6 +813,14 @@ impl Engine {
     /// Runs `handler` at most once per key: the winner runs it and stores its bytes; every
     /// concurrent or later caller waits and receives the same bytes with `replayed` set.
     ///
+    /// **Slow is not dead.** While the handler runs, its lease is renewed (by the engine's
+    /// timer thread, every third of the lease), up to ten minutes by default
+    /// ([`ClaimOptions::keep_alive`]): a handler slower than its lease keeps its key, and the
+    /// lease length only says how soon the key of a holder that died is taken over. Waiting
+    /// callers wait up to [`ClaimOptions::wait`] (a minute by default) and then get
+    /// [`RunError::StillInProgress`]; a consumer of a message broker that would rather hand
+    /// the copy back to the broker at once sets a short wait.
+    ///
     /// What the other callers see depends on how the winner's run ends:
     ///
     /// - **Stored**: they receive its bytes (`replayed`).
@@ -828,7 +836,7 @@ impl Engine {
     ///   ends, as if the winner had crashed: the engine cannot know whether the handler's
     ///   side effect happened before the panic. The others keep waiting; the first caller
     ///   after the lease ended takes the key over (attempt + 1, the checkpoint handed over).
-    ///   A keep-alive ([`ClaimOptions::keep_alive`]) stops with the handler.
+    ///   The keep-alive ([`ClaimOptions::keep_alive`]) stops with the handler.
     /// - **The handler ran but the engine refused its result** ([`RunError::NotStored`]: a
     ///   response over `response_len_max`, or a writer queue that stayed full for the whole
     ///   lease): the key is *not* released, because the work is done. It stays InFlight under

@@ -128,6 +128,12 @@ pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
 /// Backstop for the writer waiting for the applier, and the applier for its next batch:
 /// every hand-over, apply and stop notifies, so this timeout only bounds the cost of a bug.
 pub(crate) const APPLIER_POLL: Duration = Duration::from_millis(100);
+/// Default bound of the keep-alive that `run`, `run_typed` and `run_async` give their
+/// handler: a live handler keeps its key this long however short its lease, and a handler
+/// that hangs longer loses it one lease later. Ten minutes is the longest acknowledgement
+/// deadline the common brokers allow by default (Pub/Sub's maximum, above Kafka's five-minute
+/// poll interval), so a consumer that its broker still considers alive keeps its key.
+pub(crate) const KEEP_ALIVE_MAX_DEFAULT: Duration = Duration::from_secs(10 * 60);
 /// A kept-alive lease is renewed when this fraction of it has passed (every third), so a
 /// renewal delayed by a full queue or a busy machine still lands before the lease ends.
 pub(crate) const KEEP_ALIVE_DIVISOR: u64 = 3;

@@ -9,7 +9,7 @@
 //! happen after a restart.
 
 use crate::clock::duration_ns;
-use crate::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MIN};
+use crate::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MAX, WAIT_SLICE_MIN};
 use crate::engine::{Engine, Sabotage};
 use crate::error::LeaseError;
 use crate::machine::Holder;
@@ -181,8 +181,12 @@ impl Engine {
         };
         let first_ns = now.saturating_add((duration_ns(lease) / KEEP_ALIVE_DIVISOR).max(1));
         let id = s.keep_alive.add(renewal, first_ns);
+        // The timer thread looks at its work at least every `WAIT_SLICE_MAX`, so only a lease
+        // whose first renewal is due sooner needs it woken: every `run` registers a
+        // renewal, and most handlers end long before it is due.
+        let nudge = first_ns.saturating_sub(now) < duration_ns(WAIT_SLICE_MAX);
         // Without a timer thread nothing renews: the lease simply ends as it would have.
-        let _ = s.timers.start_and_nudge(self.shared_arc());
+        let _ = s.timers.start_and_nudge(self.shared_arc(), nudge);
         KeepAlive {
             engine: self.clone(),
             id,

@@ -240,13 +240,43 @@ impl ClaimOptions {
         self
     }
 
-    /// Makes `run` and `run_async` renew the lease while the handler runs (see
-    /// [`crate::Lease::keep_alive`]), up to `max` after the claim: a long handler keeps
-    /// its key, and a handler that died (its task or thread gone) stops holding it one
-    /// lease later.
+    /// How long `run`, `run_typed` and `run_async` keep renewing the lease while the handler
+    /// runs (see [`crate::Lease::keep_alive`]), counted from the claim. By default they do,
+    /// for up to ten minutes: slow is not dead. A handler that outlives its lease keeps its
+    /// key as long as it runs, so the lease length only says how fast the key of a *dead*
+    /// holder (its process killed, its thread or task gone) is taken over: one lease after
+    /// the last renewal. A handler that hangs past `max` loses its key one lease later.
+    ///
+    /// `Duration::ZERO` turns the renewals off: the lease then bounds the handler's time
+    /// itself, and a handler still running when it ends may see another caller take the key
+    /// over (its completion is then refused with `LeaseLost`). Calls that manage their own
+    /// lease ([`crate::Engine::claim`]) renew it with [`crate::Lease::keep_alive`].
+    ///
+    /// ```
+    /// use idemkv::{ClaimOptions, Durability, Engine};
+    /// use std::time::Duration;
+    /// let engine = Engine::builder().durability(Durability::None).open()?;
+    /// // A one-second lease: a crashed consumer's message is taken over a second after its
+    /// // last renewal, while a live one may work for up to an hour.
+    /// let opts = ClaimOptions::default()
+    ///     .lease(Duration::from_secs(1))
+    ///     .keep_alive(Duration::from_secs(3600));
+    /// let out = engine.run(b"msg-1", &opts, |_lease| Ok::<_, std::io::Error>(b"done".to_vec()))?;
+    /// assert!(!out.replayed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn keep_alive(mut self, max: Duration) -> Self {
         self.keep_alive = Some(max);
         self
+    }
+
+    /// The keep-alive bound a handler runs under, if any (the default, or none for zero).
+    pub(crate) fn keep_alive_max(&self) -> Option<Duration> {
+        match self.keep_alive {
+            None => Some(KEEP_ALIVE_MAX_DEFAULT),
+            Some(max) if max.is_zero() => None,
+            Some(max) => Some(max),
+        }
     }
 
     /// What `run`, `run_typed` and `run_async` do with the claim when the handler returns

@@ -103,15 +103,17 @@ impl Timers {
         true
     }
 
-    /// Makes sure the thread runs and looks at its work again (a keep-alive was added).
-    /// Whether it runs.
-    pub(crate) fn start_and_nudge(&self, shared: &Arc<Shared>) -> bool {
+    /// Makes sure the thread runs and, with `nudge`, looks at its work again at once (a
+    /// keep-alive due within the thread's longest sleep was added). Whether it runs.
+    pub(crate) fn start_and_nudge(&self, shared: &Arc<Shared>, nudge: bool) -> bool {
         #[cfg(shuttle)]
         if crate::sync::in_shuttle() {
             return false;
         }
         let started = Self::start(&mut self.state.lock(), shared);
-        self.changed.notify_all();
+        if nudge {
+            self.changed.notify_all();
+        }
         started
     }
 
