@@ -186,6 +186,23 @@ fn spawn(
     Ok(cmd.spawn()?)
 }
 
+/// Waits for the child to exit; kills it if it has not by the deadline.
+fn wait_until(
+    child: &mut Child,
+    started: Instant,
+    deadline: Duration,
+) -> Result<std::process::ExitStatus> {
+    while started.elapsed() < deadline {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill()?;
+    child.wait()?;
+    Err("the consumer process did not end before the deadline".into())
+}
+
 /// Acknowledged entries so far.
 fn acked(cfg: &Config) -> Result<i64> {
     resp::Conn::connect(&cfg.redis)?
@@ -207,7 +224,10 @@ fn run_kill(cfg: &Config) -> Result<Report> {
     let mut kills = Vec::new();
     let mut child = spawn(cfg, "k1", cfg.consumers, &engine, Some(abort_at))?;
     scenario::produce(cfg)?;
-    let status = child.wait()?;
+    let status = wait_until(&mut child, started, cfg.deadline)?;
+    if status.success() {
+        return Err("the consumer process ended without aborting".into());
+    }
     kills.push(format!(
         "consumer process aborted itself after its completion #{abort_at}, before XACK ({status}); restarted on the same file"
     ));
@@ -231,7 +251,7 @@ fn run_kill(cfg: &Config) -> Result<Report> {
     child = spawn(cfg, "k3", cfg.consumers, &engine, None)?;
     let done = scenario::await_done(cfg, started)?;
     scenario::signal_stop(cfg)?;
-    let status = child.wait()?;
+    let status = wait_until(&mut child, Instant::now(), Duration::from_secs(30))?;
     if !status.success() {
         return Err(format!("consumer process failed: {status}").into());
     }
@@ -264,7 +284,7 @@ fn run_pg(cfg: &Config) -> Result<Report> {
     let done = scenario::await_done(cfg, started)?;
     scenario::signal_stop(cfg)?;
     for mut child in children {
-        let status = child.wait()?;
+        let status = wait_until(&mut child, Instant::now(), Duration::from_secs(30))?;
         if !status.success() {
             return Err(format!("consumer process failed: {status}").into());
         }

@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const GROUP: &str = "workers";
 
 /// How a consumer makes its work happen once per message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     /// Check a processed set, work, add to the set, XACK.
     Naive,
@@ -198,10 +198,15 @@ pub fn signal_stop(cfg: &Config) -> Result<()> {
     Ok(())
 }
 
-/// Counts of the idemkv consumers' answers besides fresh runs and replays.
-fn count(c: &mut Conn, cfg: &Config, what: &str) -> Result<()> {
-    c.cmd(&["HINCRBY", &cfg.key("stats"), what, "1"])?;
-    Ok(())
+/// What the consumers of one process share.
+struct Process<'a> {
+    cfg: &'a Config,
+    mode: Mode,
+    engine: Option<&'a Engine>,
+    /// Abort right after this many completions (see [`consume`]).
+    abort_at: Option<usize>,
+    completed: AtomicUsize,
+    stop: AtomicBool,
 }
 
 /// The consumers of one process: `threads` consumer threads and one reclaimer, until the
@@ -215,25 +220,34 @@ pub fn consume(
     threads: usize,
     abort_at: Option<usize>,
 ) -> Result<()> {
-    let stop = AtomicBool::new(false);
-    let completed = AtomicUsize::new(0);
+    if mode == Mode::Idemkv && engine.is_none() {
+        return Err(err("idemkv mode without an engine".into()));
+    }
+    let p = Process {
+        cfg,
+        mode,
+        engine,
+        abort_at,
+        completed: AtomicUsize::new(0),
+        stop: AtomicBool::new(false),
+    };
     // Bounded: the reclaimer claims no more than the consumers can take on.
     let (tx, rx) = crossbeam_channel::bounded::<Entry>(threads);
     std::thread::scope(|s| {
-        let reclaimer = s.spawn(|| {
-            let r = reclaim(cfg, name, &stop, &tx, threads);
+        let p = &p;
+        let reclaimer = s.spawn(move || {
+            let r = reclaim(p, name, &tx, threads);
             // Whatever ended the reclaimer ends the consumers too.
-            stop.store(true, Ordering::SeqCst);
+            p.stop.store(true, Ordering::SeqCst);
             r
         });
         let workers: Vec<_> = (0..threads)
             .map(|i| {
-                let (rx, stop, completed) = (rx.clone(), &stop, &completed);
+                let rx = rx.clone();
                 s.spawn(move || {
-                    let consumer = format!("{name}-{i}");
-                    let r = work(cfg, mode, engine, &consumer, &rx, stop, completed, abort_at);
+                    let r = Consumer::new(p, format!("{name}-{i}")).and_then(|mut c| c.run(&rx));
                     if r.is_err() {
-                        stop.store(true, Ordering::SeqCst);
+                        p.stop.store(true, Ordering::SeqCst);
                     }
                     r
                 })
@@ -253,16 +267,16 @@ pub fn consume(
 /// Every `reclaim_every`: XAUTOCLAIM the entries idle for `min_idle` (their consumer is slow
 /// or dead) and hand them to this process's consumers.
 fn reclaim(
-    cfg: &Config,
+    p: &Process,
     name: &str,
-    stop: &AtomicBool,
     tx: &crossbeam_channel::Sender<Entry>,
     capacity: usize,
 ) -> Result<()> {
+    let cfg = p.cfg;
     let mut c = Conn::connect(&cfg.redis)?;
     let (stream, idle) = (cfg.key("stream"), cfg.min_idle.as_millis().to_string());
     let me = format!("{name}-reclaimer");
-    while !stop.load(Ordering::SeqCst) {
+    while !p.stop.load(Ordering::SeqCst) {
         if c.cmd(&["EXISTS", &cfg.key("stop")])?.int()? == 1 {
             break;
         }
@@ -290,186 +304,192 @@ fn reclaim(
         }
         std::thread::sleep(cfg.reclaim_every);
     }
-    stop.store(true, Ordering::SeqCst);
     Ok(())
 }
 
-/// One consumer: reclaimed entries first, then new ones (XREADGROUP `>`).
-#[allow(clippy::too_many_arguments)]
-fn work(
-    cfg: &Config,
-    mode: Mode,
-    engine: Option<&Engine>,
-    consumer: &str,
-    reclaimed: &crossbeam_channel::Receiver<Entry>,
-    stop: &AtomicBool,
-    completed: &AtomicUsize,
-    abort_at: Option<usize>,
-) -> Result<()> {
-    let mut c = Conn::connect(&cfg.redis)?;
-    let stream = cfg.key("stream");
-    while !stop.load(Ordering::SeqCst) {
-        let batch = match reclaimed.try_recv() {
-            Ok(e) => vec![e],
-            Err(_) => {
-                let reply = c.cmd(&[
-                    "XREADGROUP",
-                    "GROUP",
-                    GROUP,
-                    consumer,
-                    "COUNT",
-                    "1",
-                    "BLOCK",
-                    "20",
-                    "STREAMS",
-                    &stream,
-                    ">",
-                ])?;
-                match reply.array()?.first() {
-                    Some(s) => entries(at(s.array()?, 1)?.array()?)?,
-                    None => continue,
-                }
-            }
-        };
-        for e in batch {
-            c.transaction(&[
-                args(&[
-                    b"HINCRBY",
-                    cfg.key("deliveries").as_bytes(),
-                    e.entry.as_bytes(),
-                    b"1",
-                ]),
-                args(&[
-                    b"HSETNX",
-                    cfg.key("first").as_bytes(),
-                    e.entry.as_bytes(),
-                    now_ms().to_string().as_bytes(),
-                ]),
-            ])?;
-            match (mode, engine) {
-                (Mode::Naive, _) => naive(cfg, &mut c, consumer, &e)?,
-                (Mode::Idemkv, Some(engine)) => {
-                    with_engine(cfg, &mut c, engine, consumer, &e, completed, abort_at)?
-                }
-                (Mode::Idemkv, None) => return Err(err("idemkv mode without an engine".into())),
-            }
-        }
+/// One consumer of the group, with its own connection.
+struct Consumer<'a> {
+    p: &'a Process<'a>,
+    cfg: &'a Config,
+    name: String,
+    c: Conn,
+}
+
+impl<'a> Consumer<'a> {
+    fn new(p: &'a Process<'a>, name: String) -> Result<Self> {
+        Ok(Consumer {
+            p,
+            cfg: p.cfg,
+            name,
+            c: Conn::connect(&p.cfg.redis)?,
+        })
     }
-    Ok(())
-}
 
-/// The side effect, visible outside the consumer: one more execution of `msg`, and the
-/// receipt it produced, in one transaction.
-fn side_effect(cfg: &Config, c: &mut Conn, msg: &str, receipt: &str) -> Result<()> {
-    c.transaction(&[
-        args(&[
-            b"HINCRBY",
-            cfg.key("effects").as_bytes(),
-            msg.as_bytes(),
-            b"1",
-        ]),
-        args(&[
-            b"HSET",
-            cfg.key("receipts").as_bytes(),
-            msg.as_bytes(),
-            receipt.as_bytes(),
-        ]),
-    ])?;
-    Ok(())
-}
-
-/// XACK, with the time of the entry's first acknowledgement and a line in the ack log
-/// (what this copy answered), in one transaction: a kill never leaves one without the other.
-fn ack(cfg: &Config, c: &mut Conn, e: &Entry, kind: &str, response: &[u8]) -> Result<()> {
-    let mut line = format!("{}\t{}\t{kind}\t", e.entry, e.msg).into_bytes();
-    line.extend_from_slice(response);
-    c.transaction(&[
-        args(&[
-            b"XACK",
-            cfg.key("stream").as_bytes(),
-            GROUP.as_bytes(),
-            e.entry.as_bytes(),
-        ]),
-        args(&[
-            b"HSETNX",
-            cfg.key("acked").as_bytes(),
-            e.entry.as_bytes(),
-            now_ms().to_string().as_bytes(),
-        ]),
-        args(&[b"RPUSH", cfg.key("acklog").as_bytes(), &line]),
-    ])?;
-    Ok(())
-}
-
-/// Check, work, mark, ack: two copies that check before either marks both work.
-fn naive(cfg: &Config, c: &mut Conn, consumer: &str, e: &Entry) -> Result<()> {
-    let processed = cfg.key("processed");
-    if c.cmd(&["SISMEMBER", &processed, &e.msg])?.int()? == 1 {
-        return ack(cfg, c, e, "skip", b"");
-    }
-    std::thread::sleep(cfg.work_for(&e.msg));
-    let receipt = format!("{} charged by {consumer}", e.msg);
-    side_effect(cfg, c, &e.msg, &receipt)?;
-    c.cmd(&["SADD", &processed, &e.msg])?;
-    ack(cfg, c, e, "naive", receipt.as_bytes())
-}
-
-/// `Engine::run` keyed by the message id; XACK for the winner and for a replay. A copy that
-/// gets no answer (the holder is still at work when the wait ends, or an error) is not
-/// acknowledged: the broker redelivers it.
-fn with_engine(
-    cfg: &Config,
-    c: &mut Conn,
-    engine: &Engine,
-    consumer: &str,
-    e: &Entry,
-    completed: &AtomicUsize,
-    abort_at: Option<usize>,
-) -> Result<()> {
-    let opts = ClaimOptions::default()
-        .scope(cfg.prefix.as_bytes())
-        .lease(cfg.lease)
-        .wait(cfg.wait)
-        .keep_alive(Duration::from_secs(60));
-    let outcome = engine.run(e.msg.as_bytes(), &opts, |lease| -> Result<Vec<u8>> {
-        // A takeover (attempt > 1) follows a holder that died after its side effect may
-        // have landed and before its completion was stored: look before doing it again.
-        // Attempts never overlap, so the look cannot race the dead holder.
-        if lease.attempt() > 1 {
-            let done = c.cmd(&["HGET", &cfg.key("receipts"), &e.msg])?;
-            if let Some(receipt) = done.opt_string()? {
-                count(c, cfg, "reconciled")?;
-                return Ok(receipt.into_bytes());
-            }
-        }
-        std::thread::sleep(cfg.work_for(&e.msg));
-        let receipt = format!("{} charged by {consumer} token {}", e.msg, lease.token());
-        side_effect(cfg, c, &e.msg, &receipt)?;
-        Ok(receipt.into_bytes())
-    });
-    match outcome {
-        Ok(outcome) => {
-            if !outcome.replayed() {
-                let n = completed.fetch_add(1, Ordering::SeqCst) + 1;
-                if abort_at == Some(n) {
-                    let note = format!("{}\t{}", e.entry, e.msg);
-                    c.cmd(&["SET", &cfg.key("aborted"), &note])?;
-                    // Completed and stored, not acknowledged: the broker redelivers it.
-                    std::process::abort();
+    /// Reclaimed entries first, then new ones (XREADGROUP `>`), until told to stop.
+    fn run(&mut self, reclaimed: &crossbeam_channel::Receiver<Entry>) -> Result<()> {
+        let stream = self.cfg.key("stream");
+        while !self.p.stop.load(Ordering::SeqCst) {
+            let batch = match reclaimed.try_recv() {
+                Ok(e) => vec![e],
+                Err(_) => {
+                    let reply = self.c.cmd(&[
+                        "XREADGROUP",
+                        "GROUP",
+                        GROUP,
+                        &self.name,
+                        "COUNT",
+                        "1",
+                        "BLOCK",
+                        "20",
+                        "STREAMS",
+                        &stream,
+                        ">",
+                    ])?;
+                    match reply.array()?.first() {
+                        Some(s) => entries(at(s.array()?, 1)?.array()?)?,
+                        None => continue,
+                    }
                 }
-            }
-            let kind = if outcome.replayed() {
-                "replay"
-            } else {
-                "fresh"
             };
-            ack(cfg, c, e, kind, outcome.response())
+            for e in batch {
+                self.c.transaction(&[
+                    args(&[
+                        b"HINCRBY",
+                        self.cfg.key("deliveries").as_bytes(),
+                        e.entry.as_bytes(),
+                        b"1",
+                    ]),
+                    args(&[
+                        b"HSETNX",
+                        self.cfg.key("first").as_bytes(),
+                        e.entry.as_bytes(),
+                        now_ms().to_string().as_bytes(),
+                    ]),
+                ])?;
+                match (self.p.mode, self.p.engine) {
+                    (Mode::Idemkv, Some(engine)) => self.with_engine(engine, &e)?,
+                    _ => self.naive(&e)?,
+                }
+            }
         }
-        Err(RunError::StillInProgress { .. }) => count(c, cfg, "in_progress"),
-        Err(other) => {
-            eprintln!("{consumer}: {} left to redelivery: {other}", e.msg);
-            count(c, cfg, "run_errors")
+        Ok(())
+    }
+
+    /// Check, work, mark, ack: two copies that check before either marks both work.
+    fn naive(&mut self, e: &Entry) -> Result<()> {
+        let processed = self.cfg.key("processed");
+        if self.c.cmd(&["SISMEMBER", &processed, &e.msg])?.int()? == 1 {
+            return self.ack(e, "skip", b"");
         }
+        std::thread::sleep(self.cfg.work_for(&e.msg));
+        let receipt = format!("{} charged by {}", e.msg, self.name);
+        self.side_effect(&e.msg, &receipt)?;
+        self.c.cmd(&["SADD", &processed, &e.msg])?;
+        self.ack(e, "naive", receipt.as_bytes())
+    }
+
+    /// `Engine::run` keyed by the message id; XACK for the winner and for a replay. A copy
+    /// that gets no answer (the holder still at work when the wait ends, or an error) is not
+    /// acknowledged: the broker redelivers it.
+    fn with_engine(&mut self, engine: &Engine, e: &Entry) -> Result<()> {
+        let opts = ClaimOptions::default()
+            .scope(self.cfg.prefix.as_bytes())
+            .lease(self.cfg.lease)
+            .wait(self.cfg.wait)
+            .keep_alive(Duration::from_secs(60));
+        let outcome = engine.run(e.msg.as_bytes(), &opts, |lease| -> Result<Vec<u8>> {
+            // A takeover (attempt > 1) follows a holder that died, maybe after its side
+            // effect landed and before its completion was stored: look before doing it
+            // again. Attempts never overlap, so the look cannot race that holder.
+            if lease.attempt() > 1 {
+                self.count("takeovers")?;
+                let done = self.c.cmd(&["HGET", &self.cfg.key("receipts"), &e.msg])?;
+                if let Some(receipt) = done.opt_string()? {
+                    self.count("reconciled")?;
+                    return Ok(receipt.into_bytes());
+                }
+            }
+            std::thread::sleep(self.cfg.work_for(&e.msg));
+            let receipt = format!("{} charged by {} token {}", e.msg, self.name, lease.token());
+            self.side_effect(&e.msg, &receipt)?;
+            Ok(receipt.into_bytes())
+        });
+        match outcome {
+            Ok(outcome) => {
+                if !outcome.replayed() {
+                    let n = self.p.completed.fetch_add(1, Ordering::SeqCst) + 1;
+                    if self.p.abort_at == Some(n) {
+                        let note = format!("{}\t{}", e.entry, e.msg);
+                        self.c.cmd(&["SET", &self.cfg.key("aborted"), &note])?;
+                        // Completed and stored, not acknowledged: the broker redelivers it.
+                        std::process::abort();
+                    }
+                }
+                let kind = if outcome.replayed() {
+                    "replay"
+                } else {
+                    "fresh"
+                };
+                self.ack(e, kind, outcome.response())
+            }
+            Err(RunError::StillInProgress { .. }) => self.count("in_progress"),
+            Err(other) => {
+                eprintln!("{}: {} left to redelivery: {other}", self.name, e.msg);
+                self.count("run_errors")
+            }
+        }
+    }
+
+    /// The side effect, visible outside the consumer: one more execution of `msg` and the
+    /// receipt it produced, in one transaction.
+    fn side_effect(&mut self, msg: &str, receipt: &str) -> Result<()> {
+        self.c.transaction(&[
+            args(&[
+                b"HINCRBY",
+                self.cfg.key("effects").as_bytes(),
+                msg.as_bytes(),
+                b"1",
+            ]),
+            args(&[
+                b"HSET",
+                self.cfg.key("receipts").as_bytes(),
+                msg.as_bytes(),
+                receipt.as_bytes(),
+            ]),
+        ])?;
+        Ok(())
+    }
+
+    /// XACK, with the time of the entry's first acknowledgement and a line in the ack log
+    /// (what this copy answered), in one transaction: a kill never leaves one without the
+    /// others.
+    fn ack(&mut self, e: &Entry, kind: &str, response: &[u8]) -> Result<()> {
+        let cfg = self.cfg;
+        let mut line = format!("{}\t{}\t{kind}\t", e.entry, e.msg).into_bytes();
+        line.extend_from_slice(response);
+        self.c.transaction(&[
+            args(&[
+                b"XACK",
+                cfg.key("stream").as_bytes(),
+                GROUP.as_bytes(),
+                e.entry.as_bytes(),
+            ]),
+            args(&[
+                b"HSETNX",
+                cfg.key("acked").as_bytes(),
+                e.entry.as_bytes(),
+                now_ms().to_string().as_bytes(),
+            ]),
+            args(&[b"RPUSH", cfg.key("acklog").as_bytes(), &line]),
+        ])?;
+        Ok(())
+    }
+
+    /// Counts an idemkv answer other than a fresh run or a replay.
+    fn count(&mut self, what: &str) -> Result<()> {
+        self.c
+            .cmd(&["HINCRBY", &self.cfg.key("stats"), what, "1"])?;
+        Ok(())
     }
 }
 
@@ -490,6 +510,7 @@ pub struct Report {
     pub skips: usize,
     pub in_progress: u64,
     pub run_errors: u64,
+    pub takeovers: u64,
     pub reconciled: u64,
     pub elapsed: Duration,
     pub p50: Duration,
@@ -558,6 +579,7 @@ pub fn report(cfg: &Config, title: &str, done: bool) -> Result<Report> {
     let stats = hash(&mut c, &cfg.key("stats"))?;
     r.in_progress = num(&stats, "in_progress")?;
     r.run_errors = num(&stats, "run_errors")?;
+    r.takeovers = num(&stats, "takeovers")?;
     r.reconciled = num(&stats, "reconciled")?;
 
     // Latency: an entry's first delivery to its first acknowledgement.
@@ -682,14 +704,14 @@ impl Report {
             "acknowledged copies {} ran the work, {} replayed the stored result, {} skipped as processed",
             self.fresh, self.replays, self.skips
         );
-        if self.in_progress + self.run_errors + self.reconciled > 0 {
+        if !self.naive {
             println!(
-                "not acknowledged    {} still in progress when the wait ended, {} errors (left to redelivery)",
+                "not acknowledged    {} copies still in progress when their wait ended, {} errors (left to redelivery)",
                 self.in_progress, self.run_errors
             );
             println!(
-                "takeovers           {} found the dead holder's effect and stored it",
-                self.reconciled
+                "takeovers           {} (claims of a dead holder taken over), {} of them found its side effect applied and stored its receipt",
+                self.takeovers, self.reconciled
             );
         }
         let secs = self.elapsed.as_secs_f64().max(0.001);
