@@ -392,11 +392,12 @@ impl<'a> Consumer<'a> {
     /// that gets no answer (the holder still at work when the wait ends, or an error) is not
     /// acknowledged: the broker redelivers it.
     fn with_engine(&mut self, engine: &Engine, e: &Entry) -> Result<()> {
+        // A lease shorter than the slow work: `run` keeps it alive while the handler works,
+        // so a live consumer keeps its message and a dead one's is taken over one lease later.
         let opts = ClaimOptions::default()
             .scope(self.cfg.prefix.as_bytes())
             .lease(self.cfg.lease)
-            .wait(self.cfg.wait)
-            .keep_alive(Duration::from_secs(60));
+            .wait(self.cfg.wait);
         let outcome = engine.run(e.msg.as_bytes(), &opts, |lease| -> Result<Vec<u8>> {
             // A takeover (attempt > 1) follows a holder that died, maybe after its side
             // effect landed and before its completion was stored: look before doing it
