@@ -142,7 +142,7 @@ fn lease_shorter_than_slow_work_finishes_without_livelock() {
     );
     assert_eq!((r.unacked, r.pending), (0, 0));
     assert!(r.reclaimed > 0, "no slow message was redelivered");
-    assert_eq!(r.reconciled, 0, "a live holder's claim was taken over");
+    assert_eq!(r.takeovers, 0, "a live holder's claim was taken over");
     // A slow message is redelivered about every min-idle while it runs: a handful each.
     assert!(
         r.max_deliveries <= 10 && r.deliveries <= r.entries as u64 * 3,

@@ -521,9 +521,8 @@ pub struct Report {
     /// Acknowledged copies whose answer is not the message's stored receipt.
     pub mismatched: Vec<String>,
     pub done: bool,
-    /// The message completed and not acknowledged when its consumer aborted:
-    /// (entry, message, deliveries of that entry, replays of the message, its effects).
-    pub aborted: Option<(String, String, u64, usize, u64)>,
+    /// The message completed and not acknowledged when its consumer aborted.
+    pub aborted: Option<Aborted>,
     pub kills: Vec<String>,
     /// A naive run: its copies answer with their own receipts, nothing is replayed.
     pub naive: bool,
@@ -616,23 +615,25 @@ pub fn report(cfg: &Config, title: &str, done: bool) -> Result<Report> {
     // Every acknowledged copy answered with the message's stored receipt.
     let receipts = hash(&mut c, &cfg.key("receipts"))?;
     let log = c.cmd(&["LRANGE", &cfg.key("acklog"), "0", "-1"])?;
-    let mut replays_of: BTreeMap<String, usize> = BTreeMap::new();
+    let mut acked_as: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for line in log.array()? {
         let line = line.string()?;
         let mut f = line.splitn(4, '\t');
-        let (_entry, msg, kind, response) = (f.next(), f.next(), f.next(), f.next());
-        let (Some(msg), Some(kind), Some(response)) = (msg, kind, response) else {
+        let (entry, msg, kind, response) = (f.next(), f.next(), f.next(), f.next());
+        let (Some(entry), Some(msg), Some(kind), Some(response)) = (entry, msg, kind, response)
+        else {
             return Err(err(format!("bad ack log line {line:?}")));
         };
         match kind {
             "fresh" => r.fresh += 1,
-            "replay" => {
-                r.replays += 1;
-                *replays_of.entry(msg.to_string()).or_default() += 1;
-            }
+            "replay" => r.replays += 1,
             "skip" => r.skips += 1,
             _ => r.fresh += 1,
         }
+        acked_as
+            .entry(entry.to_string())
+            .or_default()
+            .push(kind.to_string());
         if matches!(kind, "fresh" | "replay")
             && receipts.get(msg).map(String::as_str) != Some(response)
         {
@@ -641,16 +642,29 @@ pub fn report(cfg: &Config, title: &str, done: bool) -> Result<Report> {
     }
     if let Some(note) = c.cmd(&["GET", &cfg.key("aborted")])?.opt_string()? {
         if let Some((entry, msg)) = note.split_once('\t') {
-            r.aborted = Some((
-                entry.to_string(),
-                msg.to_string(),
-                num(&deliveries, entry)?,
-                replays_of.get(msg).copied().unwrap_or(0),
-                num(&effects, msg)?,
-            ));
+            r.aborted = Some(Aborted {
+                entry: entry.to_string(),
+                msg: msg.to_string(),
+                deliveries: num(&deliveries, entry)?,
+                acked_as: acked_as.remove(entry).unwrap_or_default(),
+                effects: num(&effects, msg)?,
+            });
         }
     }
     Ok(r)
+}
+
+/// What became of the entry whose consumer aborted after completing it, before its XACK.
+#[derive(Debug)]
+pub struct Aborted {
+    pub entry: String,
+    pub msg: String,
+    /// Deliveries of the entry, the one before the abort included.
+    pub deliveries: u64,
+    /// How each acknowledgement of the entry answered (`replay`: the stored receipt).
+    pub acked_as: Vec<String>,
+    /// The message's side effects.
+    pub effects: u64,
 }
 
 impl Report {
@@ -729,10 +743,15 @@ impl Report {
         for k in &self.kills {
             println!("crash               {k}");
         }
-        if let Some((entry, msg, deliveries, replays, effects)) = &self.aborted {
+        if let Some(a) = &self.aborted {
             println!(
-                "aborted message     {msg} (entry {entry}): completed, consumer aborted before XACK; \
-                 delivered {deliveries} times, its completion replayed {replays} times, side effect {effects} time(s)"
+                "aborted message     {} (entry {}): completed, then its consumer aborted before XACK; \
+                 the entry was delivered {} times and acked as [{}], the side effect ran {} time(s)",
+                a.msg,
+                a.entry,
+                a.deliveries,
+                a.acked_as.join(", "),
+                a.effects
             );
         }
         for m in self.mismatched.iter().take(5) {
