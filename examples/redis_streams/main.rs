@@ -12,7 +12,10 @@
 //!
 //! Options: `--redis host:port` (default `$IDEMKV_REDIS_URL` or 127.0.0.1:63799),
 //! `--messages N` (2000), `--consumers N` (8), `--seed N`. `scripts/broker.sh run` starts a
-//! throwaway Redis and runs every mode. The exit code is non-zero when an idemkv mode
+//! throwaway Redis and runs every mode; `eval "$(scripts/broker.sh start)"` starts one for
+//! running the example by hand. `kill` and `idemkv-pg` run their consumers in child
+//! processes (this program's `consumer` subcommand). Every count of the report is kept in
+//! Redis, so a killed consumer loses none. The exit code is non-zero when an idemkv mode
 //! leaves a message not done or runs a side effect twice.
 
 mod resp;
