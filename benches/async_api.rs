@@ -42,8 +42,6 @@ fn async_vs_sync(c: &mut Criterion) {
         Mode::Buffered,
         Mode::Immediate,
         Mode::ImmediateNondurableClaims,
-        Mode::ImmediateLog,
-        Mode::ImmediateLogNondurableClaims,
     ];
     let async_name = format!("async_{TASKS}_tasks");
     let sync_name = format!("sync_{THREADS}_threads");

@@ -1,10 +1,12 @@
-//! The applier: with the commit log, the batch whose frame the writer has just synced (and
-//! whose callers it has acknowledged) reaches the file on a thread of its own, while the
-//! writer gathers and syncs the next frame.
+//! The applier: with the commit log, the batches whose frames the writer has synced (and
+//! whose callers it has acknowledged) reach the file on a thread of its own, while the
+//! writer gathers and syncs the next frames.
 //!
-//! Without it the writer's cycle was the frame's durable write followed by the batch's
-//! non-durable redb commit, one after the other; the commit does not need the frame's
-//! device time and the frame does not need the commit's CPU, so they overlap.
+//! The applier's commits are durable redb commits (two-phase), so the file on its own is
+//! always a complete, checksummed state that other processes can follow while the engine
+//! runs (redb's single-writer mode, which allows no non-durable commit). Their fsyncs cost
+//! nothing on the acknowledgement path: the applier takes every batch handed over since
+//! its last commit into one commit, so the slower the file, the larger each commit.
 //!
 //! Definitions:
 //! - A *job* is one acknowledged batch, with the applied watermark it carries: every
@@ -12,24 +14,27 @@
 //!   are applied.
 //!
 //! Invariants:
-//! - At most one job is handed over and not yet applied. The writer hands the next one
-//!   over only once the applier is idle, so jobs are applied in the order their frames
-//!   were synced: the file's records are always the state of a prefix of the log's frames.
+//! - Jobs are applied in the order their frames were synced, each commit taking a prefix
+//!   of the jobs handed over and not yet applied: the file's records are always the state
+//!   of a prefix of the log's frames, and the commit records which.
+//! - At most `APPLY_JOBS_MAX` jobs wait; the writer waits for room beyond that, so what is
+//!   acknowledged but not yet in the file (responses kept in memory until then) is bounded.
 //! - The writer commits to the file itself, and acknowledges a batch as applied (a flush's
 //!   barrier alone in its batch), only when the applier is idle and has not failed: redb's
 //!   commits stay in frame order, and the applied watermark the writer raises covers every
 //!   batch handed over before.
 //! - Only the applier raises the applied watermark for a job it applied, to the watermark
 //!   the job carries, after its commit returned.
-//! - A failed apply poisons the engine. The batch it held, and the one the writer may have
-//!   synced beside it, were acknowledged on their frames' sync; both replay from the log at
-//!   the next open.
+//! - A failed apply poisons the engine. The batches it held, and those the writer may have
+//!   synced beside them, were acknowledged on their frames' sync; all replay from the log
+//!   at the next open.
 
-use crate::constants::APPLIER_POLL;
+use crate::constants::{APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
 use crate::engine::Shared;
 use crate::storage::{Closing, Durable};
 use crate::sync::{Arc, Condvar, JoinHandle, Mutex};
 use crate::writer::{committed, writes_of, Queued};
+use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 /// One acknowledged batch for the file.
@@ -49,12 +54,16 @@ pub(crate) struct Job {
 
 #[derive(Default)]
 struct Slot {
-    job: Option<Job>,
-    /// A job is handed over and not yet applied.
+    /// Jobs handed over and not yet taken by the applier, oldest first.
+    jobs: VecDeque<Job>,
+    /// Jobs are handed over and not yet applied (waiting, or in the applier's commit).
     busy: bool,
-    /// The last applied batch's buffer, emptied, for the writer's next batch.
-    spare: Option<Vec<Queued>>,
+    /// Emptied batch buffers of applied jobs, for the writer's next batches.
+    spare: Vec<Vec<Queued>>,
     stop: bool,
+    /// The writer waits for every job to be applied: commit at once, without waiting for
+    /// the next commit's time.
+    urgent: bool,
     /// The applier thread ended (stopped, or panicked): nothing more is applied.
     gone: bool,
 }
@@ -84,21 +93,21 @@ impl Applier {
         })
     }
 
-    /// Hands `job` over once the previous one is applied; returns an empty buffer (with
-    /// its capacity) for the writer's next batch.
+    /// Hands `job` over once there is room for it; returns an empty buffer (with the
+    /// capacity of an applied batch's, when one is spare) for the writer's next batch.
     pub(crate) fn hand_off(&self, job: Job) -> Vec<Queued> {
         debug_assert!(matches!(job.how, Durable::Logged { .. }));
         let mut slot = self.handoff.slot.lock();
-        while slot.busy && !slot.gone {
+        while slot.jobs.len() >= APPLY_JOBS_MAX && !slot.gone {
             self.handoff.changed.wait_for(&mut slot, APPLIER_POLL);
         }
-        let spare = slot.spare.take().unwrap_or_default();
+        let spare = slot.spare.pop().unwrap_or_default();
         if slot.gone {
             // The applier died (poisoning the engine): the batch is durable in the log,
             // and replays from it at the next open.
             return spare;
         }
-        slot.job = Some(job);
+        slot.jobs.push_back(job);
         slot.busy = true;
         self.handoff.changed.notify_all();
         spare
@@ -107,6 +116,10 @@ impl Applier {
     /// Waits until every job handed over is applied (or the applier is gone).
     pub(crate) fn drain(&self) {
         let mut slot = self.handoff.slot.lock();
+        if slot.busy {
+            slot.urgent = true;
+            self.handoff.changed.notify_all();
+        }
         while slot.busy && !slot.gone {
             self.handoff.changed.wait_for(&mut slot, APPLIER_POLL);
         }
@@ -144,68 +157,112 @@ impl Drop for Gone<'_> {
 
 fn run(shared: &Shared, store: &Closing, handoff: &Handoff) {
     let _gone = Gone(shared, handoff);
+    let mut jobs = Vec::new();
+    let mut last_commit = Instant::now();
     loop {
-        let job = {
+        {
             let mut slot = handoff.slot.lock();
             loop {
-                if let Some(job) = slot.job.take() {
-                    break job;
-                }
-                if slot.stop {
+                if slot.stop && slot.jobs.is_empty() {
                     return;
                 }
-                handoff.changed.wait_for(&mut slot, APPLIER_POLL);
+                // Each commit's fsyncs share the device with the log's synchronous writes,
+                // which callers wait for: commit at most every `APPLY_INTERVAL`, taking all
+                // the jobs handed over meanwhile, unless the writer waits for the file or
+                // the jobs fill their room.
+                let due = last_commit + APPLY_INTERVAL;
+                let now = Instant::now();
+                let ready =
+                    slot.urgent || slot.stop || slot.jobs.len() >= APPLY_JOBS_MAX || untimed();
+                if !slot.jobs.is_empty() && (ready || now >= due) {
+                    jobs.extend(slot.jobs.drain(..));
+                    break;
+                }
+                let timeout = if slot.jobs.is_empty() {
+                    APPLIER_POLL
+                } else {
+                    due - now
+                };
+                handoff.changed.wait_for(&mut slot, timeout);
             }
-        };
-        let batch = apply(shared, store, job);
+            // The writer may hand the next jobs over while these are committed.
+            handoff.changed.notify_all();
+        }
+        apply(shared, store, &mut jobs);
+        last_commit = Instant::now();
         let mut slot = handoff.slot.lock();
-        slot.spare = Some(batch);
-        slot.busy = false;
+        for job in jobs.drain(..) {
+            if slot.spare.len() < APPLY_JOBS_MAX {
+                let mut batch = job.batch;
+                batch.clear();
+                slot.spare.push(batch);
+            }
+        }
+        slot.busy = !slot.jobs.is_empty();
+        if !slot.busy {
+            slot.urgent = false;
+        }
         handoff.changed.notify_all();
     }
 }
 
-/// Commits `job`'s batch to the file (not durably: its frame is), then raises the applied
-/// watermark. Returns the emptied batch buffer.
-fn apply(shared: &Shared, store: &Closing, job: Job) -> Vec<Queued> {
-    let Job {
-        mut batch,
-        how,
-        watermark,
-        idle,
-        staged,
-    } = job;
-    // A poisoned engine writes nothing more to the file; the log holds the batch.
-    if shared.poison_reason().is_none() {
-        let began = Instant::now();
+/// Commits the batches of `jobs` to the file in one durable commit, in the order their
+/// frames were synced, then raises the applied watermark to the last job's.
+fn apply(shared: &Shared, store: &Closing, jobs: &mut [Job]) {
+    // A poisoned engine writes nothing more to the file; the log holds the batches.
+    if shared.poison_reason().is_some() {
+        return;
+    }
+    let Some(last) = jobs.last() else {
+        return;
+    };
+    let (how, watermark, idle) = (last.how, last.watermark, last.idle);
+    let staged = jobs.iter().map(|j| j.staged).max().unwrap_or_default();
+    let began = Instant::now();
+    let mut writes = Vec::new();
+    let mut tables = Vec::new();
+    let mut ops = 0;
+    for job in jobs.iter() {
         // The same writes as the frame's: `writes_of` is a function of the batch alone.
-        let (writes, tables, ops) = writes_of(&batch, shared);
-        let mut marked = Vec::new();
-        // An acknowledged-on-sync batch carries no token mark and no marker row.
-        match store.commit(&writes, &tables, None, how, &mut marked) {
-            Ok(()) => {
-                debug_assert!(
-                    marked.is_empty(),
-                    "marker batches are applied by the writer"
-                );
-                if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
-                    shared.tables.committed(last);
-                }
-                committed(shared, staged + began.elapsed(), ops);
-                // Test-only hook: a test holding the writer after its commits holds the
-                // applied watermark of a batch acknowledged on its sync here.
-                #[cfg(idemkv_sabotage)]
-                shared.after_commit_gate.pass();
-                shared.progress.applied(watermark);
-                if idle {
-                    shared.index.catch_up();
-                }
+        let (w, t, n) = writes_of(&job.batch, shared);
+        writes.extend(w);
+        tables.extend(t);
+        ops += n;
+    }
+    let mut marked = Vec::new();
+    // An acknowledged-on-sync batch carries no token mark and no marker row. The commit
+    // records the last job's frame: the file holds every frame up to it.
+    match store.commit(&writes, &tables, None, how, &mut marked) {
+        Ok(()) => {
+            debug_assert!(
+                marked.is_empty(),
+                "marker batches are applied by the writer"
+            );
+            if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
+                shared.tables.committed(last);
             }
-            Err(why) => {
-                shared.poison(why);
+            committed(shared, staged + began.elapsed(), ops);
+            // Test-only hook: a test holding the writer after its commits holds the
+            // applied watermark of a batch acknowledged on its sync here.
+            #[cfg(idemkv_sabotage)]
+            shared.after_commit_gate.pass();
+            shared.progress.applied(watermark);
+            if idle {
+                shared.index.catch_up();
             }
         }
+        Err(why) => {
+            shared.poison(why);
+        }
     }
-    batch.clear();
-    batch
+}
+
+/// Whether waits cannot end by a timeout: shuttle does not model time (a wait nobody
+/// notifies is a deadlock there), so under it every job is applied at once.
+fn untimed() -> bool {
+    #[cfg(shuttle)]
+    if crate::sync::in_shuttle() {
+        return true;
+    }
+    false
 }

@@ -803,11 +803,14 @@ pub(crate) fn log_path(path: &Path) -> PathBuf {
 /// frames of an epoch that earlier frames may share). Returns the log for the writer when
 /// the builder asks for one; otherwise a log found is applied, and a file's log removed.
 pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>, OpenError> {
+    let state = store.log_state()?;
     let file = match (&b.log_backend, &b.path, b.backend.is_some()) {
         (Some(slot), _, _) => Some((slot.take()?, None)),
         (None, Some(path), false) => {
             let path = log_path(path);
-            let access = match b.commit_log {
+            // A log the file says an engine was appending to is never created afresh: its
+            // frames may be the only copy of acknowledged commits.
+            let access = match b.logged() && (!state.active || path.exists()) {
                 true => Access::Create,
                 false => Access::Write,
             };
@@ -818,7 +821,6 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
         }
         _ => None,
     };
-    let state = store.log_state()?;
     let Some((storage, path)) = file else {
         return match state.active {
             true => Err(missing(b.path.as_deref().map(log_path))),
@@ -831,11 +833,12 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     let key = MacKey::from_secret(&store.hash_secret()?);
     let image = read_all(&*storage).map_err(OpenError::Io)?;
     let epoch = state.epoch;
-    // Each batch is applied without a flush: the checkpoint below makes them all durable.
-    let applied = replay(&image, &key, state, |batch, seq| {
-        let writes: Vec<Write> = batch.writes.iter().map(OwnedWrite::borrow).collect();
-        let tables: Vec<&Batch> = batch.tables.iter().collect();
-        store.commit_on_open(&writes, &tables, batch.hwm, Durable::Logged { epoch, seq })
+    // The frames the file misses (at most the log's size of them, in memory), applied in
+    // order in the checkpoint's own commit: one durable commit for the whole replay.
+    let mut missed = Vec::new();
+    let applied = replay(&image, &key, state, |batch, _| {
+        missed.push(batch);
+        Ok::<_, OpenError>(())
     })?;
     if let Err(ReplayError::Damaged(why)) = applied {
         return Err(OpenError::Corrupted {
@@ -847,10 +850,20 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     })?;
     let checkpoint = Durable::Checkpoint {
         epoch: next,
-        active: b.commit_log,
+        active: b.logged(),
     };
-    store.commit_on_open(&[], &[], None, checkpoint)?;
-    if b.commit_log {
+    let writes: Vec<Write> = missed
+        .iter()
+        .flat_map(|batch| batch.writes.iter().map(OwnedWrite::borrow))
+        .collect();
+    let tables: Vec<&Batch> = missed
+        .iter()
+        .flat_map(|batch| batch.tables.iter())
+        .collect();
+    // The token mark only rises: the last frame's that carries one is the highest.
+    let hwm = missed.iter().filter_map(|batch| batch.hwm).max();
+    store.commit_on_open(&writes, &tables, hwm, checkpoint)?;
+    if b.logged() {
         prepare(&*storage).map_err(OpenError::Io)?;
         if let Some(path) = &path {
             // The log's directory entry must be durable before a frame in it is

@@ -125,6 +125,16 @@ pub(crate) const WAIT_SLICE_MAX: Duration = Duration::from_millis(250);
 /// poison, the writer stopping) wakes it, so this timeout only bounds the cost of a bug.
 pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
 
+/// Most acknowledged batches waiting for the applier (with the commit log): the applier
+/// takes all of them into its next durable commit, and the writer waits for room beyond
+/// this, which bounds the responses kept in memory until the file holds them.
+pub(crate) const APPLY_JOBS_MAX: usize = 64;
+/// Shortest time between two of the applier's commits (with the commit log). Each commit
+/// flushes the device twice, and the callers' acknowledgements wait for the log's own
+/// flushes on the same device: at most a few hundred file commits a second keep the log's
+/// writes from queueing behind them, while a reader of the live file sees the engine's
+/// state this much behind, at most.
+pub(crate) const APPLY_INTERVAL: Duration = Duration::from_millis(10);
 /// Backstop for the writer waiting for the applier, and the applier for its next batch:
 /// every hand-over, apply and stop notifies, so this timeout only bounds the cost of a bug.
 pub(crate) const APPLIER_POLL: Duration = Duration::from_millis(100);

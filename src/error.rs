@@ -62,8 +62,8 @@ pub enum OpenError {
         /// What was found in the header and past it.
         detail: String,
     },
-    /// A read-only open found commits in the commit log beside the file
-    /// ([`crate::EngineBuilder::commit_log`]) that the file does not hold yet: an engine
+    /// A read-only open found commits in the commit log beside the file (`<path>-log`,
+    /// written under [`crate::Durability::Immediate`]) that the file does not hold yet: an engine
     /// stopped without closing. Reading the file alone would miss acknowledged commits.
     /// Nothing was changed; open the engine read-write once (it applies the log), then
     /// read again.

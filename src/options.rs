@@ -244,8 +244,10 @@ impl ClaimOptions {
     /// runs (see [`crate::Lease::keep_alive`]), counted from the claim. By default they do,
     /// for up to ten minutes: slow is not dead. A handler that outlives its lease keeps its
     /// key as long as it runs, so the lease length only says how fast the key of a *dead*
-    /// holder (its process killed, its thread or task gone) is taken over: one lease after
-    /// the last renewal. A handler that hangs past `max` loses its key one lease later.
+    /// holder is taken over: one lease after the last renewal when its thread or task is
+    /// gone from a running engine (after a crash, the reopened engine's
+    /// [`crate::Recovery`] decides). A handler that hangs past `max` loses its key one lease
+    /// later.
     ///
     /// `Duration::ZERO` turns the renewals off: the lease then bounds the handler's time
     /// itself, and a handler still running when it ends may see another caller take the key
@@ -448,13 +450,10 @@ pub struct EngineBuilder {
     pub(crate) stripes: usize,
     pub(crate) keys_max: usize,
     pub(crate) sweep_interval: Option<Duration>,
-    pub(crate) two_phase_commit: bool,
     pub(crate) durable_claims: bool,
     /// Permission bits of a file the engine creates (unix).
     pub(crate) file_mode: u32,
     pub(crate) backend: Option<BackendSlot>,
-    /// Group commits made durable by the commit log instead of a durable redb commit.
-    pub(crate) commit_log: bool,
     /// The commit log's storage when the database is a custom backend.
     pub(crate) log_backend: Option<BackendSlot>,
     /// Whether tracing spans carry the raw key besides its hash (`tracing` feature).
@@ -522,11 +521,9 @@ impl Default for EngineBuilder {
             stripes: STRIPES_DEFAULT,
             keys_max: KEYS_MAX_DEFAULT,
             sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
-            two_phase_commit: true,
             durable_claims: true,
             file_mode: FILE_MODE_DEFAULT,
             backend: None,
-            commit_log: false,
             log_backend: None,
             log_raw_keys: false,
             #[cfg(feature = "postgres")]
@@ -654,15 +651,6 @@ impl EngineBuilder {
         self
     }
 
-    /// redb two-phase commit for every group commit (default on). Keys and responses come
-    /// from clients; with one-phase commit redb trusts a checksum to tell a torn commit
-    /// from a valid one, which crafted bytes could defeat. Off, each commit costs one fsync
-    /// instead of two (measured: 283 µs against 384 µs for a one-insert commit here).
-    pub fn two_phase_commit(mut self, enabled: bool) -> Self {
-        self.two_phase_commit = enabled;
-        self
-    }
-
     /// Whether an `Acquired` claim is made durable on its own (default `true`); with `false`
     /// its record is made durable by its lease's first durable act. Under
     /// [`Durability::None`] it changes nothing.
@@ -729,47 +717,24 @@ impl EngineBuilder {
         self
     }
 
-    /// Makes each group commit durable with one durable append to a commit log beside the
-    /// file (`<path>-log`, 16 MiB, written in full when created; on Linux a direct write
-    /// with `O_DIRECT | O_DSYNC`, elsewhere or where the file system refuses it a write and
-    /// an fdatasync) instead of a durable two-phase redb commit (two fsyncs); default off.
-    /// Every guarantee of the durability mode is unchanged: a call acknowledged under
-    /// [`Durability::Immediate`] is in the log, fsynced, before it returns, and survives a
-    /// crash or a power loss. The batch then reaches the redb file in a non-durable commit,
-    /// and a *checkpoint* (a durable redb commit) makes the file complete again when the
-    /// log is full, at close, and at every open, which first applies what the log holds.
-    ///
-    /// The log is part of the database while the engine runs and after a crash: copy or
-    /// move the file and its log together, never the file alone. A read-only open refuses
-    /// a file whose log still holds commits (open it read-write once to apply them); a
-    /// clean close leaves none. Opening a file without this option applies a log left
-    /// beside it, then removes the log.
-    ///
-    /// Frames carry a MAC keyed by the file's secret, so a torn frame is never taken for a
-    /// whole one, whatever bytes clients send (see docs/design.md, "The commit log").
-    ///
-    /// ```
-    /// use idemkv::{Durability, Engine};
-    /// # let dir = tempfile::tempdir()?;
-    /// let engine = Engine::builder()
-    ///     .path(dir.path().join("idem.redb"))
-    ///     .durability(Durability::Immediate)
-    ///     .commit_log(true)
-    ///     .open()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn commit_log(mut self, enabled: bool) -> Self {
-        self.commit_log = enabled;
-        self
-    }
-
-    /// Stores the commit log ([`EngineBuilder::commit_log`]) in a custom [`Storage`]; only
-    /// with [`EngineBuilder::backend`], which then needs it for the commit log. As with
-    /// `backend`, a log storage serves one open. Given with the commit log off, a log it
-    /// holds is applied at open.
+    /// Stores the commit log in a custom [`Storage`]; only with [`EngineBuilder::backend`].
+    /// Under [`Durability::Immediate`] the engine then writes its commit log there (without
+    /// it, a custom backend's group commits are durable redb commits); under another mode a
+    /// log it holds is applied at open. As with `backend`, a log storage serves one open.
+    /// Used for fault injection.
     pub fn log_backend(mut self, storage: impl Storage) -> Self {
         self.log_backend = Some(BackendSlot::new(storage));
         self
+    }
+
+    /// Whether group commits are made durable by the commit log: under `Immediate`, for a
+    /// file at a path, or a custom backend given a log storage.
+    pub(crate) fn logged(&self) -> bool {
+        self.durability == Durability::Immediate
+            && match (&self.backend, &self.log_backend) {
+                (None, _) => self.path.is_some(),
+                (Some(_), log) => log.is_some(),
+            }
     }
 
     /// Whether the `tracing` feature's spans carry each call's raw key (in a `key` field,
@@ -831,12 +796,6 @@ impl EngineBuilder {
         }
         if let (Durability::None, Some(path)) = (self.durability, &self.path) {
             return Err(OpenError::MemoryOnlyPath { path: path.clone() });
-        }
-        if self.commit_log && self.durability == Durability::None {
-            return bad("commit_log needs a file: Durability::None keeps nothing on disk".into());
-        }
-        if self.commit_log && self.backend.is_some() && self.log_backend.is_none() {
-            return bad("commit_log with a custom backend needs a log_backend for the log".into());
         }
         if self.log_backend.is_some() && self.backend.is_none() {
             return bad("log_backend goes with backend: a file's log is the file beside it".into());

@@ -124,6 +124,35 @@ impl Progress {
     /// [`Progress::publish`]).
     pub(crate) fn applied(&self, watermark: u64) {
         self.marks.raise_applied(watermark);
+        // Wakes the threads waiting for the file ([`Progress::wait_applied`]); sleepers
+        // waiting for durability look again and sleep on.
+        let w = self.waiters.lock();
+        if w.sleepers > 0 {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Blocks until every operation numbered at or below `seq` is in the file, or fails
+    /// when nothing more will be. With the commit log the file follows the log by up to
+    /// the applier's interval.
+    pub(crate) fn wait_applied(&self, seq: u64, engine: &impl Stopped) -> Result<(), Failed> {
+        loop {
+            if self.marks.applied_now() >= seq {
+                return Ok(());
+            }
+            let mut w = self.waiters.lock();
+            // Checked again under the lock, which `applied` takes after raising the mark:
+            // no wake-up is lost.
+            if self.marks.applied_now() >= seq {
+                return Ok(());
+            }
+            if let Some(why) = engine.stopped() {
+                return Err(why);
+            }
+            w.sleepers += 1;
+            self.changed.wait_for(&mut w, ACK_POLL);
+            w.sleepers -= 1;
+        }
     }
 
     /// Publishes a new watermark and wakes whoever it satisfies: every sleeping thread with

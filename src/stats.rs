@@ -71,7 +71,7 @@ pub struct Stats {
     /// Operations written by those commits.
     pub committed_ops: u64,
     /// Of those commits, the checkpoints that made the file complete and restarted the
-    /// commit log (with [`crate::EngineBuilder::commit_log`]; at close and whenever the log
+    /// commit log (under [`crate::Durability::Immediate`]; at close and whenever the log
     /// filled up). Every other commit of such an engine was made durable by the log.
     pub log_checkpoints: u64,
     /// Largest number of operations in one commit.

@@ -97,8 +97,9 @@ impl Write<'_> {
 pub(crate) enum Durable {
     /// Fsynced before the commit returns.
     Yes,
-    /// Not fsynced: the commit log already holds the batch durably, as frame `seq` of
-    /// `epoch`; the commit records that the file holds the frames up to it.
+    /// The commit log already holds the batch durably, as frame `seq` of `epoch` (its
+    /// callers were acknowledged then); the commit, fsynced off the acknowledgement path,
+    /// records that the file holds the frames up to it.
     Logged { epoch: u64, seq: u64 },
     /// Fsynced, and makes `epoch` the commit log's current epoch in the same commit: the
     /// log's earlier frames are all in the file from now on. `active`: a writer goes on
@@ -137,7 +138,6 @@ pub(crate) struct Store {
     snapshot: RwLock<Option<Arc<ReadTransaction>>>,
     db: Database,
     path: PathBuf,
-    two_phase_commit: bool,
     /// Test-only sabotage, armed on the builder: commits leave the token mark out.
     #[cfg(idemkv_sabotage)]
     skip_token_hwm: bool,
@@ -478,14 +478,10 @@ fn refuse(head: Head, path: &Path) -> Result<Head, OpenError> {
 /// lets read-only handles of other processes (the operator commands) follow the live file;
 /// it needs byte-range locks and two-phase commit (with one-phase commit a reader could
 /// follow a commit whose pages are not yet flushed), so elsewhere the file is locked whole.
-/// A commit log needs non-durable commits, which redb offers only to an exclusive writer:
-/// with the log on, or a log left beside the file to apply, the file is locked whole too.
-fn writer_mode(b: &EngineBuilder, path: &Path) -> ConcurrencyMode {
-    let logged = b.commit_log || crate::commit_log::log_path(path).exists();
-    if cfg!(any(target_os = "linux", target_vendor = "apple", windows))
-        && b.two_phase_commit
-        && !logged
-    {
+/// It allows no non-durable commit, and the engine makes none (the commit log's batches
+/// reach the file in durable commits too).
+fn writer_mode() -> ConcurrencyMode {
+    if cfg!(any(target_os = "linux", target_vendor = "apple", windows)) {
         ConcurrencyMode::SingleWriter
     } else {
         ConcurrencyMode::ExclusiveWriter
@@ -557,11 +553,12 @@ impl Store {
     /// Checks the format of a freshly opened database, committing the format marker into a
     /// new one.
     fn finish(b: &EngineBuilder, db: Database, path: PathBuf) -> Result<Closing, OpenError> {
+        #[cfg(not(idemkv_sabotage))]
+        let _ = b;
         let store = Closing::new(Store {
             snapshot: RwLock::new(None),
             db,
             path,
-            two_phase_commit: b.two_phase_commit,
             #[cfg(idemkv_sabotage)]
             skip_token_hwm: b.sabotage == crate::engine::Sabotage::SkipTokenHwm as u8,
         });
@@ -620,7 +617,7 @@ impl Store {
         }
         #[cfg(unix)]
         remove_leftover(&creating_path(&path));
-        let builder = redb_builder(writer_mode(b, &path));
+        let builder = redb_builder(writer_mode());
         let db = contain("open", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(&path, e))?;
@@ -674,7 +671,7 @@ impl Store {
         // and then loses to redb's lock.
         let _ = backend.unlock_range(whole.0, whole.1);
         reset.map_err(OpenError::Io)?;
-        let builder = redb_builder(writer_mode(b, path));
+        let builder = redb_builder(writer_mode());
         let db = contain("create", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;
@@ -710,7 +707,7 @@ impl Store {
             .open(path)
             .map_err(OpenError::Io)?;
         let backend = file_backend(file, path)?;
-        let builder = redb_builder(writer_mode(b, path));
+        let builder = redb_builder(writer_mode());
         let db = contain("create", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;
@@ -1008,15 +1005,16 @@ impl Store {
     ) -> Result<(), redb::Error> {
         let mut txn = self.db.begin_write()?;
         // Keys and responses come from clients: two-phase commit keeps a torn write from
-        // ever being mistaken for a valid commit (see `EngineBuilder::two_phase_commit`).
-        txn.set_two_phase_commit(self.two_phase_commit);
-        txn.set_durability(match how {
-            Durable::Logged { .. } => redb::Durability::None,
-            Durable::Yes | Durable::Checkpoint { .. } => redb::Durability::Immediate,
-        })?;
-        // The file records which frames it holds, in the commit that applies them: should
-        // redb make this commit durable without a checkpoint (it does so at close, even
-        // after a failure), a replay skips those frames instead of applying them twice.
+        // ever being mistaken for a valid commit (with one-phase commit redb trusts a
+        // checksum to tell a torn commit from a valid one, which crafted bytes could
+        // defeat), and lets readers of other processes follow the live file.
+        txn.set_two_phase_commit(true);
+        // Every commit is durable, a logged batch's too: the applier's fsyncs are off the
+        // acknowledgement path, and a file whose every commit is durable can be followed
+        // by other processes while the engine runs (redb's single-writer mode).
+        txn.set_durability(redb::Durability::Immediate)?;
+        // The file records which frames it holds, in the commit that applies them: a
+        // replay skips those frames instead of applying them twice.
         let state = match how {
             Durable::Yes => None,
             Durable::Logged { epoch, seq } => Some(LogState {

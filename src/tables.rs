@@ -446,6 +446,14 @@ impl Engine {
                 .collect();
             return Ok(OutboxView::Memory(first));
         }
+        drop(state);
+        // The relay reads the file, which a logged batch reaches after its callers were
+        // acknowledged: wait until it holds everything durable now, so that every message
+        // whose completion returned is seen.
+        s.progress
+            .wait_applied(s.progress.durable(), s)
+            .map_err(TableError::Poisoned)?;
+        let state = s.tables.lock();
         let sent = state.sent.keys().copied().collect();
         let snapshot = self.snapshot();
         drop(state);

@@ -13,21 +13,12 @@ fn durable_configurations() -> Vec<(&'static str, EngineBuilder)> {
         max_delay: Duration::from_millis(1),
     };
     vec![
+        // Made durable by the commit log, then applied to the file by the applier.
         (
             "Immediate",
             Engine::builder().durability(Durability::Immediate),
         ),
         ("Buffered", Engine::builder().durability(buffered)),
-        (
-            "Immediate, commit log",
-            Engine::builder()
-                .durability(Durability::Immediate)
-                .commit_log(true),
-        ),
-        (
-            "Buffered, commit log",
-            Engine::builder().durability(buffered).commit_log(true),
-        ),
     ]
 }
 

@@ -32,16 +32,12 @@ pub const BLOCK: Duration = Duration::from_millis(700);
 /// The engine configurations measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// `Durability::Immediate`: the claim and the completion each wait for a group commit.
+    /// `Durability::Immediate` (the default): the claim and the completion each wait for a
+    /// group commit, made durable by one append to the commit log.
     Immediate,
     /// `Immediate` with `durable_claims(false)`: the claim returns at once and is made
     /// durable by the completion's group commit (one durable wait per pair).
     ImmediateNondurableClaims,
-    /// `Immediate` with `commit_log(true)`: each group commit is one append and one
-    /// fdatasync of the commit log.
-    ImmediateLog,
-    /// `Immediate` with `commit_log(true)` and `durable_claims(false)`.
-    ImmediateLogNondurableClaims,
     /// `Durability::buffered()` (10 ms); every timed sample ends with a flush, so the
     /// figure is sustained durable throughput, not the burst the writer queue absorbs.
     Buffered,
@@ -53,11 +49,9 @@ pub enum Mode {
 }
 
 impl Mode {
-    pub const ALL: [Mode; 7] = [
+    pub const ALL: [Mode; 5] = [
         Mode::Immediate,
         Mode::ImmediateNondurableClaims,
-        Mode::ImmediateLog,
-        Mode::ImmediateLogNondurableClaims,
         Mode::Buffered,
         Mode::BufferedNondurableClaims,
         Mode::None,
@@ -73,8 +67,6 @@ impl Mode {
         match self {
             Mode::Immediate => "immediate",
             Mode::ImmediateNondurableClaims => "immediate_nondurable_claims",
-            Mode::ImmediateLog => "immediate_log",
-            Mode::ImmediateLogNondurableClaims => "immediate_log_nondurable_claims",
             Mode::Buffered => "buffered_10ms",
             Mode::BufferedNondurableClaims => "buffered_10ms_nondurable_claims",
             Mode::None => "none",
@@ -92,13 +84,6 @@ impl Mode {
                     Mode::Immediate => builder.durability(Durability::Immediate),
                     Mode::ImmediateNondurableClaims => builder
                         .durability(Durability::Immediate)
-                        .durable_claims(false),
-                    Mode::ImmediateLog => {
-                        builder.durability(Durability::Immediate).commit_log(true)
-                    }
-                    Mode::ImmediateLogNondurableClaims => builder
-                        .durability(Durability::Immediate)
-                        .commit_log(true)
                         .durable_claims(false),
                     Mode::BufferedNondurableClaims => builder
                         .durability(Durability::buffered())

@@ -214,7 +214,8 @@ fn acked(cfg: &Config) -> Result<i64> {
 }
 
 /// The consumers in one child process on a file engine. The child aborts right after its
-/// completion of the message at 40% (completed, not acknowledged); it is restarted on the
+/// k-th completion, k being 40% of the messages (completed, not acknowledged); it is
+/// restarted on the
 /// same file, killed with SIGKILL at a random point later, and restarted again.
 fn run_kill(cfg: &Config) -> Result<Report> {
     let dir = tempfile::Builder::new()

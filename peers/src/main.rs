@@ -22,12 +22,9 @@ const USAGE: &str = "usage: idemkv-peers --data-dir DIR [--n 100000] [--d 2] [--
     [--pg CONNINFO] [--redis URL] [--doc docs/benchmarks.md] [--svg docs/peers.svg]
     [--stamp TEXT] [--disk TEXT] [--command TEXT] [--section main|shared]
 
-ids: idemkv-immediate idemkv-immediate-lazy idemkv-buffered idemkv-none
-     idemkv-immediate-async idemkv-immediate-lazy-async idemkv-buffered-async
-     idemkv-immediate-log idemkv-immediate-lazy-log idemkv-immediate-log-async
-     idemkv-immediate-lazy-log-async idemkv-buffered-lazy idemkv-buffered-lazy-async
-     (the -async rows: C tasks on a 2-thread tokio runtime, idemkv's async API;
-     the -log rows: with the commit log)
+ids: idemkv-immediate idemkv-buffered idemkv-none
+     idemkv-immediate-async idemkv-buffered-async
+     (the -async rows: C tasks on a 2-thread tokio runtime, idemkv's async API)
      redb-naive sqlite-full sqlite-normal
      sqlite-check-then-act pg-sync-on pg-sync-off redis-always redis-everysec redis-none moka
      striped-map
@@ -131,46 +128,10 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         "fsynced before each call returns (group commit)",
     ),
     (
-        "idemkv-immediate-lazy",
-        "idemkv Immediate, lazy claims",
-        Class::Immediate,
-        "completions fsynced before they return; a claim becomes durable with its completion",
-    ),
-    (
         "idemkv-immediate-async",
         "idemkv Immediate, async tasks",
         Class::Immediate,
         "as idemkv Immediate; C tasks on 2 runtime threads, async API",
-    ),
-    (
-        "idemkv-immediate-lazy-async",
-        "idemkv Immediate, lazy claims, async tasks",
-        Class::Immediate,
-        "as idemkv Immediate, lazy claims; C tasks on 2 runtime threads, async API",
-    ),
-    (
-        "idemkv-immediate-log",
-        "idemkv Immediate, commit log",
-        Class::Immediate,
-        "as idemkv Immediate; each group commit fsynced as one append to a commit log",
-    ),
-    (
-        "idemkv-immediate-lazy-log",
-        "idemkv Immediate, lazy claims, commit log",
-        Class::Immediate,
-        "as idemkv Immediate, lazy claims; group commits fsynced in a commit log",
-    ),
-    (
-        "idemkv-immediate-log-async",
-        "idemkv Immediate, commit log, async tasks",
-        Class::Immediate,
-        "as idemkv Immediate, commit log; C tasks on 2 runtime threads, async API",
-    ),
-    (
-        "idemkv-immediate-lazy-log-async",
-        "idemkv Immediate, lazy claims, commit log, async tasks",
-        Class::Immediate,
-        "as idemkv Immediate, lazy claims, commit log; C tasks on 2 runtime threads, async API",
     ),
     (
         "redis-always",
@@ -207,18 +168,6 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         "idemkv Buffered (10 ms), async tasks",
         Class::Buffered,
         "as idemkv Buffered; C tasks on 2 runtime threads, async API",
-    ),
-    (
-        "idemkv-buffered-lazy",
-        "idemkv Buffered (10 ms), lazy claims",
-        Class::Buffered,
-        "as idemkv Buffered; a new key's claim is written with its completion",
-    ),
-    (
-        "idemkv-buffered-lazy-async",
-        "idemkv Buffered (10 ms), lazy claims, async tasks",
-        Class::Buffered,
-        "as idemkv Buffered, lazy claims; C tasks on 2 runtime threads, async API",
     ),
     (
         "redis-everysec",
@@ -303,17 +252,13 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
     };
     match id {
         _ if id.starts_with("idemkv-") && !id.starts_with("idemkv-shared") => {
-            // idemkv-{immediate,buffered,none}[-lazy][-log][-async]
+            // idemkv-{immediate,buffered,none}[-async]
             let durability = match id {
                 _ if id.starts_with("idemkv-immediate") => idemkv::Durability::Immediate,
                 _ if id.starts_with("idemkv-buffered") => idemkv::Durability::buffered(),
                 _ => idemkv::Durability::None,
             };
-            let settings = systems::IdemSettings {
-                durability,
-                durable_claims: !id.contains("-lazy"),
-                commit_log: id.contains("-log"),
-            };
+            let settings = systems::IdemSettings { durability };
             let peer = Arc::new(systems::Idem::open(dir, settings)?);
             let mut m = if id.ends_with("-async") {
                 workload::run_async(&peer, w)?

@@ -37,8 +37,6 @@ pub struct Idem {
 #[derive(Debug, Clone, Copy)]
 pub struct IdemSettings {
     pub durability: Durability,
-    pub durable_claims: bool,
-    pub commit_log: bool,
 }
 
 impl IdemSettings {
@@ -47,8 +45,6 @@ impl IdemSettings {
     pub fn memory() -> Self {
         IdemSettings {
             durability: Durability::None,
-            durable_claims: true,
-            commit_log: false,
         }
     }
 }
@@ -56,18 +52,13 @@ impl IdemSettings {
 impl Idem {
     /// Opens an engine on a new file in `dir` (no file for `None`).
     pub fn open(dir: &Path, settings: IdemSettings) -> Result<Self, String> {
-        let IdemSettings {
-            durability,
-            durable_claims,
-            commit_log,
-        } = settings;
+        let IdemSettings { durability } = settings;
         let mut b = Engine::builder()
             .durability(durability)
-            .durable_claims(durable_claims)
             .lease(LEASE)
             .retention(RETENTION);
         if durability != Durability::None {
-            b = b.path(dir.join("idemkv.redb")).commit_log(commit_log);
+            b = b.path(dir.join("idemkv.redb"));
         }
         let engine = b.open().map_err(|e| format!("idemkv open: {e}"))?;
         Ok(Idem {

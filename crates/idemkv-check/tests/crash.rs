@@ -43,9 +43,6 @@ const START_ENV: &str = "IDEMKV_CRASH_START";
 const SABOTAGE_ENV: &str = "IDEMKV_CRASH_SABOTAGE";
 /// `1`: the child's engine runs with `durable_claims(false)`.
 const LAZY_ENV: &str = "IDEMKV_CRASH_LAZY_CLAIMS";
-/// `1`: the child's engine runs with `commit_log(true)` (the parent opens without it, so
-/// each reopen also applies the log the kill left and removes it).
-const LOG_ENV: &str = "IDEMKV_CRASH_COMMIT_LOG";
 const TEST_NAME: &str = "kill_9_loses_nothing_acknowledged";
 /// Worker threads in the child: concurrent claims share group commits.
 const CHILD_THREADS: u64 = 3;
@@ -113,13 +110,11 @@ fn child(path: &Path) -> ! {
         .parse()
         .expect("start number");
     let lazy = std::env::var(LAZY_ENV).is_ok_and(|v| v == "1");
-    let logged = std::env::var(LOG_ENV).is_ok_and(|v| v == "1");
     let engine = armed(
         Engine::builder()
             .path(path)
             .durability(Durability::Immediate)
-            .durable_claims(!lazy)
-            .commit_log(logged),
+            .durable_claims(!lazy),
         bug_from_env(),
     )
     .open()
@@ -266,14 +261,7 @@ fn bug_from_env() -> Bug {
 
 /// Runs one child, kills it `delay` after its first acknowledged completion, and returns
 /// what it printed.
-fn run_child(
-    path: &Path,
-    start: u64,
-    delay: Duration,
-    bug: &str,
-    lazy: bool,
-    logged: bool,
-) -> RoundLog {
+fn run_child(path: &Path, start: u64, delay: Duration, bug: &str, lazy: bool) -> RoundLog {
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
@@ -281,7 +269,6 @@ fn run_child(
         .env(START_ENV, start.to_string())
         .env(SABOTAGE_ENV, bug)
         .env(LAZY_ENV, if lazy { "1" } else { "0" })
-        .env(LOG_ENV, if logged { "1" } else { "0" })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -558,30 +545,17 @@ fn kill_9_loses_nothing_acknowledged() {
     if let Some(path) = std::env::var_os(CHILD_ENV) {
         child(&PathBuf::from(path));
     }
-    crash_rounds(false, false, 0x1DE3_C4A5);
+    crash_rounds(false, 0x1DE3_C4A5);
 }
 
 /// The same rounds with `durable_claims(false)`: nothing acknowledged as durable is lost; a
 /// claim whose holder made no durable act yet may be.
 #[test]
 fn kill_9_loses_nothing_acknowledged_with_lazy_claims() {
-    crash_rounds(true, false, 0x1A2F_C1A1);
+    crash_rounds(true, 0x1A2F_C1A1);
 }
 
-/// The same rounds with the commit log: acknowledged commits are durable in the log alone
-/// until a checkpoint, and each reopen applies what the kill left there.
-#[test]
-fn kill_9_loses_nothing_acknowledged_with_the_commit_log() {
-    crash_rounds(false, true, 0x10C0_FFEE);
-}
-
-/// The commit log with lazy claims.
-#[test]
-fn kill_9_loses_nothing_acknowledged_with_the_commit_log_and_lazy_claims() {
-    crash_rounds(true, true, 0x10C1_A2F1);
-}
-
-fn crash_rounds(lazy: bool, logged: bool, seed: u64) {
+fn crash_rounds(lazy: bool, seed: u64) {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
@@ -591,7 +565,7 @@ fn crash_rounds(lazy: bool, logged: bool, seed: u64) {
     let (mut checkpoints, mut releases) = (0, 0);
     for round in 0..ROUNDS {
         let delay = Duration::from_millis(20 + rng.u64(0..281));
-        let log = run_child(&path, known.max_key + 1, delay, "none", lazy, logged);
+        let log = run_child(&path, known.max_key + 1, delay, "none", lazy);
         acks += log.acks.len();
         checkpoints += log.checkpoints.len();
         releases += log.releases.len();
@@ -614,7 +588,7 @@ fn crash_rounds(lazy: bool, logged: bool, seed: u64) {
         }
     }
     eprintln!(
-        "{ROUNDS} rounds (lazy claims: {lazy}, commit log: {logged}), {acks} acknowledged completions, {checkpoints} \
+        "{ROUNDS} rounds (lazy claims: {lazy}), {acks} acknowledged completions, {checkpoints} \
          checkpoints, {releases} releases, {} lost claims, {} keys, {:?}",
         known.lost_claims,
         known.completed.len(),
@@ -642,7 +616,7 @@ fn crash_rounds_catch(bug: &str, lazy: bool) -> Option<usize> {
     let mut known = Known::default();
     for round in 0..TEETH_ROUNDS {
         let delay = Duration::from_millis(20 + rng.u64(0..281));
-        let log = run_child(&path, known.max_key + 1, delay, bug, lazy, false);
+        let log = run_child(&path, known.max_key + 1, delay, bug, lazy);
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             check_after_kill(&path, round, &log, &mut known, armed, lazy)
         }));

@@ -551,7 +551,6 @@ fn commit_log_handoff(bug: Bug) {
         Engine::builder()
             .backend(file.clone())
             .log_backend(log.clone())
-            .commit_log(true)
             .stripes(1)
             .sweep_interval(None)
             .open()

@@ -1020,13 +1020,15 @@ const READ_COMMANDS: [&[&str]; 7] = [
 fn read_only_commands_change_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let file = sample(dir.path());
-    // A copy of a file taken while an engine had it open: what a crash leaves (not closed
-    // cleanly). The commands recover it in memory only. (The engine's open reclaims the
-    // three old completions: 7 records remain.)
+    // A copy of a file and its commit log taken while an engine had them open: what a
+    // crash leaves (not closed cleanly). The commands recover it in memory only. (The
+    // engine's open reclaims the three old completions: 7 records remain.)
     let crashed = dir.path().join("crashed.redb");
     {
         let e = Engine::open(&file).expect("open");
         std::fs::copy(&file, &crashed).expect("copy");
+        let log_of = |p: &Path| PathBuf::from(format!("{}-log", p.display()));
+        std::fs::copy(log_of(&file), log_of(&crashed)).expect("copy the log");
         e.close().expect("close");
     }
     for path in [&file, &crashed] {
