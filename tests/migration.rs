@@ -7,12 +7,19 @@
 //! and a checkpoint (a durable redb commit) making the file complete again only when the
 //! log was full, at close and at open. A crash of such an engine leaves acknowledged
 //! commits in the log alone. The current engine keeps a log for every file, applied by
-//! durable commits, and must take over all three kinds of file an upgrade finds.
+//! durable commits, and must take over all three kinds of file an upgrade finds. This test
+//! keeps that upgrade path working: each fixture is opened with `Engine::builder().path(..)
+//! .open()` and must yield every acknowledged completion (bytes, token, attempt,
+//! fingerprint), every held claim taken over with attempt 2 and its checkpoint, a log
+//! beside the file, and the same records after a clean close, a reopen and a read of the
+//! closed file.
 //!
 //! The fixtures were written once by the engine of release 0.1 (commit 1629eae), through
-//! its public API, with the system clock, the engine's retention and lease set to the
+//! its public API, by a throwaway program (not kept) that ran each crashing engine in a
+//! child process (itself, executed again) and copied the files once that child had died.
+//! The engines used the system clock, the engine's retention and lease set to the
 //! longest retention it accepts (ten years: the completions stay unexpired until December
-//! 2036), and the default `Durability::Immediate`, `durable_claims(true)` and
+//! 2036; the fixtures must be written again before then), and the default `Durability::Immediate`, `durable_claims(true)` and
 //! `Recovery::TakeOver`. The same workload wrote each one: for `i` in 0..24, the key
 //! `k{i:02}` claimed with `payload(b"req{i}")` and completed with the response `r{i}`
 //! followed by the bytes `0, 0xff, i`; then for `j` in 0..3, the key `f{j}` claimed with
@@ -35,7 +42,7 @@
 //!   the file and its log with `UnappliedLog`, and an open of the file without its log as
 //!   damaged (its log missing). Its log was 16 MiB, zeros after the first 112 KiB
 //!   (28 blocks of 4 KiB, the frames); the fixture keeps those 112 KiB, and the test puts
-//!   the zeros back ([`LOG_BYTES`]), so the engine reads the very image the crash left.
+//!   the zeros back (`LOG_BYTES`), so the engine reads the very image the crash left.
 //!
 //! Each test works on copies in a temporary directory; the fixtures are never written.
 
