@@ -8,23 +8,24 @@
 //! log was full, at close and at open. A crash of such an engine leaves acknowledged
 //! commits in the log alone. The current engine keeps a log for every file, applied by
 //! durable commits, and must take over all three kinds of file an upgrade finds. This test
-//! keeps that upgrade path working: each fixture is opened with `Engine::builder().path(..)
-//! .open()` and must yield every acknowledged completion (bytes, token, attempt,
-//! fingerprint), every held claim taken over with attempt 2 and its checkpoint, a log
-//! beside the file, and the same records after a clean close, a reopen and a read of the
-//! closed file.
+//! keeps that upgrade path working: each fixture is opened with
+//! `Engine::builder().path(..).open()` and must yield every acknowledged completion (bytes,
+//! token, attempt, fingerprint), every held claim taken over with attempt 2 and its
+//! checkpoint, a log beside the file, and the same records after a clean close, a reopen
+//! and a read of the closed file.
 //!
 //! The fixtures were written once by the engine of release 0.1 (commit 1629eae), through
 //! its public API, by a throwaway program (not kept) that ran each crashing engine in a
 //! child process (itself, executed again) and copied the files once that child had died.
-//! The engines used the system clock, the engine's retention and lease set to the
-//! longest retention it accepts (ten years: the completions stay unexpired until December
-//! 2036; the fixtures must be written again before then), and the default `Durability::Immediate`, `durable_claims(true)` and
-//! `Recovery::TakeOver`. The same workload wrote each one: for `i` in 0..24, the key
-//! `k{i:02}` claimed with `payload(b"req{i}")` and completed with the response `r{i}`
-//! followed by the bytes `0, 0xff, i`; then for `j` in 0..3, the key `f{j}` claimed with
-//! `payload(b"f{j}")` and its own ten-year lease, given the checkpoint of phase `j + 1` with
-//! the payload `cp-f{j}`, and never settled. Tokens were issued from 1 in that order.
+//! The engines used the system clock, retention and lease set to the longest retention
+//! the engine accepts (ten years: the completions stay unexpired until December 2036; the
+//! fixtures must be written again before then), and the default `Durability::Immediate`,
+//! `durable_claims(true)` and `Recovery::TakeOver`. The same workload wrote each one: for
+//! `i` in 0..24, the key `k{i:02}` claimed with `payload(b"req{i}")` and completed with the
+//! response `r{i}` followed by the bytes `0, 0xff, i`; then for `j` in 0..3, the key `f{j}`
+//! claimed with `payload(b"f{j}")` and its own ten-year lease, given the checkpoint of phase
+//! `j + 1` with the payload `cp-f{j}`, and never settled. Tokens were issued from 1 in that
+//! order.
 //!
 //! - `release-0.1-clean.redb`: the workload, the leases of `f0..f2` dropped, the engine
 //!   closed cleanly. No log.
