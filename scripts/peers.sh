@@ -13,13 +13,11 @@
 # servers, removes the temporary files, and rewrites the Peers section of
 # docs/benchmarks.md (between its peers:begin / peers:end markers) and docs/peers.svg.
 #
-# Each idemkv mode runs twice where it has an `-async` row (idemkv-immediate-async,
-# idemkv-immediate-lazy-async, idemkv-buffered-async, idemkv-buffered-lazy-async): once
-# with C OS threads calling the
-# blocking API, once with C tasks on a tokio runtime of 2 worker threads awaiting the async
-# API (claim_async, Lease::complete_async); same keys, deliveries, checks and time limit.
-# The -log rows run the Immediate modes with the commit log (EngineBuilder::commit_log);
-# the -lazy rows run with EngineBuilder::durable_claims(false).
+# Each durable idemkv mode runs twice (idemkv-immediate and idemkv-immediate-async,
+# idemkv-buffered and idemkv-buffered-async): once with C OS threads calling the blocking
+# API, once with C tasks on a tokio runtime of 2 worker threads awaiting the async API
+# (claim_async, Lease::complete_async); same keys, deliveries, checks and time limit. Every
+# idemkv row runs the engine's defaults but for the durability (Immediate: the commit log).
 #
 # Knobs (environment): N (keys, 100000), D (deliveries per key, 2), C (workers: threads, or
 # tasks in the -async rows, 64),

@@ -242,10 +242,6 @@ fn apply(shared: &Shared, store: &Closing, jobs: &mut [Job]) {
                 shared.tables.committed(last);
             }
             committed(shared, staged + began.elapsed(), ops);
-            // Test-only hook: a test holding the writer after its commits holds the
-            // applied watermark of a batch acknowledged on its sync here.
-            #[cfg(idemkv_sabotage)]
-            shared.after_commit_gate.pass();
             shared.progress.applied(watermark);
             if idle {
                 shared.index.catch_up();

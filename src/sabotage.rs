@@ -40,11 +40,10 @@ impl Engine {
         HeldCommits(self.clone(), Gate::Commit)
     }
 
-    /// Holds the writer after its next commit, before it moves its watermarks, until the
-    /// returned guard is dropped: the batch is durable and nobody has been told, and the
-    /// writer's cycle lasts as long as a test needs (on a mock clock, as far as the test
-    /// advances it). With the commit log, a batch acknowledged at its log sync has moved
-    /// the durable watermark already; only its applied watermark waits here.
+    /// Holds the writer after its next commit (with the commit log, its next frame's
+    /// sync), before it moves its watermarks, until the returned guard is dropped: the
+    /// batch is durable and nobody has been told, and the writer's cycle lasts as long as a
+    /// test needs (on a mock clock, as far as the test advances it).
     #[doc(hidden)]
     pub fn hold_after_commits(&self) -> HeldCommits {
         self.shared().after_commit_gate.close();

@@ -386,6 +386,9 @@ impl Writer {
                 return Err(why);
             }
             self.made_durable(batch);
+            // Test-only hook: held after the frame's sync, before the watermark moves.
+            #[cfg(idemkv_sabotage)]
+            self.shared.after_commit_gate.pass();
             self.advance(batch, false);
             return Ok(Written {
                 acked: Acked::OnSync {
