@@ -864,18 +864,33 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     let hwm = missed.iter().filter_map(|batch| batch.hwm).max();
     store.commit_on_open(&writes, &tables, hwm, checkpoint)?;
     if b.logged() {
-        prepare(&*storage).map_err(OpenError::Io)?;
-        if let Some(path) = &path {
-            // The log's directory entry must be durable before a frame in it is
-            // acknowledged.
-            crate::storage::sync_dir(path).map_err(OpenError::Io)?;
+        match prepare(&*storage) {
+            Ok(()) => {
+                if let Some(path) = &path {
+                    // The log's directory entry must be durable before a frame in it is
+                    // acknowledged.
+                    crate::storage::sync_dir(path).map_err(OpenError::Io)?;
+                }
+                return Ok(Some(CommitLog::new(storage, key, next)));
+            }
+            // No room for the log's 16 MiB: the engine runs without it, its group commits
+            // durable redb commits, where redb alone would open. The file must say so
+            // before the log goes (a file whose active log is missing is refused).
+            Err(e) if e.kind() == io::ErrorKind::StorageFull => {
+                let inactive = Durable::Checkpoint {
+                    epoch: next,
+                    active: false,
+                };
+                store.commit_on_open(&[], &[], None, inactive)?;
+            }
+            Err(e) => return Err(OpenError::Io(e)),
         }
-        return Ok(Some(CommitLog::new(storage, key, next)));
     }
     let _ = storage.close();
     drop(storage);
     if let Some(path) = path {
-        // Everything the log held is in the file, under a checkpoint: the log is empty.
+        // Everything the log held is in the file, under a checkpoint: the log is empty (or
+        // was never filled).
         std::fs::remove_file(&path).map_err(OpenError::Io)?;
         crate::storage::sync_dir(&path).map_err(OpenError::Io)?;
     }

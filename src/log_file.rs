@@ -258,7 +258,24 @@ mod tests {
 
     #[test]
     fn frames_written_to_the_file_replay_after_it_is_opened_again() {
+        frames_replay_after_a_reopen(false);
+    }
+
+    /// The same frames on a file system that refuses direct I/O (tmpfs before Linux 6.6,
+    /// some network and FUSE file systems): the direct path is off, as after an `EINVAL`,
+    /// and every frame goes through the page cache and an fdatasync.
+    #[test]
+    fn without_direct_io_frames_go_through_the_page_cache_and_replay() {
+        frames_replay_after_a_reopen(true);
+    }
+
+    fn frames_replay_after_a_reopen(refused: bool) {
         let (_dir, path, file) = created();
+        if refused {
+            if let Some(direct) = &file.direct {
+                direct.on.store(false, Ordering::Release);
+            }
+        }
         let mut log = CommitLog::new(Box::new(file), key(), 1);
         let value = vec![0x77u8; 9000];
         for t in 0..6u64 {

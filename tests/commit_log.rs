@@ -487,3 +487,67 @@ fn an_imported_completion_answers_as_soon_as_import_returns() {
     }
     assert_eq!(target.stats().corrupt_reads, 0);
 }
+
+/// The default engine on tmpfs (`/dev/shm`), which refuses `O_DIRECT` before Linux 6.6
+/// and takes it after: either way every acknowledged completion survives a reopen (the
+/// fallback itself is `src/log_file.rs`'s unit test). Skipped, with the reason printed,
+/// where `/dev/shm` is not a writable directory.
+#[test]
+fn the_default_engine_works_on_tmpfs() {
+    let shm = Path::new("/dev/shm");
+    let dir = match tempfile::tempdir_in(shm) {
+        Ok(dir) => dir,
+        Err(e) => {
+            eprintln!("skipped: no writable /dev/shm ({e})");
+            return;
+        }
+    };
+    let path = dir.path().join("idem.redb");
+    let engine = Engine::builder().path(&path).open().unwrap();
+    for i in 0..5 {
+        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
+    }
+    drop(engine);
+    let engine = Engine::builder().path(&path).open().unwrap();
+    for i in 0..5 {
+        assert_eq!(
+            stored_response(&engine, &format!("k{i}")).as_deref(),
+            Some(format!("r{i}").as_bytes()),
+            "k{i}"
+        );
+    }
+}
+
+/// A disk too full for the log's 16 MiB: the engine opens without the log (its group
+/// commits are durable redb commits, as without a log), loses nothing, and a later open
+/// with room writes the log again.
+#[test]
+fn a_log_that_finds_no_room_is_done_without() {
+    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    log.fail_write_in(1);
+    let engine = open(&file, &log).unwrap();
+    let log_writes = log.writes();
+    for i in 0..5 {
+        complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
+    }
+    assert_eq!(log.writes(), log_writes, "the log is not written");
+    assert_eq!(engine.stats().log_checkpoints, 0);
+    drop(engine);
+    // The file alone holds everything (a power loss now keeps it all).
+    let image = FaultyBackend::from_image(file.durable_image());
+    let healthy = FaultyBackend::memory();
+    let engine = open(&image, &healthy).unwrap();
+    for i in 0..5 {
+        assert_eq!(
+            stored_response(&engine, &format!("k{i}")).as_deref(),
+            Some(format!("r{i}").as_bytes()),
+            "k{i}"
+        );
+    }
+    let before = healthy.writes();
+    complete(&engine, "k5", b"r5");
+    assert!(
+        healthy.writes() > before,
+        "with room, the log is written again"
+    );
+}
