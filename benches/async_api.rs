@@ -2,9 +2,8 @@
 //! tasks on a tokio runtime with 2 worker threads (`claim_async` + `complete_async`) next
 //! to 64 OS threads doing the same with `claim` + `complete`, in the same group.
 //!
-//! One group per mode (`async_vs_sync_immediate`, `async_vs_sync_immediate_nondurable_claims`
-//! (`durable_claims(false)`), `async_vs_sync_buffered_10ms`), each contender on its own
-//! fresh file, every pair on a new key:
+//! One group per mode (`async_vs_sync_immediate`, `async_vs_sync_buffered_10ms`), each
+//! contender on its own fresh file, every pair on a new key:
 //!
 //! - `async_10000_tasks`: one iteration is one pair per task (10 000 pairs); the tasks are
 //!   spawned and parked at a start gate before the clock starts.
@@ -38,11 +37,7 @@ const THREADS: usize = 64;
 
 fn async_vs_sync(c: &mut Criterion) {
     let rt = runtime();
-    let modes = [
-        Mode::Buffered,
-        Mode::Immediate,
-        Mode::ImmediateNondurableClaims,
-    ];
+    let modes = [Mode::Buffered, Mode::Immediate];
     let async_name = format!("async_{TASKS}_tasks");
     let sync_name = format!("sync_{THREADS}_threads");
     for mode in modes {

@@ -6,17 +6,10 @@
 //!
 //! - `immediate`: `Durability::Immediate`; the claim and the completion each wait for a
 //!   durable group commit.
-//! - `immediate_nondurable_claims`: `Immediate` with `durable_claims(false)`; the claim
-//!   returns at once and is made durable by the completion's commit (one durable wait per
-//!   pair).
-//! - `immediate_log`, `immediate_log_nondurable_claims`: the two above with
-//!   `commit_log(true)` (each group commit one append and one fdatasync of the commit log).
 //! - `buffered_10ms`: `Durability::buffered()`; the last thread of each timed sample flushes
 //!   before the clock stops, so the figure is sustained durable throughput, not the burst the
 //!   writer queue absorbs. A claim refused with `Overloaded` (the writer queue is full)
 //!   flushes and retries, counted as `backoffs`.
-//! - `buffered_10ms_nondurable_claims`: `buffered_10ms` with `durable_claims(false)`; a new
-//!   key's claim queues nothing and its completion writes the whole record.
 //! - `none`: `Durability::None`, memory only.
 //! - `redb_txn_per_op`: the naive baseline, one redb write transaction per operation, each
 //!   with redb's default `Immediate` durability — claim = begin_write, open table, get(key),

@@ -13,7 +13,7 @@ use crate::engine::{Engine, Sabotage, SendRefused};
 use crate::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
 use crate::index::{Forgot, Key, Shard};
 use crate::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome};
-use crate::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now, Rules};
+use crate::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now};
 #[cfg(doc)]
 use crate::options::OnHandlerError;
 use crate::options::{AskedFingerprint, ClaimOptions};
@@ -222,23 +222,8 @@ impl Engine {
             crate::index::unlocked(shard, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
-        // A new key's claim may leave its record to its lease's first durable act, which
-        // writes the whole record anyway: the key has no record in the file to replace and
-        // no marker to remove, so the claim changes nothing there until then.
-        let unwritten =
-            s.cfg.defers_new_claims() && plan.kind == Acquiring::New && drop_marker.is_none();
         let plan = plan.asking_retention(retention_ms);
-        // An unwritten claim builds no record (nothing would read it), so queueing its step
-        // queues nothing and only runs the checks a queued claim passes.
-        let rules = Rules {
-            durable: rules.durable && !unwritten,
-            ..rules
-        };
         let step = machine::acquire(plan, KeyRef::Shared(key), token, lease, now, &rules);
-        debug_assert!(
-            !unwritten || step.write.is_none(),
-            "an unwritten claim builds no record"
-        );
         let seq = match s.queue_dropping(step.write, drop_marker, true) {
             Ok(seq) => seq,
             Err(refused) => {
@@ -253,11 +238,7 @@ impl Engine {
                 });
             }
         };
-        if unwritten {
-            shard.apply_unwritten(k, step.change);
-        } else {
-            shard.apply(k, step.change, seq);
-        }
+        shard.apply(k, step.change, seq);
         if let Some((hash, marker_token)) = drop_marker {
             shard.drop_marker(hash, marker_token);
         }
@@ -271,13 +252,7 @@ impl Engine {
             token,
             attempt,
             checkpoint,
-            // Lazy claims become durable with the lease's first durable act: every wait
-            // waits for the whole prefix of the queue, this record included.
-            durable: if self.waits_for_durability() && s.cfg.durable_claims {
-                seq
-            } else {
-                0
-            },
+            durable: if self.waits_for_durability() { seq } else { 0 },
         })
     }
 

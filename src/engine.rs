@@ -37,18 +37,6 @@ pub(crate) struct Config {
     pub(crate) keys_max: u64,
     /// Queue length above which new claims are refused (the rest is headroom for holders).
     pub(crate) claim_queue_max: usize,
-    /// Under `Immediate`, whether an `Acquired` claim waits for its record's fsync; under
-    /// `Buffered`, whether a new key's claim queues its record at once.
-    pub(crate) durable_claims: bool,
-}
-
-impl Config {
-    /// Whether a claim of a key with no slot leaves its record unwritten until its lease's
-    /// first durable act (`Buffered` with `durable_claims(false)`): the writer then gets one
-    /// operation per claim and completion instead of two.
-    pub(crate) fn defers_new_claims(&self) -> bool {
-        !self.durable_claims && matches!(self.durability, Durability::Buffered { .. })
-    }
 }
 
 /// State shared by every engine handle, the writer thread and the sweeper thread.
@@ -262,18 +250,13 @@ impl Shared {
 
     /// What a new claim is admitted against. `Buffered` counts what is acknowledged but not
     /// yet durable (queued, or in the commit in flight): that, not the queue alone, is what
-    /// a crash can lose. Each lease whose claim left its record unwritten counts too, for
-    /// the write its next act will queue: otherwise any number of such claims would be
-    /// admitted at once, and their completions would arrive together past the backlog that
-    /// bounds how long an acknowledged call waits. (Leases whose record is queued or written
-    /// do not count: they do not cap how many leases may be live.)
+    /// a crash can lose.
     fn backlog(&self, tx: &crate::sync::channel::Sender<Queued>) -> usize {
         if !matches!(self.cfg.durability, Durability::Buffered { .. }) {
             return tx.len();
         }
         let pending = self.progress.issued() - self.progress.durable();
-        let unwritten = self.counters.gauges.unwritten.load(Ordering::Relaxed);
-        usize::try_from(pending.saturating_add(unwritten)).unwrap_or(usize::MAX)
+        usize::try_from(pending).unwrap_or(usize::MAX)
     }
 
     /// The checks an operation passes before it is acknowledged: refused once the engine is
@@ -637,7 +620,6 @@ impl EngineBuilder {
             inflight_max: self.inflight_max as u64,
             keys_max: self.keys_max as u64,
             claim_queue_max,
-            durable_claims: self.durable_claims,
         };
         let (tx, rx) = match store {
             Some(_) => {
@@ -865,7 +847,6 @@ impl Engine {
         Stats {
             inflight: read(&c.gauges.inflight),
             abandoned: read(&c.gauges.abandoned),
-            claims_unwritten: read(&c.gauges.unwritten),
             abandoned_reaped: read(&c.abandoned_reaped) + events.abandoned_reaped,
             completed: read(&c.gauges.completed).saturating_sub(expired_unswept),
             expired_unswept,

@@ -61,10 +61,6 @@ const HAS_EXTRA: u8 = 4;
 /// An InFlight slot whose lease was seen to end: it no longer counts against the in-flight
 /// limit, and it waits in `ended` to be taken over or reaped.
 const ABANDONED: u8 = 8;
-/// An InFlight slot whose claim queued no record: counted in the `unwritten` gauge until
-/// the slot is replaced or removed. Only [`Shard::apply_unwritten`] sets it; every other
-/// change clears it.
-const UNWRITTEN: u8 = 16;
 
 /// One key's state in memory. Absent keys have no slot.
 ///
@@ -137,10 +133,6 @@ impl Slot {
     /// over since): it is not counted against the in-flight limit.
     pub(crate) fn is_abandoned(&self) -> bool {
         self.flags & ABANDONED != 0
-    }
-
-    fn is_unwritten(&self) -> bool {
-        self.flags & UNWRITTEN != 0
     }
 
     /// True when retention has run out at `now_ns`: the key is Absent to every call. A live
@@ -655,25 +647,6 @@ impl Shard {
         }
     }
 
-    /// [`Shard::apply`] of a claim that queued no record (`Buffered` with
-    /// `durable_claims(false)`): the slot is marked unwritten and counted in the engine's
-    /// `unwritten` gauge, which admission adds to the backlog, until the lease's next
-    /// change replaces the slot or a removal takes it.
-    pub(crate) fn apply_unwritten(&mut self, key: Key<'_>, change: Change) {
-        debug_assert!(
-            matches!(&change, Change::Put { slot, .. } if slot.is_inflight()),
-            "only a claim is left unwritten"
-        );
-        self.change_with(key, change, true);
-    }
-
-    /// A slot that was left unwritten stops being one (replaced or removed).
-    fn leave_unwritten(&self, old: &Slot) {
-        if old.is_unwritten() {
-            self.common.gauges.unwritten.fetch_sub(1, Ordering::AcqRel);
-        }
-    }
-
     /// Queues the completion `token` of `key` (just put) for publication at `seq`. The
     /// writer may have committed and applied `seq` already, and looked for stripes to
     /// publish before this flag was set: then nobody would come back for it, so the
@@ -692,11 +665,6 @@ impl Shard {
     }
 
     fn change(&mut self, key: Key<'_>, change: Change) {
-        self.change_with(key, change, false);
-    }
-
-    /// [`Shard::change`]; `unwritten`: the slot it puts is a claim that queued no record.
-    fn change_with(&mut self, key: Key<'_>, change: Change, unwritten: bool) {
         match change {
             Change::Keep => {}
             Change::Remove => {
@@ -711,7 +679,7 @@ impl Shard {
                 if adopt {
                     self.adopt(key);
                 }
-                self.put_with(key, slot, extra, reap_ns, unwritten);
+                self.put_with(key, slot, extra, reap_ns);
             }
         }
     }
@@ -721,34 +689,22 @@ impl Shard {
     /// settled or extended first. (The engine goes through [`Shard::apply`].)
     #[cfg(test)]
     pub(crate) fn put(&mut self, key: Key<'_>, slot: Slot, extra: Extra) {
-        self.put_with(key, slot, extra, None, false);
+        self.put_with(key, slot, extra, None);
     }
 
     /// [`Shard::put`] of an InFlight slot found in the file (or imported), whose reap
     /// instant comes from its recorded lease end rather than its in-memory deadline.
     #[cfg(test)]
     pub(crate) fn put_reaped_at(&mut self, key: Key<'_>, slot: Slot, extra: Extra, reap_ns: u64) {
-        self.put_with(key, slot, extra, Some(reap_ns), false);
+        self.put_with(key, slot, extra, Some(reap_ns));
     }
 
-    /// Puts `slot` with `extra`, marked [`UNWRITTEN`] if `unwritten` (the caller's only say
-    /// in the flags besides the state).
-    fn put_with(
-        &mut self,
-        key: Key<'_>,
-        mut slot: Slot,
-        extra: Extra,
-        reap_ns: Option<u64>,
-        unwritten: bool,
-    ) {
+    fn put_with(&mut self, key: Key<'_>, mut slot: Slot, extra: Extra, reap_ns: Option<u64>) {
         let hash = key.hash;
         let has_extra = !extra.is_empty();
         let own_retention_ns = extra.retention_ms.map(|ms| ms.saturating_mul(1_000_000));
         // The caller's copy may carry stale flags and no tag; this table decides them.
-        slot.flags &= !(HAS_EXTRA | ABANDONED | UNWRITTEN);
-        if unwritten {
-            slot.flags |= UNWRITTEN;
-        }
+        slot.flags &= !(HAS_EXTRA | ABANDONED);
         slot.tag = tag_bytes(key.tag);
         if has_extra {
             slot.flags |= HAS_EXTRA;
@@ -796,12 +752,6 @@ impl Shard {
             }
         };
         self.heap_bytes = (self.heap_bytes + added).saturating_sub(freed);
-        if let Some(old) = &old {
-            self.leave_unwritten(old);
-        }
-        if unwritten {
-            self.common.gauges.unwritten.fetch_add(1, Ordering::AcqRel);
-        }
         match old {
             Some(old) if old.same_place(&slot) => {}
             _ => {
@@ -1034,7 +984,6 @@ impl Shard {
         let entry = self.slots.find_entry(hash, |(k, s, _)| key.is(k, s)).ok()?;
         let ((k, slot, side), _) = entry.remove();
         self.drop_entry(&k, side);
-        self.leave_unwritten(&slot);
         self.leave(hash, &slot);
         self.compact_if_stale();
         self.refresh_due();
@@ -1197,9 +1146,8 @@ impl Shard {
         if !send(&step) {
             return Reclaimed::Refused;
         }
-        let ((key, slot, side), _) = entry.remove();
+        let ((key, _, side), _) = entry.remove();
         self.ended.pop();
-        self.leave_unwritten(&slot);
         self.drop_entry(&key, side);
         self.abandoned -= 1;
         self.common.gauges.abandoned.fetch_sub(1, Ordering::AcqRel);

@@ -450,7 +450,6 @@ pub struct EngineBuilder {
     pub(crate) stripes: usize,
     pub(crate) keys_max: usize,
     pub(crate) sweep_interval: Option<Duration>,
-    pub(crate) durable_claims: bool,
     /// Permission bits of a file the engine creates (unix).
     pub(crate) file_mode: u32,
     pub(crate) backend: Option<BackendSlot>,
@@ -521,7 +520,6 @@ impl Default for EngineBuilder {
             stripes: STRIPES_DEFAULT,
             keys_max: KEYS_MAX_DEFAULT,
             sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
-            durable_claims: true,
             file_mode: FILE_MODE_DEFAULT,
             backend: None,
             log_backend: None,
@@ -648,47 +646,6 @@ impl EngineBuilder {
     /// [`crate::Admin::sweep_now`] reclaims them on demand).
     pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
         self.sweep_interval = interval;
-        self
-    }
-
-    /// Whether an `Acquired` claim is made durable on its own (default `true`); with `false`
-    /// its record is made durable by its lease's first durable act. Under
-    /// [`Durability::None`] it changes nothing.
-    ///
-    /// Under [`Durability::Immediate`], with `false` the claim returns at once and its record becomes durable in the same
-    /// group commit as the lease's first durable act (`complete`, `set_checkpoint`,
-    /// `extend`, `release`, which wait for every earlier write too) or a `flush`: one
-    /// durable wait per delivery instead of two. Completions, checkpoints and releases keep
-    /// the full `Immediate` guarantee, and fencing is unchanged (tokens are only issued below
-    /// a durable high-water mark). What a crash can lose is the claim of a holder that made
-    /// no durable act yet: after a restart that key is Absent, so a retry acquires it at once
-    /// with attempt 1, where a durable claim would make the retry wait for the old lease to
-    /// end and see attempt 2. Keep the default when handlers rely on `attempt > 1` to detect
-    /// a retry after a crash; see the durability table in docs/design.md.
-    ///
-    /// Under [`Durability::Buffered`], with `false` a claim of a key that has no state in
-    /// memory (a new key, or one released or reclaimed) queues no write at all: the lease's
-    /// first durable act writes the key's whole record, so the writer gets one operation per
-    /// claim and completion instead of two. Such a claim is refused exactly when a queued
-    /// one would be, and until its lease's next act it counts in the admission backlog as
-    /// a queued record would ([`crate::Stats::claims_unwritten`]). Neither `flush` nor
-    /// `close` writes it: what a crash or a restart loses is, as above, the claim of a
-    /// holder that made no durable act yet, whatever its age, and
-    /// [`crate::Recovery::HonourLeases`] cannot honour a lease it never saw. A claim that
-    /// replaces a record (a takeover, an expired completion) is queued as with `true`.
-    ///
-    /// ```
-    /// use idemkv::{Durability, Engine};
-    /// # let dir = tempfile::tempdir()?;
-    /// let engine = Engine::builder()
-    ///     .path(dir.path().join("idem.redb"))
-    ///     .durability(Durability::Immediate)
-    ///     .durable_claims(false)
-    ///     .open()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn durable_claims(mut self, durable: bool) -> Self {
-        self.durable_claims = durable;
         self
     }
 

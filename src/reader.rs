@@ -19,9 +19,8 @@ use std::time::{Duration, SystemTime};
 /// - If an engine has it open (on Linux, macOS and Windows, with two-phase commit, the
 ///   default), the view follows the engine's commits: each [`FileReader::snapshot`] or
 ///   [`FileReader::get`] sees the last transaction the engine committed, and nothing the
-///   engine holds only in memory (a `Buffered` call not yet committed, a claim left
-///   unwritten under `durable_claims(false)` until its lease's first durable act, a lease
-///   extended in memory, counters). Page checksums cannot be checked then ([`FileReader::pages_verified`]).
+///   engine holds only in memory (a `Buffered` call not yet committed, a lease extended in
+///   memory, counters). Page checksums cannot be checked then ([`FileReader::pages_verified`]).
 ///
 /// ```no_run
 /// let reader = idemkv::FileReader::open("idem.redb")?;

@@ -14,11 +14,6 @@ pub struct Stats {
     /// up after a crash). They do not count against `inflight_max`; a claim of the key takes
     /// it over, and the sweeper reaps it `retention` after its lease ended.
     pub abandoned: u64,
-    /// Keys InFlight whose claim has no record yet: under `Buffered` with
-    /// `EngineBuilder::durable_claims(false)`, a new key's claim before its lease's first
-    /// durable act. A crash or a close forgets them; admission counts them in the backlog.
-    /// 0 in every other mode.
-    pub claims_unwritten: u64,
     /// Abandoned claims reaped since open (by the sweeper, or on open for records found
     /// past their bound).
     pub abandoned_reaped: u64,
@@ -178,10 +173,6 @@ pub(crate) struct Gauges {
     /// Completed slots in the index (expired ones included until swept): with `inflight`
     /// and `abandoned`, the key count that `keys_max` admission compares.
     pub(crate) completed: AtomicU64,
-    /// InFlight slots whose claim queued no record (`Buffered` with
-    /// `durable_claims(false)`): each will queue a write with its lease's next act, so
-    /// `Buffered` admission counts them in the backlog.
-    pub(crate) unwritten: AtomicU64,
 }
 
 impl Gauges {

@@ -35,40 +35,26 @@ pub enum Mode {
     /// `Durability::Immediate` (the default): the claim and the completion each wait for a
     /// group commit, made durable by one append to the commit log.
     Immediate,
-    /// `Immediate` with `durable_claims(false)`: the claim returns at once and is made
-    /// durable by the completion's group commit (one durable wait per pair).
-    ImmediateNondurableClaims,
     /// `Durability::buffered()` (10 ms); every timed sample ends with a flush, so the
     /// figure is sustained durable throughput, not the burst the writer queue absorbs.
     Buffered,
-    /// `Buffered` with `durable_claims(false)`: a new key's claim queues nothing, and its
-    /// completion writes the whole record (one queued operation per pair).
-    BufferedNondurableClaims,
     /// `Durability::None`: memory only.
     None,
 }
 
 impl Mode {
-    pub const ALL: [Mode; 5] = [
-        Mode::Immediate,
-        Mode::ImmediateNondurableClaims,
-        Mode::Buffered,
-        Mode::BufferedNondurableClaims,
-        Mode::None,
-    ];
+    pub const ALL: [Mode; 3] = [Mode::Immediate, Mode::Buffered, Mode::None];
 
     /// Whether acknowledged calls may still be waiting for their commit when a sample ends.
     fn buffered(self) -> bool {
-        matches!(self, Mode::Buffered | Mode::BufferedNondurableClaims)
+        self == Mode::Buffered
     }
 
     /// The name of the mode in benchmark ids and on stderr.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Immediate => "immediate",
-            Mode::ImmediateNondurableClaims => "immediate_nondurable_claims",
             Mode::Buffered => "buffered_10ms",
-            Mode::BufferedNondurableClaims => "buffered_10ms_nondurable_claims",
             Mode::None => "none",
         }
     }
@@ -82,12 +68,6 @@ impl Mode {
                 let builder = builder.path(dir.path().join("bench.redb"));
                 let builder = match self {
                     Mode::Immediate => builder.durability(Durability::Immediate),
-                    Mode::ImmediateNondurableClaims => builder
-                        .durability(Durability::Immediate)
-                        .durable_claims(false),
-                    Mode::BufferedNondurableClaims => builder
-                        .durability(Durability::buffered())
-                        .durable_claims(false),
                     _ => builder.durability(Durability::buffered()),
                 };
                 (builder, Some(dir))

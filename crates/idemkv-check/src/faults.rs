@@ -4,10 +4,8 @@
 //! - the reopened file holds exactly the records of some prefix of the submitted writes
 //!   (nothing never submitted appears, and writes are never reordered);
 //! - that prefix contains every acknowledged write (`Immediate`: every call that returned
-//!   `Ok`; `Immediate` with `durable_claims(false)`: every call but a claim that returned
-//!   `Ok`, with everything queued before it; `Buffered`: everything before a successful
-//!   `flush`, and every completion another call was shown), so at most the writes after the
-//!   last acknowledged one differ;
+//!   `Ok`; `Buffered`: everything before a successful `flush`, and every completion another
+//!   call was shown), so at most the writes after the last acknowledged one differ;
 //! - the next token issued after the reopen is above every token issued before the crash.
 //!
 //! [`exhaustive`] runs a workload once to count its I/Os, then once per I/O point and
@@ -28,52 +26,23 @@ use std::time::Duration;
 /// Most operations of a fault case.
 pub const OPS_MAX: usize = 24;
 
-/// The engine configuration of a fault run: a durability mode and, under `Immediate`,
-/// whether an acquired claim waits for its record's fsync (`EngineBuilder::durable_claims`).
+/// The engine configuration of a fault run: its durability mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mode {
     /// The durability mode.
     pub durability: Durability,
-    /// `EngineBuilder::durable_claims` (meaningful under `Immediate` only).
-    pub durable_claims: bool,
 }
 
 impl Mode {
-    /// `Immediate` with `durable_claims(false)`: a claim returns at once and becomes durable
-    /// with the next acknowledged write or flush, whatever its key.
-    pub const LAZY_CLAIMS: Mode = Mode {
-        durability: Durability::Immediate,
-        durable_claims: false,
-    };
-
-    /// `Buffered` with `durable_claims(false)`: a new key's claim queues nothing, and its
-    /// record is written by its lease's first durable act, if any.
-    pub const LAZY_BUFFERED: Mode = Mode {
-        durability: Durability::Buffered {
-            max_delay: Duration::from_millis(1),
-        },
-        durable_claims: false,
-    };
-
-    /// Whether an acknowledged call of kind `claim` (or not) is durable when it returns.
-    fn acknowledges_durably(self, claim: bool) -> bool {
-        self.durability == Durability::Immediate && (self.durable_claims || !claim)
-    }
-
-    /// Whether a claim may leave its record unwritten
-    /// (`EngineBuilder::durable_claims` under `Buffered`).
-    fn leaves_claims_unwritten(self) -> bool {
-        !self.durable_claims && matches!(self.durability, Durability::Buffered { .. })
+    /// Whether an acknowledged call is durable when it returns.
+    fn acknowledges_durably(self) -> bool {
+        self.durability == Durability::Immediate
     }
 }
 
 impl From<Durability> for Mode {
-    /// `durability` with the builder's default, durable claims.
     fn from(durability: Durability) -> Mode {
-        Mode {
-            durability,
-            durable_claims: true,
-        }
+        Mode { durability }
     }
 }
 
@@ -90,9 +59,6 @@ pub struct FaultCase {
     pub power_loss: bool,
     /// After a power loss, which unsynced writes reached the disk (bit i: the i-th, cycling).
     pub keep: u64,
-    /// Under `Immediate`, claims do not wait for their record (`durable_claims(false)`).
-    /// Last, so that inputs written before it decode as before (with durable claims).
-    pub lazy_claims: bool,
 }
 
 /// The durable part of one key's record, as compared after a reopen.
@@ -211,38 +177,9 @@ fn unexpired(v: &DurableView, wall_ms: u64) -> DurableView {
         .collect()
 }
 
-/// Keys whose last write was a claim that may have left its record unwritten
-/// ([`Mode::LAZY_BUFFERED`]), each with what the file may hold for it instead of the view's
-/// record: its record before the claim (`None`: none), and before each earlier claim since
-/// its last durable act.
-type Unwritten = BTreeMap<Vec<u8>, Vec<Option<DurableRec>>>;
-
-/// Whether the reopened file `found` is the durable `view` at `wall_ms`, where each key of
-/// `unwritten` may also hold one of its earlier records. `Some(true)`: it is, and some key
-/// holds an earlier record (a claim's record was never written).
-fn matches_view(
-    view: &DurableView,
-    unwritten: &Unwritten,
-    found: &DurableView,
-    wall_ms: u64,
-) -> Option<bool> {
-    let view = unexpired(view, wall_ms);
-    let mut earlier_used = false;
-    for key in view.keys().chain(found.keys()) {
-        let (want, got) = (view.get(key), found.get(key));
-        if want == got {
-            continue;
-        }
-        let earlier = unwritten.get(key)?;
-        if !earlier
-            .iter()
-            .any(|e| e.as_ref().filter(|r| kept(r, wall_ms)) == got)
-        {
-            return None;
-        }
-        earlier_used = true;
-    }
-    Some(earlier_used)
+/// Whether the reopened file `found` is the durable `view` at `wall_ms`.
+fn matches_view(view: &DurableView, found: &DurableView, wall_ms: u64) -> bool {
+    unexpired(view, wall_ms) == *found
 }
 
 /// What one fault run saw.
@@ -260,9 +197,6 @@ pub struct FaultRun {
     pub floor: usize,
     /// Writes up to the last one a call returned `Ok` for (in-doubt writes excluded).
     pub acked: usize,
-    /// The reopened file lacked an acknowledged claim's record because the claim left it
-    /// unwritten ([`Mode::LAZY_BUFFERED`]), and held the key's earlier state instead.
-    pub unwritten_claim_missing: bool,
 }
 
 /// Runs `ops` in `mode` on a disk armed with `fault`, then reopens and checks. `keep`
@@ -293,40 +227,13 @@ pub fn run_with(
     let mut model = Model::new(ops::spec_config(mode), &clock);
     // Durable views after each submitted write; [0] is the empty file.
     let mut views: Vec<DurableView> = vec![DurableView::new()];
-    // What each view's keys may hold instead (`Unwritten`), and the current one.
-    let mut unwritten_at: Vec<Unwritten> = vec![Unwritten::new()];
-    let mut unwritten = Unwritten::new();
-    // Adds the durable `view` after a write to `key` (a claim's, or not), with what each of
-    // its keys may hold instead: the key's state before a claim that may leave its record
-    // unwritten, none once a write covers its whole record. Only a claim of a key without
-    // a live record can be left unwritten (one replacing a record is queued): its key had
-    // no record, or one that recovery deletes by now (which the engine may still hold in
-    // memory, and then queues the claim: either way is allowed).
-    let mut push_view = |views: &mut Vec<DurableView>, key: &[u8], claim, view| {
-        let before = views.last().and_then(|v| v.get(key)).cloned();
-        let replaced_nothing = || {
-            let wall_now = crate::wall_ms(idemkv::Clock::wall(&clock));
-            before.as_ref().is_none_or(|r| !kept(r, wall_now))
-        };
-        if claim && setup.leaves_claims_unwritten() && replaced_nothing() {
-            unwritten.entry(key.to_vec()).or_default().push(before);
-        } else {
-            unwritten.remove(key);
-        }
-        views.push(view);
-        unwritten_at.push(unwritten.clone());
-    };
     let mut floor = 0usize;
     let mut acked = 0usize;
     // For Buffered: the view index at which each completion (by token) was submitted.
     let mut completion_at: BTreeMap<u64, usize> = BTreeMap::new();
     let mut token_next = 1u64;
     let mut log: Vec<String> = Vec::new();
-    let opened = crate::armed(
-        ops::builder(mode, &clock, Some(&disk)).durable_claims(setup.durable_claims),
-        bug,
-    )
-    .open();
+    let opened = crate::armed(ops::builder(mode, &clock, Some(&disk)), bug).open();
     if let Ok(engine) = &opened {
         for op in ops_in.iter().take(OPS_MAX) {
             token_next = token_next.max(engine.stats().token_next);
@@ -399,8 +306,7 @@ pub fn run_with(
                 model
                     .step(&key, &kop, &assumed)
                     .map_err(|e| format!("the in-doubt call is not one the model allows: {e}"))?;
-                let claim = matches!(kop, KeyOp::Claim { .. });
-                push_view(&mut views, &key, claim, view_of_model(&model));
+                views.push(view_of_model(&model));
                 break;
             }
             if stop {
@@ -420,8 +326,7 @@ pub fn run_with(
                 _ => false,
             };
             if wrote {
-                let claim = matches!(kop, KeyOp::Claim { .. });
-                push_view(&mut views, &key, claim, view_of_model(&model));
+                views.push(view_of_model(&model));
                 acked = views.len() - 1;
                 if let (KeyOp::Complete { token, .. }, true) =
                     (&kop, matches!(before.state, KeyModel::InFlight { .. }))
@@ -429,9 +334,8 @@ pub fn run_with(
                     completion_at.insert(*token, views.len() - 1);
                 }
                 // A durable acknowledgement covers every write queued before it too (the
-                // writer's watermark), so the floor moves over the whole prefix; a lazy
-                // claim moves it nowhere.
-                if setup.acknowledges_durably(matches!(kop, KeyOp::Claim { .. })) {
+                // writer's watermark), so the floor moves over the whole prefix.
+                if setup.acknowledges_durably() {
                     floor = views.len() - 1;
                 }
             }
@@ -488,19 +392,10 @@ pub fn run_with(
     };
     let wall_ms = crate::wall_ms(idemkv::Clock::wall(&clock));
     let found = view_of_records(&reopened.admin().records())?;
-    // A prefix that matches exactly is preferred: a claim whose record is missing only
-    // because the crash came before its write (queued or not) leaves such a prefix.
-    let none = Unwritten::new();
     let matched = (floor..views.len())
         .rev()
-        .find(|&j| matches_view(&views[j], &none, &found, wall_ms).is_some())
-        .map(|j| (j, false))
-        .or_else(|| {
-            (floor..views.len()).rev().find_map(|j| {
-                matches_view(&views[j], &unwritten_at[j], &found, wall_ms).map(|e| (j, e))
-            })
-        });
-    let Some((matched, unwritten_claim_missing)) = matched else {
+        .find(|&j| matches_view(&views[j], &found, wall_ms));
+    let Some(matched) = matched else {
         let candidates: Vec<String> = (floor..views.len())
             .map(|j| format!("  after write {j}: {:?}", unexpired(&views[j], wall_ms)))
             .collect();
@@ -540,7 +435,6 @@ pub fn run_with(
         matched,
         floor,
         acked,
-        unwritten_claim_missing,
     })
 }
 
@@ -558,8 +452,6 @@ pub fn dense_case(u: &mut arbitrary::Unstructured<'_>) -> arbitrary::Result<Faul
         at: u.int_in_range(0..=255)?,
         power_loss: u.arbitrary()?,
         keep: u.arbitrary()?,
-        // Drawn last, so that a seed's other fields are what they were before it existed.
-        lazy_claims: u.arbitrary()?,
     })
 }
 
@@ -585,10 +477,6 @@ pub fn run_case_with(case: &FaultCase, bug: Bug) -> Result<FaultRun, String> {
         Fault::Error { at }
     };
     let keep = case.keep;
-    let mode = Mode {
-        durability: mode,
-        durable_claims: !case.lazy_claims,
-    };
     run_with(
         mode,
         &case.ops,
@@ -606,11 +494,8 @@ pub struct Coverage {
     /// Runs made (three per I/O point).
     pub runs: u64,
     /// Runs whose reopened file lacks a write a call returned `Ok` for: never under
-    /// `Immediate`; only claims with lazy claims; anything recent under `Buffered`.
+    /// `Immediate`; anything recent under `Buffered`.
     pub lost_acknowledged: u64,
-    /// Runs whose reopened file held a key's state from before an acknowledged claim that
-    /// left its record unwritten ([`Mode::LAZY_BUFFERED`]).
-    pub unwritten_claims_missing: u64,
 }
 
 /// Power loss (synced bytes only; every unsynced write too) and a failing call, at every
@@ -628,7 +513,6 @@ pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result
         io_points: base.ios,
         runs: 1,
         lost_acknowledged: 0,
-        unwritten_claims_missing: u64::from(base.unwritten_claim_missing),
     };
     for at in 1..=base.ios {
         for (name, fault, keep_all) in [
@@ -648,7 +532,6 @@ pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result
                 .map_err(|e| format!("{mode:?}, {name} at I/O {at} of {}: {e}", base.ios))?;
             cov.runs += 1;
             cov.lost_acknowledged += u64::from(run.matched < run.acked);
-            cov.unwritten_claims_missing += u64::from(run.unwritten_claim_missing);
         }
     }
     Ok(cov)
@@ -721,49 +604,6 @@ pub fn small_workload() -> Vec<Op> {
     ]
 }
 
-/// A workload for [`Mode::LAZY_BUFFERED`]: a claim stays open without a durable act across
-/// another key's completion and a flush, then checkpoints and completes; a third key's
-/// claim is released before any durable act. A crash after the first flush finds the
-/// first key as it was before its claim while the second key's completion is there.
-pub fn unwritten_claims_workload() -> Vec<Op> {
-    use crate::ops::{BytesSel, FpSel, KeySel, LeaseSel, TokenSel};
-    let claim = |key, lease| Op::Claim {
-        key: KeySel(key),
-        fingerprint: FpSel(0),
-        lease: LeaseSel(lease),
-        wait: false,
-    };
-    // Lease 7 is 25 hours: nothing is taken over while the clock stands still.
-    vec![
-        claim(0, 7),
-        claim(1, 7),
-        Op::Complete {
-            key: KeySel(1),
-            token: TokenSel(0),
-            response: BytesSel(2),
-        },
-        Op::Flush,
-        Op::Checkpoint {
-            key: KeySel(0),
-            token: TokenSel(0),
-            phase: 1,
-            data: BytesSel(3),
-        },
-        claim(2, 7),
-        Op::Release {
-            key: KeySel(2),
-            token: TokenSel(0),
-        },
-        Op::Flush,
-        Op::Complete {
-            key: KeySel(0),
-            token: TokenSel(0),
-            response: BytesSel(3),
-        },
-        Op::Flush,
-    ]
-}
-
 /// Real time a [`held_commit`] run waits for the engine's threads at most (a safety net:
 /// every wait ends as soon as its condition holds).
 #[cfg(idemkv_sabotage)]
@@ -785,9 +625,7 @@ pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
     let clock = MockClock::new();
     let disk = FaultyBackend::memory();
     let engine = crate::armed(
-        ops::builder(mode, &clock, Some(&disk))
-            .inflight_max(16)
-            .durable_claims(setup.durable_claims),
+        ops::builder(mode, &clock, Some(&disk)).inflight_max(16),
         bug,
     )
     .open()

@@ -9,10 +9,7 @@
 //!   (InFlight, or Completed / Absent when the key's next call was cut short), and every
 //!   acknowledged release left its key Absent;
 //! - every claim the child acknowledged is InFlight (taken over on the next claim with the
-//!   next attempt) or Completed with the right bytes: never corrupt, and never lost with
-//!   durable claims. With `durable_claims(false)` a claim whose holder had no durable act
-//!   acknowledged yet may be Absent instead (then a retry acquires it at once, attempt 1),
-//!   but never anything else;
+//!   next attempt) or Completed with the right bytes: never corrupt, and never lost;
 //! - tokens never go backwards: every token issued after a reopen is above every token seen
 //!   before, including `token_next` marks the child reported (tokens issued in memory but
 //!   possibly never written).
@@ -41,8 +38,6 @@ const CHILD_ENV: &str = "IDEMKV_CRASH_CHILD";
 const START_ENV: &str = "IDEMKV_CRASH_START";
 /// A sabotage name (`idemkv_check::concurrent::bug_from_name`) the child arms.
 const SABOTAGE_ENV: &str = "IDEMKV_CRASH_SABOTAGE";
-/// `1`: the child's engine runs with `durable_claims(false)`.
-const LAZY_ENV: &str = "IDEMKV_CRASH_LAZY_CLAIMS";
 const TEST_NAME: &str = "kill_9_loses_nothing_acknowledged";
 /// Worker threads in the child: concurrent claims share group commits.
 const CHILD_THREADS: u64 = 3;
@@ -109,12 +104,10 @@ fn child(path: &Path) -> ! {
         .expect("start env")
         .parse()
         .expect("start number");
-    let lazy = std::env::var(LAZY_ENV).is_ok_and(|v| v == "1");
     let engine = armed(
         Engine::builder()
             .path(path)
-            .durability(Durability::Immediate)
-            .durable_claims(!lazy),
+            .durability(Durability::Immediate),
         bug_from_env(),
     )
     .open()
@@ -261,14 +254,13 @@ fn bug_from_env() -> Bug {
 
 /// Runs one child, kills it `delay` after its first acknowledged completion, and returns
 /// what it printed.
-fn run_child(path: &Path, start: u64, delay: Duration, bug: &str, lazy: bool) -> RoundLog {
+fn run_child(path: &Path, start: u64, delay: Duration, bug: &str) -> RoundLog {
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--exact", TEST_NAME, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, path)
         .env(START_ENV, start.to_string())
         .env(SABOTAGE_ENV, bug)
-        .env(LAZY_ENV, if lazy { "1" } else { "0" })
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -335,8 +327,6 @@ struct Known {
     completed: BTreeMap<u64, u64>,
     /// Keys whose release the child acknowledged: Absent for good.
     released: Vec<u64>,
-    /// Acknowledged claims found Absent after a kill (`durable_claims(false)` only).
-    lost_claims: usize,
     /// Every token seen so far, and every `token_next` mark: later tokens must exceed it.
     token_floor: u64,
     max_key: u64,
@@ -355,14 +345,7 @@ fn open_parent(path: &Path, bug: Bug) -> Engine {
 
 /// Checks the file after a kill; completes whatever the child left InFlight. The parent's
 /// engine has the child's `bug` too: it is the same build.
-fn check_after_kill(
-    path: &Path,
-    round: usize,
-    log: &RoundLog,
-    known: &mut Known,
-    bug: Bug,
-    lazy: bool,
-) {
+fn check_after_kill(path: &Path, round: usize, log: &RoundLog, known: &mut Known, bug: Bug) {
     let engine = open_parent(path, bug);
     let floor = known.token_floor;
     // Tokens issued in this round are above everything seen before it.
@@ -408,8 +391,7 @@ fn check_after_kill(
         );
     }
 
-    // Claims acknowledged without a completion ack: InFlight or Completed, never lost (with
-    // lazy claims: Absent too, unless a durable act of the holder was acknowledged).
+    // Claims acknowledged without a completion ack: InFlight or Completed, never lost.
     let mut round_max_token = log.tokens.values().map(|t| t.0).max().unwrap_or(0);
     let mut taken_over = 0;
     let start = known.max_key + 1;
@@ -426,26 +408,6 @@ fn check_after_kill(
             None if claimed.is_none() || released => {}
             // The release was cut short after its commit.
             None if checkpointed && plan_for(n) == Plan::CheckpointThenRelease => {}
-            None if lazy && !checkpointed => {
-                // Only the claim itself was acknowledged, and it was not durable yet: a
-                // retry acquires the key at once, as attempt 1, with a token never issued.
-                let opts = ClaimOptions::default().payload(key.as_bytes());
-                let lease = match engine.claim(key.as_bytes(), &opts).expect("claim") {
-                    Claim::Acquired(lease) => lease,
-                    other => panic!("round {round}: {key} Absent was not acquired: {other:?}"),
-                };
-                assert_eq!(lease.attempt(), 1, "round {round}: {key} attempt");
-                assert!(
-                    lease.token() > round_max_token.max(log.next_mark.saturating_sub(1)),
-                    "round {round}: {key} got token {} again after its claim was lost",
-                    lease.token()
-                );
-                round_max_token = lease.token();
-                let token = lease.token();
-                lease.complete(&response_for(n)).expect("parent complete");
-                known.completed.insert(n, token);
-                known.lost_claims += 1;
-            }
             None => panic!(
                 "round {round}: {key}'s acknowledged claim (token {claimed:?}, checkpoint \
                  acknowledged: {checkpointed}) is lost"
@@ -530,12 +492,11 @@ fn check_after_kill(
     drop(engine);
     eprintln!(
         "round {round}: {} claims, {} checkpoints, {} acks, {} releases, {taken_over} taken \
-         over, {} lost claims so far, token floor {}",
+         over, token floor {}",
         log.tokens.len(),
         log.checkpoints.len(),
         log.acks.len(),
         log.releases.len(),
-        known.lost_claims,
         known.token_floor
     );
 }
@@ -545,17 +506,10 @@ fn kill_9_loses_nothing_acknowledged() {
     if let Some(path) = std::env::var_os(CHILD_ENV) {
         child(&PathBuf::from(path));
     }
-    crash_rounds(false, 0x1DE3_C4A5);
+    crash_rounds(0x1DE3_C4A5);
 }
 
-/// The same rounds with `durable_claims(false)`: nothing acknowledged as durable is lost; a
-/// claim whose holder made no durable act yet may be.
-#[test]
-fn kill_9_loses_nothing_acknowledged_with_lazy_claims() {
-    crash_rounds(true, 0x1A2F_C1A1);
-}
-
-fn crash_rounds(lazy: bool, seed: u64) {
+fn crash_rounds(seed: u64) {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
@@ -565,11 +519,11 @@ fn crash_rounds(lazy: bool, seed: u64) {
     let (mut checkpoints, mut releases) = (0, 0);
     for round in 0..ROUNDS {
         let delay = Duration::from_millis(20 + rng.u64(0..281));
-        let log = run_child(&path, known.max_key + 1, delay, "none", lazy);
+        let log = run_child(&path, known.max_key + 1, delay, "none");
         acks += log.acks.len();
         checkpoints += log.checkpoints.len();
         releases += log.releases.len();
-        check_after_kill(&path, round, &log, &mut known, Bug::None, lazy);
+        check_after_kill(&path, round, &log, &mut known, Bug::None);
     }
     assert!(
         checkpoints > 0 && releases > 0,
@@ -588,9 +542,8 @@ fn crash_rounds(lazy: bool, seed: u64) {
         }
     }
     eprintln!(
-        "{ROUNDS} rounds (lazy claims: {lazy}), {acks} acknowledged completions, {checkpoints} \
-         checkpoints, {releases} releases, {} lost claims, {} keys, {:?}",
-        known.lost_claims,
+        "{ROUNDS} rounds, {acks} acknowledged completions, {checkpoints} checkpoints, \
+         {releases} releases, {} keys, {:?}",
         known.completed.len(),
         started.elapsed()
     );
@@ -608,7 +561,7 @@ fn crash_rounds(lazy: bool, seed: u64) {
 /// Runs rounds with `bug` armed until a check fails; returns the round that caught it.
 /// The teeth need a build with `--cfg idemkv_sabotage` (docs/testing.md).
 #[cfg(idemkv_sabotage)]
-fn crash_rounds_catch(bug: &str, lazy: bool) -> Option<usize> {
+fn crash_rounds_catch(bug: &str) -> Option<usize> {
     let armed = bug_from_name(bug).expect("sabotage name");
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("crash.redb");
@@ -616,9 +569,9 @@ fn crash_rounds_catch(bug: &str, lazy: bool) -> Option<usize> {
     let mut known = Known::default();
     for round in 0..TEETH_ROUNDS {
         let delay = Duration::from_millis(20 + rng.u64(0..281));
-        let log = run_child(&path, known.max_key + 1, delay, bug, lazy);
+        let log = run_child(&path, known.max_key + 1, delay, bug);
         let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            check_after_kill(&path, round, &log, &mut known, armed, lazy)
+            check_after_kill(&path, round, &log, &mut known, armed)
         }));
         if checked.is_err() {
             return Some(round);
@@ -630,7 +583,7 @@ fn crash_rounds_catch(bug: &str, lazy: bool) -> Option<usize> {
 #[cfg(idemkv_sabotage)]
 #[test]
 fn kill_9_catches_ack_before_commit() {
-    let caught = crash_rounds_catch("ack-before-commit", false);
+    let caught = crash_rounds_catch("ack-before-commit");
     assert!(
         caught.is_some(),
         "acknowledging before the commit survived {TEETH_ROUNDS} kills"
@@ -638,23 +591,10 @@ fn kill_9_catches_ack_before_commit() {
     eprintln!("ack-before-commit caught in round {caught:?}");
 }
 
-/// With lazy claims only the holders' durable acts wait for the watermark; moving it before
-/// the commit must still be caught.
-#[cfg(idemkv_sabotage)]
-#[test]
-fn kill_9_catches_ack_before_commit_with_lazy_claims() {
-    let caught = crash_rounds_catch("ack-before-commit", true);
-    assert!(
-        caught.is_some(),
-        "acknowledging before the commit survived {TEETH_ROUNDS} kills with lazy claims"
-    );
-    eprintln!("ack-before-commit (lazy claims) caught in round {caught:?}");
-}
-
 #[cfg(idemkv_sabotage)]
 #[test]
 fn kill_9_catches_a_missing_token_mark() {
-    let caught = crash_rounds_catch("skip-token-hwm", false);
+    let caught = crash_rounds_catch("skip-token-hwm");
     assert!(
         caught.is_some(),
         "a missing token mark survived {TEETH_ROUNDS} kills"

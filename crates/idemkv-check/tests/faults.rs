@@ -25,19 +25,9 @@ fn opts() -> ClaimOptions {
 }
 
 fn open_backend(b: &FaultyBackend, mode: Durability) -> Result<Engine, OpenError> {
-    open_claims(b, mode, true)
-}
-
-/// [`open_backend`] with `durable_claims` set.
-fn open_claims(
-    b: &FaultyBackend,
-    mode: Durability,
-    durable_claims: bool,
-) -> Result<Engine, OpenError> {
     Engine::builder()
         .backend(b.clone())
         .durability(mode)
-        .durable_claims(durable_claims)
         // Every open uses the same mock start time, so retention never runs out between runs.
         .clock(MockClock::new())
         .open()
@@ -298,8 +288,6 @@ fn waiter_on_unpublished_completion_gets_outcome_unknown() {
 struct KeyLog {
     claim_tried: bool,
     claim_acked: bool,
-    /// The call number of the acknowledged claim.
-    claim_call: usize,
     checkpoint: Option<(u32, Vec<u8>)>,
     checkpoint_acked: bool,
     response: Option<Vec<u8>>,
@@ -318,21 +306,12 @@ struct Log {
     max_token: u64,
     /// Failures injected before `close` (the rest hit redb's shutdown, after every ack).
     injected_before_close: u64,
-    /// Calls noted so far.
-    calls: usize,
-    /// The call number of the last acknowledged call other than a claim: it is durable with
-    /// everything queued before it, lazy claims included.
-    last_durable: Option<usize>,
-    /// Whether claims were lazy (`durable_claims(false)`).
-    lazy_claims: bool,
 }
 
 impl Log {
     fn note<T, E: std::fmt::Debug>(&mut self, what: &str, r: &Result<T, E>) -> bool {
-        self.calls += 1;
         match r {
             Ok(_) if self.failed.is_some() => self.acked_after_failure.push(what.into()),
-            Ok(_) if !what.starts_with("claim ") => self.last_durable = Some(self.calls),
             Ok(_) => {}
             Err(e) => {
                 self.failed.get_or_insert_with(|| format!("{what}: {e:?}"));
@@ -363,7 +342,6 @@ fn workload(engine: &Engine, log: &mut Log) -> Vec<Lease> {
             panic!("claim {key}: {r:?}")
         };
         log.key(key).claim_acked = true;
-        log.key(key).claim_call = log.calls;
         log.max_token = log.max_token.max(lease.token());
         if i == 1 || i == 3 {
             let cp = format!("checkpoint of {key}").into_bytes();
@@ -406,7 +384,6 @@ fn workload(engine: &Engine, log: &mut Log) -> Vec<Lease> {
         Err(_) => {}
     }
     log.note("run w4", &r);
-    log.key("w4").claim_call = log.calls;
     let r = engine.flush();
     log.note("flush", &r);
     held
@@ -435,10 +412,6 @@ fn verify(engine: &Engine, log: &Log, token_next: u64, ctx: &str) {
                     (Some(_), None) => false,
                 };
                 *attempt == 1 && cp_ok && k.claim_tried && !k.complete_acked && !k.release_acked
-            }
-            // A lazy claim is durable once a later call was acknowledged durably.
-            None if log.lazy_claims && log.last_durable.is_none_or(|d| d < k.claim_call) => {
-                !k.checkpoint_acked && !k.complete_acked
             }
             None => !k.claim_acked || (k.release_tried && !k.complete_acked),
             Some(other) => panic!("{ctx}: {name}: {other:?}"),
@@ -476,18 +449,11 @@ fn base_image() -> Vec<u8> {
 
 /// Runs the workload on `base` with `arm` applied after open; returns the log, the token
 /// mark the engine reported last, and the backend.
-fn run_armed(
-    base: &[u8],
-    lazy_claims: bool,
-    arm: impl FnOnce(&FaultyBackend),
-) -> (Log, u64, FaultyBackend) {
+fn run_armed(base: &[u8], arm: impl FnOnce(&FaultyBackend)) -> (Log, u64, FaultyBackend) {
     let backend = FaultyBackend::from_image(base);
-    let engine = open_claims(&backend, Durability::Immediate, !lazy_claims).unwrap();
+    let engine = open_backend(&backend, Durability::Immediate).unwrap();
     arm(&backend);
-    let mut log = Log {
-        lazy_claims,
-        ..Log::default()
-    };
+    let mut log = Log::default();
     let held = workload(&engine, &mut log);
     let token_next = engine.stats().token_next;
     log.injected_before_close = backend.injected();
@@ -503,21 +469,10 @@ fn run_armed(
 
 #[test]
 fn every_io_point_of_a_workload_can_fail() {
-    every_io_point_of_the_workload(false);
-}
-
-/// The same with `durable_claims(false)`: a claim may be lost until a later call is
-/// acknowledged, never anything acknowledged after it.
-#[test]
-fn every_io_point_of_a_workload_can_fail_with_lazy_claims() {
-    every_io_point_of_the_workload(true);
-}
-
-fn every_io_point_of_the_workload(lazy_claims: bool) {
     let base = base_image();
     // A dry run counts the I/O the workload (and its close) makes after the arming point.
     let at_arm = std::cell::Cell::new((0, 0));
-    let (log, _, dry) = run_armed(&base, lazy_claims, |b| at_arm.set((b.writes(), b.syncs())));
+    let (log, _, dry) = run_armed(&base, |b| at_arm.set((b.writes(), b.syncs())));
     assert!(log.failed.is_none(), "{log:?}");
     let writes = dry.writes() - at_arm.get().0;
     let syncs = dry.syncs() - at_arm.get().1;
@@ -526,28 +481,23 @@ fn every_io_point_of_the_workload(lazy_claims: bool) {
 
     let mut seen_failures = 0;
     let mut in_shutdown = 0;
-    let mut missed = 0;
     // Every point once; then, with the disk dead after the failure (sticky), every third.
     // Debug builds of redb are slow, so each run reopens only the images that matter most.
     for sticky in [false, true] {
         for fault in [Fault::Write, Fault::Sync] {
             let count = if fault == Fault::Write { writes } else { syncs };
             for n in (1..=count).filter(|n| !sticky || n % 3 == 1) {
-                let (log, token_next, backend) = run_armed(&base, lazy_claims, |b| {
+                let (log, token_next, backend) = run_armed(&base, |b| {
                     b.set_sticky(sticky);
                     match fault {
                         Fault::Write => b.fail_write_in(n),
                         Fault::Sync => b.fail_sync_in(n),
                     }
                 });
-                let ctx = format!("{fault:?} #{n} sticky={sticky} lazy_claims={lazy_claims}");
+                let ctx = format!("{fault:?} #{n} sticky={sticky}");
                 assert!(log.acked_after_failure.is_empty(), "{ctx}: {log:?}");
-                if backend.injected() == 0 {
-                    // Lazy claims share group commits with the next call or not, as the
-                    // writer's timing falls, so a run may make fewer I/Os than the dry run.
-                    assert!(lazy_claims, "{ctx}: nothing failed");
-                    missed += 1;
-                } else if log.injected_before_close > 0 {
+                assert!(backend.injected() > 0, "{ctx}: nothing failed");
+                if log.injected_before_close > 0 {
                     assert!(log.failed.is_some(), "{ctx}: the failure went unreported");
                 } else {
                     // redb's own shutdown write failed after the last commit: nothing was
@@ -575,10 +525,7 @@ fn every_io_point_of_the_workload(lazy_claims: bool) {
             }
         }
     }
-    eprintln!(
-        "{seen_failures} failures injected, {in_shutdown} of them in redb's shutdown; {missed} \
-         points past the end of their run"
-    );
+    eprintln!("{seen_failures} failures injected, {in_shutdown} of them in redb's shutdown");
     assert!(
         seen_failures > 10,
         "only {seen_failures} failures were injected"
@@ -1128,7 +1075,7 @@ fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
 }
 
 // ---------------------------------------------------------------------------------------
-// `durable_claims`: what a power loss may take from an acknowledged claim, with and without
+// What a power loss may take from an acknowledged claim.
 // ---------------------------------------------------------------------------------------
 
 /// What survives a power loss now: the disk's durable image, reopened.
@@ -1158,13 +1105,12 @@ fn call_with_sync_held<T: Send + 'static>(
 /// A hang detector, not a pace: how long a call that must not wait for a sync may take.
 const RETURN_WITHIN: Duration = Duration::from_secs(10);
 
-/// The default (`durable_claims(true)`): a claim is acknowledged only after its record is
-/// fsynced, so an acknowledged claim survives a power loss at any moment after it returned,
+/// A claim is acknowledged only after its record is fsynced, so an acknowledged claim survives a power loss at any moment after it returned,
 /// and a retry after the restart takes the key over (attempt 2).
 #[test]
 fn a_durable_claim_survives_a_power_loss_once_acknowledged() {
     let backend = FaultyBackend::memory();
-    let engine = open_claims(&backend, Durability::Immediate, true).unwrap();
+    let engine = open_backend(&backend, Durability::Immediate).unwrap();
     complete_key(&engine, b"before", b"kept");
     let gate = backend.close_gate();
     let e = engine.clone();
@@ -1190,175 +1136,3 @@ fn a_durable_claim_survives_a_power_loss_once_acknowledged() {
     drop(lease);
     engine.close().unwrap();
 }
-
-/// `durable_claims(false)`: a claim returns while nothing can be fsynced, and a power loss
-/// then takes it (the key is Absent, a retry acquires it at once as attempt 1, with a token
-/// never issued before). The loss is bounded: once the holder's `complete` returned Ok (it
-/// cannot while the fsync is held), the claim and the completion survive.
-#[test]
-fn a_lazy_claim_may_be_lost_but_not_once_its_holder_completed() {
-    let backend = FaultyBackend::memory();
-    let engine = open_claims(&backend, Durability::Immediate, false).unwrap();
-    complete_key(&engine, b"before", b"kept");
-    let gate = backend.close_gate();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let e = engine.clone();
-    std::thread::spawn(move || {
-        let _ = tx.send(e.claim(b"k", &opts()));
-    });
-    let Ok(claimed) = rx.recv_timeout(RETURN_WITHIN) else {
-        drop(gate);
-        panic!("a lazy claim waited for its fsync");
-    };
-    let lease = acquired(claimed.unwrap());
-    assert_eq!(lease.attempt(), 1);
-    let token_next = engine.stats().token_next;
-
-    // The power goes now: the claim was acknowledged, its record never fsynced.
-    let lost = after_power_loss(&backend);
-    expect_completed(&lost, b"before", b"kept");
-    assert_eq!(lost.get(b"k").unwrap(), None, "the lazy claim is lost");
-    let retry = acquired(lost.claim(b"k", &opts()).unwrap());
-    assert_eq!(
-        retry.attempt(),
-        1,
-        "a retry of a lost claim is a first attempt"
-    );
-    assert!(
-        retry.token() > lease.token() && retry.token() >= token_next,
-        "token {} after the loss of token {} (next was {token_next})",
-        retry.token(),
-        lease.token()
-    );
-    drop(retry);
-    lost.close().unwrap();
-
-    // The holder completes: not acknowledged while the fsync is held ...
-    let response = b"done once".to_vec();
-    let token = lease.token();
-    let (early, rx) = call_with_sync_held(&backend, move || lease.complete(&response));
-    assert!(
-        early.is_none(),
-        "complete returned while its fsync was held: {early:?}"
-    );
-    // ... and a power loss before it returns still finds nothing but what came before.
-    let held = after_power_loss(&backend);
-    assert_eq!(held.get(b"k").unwrap(), None);
-    held.close().unwrap();
-    drop(gate);
-    rx.recv_timeout(RETURN_WITHIN)
-        .expect("complete")
-        .expect("complete Ok");
-    // Once it returned Ok, a power loss keeps the completion, under the claim's token.
-    let kept = after_power_loss(&backend);
-    match kept.get(b"k").unwrap() {
-        Some(KeyState::Completed {
-            token: t,
-            attempt,
-            response,
-            ..
-        }) => {
-            assert_eq!((t, attempt), (token, 1));
-            assert_eq!(&response[..], b"done once");
-        }
-        other => panic!("the acknowledged completion is {other:?} after the power loss"),
-    }
-    kept.close().unwrap();
-    engine.close().unwrap();
-}
-
-/// `durable_claims(false)`: every durable act covers the claims queued before it, whatever
-/// their key (the writer's watermark). Lazy claims of `a`, `b`, `c`, `d`; then each durable
-/// act of one holder, followed by a power loss, must find every earlier claim with its own
-/// token and attempt 1, and the act itself with its bytes.
-#[test]
-fn a_durable_act_covers_every_lazy_claim_queued_before_it() {
-    let backend = FaultyBackend::memory();
-    let engine = open_claims(&backend, Durability::Immediate, false).unwrap();
-    let gate = backend.close_gate();
-    let mut leases: Vec<Lease> = [b"a", b"b", b"c", b"d"]
-        .iter()
-        .map(|k| acquired(engine.claim(&k[..], &opts()).unwrap()))
-        .collect();
-    // Nothing is durable yet: the writer is held at its first fsync.
-    let none = after_power_loss(&backend);
-    for key in [b"a", b"b", b"c", b"d"] {
-        assert_eq!(none.get(key).unwrap(), None);
-    }
-    none.close().unwrap();
-    drop(gate);
-    let tokens: Vec<u64> = leases.iter().map(Lease::token).collect();
-    let inflight = |e: &Engine, key: &[u8], token: u64| match e.get(key).unwrap() {
-        Some(KeyState::InFlight {
-            token: t,
-            attempt: 1,
-            checkpoint,
-            ..
-        }) if t == token => checkpoint,
-        other => panic!("{}: {other:?}, expected InFlight under {token}", show(key)),
-    };
-    // A checkpoint of `b` covers the claim of `a` (queued before it) and `c`, `d`.
-    leases[1].set_checkpoint(3, b"half way").unwrap();
-    let after = after_power_loss(&backend);
-    assert_eq!(inflight(&after, b"a", tokens[0]), None);
-    let cp = inflight(&after, b"b", tokens[1]).expect("the acknowledged checkpoint");
-    assert_eq!((cp.phase(), cp.data()), (3, &b"half way"[..]));
-    assert_eq!(inflight(&after, b"c", tokens[2]), None);
-    after.close().unwrap();
-    // An extend, a release and a completion each survive with their effect.
-    let deadline = |e: &Engine, key: &[u8]| {
-        e.admin().records().into_iter().find_map(|r| match r.state {
-            RecordInfoState::InFlight { lease_deadline, .. } if r.key == key => {
-                Some(lease_deadline)
-            }
-            _ => None,
-        })
-    };
-    let claimed_until = deadline(&engine, b"a");
-    leases[0].extend(Duration::from_secs(120)).unwrap();
-    let extended_to = deadline(&engine, b"a");
-    assert!(
-        extended_to > claimed_until.map(|t| t + Duration::from_secs(60)),
-        "{claimed_until:?} -> {extended_to:?}"
-    );
-    let d = leases.pop().expect("d");
-    let c = leases.pop().expect("c");
-    assert!(c.release().unwrap());
-    d.complete(b"d's response").unwrap();
-    let after = after_power_loss(&backend);
-    assert_eq!(inflight(&after, b"a", tokens[0]), None);
-    assert_eq!(after.get(b"c").unwrap(), None, "the acknowledged release");
-    match after.get(b"d").unwrap() {
-        Some(KeyState::Completed {
-            token, response, ..
-        }) => {
-            assert_eq!(token, tokens[3]);
-            assert_eq!(&response[..], b"d's response");
-        }
-        other => panic!("d: {other:?}"),
-    }
-    after.close().unwrap();
-    // A reopen reaps an abandoned claim once its recorded lease end plus the retention has
-    // passed: a minute after the claims' own lease end plus retention, `b` is gone and `a`
-    // is kept by its acknowledged extend to two minutes.
-    let clock = MockClock::new();
-    clock.advance(DEFAULT_RETENTION + Duration::from_secs(60));
-    let late = Engine::builder()
-        .backend(FaultyBackend::from_image(backend.durable_image()))
-        .durability(Durability::Immediate)
-        .clock(clock)
-        .open()
-        .unwrap();
-    assert_eq!(late.get(b"b").unwrap(), None, "b's claim is reaped");
-    assert!(
-        matches!(late.get(b"a").unwrap(), Some(KeyState::InFlight { token, .. }) if token == tokens[0]),
-        "a's acknowledged extend is lost: {:?}",
-        late.get(b"a")
-    );
-    late.close().unwrap();
-    drop(leases);
-    engine.close().unwrap();
-}
-
-/// The engine's default retention, which a reopen uses to reap abandoned claims.
-const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 3600);

@@ -111,38 +111,6 @@ fn storage_faults_every_io_point_immediate() {
     println!("Immediate: {cov:?}");
 }
 
-/// The same sweep with `durable_claims(false)`: an acknowledged claim may be lost until a
-/// later call is acknowledged (or a flush returns), never anything acknowledged after it;
-/// and the sweep must meet such a loss, or it would not tell the two modes apart.
-#[test]
-fn storage_faults_every_io_point_lazy_claims() {
-    let cov = faults::exhaustive(faults::Mode::LAZY_CLAIMS, &faults::small_workload())
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        cov.lost_acknowledged > 0,
-        "no run lost an acknowledged lazy claim: {cov:?}"
-    );
-    println!("Immediate, lazy claims: {cov:?}");
-}
-
-/// The same sweep under `Buffered` with `durable_claims(false)`: a new key's claim leaves its
-/// record to its lease's first durable act, so the reopened file may hold the key as it was
-/// before the claim, and nothing else differs from a prefix of the submitted writes; the
-/// sweep must meet such a file, or it would not show that the claims were left unwritten.
-#[test]
-fn storage_faults_every_io_point_buffered_lazy_claims() {
-    let mode = faults::Mode::LAZY_BUFFERED;
-    let cov = faults::exhaustive(mode, &faults::unwritten_claims_workload())
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(
-        cov.unwritten_claims_missing > 0,
-        "no reopened file lacked an unwritten claim: {cov:?}"
-    );
-    println!("Buffered, lazy claims: {cov:?}");
-    let cov = faults::exhaustive(mode, &faults::small_workload()).unwrap_or_else(|e| panic!("{e}"));
-    println!("Buffered, lazy claims, the small workload: {cov:?}");
-}
-
 #[test]
 fn storage_faults_every_io_point_buffered() {
     let mode = Durability::Buffered {

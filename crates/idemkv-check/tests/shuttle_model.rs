@@ -315,7 +315,6 @@ fn durable_engine(setup: faults::Mode, bug: Bug) -> Engine {
         .path("shuttle.redb")
         .backend(FaultyBackend::memory())
         .durability(setup.durability)
-        .durable_claims(setup.durable_claims)
         .stripes(1)
         .sweep_interval(None)
         .open()
@@ -494,14 +493,6 @@ fn real_writer_model_catches_ack_before_commit_for_async_callers() {
 #[test]
 fn real_writer_buffered_publishes_only_committed_writes() {
     check_real_writer(buffered(), Bug::None);
-}
-
-/// The key's claim leaves its record to the completion, which writes both in one: the
-/// waiters are still shown only the committed completion.
-#[test]
-fn real_writer_buffered_lazy_claims_publishes_only_committed_writes() {
-    check_real_writer(faults::Mode::LAZY_BUFFERED, Bug::None);
-    check_real_writer_with(faults::Mode::LAZY_BUFFERED, Bug::None, true);
 }
 
 fn caught(mode: Durability, bug: Bug) -> bool {

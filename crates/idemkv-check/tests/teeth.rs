@@ -157,17 +157,9 @@ mod durability {
 
     /// Runs the cases of seeds `0..CASES` with `bug`; the first that fails, with how many ran.
     fn first_failing_case(bug: Bug) -> Option<(u64, usize, String)> {
-        first_failing_case_of(bug, false)
-    }
-
-    /// [`first_failing_case`] with every case's claims lazy (`durable_claims(false)`) or
-    /// durable, as `lazy_claims` says; the drawn flag is overridden, so that the durable runs
-    /// are the cases they were before the flag existed.
-    fn first_failing_case_of(bug: Bug, lazy_claims: bool) -> Option<(u64, usize, String)> {
         let mut ran = 0;
         for seed in 0..CASES {
-            let Some(mut case) = case(seed) else { continue };
-            case.lazy_claims = lazy_claims;
+            let Some(case) = case(seed) else { continue };
             ran += 1;
             if let Err(why) = faults::run_case_with(&case, bug) {
                 return Some((seed, ran, why));
@@ -181,29 +173,19 @@ mod durability {
     }
 
     fn caught_by_cases(bug: Bug) {
-        caught_by_cases_of(bug, false);
-    }
-
-    fn caught_by_cases_of(bug: Bug, lazy_claims: bool) {
         let start = Instant::now();
-        match first_failing_case_of(bug, lazy_claims) {
+        match first_failing_case(bug) {
             Some((seed, ran, why)) => println!(
                 "{bug:?} caught by storage_faults at case seed {seed} ({ran} cases, {:?}):\n{}",
                 start.elapsed(),
                 first_lines(&why)
             ),
-            None => panic!(
-                "{bug:?} was NOT caught by {CASES} storage_faults cases (lazy claims: \
-                 {lazy_claims})"
-            ),
+            None => panic!("{bug:?} was NOT caught by {CASES} storage_faults cases"),
         }
     }
 
     fn caught_by_sweep(bug: Bug) {
-        caught_by_sweep_in(bug, Durability::Immediate.into());
-    }
-
-    fn caught_by_sweep_in(bug: Bug, mode: faults::Mode) {
+        let mode = Durability::Immediate;
         let start = Instant::now();
         match faults::exhaustive_with(mode, &faults::small_workload(), bug) {
             Err(why) => println!(
@@ -229,22 +211,6 @@ mod durability {
         caught_by_cases(Bug::AckBeforeCommit);
     }
 
-    /// The same cases with lazy claims (`durable_claims(false)`) pass on the engine as
-    /// shipped: a lost claim is allowed only before its holder's next durable act.
-    #[test]
-    fn storage_faults_cases_pass_with_lazy_claims() {
-        if let Some((seed, _, why)) = first_failing_case_of(Bug::None, true) {
-            panic!("case seed {seed}, lazy claims: {why}");
-        }
-    }
-
-    /// With lazy claims only the holders' durable acts wait for the writer's watermark:
-    /// moving it before the commit is still caught.
-    #[test]
-    fn storage_faults_cases_catch_ack_before_commit_with_lazy_claims() {
-        caught_by_cases_of(Bug::AckBeforeCommit, true);
-    }
-
     #[test]
     fn storage_faults_cases_catch_a_missing_token_mark() {
         caught_by_cases(Bug::SkipTokenHwm);
@@ -261,17 +227,6 @@ mod durability {
     }
 
     #[test]
-    fn exhaustive_sweep_catches_ack_before_commit_with_lazy_claims() {
-        caught_by_sweep_in(Bug::AckBeforeCommit, faults::Mode::LAZY_CLAIMS);
-    }
-
-    /// Lazy claims issue tokens that may never be written: the token mark still guards them.
-    #[test]
-    fn exhaustive_sweep_catches_a_missing_token_mark_with_lazy_claims() {
-        caught_by_sweep_in(Bug::SkipTokenHwm, faults::Mode::LAZY_CLAIMS);
-    }
-
-    #[test]
     fn exhaustive_sweep_catches_a_missing_token_mark() {
         caught_by_sweep(Bug::SkipTokenHwm);
     }
@@ -281,13 +236,9 @@ mod durability {
         caught_by_sweep(Bug::DropOldRemoval);
     }
 
-    /// The held commit's modes: `Buffered`, `Immediate`, and `Immediate` with lazy claims.
-    fn held_modes() -> [faults::Mode; 3] {
-        [
-            buffered().into(),
-            Durability::Immediate.into(),
-            faults::Mode::LAZY_CLAIMS,
-        ]
+    /// The held commit's modes: `Buffered` and `Immediate`.
+    fn held_modes() -> [Durability; 2] {
+        [buffered(), Durability::Immediate]
     }
 
     #[test]
