@@ -4,11 +4,11 @@
 //! had crashed: the engine cannot know whether the holder's side effect already happened.
 //! The first claim after the lease ends takes the key over (attempt + 1, checkpoint kept).
 
+mod common;
+use common::MockEngine;
 use idemkv::{
-    Claim, ClaimOptions, Durability, Engine, KeyState, Lease, LeaseError, MockClock,
-    OnHandlerError, RunError, WriteSet,
+    Claim, ClaimOptions, Engine, KeyState, Lease, LeaseError, OnHandlerError, RunError, WriteSet,
 };
-use idemkv_check::modes;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
@@ -18,37 +18,10 @@ const LEASE: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_millis(1);
 const CHECKPOINT: &[u8] = b"charged";
 
-struct Env {
-    engine: Engine,
-    clock: MockClock,
-    mode: Durability,
-    _dir: Option<tempfile::TempDir>,
-}
-
-fn env(mode: Durability) -> Env {
-    let clock = MockClock::new();
-    let builder = Engine::builder()
-        .durability(mode)
-        .clock(clock.clone())
-        .lease(LEASE)
-        .sweep_interval(None);
-    let dir = (mode != Durability::None).then(|| tempfile::tempdir().unwrap());
-    let builder = match &dir {
-        Some(dir) => builder.path(dir.path().join("drop.redb")),
-        None => builder,
-    };
-    Env {
-        engine: builder.open().unwrap(),
-        clock,
-        mode,
-        _dir: dir,
-    }
-}
+type Env = MockEngine;
 
 fn each_mode(f: impl Fn(&Env)) {
-    for mode in modes() {
-        f(&env(mode));
-    }
+    MockEngine::each_mode(LEASE, f);
 }
 
 /// Claims `key` and saves the checkpoint a takeover must be handed.
@@ -300,8 +273,8 @@ fn a_waiting_caller_takes_a_dropped_lease_over_when_it_ends() {
 /// effect): the key is kept; an async waiter is woken by the lease's end and takes it over.
 #[tokio::test]
 async fn a_run_async_future_dropped_by_a_timeout_keeps_the_key_until_the_lease_ends() {
-    for mode in modes() {
-        let e = env(mode);
+    for mode in idemkv_check::modes() {
+        let e = MockEngine::open(mode, LEASE);
         let (started, started_rx) = tokio::sync::oneshot::channel();
         let opts = ClaimOptions::default();
         let run = e.engine.run_async(b"k", &opts, |h| async move {

@@ -7,8 +7,9 @@
 //! Time is a mock clock moved by hand; the renewals run on the engine's timer thread, which
 //! a clock step wakes, so each step waits (without sleeping) until the renewal is seen.
 
-use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, LeaseError, MockClock, RunError};
-use idemkv_check::modes;
+mod common;
+use common::MockEngine;
+use idemkv::{Claim, ClaimOptions, Durability, KeyState, LeaseError, RunError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -20,37 +21,10 @@ const TICK: Duration = Duration::from_millis(1);
 /// The documented default bound of a handler's keep-alive.
 const KEEP_ALIVE_MAX_DEFAULT: Duration = Duration::from_secs(600);
 
-struct Env {
-    engine: Engine,
-    clock: MockClock,
-    mode: Durability,
-    _dir: Option<tempfile::TempDir>,
-}
-
-fn env(mode: Durability) -> Env {
-    let clock = MockClock::new();
-    let builder = Engine::builder()
-        .durability(mode)
-        .clock(clock.clone())
-        .lease(LEASE)
-        .sweep_interval(None);
-    let dir = (mode != Durability::None).then(|| tempfile::tempdir().unwrap());
-    let builder = match &dir {
-        Some(dir) => builder.path(dir.path().join("slow.redb")),
-        None => builder,
-    };
-    Env {
-        engine: builder.open().unwrap(),
-        clock,
-        mode,
-        _dir: dir,
-    }
-}
+type Env = MockEngine;
 
 fn each_mode(f: impl Fn(&Env)) {
-    for mode in modes() {
-        f(&env(mode));
-    }
+    MockEngine::each_mode(LEASE, f);
 }
 
 /// The lease left on `key` (zero once it ended, or once the key is no longer InFlight).
@@ -139,7 +113,7 @@ fn without_keep_alive_the_lease_bounds_the_handler() {
 /// moves the lease's end to exactly the bound, and a hung handler loses its key there.
 #[test]
 fn the_default_keep_alive_ends_ten_minutes_after_the_claim() {
-    let e = env(Durability::None);
+    let e = MockEngine::open(Durability::None, LEASE);
     let lease = Duration::from_secs(180);
     let step = Duration::from_secs(120);
     let opts = ClaimOptions::default().lease(lease);
