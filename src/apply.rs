@@ -33,9 +33,9 @@ use crate::constants::{APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
 use crate::engine::Shared;
 use crate::storage::{Closing, Durable};
 use crate::sync::{Arc, Condvar, JoinHandle, Mutex};
-use crate::writer::{committed, writes_of, Queued};
+use crate::writer::{writes_of, Queued};
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// One acknowledged batch for the file.
 pub(crate) struct Job {
@@ -47,9 +47,6 @@ pub(crate) struct Job {
     /// The writer's queue was empty at the hand-over: after this apply, publish the
     /// completions nobody else will (responses the file now holds leave memory).
     pub(crate) idle: bool,
-    /// How long the batch's frame took to write, for `Stats::commit_max_us` (with the
-    /// apply's own time, not the wait for the applier between them).
-    pub(crate) staged: Duration,
 }
 
 #[derive(Default)]
@@ -217,17 +214,13 @@ fn apply(shared: &Shared, store: &Closing, jobs: &mut [Job]) {
         return;
     };
     let (how, watermark, idle) = (last.how, last.watermark, last.idle);
-    let staged = jobs.iter().map(|j| j.staged).max().unwrap_or_default();
-    let began = Instant::now();
     let mut writes = Vec::new();
     let mut tables = Vec::new();
-    let mut ops = 0;
     for job in jobs.iter() {
         // The same writes as the frame's: `writes_of` is a function of the batch alone.
-        let (w, t, n) = writes_of(&job.batch, shared);
+        let (w, t, _) = writes_of(&job.batch, shared);
         writes.extend(w);
         tables.extend(t);
-        ops += n;
     }
     let mut marked = Vec::new();
     // An acknowledged-on-sync batch carries no token mark and no marker row. The commit
@@ -241,7 +234,8 @@ fn apply(shared: &Shared, store: &Closing, jobs: &mut [Job]) {
             if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
                 shared.tables.committed(last);
             }
-            committed(shared, staged + began.elapsed(), ops);
+            // The group commits were counted at their frames' syncs: this commit only
+            // brings the file up to them.
             shared.progress.applied(watermark);
             if idle {
                 shared.index.catch_up();

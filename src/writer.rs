@@ -253,7 +253,7 @@ impl Writer {
         };
         match written {
             Ok(Written {
-                acked: Acked::OnSync { how, staged },
+                acked: Acked::OnSync { how },
                 ..
             }) => {
                 // Acknowledged when its frame was synced: the applier takes the batch to
@@ -263,7 +263,6 @@ impl Writer {
                     how,
                     watermark: self.tracker.watermark(),
                     idle: self.rx.is_empty(),
-                    staged,
                 };
                 match &self.applier {
                     Some(applier) => *batch = applier.hand_off(job),
@@ -386,15 +385,15 @@ impl Writer {
                 return Err(why);
             }
             self.made_durable(batch);
+            // The group commit is the frame: counted before its callers are told, so a
+            // caller that returns sees it in `Stats`.
+            committed(&self.shared, began.elapsed(), ops);
             // Test-only hook: held after the frame's sync, before the watermark moves.
             #[cfg(idemkv_sabotage)]
             self.shared.after_commit_gate.pass();
             self.advance(batch, false);
             return Ok(Written {
-                acked: Acked::OnSync {
-                    how,
-                    staged: began.elapsed(),
-                },
+                acked: Acked::OnSync { how },
                 ops,
             });
         }
@@ -552,8 +551,8 @@ struct Written {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Acked {
     /// When its log frame's fdatasync returned; the applier takes it to the file, staged
-    /// as `how`, and counts the commit, whose frame took `staged`.
-    OnSync { how: Durable, staged: Duration },
+    /// as `how`.
+    OnSync { how: Durable },
     /// After the commit (the only way without the log).
     AfterApply,
 }
