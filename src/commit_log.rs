@@ -1,9 +1,9 @@
-//! The commit log (`EngineBuilder::commit_log`): a group commit made durable by one durable
-//! append to a pre-written log file (`log_file.rs`: a direct, synchronous write on Linux,
-//! else a write and an fdatasync), instead of a two-phase redb commit (two fsyncs). The
-//! batch then reaches the redb file in a non-durable commit; a *checkpoint* (a durable redb
-//! commit that also starts a new log epoch) makes the file complete again when the log is
-//! full, at close, and at every open.
+//! The commit log (every `Immediate` engine with a file): a group commit made durable by
+//! one durable append to a pre-written log file (`log_file.rs`: a direct, synchronous write
+//! on Linux, else a write and an fdatasync), instead of a two-phase redb commit (two
+//! fsyncs). The acknowledged batches then reach the redb file in the applier's durable
+//! commits (`apply.rs`); a *checkpoint* (a durable redb commit that also starts a new log
+//! epoch) restarts the log when it is full, at close, and at every open.
 //!
 //! Definitions:
 //! - An *epoch* numbers the log's lives. Every checkpoint makes the next epoch current in
@@ -20,9 +20,9 @@
 //!   fdatasync returned), and the next frame is written only after that: at most one
 //!   frame, the last, can be torn.
 //! - The file's records are the state of a prefix of the current epoch's frames, and
-//!   `log_state` says which: each non-durable commit records the frame it applies, and a
-//!   logging writer's only durable commits are checkpoints. Replay applies the frames after
-//!   that prefix, in order: the same computation the writer did, never a frame twice.
+//!   `log_state` says which: each commit that applies frames records the last of them in
+//!   the same commit. Replay applies the frames after that prefix, in order: the same
+//!   computation the writer did, never a frame twice.
 //! - A frame is accepted only with the current epoch, the next sequence number and a MAC
 //!   keyed by the file's secret. Keys and responses are client bytes: a keyed MAC, unlike a
 //!   plain checksum, cannot be matched by crafted bytes, so a torn frame is never mistaken
