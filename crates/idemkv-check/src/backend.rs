@@ -13,7 +13,8 @@
 //!   [`Fault::Error`] fails that one call (ENOSPC for a write or `set_len`, EIO for a sync)
 //!   and the process lives on; [`Fault::PowerLoss`] fails it and every later write, `set_len`
 //!   and sync (reads still answer from what the OS holds): the machine is gone, and a test
-//!   reopens from one of the images below.
+//!   reopens from one of the images below. Backends joined by [`FaultyBackend::share_power`]
+//!   (a file and its commit log) lose the power together.
 //! - **Stalls**: [`FaultyBackend::close_gate`] makes `sync_data` block until the returned
 //!   guard is dropped; [`FaultyBackend::wait_blocked`] waits until a sync is stuck there.
 //! - **Power loss**: the backend mirrors the storage in a *live image* (every successful
@@ -34,6 +35,7 @@ use redb::{BackendError, StorageBackend};
 use std::io;
 use std::ops::Bound;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -66,6 +68,9 @@ struct State {
     fault: Option<Fault>,
     /// The power is off ([`Fault::PowerLoss`] struck).
     dead: bool,
+    /// The machine's power, shared by the storages of one machine ([`FaultyBackend::share_power`]):
+    /// a power loss at one storage's I/O stops the others' I/O at the same instant.
+    power_off: Arc<AtomicBool>,
     /// The I/O number at which the armed [`Fault`] struck, once it has.
     struck_at: Option<u64>,
     writes: u64,
@@ -179,6 +184,20 @@ impl FaultyBackend {
     /// Arms a fault at the Nth I/O (replacing any other).
     pub fn set_fault(&self, fault: Option<Fault>) {
         self.lock().fault = fault;
+    }
+
+    /// Puts this backend on `other`'s power: a [`Fault::PowerLoss`] striking either fails
+    /// every later write, `set_len` and sync of both, so that their durable images are the
+    /// ones of a single instant.
+    pub fn share_power(&self, other: &FaultyBackend) {
+        let power = other.lock().power_off.clone();
+        self.lock().power_off = power;
+    }
+
+    /// Whether the power is off: a [`Fault::PowerLoss`] struck this backend or one sharing
+    /// its power.
+    pub fn power_lost(&self) -> bool {
+        self.lock().power_off.load(Ordering::SeqCst)
     }
 
     /// I/O calls (`write`, `set_len`, `sync_data`) made so far while the power was on.
@@ -297,7 +316,7 @@ impl FaultyBackend {
     /// [`Fault`] clock ticks first: a dead disk fails every call, and the armed [`Fault`]
     /// strikes at its I/O number.
     fn check(&self, s: &mut State, count: u64, at: Option<u64>) -> bool {
-        if s.dead {
+        if s.dead || s.power_off.load(Ordering::SeqCst) {
             return true;
         }
         s.ios += 1;
@@ -305,6 +324,9 @@ impl FaultyBackend {
             Some(Fault::Error { at }) => at == s.ios,
             Some(Fault::PowerLoss { at }) => {
                 s.dead = at == s.ios;
+                if s.dead {
+                    s.power_off.store(true, Ordering::SeqCst);
+                }
                 s.dead
             }
             None => false,

@@ -8,9 +8,14 @@
 //!   call was shown), so at most the writes after the last acknowledged one differ;
 //! - the next token issued after the reopen is above every token issued before the crash.
 //!
-//! [`exhaustive`] runs a workload once to count its I/Os, then once per I/O point and
-//! fault kind: power loss with only the synced bytes, power loss with every unsynced write
-//! too, and a failing call that the process survives.
+//! Under `Immediate` the engine runs as by default: its group commits are made durable by
+//! the commit log (a second [`FaultyBackend`], on the file's power), and its applier takes
+//! them to the file. A fault strikes either storage; [`Mode::unlogged`] runs the other
+//! durable path, a custom backend without a log (group commits are durable redb commits).
+//!
+//! [`exhaustive`] runs a workload once to count its I/Os, then once per I/O point of each
+//! storage and fault kind: power loss with only the synced bytes, power loss with every
+//! unsynced write too, and a failing call that the process survives.
 
 use crate::backend::{Fault, FaultyBackend};
 use crate::ops::{self, call, Call, Model, Op};
@@ -26,11 +31,15 @@ use std::time::Duration;
 /// Most operations of a fault case.
 pub const OPS_MAX: usize = 24;
 
-/// The engine configuration of a fault run: its durability mode.
+/// The engine configuration of a fault run: its durability mode, and whether it is given a
+/// commit log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Mode {
     /// The durability mode.
     pub durability: Durability,
+    /// Whether the engine gets a log storage (`EngineBuilder::log_backend`); only
+    /// `Immediate` writes a log.
+    pub logged: bool,
 }
 
 impl Mode {
@@ -38,12 +47,46 @@ impl Mode {
     fn acknowledges_durably(self) -> bool {
         self.durability == Durability::Immediate
     }
+
+    /// `durability` on a custom backend without a log: under `Immediate`, group commits are
+    /// durable redb commits (the path of custom backends, and of a disk without room for
+    /// the log).
+    pub fn unlogged(durability: Durability) -> Mode {
+        Mode {
+            durability,
+            logged: false,
+        }
+    }
 }
 
 impl From<Durability> for Mode {
+    /// The default configuration: `Immediate` is logged.
     fn from(durability: Durability) -> Mode {
-        Mode { durability }
+        Mode {
+            durability,
+            logged: durability == Durability::Immediate,
+        }
     }
+}
+
+/// One storage of a fault run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disk {
+    /// The redb file.
+    File,
+    /// The commit log.
+    Log,
+}
+
+/// Which storage a fuzzed case's fault strikes, and so which `Immediate` path it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Arbitrary)]
+pub enum Struck {
+    /// The file of the default configuration (logged under `Immediate`).
+    File,
+    /// The commit log under `Immediate` (under `Buffered`, which writes none: the file).
+    Log,
+    /// The file of an engine without a log ([`Mode::unlogged`]).
+    UnloggedFile,
 }
 
 /// A fuzzed fault case.
@@ -59,6 +102,9 @@ pub struct FaultCase {
     pub power_loss: bool,
     /// After a power loss, which unsynced writes reached the disk (bit i: the i-th, cycling).
     pub keep: u64,
+    /// The storage the fault strikes. Drawn last, so that inputs written before it existed
+    /// decode as before (with the fault on the file).
+    pub struck: Struck,
 }
 
 /// The durable part of one key's record, as compared after a reopen.
@@ -185,8 +231,10 @@ fn matches_view(view: &DurableView, found: &DurableView, wall_ms: u64) -> bool {
 /// What one fault run saw.
 #[derive(Debug, Clone, Default)]
 pub struct FaultRun {
-    /// I/Os the run made before the reopen.
+    /// I/Os the run made on the file before the reopen.
     pub ios: u64,
+    /// I/Os the run made on the commit log before the reopen.
+    pub log_ios: u64,
     /// Whether the fault struck.
     pub struck: bool,
     /// Writes submitted, and the prefix length the reopened file matched.
@@ -204,7 +252,7 @@ pub struct FaultRun {
 pub fn run(
     mode: impl Into<Mode>,
     ops_in: &[Op],
-    fault: Option<Fault>,
+    fault: Option<(Disk, Fault)>,
     keep: impl FnMut(usize) -> bool,
 ) -> Result<FaultRun, String> {
     run_with(mode, ops_in, fault, keep, Bug::None)
@@ -215,7 +263,7 @@ pub fn run(
 pub fn run_with(
     mode: impl Into<Mode>,
     ops_in: &[Op],
-    fault: Option<Fault>,
+    fault: Option<(Disk, Fault)>,
     mut keep: impl FnMut(usize) -> bool,
     bug: Bug,
 ) -> Result<FaultRun, String> {
@@ -223,7 +271,14 @@ pub fn run_with(
     let mode = setup.durability;
     let clock = MockClock::new();
     let disk = FaultyBackend::memory();
-    disk.set_fault(fault);
+    let log_disk = FaultyBackend::memory();
+    log_disk.share_power(&disk);
+    match fault {
+        Some((Disk::File, f)) => disk.set_fault(Some(f)),
+        Some((Disk::Log, f)) => log_disk.set_fault(Some(f)),
+        None => {}
+    }
+    let struck_now = || disk.struck_at().is_some() || log_disk.struck_at().is_some();
     let mut model = Model::new(ops::spec_config(mode), &clock);
     // Durable views after each submitted write; [0] is the empty file.
     let mut views: Vec<DurableView> = vec![DurableView::new()];
@@ -233,7 +288,7 @@ pub fn run_with(
     let mut completion_at: BTreeMap<u64, usize> = BTreeMap::new();
     let mut token_next = 1u64;
     let mut log: Vec<String> = Vec::new();
-    let opened = crate::armed(ops::builder(mode, &clock, Some(&disk)), bug).open();
+    let opened = crate::armed(builder(setup, &clock, &disk, &log_disk), bug).open();
     if let Ok(engine) = &opened {
         for op in ops_in.iter().take(OPS_MAX) {
             token_next = token_next.max(engine.stats().token_next);
@@ -353,34 +408,41 @@ pub fn run_with(
     }
     // Crash: a power loss freezes the disk where it struck; a process that survived a
     // failing call, or that never saw one, closes (a poisoned engine writes nothing more).
-    let power_loss = matches!(fault, Some(Fault::PowerLoss { .. }));
-    if !(power_loss && disk.struck_at().is_some()) {
+    // The storages share the power, so after a power loss neither changes any more: their
+    // images are of one instant (the log's taken first, as a copy of a live machine would).
+    let power_loss = matches!(fault, Some((_, Fault::PowerLoss { .. })));
+    if !(power_loss && struck_now()) {
         if let Ok(engine) = &opened {
             let closed = engine.close();
-            if disk.struck_at().is_none() {
+            if !struck_now() {
                 closed.map_err(|e| format!("close without a fault failed: {e}"))?;
             }
         }
     }
-    let struck = disk.struck_at().is_some();
+    let struck = struck_now();
     if !struck && opened.is_ok() {
         floor = views.len() - 1;
     }
-    let image = if power_loss && struck {
-        disk.crash_image(&mut keep)
+    let (log_image, image) = if power_loss && struck {
+        (log_disk.crash_image(&mut keep), disk.crash_image(&mut keep))
     } else {
-        disk.live_image()
+        (log_disk.live_image(), disk.live_image())
     };
     if let Ok(engine) = &opened {
         let _ = engine.close();
     }
     drop(opened);
-    let ios = disk.ios();
+    let (ios, log_ios) = (disk.ios(), log_disk.ios());
     // Reopen and compare.
     // (A higher in-flight limit, so that the fresh claim below is never refused.)
-    let reopened = match ops::builder(mode, &clock, Some(&FaultyBackend::from_image(image)))
-        .inflight_max(1 << 10)
-        .open()
+    let reopened = match builder(
+        setup,
+        &clock,
+        &FaultyBackend::from_image(image),
+        &FaultyBackend::from_image(log_image),
+    )
+    .inflight_max(1 << 10)
+    .open()
     {
         Ok(e) => e,
         Err(e) => {
@@ -430,6 +492,7 @@ pub fn run_with(
         .map_err(|e| format!("close after the reopen failed: {e}"))?;
     Ok(FaultRun {
         ios,
+        log_ios,
         struck,
         submitted: views.len() - 1,
         matched,
@@ -452,7 +515,24 @@ pub fn dense_case(u: &mut arbitrary::Unstructured<'_>) -> arbitrary::Result<Faul
         at: u.int_in_range(0..=255)?,
         power_loss: u.arbitrary()?,
         keep: u.arbitrary()?,
+        struck: u.arbitrary()?,
     })
+}
+
+/// The engine of a fault run on `file`, given `log` as its commit log when `setup` is
+/// logged.
+fn builder(
+    setup: Mode,
+    clock: &MockClock,
+    file: &FaultyBackend,
+    log: &FaultyBackend,
+) -> idemkv::EngineBuilder {
+    let b = ops::builder(setup.durability, clock, Some(file));
+    if setup.logged {
+        b.log_backend(log.clone())
+    } else {
+        b
+    }
 }
 
 /// Runs a fuzzed case.
@@ -462,12 +542,18 @@ pub fn run_case(case: &FaultCase) -> Result<FaultRun, String> {
 
 /// Runs a fuzzed case with `bug` armed (see [`run_with`]).
 pub fn run_case_with(case: &FaultCase, bug: Bug) -> Result<FaultRun, String> {
-    let mode = if case.immediate {
+    let durability = if case.immediate {
         Durability::Immediate
     } else {
         Durability::Buffered {
             max_delay: Duration::from_millis(1),
         }
+    };
+    let (mode, disk) = match case.struck {
+        Struck::File => (Mode::from(durability), Disk::File),
+        Struck::Log if case.immediate => (Mode::from(durability), Disk::Log),
+        Struck::Log => (Mode::from(durability), Disk::File),
+        Struck::UnloggedFile => (Mode::unlogged(durability), Disk::File),
     };
     // Workloads make a few hundred I/Os at most: fold the byte into that range.
     let at = u64::from(case.at) % 512 + 1;
@@ -480,7 +566,7 @@ pub fn run_case_with(case: &FaultCase, bug: Bug) -> Result<FaultRun, String> {
     run_with(
         mode,
         &case.ops,
-        Some(fault),
+        Some((disk, fault)),
         |i| keep & (1 << (i % 64)) != 0,
         bug,
     )
@@ -489,8 +575,10 @@ pub fn run_case_with(case: &FaultCase, bug: Bug) -> Result<FaultRun, String> {
 /// What [`exhaustive`] covered.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Coverage {
-    /// I/O points of the fault-free run.
+    /// I/O points of the fault-free run (the file's and the log's).
     pub io_points: u64,
+    /// Of them, the log's.
+    pub log_io_points: u64,
     /// Runs made (three per I/O point).
     pub runs: u64,
     /// Runs whose reopened file lacks a write a call returned `Ok` for: never under
@@ -499,7 +587,9 @@ pub struct Coverage {
 }
 
 /// Power loss (synced bytes only; every unsynced write too) and a failing call, at every
-/// I/O point of `ops` in `mode`.
+/// I/O point of `ops` in `mode`: of the file, and of the log when `mode` is logged. The
+/// applier's file commits follow real time, so a run's file I/Os may differ a little from
+/// the fault-free run's; each run is checked on its own.
 pub fn exhaustive(mode: impl Into<Mode>, ops_in: &[Op]) -> Result<Coverage, String> {
     exhaustive_with(mode, ops_in, Bug::None)
 }
@@ -510,11 +600,15 @@ pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result
     let base = run_with(mode, ops_in, None, |_| false, bug)
         .map_err(|e| format!("{mode:?}, without a fault: {e}"))?;
     let mut cov = Coverage {
-        io_points: base.ios,
+        io_points: base.ios + base.log_ios,
+        log_io_points: base.log_ios,
         runs: 1,
         lost_acknowledged: 0,
     };
-    for at in 1..=base.ios {
+    let points = (1..=base.ios)
+        .map(|at| (Disk::File, at, base.ios))
+        .chain((1..=base.log_ios).map(|at| (Disk::Log, at, base.log_ios)));
+    for (disk, at, of) in points {
         for (name, fault, keep_all) in [
             (
                 "power loss, synced bytes only",
@@ -528,8 +622,9 @@ pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result
             ),
             ("failing call", Fault::Error { at }, false),
         ] {
-            let run = run_with(mode, ops_in, Some(fault), |_| keep_all, bug)
-                .map_err(|e| format!("{mode:?}, {name} at I/O {at} of {}: {e}", base.ios))?;
+            let run = run_with(mode, ops_in, Some((disk, fault)), |_| keep_all, bug).map_err(
+                |e| format!("{mode:?}, {name} at I/O {at} of {of} of the {disk:?}: {e}"),
+            )?;
             cov.runs += 1;
             cov.lost_acknowledged += u64::from(run.matched < run.acked);
         }
@@ -623,9 +718,9 @@ pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
     let setup: Mode = mode.into();
     let mode = setup.durability;
     let clock = MockClock::new();
-    let disk = FaultyBackend::memory();
+    let (disk, log_disk) = (FaultyBackend::memory(), FaultyBackend::memory());
     let engine = crate::armed(
-        ops::builder(mode, &clock, Some(&disk)).inflight_max(16),
+        builder(setup, &clock, &disk, &log_disk).inflight_max(16),
         bug,
     )
     .open()
@@ -671,7 +766,7 @@ pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
         // Only `Immediate` promises that a returned `complete` is durable.
         let acked = mode == Durability::Immediate && completer.is_finished();
         // The power goes now: the held commit has not begun.
-        let image = disk.durable_image();
+        let image = (log_disk.durable_image(), disk.durable_image());
         drop(held);
         let completed = completer
             .join()
@@ -700,9 +795,15 @@ pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
     if !matches!(claimed, Ok(Claim::Acquired(_))) {
         return Err(format!("claim of a new key: {claimed:?}"));
     }
-    let reopened = ops::builder(mode, &clock, Some(&FaultyBackend::from_image(image)))
-        .inflight_max(16)
-        .open()
+    let (log_image, image) = image;
+    let reopened = builder(
+        setup,
+        &clock,
+        &FaultyBackend::from_image(image),
+        &FaultyBackend::from_image(log_image),
+    )
+    .inflight_max(16)
+    .open()
         .map_err(|e| format!("reopen after the power loss: {e}"))?;
     let found = view_of_records(&reopened.admin().records())?;
     let durable = matches!(
