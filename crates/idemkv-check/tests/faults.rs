@@ -33,6 +33,19 @@ fn open_backend(b: &FaultyBackend, mode: Durability) -> Result<Engine, OpenError
         .open()
 }
 
+/// Like [`open_backend`] under `Immediate`, with `log` as the commit log when given (the
+/// default configuration's path: each group commit is one log append).
+fn open_logged(b: &FaultyBackend, log: Option<&FaultyBackend>) -> Result<Engine, OpenError> {
+    let mut builder = Engine::builder()
+        .backend(b.clone())
+        .durability(Durability::Immediate)
+        .clock(MockClock::new());
+    if let Some(log) = log {
+        builder = builder.log_backend(log.clone());
+    }
+    builder.open()
+}
+
 fn open_path(path: &Path) -> Result<Engine, OpenError> {
     Engine::builder().path(path).clock(MockClock::new()).open()
 }
@@ -447,12 +460,56 @@ fn base_image() -> Vec<u8> {
     backend.live_image()
 }
 
-/// Runs the workload on `base` with `arm` applied after open; returns the log, the token
-/// mark the engine reported last, and the backend.
-fn run_armed(base: &[u8], arm: impl FnOnce(&FaultyBackend)) -> (Log, u64, FaultyBackend) {
-    let backend = FaultyBackend::from_image(base);
-    let engine = open_backend(&backend, Durability::Immediate).unwrap();
-    arm(&backend);
+/// The storage a workload's failures strike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Struck {
+    /// The file of an engine without a log: group commits are durable redb commits.
+    UnloggedFile,
+    /// The file of an engine with a commit log (the default), written by its applier.
+    File,
+    /// That engine's commit log.
+    Log,
+}
+
+impl Struck {
+    fn logged(self) -> bool {
+        self != Struck::UnloggedFile
+    }
+}
+
+/// The file and the commit log of a workload's engine.
+struct Disks {
+    file: FaultyBackend,
+    log: FaultyBackend,
+}
+
+impl Disks {
+    /// The storage `struck` names.
+    fn struck(&self, struck: Struck) -> &FaultyBackend {
+        match struck {
+            Struck::Log => &self.log,
+            _ => &self.file,
+        }
+    }
+}
+
+/// Opens an engine on the images `(file, log)`, logged when `struck` is.
+fn reopen(struck: Struck, (file, log): &(Vec<u8>, Vec<u8>)) -> Result<Engine, OpenError> {
+    let log = struck.logged().then(|| FaultyBackend::from_image(log));
+    open_logged(&FaultyBackend::from_image(file), log.as_ref())
+}
+
+/// Runs the workload on `base` (with an empty log when `struck` is logged) with `arm`
+/// applied to the struck storage after open; returns the log, the token mark the engine
+/// reported last, and the storages.
+fn run_armed(base: &[u8], struck: Struck, arm: impl FnOnce(&FaultyBackend)) -> (Log, u64, Disks) {
+    let disks = Disks {
+        file: FaultyBackend::from_image(base),
+        log: FaultyBackend::memory(),
+    };
+    let engine = open_logged(&disks.file, struck.logged().then_some(&disks.log)).unwrap();
+    let backend = disks.struck(struck);
+    arm(backend);
     let mut log = Log::default();
     let held = workload(&engine, &mut log);
     let token_next = engine.stats().token_next;
@@ -464,20 +521,41 @@ fn run_armed(base: &[u8], arm: impl FnOnce(&FaultyBackend)) -> (Log, u64, Faulty
     }
     drop(held);
     drop(engine);
-    (log, token_next, backend)
+    (log, token_next, disks)
 }
 
+/// Under `Immediate` (the default), failures of the file's I/Os, which its applier makes.
 #[test]
 fn every_io_point_of_a_workload_can_fail() {
+    every_io_point_can_fail(Struck::File);
+}
+
+/// Under `Immediate` (the default), failures of the commit log's I/Os.
+#[test]
+fn every_io_point_of_a_workload_log_can_fail() {
+    every_io_point_can_fail(Struck::Log);
+}
+
+/// On a custom backend without a log, whose group commits are durable redb commits.
+#[test]
+fn every_io_point_of_an_unlogged_workload_can_fail() {
+    every_io_point_can_fail(Struck::UnloggedFile);
+}
+
+/// Fails each write and each sync of the `struck` storage in turn (once; then with the disk
+/// dead after it), and reopens the images a crash and a power loss leave: both storages'
+/// live images, their durable ones (the log's taken first), and a torn one.
+fn every_io_point_can_fail(struck: Struck) {
     let base = base_image();
     // A dry run counts the I/O the workload (and its close) makes after the arming point.
     let at_arm = std::cell::Cell::new((0, 0));
-    let (log, _, dry) = run_armed(&base, |b| at_arm.set((b.writes(), b.syncs())));
+    let (log, _, dry) = run_armed(&base, struck, |b| at_arm.set((b.writes(), b.syncs())));
     assert!(log.failed.is_none(), "{log:?}");
+    let dry = dry.struck(struck);
     let writes = dry.writes() - at_arm.get().0;
     let syncs = dry.syncs() - at_arm.get().1;
     assert!(writes > 0 && syncs > 0);
-    eprintln!("workload: {writes} writes, {syncs} syncs");
+    eprintln!("{struck:?}: workload: {writes} writes, {syncs} syncs");
 
     let mut seen_failures = 0;
     let mut in_shutdown = 0;
@@ -487,15 +565,21 @@ fn every_io_point_of_a_workload_can_fail() {
         for fault in [Fault::Write, Fault::Sync] {
             let count = if fault == Fault::Write { writes } else { syncs };
             for n in (1..=count).filter(|n| !sticky || n % 3 == 1) {
-                let (log, token_next, backend) = run_armed(&base, |b| {
+                let (log, token_next, disks) = run_armed(&base, struck, |b| {
                     b.set_sticky(sticky);
                     match fault {
                         Fault::Write => b.fail_write_in(n),
                         Fault::Sync => b.fail_sync_in(n),
                     }
                 });
-                let ctx = format!("{fault:?} #{n} sticky={sticky}");
+                let backend = disks.struck(struck);
+                let ctx = format!("{struck:?}: {fault:?} #{n} sticky={sticky}");
                 assert!(log.acked_after_failure.is_empty(), "{ctx}: {log:?}");
+                // With the log, the applier's file I/O follows real time: a late point may
+                // never be reached.
+                if backend.injected() == 0 && struck == Struck::File {
+                    continue;
+                }
                 assert!(backend.injected() > 0, "{ctx}: nothing failed");
                 if log.injected_before_close > 0 {
                     assert!(log.failed.is_some(), "{ctx}: the failure went unreported");
@@ -505,19 +589,21 @@ fn every_io_point_of_a_workload_can_fail() {
                     in_shutdown += 1;
                 }
                 seen_failures += u64::from(backend.injected() > 0);
-                let mut images = vec![("live", backend.live_image())];
+                let (file, log_disk) = (&disks.file, &disks.log);
+                let mut images = vec![("live", (file.live_image(), log_disk.live_image()))];
                 if !sticky {
-                    images.push(("durable", backend.durable_image()));
+                    let log_image = log_disk.durable_image();
+                    images.push(("durable", (file.durable_image(), log_image)));
                 }
                 if !sticky && n % 2 == 0 && backend.pending() > 1 {
                     // Power loss where a pseudo-random subset of the unsynced writes landed.
-                    let torn = backend.crash_image(|i| (i as u64 * 0x9E37_79B9 + n) % 3 != 0);
-                    images.push(("torn", torn));
+                    let keep = |i: usize| (i as u64 * 0x9E37_79B9 + n) % 3 != 0;
+                    let log_image = log_disk.crash_image(keep);
+                    images.push(("torn", (file.crash_image(keep), log_image)));
                 }
-                for (what, image) in images {
+                for (what, images) in images {
                     let ctx = format!("{ctx} {what} image");
-                    let b = FaultyBackend::from_image(&image);
-                    let engine = open_backend(&b, Durability::Immediate)
+                    let engine = reopen(struck, &images)
                         .unwrap_or_else(|e| panic!("{ctx}: reopen: {e} ({log:?})"));
                     verify(&engine, &log, token_next, &ctx);
                     engine.close().unwrap();
@@ -525,10 +611,12 @@ fn every_io_point_of_a_workload_can_fail() {
             }
         }
     }
-    eprintln!("{seen_failures} failures injected, {in_shutdown} of them in redb's shutdown");
+    eprintln!(
+        "{struck:?}: {seen_failures} failures injected, {in_shutdown} of them in redb's shutdown"
+    );
     assert!(
         seen_failures > 10,
-        "only {seen_failures} failures were injected"
+        "{struck:?}: only {seen_failures} failures were injected"
     );
 }
 

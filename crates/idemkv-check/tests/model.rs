@@ -107,8 +107,20 @@ fn storage_faults_every_io_point_immediate() {
     let cov = faults::exhaustive(Durability::Immediate, &faults::small_workload())
         .unwrap_or_else(|e| panic!("{e}"));
     assert!(cov.io_points > 10, "the workload makes I/O: {cov:?}");
+    assert!(cov.log_io_points > 0, "the commit log is swept: {cov:?}");
     assert_eq!(cov.lost_acknowledged, 0, "{cov:?}");
     println!("Immediate: {cov:?}");
+}
+
+/// The same on a custom backend without a log, whose group commits are durable redb
+/// commits (custom backends, and a disk without room for the log).
+#[test]
+fn storage_faults_every_io_point_immediate_unlogged() {
+    let mode = faults::Mode::unlogged(Durability::Immediate);
+    let cov = faults::exhaustive(mode, &faults::small_workload()).unwrap_or_else(|e| panic!("{e}"));
+    assert!(cov.io_points > 10, "the workload makes I/O: {cov:?}");
+    assert_eq!(cov.lost_acknowledged, 0, "{cov:?}");
+    println!("Immediate without a log: {cov:?}");
 }
 
 #[test]
