@@ -622,9 +622,10 @@ pub fn exhaustive_with(mode: impl Into<Mode>, ops_in: &[Op], bug: Bug) -> Result
             ),
             ("failing call", Fault::Error { at }, false),
         ] {
-            let run = run_with(mode, ops_in, Some((disk, fault)), |_| keep_all, bug).map_err(
-                |e| format!("{mode:?}, {name} at I/O {at} of {of} of the {disk:?}: {e}"),
-            )?;
+            let run =
+                run_with(mode, ops_in, Some((disk, fault)), |_| keep_all, bug).map_err(|e| {
+                    format!("{mode:?}, {name} at I/O {at} of {of} of the {disk:?}: {e}")
+                })?;
             cov.runs += 1;
             cov.lost_acknowledged += u64::from(run.matched < run.acked);
         }
@@ -804,7 +805,7 @@ pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
     )
     .inflight_max(16)
     .open()
-        .map_err(|e| format!("reopen after the power loss: {e}"))?;
+    .map_err(|e| format!("reopen after the power loss: {e}"))?;
     let found = view_of_records(&reopened.admin().records())?;
     let durable = matches!(
         found.get(&b"a"[..]),

@@ -620,36 +620,45 @@ fn every_io_point_can_fail(struck: Struck) {
     );
 }
 
+/// Each write and sync of an open and close in turn fails, of the file (with a commit log
+/// and without) and of the log.
 #[test]
 fn every_io_point_of_open_can_fail() {
     let base = base_image();
-    let probe = FaultyBackend::from_image(&base);
-    open_backend(&probe, Durability::Immediate)
-        .unwrap()
-        .close()
-        .unwrap();
-    let (writes, syncs) = (probe.writes(), probe.syncs());
-    for fault in [Fault::Write, Fault::Sync] {
-        let count = if fault == Fault::Write { writes } else { syncs };
-        for n in 1..=count {
-            let b = FaultyBackend::from_image(&base);
-            match fault {
-                Fault::Write => b.fail_write_in(n),
-                Fault::Sync => b.fail_sync_in(n),
-            }
-            let ctx = format!("open, {fault:?} #{n}");
-            if let Ok(engine) = open_backend(&b, Durability::Immediate) {
-                // The failure hit the engine's first commits or its close instead.
-                let _ = engine.close();
-            }
-            for image in [b.durable_image(), b.live_image()] {
-                let engine =
-                    open_backend(&FaultyBackend::from_image(&image), Durability::Immediate)
-                        .unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
-                for key in SETUP_KEYS {
-                    expect_completed(&engine, key.as_bytes(), &response_for(key));
+    for struck in [Struck::UnloggedFile, Struck::File, Struck::Log] {
+        let disks = |base: &[u8]| Disks {
+            file: FaultyBackend::from_image(base),
+            log: FaultyBackend::memory(),
+        };
+        let open = |d: &Disks| open_logged(&d.file, struck.logged().then_some(&d.log));
+        let probe = disks(&base);
+        open(&probe).unwrap().close().unwrap();
+        let probe = probe.struck(struck);
+        let (writes, syncs) = (probe.writes(), probe.syncs());
+        for fault in [Fault::Write, Fault::Sync] {
+            let count = if fault == Fault::Write { writes } else { syncs };
+            for n in 1..=count {
+                let d = disks(&base);
+                let b = d.struck(struck);
+                match fault {
+                    Fault::Write => b.fail_write_in(n),
+                    Fault::Sync => b.fail_sync_in(n),
                 }
-                engine.close().unwrap();
+                let ctx = format!("open, {struck:?}: {fault:?} #{n}");
+                if let Ok(engine) = open(&d) {
+                    // The failure hit the engine's first commits or its close instead.
+                    let _ = engine.close();
+                }
+                let durable = (d.file.durable_image(), d.log.durable_image());
+                let live = (d.file.live_image(), d.log.live_image());
+                for images in [durable, live] {
+                    let engine =
+                        reopen(struck, &images).unwrap_or_else(|e| panic!("{ctx}: reopen: {e}"));
+                    for key in SETUP_KEYS {
+                        expect_completed(&engine, key.as_bytes(), &response_for(key));
+                    }
+                    engine.close().unwrap();
+                }
             }
         }
     }
