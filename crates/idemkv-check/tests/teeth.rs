@@ -184,8 +184,12 @@ mod durability {
         }
     }
 
+    /// The sweep under `Immediate`, by default with the commit log.
     fn caught_by_sweep(bug: Bug) {
-        let mode = Durability::Immediate;
+        caught_by_sweep_in(faults::Mode::from(Durability::Immediate), bug);
+    }
+
+    fn caught_by_sweep_in(mode: faults::Mode, bug: Bug) {
         let start = Instant::now();
         match faults::exhaustive_with(mode, &faults::small_workload(), bug) {
             Err(why) => println!(
@@ -224,6 +228,15 @@ mod durability {
     #[test]
     fn exhaustive_sweep_catches_ack_before_commit() {
         caught_by_sweep(Bug::AckBeforeCommit);
+    }
+
+    /// The durable path without a log (a custom backend), which the sweep runs too.
+    #[test]
+    fn exhaustive_sweep_without_a_log_catches_ack_before_commit() {
+        caught_by_sweep_in(
+            faults::Mode::unlogged(Durability::Immediate),
+            Bug::AckBeforeCommit,
+        );
     }
 
     #[test]
