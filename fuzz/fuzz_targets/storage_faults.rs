@@ -1,5 +1,5 @@
-//! A workload on a simulated disk that fails or loses power at the Nth I/O (write, set_len,
-//! sync), then a reopen: every acknowledged record present, nothing never submitted, at most
+//! A workload on a simulated file and commit log (`Immediate` runs the default, logged path)
+//! where one of them fails or loses power at its Nth I/O (write, set_len, sync), then a reopen: every acknowledged record present, nothing never submitted, at most
 //! the in-doubt batch differs, tokens never go backwards. See docs/testing.md.
 //! `IDEMKV_SABOTAGE=<name>` arms a deliberate bug (`concurrent::bug_from_name`), such as
 //! `ack-before-commit`, `skip-token-hwm` or `drop-old-removal`, in a build with
