@@ -187,14 +187,18 @@ fn run(shared: &Shared, store: &Closing, handoff: &Handoff) {
         }
         apply(shared, store, &mut jobs);
         last_commit = Instant::now();
-        let mut slot = handoff.slot.lock();
-        for job in jobs.drain(..) {
-            if slot.spare.len() < APPLY_JOBS_MAX {
+        // Emptied outside the hand-over lock: dropping a batch frees its records.
+        let spare: Vec<Vec<Queued>> = jobs
+            .drain(..)
+            .map(|job| {
                 let mut batch = job.batch;
                 batch.clear();
-                slot.spare.push(batch);
-            }
-        }
+                batch
+            })
+            .collect();
+        let mut slot = handoff.slot.lock();
+        let room = APPLY_JOBS_MAX.saturating_sub(slot.spare.len());
+        slot.spare.extend(spare.into_iter().take(room));
         slot.busy = !slot.jobs.is_empty();
         if !slot.busy {
             slot.urgent = false;

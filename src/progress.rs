@@ -67,6 +67,15 @@ struct Waiters {
     sleepers: usize,
 }
 
+/// The watermark a blocked caller waits for.
+#[derive(Clone, Copy)]
+enum Mark {
+    /// Operations durable (in the log, or in the file without one).
+    Durable,
+    /// Operations in the file.
+    Applied,
+}
+
 pub(crate) struct Progress {
     /// The next number to hand out; the first operation gets 1.
     next: AtomicU64,
@@ -136,23 +145,7 @@ impl Progress {
     /// when nothing more will be. With the commit log the file follows the log by up to
     /// the applier's interval.
     pub(crate) fn wait_applied(&self, seq: u64, engine: &impl Stopped) -> Result<(), Failed> {
-        loop {
-            if self.marks.applied_now() >= seq {
-                return Ok(());
-            }
-            let mut w = self.waiters.lock();
-            // Checked again under the lock, which `applied` takes after raising the mark:
-            // no wake-up is lost.
-            if self.marks.applied_now() >= seq {
-                return Ok(());
-            }
-            if let Some(why) = engine.stopped() {
-                return Err(why);
-            }
-            w.sleepers += 1;
-            self.changed.wait_for(&mut w, ACK_POLL);
-            w.sleepers -= 1;
-        }
+        self.block_until(Mark::Applied, seq, engine)
     }
 
     /// Publishes a new watermark and wakes whoever it satisfies: every sleeping thread with
@@ -187,13 +180,26 @@ impl Progress {
         due.into_iter().for_each(Waker::wake);
     }
 
+    /// The watermark `mark` now.
+    fn at(&self, mark: Mark) -> u64 {
+        match mark {
+            Mark::Durable => self.durable(),
+            Mark::Applied => self.marks.applied_now(),
+        }
+    }
+
     fn ready(&self, seq: u64, engine: &impl Stopped) -> Option<Result<(), Failed>> {
-        if self.durable() >= seq {
+        self.reached(Mark::Durable, seq, engine)
+    }
+
+    /// Whether `mark` has reached `seq` (`Ok`), or nothing more will move it (`Err`).
+    fn reached(&self, mark: Mark, seq: u64, engine: &impl Stopped) -> Option<Result<(), Failed>> {
+        if self.at(mark) >= seq {
             return Some(Ok(()));
         }
         engine.stopped().map(|why| {
             // The last commit may have covered `seq` just before the writer stopped.
-            if self.durable() >= seq {
+            if self.at(mark) >= seq {
                 Ok(())
             } else {
                 Err(why)
@@ -203,23 +209,34 @@ impl Progress {
 
     /// Blocks until operation `seq` is durable, or fails when nothing more will be.
     pub(crate) fn wait(&self, seq: u64, engine: &impl Stopped) -> Result<(), Failed> {
+        self.block_until(Mark::Durable, seq, engine)
+    }
+
+    fn block_until(&self, mark: Mark, seq: u64, engine: &impl Stopped) -> Result<(), Failed> {
         loop {
-            if let Some(done) = self.ready(seq, engine) {
+            if let Some(done) = self.reached(mark, seq, engine) {
                 return done;
             }
             // Every change a waiter waits for notifies; the timeout is only a backstop.
-            self.sleep(seq, engine, ACK_POLL);
+            self.sleep_on(mark, seq, engine, ACK_POLL);
         }
     }
 
     /// Sleeps until operation `seq` is durable, the engine stops, or `timeout` passes; the
     /// caller looks at what it waits for again either way (a commit wakes every sleeper).
     pub(crate) fn sleep(&self, seq: u64, engine: &impl Stopped, timeout: Duration) {
-        if self.ready(seq, engine).is_some() {
+        self.sleep_on(Mark::Durable, seq, engine, timeout);
+    }
+
+    /// Sleeps until `mark` reaches `seq`, the engine stops, or `timeout` passes. Both marks
+    /// are raised before the waiter lock is taken to wake sleepers (`publish`, `applied`),
+    /// so the check under the lock loses no wake-up.
+    fn sleep_on(&self, mark: Mark, seq: u64, engine: &impl Stopped, timeout: Duration) {
+        if self.reached(mark, seq, engine).is_some() {
             return;
         }
         let mut w = self.waiters.lock();
-        if self.ready(seq, engine).is_some() {
+        if self.reached(mark, seq, engine).is_some() {
             return;
         }
         w.sleepers += 1;
