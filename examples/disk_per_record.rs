@@ -16,7 +16,7 @@
 //! Keys are 16 bytes (a binary UUID) and 36 bytes (its text form).
 
 use idemkv::{ClaimOptions, Engine};
-use redb::{Database, ReadableDatabase};
+use redb::Database;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
