@@ -1,17 +1,13 @@
 //! Operator calls: records, force_release, sweep_now, import (export → import round trip).
 
 use idemkv::*;
+use idemkv_check::fixture;
 use std::time::{Duration, UNIX_EPOCH};
 
 fn open(path: &std::path::Path, clock: &MockClock) -> Engine {
-    Engine::builder()
-        .path(path)
-        .clock(clock.clone())
-        .retention(Duration::from_secs(3600))
-        // Sweeps happen when the test says so.
-        .sweep_interval(None)
-        .open()
-        .unwrap()
+    fixture::open_builder(
+        fixture::builder(path, clock, Durability::Immediate).retention(Duration::from_secs(3600)),
+    )
 }
 
 #[test]

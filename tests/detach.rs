@@ -2,26 +2,21 @@
 //! longer keeps the engine (and its file) alive.
 
 use idemkv::*;
+use idemkv_check::fixture;
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(60);
 
 fn open(path: &std::path::Path, clock: &MockClock) -> Engine {
-    Engine::builder()
-        .path(path)
-        .clock(clock.clone())
-        .lease(LEASE)
-        .recovery(Recovery::HonourLeases)
-        .sweep_interval(None)
-        .open()
-        .unwrap()
+    fixture::open_builder(
+        fixture::builder(path, clock, Durability::Immediate)
+            .lease(LEASE)
+            .recovery(Recovery::HonourLeases),
+    )
 }
 
 fn acquire(engine: &Engine, key: &[u8]) -> Lease {
-    match engine.claim(key, &ClaimOptions::default()).unwrap() {
-        Claim::Acquired(lease) => lease,
-        other => panic!("a fresh key is acquired: {other:?}"),
-    }
+    fixture::acquire(engine, key, &ClaimOptions::default())
 }
 
 #[test]

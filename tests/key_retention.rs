@@ -4,6 +4,7 @@
 //! sleeps.
 
 use idemkv::*;
+use idemkv_check::fixture;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
@@ -21,17 +22,7 @@ const MODES: [Durability; 3] = [
 ];
 
 fn builder(path: &Path, clock: &MockClock, mode: Durability) -> EngineBuilder {
-    let b = Engine::builder()
-        .clock(clock.clone())
-        .retention(RETENTION)
-        .durability(mode)
-        // The tests decide when sweeps happen.
-        .sweep_interval(None);
-    if mode == Durability::None {
-        b
-    } else {
-        b.path(path)
-    }
+    fixture::builder(path, clock, mode).retention(RETENTION)
 }
 
 fn open(path: &Path, clock: &MockClock, mode: Durability) -> Engine {
@@ -39,10 +30,7 @@ fn open(path: &Path, clock: &MockClock, mode: Durability) -> Engine {
 }
 
 fn acquire(engine: &Engine, key: &str, opts: &ClaimOptions) -> Lease {
-    match engine.claim(key.as_bytes(), opts).unwrap() {
-        Claim::Acquired(lease) => lease,
-        other => panic!("{key} must be acquired: {other:?}"),
-    }
+    fixture::acquire(engine, key.as_bytes(), opts)
 }
 
 /// The key's stored answer if it is Completed; `None` if a claim acquires it (the claim is

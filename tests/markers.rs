@@ -6,6 +6,7 @@
 use idemkv::{
     Claim, ClaimError, ClaimOptions, Clock, Durability, Engine, EngineBuilder, MockClock, RunError,
 };
+use idemkv_check::fixture;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
@@ -24,18 +25,9 @@ const MODES: [Durability; 3] = [
 ];
 
 fn builder(path: &Path, clock: &MockClock, mode: Durability) -> EngineBuilder {
-    let b = Engine::builder()
-        .clock(clock.clone())
-        .durability(mode)
+    fixture::builder(path, clock, mode)
         .retention(RETENTION)
         .marker_retention(Some(MARKER))
-        // The tests decide when sweeps happen.
-        .sweep_interval(None);
-    // A memory-only engine keeps no file and refuses a path.
-    match mode {
-        Durability::None => b,
-        _ => b.path(path),
-    }
 }
 
 /// Completes `key` (with `payload`'s fingerprint) and makes it durable; returns the wall

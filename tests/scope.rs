@@ -3,32 +3,22 @@
 //! scope is the unscoped key; a scope past its limit is refused with its own error.
 
 use idemkv::*;
+use idemkv_check::fixture::{self, acquire};
 use std::path::Path;
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(60);
 
 fn open(path: &Path, clock: &MockClock, durability: Durability) -> Engine {
-    Engine::builder()
-        .path(path)
-        .durability(durability)
-        .clock(clock.clone())
-        .lease(LEASE)
-        .recovery(Recovery::TakeOver)
-        .sweep_interval(None)
-        .open()
-        .unwrap()
+    fixture::open_builder(
+        fixture::builder(path, clock, durability)
+            .lease(LEASE)
+            .recovery(Recovery::TakeOver),
+    )
 }
 
 fn in_scope(scope: &[u8]) -> ClaimOptions {
     ClaimOptions::default().scope(scope)
-}
-
-fn acquire(engine: &Engine, key: &[u8], opts: &ClaimOptions) -> Lease {
-    match engine.claim(key, opts).unwrap() {
-        Claim::Acquired(lease) => lease,
-        other => panic!("expected to acquire, got {other:?}"),
-    }
 }
 
 fn replayed(engine: &Engine, key: &[u8], opts: &ClaimOptions) -> Vec<u8> {

@@ -3,6 +3,8 @@
 #![allow(dead_code)]
 
 use idemkv::{Durability, Engine, MockClock};
+use idemkv_check::fixture;
+use std::path::Path;
 use std::time::Duration;
 
 /// An engine on a [`MockClock`] in one durability mode, with a temporary file for the
@@ -18,18 +20,11 @@ impl MockEngine {
     /// Opens one in `mode`, with `lease` as the engine's lease.
     pub fn open(mode: Durability, lease: Duration) -> MockEngine {
         let clock = MockClock::new();
-        let builder = Engine::builder()
-            .durability(mode)
-            .clock(clock.clone())
-            .lease(lease)
-            .sweep_interval(None);
         let dir = (mode != Durability::None).then(|| tempfile::tempdir().unwrap());
-        let builder = match &dir {
-            Some(dir) => builder.path(dir.path().join("engine.redb")),
-            None => builder,
-        };
+        let path = dir.as_ref().map(|d| d.path().join("engine.redb"));
+        let builder = fixture::builder(path.as_deref().unwrap_or(Path::new("")), &clock, mode);
         MockEngine {
-            engine: builder.open().unwrap(),
+            engine: fixture::open_builder(builder.lease(lease)),
             clock,
             mode,
             _dir: dir,

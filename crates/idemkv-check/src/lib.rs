@@ -14,6 +14,7 @@ use idemkv::{Engine, EngineBuilder};
 pub mod backend;
 pub mod concurrent;
 pub mod faults;
+pub mod fixture;
 pub mod history;
 pub mod linearizability;
 pub mod ops;

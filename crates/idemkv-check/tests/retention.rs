@@ -1,20 +1,15 @@
-//! Retention at scale: the sweeper, the key budget, and expiry across restarts
-//! (issue: retention at scale). Every test drives a MockClock; none sleeps.
+//! Retention at scale: the sweeper, the key budget, and expiry across restarts. Every test
+//! drives a MockClock; none sleeps.
 
 use idemkv::*;
+use idemkv_check::fixture;
 use std::time::Duration;
 
 const RETENTION: Duration = Duration::from_secs(3600);
 
 fn builder(path: &std::path::Path, clock: &MockClock) -> EngineBuilder {
-    Engine::builder()
-        .path(path)
-        .clock(clock.clone())
-        .retention(RETENTION)
-        // Fills commit in groups; the tests flush before they look.
-        .durability(Durability::buffered())
-        // The tests decide when sweeps happen.
-        .sweep_interval(None)
+    // Fills commit in groups; the tests flush before they look.
+    fixture::builder(path, clock, Durability::buffered()).retention(RETENTION)
 }
 
 fn complete(engine: &Engine, key: &str, response: &[u8]) -> u64 {
