@@ -177,7 +177,7 @@ impl Column {
     fn durability_cell(self) -> &'static str {
         match self {
             Column::Naive | Column::Idemkv(DurabilityArg::None) => "memory only",
-            Column::Idemkv(DurabilityArg::Immediate) => "fsync before return",
+            Column::Idemkv(DurabilityArg::Immediate) => "fsynced on return",
             Column::Idemkv(DurabilityArg::Buffered) => "fsync within 10 ms",
         }
     }
@@ -185,12 +185,12 @@ impl Column {
     /// What the durability means, in a phrase.
     fn durability_note(self) -> &'static str {
         match self {
-            Column::Naive | Column::Idemkv(DurabilityArg::None) => "nothing survives a crash",
+            Column::Naive | Column::Idemkv(DurabilityArg::None) => "Nothing survives a crash",
             Column::Idemkv(DurabilityArg::Immediate) => {
-                "every claim and completion is fsynced, in group commits, before it returns"
+                "With the default durability, each claim and completion was fsynced before it returned"
             }
             Column::Idemkv(DurabilityArg::Buffered) => {
-                "claims and completions return at once and are fsynced within 10 ms"
+                "Claims and completions returned at once, fsynced within 10 ms"
             }
         }
     }
