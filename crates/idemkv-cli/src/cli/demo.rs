@@ -185,12 +185,10 @@ impl Column {
     /// What the durability means, in a phrase.
     fn durability_note(self) -> &'static str {
         match self {
-            Column::Naive | Column::Idemkv(DurabilityArg::None) => "Nothing survives a crash",
-            Column::Idemkv(DurabilityArg::Immediate) => {
-                "With the default durability, each claim and completion was fsynced before it returned"
-            }
+            Column::Naive | Column::Idemkv(DurabilityArg::None) => "nothing survives a crash",
+            Column::Idemkv(DurabilityArg::Immediate) => "each call fsynced before returning",
             Column::Idemkv(DurabilityArg::Buffered) => {
-                "Claims and completions returned at once, fsynced within 10 ms"
+                "each call fsynced within 10 ms of its return"
             }
         }
     }
