@@ -184,8 +184,8 @@ pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
 pub use crate::stats::Stats;
 pub use crate::write_set::{TableRow, WriteSet};
 
-/// The README's examples, compiled and run by `cargo test --doc` (one of them needs the
-/// `http` feature).
+/// The README's examples, compiled by `cargo test --doc` (one of them needs the `http`
+/// feature).
 #[cfg(all(doctest, feature = "http"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
