@@ -193,12 +193,13 @@ fn wrap(paragraph: &str) -> String {
 fn naive_note(n: &ColumnResult) -> String {
     if n.double_charged > 0 {
         format!(
-            "The~race: {} charged {} of {} messages ({:.1}%) twice or more: copies that \
-             came while the first still worked found no record.",
+            "The~race: {} charged {} of {} messages ({:.1}%) twice or more, {} extra \
+             charges: copies that came while the first still worked found no record.",
             n.column.heading().replace(' ', "~"),
             count(n.double_charged),
             count(n.messages),
             100.0 * n.double_charged as f64 / n.messages.max(1) as f64,
+            count(n.extra_charges)
         )
     } else {
         format!(
