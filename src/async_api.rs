@@ -612,7 +612,8 @@ impl fmt::Debug for LeaseHandle {
 }
 
 impl LeaseHandle {
-    /// The fencing token (see [`Lease::token`]).
+    /// The fencing token: unique and strictly increasing per file, not dense (see
+    /// [`Lease::token`]); never an identifier.
     pub fn token(&self) -> u64 {
         self.token
     }

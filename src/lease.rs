@@ -77,8 +77,14 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
-    /// The fencing token: strictly larger than every token issued before it. Pass it to
-    /// downstream systems so they can refuse writes from a superseded holder.
+    /// The fencing token: strictly larger than every token issued before it on this file
+    /// (or shared database), across restarts and crashes. Pass it to downstream systems so
+    /// they can refuse writes from a superseded holder: a write carrying a token lower than
+    /// the last one they accepted for the key comes from a holder whose lease was taken over.
+    ///
+    /// Tokens are unique but **not dense**: the engine reserves them in blocks, so after a
+    /// restart the next token is up to about 2²² (4 Mi) above the last one issued. Never use
+    /// a token as an identifier, a sequence number or a counter; derive ids from the key.
     pub fn token(&self) -> u64 {
         self.token
     }
@@ -367,7 +373,7 @@ impl Detached {
         crate::scope::split(&self.key).0
     }
 
-    /// The lease's fencing token.
+    /// The lease's fencing token (unique and increasing, not dense: see [`Lease::token`]).
     pub fn token(&self) -> u64 {
         self.token
     }
@@ -416,7 +422,8 @@ impl Stored {
         &self.response
     }
 
-    /// The token of the claim that completed the key.
+    /// The token of the claim that completed the key (unique and increasing, not dense: see
+    /// [`Lease::token`]; never an identifier).
     pub fn token(&self) -> u64 {
         self.token
     }
@@ -519,7 +526,8 @@ impl Outcome {
         self.replayed
     }
 
-    /// The token of the claim whose handler produced the response.
+    /// The token of the claim whose handler produced the response (unique and increasing,
+    /// not dense: see [`Lease::token`]; never an identifier).
     pub fn token(&self) -> u64 {
         self.token
     }

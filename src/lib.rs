@@ -2,17 +2,15 @@
 //!
 //! Idempotency checks that *look the key up, then act* break when two copies of a message
 //! arrive at once: both see "not found", both act. idemkv makes the check and the write one
-//! atomic compare-and-set. A lock-striped in-memory index decides every claim; an embedded
-//! [redb](https://docs.rs/redb) file makes the decisions durable through a background
-//! group-commit writer.
-//!
-//! Each key follows one state machine: **Absent** → **InFlight** (a lease and a fencing
-//! token) → **Completed** (the stored response) → Absent again after its retention.
+//! atomic step. A lock-striped in-memory index decides every claim; an embedded
+//! [redb](https://docs.rs/redb) file, written through a commit log with group commit, makes
+//! the decisions durable. It is a library: the engine lives in your process, and one
+//! [`Engine`] (`Clone + Send + Sync`) serves all of its threads and tasks.
 //!
 //! ```
 //! use idemkv::{ClaimOptions, Durability, Engine};
 //! # fn charge_card() -> Vec<u8> { b"charged".to_vec() }
-//! let engine = Engine::builder().durability(Durability::None).open()?;
+//! let engine = Engine::builder().durability(Durability::None).open()?; // or Engine::open(path)
 //! let opts = ClaimOptions::default().payload(b"{\"order\":42}");
 //! // However many copies of the message arrive at once, the card is charged once, and every
 //! // copy gets the same response.
@@ -21,12 +19,89 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! See `docs/design.md` for the contract, the invariants and the durability modes.
+//! # The model: claim, lease, complete, replay
+//!
+//! Each key (up to 255 bytes, within an optional [scope](ClaimOptions::scope)) follows one
+//! state machine: **Absent** → **InFlight** → **Completed** → Absent again after its
+//! retention.
+//!
+//! 1. **Claim.** [`Engine::claim`] decides atomically. The first caller gets
+//!    [`Claim::Acquired`] with a [`Lease`]; a caller while that lease is live gets
+//!    [`Claim::InProgress`] (with a hint of when to retry); a caller after the completion
+//!    gets [`Claim::Completed`] with the stored response. A claim with another request's
+//!    fingerprint ([`ClaimOptions::payload`]) is refused with
+//!    [`ClaimError::FingerprintMismatch`]: a key reused for another request never replays
+//!    the wrong response.
+//! 2. **Lease and fencing token.** A lease is the exclusive right to act for the key until
+//!    its deadline. It carries a fencing token ([`Lease::token`]); pass it to downstream
+//!    systems so that they refuse writes from a superseded holder. Tokens are unique and
+//!    strictly increasing per file, across restarts and crashes, but **not dense**: after a
+//!    restart they jump by up to about 2²² (4 Mi), so never use them as ids or counters.
+//! 3. **Decide.** Only an explicit decision gives the key back: [`Lease::complete`] stores
+//!    the response, [`Lease::release`] forgets the attempt (the key is new again),
+//!    [`Lease::fail`] ends the attempt but keeps its checkpoint for the next one. A lease
+//!    dropped without a decision (a panic, an early return, a cancelled future) keeps the
+//!    key InFlight until the lease ends, as if its holder had crashed; then the next claim
+//!    takes it over (attempt + 1, checkpoint handed over).
+//! 4. **Replay.** Every later copy, until the key's retention ends, gets the stored
+//!    response. [`Engine::run`] (and [`Engine::run_async`], [`Engine::run_typed`]) does all
+//!    of this for you: claim, wait for a holder, run the handler with its lease renewed,
+//!    complete, and hand every caller the same bytes ([`Outcome::replayed`] tells which
+//!    caller ran it).
+//!
+//! Every call has a blocking and an async form; the async futures are woken by the engine
+//! itself and run on any executor. Operator calls (listing records, force-releasing a stuck
+//! claim, imports, sweeps, abandoned claims) sit behind [`Engine::admin`]; a file can be
+//! read by other processes while the engine runs ([`FileReader`]). [`WriteSet`] commits
+//! writes to your own tables and messages for an [`Outbox`] in the same transaction as a
+//! completion; [`testing`] helps test a handler against concurrent duplicates.
+//!
+//! # Durability and recovery
+//!
+//! A call that changes a key returns `Ok` (is *acknowledged*) only once it is as durable as
+//! the engine's [`Durability`] promises:
+//!
+//! | mode | a call returns | a crash (kill -9, power loss) loses |
+//! |---|---|---|
+//! | [`Durability::Immediate`] (default) | after its record is fsynced, in a group commit shared with every concurrent call | nothing acknowledged |
+//! | [`Durability::Buffered`] | at once; fsynced within about `max_delay` | at most the calls of about the last `2 × max_delay`, also under overload (excess claims are refused with [`ClaimError::Overloaded`]) |
+//! | [`Durability::None`] | at once (memory only, no file) | everything |
+//!
+//! In every mode another caller is shown a completion only once it is durable as promised,
+//! so no replayed response is ever lost, and a duplicate never runs while a live lease or a
+//! stored completion exists. A lost call is as if it never happened: after the restart the
+//! key is in its earlier state, and the next delivery runs the work again.
+//!
+//! With a file, each group commit is one synchronous append to a preallocated commit log
+//! beside the database (the same path with `-log` appended, 16 MiB); an applier moves the
+//! acknowledged batches into the redb file. Keep the two together: copy or move both. On
+//! [open](EngineBuilder::open) the engine applies what the log holds, then decides what to
+//! do with the claims a dead process left InFlight ([`Recovery`]: by default the next claim
+//! takes them over at once). A file that cannot be opened is never truncated or started
+//! afresh: [`OpenError::kind`] says why. A failed write or fsync poisons the engine (it
+//! acknowledges nothing more; reopening recovers).
+//!
+//! A file belongs to one process (redb locks it). When several processes must agree on a
+//! key, the `postgres` feature runs the same [`Engine`] API over a shared PostgreSQL
+//! database (`EngineBuilder::postgres`).
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `http` | off | `idemkv::http`: a tower/axum layer for the `Idempotency-Key` header (stored responses replayed with `Idempotent-Replayed: true`, 409 for a duplicate in flight, 422 for a key reused with another request) |
+//! | `postgres` | off | `EngineBuilder::postgres`, `PostgresConfig`: the shared backend, the same API over a PostgreSQL database shared by many processes |
+//! | `tracing` | off | a `DEBUG` span per claim and settlement, with the outcome and a hash of the key (raw keys only with `EngineBuilder::log_raw_keys`) |
+//! | `metrics` | off | every [`Stats`] counter as an `idemkv_*` metric, commit latency and batch size histograms, gauges of the queue and the keys |
+//!
+//! Neither `tracing` nor `metrics` installs a subscriber or a recorder: the application
+//! does.
 
 #![forbid(unsafe_code)]
 #![deny(clippy::unwrap_used, clippy::expect_used)]
 #![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod admin;
 mod admission;
@@ -44,6 +119,7 @@ mod fingerprint;
 mod gather;
 mod holder;
 #[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod index;
 mod keep_alive;
@@ -103,6 +179,13 @@ pub use crate::options::{
 pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
 pub use crate::stats::Stats;
 pub use crate::write_set::{TableRow, WriteSet};
+
+/// The README's examples, compiled by `cargo test --doc` (one of them needs the `http`
+/// feature).
+#[cfg(all(doctest, feature = "http"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -90,7 +90,8 @@ impl ClaimContext {
 
     /// The claim's fencing token: strictly larger than every token issued before it. Pass it
     /// to downstream systems so that they can refuse the writes of a superseded attempt.
-    /// Tokens are unique but not dense: never use one as an identifier.
+    /// Tokens are unique but not dense (after a restart they jump by up to about 2²²): never
+    /// use one as an identifier or a counter.
     pub fn token(&self) -> u64 {
         self.handle.token()
     }

@@ -229,7 +229,7 @@ fn demo_table_shows_three_columns_and_one_side_effect_per_message_for_idemkv() {
         "{text}"
     );
     assert_eq!(cells(&text, "distinct messages"), ["150"; 3], "{text}");
-    let effects = cells(&text, "side effects executed");
+    let effects = cells(&text, "side effects");
     assert_eq!(effects[1..], ["150", "150"], "{text}");
     let per_message = cells(&text, "  per message");
     assert_eq!(per_message[1..], ["1.00", "1.00"], "{text}");
@@ -237,7 +237,7 @@ fn demo_table_shows_three_columns_and_one_side_effect_per_message_for_idemkv() {
     assert!(naive_per_message >= 1.0, "{text}");
     assert_eq!(cells(&text, "double charges")[1..], ["0", "0"], "{text}");
     assert_eq!(cells(&text, "extra charges")[1..], ["0", "0"], "{text}");
-    assert_eq!(cells(&text, "  relative to naive")[0], "1.00x", "{text}");
+    assert_eq!(cells(&text, "  vs naive")[0], "1.00x", "{text}");
     for column in ["idemkv memory only", "idemkv buffered"] {
         assert!(
             text.contains(&format!("{column}: every message was charged exactly once")),

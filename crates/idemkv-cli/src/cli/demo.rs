@@ -177,7 +177,7 @@ impl Column {
     fn durability_cell(self) -> &'static str {
         match self {
             Column::Naive | Column::Idemkv(DurabilityArg::None) => "memory only",
-            Column::Idemkv(DurabilityArg::Immediate) => "fsync before return",
+            Column::Idemkv(DurabilityArg::Immediate) => "fsynced on return",
             Column::Idemkv(DurabilityArg::Buffered) => "fsync within 10 ms",
         }
     }
@@ -186,11 +186,9 @@ impl Column {
     fn durability_note(self) -> &'static str {
         match self {
             Column::Naive | Column::Idemkv(DurabilityArg::None) => "nothing survives a crash",
-            Column::Idemkv(DurabilityArg::Immediate) => {
-                "every claim and completion is fsynced, in group commits, before it returns"
-            }
+            Column::Idemkv(DurabilityArg::Immediate) => "each call fsynced before returning",
             Column::Idemkv(DurabilityArg::Buffered) => {
-                "claims and completions return at once and are fsynced within 10 ms"
+                "each call fsynced within 10 ms of its return"
             }
         }
     }

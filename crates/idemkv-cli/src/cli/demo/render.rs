@@ -2,7 +2,7 @@
 //! object for scripts.
 
 use super::accounting::ColumnResult;
-use super::workload::{self, Kind, Pattern, Plan};
+use super::workload::{Kind, Plan};
 use super::{Column, DemoArgs};
 use crate::cli::error::EXIT_VIOLATION;
 use crate::cli::output::{self, count, duration, Table};
@@ -39,45 +39,21 @@ impl Report<'_> {
         self.columns.iter().find(|c| c.column == which)
     }
 
-    fn file_note(&self) -> String {
-        match self.file {
-            None => "no file (durability none: memory only)".into(),
-            Some(p) if self.args.keep_file => format!("{} (kept)", p.display()),
-            Some(p) => format!("{} (removed at exit; --keep-file keeps it)", p.display()),
-        }
-    }
-
-    /// The table and the sentences under it.
+    /// The report for a terminal, within 80 columns and about 22 lines: what ran, the
+    /// table, then three short paragraphs: the race and its cost, the price of correctness,
+    /// the price of durability.
     pub(super) fn text(&self) -> String {
-        let mut out = String::new();
-        out.push_str(&format!(
-            "idemkv demo: {} messages, {:.1} copies each on average ({} pattern), {} deliveries \
-             over {} consumer threads, seed {}\n",
+        let mut out = wrap(&format!(
+            "idemkv demo: {} messages, {} deliveries ({}), {} threads, seed {}",
             count(self.plan.messages.len() as u64),
-            self.plan.deliveries as f64 / self.plan.messages.len().max(1) as f64,
-            self.args.pattern.name(),
             count(self.plan.deliveries),
+            self.args.pattern.name(),
             self.args.threads,
             self.seed
         ));
-        out.push_str(&format!(
-            "each message charges a card once. naive: check a processed-set, work ({} to {}), \
-             charge, then record it; idemkv: the same work and charge inside Engine::run.\n",
-            duration(Duration::from_secs_f64(workload::WORK_MIN_US / 1e6)),
-            duration(Duration::from_secs_f64(workload::WORK_MAX_US / 1e6)),
+        out.push_str(&wrap(
+            "naive: look up, work, charge, record; idemkv: Engine::run, default settings.",
         ));
-        out.push_str(
-            "naive and idemkv memory only keep everything in memory: they differ in correctness \
-             alone.\n",
-        );
-        if let Some(durable) = self.columns.iter().find(|c| c.column.durable()) {
-            out.push_str(&format!(
-                "{} adds durability ({}), file {}\n",
-                durable.column.heading(),
-                durable.column.durability_note(),
-                self.file_note()
-            ));
-        }
         out.push('\n');
         out.push_str(&self.table().render());
         out.push('\n');
@@ -95,66 +71,49 @@ impl Report<'_> {
             t.row(r);
         };
         row("durability", &|r| r.column.durability_cell().to_string());
-        row("deliveries", &|r| count(r.deliveries));
         row("distinct messages", &|r| count(r.messages));
-        row("side effects executed", &|r| count(r.side_effects));
+        row("side effects", &|r| count(r.side_effects));
         row("  per message", &|r| {
             format!("{:.2}", r.side_effects as f64 / r.messages.max(1) as f64)
         });
         row("double charges", &|r| count(r.double_charged));
-        if self.args.pattern == Pattern::Mixed {
-            for kind in Kind::ALL {
-                row(&format!("  during a {}", kind.name()), &|r| {
-                    count(r.double_by_kind[kind as usize])
-                });
-            }
-        }
         row("extra charges", &|r| count(r.extra_charges));
-        row("duplicates absorbed", &|r| count(r.absorbed));
-        row("latency p50 / delivery", &|r| duration(r.p50));
-        row("latency p99 / delivery", &|r| duration(r.p99));
-        row("throughput (deliveries)", &|r| {
-            output::rate(r.deliveries, r.elapsed)
-        });
+        row("latency p50", &|r| duration(r.p50));
+        row("throughput", &|r| output::rate(r.deliveries, r.elapsed));
         let naive = self.column(Column::Naive).map(ColumnResult::throughput);
-        row("  relative to naive", &|r| match naive {
+        row("  vs naive", &|r| match naive {
             Some(n) if n > 0.0 => format!("{:.2}x", r.throughput() / n),
             _ => "-".into(),
         });
-        row("wall time", &|r| duration(r.elapsed));
         t
     }
 
-    /// One paragraph per column, then the price of correctness and of durability.
+    /// One paragraph per column: the race (naive), the price of correctness (memory only),
+    /// the price of durability (the file).
     fn notes(&self) -> String {
-        let mut out = String::new();
-        for r in &self.columns {
-            if r.column == Column::Naive {
-                out.push_str(&naive_note(r));
-            } else {
-                out.push_str(&idemkv_note(r));
-            }
-        }
         let naive = self.column(Column::Naive);
         let memory = self.column(Column::Idemkv(super::DurabilityArg::None));
-        if let (Some(n), Some(m)) = (naive, memory) {
-            out.push_str(&format!(
-                "price of correctness (idemkv memory only vs naive, both in memory): \
-                 {:.2}x the throughput, p50 {} vs {}.\n",
-                m.throughput() / n.throughput().max(1e-9),
-                duration(m.p50),
-                duration(n.p50)
-            ));
-        }
-        if let (Some(m), Some(d)) = (memory, self.columns.iter().find(|c| c.column.durable())) {
-            out.push_str(&format!(
-                "price of durability ({} vs memory only, both exactly once): {:.2}x the \
-                 throughput, p50 {} vs {}.\n",
-                d.column.heading(),
-                d.throughput() / m.throughput().max(1e-9),
-                duration(d.p50),
-                duration(m.p50)
-            ));
+        let mut out = String::new();
+        for r in &self.columns {
+            let paragraph = match r.column {
+                Column::Naive => naive_note(r),
+                Column::Idemkv(super::DurabilityArg::None) => {
+                    let price = naive.map(|n| price("correctness", r, n));
+                    idemkv_note(r, &price.unwrap_or_default(), None)
+                }
+                Column::Idemkv(_) => {
+                    let price = memory.map(|m| price("durability", r, m));
+                    let kept = self
+                        .file
+                        .filter(|_| self.args.keep_file)
+                        .map(|p| format!(" File kept: {}.", p.display()));
+                    idemkv_note(r, &price.unwrap_or_default(), kept)
+                }
+            };
+            match paragraph.contains('\n') {
+                true => out.push_str(&paragraph),
+                false => out.push_str(&wrap(&paragraph)),
+            }
         }
         out
     }
@@ -200,13 +159,43 @@ impl Report<'_> {
     }
 }
 
+/// "; price of WHAT: 0.29x the throughput, 2.2x the p50." of `r` against `base`.
+fn price(what: &str, r: &ColumnResult, base: &ColumnResult) -> String {
+    format!(
+        "; price~of~{what}: {:.2}x the throughput, {:.1}x the p50.",
+        r.throughput() / base.throughput().max(1e-9),
+        r.p50.as_secs_f64() / base.p50.as_secs_f64().max(1e-9)
+    )
+}
+
+/// Wraps a paragraph at 80 columns, continuation lines indented by two spaces. A `~` joins
+/// two words that must stay on one line (it prints as a space).
+fn wrap(paragraph: &str) -> String {
+    const WIDTH: usize = 80;
+    let mut out = String::new();
+    let mut line = String::new();
+    for word in paragraph.split(' ').filter(|w| !w.is_empty()) {
+        let word = word.replace('~', " ");
+        if !line.trim().is_empty() && line.chars().count() + 1 + word.chars().count() > WIDTH {
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = "  ".to_string();
+        } else if !line.trim().is_empty() {
+            line.push(' ');
+        }
+        line.push_str(&word);
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
 fn naive_note(n: &ColumnResult) -> String {
     if n.double_charged > 0 {
         format!(
-            "{}: {} of {} messages ({:.1}%) were charged more than once ({} extra charges): \
-             copies that arrived while the first was still working checked the processed-set, \
-             found nothing, and charged again.\n",
-            n.column.heading(),
+            "The~race: {} charged {} of {} messages ({:.1}%) twice or more, {} extra \
+             charges: copies that came while the first still worked found no record.",
+            n.column.heading().replace(' ', "~"),
             count(n.double_charged),
             count(n.messages),
             100.0 * n.double_charged as f64 / n.messages.max(1) as f64,
@@ -214,50 +203,53 @@ fn naive_note(n: &ColumnResult) -> String {
         )
     } else {
         format!(
-            "{}: no double charge this time; the race needs overlapping copies (try more \
-             --threads or --messages, or a higher --dup-rate).\n",
-            n.column.heading()
+            "The~race: {} charged nothing twice this time; the race needs overlapping copies \
+             (more --threads or --messages, or a higher --dup-rate).",
+            n.column.heading().replace(' ', "~"),
         )
     }
 }
 
-fn idemkv_note(g: &ColumnResult) -> String {
-    let mut out = String::new();
-    match g.failure_summary() {
-        None => out.push_str(&format!(
-            "{}: every message was charged exactly once; {} duplicate deliveries got the \
-             winner's stored receipt (claim and record are one atomic step).\n",
-            g.column.heading(),
-            count(g.absorbed)
-        )),
+/// An idemkv column's paragraph: exactly once (or what failed), how the engine got there,
+/// and `price`, the sentence that compares it with the column before.
+fn idemkv_note(g: &ColumnResult, price: &str, kept: Option<String>) -> String {
+    let heading = g.column.heading().replace(' ', "~");
+    let how = match g.column.durable() {
+        true => g.column.durability_note().to_string(),
+        false => format!("{} duplicates replayed", count(g.absorbed)),
+    };
+    let mut out = match g.failure_summary() {
+        None => format!("{heading}:~every~message~was~charged~exactly~once, {how}"),
         Some(summary) => {
-            out.push_str(&format!(
+            // The failure and its first cases, one per line and never wrapped.
+            let mut s = format!(
                 "{}: FAILED: {summary}. This must never happen; the first cases:\n",
                 g.column.heading()
-            ));
+            );
             for v in &g.violations {
-                out.push_str(&format!("  - {v}\n"));
+                s.push_str(&format!("  - {v}\n"));
             }
+            return s;
         }
+    };
+    match price.is_empty() {
+        true => out.push('.'),
+        false => out.push_str(price),
     }
     if g.lease_lost > 0 {
         out.push_str(&format!(
-            "    {} handler runs had their completion refused (lease lost): another token had \
-             taken their key while they worked.\n",
+            " {} completions were refused (lease lost): another token had taken the key.",
             count(g.lease_lost)
         ));
     }
-    if let Some(s) = g.engine.as_ref().filter(|s| s.commits > 0) {
+    if g.retries > 0 {
         out.push_str(&format!(
-            "    {} group commits wrote {} records ({:.1} per commit, at most {}); {} waits \
-             for a winner; {} retries after back-pressure.\n",
-            count(s.commits),
-            count(s.committed_ops),
-            s.committed_ops as f64 / s.commits as f64,
-            count(s.batch_max),
-            count(s.waits),
+            " {} claims retried after back-pressure.",
             count(g.retries)
         ));
+    }
+    if let Some(k) = kept {
+        out.push_str(&k);
     }
     out
 }
