@@ -137,7 +137,7 @@ pub mod stored_hooks {
     }
 }
 
-use crate::constants::{HTTP_BODY_LEN_MAX_DEFAULT, HTTP_KEY_LEN_MAX_DEFAULT};
+use crate::base::constants::{HTTP_BODY_LEN_MAX_DEFAULT, HTTP_KEY_LEN_MAX_DEFAULT};
 use ::http::header::{
     HeaderName, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LOCATION,
     SET_COOKIE,

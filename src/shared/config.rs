@@ -1,6 +1,6 @@
 //! `PostgresConfig`: where the shared database is and how the backend talks to it.
 
-use crate::constants::*;
+use crate::base::constants::*;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;

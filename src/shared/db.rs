@@ -5,10 +5,10 @@ use super::batch::{Batcher, Keyed};
 use super::error::{DatabaseError, DatabaseErrorKind};
 use super::sql::Sql;
 use super::PostgresConfig;
-use crate::codec::Checkpoint;
-use crate::constants::*;
-use crate::error::OpenError;
-use crate::lease::Stored;
+use crate::api::lease::Stored;
+use crate::base::constants::*;
+use crate::model::codec::Checkpoint;
+use crate::model::error::OpenError;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -110,7 +110,7 @@ pub(crate) struct Db {
 #[derive(Debug)]
 pub(crate) struct ClaimAsk {
     pub(crate) key: Box<[u8]>,
-    pub(crate) fingerprint: Option<crate::options::AskedFingerprint>,
+    pub(crate) fingerprint: Option<crate::api::options::AskedFingerprint>,
     pub(crate) lease: Duration,
     pub(crate) own_retention: Option<Duration>,
     /// The claim identity it presents (`ClaimOptions::claim_id`).
@@ -333,8 +333,9 @@ impl Db {
             Err(e) => return Err(refused(e)),
         }
         let mut conn = self.conn().await.map_err(refused)?;
-        let lock =
-            i64::from_ne_bytes(crate::codec::fnv1a64(self.sql.keys.as_bytes()).to_ne_bytes());
+        let lock = i64::from_ne_bytes(
+            crate::model::codec::fnv1a64(self.sql.keys.as_bytes()).to_ne_bytes(),
+        );
         let work = async {
             let tx = conn.transaction().await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
@@ -387,7 +388,7 @@ impl Db {
     pub(crate) async fn claim(
         &self,
         key: &[u8],
-        fingerprint: Option<crate::options::AskedFingerprint>,
+        fingerprint: Option<crate::api::options::AskedFingerprint>,
         claim_id: Option<u128>,
         lease: Duration,
         retention: Duration,

@@ -16,9 +16,9 @@
 //! Every change of an entry bumps its signal (a `watch` channel): a waiter subscribes
 //! under the stripe lock, so no change made after its look is missed.
 
-use crate::constants::*;
-use crate::lease::Stored;
-use crate::options::AskedFingerprint;
+use crate::api::lease::Stored;
+use crate::api::options::AskedFingerprint;
+use crate::base::constants::*;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;

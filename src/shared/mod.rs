@@ -33,13 +33,13 @@ pub use error::{DatabaseError, DatabaseErrorKind};
 
 use self::block::{block_on, Running};
 use self::core::{bump, Answer, Core};
-use crate::constants::*;
-use crate::engine::Engine;
-use crate::error::{ClaimError, LeaseError, OpenError};
-use crate::lease::{Claim, KeyState, Lease};
-use crate::machine::Holder;
-use crate::options::{ClaimOptions, Durability, EngineBuilder};
-use crate::stats::Stats;
+use crate::api::engine::Engine;
+use crate::api::lease::{Claim, KeyState, Lease};
+use crate::api::options::{ClaimOptions, Durability, EngineBuilder};
+use crate::base::constants::*;
+use crate::index::stats::Stats;
+use crate::model::error::{ClaimError, LeaseError, OpenError};
+use crate::model::machine::Holder;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -72,7 +72,7 @@ pub(crate) struct Backend {
 /// Refuses what a completion asks the shared table to keep and it does not: writes to
 /// application tables (they live in an engine's own file).
 pub(crate) fn completion_kept(
-    writes: Option<&crate::write_set::WriteSet>,
+    writes: Option<&crate::model::write_set::WriteSet>,
 ) -> Result<(), LeaseError> {
     if writes.is_some() {
         return Err(LeaseError::Unsupported(
@@ -213,7 +213,7 @@ impl Backend {
         wait: bool,
     ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
         let (tx, rx) = oneshot::channel();
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::runtime::observe::key_hash(key);
         let asked = opts.fingerprint;
         let claim_id = opts.claim_id;
         // A claim presenting an identity may resume a lease of this process: the database
@@ -474,7 +474,7 @@ impl Backend {
 
     /// Time left on the lease of `token`, as this process estimates it.
     pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::runtime::observe::key_hash(key);
         self.core.front.lease_remaining(key, hash, token)
     }
 

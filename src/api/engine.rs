@@ -1,0 +1,916 @@
+//! The engine handle, its shared state, and opening and closing.
+//!
+//! The state machine's decisions are in `machine.rs`; `claim.rs` (claims and waits),
+//! `holder.rs` (what a lease holder does), `admin.rs`, `sweep.rs` (reclaiming expired keys)
+//! and `recovery.rs` (rebuilding the index) apply them under the stripe lock.
+
+use crate::api::options::{Durability, EngineBuilder};
+use crate::base::clock::{ClockListener, Time};
+use crate::base::constants::*;
+use crate::base::sync::channel::{Sender, TrySendError};
+use crate::base::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, RwLock, Weak};
+use crate::index::index::{Index, KeyHasher, Keying};
+use crate::index::stats::{read, Counters, Events, Stats};
+use crate::model::error::{ClaimError, FlushError, LeaseError, OpenError};
+use crate::model::machine::{Deltas, MarkerRules, Now, Rules, Write};
+use crate::model::token::Tokens;
+use crate::runtime::progress::{Failed, Progress, Stopped};
+use crate::runtime::sweep::Sweeper;
+use crate::runtime::writer::{self, Op, Queued};
+use crate::store::storage::{Closing, Store};
+use std::path::Path;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Settings fixed at open, in the units the hot path uses.
+#[derive(Debug)]
+pub(crate) struct Config {
+    pub(crate) durability: Durability,
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    /// The second tier of retention (`None`: no markers).
+    pub(crate) marker_retention: Option<Duration>,
+    pub(crate) key_len_max: usize,
+    pub(crate) response_len_max: usize,
+    pub(crate) checkpoint_len_max: usize,
+    pub(crate) inflight_max: u64,
+    pub(crate) keys_max: u64,
+    /// Queue length above which new claims are refused (the rest is headroom for holders).
+    pub(crate) claim_queue_max: usize,
+}
+
+/// State shared by every engine handle, the writer thread and the sweeper thread.
+pub(crate) struct Shared {
+    pub(crate) index: Index,
+    pub(crate) time: Time,
+    pub(crate) cfg: Config,
+    pub(crate) tokens: Tokens,
+    pub(crate) counters: Counters,
+    pub(crate) observe: crate::runtime::observe::Observer,
+    pub(crate) tx: Option<Sender<Queued>>,
+    /// The writer's durability watermark; every durability wait waits on it.
+    pub(crate) progress: Progress,
+    /// Deadline wake-ups for futures, and the thread that runs keep-alive renewals.
+    pub(crate) timers: crate::runtime::timer::Timers,
+    pub(crate) keep_alive: crate::api::keep_alive::KeepAlives,
+    /// Which claims the writer queue admits (by the writer's measured rate under
+    /// `Buffered`).
+    pub(crate) admission: crate::runtime::admission::Admission,
+    /// The application tables and the outbox: the overlay of accepted writes not yet
+    /// committed (all of them in a memory-only engine), outbox ids.
+    pub(crate) tables: crate::runtime::tables::Tables,
+    /// The file, for replay reads. Emptied by `close`, so the file is released with it.
+    store: RwLock<Option<Arc<Closing>>>,
+    poisoned: AtomicBool,
+    poison_why: Mutex<Option<Arc<str>>>,
+    closed: AtomicBool,
+    writer_stopped: AtomicBool,
+    pub(crate) sweeper: Sweeper,
+    /// Holders waiting for room in a full writer queue sleep here. Notified when the writer
+    /// takes a batch off the queue, and on poison, close and clock jumps. Never taken while a
+    /// stripe lock is held.
+    room: Mutex<()>,
+    room_changed: Condvar,
+    /// The active test-only sabotage (a `Sabotage` as u8; 0 is none).
+    #[cfg(idemkv_sabotage)]
+    pub(crate) sabotage: crate::base::sync::AtomicU8,
+    /// Test-only: the writer panics at its next batch (see `Engine::panic_writer_at_next_batch`).
+    #[cfg(idemkv_sabotage)]
+    pub(crate) writer_panic: AtomicBool,
+    /// Lets a test hold the writer before its next commit (`sabotage::HeldCommits`).
+    #[cfg(idemkv_sabotage)]
+    pub(crate) commit_gate: crate::api::sabotage::CommitGate,
+    /// Lets a test hold the writer after its next commit, before it moves its watermarks.
+    #[cfg(idemkv_sabotage)]
+    pub(crate) after_commit_gate: crate::api::sabotage::CommitGate,
+}
+
+/// Bugs a test can switch on, to prove that the checkers catch them. Each one breaks a
+/// promise the engine makes (docs/testing.md, "Teeth"). Only a build with
+/// `--cfg idemkv_sabotage` can switch one on (`sabotage::switch`); in any other build every
+/// check of one compiles to `false`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(idemkv_sabotage), allow(dead_code))]
+pub enum Sabotage {
+    /// Claims look the key up, drop the lock, then insert: check-then-act.
+    CheckThenAct = 1,
+    /// `complete` does not compare tokens.
+    NoFencing = 2,
+    /// The writer acknowledges a batch before its commit returns.
+    AckBeforeCommit = 3,
+    /// The writer shows a batch's completions (a watermark every stripe lock reads) before
+    /// its commit returns.
+    PublishBeforeCommit = 4,
+    /// Commits never write the token high-water mark (the engine believes they did).
+    SkipTokenHwm = 5,
+    /// A write that replaces a key's record leaves the previous record in the file.
+    DropOldRemoval = 6,
+    /// A replay decodes the stored record without checking its checksum.
+    SkipReplayChecksum = 7,
+    /// With the commit log, the writer acknowledges a batch as applied (a flush's barrier
+    /// alone), or commits to the file itself, without waiting for the applier to apply the
+    /// batches handed to it before.
+    SkipApplierDrain = 8,
+    /// A keep-alive renewal extends whoever holds the key now, not the lease it was
+    /// registered for.
+    RenewCurrentHolder = 9,
+    /// `Outbox::mark_sent` returns under `Immediate` before the removal is durable.
+    MarkSentBeforeDurable = 10,
+}
+
+impl Shared {
+    /// Whether a test has switched this sabotage on (always false without
+    /// `--cfg idemkv_sabotage`).
+    #[inline]
+    pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
+        #[cfg(idemkv_sabotage)]
+        {
+            self.sabotage.load(Ordering::Relaxed) == which as u8
+        }
+        #[cfg(not(idemkv_sabotage))]
+        {
+            let _ = which;
+            false
+        }
+    }
+}
+
+impl Shared {
+    /// Records the first storage failure; every later call is refused with it.
+    pub(crate) fn poison(&self, why: String) -> Arc<str> {
+        crate::runtime::observe::poisoned(&why);
+        let why = {
+            let mut slot = self.poison_why.lock();
+            slot.get_or_insert_with(|| Arc::from(why)).clone()
+        };
+        self.poisoned.store(true, Ordering::Release);
+        self.index.wake_all();
+        self.notify_room();
+        self.progress.wake_all();
+        why
+    }
+
+    /// Wakes every holder waiting for room in the writer queue. Taking the lock orders the
+    /// wake after any waiter's check of the queue.
+    pub(crate) fn notify_room(&self) {
+        drop(self.room.lock());
+        self.room_changed.notify_all();
+    }
+
+    /// Waits until the writer queue has room, `deadline_ns` (monotonic) passes, or the engine
+    /// stops. Returns false only when the deadline passed first. Called without any stripe
+    /// lock; wakes on the writer taking a batch, a clock jump, poison or close.
+    pub(crate) fn wait_for_room(&self, deadline_ns: u64) -> bool {
+        let Some(tx) = &self.tx else { return true };
+        let mut room = self.room.lock();
+        loop {
+            if self.poison_reason().is_some() || self.is_closed() || !tx.is_full() {
+                return true;
+            }
+            // Read under the room lock: a clock jump after this read notifies us.
+            let now = self.time.mono_ns();
+            if now >= deadline_ns {
+                return false;
+            }
+            let left = std::time::Duration::from_nanos(deadline_ns - now);
+            self.room_changed
+                .wait_for(&mut room, left.clamp(WAIT_SLICE_MIN, WAIT_SLICE_MAX));
+        }
+    }
+
+    pub(crate) fn poison_reason(&self) -> Option<Arc<str>> {
+        if self.poisoned.load(Ordering::Acquire) {
+            self.poison_why.lock().clone()
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn writer_stopped(&self) -> bool {
+        self.writer_stopped.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_writer_stopped(&self) {
+        self.writer_stopped.store(true, Ordering::Release);
+        self.progress.wake_all();
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn store(&self) -> Option<Arc<Closing>> {
+        self.store.read().clone()
+    }
+
+    /// Queues `op` for the writer. Called under the key's stripe lock, which keeps each
+    /// key's operations in order; never blocks. `claim` ops must leave the headroom free.
+    ///
+    /// The poison check here, under the stripe lock at the point of no return, is what keeps
+    /// a call that passed `check_open` just before a poison from being acknowledged: every
+    /// transition that queues a write is refused once the engine is poisoned.
+    ///
+    /// Returns the operation's durability sequence number (0 without a file): it is durable
+    /// once the writer's watermark reaches it.
+    pub(crate) fn send(&self, op: Op, claim: bool) -> Result<u64, SendRefused> {
+        self.send_with(op, None, claim)
+    }
+
+    /// [`Shared::send`] with table writes riding in the same queued operation.
+    pub(crate) fn send_with(
+        &self,
+        op: Op,
+        tables: Option<Box<crate::runtime::tables::Batch>>,
+        claim: bool,
+    ) -> Result<u64, SendRefused> {
+        let Some(tx) = &self.tx else { return Ok(0) };
+        self.admit(tx, claim)?;
+        let buffered = matches!(self.cfg.durability, Durability::Buffered { .. });
+        let seq = self.progress.issue();
+        // Under `Buffered` an operation carries its acknowledgement time for the writer.
+        let acked_at = buffered.then(std::time::Instant::now);
+        let queued = Queued {
+            seq,
+            op,
+            tables,
+            acked_at,
+        };
+        let refused = match tx.try_send(queued) {
+            Ok(()) => return Ok(seq),
+            Err(TrySendError::Full(_)) => SendRefused::Full,
+            // A writer that died of a panic poisoned the engine before dropping the queue.
+            Err(TrySendError::Disconnected(_)) => match self.poison_reason() {
+                Some(why) => SendRefused::Poisoned(why),
+                None => SendRefused::Closed,
+            },
+        };
+        self.void(tx, seq);
+        Err(refused)
+    }
+
+    /// What a new claim is admitted against. `Buffered` counts what is acknowledged but not
+    /// yet durable (queued, or in the commit in flight): that, not the queue alone, is what
+    /// a crash can lose.
+    fn backlog(&self, tx: &crate::base::sync::channel::Sender<Queued>) -> usize {
+        if !matches!(self.cfg.durability, Durability::Buffered { .. }) {
+            return tx.len();
+        }
+        let pending = self.progress.issued() - self.progress.durable();
+        usize::try_from(pending).unwrap_or(usize::MAX)
+    }
+
+    /// The checks an operation passes before it is acknowledged: refused once the engine is
+    /// poisoned or closed, and a `claim` also when admission refuses it. A claim that
+    /// queues nothing ([`Config::defers_new_claims`]) passes them too, so it is
+    /// acknowledged exactly when a queued one would be.
+    fn admit(
+        &self,
+        tx: &crate::base::sync::channel::Sender<Queued>,
+        claim: bool,
+    ) -> Result<(), SendRefused> {
+        if let Some(why) = self.poison_reason() {
+            return Err(SendRefused::Poisoned(why));
+        }
+        if self.is_closed() {
+            return Err(SendRefused::Closed);
+        }
+        if claim && !self.admission.admits_claim(self.backlog(tx)) {
+            return Err(SendRefused::Full);
+        }
+        Ok(())
+    }
+
+    /// `seq` will never reach the writer: it counts as done at the writer's next commit.
+    /// The queue was full when the operation was refused, but the writer may have drained
+    /// it and gone idle since, with the watermark held below `seq` and everything after
+    /// it committed but not acknowledged or shown. A barrier without a number wakes it to
+    /// count the void; if the queue is full again, the writer has work and counts it then.
+    fn void(&self, tx: &crate::base::sync::channel::Sender<Queued>, seq: u64) {
+        self.progress.void(seq);
+        let _ = tx.try_send(Queued::barrier(0));
+    }
+
+    /// Blocks until the operation numbered `seq` is durable (0: nothing to wait for).
+    pub(crate) fn wait_durable(&self, seq: u64) -> Result<(), Failed> {
+        if seq == 0 {
+            return Ok(());
+        }
+        self.progress.wait(seq, self)
+    }
+
+    /// Waits until everything queued so far is committed (a no-op without a file).
+    pub(crate) fn flush(&self) -> Result<(), FlushError> {
+        if let Some(why) = self.poison_reason() {
+            return Err(FlushError::Poisoned(why));
+        }
+        if self.is_closed() {
+            return Err(FlushError::Closed);
+        }
+        let seq = self.send_barrier()?;
+        self.wait_durable(seq).map_err(|_| self.flush_stopped())
+    }
+
+    /// Queues a barrier if the queue has room: `Ok(None)` when it is full. 0 without a file.
+    pub(crate) fn try_send_barrier(&self) -> Result<Option<u64>, FlushError> {
+        let Some(tx) = &self.tx else {
+            return Ok(Some(0));
+        };
+        let seq = self.progress.issue();
+        let result = match tx.try_send(Queued::barrier(seq)) {
+            Ok(()) => return Ok(Some(seq)),
+            Err(TrySendError::Full(_)) => Ok(None),
+            Err(TrySendError::Disconnected(_)) => Err(self.flush_stopped()),
+        };
+        self.void(tx, seq);
+        result
+    }
+
+    /// Queues a barrier (blocking while the queue is full): everything queued before it is
+    /// durable once its number is. 0 without a file.
+    pub(crate) fn send_barrier(&self) -> Result<u64, FlushError> {
+        let Some(tx) = &self.tx else { return Ok(0) };
+        let seq = self.progress.issue();
+        if tx.send(Queued::barrier(seq)).is_err() {
+            self.progress.void(seq);
+            return Err(self.flush_stopped());
+        }
+        Ok(seq)
+    }
+
+    pub(crate) fn flush_stopped(&self) -> FlushError {
+        match self.poison_reason() {
+            Some(why) => FlushError::Poisoned(why),
+            None => FlushError::Closed,
+        }
+    }
+}
+
+impl Stopped for Shared {
+    fn stopped(&self) -> Option<Failed> {
+        if let Some(why) = self.poison_reason() {
+            return Some(why);
+        }
+        // An operation that raced `close` may sit in the queue after the writer left.
+        self.writer_stopped()
+            .then(|| Arc::from("the engine closed before confirming"))
+    }
+}
+
+impl Shared {
+    /// The instant of a transition, for the state machine: both readings (with the system
+    /// clock, the wall one comes with the monotonic one at no extra read).
+    pub(crate) fn now(&self) -> Now {
+        let (mono_ns, wall_ns) = self.time.now();
+        Now::new(mono_ns, wall_ns)
+    }
+
+    /// The settings the state machine's transitions depend on.
+    pub(crate) fn rules(&self) -> Rules {
+        Rules {
+            retention: self.cfg.retention,
+            response_len_max: self.cfg.response_len_max,
+            durable: self.tx.is_some(),
+            lease: self.cfg.lease,
+        }
+    }
+
+    /// Queues a state machine's write (see [`Shared::send`]) and returns its durability
+    /// sequence number; nothing to write is queued as nothing (0). A claim with nothing to
+    /// write in a durable engine (one left to its lease's first durable act) still passes
+    /// [`Shared::send`]'s checks.
+    pub(crate) fn queue(&self, write: Option<Write>, claim: bool) -> Result<u64, SendRefused> {
+        self.queue_dropping(write, None, claim)
+    }
+
+    /// [`Shared::queue`] for a claim that acquires a key over its marker `(hash, token)`:
+    /// the marker row is removed in the commit that stores the claim's record.
+    pub(crate) fn queue_dropping(
+        &self,
+        write: Option<Write>,
+        drop_marker: Option<(u64, u64)>,
+        claim: bool,
+    ) -> Result<u64, SendRefused> {
+        match (write, &self.tx) {
+            (None, Some(tx)) if claim => self.admit(tx, true).map(|()| 0),
+            (None, _) => Ok(0),
+            (Some(write), _) => self.send(self.op(write, drop_marker), claim),
+        }
+    }
+
+    /// The queued form of a state machine's write, with the marker row `drop_marker` its
+    /// commit removes (a claim that acquires a key over its marker). Encoded here, on the
+    /// caller's thread: the writer's one thread only does the B-tree work and the commit.
+    pub(crate) fn op(&self, write: Write, drop_marker: Option<(u64, u64)>) -> Op {
+        match write {
+            Write::Put { token, old, record } => Op::Put {
+                token,
+                old,
+                value: crate::model::codec::encode_queued(token, &record),
+                drop_marker,
+            },
+            Write::Delete { token } => Op::Delete { token },
+            Write::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            } => Op::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            },
+            Write::DropMarker { hash, token } => Op::DropMarker { hash, token },
+        }
+    }
+
+    /// Applies a state machine's counter deltas: the gauges to the engine-wide counters that
+    /// admission reads, the events to `events` (the stripe's own, under its lock).
+    pub(crate) fn count(&self, events: &mut Events, d: &Deltas) {
+        let c = &self.counters;
+        let gauge = |g: &AtomicU64, delta: i64, order: Ordering| {
+            if delta > 0 {
+                g.fetch_add(delta.unsigned_abs(), order);
+            } else if delta < 0 {
+                g.fetch_sub(delta.unsigned_abs(), order);
+            }
+        };
+        gauge(&c.gauges.inflight, d.inflight, Ordering::AcqRel);
+        gauge(&c.gauges.completed, d.completed, Ordering::Relaxed);
+        events.add(d);
+        c.metrics.add(d);
+    }
+
+    /// Counts one claim call, in its stripe's events (under the stripe lock).
+    pub(crate) fn count_claim(&self, events: &mut Events) {
+        events.claims += 1;
+        self.counters.metrics.claim();
+    }
+}
+
+/// Why an operation could not be queued.
+pub(crate) enum SendRefused {
+    Full,
+    Poisoned(Arc<str>),
+    Closed,
+}
+
+/// An embedded idempotency engine. Cheap to clone; all clones share one engine, which
+/// closes when the last clone (and the last [`crate::Lease`]) is dropped.
+///
+/// ```
+/// use idemkv::{Claim, ClaimOptions, Durability, Engine};
+/// let engine = Engine::builder().durability(Durability::None).open()?;
+/// let opts = ClaimOptions::default().payload(b"charge 42");
+/// match engine.claim(b"order-42", &opts)? {
+///     Claim::Acquired(lease) => lease.complete(b"charged")?,
+///     Claim::InProgress(busy) => println!("retry in {:?}", busy.retry_after()),
+///     Claim::Completed(stored) => println!("replay {:?}", stored.response()),
+///     // Only with `EngineBuilder::marker_retention`: completed, response no longer kept.
+///     Claim::Forgotten(f) => println!("done at {:?}, response gone", f.completed_at()),
+/// }
+/// let again = engine.claim(b"order-42", &opts)?;
+/// assert!(matches!(again, Claim::Completed(s) if s.response() == b"charged"));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+/// Aligned to its own cache lines: a lease holds an engine handle, so the reference count
+/// in front of this is written by every claim that acquires and by every lease dropped,
+/// while `shared` is read by every call; apart, the reads do not miss on those writes.
+#[repr(align(128))]
+struct Inner {
+    shared: Arc<Shared>,
+    threads: Mutex<Threads>,
+    /// Kept alive so the clock's weak reference to it stays valid.
+    _clock_listener: Arc<ClockListener>,
+    /// The shared backend, when the engine was opened on PostgreSQL (src/shared/); the
+    /// memory-only `shared` then holds only the settings and the timer thread.
+    #[cfg(feature = "postgres")]
+    pg: Option<Arc<crate::shared::Backend>>,
+}
+
+#[derive(Default)]
+struct Threads {
+    writer: Option<crate::base::sync::JoinHandle<()>>,
+    sweeper: Option<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &self.pg {
+            pg.close();
+        }
+        let _ = close_shared(&self.shared, &self.threads);
+    }
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("durability", &self.shared().cfg.durability)
+            .finish()
+    }
+}
+
+fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushError> {
+    if !shared.closed.swap(true, Ordering::AcqRel) {
+        shared.sweeper.stop();
+        shared.timers.stop();
+        let mut threads = threads.lock();
+        if let Some(handle) = threads.sweeper.take() {
+            let _ = handle.join();
+        }
+        // Every queued send happens under a stripe lock after a check of `closed`: passing
+        // through each lock once orders all of them before the shutdown message.
+        for stripe in shared.index.stripes() {
+            drop(stripe.lock());
+        }
+        if let Some(tx) = &shared.tx {
+            let _ = tx.send(Queued {
+                seq: 0,
+                op: Op::Shutdown,
+                tables: None,
+                acked_at: None,
+            });
+        }
+        if let Some(handle) = threads.writer.take() {
+            let _ = handle.join();
+        }
+        shared.set_writer_stopped();
+        shared.store.write().take();
+        shared.index.wake_all();
+        shared.notify_room();
+    }
+    match shared.poison_reason() {
+        Some(why) => Err(FlushError::Poisoned(why)),
+        None => Ok(()),
+    }
+}
+
+impl EngineBuilder {
+    /// Opens the engine: validates the settings, opens or creates the file, recovers its
+    /// records, and starts the writer and the sweeper.
+    pub fn open(self) -> Result<Engine, OpenError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.postgres.clone() {
+            return crate::shared::open(self, pg);
+        }
+        self.validate()?;
+        let time = Time::new(self.clock.clone());
+        let counters = Counters::default();
+        let memory_only = self.durability == Durability::None;
+        // A durable engine's hashes are keyed by the secret its file keeps, so a key hashes
+        // the same after a restart and its marker finds it.
+        let (opened, mut log) = if memory_only {
+            (None, None)
+        } else {
+            let store = Store::open(&self)?;
+            // Before recovery reads the records: what the log holds is part of them.
+            let log = crate::store::commit_log::open(&self, &store)?;
+            (Some(store), log)
+        };
+        let hasher = match &opened {
+            Some(store) => KeyHasher::from_secret(&store.hash_secret()?),
+            None => KeyHasher::random(),
+        };
+        let progress = Progress::new();
+        let index = Index::new(
+            self.stripes,
+            crate::base::clock::duration_ns(self.retention),
+            counters.gauges.clone(),
+            Keying {
+                hasher,
+                markers: self.marker_retention.map(|retention| MarkerRules {
+                    retention,
+                    durable: !memory_only,
+                }),
+                marks: progress.marks(),
+            },
+        );
+        let (tokens, store, outbox_next) = match opened {
+            None => (Tokens::new(1, u64::MAX), None, 1),
+            Some(store) => {
+                // A damaged file can make redb panic mid-scan: contain it as corruption.
+                let next = crate::store::storage::contain("recovery", || {
+                    crate::runtime::recovery::recover(&store, &self, &index, &time, &counters)
+                })
+                .map_err(|detail| OpenError::Corrupted { detail })??;
+                // Every replay opens the tables again: a table tree that only decodes in the
+                // write path must be refused now, not on each read.
+                store.check_tables()?;
+                let outbox_next = store.outbox_next()?;
+                let limit = next.saturating_add(TOKEN_RESERVE);
+                (Tokens::new(next, limit), Some(Arc::new(store)), outbox_next)
+            }
+        };
+        let claim_queue_max = self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
+        let cfg = Config {
+            durability: self.durability,
+            lease: self.lease,
+            retention: self.retention,
+            marker_retention: self.marker_retention,
+            key_len_max: self.key_len_max,
+            response_len_max: self.response_len_max,
+            checkpoint_len_max: self.checkpoint_len_max,
+            inflight_max: self.inflight_max as u64,
+            keys_max: self.keys_max as u64,
+            claim_queue_max,
+        };
+        let (tx, rx) = match store {
+            Some(_) => {
+                let (tx, rx) = crate::base::sync::channel::bounded(self.queue_depth);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
+        let shared = Arc::new(Shared {
+            index,
+            time,
+            cfg,
+            tokens,
+            counters,
+            observe: crate::runtime::observe::Observer::new(&self),
+            tx,
+            progress,
+            timers: Default::default(),
+            keep_alive: Default::default(),
+            admission: crate::runtime::admission::Admission::new(
+                match self.durability {
+                    Durability::Buffered { max_delay } => Some(max_delay),
+                    _ => None,
+                },
+                claim_queue_max,
+            ),
+            tables: crate::runtime::tables::Tables::new(outbox_next),
+            store: RwLock::new(store.clone()),
+            poisoned: AtomicBool::new(false),
+            poison_why: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            writer_stopped: AtomicBool::new(false),
+            sweeper: Sweeper::new(self.sweep_interval),
+            room: Mutex::new(()),
+            room_changed: Condvar::new(),
+            #[cfg(idemkv_sabotage)]
+            sabotage: crate::base::sync::AtomicU8::new(self.sabotage),
+            #[cfg(idemkv_sabotage)]
+            writer_panic: AtomicBool::new(false),
+            #[cfg(idemkv_sabotage)]
+            commit_gate: crate::api::sabotage::CommitGate::default(),
+            #[cfg(idemkv_sabotage)]
+            after_commit_gate: crate::api::sabotage::CommitGate::default(),
+        });
+        let mut threads = Threads::default();
+        if let (Some(store), Some(rx)) = (store, rx) {
+            threads.writer =
+                Some(writer::spawn(shared.clone(), store, log.take(), rx).map_err(OpenError::Io)?);
+        }
+        let engine = Engine {
+            inner: Arc::new(Inner {
+                shared: shared.clone(),
+                threads: Mutex::new(Threads::default()),
+                _clock_listener: subscribe_clock(&self, &shared),
+                #[cfg(feature = "postgres")]
+                pg: None,
+            }),
+        };
+        if self.sweep_interval.is_some() {
+            threads.sweeper = Some(crate::runtime::sweep::spawn(shared).map_err(OpenError::Io)?);
+        }
+        *engine.inner.threads.lock() = threads;
+        Ok(engine)
+    }
+}
+
+/// Lets a clock that jumps (a mock clock) wake every waiter to re-check its deadline.
+fn subscribe_clock(b: &EngineBuilder, shared: &Arc<Shared>) -> Arc<ClockListener> {
+    let weak: Weak<Shared> = Arc::downgrade(shared);
+    let listener: Arc<ClockListener> = Arc::new(move || {
+        if let Some(shared) = weak.upgrade() {
+            shared.index.wake_all();
+            // Callers waiting for a completion to be published sleep on the watermark.
+            shared.progress.wake_all();
+            shared.notify_room();
+            shared.sweeper.nudge();
+            shared.timers.nudge();
+        }
+    });
+    if let Some(clock) = &b.clock {
+        clock.subscribe(Arc::downgrade(&listener));
+    }
+    listener
+}
+
+impl Engine {
+    /// A builder with the defaults: `Immediate`, 30 s lease, 24 h retention.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder::default()
+    }
+
+    /// Opens (or creates) the file at `path` with the builder defaults.
+    pub fn open(path: impl AsRef<Path>) -> Result<Engine, OpenError> {
+        Engine::builder().path(path.as_ref()).open()
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    pub(crate) fn shared_arc(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// The shared backend, if this engine was opened on PostgreSQL.
+    #[cfg(feature = "postgres")]
+    #[inline]
+    pub(crate) fn pg(&self) -> Option<&Arc<crate::shared::Backend>> {
+        self.inner.pg.as_ref()
+    }
+
+    /// Hands a freshly opened (memory-only, unshared) engine its shared backend; `None`
+    /// if the engine was already shared with another handle.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn with_pg(mut self, pg: Arc<crate::shared::Backend>) -> Option<Engine> {
+        Arc::get_mut(&mut self.inner)?.pg = Some(pg);
+        Some(self)
+    }
+
+    /// Whether a test has switched this sabotage on (always false without
+    /// `--cfg idemkv_sabotage`).
+    #[inline]
+    pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
+        self.shared().sabotaged(which)
+    }
+
+    /// The durability mode this engine was opened with.
+    pub fn durability(&self) -> Durability {
+        // A shared engine's calls return once the database committed them.
+        #[cfg(feature = "postgres")]
+        if self.pg().is_some() {
+            return Durability::Immediate;
+        }
+        self.shared().cfg.durability
+    }
+
+    /// The engine's retention ([`EngineBuilder::retention`]): how long a completed key is
+    /// remembered unless its claim or completion chose its own
+    /// ([`crate::ClaimOptions::retention`], [`crate::CompleteOptions::retention`]). A
+    /// replay tells the instant its key expires ([`crate::Stored::expires_at`]).
+    pub fn retention(&self) -> Duration {
+        self.shared().cfg.retention
+    }
+
+    pub(crate) fn check_key(&self, key: &[u8]) -> Result<(), ClaimError> {
+        let max = self.shared().cfg.key_len_max;
+        if key.is_empty() {
+            return Err(ClaimError::KeyEmpty);
+        }
+        if key.len() > max {
+            return Err(ClaimError::KeyTooLong {
+                len: key.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// The scoped key (`scope.rs`) of `key` within `scope`, the form every internal call
+    /// takes; a scope past its limit is refused.
+    pub(crate) fn scoped_key(&self, scope: &[u8], key: &[u8]) -> Result<Arc<[u8]>, ClaimError> {
+        crate::model::scope::scoped_shared(scope, key).ok_or(ClaimError::ScopeTooLong {
+            len: scope.len(),
+            max: SCOPE_LEN_MAX,
+        })
+    }
+
+    pub(crate) fn check_open(&self) -> Result<(), ClaimError> {
+        let s = self.shared();
+        if let Some(why) = s.poison_reason() {
+            return Err(ClaimError::Poisoned(why));
+        }
+        if s.is_closed() {
+            return Err(ClaimError::Closed);
+        }
+        Ok(())
+    }
+
+    /// The checks of a holder's call on the scoped key `scoped`.
+    pub(crate) fn check_lease_call(&self, scoped: &[u8]) -> Result<(), LeaseError> {
+        let key = crate::model::scope::key_of(scoped);
+        match self.check_key(key).and_then(|()| self.check_open()) {
+            Ok(()) => Ok(()),
+            Err(ClaimError::KeyTooLong { len, max }) => Err(LeaseError::KeyTooLong { len, max }),
+            Err(ClaimError::Poisoned(why)) => Err(LeaseError::Poisoned(why)),
+            Err(ClaimError::Closed) => Err(LeaseError::Closed),
+            // An empty key was never claimed, so no lease can own it.
+            Err(_) => Err(LeaseError::LeaseLost),
+        }
+    }
+
+    /// Whether the mode makes a call wait until its write is durable before it returns.
+    pub(crate) fn waits_for_durability(&self) -> bool {
+        self.durability() == Durability::Immediate
+    }
+
+    /// A snapshot of the engine's counters: O(stripes), never a walk over the keys. Each
+    /// stripe is locked once; one whose expiry order says a lease has ended moves it to the
+    /// `abandoned` gauge first (work the sweeper would do, each lease once), and the count
+    /// of keys past retention comes from the head of each stripe's completion order.
+    pub fn stats(&self) -> Stats {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.stats();
+        }
+        let s = self.shared();
+        let c = &s.counters;
+        let now = s.time.mono_ns();
+        let (mut expired_unswept, mut index_bytes, mut markers) = (0u64, 0u64, 0u64);
+        let mut events = Events::default();
+        for (i, stripe) in s.index.stripes().enumerate() {
+            let mut shard = stripe.lock();
+            events.merge(&shard.events);
+            if s.index.lease_may_be_due(i, now) {
+                shard.end_leases(now, usize::MAX);
+            }
+            if s.index.reclaim_may_be_due(i, now) {
+                expired_unswept += shard.expired_unswept(now);
+            }
+            index_bytes += shard.memory_bytes() as u64;
+            markers += shard.markers_len() as u64;
+        }
+        crate::runtime::observe::gauges(s);
+        let commits = read(&c.commits);
+        Stats {
+            inflight: read(&c.gauges.inflight),
+            abandoned: read(&c.gauges.abandoned),
+            abandoned_reaped: read(&c.abandoned_reaped) + events.abandoned_reaped,
+            completed: read(&c.gauges.completed).saturating_sub(expired_unswept),
+            expired_unswept,
+            expirations: events.expirations,
+            markers,
+            forgotten: events.forgotten,
+            index_bytes,
+            claims: events.claims,
+            claims_cancelled: read(&c.claims_cancelled),
+            acquired: events.acquired,
+            takeovers: events.takeovers,
+            replays: read(&c.replays) + events.replays,
+            in_progress: events.in_progress,
+            fingerprint_mismatches: read(&c.fingerprint_mismatches) + events.fingerprint_mismatches,
+            corrupt_reads: read(&c.corrupt_reads),
+            completions: events.completions,
+            releases: events.releases,
+            failures: events.failures,
+            leases_lost: events.leases_lost,
+            waits: read(&c.waits),
+            overloaded: read(&c.overloaded),
+            commits,
+            committed_ops: read(&c.committed_ops),
+            log_checkpoints: read(&c.log_checkpoints),
+            batch_max: read(&c.batch_max),
+            commit_max_us: read(&c.commit_max_us),
+            queue_depth: s.tx.as_ref().map_or(0, |tx| tx.len() as u64),
+            queue_claims_max: s.admission.claims_max(),
+            ack_to_fsync_max_us: u64::try_from(s.admission.lag_max().as_micros())
+                .unwrap_or(u64::MAX),
+            token_next: s.tokens.next(),
+            poisoned: s.poison_reason().is_some(),
+            db_round_trips: 0,
+            db_claims_batched: 0,
+            db_notifications: 0,
+        }
+    }
+
+    /// Waits until every call acknowledged so far is durable (a no-op without a file).
+    pub fn flush(&self) -> Result<(), FlushError> {
+        // A shared engine's acknowledged calls are committed already.
+        #[cfg(feature = "postgres")]
+        if self.pg().is_some() {
+            return self.check_open().map_err(|_| FlushError::Closed);
+        }
+        self.shared().flush()
+    }
+
+    /// Makes everything acknowledged durable, stops the background threads, releases the
+    /// file and refuses further calls. Idempotent; also done when the last handle drops.
+    pub fn close(&self) -> Result<(), FlushError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            pg.close();
+        }
+        close_shared(&self.inner.shared, &self.inner.threads)
+    }
+
+    /// Makes the writer thread panic at its next batch, before writing it, as a bug in the
+    /// writer would. The engine must poison itself and fail every pending acknowledgement
+    /// (`docs/design.md`, "How a commit can fail"). Only with `--cfg idemkv_sabotage`.
+    #[cfg(idemkv_sabotage)]
+    #[doc(hidden)]
+    pub fn panic_writer_at_next_batch(&self) {
+        self.shared().writer_panic.store(true, Ordering::Release);
+    }
+}

@@ -1,0 +1,287 @@
+//! Leases that follow their holder: while a [`KeepAlive`] guard lives, the engine's timer
+//! thread renews its lease before it ends, up to a maximum; dropping the guard stops the
+//! renewals, and so does the end of the lease itself (settled, or dropped unsettled), so a
+//! holder that died (its task dropped, its thread gone) stops holding the key one lease
+//! later.
+//!
+//! Renewals queue an extension without waiting for its durability: a crash ends every
+//! holder of the file anyway, and the file's lease end only bounds when a takeover may
+//! happen after a restart.
+
+use crate::api::engine::{Engine, Sabotage};
+use crate::base::clock::duration_ns;
+use crate::base::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MAX, WAIT_SLICE_MIN};
+use crate::base::sync::{Arc, Mutex};
+use crate::model::error::LeaseError;
+use crate::model::machine::Holder;
+use crate::model::write_set::{is_settled, StagedState};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+struct Renewal {
+    engine: Engine,
+    key: Box<[u8]>,
+    token: u64,
+    lease: Duration,
+    /// Renewals never move the lease's end past this instant (monotonic ns).
+    until_ns: u64,
+    /// The lease's own state: once it is settled or dropped, nothing is renewed (a dropped
+    /// lease keeps its key only until the lease ends).
+    lease_state: Arc<Mutex<StagedState>>,
+}
+
+impl Renewal {
+    /// The token the renewal extends: always the one it was registered for, since a key
+    /// taken over by another caller is no longer this guard's lease.
+    fn token(&self) -> u64 {
+        // Test-only sabotage: renew whoever holds the key now.
+        if self.engine.shared().sabotaged(Sabotage::RenewCurrentHolder) {
+            let s = self.engine.shared();
+            let (shard, _, k) = s.index.lock(&self.key);
+            return shard.get(k).map_or(self.token, |slot| slot.token);
+        }
+        self.token
+    }
+}
+
+#[derive(Default)]
+struct Registry {
+    /// By (next renewal instant, id).
+    due: BTreeMap<(u64, u64), Renewal>,
+    /// Each live guard's current place in `due`.
+    at: BTreeMap<u64, u64>,
+    next_id: u64,
+}
+
+/// The engine's keep-alive registrations.
+#[derive(Default)]
+pub(crate) struct KeepAlives {
+    registry: Mutex<Registry>,
+}
+
+impl KeepAlives {
+    fn add(&self, renewal: Renewal, first_ns: u64) -> u64 {
+        let mut r = self.registry.lock();
+        r.next_id += 1;
+        let id = r.next_id;
+        r.due.insert((first_ns, id), renewal);
+        r.at.insert(id, first_ns);
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        let mut r = self.registry.lock();
+        if let Some(at) = r.at.remove(&id) {
+            r.due.remove(&(at, id));
+        }
+    }
+
+    /// When the next renewal is due, if any.
+    pub(crate) fn next_due_ns(&self) -> Option<u64> {
+        self.registry
+            .lock()
+            .due
+            .first_key_value()
+            .map(|((at, _), _)| *at)
+    }
+
+    /// Renews every lease due at `now` (on the timer thread).
+    pub(crate) fn renew_due(&self, now: u64) {
+        loop {
+            let (id, renewal) = {
+                let mut r = self.registry.lock();
+                let Some(entry) = r.due.first_entry() else {
+                    return;
+                };
+                if entry.key().0 > now {
+                    return;
+                }
+                let ((_, id), renewal) = entry.remove_entry();
+                r.at.remove(&id);
+                (id, renewal)
+            };
+            if renewal.until_ns <= now || is_settled(&renewal.lease_state) {
+                continue;
+            }
+            // The extension is sized at the instant it is applied (under the stripe lock), so
+            // a clock that moved since `now` can never carry the lease past `until_ns`.
+            let lease_max_ns = duration_ns(renewal.lease);
+            let mut capped = false;
+            let extend = |at: u64| {
+                let left_ns = renewal.until_ns.saturating_sub(at);
+                capped = left_ns <= lease_max_ns;
+                Holder::Extend {
+                    lease: Duration::from_nanos(lease_max_ns.min(left_ns)),
+                }
+            };
+            let next_ns =
+                match renewal
+                    .engine
+                    .update_inflight_at(&renewal.key, renewal.token(), extend, None)
+                {
+                    // The lease now ends at the maximum: nothing more to renew.
+                    Ok(_) if capped => continue,
+                    Ok(_) => now.saturating_add((lease_max_ns / KEEP_ALIVE_DIVISOR).max(1)),
+                    // A full queue: try again shortly, well before the lease ends.
+                    Err(LeaseError::Overloaded(_)) => {
+                        now.saturating_add(duration_ns(WAIT_SLICE_MIN))
+                    }
+                    // The lease was lost, released or completed, or the engine stopped.
+                    Err(_) => continue,
+                };
+            let mut r = self.registry.lock();
+            r.due.insert((next_ns, id), renewal);
+            r.at.insert(id, next_ns);
+        }
+    }
+}
+
+/// Renews a lease while it lives and the lease is unsettled (see
+/// [`crate::Lease::keep_alive`]). Dropping it, or the lease, stops the renewals; the lease
+/// then ends at its last renewed end.
+#[must_use = "the lease is renewed only while the guard lives"]
+pub struct KeepAlive {
+    engine: Engine,
+    id: u64,
+}
+
+impl fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeepAlive").field("id", &self.id).finish()
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.engine.shared().keep_alive.remove(self.id);
+    }
+}
+
+impl Engine {
+    /// Starts renewing the lease of `token` on `key` while `lease_state` is unsettled: every
+    /// third of `lease`, its end is moved to `lease` from then, never past `max` from now.
+    pub(crate) fn keep_alive(
+        &self,
+        key: &[u8],
+        token: u64,
+        lease: Duration,
+        max: Duration,
+        lease_state: Arc<Mutex<StagedState>>,
+    ) -> KeepAlive {
+        let s = self.shared();
+        let now = s.time.mono_ns();
+        let renewal = Renewal {
+            engine: self.clone(),
+            key: Box::from(key),
+            token,
+            lease,
+            until_ns: now.saturating_add(duration_ns(max)),
+            lease_state,
+        };
+        let first_ns = now.saturating_add((duration_ns(lease) / KEEP_ALIVE_DIVISOR).max(1));
+        let id = s.keep_alive.add(renewal, first_ns);
+        // The timer thread looks at its work at least every `WAIT_SLICE_MAX`, so only a lease
+        // whose first renewal is due sooner needs it woken: every `run` registers a
+        // renewal, and most handlers end long before it is due.
+        let nudge = first_ns.saturating_sub(now) < duration_ns(WAIT_SLICE_MAX);
+        // Without a timer thread nothing renews: the lease simply ends as it would have.
+        let _ = s.timers.start_and_nudge(self.shared_arc(), nudge);
+        KeepAlive {
+            engine: self.clone(),
+            id,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Claim, ClaimOptions, Durability, KeyState, MockClock};
+
+    fn claim(engine: &Engine, lease: Duration) -> crate::Lease {
+        match engine.claim(b"k", &ClaimOptions::default().lease(lease)) {
+            Ok(Claim::Acquired(lease)) => lease,
+            other => panic!("expected Acquired, got {other:?}"),
+        }
+    }
+
+    fn lease_remaining(engine: &Engine) -> (u64, Duration) {
+        match engine.get(b"k") {
+            Ok(Some(KeyState::InFlight {
+                token,
+                lease_remaining,
+                ..
+            })) => (token, lease_remaining),
+            other => panic!("expected InFlight, got {other:?}"),
+        }
+    }
+
+    /// A renewal extends the lease it was registered for and no other: once the key has
+    /// ended and another caller took it over, the old holder's renewal leaves the new
+    /// lease alone and is dropped. Renewals are run by the check (no timer thread).
+    /// `bug` is switched on in the engine (test-only sabotage).
+    fn renewal_after_a_takeover(bug: Option<Sabotage>) -> Result<(), String> {
+        let clock = MockClock::new();
+        let engine = Engine::builder()
+            .durability(Durability::None)
+            .clock(clock.clone())
+            .sweep_interval(None)
+            .open()
+            .map_err(|e| format!("open: {e}"))?;
+        #[cfg(idemkv_sabotage)]
+        crate::api::sabotage::switch(&engine, bug);
+        #[cfg(not(idemkv_sabotage))]
+        assert!(bug.is_none(), "a bug needs --cfg idemkv_sabotage");
+        let s = engine.shared();
+        let first = claim(&engine, Duration::from_secs(3));
+        let now = s.time.mono_ns();
+        let renewal = Renewal {
+            engine: engine.clone(),
+            // As the lease's handle registers it: the key within its (empty) scope.
+            key: Box::from(&*crate::model::scope::scoped_shared(&[], b"k").ok_or("scoped key")?),
+            token: first.token(),
+            lease: Duration::from_secs(3),
+            until_ns: now + duration_ns(Duration::from_secs(60)),
+            // The first lease is still held (unsettled), so only the token check can stop
+            // the renewal.
+            lease_state: first.staged.shared(),
+        };
+        let id = s
+            .keep_alive
+            .add(renewal, now + duration_ns(Duration::from_secs(1)));
+        // The renewal is late (its holder's lease ended): another caller takes the key over.
+        clock.advance(Duration::from_secs(4));
+        let second = claim(&engine, Duration::from_secs(1));
+        s.keep_alive.renew_due(s.time.mono_ns());
+        let seen = lease_remaining(&engine);
+        let next = s.keep_alive.next_due_ns();
+        s.keep_alive.remove(id);
+        if seen != (second.token(), Duration::from_secs(1)) {
+            return Err(format!(
+                "the renewal of token {} changed the lease of token {} that took the key \
+                 over: (token, lease left) is {seen:?}, expected ({}, 1s)",
+                first.token(),
+                second.token(),
+                second.token()
+            ));
+        }
+        if next.is_some() {
+            return Err("the renewal of a lost lease is still registered".into());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_renewal_never_extends_a_lease_another_caller_took_over() {
+        renewal_after_a_takeover(None).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Teeth: the check catches a renewal that extends whoever holds the key now.
+    #[cfg(idemkv_sabotage)]
+    #[test]
+    fn teeth_renewal_check_catches_renewing_the_current_holder() {
+        let caught = renewal_after_a_takeover(Some(Sabotage::RenewCurrentHolder));
+        assert!(caught.is_err(), "RenewCurrentHolder was not caught");
+    }
+}

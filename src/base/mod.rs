@@ -1,0 +1,5 @@
+//! The bottom layer: time and clocks, the sync shim, limits. Imports nothing from the crate.
+
+pub(crate) mod clock;
+pub(crate) mod constants;
+pub(crate) mod sync;

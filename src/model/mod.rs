@@ -1,0 +1,12 @@
+//! The pure state machine and the values it works on. Imports only `base`.
+
+pub(crate) mod codec;
+pub(crate) mod error;
+pub(crate) mod fingerprint;
+pub(crate) mod machine;
+#[cfg(idemkv_sabotage)]
+pub mod machine_probe;
+pub(crate) mod marker;
+pub(crate) mod scope;
+pub(crate) mod token;
+pub(crate) mod write_set;

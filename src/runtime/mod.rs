@@ -1,0 +1,12 @@
+//! The running engine: shared state, the writer queue, the writer, the applier, recovery, the sweeper, timers. Imports the layers below.
+
+pub(crate) mod admission;
+pub(crate) mod apply;
+pub(crate) mod gather;
+pub(crate) mod observe;
+pub(crate) mod progress;
+pub(crate) mod recovery;
+pub(crate) mod sweep;
+pub(crate) mod tables;
+pub(crate) mod timer;
+pub(crate) mod writer;
