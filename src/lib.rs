@@ -39,18 +39,12 @@ mod runtime;
 mod shared;
 mod store;
 
-pub use crate::api::admin::{
-    AbandonedClaim, AbandonedQuery, Admin, ImportError, RecordInfo, RecordInfoState,
-};
+pub use crate::api::admin::{AbandonedClaim, AbandonedQuery, Admin};
 pub use crate::api::async_api::LeaseHandle;
 pub use crate::api::engine::Engine;
 pub use crate::api::keep_alive::KeepAlive;
-pub use crate::api::lease::{
-    Busy, Claim, Detached, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome,
-};
-pub use crate::api::options::{
-    ClaimOptions, CompleteOptions, Durability, EngineBuilder, OnHandlerError, Recovery,
-};
+pub use crate::api::lease::{Claim, Detached, KeyState, Lease, Outcome, TypedOutcome};
+pub use crate::api::options::{ClaimOptions, CompleteOptions, EngineBuilder, OnHandlerError};
 pub use crate::api::outbox::{Outbox, OutboxMessage};
 pub use crate::api::reader::{FileReader, FileSnapshot};
 #[cfg(idemkv_sabotage)]
@@ -58,7 +52,9 @@ pub use crate::api::reader::{FileReader, FileSnapshot};
 pub use crate::api::sabotage;
 pub use crate::api::testing;
 pub use crate::base::clock::{Clock, ClockListener, MockClock, SystemClock};
+pub use crate::base::hash::key_hash;
 pub use crate::index::stats::Stats;
+pub use crate::model::answer::{Busy, Forgotten, Stored};
 pub use crate::model::codec::Checkpoint;
 pub use crate::model::error::{
     ClaimError, FingerprintError, FlushError, LeaseError, Limit, NotStoredReason, OpenError,
@@ -68,8 +64,9 @@ pub use crate::model::fingerprint::Fingerprint;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub use crate::model::machine_probe;
+pub use crate::model::record_info::{ImportError, RecordInfo, RecordInfoState};
+pub use crate::model::settings::{Durability, Recovery};
 pub use crate::model::write_set::{TableRow, WriteSet};
-pub use crate::runtime::observe::key_hash;
 #[cfg(feature = "postgres")]
 pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
 pub use crate::store::backend::{LockKind, Storage};

@@ -6,13 +6,14 @@
 //! durability and reading a stored response from the file happen after the lock is dropped.
 
 use crate::api::admin::known_time;
-use crate::api::engine::{Engine, Sabotage, SendRefused};
+use crate::api::engine::{Engine, SendRefused};
 use crate::api::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome};
 #[cfg(doc)]
 use crate::api::options::OnHandlerError;
 use crate::api::options::{AskedFingerprint, ClaimOptions};
 use crate::base::clock::{duration_ns, wall_time};
 use crate::base::constants::*;
+use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, MutexGuard, Ordering};
 use crate::index::index::{Forgot, Key, Shard};
 use crate::index::stats::{bump, Events};

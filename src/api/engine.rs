@@ -7,9 +7,11 @@
 use crate::api::options::{Durability, EngineBuilder};
 use crate::base::clock::{ClockListener, Time};
 use crate::base::constants::*;
+use crate::base::hash::KeyHasher;
+use crate::base::sabotage::Sabotage;
 use crate::base::sync::channel::{Sender, TrySendError};
 use crate::base::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, RwLock, Weak};
-use crate::index::index::{Index, KeyHasher, Keying};
+use crate::index::index::{Index, Keying};
 use crate::index::stats::{read, Counters, Events, Stats};
 use crate::model::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::model::machine::{Deltas, MarkerRules, Now, Rules, Write};
@@ -79,43 +81,10 @@ pub(crate) struct Shared {
     pub(crate) writer_panic: AtomicBool,
     /// Lets a test hold the writer before its next commit (`sabotage::HeldCommits`).
     #[cfg(idemkv_sabotage)]
-    pub(crate) commit_gate: crate::api::sabotage::CommitGate,
+    pub(crate) commit_gate: crate::base::sabotage::CommitGate,
     /// Lets a test hold the writer after its next commit, before it moves its watermarks.
     #[cfg(idemkv_sabotage)]
-    pub(crate) after_commit_gate: crate::api::sabotage::CommitGate,
-}
-
-/// Bugs a test can switch on, to prove that the checkers catch them. Each one breaks a
-/// promise the engine makes (docs/testing.md, "Teeth"). Only a build with
-/// `--cfg idemkv_sabotage` can switch one on (`sabotage::switch`); in any other build every
-/// check of one compiles to `false`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[cfg_attr(not(idemkv_sabotage), allow(dead_code))]
-pub enum Sabotage {
-    /// Claims look the key up, drop the lock, then insert: check-then-act.
-    CheckThenAct = 1,
-    /// `complete` does not compare tokens.
-    NoFencing = 2,
-    /// The writer acknowledges a batch before its commit returns.
-    AckBeforeCommit = 3,
-    /// The writer shows a batch's completions (a watermark every stripe lock reads) before
-    /// its commit returns.
-    PublishBeforeCommit = 4,
-    /// Commits never write the token high-water mark (the engine believes they did).
-    SkipTokenHwm = 5,
-    /// A write that replaces a key's record leaves the previous record in the file.
-    DropOldRemoval = 6,
-    /// A replay decodes the stored record without checking its checksum.
-    SkipReplayChecksum = 7,
-    /// With the commit log, the writer acknowledges a batch as applied (a flush's barrier
-    /// alone), or commits to the file itself, without waiting for the applier to apply the
-    /// batches handed to it before.
-    SkipApplierDrain = 8,
-    /// A keep-alive renewal extends whoever holds the key now, not the lease it was
-    /// registered for.
-    RenewCurrentHolder = 9,
-    /// `Outbox::mark_sent` returns under `Immediate` before the removal is durable.
-    MarkSentBeforeDurable = 10,
+    pub(crate) after_commit_gate: crate::base::sabotage::CommitGate,
 }
 
 impl Shared {
@@ -569,9 +538,9 @@ impl EngineBuilder {
         let (opened, mut log) = if memory_only {
             (None, None)
         } else {
-            let store = Store::open(&self)?;
+            let store = Store::open(&self.store_config())?;
             // Before recovery reads the records: what the log holds is part of them.
-            let log = crate::store::commit_log::open(&self, &store)?;
+            let log = crate::store::commit_log::open(&self.store_config(), &store)?;
             (Some(store), log)
         };
         let hasher = match &opened {
@@ -597,7 +566,13 @@ impl EngineBuilder {
             Some(store) => {
                 // A damaged file can make redb panic mid-scan: contain it as corruption.
                 let next = crate::store::storage::contain("recovery", || {
-                    crate::runtime::recovery::recover(&store, &self, &index, &time, &counters)
+                    crate::runtime::recovery::recover(
+                        &store,
+                        &self.recovery_settings(),
+                        &index,
+                        &time,
+                        &counters,
+                    )
                 })
                 .map_err(|detail| OpenError::Corrupted { detail })??;
                 // Every replay opens the tables again: a table tree that only decodes in the
@@ -660,9 +635,9 @@ impl EngineBuilder {
             #[cfg(idemkv_sabotage)]
             writer_panic: AtomicBool::new(false),
             #[cfg(idemkv_sabotage)]
-            commit_gate: crate::api::sabotage::CommitGate::default(),
+            commit_gate: crate::base::sabotage::CommitGate::default(),
             #[cfg(idemkv_sabotage)]
-            after_commit_gate: crate::api::sabotage::CommitGate::default(),
+            after_commit_gate: crate::base::sabotage::CommitGate::default(),
         });
         let mut threads = Threads::default();
         if let (Some(store), Some(rx)) = (store, rx) {

@@ -7,8 +7,9 @@
 //! and a refused completion leaves the key InFlight under the holder's token until its lease
 //! ends. Only an explicit release, or the end of the lease, lets another caller run the work.
 
-use crate::api::engine::{Engine, Sabotage, SendRefused};
+use crate::api::engine::{Engine, SendRefused};
 use crate::base::clock::wall_ms_at;
+use crate::base::sabotage::Sabotage;
 use crate::base::sync::Arc;
 use crate::index::stats::bump;
 use crate::model::codec::Checkpoint;

@@ -8,9 +8,10 @@
 //! holder of the file anyway, and the file's lease end only bounds when a takeover may
 //! happen after a restart.
 
-use crate::api::engine::{Engine, Sabotage};
+use crate::api::engine::Engine;
 use crate::base::clock::duration_ns;
 use crate::base::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MAX, WAIT_SLICE_MIN};
+use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, Mutex};
 use crate::model::error::LeaseError;
 use crate::model::machine::Holder;

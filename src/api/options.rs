@@ -2,68 +2,17 @@
 
 use crate::base::clock::Clock;
 use crate::base::constants::*;
-use crate::base::sync::{Arc, Mutex};
+use crate::base::sync::Arc;
 use crate::model::codec::fnv1a64;
 use crate::model::error::{FingerprintError, OpenError};
 use crate::model::fingerprint::Fingerprint;
+pub(crate) use crate::model::settings::{AskedFingerprint, Durability, Recovery};
+use crate::runtime::recovery::RecoverySettings;
 use crate::store::backend::Storage;
+use crate::store::config::{BackendSlot, StoreConfig};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// What an acknowledged call promises about surviving a crash.
-///
-/// In every mode, another caller never sees a completion that the mode could still lose:
-/// a loser replays a response only once it is as durable as the mode promises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Durability {
-    /// A call returns only after its record is fsynced, in a group commit shared with every
-    /// concurrent call. Nothing acknowledged is lost by a crash or power loss.
-    Immediate,
-    /// A call returns at once; the writer commits what was acknowledged within `max_delay`
-    /// of the oldest queued call in one group commit. New claims are admitted by the
-    /// writer's measured rate (no more pending than it commits in three quarters of one
-    /// `max_delay`), so a crash loses at most the calls of about the last `2 × max_delay`
-    /// even under overload (claims beyond that are refused with `Overloaded`), plus
-    /// whatever a single commit takes beyond its prediction when the disk or the scheduler
-    /// stalls it (`Stats::commit_max_us`; see docs/design.md). Another
-    /// caller sees a completion only after it is fsynced, so nothing lost was ever replayed.
-    Buffered {
-        /// How long the writer gathers calls into one commit: the loss window while the
-        /// writer keeps up.
-        max_delay: Duration,
-    },
-    /// Memory only: no file, nothing survives the process. A path given to the builder is
-    /// refused ([`OpenError::MemoryOnlyPath`]) rather than ignored.
-    None,
-}
-
-impl Durability {
-    /// `Buffered` with the default delay (10 ms).
-    pub fn buffered() -> Self {
-        Durability::Buffered {
-            max_delay: BUFFERED_DELAY_DEFAULT,
-        }
-    }
-}
-
-/// What recovery does with the InFlight records a previous process left behind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Recovery {
-    /// Their owner is dead (redb locks the file to one process): the next claim takes them
-    /// over at once, attempt + 1, checkpoint kept.
-    #[default]
-    TakeOver,
-    /// Honour the persisted lease deadline: the dead holder's side effects may still land.
-    /// The remaining lease is capped by the lease length that holder was given (its claim's
-    /// [`ClaimOptions::lease`], or its last [`crate::Lease::extend`] or keep-alive
-    /// renewal's), so that a wall-clock jump does not keep a dead claim alive longer than
-    /// one of its leases. A record written by a format before 3, which did not keep that
-    /// length, is capped by the engine's lease at reopen.
-    HonourLeases,
-}
 
 /// Per-call options for [`crate::Engine::claim`] and friends.
 ///
@@ -398,25 +347,6 @@ pub(crate) fn retention_ms(retention: Duration) -> Option<u64> {
     u64::try_from(ceil).ok()
 }
 
-/// The fingerprint a claim asks for, with the 64-bit form that records of the previous
-/// format hold for the same request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct AskedFingerprint {
-    pub(crate) value: u128,
-    /// The previous format's FNV-1a of the payload, when the claim has the payload.
-    pub(crate) legacy: Option<u64>,
-}
-
-impl AskedFingerprint {
-    /// Whether the stored fingerprint is this request's. A stored value whose high half is
-    /// zero is a 64-bit fingerprint (a caller's u64, or the previous format's FNV-1a of the
-    /// payload); a [`Fingerprint`] never has a zero high half, so the two never meet.
-    pub(crate) fn matches(&self, stored: u128) -> bool {
-        stored == self.value
-            || (stored >> 64 == 0 && self.legacy.is_some_and(|l| u128::from(l) == stored))
-    }
-}
-
 /// Builds an [`crate::Engine`]. `Engine::open(path)` is `Engine::builder().path(path).open()`.
 ///
 /// ```no_run
@@ -466,42 +396,6 @@ pub struct EngineBuilder {
     pub(crate) sabotage: u8,
 }
 
-/// A custom storage handed to the builder (fault injection, tests). Clones of the builder
-/// share the slot; the first open takes the storage out of it.
-pub(crate) struct BackendSlot(pub(crate) Arc<Mutex<Option<Box<dyn Storage>>>>);
-
-impl BackendSlot {
-    fn new(storage: impl Storage) -> Self {
-        BackendSlot(Arc::new(Mutex::new(Some(Box::new(storage)))))
-    }
-
-    /// Takes the backend for an open. A second open of the same backend (through a clone of
-    /// the builder) is refused: it must never fall back to a file named after the
-    /// placeholder path, nor share one backend between two databases.
-    pub(crate) fn take(&self) -> Result<Box<dyn Storage>, OpenError> {
-        self.0
-            .lock()
-            .take()
-            .ok_or_else(|| OpenError::InvalidConfig {
-                detail: "the storage backend was already used by an earlier open (a clone of \
-                     this builder); give each open its own backend"
-                    .into(),
-            })
-    }
-}
-
-impl Clone for BackendSlot {
-    fn clone(&self) -> Self {
-        BackendSlot(self.0.clone())
-    }
-}
-
-impl std::fmt::Debug for BackendSlot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("BackendSlot")
-    }
-}
-
 impl Default for EngineBuilder {
     fn default() -> Self {
         Self {
@@ -533,6 +427,29 @@ impl Default for EngineBuilder {
 }
 
 impl EngineBuilder {
+    /// What the store is opened with.
+    pub(crate) fn store_config(&self) -> StoreConfig {
+        StoreConfig {
+            path: self.path.clone(),
+            file_mode: self.file_mode,
+            logged: self.logged(),
+            backend: self.backend.clone(),
+            log_backend: self.log_backend.clone(),
+            #[cfg(idemkv_sabotage)]
+            sabotage: self.sabotage,
+        }
+    }
+
+    /// What recovery reads.
+    pub(crate) fn recovery_settings(&self) -> RecoverySettings {
+        RecoverySettings {
+            lease: self.lease,
+            retention: self.retention,
+            marker_retention: self.marker_retention,
+            recovery: self.recovery,
+        }
+    }
+
     /// The redb file. Required unless durability is [`Durability::None`], which refuses one
     /// ([`OpenError::MemoryOnlyPath`]): a memory-only engine keeps no file.
     pub fn path(mut self, path: impl Into<PathBuf>) -> Self {

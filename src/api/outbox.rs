@@ -5,7 +5,8 @@
 //! completion that emitted it); publication is at-least-once (a relay that crashes after
 //! publishing and before `mark_sent` is durable publishes again). See `docs/outbox.md`.
 
-use crate::api::engine::{Engine, Sabotage, SendRefused};
+use crate::api::engine::{Engine, SendRefused};
+use crate::base::sabotage::Sabotage;
 use crate::base::sync::Arc;
 use crate::model::error::TableError;
 use crate::runtime::tables::{check_limit, OutboxView};

@@ -11,7 +11,7 @@ use crate::model::error::ClaimError;
 use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-pub use crate::api::engine::Sabotage;
+pub use crate::base::sabotage::Sabotage;
 
 /// Switches a deliberate bug on in a running engine (off with `None`).
 /// [`Sabotage::SkipTokenHwm`] acts only when armed on the builder ([`arm`]).
@@ -111,51 +111,6 @@ impl Engine {
                 }
             }
         }))
-    }
-}
-
-/// Holds the writer at one point of its cycle while closed (see [`Engine::hold_commits`],
-/// [`Engine::hold_after_commits`]).
-/// It uses std's lock even in model-checking builds: no shuttle test closes it.
-#[derive(Debug, Default)]
-pub(crate) struct CommitGate {
-    state: Mutex<GateState>,
-    changed: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct GateState {
-    closed: bool,
-    /// Commits waiting at the gate now.
-    held: usize,
-}
-
-impl CommitGate {
-    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn close(&self) {
-        self.lock().closed = true;
-    }
-
-    fn open(&self) {
-        self.lock().closed = false;
-        self.changed.notify_all();
-    }
-
-    /// Called by the writer at the gate's point of each cycle: waits while it is closed.
-    pub(crate) fn pass(&self) {
-        let mut s = self.lock();
-        if !s.closed {
-            return;
-        }
-        s.held += 1;
-        self.changed.notify_all();
-        while s.closed {
-            s = self.changed.wait(s).unwrap_or_else(PoisonError::into_inner);
-        }
-        s.held -= 1;
     }
 }
 

@@ -2,4 +2,6 @@
 
 pub(crate) mod clock;
 pub(crate) mod constants;
+pub(crate) mod hash;
+pub(crate) mod sabotage;
 pub(crate) mod sync;

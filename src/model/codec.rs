@@ -8,6 +8,7 @@
 use crate::base::constants::{
     FORMAT_VERSION, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION, RECORD_INLINE_BYTES,
 };
+pub(crate) use crate::base::hash::fnv1a64;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
@@ -956,17 +957,6 @@ pub(crate) fn crc32c(bytes: &[u8]) -> u32 {
 /// CRC-32C of the token (8 bytes LE) followed by `body`: the checksum of a stored value.
 fn crc32c_token(token: u64, body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&token.to_le_bytes()), body)
-}
-
-/// A stable 64-bit FNV-1a hash, used for request fingerprints. Stable across versions and
-/// platforms because fingerprints are persisted.
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 #[cfg(test)]

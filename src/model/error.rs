@@ -731,12 +731,12 @@ pub enum RunError<E> {
     /// The key was completed, but its response is no longer kept (a marker answered, see
     /// [`crate::Claim::Forgotten`]); the handler did not run. Run it again only on purpose,
     /// with [`crate::ClaimOptions::rerun_forgotten`].
-    Forgotten(crate::Forgotten),
+    Forgotten(crate::model::answer::Forgotten),
 }
 
 impl<E> RunError<E> {
     /// The answer of a run whose wait for another holder ran out.
-    pub(crate) fn still_in_progress(busy: &crate::api::lease::Busy) -> Self {
+    pub(crate) fn still_in_progress(busy: &crate::model::answer::Busy) -> Self {
         RunError::StillInProgress {
             retry_after: busy.retry_after,
         }

@@ -31,14 +31,14 @@
 //! and [`reap`] before removing anything), and publishing a completion once the writer's
 //! watermark passes it (`publication.rs`, applied when its stripe is locked).
 
-use crate::api::lease::{Busy, Forgotten, Stored};
-use crate::api::options::{AskedFingerprint, Recovery};
 use crate::base::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at, wall_ms_ceil};
 use crate::base::constants::RETRY_AFTER_UNPUBLISHED;
-use crate::index::index::{Extra, Slot};
+use crate::model::answer::{Busy, Forgotten, Stored};
 use crate::model::codec::{Blob, Checkpoint, HeadState, Record, RecordKey, RecordState};
 use crate::model::marker::{Marker, MarkerId};
-use crate::{ImportError, RecordInfo, RecordInfoState};
+use crate::model::record_info::{ImportError, RecordInfo, RecordInfoState};
+use crate::model::settings::{AskedFingerprint, Recovery};
+use crate::model::slot::{Extra, Slot};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -8,15 +8,15 @@
 //! admission, locks, queues or I/O. Tokens are issued in increasing order, as the token
 //! counter does.
 
-use crate::api::options::AskedFingerprint;
 use crate::base::clock::duration_ns;
-use crate::index::index::{Extra, Slot};
 use crate::model::codec::{self, Checkpoint, MarkerRecord, Record, RecordState};
 use crate::model::machine::{
     self, Change, ClaimAnswer, Holder, HolderAnswer, MarkerAnswer, MarkerRules, Now, Rules, Step,
     View, Write,
 };
 use crate::model::marker::{Marker, MarkerId, Markers};
+use crate::model::settings::AskedFingerprint;
+use crate::model::slot::{Extra, Slot};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

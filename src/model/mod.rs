@@ -1,5 +1,6 @@
 //! The pure state machine and the values it works on. Imports only `base`.
 
+pub(crate) mod answer;
 pub(crate) mod codec;
 pub(crate) mod error;
 pub(crate) mod fingerprint;
@@ -7,6 +8,9 @@ pub(crate) mod machine;
 #[cfg(idemkv_sabotage)]
 pub mod machine_probe;
 pub(crate) mod marker;
+pub(crate) mod record_info;
 pub(crate) mod scope;
+pub(crate) mod settings;
+pub(crate) mod slot;
 pub(crate) mod token;
 pub(crate) mod write_set;

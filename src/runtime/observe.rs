@@ -23,23 +23,6 @@ use crate::api::options::EngineBuilder;
 use crate::base::sync::{AtomicU64, Ordering};
 use crate::model::error::{ClaimError, LeaseError};
 
-/// The stable 64-bit hash of a key that log lines carry instead of the key: FNV-1a 64 over
-/// the key's bytes, written in logs as 16 lower-case hex digits (`{:016x}`).
-///
-/// It is the same in every process, on every machine and in every version, so the lines of
-/// one key correlate across restarts, and an operator can find a known key's lines by
-/// computing its hash. It is **not secret**: it keeps keys out of casual reading of the
-/// logs, but anyone who can guess a key (sequential order numbers, e-mail addresses) can
-/// hash the guess and match it. Treat logs that must hide keys from such a reader as
-/// holding the keys.
-///
-/// ```
-/// assert_eq!(format!("{:016x}", idemkv::key_hash(b"order-42")), "7d1deb86a05662d4");
-/// ```
-pub fn key_hash(key: &[u8]) -> u64 {
-    crate::model::codec::fnv1a64(key)
-}
-
 /// The `tracing` target of every span and event of the engine.
 #[cfg(feature = "tracing")]
 const TARGET: &str = "idemkv";

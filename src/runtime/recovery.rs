@@ -7,7 +7,6 @@
 //! and the token mark is made durable above every token the file has seen before the engine
 //! serves anything. An engine opened without markers neither loads nor deletes marker rows.
 
-use crate::api::options::EngineBuilder;
 use crate::base::clock::{duration_ms, Time};
 use crate::base::constants::{RECOVERY_PRESIZE_MAX, RECOVERY_THREADS_MAX, TOKEN_RESERVE};
 use crate::base::sync::{Mutex, Ordering};
@@ -17,7 +16,9 @@ use crate::model::codec::{self, HeadState};
 use crate::model::error::OpenError;
 use crate::model::machine::{self, MarkerRules, Now, Recovered, Reopen};
 use crate::model::marker::MarkerId;
+use crate::model::settings::Recovery;
 use crate::store::storage::{Durable, Store, Write};
+use std::time::Duration;
 
 /// What one scan thread found besides the slots it inserted.
 #[derive(Default)]
@@ -31,11 +32,20 @@ struct Found {
     reaped: u64,
 }
 
+/// What recovery reads of the engine's settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RecoverySettings {
+    pub(crate) lease: Duration,
+    pub(crate) retention: Duration,
+    pub(crate) marker_retention: Option<Duration>,
+    pub(crate) recovery: Recovery,
+}
+
 /// Loads every record into the index and makes the token mark durable above every token
 /// the file has seen. Returns the first token to issue.
 pub(crate) fn recover(
     store: &Store,
-    b: &EngineBuilder,
+    b: &RecoverySettings,
     index: &Index,
     time: &Time,
     counters: &Counters,
@@ -212,7 +222,7 @@ fn load_markers(
 #[allow(clippy::too_many_arguments)]
 fn scan_range(
     store: &Store,
-    b: &EngineBuilder,
+    b: &RecoverySettings,
     index: &Index,
     counters: &Counters,
     range: std::ops::Range<u64>,

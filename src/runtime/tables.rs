@@ -26,18 +26,9 @@ use crate::model::error::TableError;
 use crate::model::machine::Write;
 use crate::model::write_set::{row_key, RowWrite, Span, TableRow, WriteSet};
 use crate::runtime::writer::Op;
+pub(crate) use crate::store::batch::Batch;
 use crate::store::storage::Snapshot;
 use std::collections::{BTreeMap, HashMap, VecDeque};
-
-/// A write set as the writer applies it: rows in order, messages with their ids, and the
-/// outbox ids a relay marked sent. `ordinal` orders accepted batches (queue order).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Batch {
-    pub(crate) ordinal: u64,
-    pub(crate) rows: Vec<RowWrite>,
-    pub(crate) messages: Vec<(u64, Arc<[u8]>)>,
-    pub(crate) sent: Vec<u64>,
-}
 
 /// The newest accepted write of a row: its value (`None`: deleted) and the ordinal of the
 /// batch that wrote it.

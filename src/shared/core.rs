@@ -5,10 +5,10 @@
 use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow};
 use super::front::{Cached, Found, Front, Look};
 use crate::api::lease::{Busy, KeyState, Stored};
-use crate::api::options::AskedFingerprint;
 use crate::base::constants::*;
 use crate::model::codec::Checkpoint;
 use crate::model::error::{ClaimError, LeaseError};
+use crate::model::settings::AskedFingerprint;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -316,7 +316,7 @@ impl Core {
         response: Arc<[u8]>,
         own_retention: Option<Duration>,
     ) -> Result<u64, LeaseError> {
-        let hash = crate::runtime::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let sent = Instant::now();
         match self
             .db
@@ -381,7 +381,7 @@ impl Core {
     }
 
     pub(crate) async fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        let hash = crate::runtime::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let answer = self.db.release(key, token).await;
         if !matches!(answer, Err(Fail::Refused(_)) | Ok(false)) {
             self.outbox.push(hash);
@@ -402,7 +402,7 @@ impl Core {
         token: u64,
         lease: Duration,
     ) -> Result<(), LeaseError> {
-        let hash = crate::runtime::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let sent = Instant::now();
         match self.db.extend(key, token, lease, self.retention).await {
             Ok(true) => {
@@ -421,7 +421,7 @@ impl Core {
         phase: u32,
         data: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
-        let hash = crate::runtime::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         match self.db.checkpoint(key, token, phase, &data).await {
             Ok(true) => Ok(()),
             Ok(false) => self.lost(key, hash, token),
@@ -432,7 +432,7 @@ impl Core {
     /// Fails the attempt held by `token`: whether it did. The key can be taken over at
     /// once, so local callers look again and other processes' waiters are woken.
     pub(crate) async fn fail(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        let hash = crate::runtime::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let answer = self.db.fail(key, token, self.retention).await;
         if !matches!(answer, Err(Fail::Refused(_)) | Ok(false)) {
             self.outbox.push(hash);

@@ -110,7 +110,7 @@ pub(crate) struct Db {
 #[derive(Debug)]
 pub(crate) struct ClaimAsk {
     pub(crate) key: Box<[u8]>,
-    pub(crate) fingerprint: Option<crate::api::options::AskedFingerprint>,
+    pub(crate) fingerprint: Option<crate::model::settings::AskedFingerprint>,
     pub(crate) lease: Duration,
     pub(crate) own_retention: Option<Duration>,
     /// The claim identity it presents (`ClaimOptions::claim_id`).
@@ -388,7 +388,7 @@ impl Db {
     pub(crate) async fn claim(
         &self,
         key: &[u8],
-        fingerprint: Option<crate::api::options::AskedFingerprint>,
+        fingerprint: Option<crate::model::settings::AskedFingerprint>,
         claim_id: Option<u128>,
         lease: Duration,
         retention: Duration,

@@ -17,8 +17,8 @@
 //! under the stripe lock, so no change made after its look is missed.
 
 use crate::api::lease::Stored;
-use crate::api::options::AskedFingerprint;
 use crate::base::constants::*;
+use crate::model::settings::AskedFingerprint;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;

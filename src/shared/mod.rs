@@ -213,7 +213,7 @@ impl Backend {
         wait: bool,
     ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
         let (tx, rx) = oneshot::channel();
-        let hash = crate::runtime::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let asked = opts.fingerprint;
         let claim_id = opts.claim_id;
         // A claim presenting an identity may resume a lease of this process: the database
@@ -474,7 +474,7 @@ impl Backend {
 
     /// Time left on the lease of `token`, as this process estimates it.
     pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
-        let hash = crate::runtime::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         self.core.front.lease_remaining(key, hash, token)
     }
 

@@ -30,12 +30,12 @@
 //! - The log file is written in place over bytes written at creation, so making a frame
 //!   durable flushes data only, never the file's size or block map.
 
-use crate::api::options::EngineBuilder;
 use crate::base::constants::{HASH_SECRET_LEN, LOG_BLOCK_BYTES, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
 use crate::base::sync::Arc;
 use crate::model::error::OpenError;
-use crate::runtime::tables::Batch;
 use crate::store::backend::Storage;
+use crate::store::batch::Batch;
+use crate::store::config::StoreConfig;
 use crate::store::log_file::{Access, LogFile};
 use crate::store::storage::Write;
 use crate::store::storage::{Durable, Store};
@@ -59,7 +59,7 @@ pub(crate) struct MacKey(u64, u64);
 
 impl MacKey {
     pub(crate) fn from_secret(secret: &[u8; HASH_SECRET_LEN]) -> Self {
-        let [w0, w1, w2, w3] = crate::index::index::secret_words(secret);
+        let [w0, w1, w2, w3] = crate::base::hash::secret_words(secret);
         let derive = |k0: u64, k1: u64, label: &[u8]| {
             let mut h = sip(k0, k1);
             h.write(label);
@@ -802,7 +802,7 @@ pub(crate) fn log_path(path: &Path) -> PathBuf {
 /// that it holds, then starts a new epoch with a checkpoint (so an open never writes
 /// frames of an epoch that earlier frames may share). Returns the log for the writer when
 /// the builder asks for one; otherwise a log found is applied, and a file's log removed.
-pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>, OpenError> {
+pub(crate) fn open(b: &StoreConfig, store: &Store) -> Result<Option<CommitLog>, OpenError> {
     let state = store.log_state()?;
     let file = match (&b.log_backend, &b.path, b.backend.is_some()) {
         (Some(slot), _, _) => Some((slot.take()?, None)),
@@ -810,7 +810,7 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
             let path = log_path(path);
             // A log the file says an engine was appending to is never created afresh: its
             // frames may be the only copy of acknowledged commits.
-            let access = match b.logged() && (!state.active || path.exists()) {
+            let access = match b.logged && (!state.active || path.exists()) {
                 true => Access::Create,
                 false => Access::Write,
             };
@@ -850,7 +850,7 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     })?;
     let checkpoint = Durable::Checkpoint {
         epoch: next,
-        active: b.logged(),
+        active: b.logged,
     };
     let writes: Vec<Write> = missed
         .iter()
@@ -863,7 +863,7 @@ pub(crate) fn open(b: &EngineBuilder, store: &Store) -> Result<Option<CommitLog>
     // The token mark only rises: the last frame's that carries one is the highest.
     let hwm = missed.iter().filter_map(|batch| batch.hwm).max();
     store.commit_on_open(&writes, &tables, hwm, checkpoint)?;
-    if b.logged() {
+    if b.logged {
         match prepare(&*storage) {
             Ok(()) => {
                 if let Some(path) = &path {

@@ -1,6 +1,8 @@
 //! The file: record storage in redb, the commit log, the storage trait. Imports `base` and `model`.
 
 pub(crate) mod backend;
+pub(crate) mod batch;
 pub(crate) mod commit_log;
+pub(crate) mod config;
 pub(crate) mod log_file;
 pub(crate) mod storage;

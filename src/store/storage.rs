@@ -8,7 +8,6 @@
 //! so inserts land at the right edge of the B-tree and expiry deletes from the left edge,
 //! several times cheaper than inserting random client keys (see docs/design.md).
 
-use crate::api::options::EngineBuilder;
 use crate::base::constants::{
     CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, HASH_SECRET_LEN, READER_CACHE_BYTES,
     REDB_CACHE_BYTES,
@@ -16,9 +15,10 @@ use crate::base::constants::{
 use crate::base::sync::{Arc, Mutex, RwLock};
 use crate::model::codec::{self, DecodeError, MarkerRecord, Record};
 use crate::model::error::OpenError;
-use crate::runtime::tables::Batch;
 use crate::store::backend::{LockKind, Storage};
+use crate::store::batch::Batch;
 use crate::store::commit_log::LogState;
+use crate::store::config::StoreConfig;
 use redb::backends::FileBackend;
 use redb::{
     BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
@@ -522,7 +522,7 @@ impl Store {
     /// path has always finished its creation: one without redb's magic is damaged and is
     /// refused. A custom backend cannot be renamed: its storage is started afresh only when
     /// its content proves a creation cut short ([`creation_cut_short`]).
-    pub(crate) fn open(b: &EngineBuilder) -> Result<Closing, OpenError> {
+    pub(crate) fn open(b: &StoreConfig) -> Result<Closing, OpenError> {
         let path = b.path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
         let backend = b.backend.as_ref().map(|slot| slot.take()).transpose()?;
         match backend {
@@ -532,7 +532,7 @@ impl Store {
     }
 
     fn open_backend(
-        b: &EngineBuilder,
+        b: &StoreConfig,
         backend: Box<dyn Storage>,
         path: PathBuf,
     ) -> Result<Closing, OpenError> {
@@ -552,7 +552,7 @@ impl Store {
 
     /// Checks the format of a freshly opened database, committing the format marker into a
     /// new one.
-    fn finish(b: &EngineBuilder, db: Database, path: PathBuf) -> Result<Closing, OpenError> {
+    fn finish(b: &StoreConfig, db: Database, path: PathBuf) -> Result<Closing, OpenError> {
         #[cfg(not(idemkv_sabotage))]
         let _ = b;
         let store = Closing::new(Store {
@@ -560,13 +560,13 @@ impl Store {
             db,
             path,
             #[cfg(idemkv_sabotage)]
-            skip_token_hwm: b.sabotage == crate::api::engine::Sabotage::SkipTokenHwm as u8,
+            skip_token_hwm: b.sabotage == crate::base::sabotage::Sabotage::SkipTokenHwm as u8,
         });
         contain("format check", || store.check_format()).map_err(panicked)??;
         Ok(store)
     }
 
-    fn open_path(b: &EngineBuilder, path: PathBuf) -> Result<Closing, OpenError> {
+    fn open_path(b: &StoreConfig, path: PathBuf) -> Result<Closing, OpenError> {
         for _ in 0..CREATE_ATTEMPTS_MAX {
             match std::fs::metadata(&path) {
                 Ok(m) if m.is_dir() => return Err(not_a_directory(&path)),
@@ -584,7 +584,7 @@ impl Store {
         Err(OpenError::AlreadyOpen { path })
     }
 
-    fn open_existing(b: &EngineBuilder, path: PathBuf) -> Result<Closing, OpenError> {
+    fn open_existing(b: &StoreConfig, path: PathBuf) -> Result<Closing, OpenError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -628,7 +628,7 @@ impl Store {
     /// marker, and renames it into place. `None`: another process placed a file at the path
     /// meanwhile (the caller opens that one).
     #[cfg(unix)]
-    fn create(b: &EngineBuilder, path: &Path) -> Result<Option<Closing>, OpenError> {
+    fn create(b: &StoreConfig, path: &Path) -> Result<Option<Closing>, OpenError> {
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
         let tmp = creating_path(path);
         let file = std::fs::OpenOptions::new()
@@ -698,7 +698,7 @@ impl Store {
     /// Without rename-safe locking, creates in place: a creation cut short is recognised by
     /// its content, as for a custom backend.
     #[cfg(not(unix))]
-    fn create(b: &EngineBuilder, path: &Path) -> Result<Option<Closing>, OpenError> {
+    fn create(b: &StoreConfig, path: &Path) -> Result<Option<Closing>, OpenError> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -773,7 +773,7 @@ impl Store {
                 .map_err(|e| err(e.into()))?
                 .is_some();
             if !secret {
-                let fresh = crate::index::index::KeyHasher::random_secret();
+                let fresh = crate::base::hash::KeyHasher::random_secret();
                 meta.insert(META_HASH_SECRET, fresh.as_slice())
                     .map_err(|e| err(e.into()))?;
             }
