@@ -6,7 +6,7 @@
 //! durability and reading a stored response from the file happen after the lock is dropped.
 
 use crate::api::admin::known_time;
-use crate::api::engine::{Engine, SendRefused};
+use crate::api::engine::Engine;
 use crate::api::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome};
 #[cfg(doc)]
 use crate::api::options::OnHandlerError;
@@ -21,6 +21,7 @@ use crate::model::codec::{self, Checkpoint, RecordState};
 use crate::model::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
 use crate::model::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now};
 use crate::model::token::Shortage;
+use crate::runtime::shared::SendRefused;
 use crate::runtime::sweep::Room;
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -7,7 +7,7 @@
 //! and a refused completion leaves the key InFlight under the holder's token until its lease
 //! ends. Only an explicit release, or the end of the lease, lets another caller run the work.
 
-use crate::api::engine::{Engine, SendRefused};
+use crate::api::engine::Engine;
 use crate::base::clock::wall_ms_at;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::Arc;
@@ -16,6 +16,7 @@ use crate::model::codec::Checkpoint;
 use crate::model::error::{FlushError, LeaseError, Limit};
 use crate::model::machine::{self, Holder, HolderAnswer, KeyRef};
 use crate::model::write_set::WriteSet;
+use crate::runtime::shared::SendRefused;
 use std::time::Duration;
 
 fn refused(engine: &Engine, r: SendRefused) -> LeaseError {

@@ -5,10 +5,11 @@
 //! completion that emitted it); publication is at-least-once (a relay that crashes after
 //! publishing and before `mark_sent` is durable publishes again). See `docs/outbox.md`.
 
-use crate::api::engine::{Engine, SendRefused};
+use crate::api::engine::Engine;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::Arc;
 use crate::model::error::TableError;
+use crate::runtime::shared::SendRefused;
 use crate::runtime::tables::{check_limit, OutboxView};
 use std::fmt;
 
@@ -143,7 +144,7 @@ impl Outbox {
     fn queue_removal(
         &self,
         ids: &[u64],
-        wait: impl Fn(&crate::api::engine::Shared),
+        wait: impl Fn(&crate::runtime::shared::Shared),
     ) -> Result<u64, TableError> {
         loop {
             match self.try_queue_removal(ids)? {

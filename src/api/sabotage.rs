@@ -6,9 +6,10 @@
 
 use crate::api::engine::Engine;
 use crate::api::options::EngineBuilder;
+use crate::base::sabotage::CommitGate;
 use crate::base::sync::Ordering;
 use crate::model::error::ClaimError;
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 pub use crate::base::sabotage::Sabotage;

@@ -46,7 +46,7 @@ pub enum Sabotage {
 #[cfg(idemkv_sabotage)]
 pub(crate) struct CommitGate {
     state: Mutex<GateState>,
-    changed: Condvar,
+    pub(crate) changed: Condvar,
 }
 
 #[derive(Debug, Default)]

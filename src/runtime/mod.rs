@@ -6,6 +6,7 @@ pub(crate) mod gather;
 pub(crate) mod observe;
 pub(crate) mod progress;
 pub(crate) mod recovery;
+pub(crate) mod shared;
 pub(crate) mod sweep;
 pub(crate) mod tables;
 pub(crate) mod timer;

@@ -17,11 +17,11 @@
 //!   values: a counted event costs one more atomic add in the recorder, never an allocation
 //!   or a lookup.
 
-use crate::api::engine::Shared;
 use crate::api::lease::Claim;
 use crate::api::options::EngineBuilder;
 use crate::base::sync::{AtomicU64, Ordering};
 use crate::model::error::{ClaimError, LeaseError};
+use crate::runtime::shared::Shared;
 
 /// The `tracing` target of every span and event of the engine.
 #[cfg(feature = "tracing")]

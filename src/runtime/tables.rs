@@ -19,12 +19,13 @@
 //! A memory-only engine (`Durability::None`) keeps every row and message in the same
 //! structures, applied at once.
 
-use crate::api::engine::{Engine, SendRefused, Shared};
+use crate::api::engine::Engine;
 use crate::base::constants::TABLE_SCAN_LIMIT_MAX;
 use crate::base::sync::{Arc, Mutex, MutexGuard};
 use crate::model::error::TableError;
 use crate::model::machine::Write;
 use crate::model::write_set::{row_key, RowWrite, Span, TableRow, WriteSet};
+use crate::runtime::shared::{SendRefused, Shared};
 use crate::runtime::writer::Op;
 pub(crate) use crate::store::batch::Batch;
 use crate::store::storage::Snapshot;

@@ -11,9 +11,9 @@
 //! it only wakes wakers and runs the keep-alive renewals (`keep_alive.rs`), which queue
 //! without waiting.
 
-use crate::api::engine::Shared;
 use crate::base::constants::{WAIT_SLICE_MAX, WAIT_SLICE_MIN};
 use crate::base::sync::{Arc, Condvar, Mutex};
+use crate::runtime::shared::Shared;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::task::Waker;

@@ -14,7 +14,6 @@
 //! does while the writer syncs the next frame. A failed apply poisons the engine for what
 //! follows (the batches acknowledged by then replay from the log at the next open).
 
-use crate::api::engine::Shared;
 use crate::base::constants::BATCH_OPS_MAX;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::channel::Receiver;
@@ -24,6 +23,7 @@ use crate::model::settings::Durability;
 use crate::runtime::apply::{Applier, Job};
 use crate::runtime::gather::Window;
 use crate::runtime::progress::Tracker;
+use crate::runtime::shared::Shared;
 use crate::runtime::tables::Batch;
 use crate::store::commit_log::CommitLog;
 use crate::store::storage::{Closing, Durable, Marked, Write};
