@@ -46,6 +46,8 @@ pub use crate::api::keep_alive::KeepAlive;
 pub use crate::api::lease::{Claim, Detached, KeyState, Lease, Outcome, TypedOutcome};
 pub use crate::api::options::{ClaimOptions, CompleteOptions, EngineBuilder, OnHandlerError};
 pub use crate::api::outbox::{Outbox, OutboxMessage};
+#[cfg(feature = "postgres")]
+pub use crate::api::postgres_config::PostgresConfig;
 pub use crate::api::reader::{FileReader, FileSnapshot};
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
@@ -53,9 +55,10 @@ pub use crate::api::sabotage;
 pub use crate::api::testing;
 pub use crate::base::clock::{Clock, ClockListener, MockClock, SystemClock};
 pub use crate::base::hash::key_hash;
-pub use crate::index::stats::Stats;
 pub use crate::model::answer::{Busy, Forgotten, Stored};
 pub use crate::model::codec::Checkpoint;
+#[cfg(feature = "postgres")]
+pub use crate::model::database_error::{DatabaseError, DatabaseErrorKind};
 pub use crate::model::error::{
     ClaimError, FingerprintError, FlushError, LeaseError, Limit, NotStoredReason, OpenError,
     OpenErrorKind, RunError, TableError, WriteSetError,
@@ -66,7 +69,6 @@ pub use crate::model::fingerprint::Fingerprint;
 pub use crate::model::machine_probe;
 pub use crate::model::record_info::{ImportError, RecordInfo, RecordInfoState};
 pub use crate::model::settings::{Durability, Recovery};
+pub use crate::model::stats::Stats;
 pub use crate::model::write_set::{TableRow, WriteSet};
-#[cfg(feature = "postgres")]
-pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
 pub use crate::store::backend::{LockKind, Storage};

@@ -338,10 +338,10 @@ fn every_import_follows_the_layer_order() {
         "known exceptions no longer needed; remove them: {stale:?}"
     );
 
-    println!("layer    files  may import            owns");
+    println!("layer    files  may import                       owns");
     for l in LAYERS.iter().rev() {
         println!(
-            "{:<8} {:>5}  {:<21} {}",
+            "{:<8} {:>5}  {:<32} {}",
             l.name,
             per_layer.get(l.name).copied().unwrap_or(0),
             if l.may.is_empty() {

@@ -471,7 +471,7 @@ impl Lease {
         #[cfg(feature = "postgres")]
         if let Some(pg) = engine.pg() {
             let mut expires_wall_ms = 0;
-            let done = match crate::shared::completion_kept(writes) {
+            let done = match crate::api::holder::completion_kept(writes) {
                 Ok(()) => pg
                     .complete_async(engine, key, token, response, retention_ms)
                     .await

@@ -209,7 +209,7 @@ impl EngineBuilder {
             cfg,
             tokens,
             counters,
-            observe: crate::runtime::observe::Observer::new(&self),
+            observe: crate::runtime::observe::Observer::new(self.log_raw_keys),
             tx,
             progress,
             admission: crate::runtime::admission::Admission::new(

@@ -106,7 +106,7 @@ impl Engine {
     ) -> Result<u64, LeaseError> {
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            crate::shared::completion_kept(writes)?;
+            completion_kept(writes)?;
             return pg.complete(self, key, token, response, retention_ms);
         }
         let observe = &self.shared().observe;
@@ -558,4 +558,16 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Refuses what a completion asks the shared table to keep and it does not: writes to
+/// application tables (they live in an engine's own file).
+#[cfg(feature = "postgres")]
+pub(crate) fn completion_kept(writes: Option<&WriteSet>) -> Result<(), LeaseError> {
+    if writes.is_some() {
+        return Err(LeaseError::Unsupported(
+            "writes with a completion on the shared backend",
+        ));
+    }
+    Ok(())
 }

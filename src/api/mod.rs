@@ -9,7 +9,11 @@ pub(crate) mod keep_alive;
 pub(crate) mod lease;
 pub(crate) mod options;
 pub(crate) mod outbox;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres_config;
 pub(crate) mod reader;
 #[cfg(idemkv_sabotage)]
 pub mod sabotage;
+pub(crate) mod spans;
+pub(crate) mod tables;
 pub mod testing;

@@ -389,7 +389,7 @@ pub struct EngineBuilder {
     pub(crate) log_raw_keys: bool,
     /// The shared database instead of a file (feature `postgres`, src/shared/).
     #[cfg(feature = "postgres")]
-    pub(crate) postgres: Option<crate::shared::PostgresConfig>,
+    pub(crate) postgres: Option<crate::api::postgres_config::PostgresConfig>,
     /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): sabotage builds
     /// only, see `sabotage::arm`.
     #[cfg(idemkv_sabotage)]
@@ -639,7 +639,7 @@ impl EngineBuilder {
     /// # Ok::<(), idemkv::OpenError>(())
     /// ```
     #[cfg(feature = "postgres")]
-    pub fn postgres(mut self, config: crate::shared::PostgresConfig) -> Self {
+    pub fn postgres(mut self, config: crate::api::postgres_config::PostgresConfig) -> Self {
         self.postgres = Some(config);
         self
     }

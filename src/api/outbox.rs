@@ -6,11 +6,12 @@
 //! publishing and before `mark_sent` is durable publishes again). See `docs/outbox.md`.
 
 use crate::api::engine::Engine;
+use crate::api::tables::OutboxView;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::Arc;
 use crate::model::error::TableError;
 use crate::runtime::shared::SendRefused;
-use crate::runtime::tables::{check_limit, OutboxView};
+use crate::runtime::tables::check_limit;
 use std::fmt;
 
 /// The relay's handle on the engine's outbox ([`Engine::outbox`]). Cheap to clone.

@@ -1,6 +1,7 @@
 //! The in-memory index: stripes, expiry order, publication, wake-ups, counters. Imports `base`, `model` and `store` types only; does no I/O.
 
 pub(crate) mod index;
+pub(crate) mod metrics;
 pub(crate) mod publication;
 pub(crate) mod stats;
 pub(crate) mod wake;

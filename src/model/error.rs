@@ -90,7 +90,7 @@ pub enum OpenError {
     /// The shared database refused the open, or could not be reached (feature `postgres`):
     /// [`crate::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
-    Database(crate::shared::DatabaseError),
+    Database(crate::model::database_error::DatabaseError),
 }
 
 /// The kind of an [`OpenError`], for a caller that acts on it.
@@ -138,10 +138,12 @@ impl OpenError {
             }
             #[cfg(feature = "postgres")]
             OpenError::Database(e) => match e.kind() {
-                crate::shared::DatabaseErrorKind::PermissionDenied => {
+                crate::model::database_error::DatabaseErrorKind::PermissionDenied => {
                     OpenErrorKind::PermissionDenied
                 }
-                crate::shared::DatabaseErrorKind::DiskFull => OpenErrorKind::DiskFull,
+                crate::model::database_error::DatabaseErrorKind::DiskFull => {
+                    OpenErrorKind::DiskFull
+                }
                 _ => OpenErrorKind::Database,
             },
         }
@@ -298,7 +300,7 @@ pub enum ClaimError {
     /// The shared database refused the call, or could not be reached, and nothing changed
     /// (feature `postgres`): [`crate::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
-    Database(crate::shared::DatabaseError),
+    Database(crate::model::database_error::DatabaseError),
     /// The engine's backend does not offer what the call asked for (the shared backend:
     /// a claim's own retention, a marker answer); nothing changed. The text names it.
     Unsupported(&'static str),
@@ -431,7 +433,7 @@ pub enum LeaseError {
     /// the key is as it was, still held under this token (feature `postgres`).
     /// [`crate::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
-    Database(crate::shared::DatabaseError),
+    Database(crate::model::database_error::DatabaseError),
     /// The engine's backend does not offer what the call asked for (the shared backend: a
     /// completion's own retention or writes, `fail`); nothing changed, and the key is still
     /// held under this token. The text names it.

@@ -2,6 +2,8 @@
 
 pub(crate) mod answer;
 pub(crate) mod codec;
+#[cfg(feature = "postgres")]
+pub(crate) mod database_error;
 pub(crate) mod error;
 pub(crate) mod fingerprint;
 pub(crate) mod machine;
@@ -12,5 +14,6 @@ pub(crate) mod record_info;
 pub(crate) mod scope;
 pub(crate) mod settings;
 pub(crate) mod slot;
+pub(crate) mod stats;
 pub(crate) mod token;
 pub(crate) mod write_set;

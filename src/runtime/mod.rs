@@ -3,6 +3,7 @@
 pub(crate) mod admission;
 pub(crate) mod apply;
 pub(crate) mod gather;
+pub(crate) mod keep_alive;
 pub(crate) mod observe;
 pub(crate) mod progress;
 pub(crate) mod recovery;

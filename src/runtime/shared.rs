@@ -49,7 +49,7 @@ pub(crate) struct Shared {
     pub(crate) progress: Progress,
     /// Deadline wake-ups for futures, and the thread that runs keep-alive renewals.
     pub(crate) timers: crate::runtime::timer::Timers,
-    pub(crate) keep_alive: crate::api::keep_alive::KeepAlives,
+    pub(crate) keep_alive: crate::runtime::keep_alive::KeepAlives,
     /// Which claims the writer queue admits (by the writer's measured rate under
     /// `Buffered`).
     pub(crate) admission: crate::runtime::admission::Admission,

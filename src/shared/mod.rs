@@ -18,10 +18,10 @@
 
 mod batch;
 mod block;
-mod config;
+use crate::api::postgres_config as config;
 mod core;
 mod db;
-mod error;
+use crate::model::database_error as error;
 mod front;
 mod listen;
 mod sql;
@@ -37,9 +37,9 @@ use crate::api::engine::Engine;
 use crate::api::lease::{Claim, KeyState, Lease};
 use crate::api::options::{ClaimOptions, Durability, EngineBuilder};
 use crate::base::constants::*;
-use crate::index::stats::Stats;
 use crate::model::error::{ClaimError, LeaseError, OpenError};
 use crate::model::machine::Holder;
+use crate::model::stats::Stats;
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -67,19 +67,6 @@ pub(crate) struct Backend {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     running: Arc<Running>,
     lease: Duration,
-}
-
-/// Refuses what a completion asks the shared table to keep and it does not: writes to
-/// application tables (they live in an engine's own file).
-pub(crate) fn completion_kept(
-    writes: Option<&crate::model::write_set::WriteSet>,
-) -> Result<(), LeaseError> {
-    if writes.is_some() {
-        return Err(LeaseError::Unsupported(
-            "writes with a completion on the shared backend",
-        ));
-    }
-    Ok(())
 }
 
 /// A key's own retention in ms as the shared table keeps it (whole ms, as on a file).
