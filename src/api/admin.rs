@@ -1,9 +1,9 @@
 //! Operator calls ([`Admin`]): list records, force-release a stuck claim, expire now, import records.
 //! They serve the `idemkv` command and tests; services rarely need them.
 
+use crate::api::constants::ABANDONED_LIMIT_DEFAULT;
 use crate::api::engine::Engine;
 use crate::base::clock::{duration_ms, wall_time};
-use crate::base::constants::ABANDONED_LIMIT_DEFAULT;
 use crate::model::codec::Checkpoint;
 use crate::model::error::{ClaimError, LeaseError, Limit};
 use crate::model::machine::{self, Imported, Now};
@@ -456,7 +456,7 @@ impl Admin<'_> {
                 ImportError::Invalid(format!(
                     "scope length {} over {}",
                     record.scope.len(),
-                    crate::base::constants::SCOPE_LEN_MAX
+                    crate::model::constants::SCOPE_LEN_MAX
                 ))
             })?;
         let (mut shard, changed, k) = s.index.lock(&key);

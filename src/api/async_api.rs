@@ -21,18 +21,19 @@
 //! - waiting for room in a full queue to store a completion: nothing is stored and the key
 //!   stays held until its lease ends (the work is done; a release would run it again).
 
+use crate::api::constants::WAIT_DEFAULT;
 use crate::api::engine::Engine;
 use crate::api::keep_alive::KeepAlive;
 use crate::api::lease::{Claim, Lease, Outcome};
 use crate::api::options::{ClaimOptions, CompleteOptions, OnHandlerError};
 use crate::base::clock::duration_ns;
-use crate::base::constants::{WAIT_DEFAULT, WAIT_SLICE_MIN};
 use crate::base::sync::{Arc, Mutex};
 use crate::index::stats::bump;
 use crate::model::codec::Checkpoint;
 use crate::model::error::{ClaimError, FlushError, LeaseError, Limit, RunError};
 use crate::model::machine::Holder;
 use crate::model::write_set::{merged, stage, StagedState, WriteSet};
+use crate::runtime::constants::WAIT_SLICE_MIN;
 use crate::runtime::progress::Failed;
 use std::fmt;
 use std::future::{poll_fn, Future};

@@ -6,21 +6,22 @@
 //! durability and reading a stored response from the file happen after the lock is dropped.
 
 use crate::api::admin::known_time;
+use crate::api::constants::{CLAIM_LOOKS_MAX, WAIT_DEFAULT};
 use crate::api::engine::Engine;
 use crate::api::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome};
 #[cfg(doc)]
 use crate::api::options::OnHandlerError;
 use crate::api::options::{AskedFingerprint, ClaimOptions};
 use crate::base::clock::{duration_ns, wall_time};
-use crate::base::constants::*;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, MutexGuard, Ordering};
-use crate::index::index::{Forgot, Key, Shard};
 use crate::index::stats::{bump, Events};
+use crate::index::stripes::{Forgot, Key, Shard};
 use crate::model::codec::{self, Checkpoint, RecordState};
 use crate::model::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredReason, RunError};
 use crate::model::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now};
 use crate::model::token::Shortage;
+use crate::runtime::constants::{SWEEP_STRIPE_BATCH, WAIT_SLICE_MAX, WAIT_SLICE_MIN};
 use crate::runtime::shared::SendRefused;
 use crate::runtime::sweep::Room;
 use serde::de::DeserializeOwned;
@@ -221,7 +222,7 @@ impl Engine {
         // Test-only sabotage: open a check-then-act window, the bug this crate exists to
         // prevent, so that the checkers can show they catch it (docs/testing.md).
         if plan.kind == Acquiring::New && self.sabotaged(Sabotage::CheckThenAct) {
-            crate::index::index::unlocked(shard, std::thread::yield_now);
+            crate::index::stripes::unlocked(shard, std::thread::yield_now);
         }
         let lease = opts.lease.unwrap_or(s.cfg.lease);
         let plan = plan.asking_retention(retention_ms);
@@ -774,10 +775,10 @@ impl Engine {
                     match shard.published_at(k) {
                         // A durable completion is published by the writer's watermark,
                         // which wakes its waiters; the stripe is not notified.
-                        Some(seq) => crate::index::index::unlocked(&mut shard, || {
+                        Some(seq) => crate::index::stripes::unlocked(&mut shard, || {
                             s.progress.sleep(seq, s, slice);
                         }),
-                        None => crate::index::index::wait(changed, &mut shard, slice),
+                        None => crate::index::stripes::wait(changed, &mut shard, slice),
                     }
                 }
             };

@@ -4,14 +4,15 @@
 //! `holder.rs` (what a lease holder does), `admin.rs`, `sweep.rs` (reclaiming expired keys)
 //! and `recovery.rs` (rebuilding the index) apply them under the stripe lock.
 
+use crate::api::constants::QUEUE_CLAIM_HEADROOM_DIVISOR;
 use crate::api::options::{Durability, EngineBuilder};
 use crate::base::clock::{ClockListener, Time};
-use crate::base::constants::*;
 use crate::base::hash::KeyHasher;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, Mutex, Weak};
-use crate::index::index::{Index, Keying};
 use crate::index::stats::{read, Counters, Events, Stats};
+use crate::index::stripes::{Index, Keying};
+use crate::model::constants::{SCOPE_LEN_MAX, TOKEN_RESERVE};
 use crate::model::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::model::machine::MarkerRules;
 use crate::model::token::Tokens;

@@ -78,7 +78,7 @@ impl Engine {
     fn lease_key(&self, scope: &[u8], key: &[u8]) -> Result<Arc<[u8]>, LeaseError> {
         crate::model::scope::scoped_shared(scope, key).ok_or(LeaseError::ScopeTooLong {
             len: scope.len(),
-            max: crate::base::constants::SCOPE_LEN_MAX,
+            max: crate::model::constants::SCOPE_LEN_MAX,
         })
     }
 

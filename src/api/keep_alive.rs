@@ -3,11 +3,11 @@
 
 use crate::api::engine::Engine;
 use crate::base::clock::duration_ns;
-use crate::base::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MAX};
 use crate::base::sync::{Arc, Mutex};
 use crate::model::error::LeaseError;
 use crate::model::machine::Holder;
 use crate::model::write_set::StagedState;
+use crate::runtime::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MAX};
 use crate::runtime::keep_alive::{Renew, Renewal};
 use crate::runtime::shared::Shared;
 use std::fmt;

@@ -3,6 +3,7 @@
 pub(crate) mod admin;
 pub(crate) mod async_api;
 pub(crate) mod claim;
+pub(crate) mod constants;
 pub(crate) mod engine;
 pub(crate) mod holder;
 pub(crate) mod keep_alive;

@@ -1,12 +1,19 @@
 //! Configuration: durability modes, claim options and the engine builder.
 
+use crate::api::constants::{
+    CHECKPOINT_LEN_LIMIT, CHECKPOINT_LEN_MAX_DEFAULT, FILE_MODE_DEFAULT, INFLIGHT_MAX_DEFAULT,
+    KEEP_ALIVE_MAX_DEFAULT, KEYS_MAX_DEFAULT, KEY_LEN_LIMIT, KEY_LEN_MAX_DEFAULT, LEASE_DEFAULT,
+    MARKER_RETENTION_LIMIT, QUEUE_DEPTH_DEFAULT, QUEUE_DEPTH_LIMIT, QUEUE_DEPTH_MIN,
+    RESPONSE_LEN_LIMIT, RESPONSE_LEN_MAX_DEFAULT, RETENTION_DEFAULT, RETENTION_LIMIT,
+    STRIPES_DEFAULT, STRIPES_LIMIT,
+};
 use crate::base::clock::Clock;
-use crate::base::constants::*;
 use crate::base::sync::Arc;
 use crate::model::codec::fnv1a64;
 use crate::model::error::{FingerprintError, OpenError};
 use crate::model::fingerprint::Fingerprint;
 pub(crate) use crate::model::settings::{AskedFingerprint, Durability, Recovery};
+use crate::runtime::constants::SWEEP_INTERVAL_DEFAULT;
 use crate::runtime::recovery::RecoverySettings;
 use crate::store::backend::Storage;
 use crate::store::config::{BackendSlot, StoreConfig};

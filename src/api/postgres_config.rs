@@ -1,6 +1,10 @@
 //! `PostgresConfig`: where the shared database is and how the backend talks to it.
 
-use crate::base::constants::*;
+use crate::api::constants::{
+    PG_BATCH_LANES_DEFAULT, PG_CONNECT_TIMEOUT_DEFAULT, PG_POOL_SIZE_DEFAULT, PG_POOL_SIZE_LIMIT,
+    PG_SCHEMA_LEN_MAX, PG_STATEMENT_TIMEOUT_DEFAULT, PG_TABLE_PREFIX_DEFAULT,
+    PG_TABLE_PREFIX_LEN_MAX, PG_TIMEOUT_LIMIT, PG_TIMEOUT_MIN,
+};
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! shortens or stretches a live lease. Persisted deadlines use wall time, because monotonic
 //! readings mean nothing after a restart.
 
-use crate::base::constants::WALL_OFFSET_AGE_NS_MAX;
+use crate::base::limits::WALL_OFFSET_AGE_NS_MAX;
 use crate::base::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

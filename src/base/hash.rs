@@ -1,7 +1,7 @@
 //! Hashing: the index's keyed hashes (secret), and the stable FNV-1a hash that fingerprints
 //! and log lines use (not secret).
 
-use crate::base::constants::HASH_SECRET_LEN;
+use crate::base::limits::HASH_SECRET_LEN;
 use siphasher::sip::SipHasher13;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};

@@ -357,7 +357,7 @@ pub(crate) fn replay<B>(bytes: &[u8]) -> Response<ResponseBody<B>> {
             .try_insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"))
             .map_err(|_| stored::StoredError::TooManyHeaders {
                 count: headers.len() as u64,
-                max: crate::base::constants::HTTP_STORED_HEADERS_MAX,
+                max: crate::http::constants::HTTP_STORED_HEADERS_MAX,
             })?;
         let mut res = Response::new(Either::Right(Full::new(stored.body)));
         *res.status_mut() = stored.status;

@@ -11,7 +11,7 @@
 //! breaks any of them with a [`StoredError`] (answered with 500), never misreads or panics.
 //! The encoder keeps to the same limits, so every response it stores decodes.
 
-use crate::base::constants::{
+use crate::http::constants::{
     HTTP_STORED_HEADERS_LEN_MAX, HTTP_STORED_HEADERS_MAX, HTTP_STORED_HEADER_NAME_LEN_MAX,
     HTTP_STORED_HEADER_VALUE_LEN_MAX, HTTP_STORED_LEN_MAX, HTTP_STORED_VERSION,
 };

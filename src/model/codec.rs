@@ -5,10 +5,10 @@
 //! Every value is checked after it is encoded and before it is trusted after a read (pair
 //! assertions), so a damaged record is refused instead of replayed.
 
-use crate::base::constants::{
+pub(crate) use crate::base::hash::fnv1a64;
+use crate::model::constants::{
     FORMAT_VERSION, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION, RECORD_INLINE_BYTES,
 };
-pub(crate) use crate::base::hash::fnv1a64;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
@@ -1090,7 +1090,7 @@ mod tests {
     #[test]
     fn a_record_key_is_written_as_the_key_then_the_scope() {
         let long_key = vec![b'k'; 300];
-        let long_scope = vec![b's'; crate::base::constants::SCOPE_LEN_MAX];
+        let long_scope = vec![b's'; crate::model::constants::SCOPE_LEN_MAX];
         for (scope, key) in [
             (&b""[..], &b"order-42"[..]),
             (b"tenant-7", b"order-42"),
@@ -1112,7 +1112,7 @@ mod tests {
             assert_eq!(back, (rk, as_key.len()));
         }
         // A stored scope past the limit is a decoding error, not a panic or a wrong key.
-        let over = vec![b's'; crate::base::constants::SCOPE_LEN_MAX + 1];
+        let over = vec![b's'; crate::model::constants::SCOPE_LEN_MAX + 1];
         let bytes = bincode::serde::encode_to_vec(
             (Blob(Arc::from(&b"k"[..])), Blob(Arc::from(&over[..]))),
             config(),

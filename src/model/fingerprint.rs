@@ -60,7 +60,7 @@
 //! high 64 bits are never all zero (an all-zero high half is replaced by 1, a change of
 //! probability 2⁻⁶⁴), so a 128-bit fingerprint never equals a 64-bit one.
 
-use crate::base::constants::{
+use crate::model::constants::{
     FINGERPRINT_CONTEXT_BYTES, FINGERPRINT_CONTEXT_VALUE, FINGERPRINT_DEPTH_MAX,
     FINGERPRINT_ENCODING_LEN_MAX,
 };

@@ -32,9 +32,9 @@
 //! watermark passes it (`publication.rs`, applied when its stripe is locked).
 
 use crate::base::clock::{duration_ms, duration_ns, wall_ms, wall_ms_at, wall_ms_ceil};
-use crate::base::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::model::answer::{Busy, Forgotten, Stored};
 use crate::model::codec::{Blob, Checkpoint, HeadState, Record, RecordKey, RecordState};
+use crate::model::constants::RETRY_AFTER_UNPUBLISHED;
 use crate::model::marker::{Marker, MarkerId};
 use crate::model::record_info::{ImportError, RecordInfo, RecordInfoState};
 use crate::model::settings::{AskedFingerprint, Recovery};

@@ -14,7 +14,7 @@
 //! leaves its entry behind, recognised as stale when it comes up, and the heap is compacted
 //! when stale entries outnumber live ones by `EXPIRY_COMPACT_SLACK`.
 
-use crate::base::constants::EXPIRY_COMPACT_SLACK;
+use crate::model::constants::EXPIRY_COMPACT_SLACK;
 use hashbrown::HashTable;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

@@ -2,6 +2,7 @@
 
 pub(crate) mod answer;
 pub(crate) mod codec;
+pub(crate) mod constants;
 #[cfg(feature = "postgres")]
 pub(crate) mod database_error;
 pub(crate) mod error;

@@ -9,8 +9,8 @@
 //! records store the scope and the key apart, and recovery rebuilds the scoped key from
 //! them. Only the public calls take a scope and a key.
 
-use crate::base::constants::{SCOPED_STACK_LEN, SCOPE_LEN_MAX};
 use crate::base::sync::Arc;
+use crate::model::constants::{SCOPED_STACK_LEN, SCOPE_LEN_MAX};
 
 // The length prefix is one byte.
 const _: () = assert!(SCOPE_LEN_MAX <= u8::MAX as usize);

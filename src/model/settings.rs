@@ -1,7 +1,7 @@
 //! Settings the state machine and the layers below it read: the durability mode, what
 //! recovery does with leases left behind, the fingerprint a claim asks for.
 
-use crate::base::constants::BUFFERED_DELAY_DEFAULT;
+use crate::model::constants::BUFFERED_DELAY_DEFAULT;
 use std::time::Duration;
 
 /// What an acknowledged call promises about surviving a crash.

@@ -4,8 +4,8 @@
 //! After a crash the engine resumes above the durable mark, so a token issued but never
 //! written can never be issued again. Tokens never wrap: `u64::MAX` is never issued.
 
-use crate::base::constants::TOKEN_RESERVE;
 use crate::base::sync::{AtomicU64, Ordering};
+use crate::model::constants::TOKEN_RESERVE;
 
 /// Aligned to its own cache lines: every acquiring claim writes `next`, and nothing read on
 /// every call shares its line.

@@ -7,11 +7,11 @@
 //! never overlap, a table's rows are one contiguous key range (a scan is one B-tree range),
 //! and nothing given to this API can address the engine's own tables.
 
-use crate::base::constants::{
+use crate::base::sync::{Arc, Mutex, OnceLock};
+use crate::model::constants::{
     OUTBOX_MESSAGE_LEN_MAX, TABLE_KEY_LEN_MAX, TABLE_NAME_LEN_MAX, TABLE_VALUE_LEN_MAX,
     WRITE_SET_BYTES_MAX, WRITE_SET_OPS_MAX,
 };
-use crate::base::sync::{Arc, Mutex, OnceLock};
 use crate::model::error::{LeaseError, WriteSetError};
 use std::fmt;
 

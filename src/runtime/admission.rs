@@ -14,10 +14,10 @@
 //! Holders' calls are not subject to it (a finished holder is never turned away; they keep
 //! the last eighth of the queue), and the other modes admit by count alone.
 
-use crate::base::constants::{
+use crate::base::sync::{AtomicU64, Mutex, Ordering};
+use crate::runtime::constants::{
     ADMIT_BACKLOG_SHARE, ADMIT_BATCH_OPS_MIN, ADMIT_CLAIMS_MIN, ADMIT_RATE_WEIGHT,
 };
-use crate::base::sync::{AtomicU64, Mutex, Ordering};
 use std::time::Duration;
 
 pub(crate) struct Admission {

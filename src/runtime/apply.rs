@@ -29,8 +29,8 @@
 //!   synced beside them, were acknowledged on their frames' sync; all replay from the log
 //!   at the next open.
 
-use crate::base::constants::{APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
 use crate::base::sync::{Arc, Condvar, JoinHandle, Mutex};
+use crate::runtime::constants::{APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
 use crate::runtime::shared::Shared;
 use crate::runtime::writer::{writes_of, Queued};
 use crate::store::storage::{Closing, Durable};

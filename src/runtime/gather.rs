@@ -16,8 +16,8 @@
 //!   commit's fixed cost, so a writer that fell behind would fall further behind.
 //! - A barrier or shutdown ends the batch at once.
 
-use crate::base::constants::{BATCH_OPS_MAX, GATHER_DEADLINE_CHECK_OPS};
 use crate::base::sync::channel::{Receiver, RecvTimeoutError};
+use crate::runtime::constants::{BATCH_OPS_MAX, GATHER_DEADLINE_CHECK_OPS};
 use crate::runtime::writer::{Op, Queued};
 use std::time::{Duration, Instant};
 

@@ -9,12 +9,12 @@
 //! happen after a restart.
 
 use crate::base::clock::duration_ns;
-use crate::base::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MIN};
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, Mutex};
 use crate::model::error::LeaseError;
 use crate::model::machine::Holder;
 use crate::model::write_set::{is_settled, StagedState};
+use crate::runtime::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MIN};
 use crate::runtime::shared::Shared;
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 
 pub(crate) mod admission;
 pub(crate) mod apply;
+pub(crate) mod constants;
 pub(crate) mod gather;
 pub(crate) mod keep_alive;
 pub(crate) mod observe;

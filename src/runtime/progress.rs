@@ -17,9 +17,9 @@
 //! waiter lock, and the writer (or `poison`, or `close`) changes them before taking that
 //! lock to wake: no wake-up is lost.
 
-use crate::base::constants::ACK_POLL;
 use crate::base::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use crate::index::publication::Marks;
+use crate::runtime::constants::ACK_POLL;
 use std::cmp::{Ordering as CmpOrdering, Reverse};
 use std::collections::BinaryHeap;
 use std::sync::Arc;

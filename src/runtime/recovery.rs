@@ -8,15 +8,16 @@
 //! serves anything. An engine opened without markers neither loads nor deletes marker rows.
 
 use crate::base::clock::{duration_ms, Time};
-use crate::base::constants::{RECOVERY_PRESIZE_MAX, RECOVERY_THREADS_MAX, TOKEN_RESERVE};
 use crate::base::sync::{Mutex, Ordering};
-use crate::index::index::Index;
 use crate::index::stats::Counters;
+use crate::index::stripes::Index;
 use crate::model::codec::{self, HeadState};
+use crate::model::constants::TOKEN_RESERVE;
 use crate::model::error::OpenError;
 use crate::model::machine::{self, MarkerRules, Now, Recovered, Reopen};
 use crate::model::marker::MarkerId;
 use crate::model::settings::Recovery;
+use crate::runtime::constants::{RECOVERY_PRESIZE_MAX, RECOVERY_THREADS_MAX};
 use crate::store::storage::{Durable, Store, Write};
 use std::time::Duration;
 

@@ -3,16 +3,16 @@
 //! say the engine is poisoned or closed.
 
 use crate::base::clock::Time;
-use crate::base::constants::*;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::channel::{Sender, TrySendError};
 use crate::base::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, RwLock};
-use crate::index::index::Index;
 use crate::index::stats::{Counters, Events};
+use crate::index::stripes::Index;
 use crate::model::error::FlushError;
 use crate::model::machine::{Deltas, Now, Rules, Write};
 use crate::model::settings::Durability;
 use crate::model::token::Tokens;
+use crate::runtime::constants::{WAIT_SLICE_MAX, WAIT_SLICE_MIN};
 use crate::runtime::progress::{Failed, Progress, Stopped};
 use crate::runtime::sweep::Sweeper;
 use crate::runtime::writer::{Op, Queued};

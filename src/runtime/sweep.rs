@@ -17,12 +17,14 @@
 //! Architecture invariant: the sweeper removes only slots that are due at the instant it
 //! holds their stripe lock, so a live lease or an unexpired completion is never evicted.
 
-use crate::base::constants::*;
 use crate::base::sync::{Arc, Condvar, Mutex, MutexGuard};
-use crate::index::index::{Reclaimed, Shard};
 use crate::index::stats::{bump, Events};
+use crate::index::stripes::{Reclaimed, Shard};
 use crate::model::machine::Step;
 use crate::model::marker::MarkerEnded;
+use crate::runtime::constants::{
+    SWEEP_INTERVAL_DEFAULT, SWEEP_PAUSE, SWEEP_STEP_BUDGET, SWEEP_STRIPE_BATCH,
+};
 use crate::runtime::shared::SendRefused;
 use crate::runtime::shared::Shared;
 use std::time::{Duration, Instant};

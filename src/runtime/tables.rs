@@ -19,11 +19,11 @@
 //! A memory-only engine (`Durability::None`) keeps every row and message in the same
 //! structures, applied at once.
 
-use crate::base::constants::TABLE_SCAN_LIMIT_MAX;
 use crate::base::sync::{Arc, Mutex, MutexGuard};
 use crate::model::error::TableError;
 use crate::model::machine::Write;
 use crate::model::write_set::WriteSet;
+use crate::runtime::constants::TABLE_SCAN_LIMIT_MAX;
 use crate::runtime::shared::{SendRefused, Shared};
 use crate::runtime::writer::Op;
 pub(crate) use crate::store::batch::Batch;

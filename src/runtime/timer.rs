@@ -11,8 +11,8 @@
 //! it only wakes wakers and runs the keep-alive renewals (`keep_alive.rs`), which queue
 //! without waiting.
 
-use crate::base::constants::{WAIT_SLICE_MAX, WAIT_SLICE_MIN};
 use crate::base::sync::{Arc, Condvar, Mutex};
+use crate::runtime::constants::{WAIT_SLICE_MAX, WAIT_SLICE_MIN};
 use crate::runtime::shared::Shared;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;

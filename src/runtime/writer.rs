@@ -14,13 +14,13 @@
 //! does while the writer syncs the next frame. A failed apply poisons the engine for what
 //! follows (the batches acknowledged by then replay from the log at the next open).
 
-use crate::base::constants::BATCH_OPS_MAX;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::channel::Receiver;
 use crate::base::sync::{Arc, Ordering};
 use crate::index::stats::bump;
 use crate::model::settings::Durability;
 use crate::runtime::apply::{Applier, Job};
+use crate::runtime::constants::BATCH_OPS_MAX;
 use crate::runtime::gather::Window;
 use crate::runtime::progress::Tracker;
 use crate::runtime::shared::Shared;

@@ -5,10 +5,10 @@
 use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow};
 use super::front::{Cached, Found, Front, Look};
 use crate::api::lease::{Busy, KeyState, Stored};
-use crate::base::constants::*;
 use crate::model::codec::Checkpoint;
 use crate::model::error::{ClaimError, LeaseError};
 use crate::model::settings::AskedFingerprint;
+use crate::shared::constants::{PG_CLAIM_ASKS_MAX, PG_INTERVAL_MAX, PG_SWEEP_BATCH};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

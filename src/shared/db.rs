@@ -6,9 +6,12 @@ use super::error::{DatabaseError, DatabaseErrorKind};
 use super::sql::Sql;
 use super::PostgresConfig;
 use crate::api::lease::Stored;
-use crate::base::constants::*;
 use crate::model::codec::Checkpoint;
 use crate::model::error::OpenError;
+use crate::shared::constants::{
+    PG_DEADLOCK_DETECTED, PG_INTERVAL_MAX, PG_SCHEMA_VERSION, PG_SERIALIZATION_FAILURE,
+    PG_SWEEP_BATCH, PG_WAKE_STRIPES,
+};
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

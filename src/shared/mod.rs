@@ -18,6 +18,7 @@
 
 mod batch;
 mod block;
+mod constants;
 use crate::api::postgres_config as config;
 mod core;
 mod db;
@@ -33,13 +34,14 @@ pub use error::{DatabaseError, DatabaseErrorKind};
 
 use self::block::{block_on, Running};
 use self::core::{bump, Answer, Core};
+use crate::api::constants::WAIT_DEFAULT;
 use crate::api::engine::Engine;
 use crate::api::lease::{Claim, KeyState, Lease};
 use crate::api::options::{ClaimOptions, Durability, EngineBuilder};
-use crate::base::constants::*;
 use crate::model::error::{ClaimError, LeaseError, OpenError};
 use crate::model::machine::Holder;
 use crate::model::stats::Stats;
+use crate::shared::constants::{PG_CLOSE_GRACE, PG_RUNTIME_THREADS, PG_SWEEP_BATCHES_PER_PASS};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::Ordering;

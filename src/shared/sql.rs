@@ -69,7 +69,7 @@ impl Sql {
         };
         let idx = format!("\"{prefix}keys_reap_at\"");
         let wake_class = wake_class(&keys);
-        let wake_stripes = crate::base::constants::PG_WAKE_STRIPES;
+        let wake_stripes = crate::shared::constants::PG_WAKE_STRIPES;
         let create_schema = schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
         let mut create = Vec::new();
         create.push(format!(
@@ -123,7 +123,7 @@ impl Sql {
         // (not failed, the fingerprint matching) resumes that lease, live or over and not
         // taken over: the same token and attempt, the lease renewed from now.
         let claim_fn = q("claim");
-        let asks = crate::base::constants::PG_CLAIM_ASKS_MAX;
+        let asks = crate::shared::constants::PG_CLAIM_ASKS_MAX;
         let take_over = |r: &str| {
             format!(
                 "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp())

@@ -30,12 +30,13 @@
 //! - The log file is written in place over bytes written at creation, so making a frame
 //!   durable flushes data only, never the file's size or block map.
 
-use crate::base::constants::{HASH_SECRET_LEN, LOG_BLOCK_BYTES, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
+use crate::base::limits::HASH_SECRET_LEN;
 use crate::base::sync::Arc;
 use crate::model::error::OpenError;
 use crate::store::backend::Storage;
 use crate::store::batch::Batch;
 use crate::store::config::StoreConfig;
+use crate::store::constants::{LOG_BLOCK_BYTES, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
 use crate::store::log_file::{Access, LogFile};
 use crate::store::storage::Write;
 use crate::store::storage::{Durable, Store};

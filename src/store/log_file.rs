@@ -18,10 +18,14 @@
 //! - Both descriptors name the same file: the direct one is used only if it opened the
 //!   same device and inode as the first.
 
-use crate::base::constants::{DIRECT_BUFFER_KEPT_BYTES, LOG_BLOCK_BYTES};
+#[cfg(test)]
+use crate::base::limits::HASH_SECRET_LEN;
 use crate::base::sync::{AtomicBool, Ordering};
 use crate::model::error::OpenError;
 use crate::store::backend::Storage;
+#[cfg(test)]
+use crate::store::constants::LOG_BYTES;
+use crate::store::constants::{DIRECT_BUFFER_KEPT_BYTES, LOG_BLOCK_BYTES};
 use redb::backends::FileBackend;
 use redb::StorageBackend;
 use std::io;
@@ -229,7 +233,6 @@ impl Direct {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::constants::{HASH_SECRET_LEN, LOG_BYTES};
     use crate::store::commit_log::{
         prepare, replay, CommitLog, LogState, MacKey, FRAME_HEADER_BYTES,
     };

@@ -4,5 +4,6 @@ pub(crate) mod backend;
 pub(crate) mod batch;
 pub(crate) mod commit_log;
 pub(crate) mod config;
+pub(crate) mod constants;
 pub(crate) mod log_file;
 pub(crate) mod storage;

@@ -8,10 +8,7 @@
 //! so inserts land at the right edge of the B-tree and expiry deletes from the left edge,
 //! several times cheaper than inserting random client keys (see docs/design.md).
 
-use crate::base::constants::{
-    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, HASH_SECRET_LEN, READER_CACHE_BYTES,
-    REDB_CACHE_BYTES,
-};
+use crate::base::limits::HASH_SECRET_LEN;
 use crate::base::sync::{Arc, Mutex, RwLock};
 use crate::model::codec::{self, DecodeError, MarkerRecord, Record};
 use crate::model::error::OpenError;
@@ -19,6 +16,9 @@ use crate::store::backend::{LockKind, Storage};
 use crate::store::batch::Batch;
 use crate::store::commit_log::LogState;
 use crate::store::config::StoreConfig;
+use crate::store::constants::{
+    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES, REDB_CACHE_BYTES,
+};
 use redb::backends::FileBackend;
 use redb::{
     BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,

@@ -37,12 +37,15 @@
 //! boards ("nothing of this stripe is due before t", the minimum over every queue's head)
 //! let the engine answer "what is due, where" without a walk.
 
-use crate::base::constants::{EXPIRY_COMPACT_SLACK, EXPIRY_TRIM_MAX, SPARE_EXTRAS_PER_STRIPE};
 use crate::base::hash::KeyHasher;
+#[cfg(test)]
+use crate::base::limits::HASH_SECRET_LEN;
 use crate::base::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
+use crate::index::constants::{EXPIRY_TRIM_MAX, SPARE_EXTRAS_PER_STRIPE};
 use crate::index::publication::{Marks, Side, Unpublished};
 use crate::index::stats::{Events, Gauges};
 use crate::index::wake::Changed;
+use crate::model::constants::EXPIRY_COMPACT_SLACK;
 use crate::model::machine::{self, Change, MarkerRules, Step, View};
 use crate::model::marker::{Marker, MarkerEnded, MarkerId, Markers};
 use crate::model::slot::{Extra, Slot, ABANDONED, HAS_EXTRA, PUBLISHED};
