@@ -22,7 +22,7 @@ use crate::model::error::{ClaimError, FlushError, LeaseError, Limit, NotStoredRe
 use crate::model::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now};
 use crate::model::token::Shortage;
 use crate::runtime::constants::{SWEEP_STRIPE_BATCH, WAIT_SLICE_MAX, WAIT_SLICE_MIN};
-use crate::runtime::shared::SendRefused;
+use crate::runtime::queue::SendRefused;
 use crate::runtime::sweep::Room;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -1035,7 +1035,7 @@ impl Engine {
                 return Ok(false);
             };
             if s.send(
-                crate::runtime::writer::Op::Delete { token: slot.token },
+                crate::runtime::queue::Op::Delete { token: slot.token },
                 false,
             )
             .is_err()

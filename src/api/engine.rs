@@ -17,9 +17,10 @@ use crate::model::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::model::machine::MarkerRules;
 use crate::model::token::Tokens;
 use crate::runtime::progress::Progress;
+use crate::runtime::queue::{Op, Queued};
 use crate::runtime::shared::{Config, Parts, Shared};
-use crate::runtime::sweep::Sweeper;
-use crate::runtime::writer::{self, Op, Queued};
+use crate::runtime::sweeper::Sweeper;
+use crate::runtime::writer;
 use crate::store::storage::Store;
 use std::path::Path;
 use std::thread::JoinHandle;
@@ -404,7 +405,7 @@ impl Engine {
             index_bytes += shard.memory_bytes() as u64;
             markers += shard.markers_len() as u64;
         }
-        crate::runtime::observe::gauges(s);
+        crate::runtime::observe::gauges(&s.observe, &s.counters, || s.queued());
         let commits = read(&c.commits);
         Stats {
             inflight: read(&c.gauges.inflight),

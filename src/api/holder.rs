@@ -16,7 +16,7 @@ use crate::model::codec::Checkpoint;
 use crate::model::error::{FlushError, LeaseError, Limit};
 use crate::model::machine::{self, Holder, HolderAnswer, KeyRef};
 use crate::model::write_set::WriteSet;
-use crate::runtime::shared::SendRefused;
+use crate::runtime::queue::SendRefused;
 use std::time::Duration;
 
 fn refused(engine: &Engine, r: SendRefused) -> LeaseError {

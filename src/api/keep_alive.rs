@@ -3,13 +3,13 @@
 
 use crate::api::engine::Engine;
 use crate::base::clock::duration_ns;
+use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, Mutex};
 use crate::model::error::LeaseError;
 use crate::model::machine::Holder;
 use crate::model::write_set::StagedState;
 use crate::runtime::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MAX};
 use crate::runtime::keep_alive::{Renew, Renewal};
-use crate::runtime::shared::Shared;
 use std::fmt;
 use std::time::Duration;
 
@@ -71,8 +71,14 @@ impl Engine {
 }
 
 impl Renew for Engine {
-    fn shared(&self) -> &Shared {
-        Engine::shared(self)
+    fn token_to_renew(&self, key: &[u8], token: u64) -> u64 {
+        // Test-only sabotage: renew whoever holds the key now.
+        if self.shared().sabotaged(Sabotage::RenewCurrentHolder) {
+            let s = self.shared();
+            let (shard, _, k) = s.index.lock(key);
+            return shard.get(k).map_or(token, |slot| slot.token);
+        }
+        token
     }
 
     fn extend(
@@ -88,7 +94,6 @@ impl Renew for Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::base::sabotage::Sabotage;
     use crate::{Claim, ClaimOptions, Durability, KeyState, MockClock};
 
     fn claim(engine: &Engine, lease: Duration) -> crate::Lease {

@@ -10,7 +10,7 @@ use crate::api::tables::OutboxView;
 use crate::base::sabotage::Sabotage;
 use crate::base::sync::Arc;
 use crate::model::error::TableError;
-use crate::runtime::shared::SendRefused;
+use crate::runtime::queue::SendRefused;
 use crate::runtime::tables::check_limit;
 use std::fmt;
 

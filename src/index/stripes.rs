@@ -1511,6 +1511,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::codec::Checkpoint;
 
     const RETENTION: u64 = 1_000;
     const GOLDEN_HASH: u64 = 14064908793807524591;

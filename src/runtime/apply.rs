@@ -29,10 +29,11 @@
 //!   synced beside them, were acknowledged on their frames' sync; all replay from the log
 //!   at the next open.
 
+use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, Condvar, JoinHandle, Mutex};
 use crate::runtime::constants::{APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
+use crate::runtime::queue::{writes_of, Queued};
 use crate::runtime::shared::Shared;
-use crate::runtime::writer::{writes_of, Queued};
 use crate::store::storage::{Closing, Durable};
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -223,7 +224,7 @@ fn apply(shared: &Shared, store: &Closing, jobs: &mut [Job]) {
     let mut tables = Vec::new();
     for job in jobs.iter() {
         // The same writes as the frame's: `writes_of` is a function of the batch alone.
-        let (w, t, _) = writes_of(&job.batch, shared);
+        let (w, t, _) = writes_of(&job.batch, shared.sabotaged(Sabotage::DropOldRemoval));
         writes.extend(w);
         tables.extend(t);
     }

@@ -18,7 +18,7 @@
 
 use crate::base::sync::channel::{Receiver, RecvTimeoutError};
 use crate::runtime::constants::{BATCH_OPS_MAX, GATHER_DEADLINE_CHECK_OPS};
-use crate::runtime::writer::{Op, Queued};
+use crate::runtime::queue::{Op, Queued};
 use std::time::{Duration, Instant};
 
 /// The gathering window of one `Buffered` batch.

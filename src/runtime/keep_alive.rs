@@ -9,20 +9,20 @@
 //! happen after a restart.
 
 use crate::base::clock::duration_ns;
-use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, Mutex};
 use crate::model::error::LeaseError;
 use crate::model::machine::Holder;
 use crate::model::write_set::{is_settled, StagedState};
 use crate::runtime::constants::{KEEP_ALIVE_DIVISOR, WAIT_SLICE_MIN};
-use crate::runtime::shared::Shared;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// What a renewal extends a lease through: the engine's own lease call, which the API layer
-/// provides (it also reaches the shared backend), and the shared state it reads.
+/// provides (it also reaches the shared backend).
 pub(crate) trait Renew: Send + Sync {
-    fn shared(&self) -> &Shared;
+    /// The token a renewal registered with `token` extends: `token` (a test-only sabotage
+    /// makes it whoever holds `key` now).
+    fn token_to_renew(&self, key: &[u8], token: u64) -> u64;
     /// Extends the lease of `key` held with `token`; `lease` sizes the extension at the
     /// instant it is applied.
     fn extend(
@@ -49,13 +49,7 @@ impl Renewal {
     /// The token the renewal extends: always the one it was registered for, since a key
     /// taken over by another caller is no longer this guard's lease.
     fn token(&self) -> u64 {
-        // Test-only sabotage: renew whoever holds the key now.
-        if self.engine.shared().sabotaged(Sabotage::RenewCurrentHolder) {
-            let s = self.engine.shared();
-            let (shard, _, k) = s.index.lock(&self.key);
-            return shard.get(k).map_or(self.token, |slot| slot.token);
-        }
-        self.token
+        self.engine.token_to_renew(&self.key, self.token)
     }
 }
 

@@ -23,7 +23,7 @@ use crate::base::hash::key_hash;
 use crate::base::sync::Ordering;
 #[cfg(feature = "metrics")]
 use crate::index::metrics::name;
-use crate::runtime::shared::Shared;
+use crate::index::stats::Counters;
 
 /// The `tracing` target of every span and event of the engine.
 #[cfg(feature = "tracing")]
@@ -89,28 +89,32 @@ impl Observer {
 /// A commit of `ops` writes succeeded in `took` (the span `Stats::commit_max_us` is the
 /// longest of): records its latency and size, and sets the gauges. Called by the writer
 /// thread, which holds no stripe lock.
-pub(crate) fn committed(s: &Shared, took: std::time::Duration, ops: usize) {
+pub(crate) fn committed(
+    o: &Observer,
+    c: &Counters,
+    queued: impl FnOnce() -> usize,
+    took: std::time::Duration,
+    ops: usize,
+) {
     #[cfg(feature = "metrics")]
     {
-        let m = &s.observe.metrics;
+        let m = &o.metrics;
         m.commit_seconds.record(took.as_secs_f64());
         m.commit_batch_ops.record(ops as f64);
-        gauges(s);
+        gauges(o, c, queued);
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = (s, took, ops);
+    let _ = (o, c, queued, took, ops);
 }
 
 /// Sets the gauges from the engine's counters: the writer queue's length, the leases
 /// counted live and abandoned, the completed keys held (those past retention that the
 /// sweeper has not reclaimed yet included). Called after each commit and by `stats`.
-pub(crate) fn gauges(s: &Shared) {
+pub(crate) fn gauges(o: &Observer, c: &Counters, queued: impl FnOnce() -> usize) {
     #[cfg(feature = "metrics")]
     {
-        let m = &s.observe.metrics;
-        let c = &s.counters;
-        let queued = s.tx.as_ref().map_or(0, |tx| tx.len());
-        m.queue_depth.set(queued as f64);
+        let m = &o.metrics;
+        m.queue_depth.set(queued() as f64);
         m.inflight_keys
             .set(c.gauges.inflight.load(Ordering::Relaxed) as f64);
         m.abandoned_keys
@@ -119,7 +123,7 @@ pub(crate) fn gauges(s: &Shared) {
             .set(c.gauges.completed.load(Ordering::Relaxed) as f64);
     }
     #[cfg(not(feature = "metrics"))]
-    let _ = s;
+    let _ = (o, c, queued);
 }
 
 /// A storage failure poisoned the engine (a failed commit or fsync, a failed read, a panic

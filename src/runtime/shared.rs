@@ -12,10 +12,11 @@ use crate::model::error::FlushError;
 use crate::model::machine::{Deltas, Now, Rules, Write};
 use crate::model::settings::Durability;
 use crate::model::token::Tokens;
+use crate::model::write_set::WriteSet;
 use crate::runtime::constants::{WAIT_SLICE_MAX, WAIT_SLICE_MIN};
 use crate::runtime::progress::{Failed, Progress, Stopped};
-use crate::runtime::sweep::Sweeper;
-use crate::runtime::writer::{Op, Queued};
+use crate::runtime::queue::{Op, Queued, SendRefused};
+use crate::runtime::sweeper::Sweeper;
 use crate::store::storage::Closing;
 use std::time::Duration;
 
@@ -138,6 +139,11 @@ impl Shared {
 }
 
 impl Shared {
+    /// How many operations wait in the writer queue now.
+    pub(crate) fn queued(&self) -> usize {
+        self.tx.as_ref().map_or(0, |tx| tx.len())
+    }
+
     /// Marks the engine closed: true for the one call that closed it.
     pub(crate) fn close_once(&self) -> bool {
         !self.closed.swap(true, Ordering::AcqRel)
@@ -249,7 +255,7 @@ impl Shared {
     pub(crate) fn send_with(
         &self,
         op: Op,
-        tables: Option<Box<crate::runtime::tables::Batch>>,
+        tables: Option<Box<crate::store::batch::Batch>>,
         claim: bool,
     ) -> Result<u64, SendRefused> {
         let Some(tx) = &self.tx else { return Ok(0) };
@@ -477,9 +483,51 @@ impl Shared {
     }
 }
 
-/// Why an operation could not be queued.
-pub(crate) enum SendRefused {
-    Full,
-    Poisoned(Arc<str>),
-    Closed,
+/// Queueing with a write set: the tables' overlay accepts it in the same step.
+impl Shared {
+    /// Queues a holder's record `write` together with `writes` in one operation (see
+    /// [`Shared::send`]; called under the key's stripe lock, never blocks). A memory-only
+    /// engine applies the writes at once. On a refusal nothing is queued or applied.
+    pub(crate) fn queue_with(
+        &self,
+        write: Option<Write>,
+        writes: Option<&WriteSet>,
+    ) -> Result<u64, SendRefused> {
+        let Some(writes) = writes.filter(|w| !w.is_empty()) else {
+            return self.queue(write, false);
+        };
+        if self.tx.is_none() {
+            self.tables.lock().apply(writes);
+            return Ok(0);
+        }
+        // Encoded before the tables lock is taken: only the acceptance is under it.
+        let op = write.map_or(Op::TablesOnly, |w| self.op(w, None));
+        let mut state = self.tables.lock();
+        let batch = state.batch(writes);
+        let seq = self.send_with(op, Some(Box::new(batch.clone())), false)?;
+        state.accept(&batch);
+        Ok(seq)
+    }
+
+    /// Queues the removal of the outbox messages `ids` (tables lock held only while
+    /// queueing). Returns the operation's durability number, or `None` while the queue is
+    /// full. A memory-only engine removes them at once.
+    pub(crate) fn try_mark_sent(&self, ids: &[u64]) -> Result<Option<u64>, SendRefused> {
+        let mut state = self.tables.lock();
+        if self.tx.is_none() {
+            for id in ids {
+                state.messages.remove(id);
+            }
+            return Ok(Some(0));
+        }
+        let batch = state.sent_batch(ids);
+        match self.send_with(Op::TablesOnly, Some(Box::new(batch.clone())), false) {
+            Ok(seq) => {
+                state.accept(&batch);
+                Ok(Some(seq))
+            }
+            Err(SendRefused::Full) => Ok(None),
+            Err(other) => Err(other),
+        }
+    }
 }

@@ -17,62 +17,15 @@
 //! Architecture invariant: the sweeper removes only slots that are due at the instant it
 //! holds their stripe lock, so a live lease or an unexpired completion is never evicted.
 
-use crate::base::sync::{Arc, Condvar, Mutex, MutexGuard};
+use crate::base::sync::{Arc, MutexGuard};
 use crate::index::stats::{bump, Events};
 use crate::index::stripes::{Reclaimed, Shard};
 use crate::model::machine::Step;
 use crate::model::marker::MarkerEnded;
-use crate::runtime::constants::{
-    SWEEP_INTERVAL_DEFAULT, SWEEP_PAUSE, SWEEP_STEP_BUDGET, SWEEP_STRIPE_BATCH,
-};
-use crate::runtime::shared::SendRefused;
+use crate::runtime::constants::{SWEEP_PAUSE, SWEEP_STEP_BUDGET, SWEEP_STRIPE_BATCH};
+use crate::runtime::queue::SendRefused;
 use crate::runtime::shared::Shared;
-use std::time::{Duration, Instant};
-
-/// The sweeper thread's schedule and stop signal.
-pub(crate) struct Sweeper {
-    interval: Option<Duration>,
-    state: Mutex<SweeperState>,
-    wake: Condvar,
-}
-
-#[derive(Default)]
-struct SweeperState {
-    stop: bool,
-    nudged: bool,
-}
-
-impl Sweeper {
-    pub(crate) fn new(interval: Option<Duration>) -> Self {
-        Self {
-            interval,
-            state: Mutex::new(SweeperState::default()),
-            wake: Condvar::new(),
-        }
-    }
-
-    pub(crate) fn stop(&self) {
-        self.state.lock().stop = true;
-        self.wake.notify_all();
-    }
-
-    /// Asks for a pass now (a mock clock jumped).
-    pub(crate) fn nudge(&self) {
-        self.state.lock().nudged = true;
-        self.wake.notify_all();
-    }
-
-    /// Waits for the next pass; false once stopped.
-    fn wait(&self) -> bool {
-        let interval = self.interval.unwrap_or(SWEEP_INTERVAL_DEFAULT);
-        let mut state = self.state.lock();
-        if !state.stop && !state.nudged {
-            self.wake.wait_for(&mut state, interval);
-        }
-        state.nudged = false;
-        !state.stop
-    }
-}
+use std::time::Instant;
 
 pub(crate) fn spawn(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()

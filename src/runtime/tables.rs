@@ -21,11 +21,8 @@
 
 use crate::base::sync::{Arc, Mutex, MutexGuard};
 use crate::model::error::TableError;
-use crate::model::machine::Write;
 use crate::model::write_set::WriteSet;
 use crate::runtime::constants::TABLE_SCAN_LIMIT_MAX;
-use crate::runtime::shared::{SendRefused, Shared};
-use crate::runtime::writer::Op;
 pub(crate) use crate::store::batch::Batch;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
@@ -118,7 +115,7 @@ impl Tables {
 
 impl State {
     /// The batch `writes` becomes if accepted now (nothing changes until [`State::accept`]).
-    fn batch(&self, writes: &WriteSet) -> Batch {
+    pub(crate) fn batch(&self, writes: &WriteSet) -> Batch {
         Batch {
             ordinal: self.next_ordinal,
             rows: writes.rows.clone(),
@@ -130,7 +127,7 @@ impl State {
     }
 
     /// The batch that marks `ids` sent, if accepted now.
-    fn sent_batch(&self, ids: &[u64]) -> Batch {
+    pub(crate) fn sent_batch(&self, ids: &[u64]) -> Batch {
         Batch {
             ordinal: self.next_ordinal,
             sent: ids.to_vec(),
@@ -139,7 +136,7 @@ impl State {
     }
 
     /// `batch` was queued: its writes are visible to reads from now on.
-    fn accept(&mut self, batch: &Batch) {
+    pub(crate) fn accept(&mut self, batch: &Batch) {
         self.next_ordinal += 1;
         self.next_id += batch.messages.len() as u64;
         for (row, value) in &batch.rows {
@@ -160,7 +157,7 @@ impl State {
     }
 
     /// A memory-only engine applies `writes` at once.
-    fn apply(&mut self, writes: &WriteSet) {
+    pub(crate) fn apply(&mut self, writes: &WriteSet) {
         for (row, value) in &writes.rows {
             match value {
                 Some(value) => {
@@ -178,54 +175,6 @@ impl State {
         for message in &writes.messages {
             self.messages.insert(self.next_id, message.clone());
             self.next_id += 1;
-        }
-    }
-}
-
-impl Shared {
-    /// Queues a holder's record `write` together with `writes` in one operation (see
-    /// [`Shared::send`]; called under the key's stripe lock, never blocks). A memory-only
-    /// engine applies the writes at once. On a refusal nothing is queued or applied.
-    pub(crate) fn queue_with(
-        &self,
-        write: Option<Write>,
-        writes: Option<&WriteSet>,
-    ) -> Result<u64, SendRefused> {
-        let Some(writes) = writes.filter(|w| !w.is_empty()) else {
-            return self.queue(write, false);
-        };
-        if self.tx.is_none() {
-            self.tables.lock().apply(writes);
-            return Ok(0);
-        }
-        // Encoded before the tables lock is taken: only the acceptance is under it.
-        let op = write.map_or(Op::TablesOnly, |w| self.op(w, None));
-        let mut state = self.tables.lock();
-        let batch = state.batch(writes);
-        let seq = self.send_with(op, Some(Box::new(batch.clone())), false)?;
-        state.accept(&batch);
-        Ok(seq)
-    }
-
-    /// Queues the removal of the outbox messages `ids` (tables lock held only while
-    /// queueing). Returns the operation's durability number, or `None` while the queue is
-    /// full. A memory-only engine removes them at once.
-    pub(crate) fn try_mark_sent(&self, ids: &[u64]) -> Result<Option<u64>, SendRefused> {
-        let mut state = self.tables.lock();
-        if self.tx.is_none() {
-            for id in ids {
-                state.messages.remove(id);
-            }
-            return Ok(Some(0));
-        }
-        let batch = state.sent_batch(ids);
-        match self.send_with(Op::TablesOnly, Some(Box::new(batch.clone())), false) {
-            Ok(seq) => {
-                state.accept(&batch);
-                Ok(Some(seq))
-            }
-            Err(SendRefused::Full) => Ok(None),
-            Err(other) => Err(other),
         }
     }
 }
