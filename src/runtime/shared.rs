@@ -531,3 +531,17 @@ impl Shared {
         }
     }
 }
+
+impl crate::runtime::timer::TimerHost for Shared {
+    fn timers(&self) -> &crate::runtime::timer::Timers {
+        &self.timers
+    }
+
+    fn mono_ns(&self) -> u64 {
+        self.time.mono_ns()
+    }
+
+    fn keep_alive(&self) -> &crate::runtime::keep_alive::KeepAlives {
+        &self.keep_alive
+    }
+}

@@ -13,12 +13,21 @@
 
 use crate::base::sync::{Arc, Condvar, Mutex};
 use crate::runtime::constants::{WAIT_SLICE_MAX, WAIT_SLICE_MIN};
-use crate::runtime::shared::Shared;
+use crate::runtime::keep_alive::KeepAlives;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::task::Waker;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// What the timer thread runs on: the engine's shared state (`runtime/shared.rs`), which
+/// holds the timers, the clock and the keep-alive renewals.
+pub(crate) trait TimerHost: Send + Sync + 'static {
+    fn timers(&self) -> &Timers;
+    /// The engine clock's monotonic instant, in ns.
+    fn mono_ns(&self) -> u64;
+    fn keep_alive(&self) -> &KeepAlives;
+}
 
 struct Entry {
     at_ns: u64,
@@ -58,7 +67,7 @@ pub(crate) struct Timers {
 impl Timers {
     /// Wakes `waker` once the engine's monotonic clock reaches `at_ns` (or the engine
     /// closes). Starts the timer thread on first use.
-    pub(crate) fn wake_at(&self, shared: &Arc<Shared>, at_ns: u64, waker: &Waker) {
+    pub(crate) fn wake_at<H: TimerHost>(&self, shared: &Arc<H>, at_ns: u64, waker: &Waker) {
         // Shuttle does not model time, and its locks cannot be taken from a thread outside
         // the execution: under it a deadline never fires (a wait ends by a notification, and
         // a waiter nobody notifies is reported as a deadlock, as `Condvar::wait_for` is).
@@ -86,7 +95,7 @@ impl Timers {
     }
 
     /// Starts the thread unless it runs or the engine closed; whether it runs.
-    fn start(st: &mut State, shared: &Arc<Shared>) -> bool {
+    fn start<H: TimerHost>(st: &mut State, shared: &Arc<H>) -> bool {
         if st.stopped {
             return false;
         }
@@ -94,7 +103,7 @@ impl Timers {
             let shared = shared.clone();
             match std::thread::Builder::new()
                 .name("idemkv-timer".into())
-                .spawn(move || run(&shared))
+                .spawn(move || run(&*shared))
             {
                 Ok(handle) => st.thread = Some(handle),
                 Err(_) => return false,
@@ -105,7 +114,7 @@ impl Timers {
 
     /// Makes sure the thread runs and, with `nudge`, looks at its work again at once (a
     /// keep-alive due within the thread's longest sleep was added). Whether it runs.
-    pub(crate) fn start_and_nudge(&self, shared: &Arc<Shared>, nudge: bool) -> bool {
+    pub(crate) fn start_and_nudge<H: TimerHost>(&self, shared: &Arc<H>, nudge: bool) -> bool {
         #[cfg(shuttle)]
         if crate::base::sync::in_shuttle() {
             return false;
@@ -140,8 +149,8 @@ impl Timers {
     }
 }
 
-fn run(shared: &Shared) {
-    let timers = &shared.timers;
+fn run<H: TimerHost>(shared: &H) {
+    let timers = shared.timers();
     loop {
         let mut fired = Vec::new();
         let next_ns = {
@@ -149,14 +158,14 @@ fn run(shared: &Shared) {
             if st.stopped {
                 return;
             }
-            let now = shared.time.mono_ns();
+            let now = shared.mono_ns();
             while st.due.peek().is_some_and(|Reverse(e)| e.at_ns <= now) {
                 if let Some(Reverse(e)) = st.due.pop() {
                     fired.push(e.waker);
                 }
             }
             if fired.is_empty() {
-                let renew_ns = shared.keep_alive.next_due_ns();
+                let renew_ns = shared.keep_alive().next_due_ns();
                 let next = st.due.peek().map(|Reverse(e)| e.at_ns);
                 let wake_ns = match (next, renew_ns) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -171,9 +180,9 @@ fn run(shared: &Shared) {
                     continue;
                 }
             }
-            shared.time.mono_ns()
+            shared.mono_ns()
         };
         fired.into_iter().for_each(Waker::wake);
-        shared.keep_alive.renew_due(next_ns);
+        shared.keep_alive().renew_due(next_ns);
     }
 }
