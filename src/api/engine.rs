@@ -1,4 +1,4 @@
-//! The engine handle, its shared state, and opening and closing.
+//! The engine handle, opening and closing (its shared state is `runtime/shared.rs`).
 //!
 //! The state machine's decisions are in `machine.rs`; `claim.rs` (claims and waits),
 //! `holder.rs` (what a lease holder does), `admin.rs`, `sweep.rs` (reclaiming expired keys)

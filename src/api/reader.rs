@@ -5,6 +5,7 @@ use crate::api::admin::{known_time, AbandonedClaim, AbandonedQuery, RecordInfo, 
 use crate::base::clock::wall_time;
 use crate::model::codec::{self, RecordState};
 use crate::model::error::OpenError;
+use crate::store::commit_log::check_beside;
 use crate::store::storage::ReadOnlyStore;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -52,7 +53,7 @@ impl FileReader {
     /// Opens the idemkv file at `path` read-only. Never creates anything.
     pub fn open(path: impl AsRef<Path>) -> Result<FileReader, OpenError> {
         Ok(FileReader {
-            store: ReadOnlyStore::open(path.as_ref(), false)?,
+            store: ReadOnlyStore::open(path.as_ref(), false, check_beside)?,
         })
     }
 
@@ -60,7 +61,7 @@ impl FileReader {
     /// checksum first (reads the whole file).
     pub fn open_verified(path: impl AsRef<Path>) -> Result<FileReader, OpenError> {
         Ok(FileReader {
-            store: ReadOnlyStore::open(path.as_ref(), true)?,
+            store: ReadOnlyStore::open(path.as_ref(), true, check_beside)?,
         })
     }
 

@@ -49,7 +49,7 @@
 //! itself human-readable, as serde_json does, so types such as addresses and UUIDs are
 //! strings.
 //!
-//! Every limit is in `constants.rs`: the nesting depth (`FINGERPRINT_DEPTH_MAX`, enough
+//! Every limit is in `model/constants.rs`: the nesting depth (`FINGERPRINT_DEPTH_MAX`, enough
 //! for anything serde_json parses) and the encoding's length
 //! (`FINGERPRINT_ENCODING_LEN_MAX`).
 //!

@@ -27,7 +27,7 @@
 //!
 //! What is not here, and why: admission (the key budget and the in-flight limit, which
 //! reserve a place on a shared counter and may sweep), issuing tokens (a shared counter
-//! backed by the file), the expiry order of each stripe (`index.rs`, which asks [`expire`]
+//! backed by the file), the expiry order of each stripe (`index/stripes.rs`, which asks [`expire`]
 //! and [`reap`] before removing anything), and publishing a completion once the writer's
 //! watermark passes it (`publication.rs`, applied when its stripe is locked).
 

@@ -9,7 +9,7 @@
 //! the key is Absent.
 //!
 //! Nothing here walks a stripe: each stripe keeps its slots in the order they fall due
-//! (`index.rs`), so a pass costs O(1) per stripe with nothing due and O(1) amortized per
+//! (`index/stripes.rs`), so a pass costs O(1) per stripe with nothing due and O(1) amortized per
 //! key removed. The sweeper works in bounded steps: at most `SWEEP_STRIPE_BATCH` entries per
 //! stripe-lock hold, earliest first, and a pause after each `SWEEP_STEP_BUDGET` of work.
 //! Deletions go through the group-commit writer, and the sweeper backs off while the writer

@@ -38,6 +38,8 @@ use crate::store::batch::Batch;
 use crate::store::config::StoreConfig;
 use crate::store::constants::{LOG_BLOCK_BYTES, LOG_BYTES, LOG_ZERO_CHUNK_BYTES};
 use crate::store::log_file::{Access, LogFile};
+pub(crate) use crate::store::log_state::LogState;
+use crate::store::log_state::{Cursor, Decoded};
 use crate::store::storage::Write;
 use crate::store::storage::{Durable, Store};
 use std::hash::Hasher;
@@ -452,62 +454,6 @@ impl OwnedWrite {
     }
 }
 
-/// A cursor over a verified payload. Every read is bounds-checked: a payload that verified
-/// its MAC but does not decode was written by a different format, and is refused as damage.
-struct Cursor<'a>(&'a [u8]);
-
-type Decoded<T> = Result<T, &'static str>;
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Decoded<&'a [u8]> {
-        if n > self.0.len() {
-            return Err("a frame's payload ends early");
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn u8(&mut self) -> Decoded<u8> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn u32(&mut self) -> Decoded<u32> {
-        let mut w = [0u8; 4];
-        w.copy_from_slice(self.take(4)?);
-        Ok(u32::from_le_bytes(w))
-    }
-
-    fn u64(&mut self) -> Decoded<u64> {
-        let mut w = [0u8; 8];
-        w.copy_from_slice(self.take(8)?);
-        Ok(u64::from_le_bytes(w))
-    }
-
-    fn opt_u64(&mut self) -> Decoded<Option<u64>> {
-        match self.u8()? {
-            0 => Ok(None),
-            1 => Ok(Some(self.u64()?)),
-            _ => Err("a frame holds an unknown option tag"),
-        }
-    }
-
-    /// A count of items each at least `min_bytes` long: bounded by what is left, so a
-    /// damaged count cannot make a huge allocation.
-    fn len(&mut self, min_bytes: usize) -> Decoded<usize> {
-        let n = self.u64()?;
-        match usize::try_from(n) {
-            Ok(n) if n.saturating_mul(min_bytes.max(1)) <= self.0.len() => Ok(n),
-            _ => Err("a frame holds a count larger than its payload"),
-        }
-    }
-
-    fn bytes(&mut self) -> Decoded<&'a [u8]> {
-        let n = self.len(1)?;
-        self.take(n)
-    }
-}
-
 fn decode_payload(payload: &[u8]) -> Decoded<Replayed> {
     let mut c = Cursor(payload);
     let hwm = c.opt_u64()?;
@@ -754,42 +700,6 @@ fn later_frame(
         i += 1;
     }
     None
-}
-
-/// The commit log's state as the file records it (the meta row `log_state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct LogState {
-    /// The current epoch.
-    pub(crate) epoch: u64,
-    /// Frames of `epoch` the file holds (those a replay skips).
-    pub(crate) applied: u64,
-    /// Whether an engine was appending to the log when the file was last written: then
-    /// the log may hold acknowledged commits that the file lacks.
-    pub(crate) active: bool,
-}
-
-impl LogState {
-    pub(crate) fn encode(self) -> [u8; 17] {
-        let mut out = [0u8; 17];
-        out[..8].copy_from_slice(&self.epoch.to_le_bytes());
-        out[8..16].copy_from_slice(&self.applied.to_le_bytes());
-        out[16] = u8::from(self.active);
-        out
-    }
-
-    pub(crate) fn decode(bytes: &[u8]) -> Option<LogState> {
-        let mut c = Cursor(bytes);
-        let state = LogState {
-            epoch: c.u64().ok()?,
-            applied: c.u64().ok()?,
-            active: match c.u8().ok()? {
-                0 => false,
-                1 => true,
-                _ => return None,
-            },
-        };
-        c.0.is_empty().then_some(state)
-    }
 }
 
 /// The commit log's file for the database file at `path`: `<path>-log`.
@@ -1355,5 +1265,128 @@ mod tests {
         assert!(decode_payload(&payload).is_err());
         assert!(decode_payload(&[2]).is_err());
         assert!(decode_payload(&[]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod log_file_tests {
+    //! The commit log's own file, with the frames the log writes (they live here, beside
+    //! the log, so that the file's module needs nothing of the log's).
+    use super::{prepare, replay, CommitLog, LogState, MacKey, FRAME_HEADER_BYTES};
+    use crate::base::limits::HASH_SECRET_LEN;
+    use crate::store::constants::LOG_BYTES;
+    use crate::store::log_file::*;
+    use crate::store::storage::Write;
+
+    fn key() -> MacKey {
+        MacKey::from_secret(&[3u8; HASH_SECRET_LEN])
+    }
+
+    fn read_all(file: &LogFile) -> Vec<u8> {
+        let mut image = vec![0u8; file.len().unwrap() as usize];
+        file.read(0, &mut image).unwrap();
+        image
+    }
+
+    /// A new log file, prepared as an engine prepares it, in a directory that lives as long
+    /// as the first value.
+    fn created() -> (tempfile::TempDir, std::path::PathBuf, LogFile) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db-log");
+        let file = LogFile::open(&path, Access::Create, 0o600)
+            .unwrap()
+            .unwrap();
+        prepare(&file).unwrap();
+        assert_eq!(file.len().unwrap(), LOG_BYTES);
+        (dir, path, file)
+    }
+
+    #[test]
+    fn frames_written_to_the_file_replay_after_it_is_opened_again() {
+        frames_replay_after_a_reopen(false);
+    }
+
+    /// The same frames on a file system that refuses direct I/O (tmpfs before Linux 6.6,
+    /// some network and FUSE file systems): the direct path is off, as after an `EINVAL`,
+    /// and every frame goes through the page cache and an fdatasync.
+    #[test]
+    fn without_direct_io_frames_go_through_the_page_cache_and_replay() {
+        frames_replay_after_a_reopen(true);
+    }
+
+    fn frames_replay_after_a_reopen(refused: bool) {
+        let (_dir, path, file) = created();
+        if refused {
+            if let Some(direct) = &file.direct {
+                direct.on.store(false, Ordering::Release);
+            }
+        }
+        let mut log = CommitLog::new(Box::new(file), key(), 1);
+        let value = vec![0x77u8; 9000];
+        for t in 0..6u64 {
+            let put = Write::Put {
+                token: t,
+                old: None,
+                value: &value[..(t as usize * 1500)],
+            };
+            log.stage(&[put], &[], None, false).unwrap();
+        }
+        drop(log);
+        let again = LogFile::open(&path, Access::Read, 0).unwrap().unwrap();
+        assert!(
+            again.direct.is_none(),
+            "only an appending engine writes directly"
+        );
+        let image = read_all(&again);
+        // Each frame starts on a block, right after the previous one's padding.
+        let mut at = 0;
+        for t in 0..6 {
+            assert_eq!(&image[at..at + 4], b"IKVL", "frame {t} at {at}");
+            let len = u32::from_le_bytes(image[at + 4..at + 8].try_into().unwrap()) as usize;
+            at = (at + FRAME_HEADER_BYTES + len).next_multiple_of(LOG_BLOCK_BYTES as usize);
+        }
+        let state = LogState {
+            epoch: 1,
+            applied: 0,
+            active: true,
+        };
+        let mut tokens = Vec::new();
+        let replayed = replay(&image, &key(), state, |batch, _| {
+            for w in &batch.writes {
+                tokens.push(w.borrow().token());
+            }
+            Ok::<_, ()>(())
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(replayed, 6);
+        assert_eq!(tokens, (0..6).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn writes_that_are_not_whole_blocks_go_through_the_page_cache_and_are_synced() {
+        let (_dir, _path, file) = created();
+        assert!(
+            !file.dirty.load(Ordering::Acquire),
+            "prepare ends with a sync"
+        );
+        let block = LOG_BLOCK_BYTES as usize;
+        let whole = vec![0xa5u8; 2 * block];
+        file.write(LOG_BLOCK_BYTES, &whole).unwrap();
+        // Written directly, or through the cache and due for a flush: never neither.
+        let direct = file
+            .direct
+            .as_ref()
+            .is_some_and(|d| d.on.load(Ordering::Acquire));
+        assert_eq!(file.dirty.load(Ordering::Acquire), !direct);
+        eprintln!("the log file's whole blocks were written directly: {direct}");
+        let odd = b"not a whole block";
+        file.write(100, odd).unwrap();
+        assert!(file.dirty.load(Ordering::Acquire));
+        file.sync_data().unwrap();
+        assert!(!file.dirty.load(Ordering::Acquire));
+        let image = read_all(&file);
+        assert_eq!(&image[100..100 + odd.len()], odd);
+        assert_eq!(&image[block..3 * block], &whole[..]);
     }
 }

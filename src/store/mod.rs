@@ -6,4 +6,5 @@ pub(crate) mod commit_log;
 pub(crate) mod config;
 pub(crate) mod constants;
 pub(crate) mod log_file;
+pub(crate) mod log_state;
 pub(crate) mod storage;

@@ -14,11 +14,11 @@ use crate::model::codec::{self, DecodeError, MarkerRecord, Record};
 use crate::model::error::OpenError;
 use crate::store::backend::{LockKind, Storage};
 use crate::store::batch::Batch;
-use crate::store::commit_log::LogState;
 use crate::store::config::StoreConfig;
 use crate::store::constants::{
     CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES, REDB_CACHE_BYTES,
 };
+use crate::store::log_state::LogState;
 use redb::backends::FileBackend;
 use redb::{
     BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
@@ -1396,15 +1396,23 @@ impl Drop for ReadOnlyStore {
     }
 }
 
+/// The check of a commit log beside a file opened read-only (`commit_log::check_beside`).
+/// The reader passes it in: the store knows the log's state row, not the log.
+pub(crate) type LogCheck = fn(&Path, &[u8; HASH_SECRET_LEN], LogState) -> Result<(), OpenError>;
+
 impl ReadOnlyStore {
     /// Opens the file at `path` read-only. `verify`: check every redb page checksum (only
     /// possible when no writer has the file open; see [`ReadOnlyStore::verified`]).
-    pub(crate) fn open(path: &Path, verify: bool) -> Result<ReadOnlyStore, OpenError> {
+    pub(crate) fn open(
+        path: &Path,
+        verify: bool,
+        check_log: LogCheck,
+    ) -> Result<ReadOnlyStore, OpenError> {
         // A writer can close between the two attempts below; a second round then finds it
         // gone.
         let mut last = None;
         for _ in 0..2 {
-            match Self::open_snapshot(path, verify) {
+            match Self::open_snapshot(path, verify, check_log) {
                 Err(OpenError::AlreadyOpen { .. }) => {}
                 other => return other,
             }
@@ -1443,7 +1451,11 @@ impl ReadOnlyStore {
         }
     }
 
-    fn open_snapshot(path: &Path, verify: bool) -> Result<ReadOnlyStore, OpenError> {
+    fn open_snapshot(
+        path: &Path,
+        verify: bool,
+        check_log: LogCheck,
+    ) -> Result<ReadOnlyStore, OpenError> {
         let overlay = Overlay::new(Self::open_file(path)?)?;
         let mut builder = Database::builder();
         builder.set_cache_size(READER_CACHE_BYTES);
@@ -1452,13 +1464,13 @@ impl ReadOnlyStore {
             .map_err(panicked)?
             .map_err(|e| open_error(path, e))?;
         let store = Self::checked(ReadDb::Snapshot(db), path, verify)?;
-        store.refuse_unapplied_log()?;
+        store.refuse_unapplied_log(check_log)?;
         Ok(store)
     }
 
     /// With no engine running, a commit log beside the file that holds commits of the
     /// file's current epoch means the file alone misses acknowledged commits.
-    fn refuse_unapplied_log(&self) -> Result<(), OpenError> {
+    fn refuse_unapplied_log(&self, check_log: LogCheck) -> Result<(), OpenError> {
         let path = &self.path;
         let (secret, state) = contain("read", || {
             let txn = self.begin_read()?;
@@ -1474,7 +1486,7 @@ impl ReadOnlyStore {
         let Some(secret) = secret else {
             return Ok(());
         };
-        crate::store::commit_log::check_beside(path, &secret, state)
+        check_log(path, &secret, state)
     }
 
     fn open_live(path: &Path) -> Result<ReadOnlyStore, OpenError> {
