@@ -1274,7 +1274,9 @@ mod log_file_tests {
     //! the log, so that the file's module needs nothing of the log's).
     use super::{prepare, replay, CommitLog, LogState, MacKey, FRAME_HEADER_BYTES};
     use crate::base::limits::HASH_SECRET_LEN;
-    use crate::store::constants::LOG_BYTES;
+    use crate::base::sync::Ordering;
+    use crate::store::backend::Storage;
+    use crate::store::constants::{LOG_BLOCK_BYTES, LOG_BYTES};
     use crate::store::log_file::*;
     use crate::store::storage::Write;
 

@@ -44,9 +44,9 @@ pub(crate) struct LogFile {
     file: FileBackend,
     /// The direct, synchronous descriptor (Linux, `Access::Create`, when the file system
     /// takes it).
-    direct: Option<Direct>,
+    pub(crate) direct: Option<Direct>,
     /// A write went through the page cache since the last `sync_data`.
-    dirty: AtomicBool,
+    pub(crate) dirty: AtomicBool,
 }
 
 impl LogFile {
@@ -132,14 +132,14 @@ impl Storage for LogFile {
 /// The log file opened again for direct, synchronous writes of whole blocks.
 #[derive(Debug)]
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
-struct Direct {
+pub(crate) struct Direct {
     #[cfg(target_os = "linux")]
     file: std::fs::File,
     /// Direct I/O needs a buffer aligned to the block: frames are copied into this one.
     #[cfg(target_os = "linux")]
     aligned: crate::base::sync::Mutex<Vec<u8>>,
     /// Cleared when the file system refused a direct write.
-    on: AtomicBool,
+    pub(crate) on: AtomicBool,
 }
 
 impl Direct {
