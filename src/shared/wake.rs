@@ -80,6 +80,7 @@ pub(crate) async fn send(core: Arc<Core>) {
 #[cfg(test)]
 mod tests {
     use super::{parse, payloads};
+    use crate::shared::constants::PG_NOTIFY_PAYLOAD_BYTES_MAX;
 
     #[test]
     fn payloads_carry_every_hash_within_the_limit() {
