@@ -28,7 +28,7 @@ pub enum Durability {
         max_delay: Duration,
     },
     /// Memory only: no file, nothing survives the process. A path given to the builder is
-    /// refused ([`OpenError::MemoryOnlyPath`]) rather than ignored.
+    /// refused ([`crate::OpenError::MemoryOnlyPath`]) rather than ignored.
     None,
 }
 
@@ -51,7 +51,7 @@ pub enum Recovery {
     TakeOver,
     /// Honour the persisted lease deadline: the dead holder's side effects may still land.
     /// The remaining lease is capped by the lease length that holder was given (its claim's
-    /// [`ClaimOptions::lease`], or its last [`crate::Lease::extend`] or keep-alive
+    /// [`crate::ClaimOptions::lease`], or its last [`crate::Lease::extend`] or keep-alive
     /// renewal's), so that a wall-clock jump does not keep a dead claim alive longer than
     /// one of its leases. A record written by a format before 3, which did not keep that
     /// length, is capped by the engine's lease at reopen.
