@@ -40,7 +40,7 @@ const LEASE: Duration = Duration::from_secs(3600);
 const CHUNK: u64 = 4096;
 /// Leases held for the `in_progress` bench.
 const HELD: u64 = 1024;
-/// The name of the engine's writer thread (src/writer.rs), for its CPU accounting.
+/// The name of the engine's writer thread (src/runtime/writer.rs), for its CPU accounting.
 const WRITER_THREAD: &str = "idemkv-writer";
 /// Request fingerprint passed with every claim (exercises the fingerprint compare).
 const FINGERPRINT: u64 = 0xF1A9_E2B3_C4D5_0617;

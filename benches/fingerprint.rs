@@ -1,4 +1,4 @@
-//! The cost of a request fingerprint (src/fingerprint.rs, docs/design.md "Fingerprints").
+//! The cost of a request fingerprint (src/model/fingerprint.rs, docs/design.md "Fingerprints").
 //!
 //! - `bytes`: `Fingerprint::of_bytes` (BLAKE3) against the 64-bit FNV-1a loop that
 //!   `ClaimOptions::payload` computed before, over bodies of 64 B to 1 MiB.

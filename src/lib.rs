@@ -103,86 +103,53 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod admin;
-mod admission;
-mod apply;
-mod async_api;
-mod backend;
-mod claim;
-mod clock;
-mod codec;
-mod commit_log;
-mod constants;
-mod engine;
-mod error;
-mod fingerprint;
-mod gather;
-mod holder;
+mod api;
+mod base;
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
 pub mod http;
 mod index;
-mod keep_alive;
-mod lease;
-mod log_file;
-mod machine;
-#[cfg(idemkv_sabotage)]
-#[doc(hidden)]
-pub mod machine_probe;
-mod marker;
-mod observe;
-mod options;
-mod outbox;
-mod progress;
-mod publication;
-mod reader;
-mod recovery;
-#[cfg(idemkv_sabotage)]
-#[doc(hidden)]
-pub mod sabotage;
-mod scope;
+mod model;
+mod runtime;
 #[cfg(feature = "postgres")]
 mod shared;
-mod stats;
-mod storage;
-mod sweep;
-mod sync;
-mod tables;
-pub mod testing;
-mod timer;
-mod token;
-mod wake;
-mod write_set;
-mod writer;
+mod store;
 
-pub use crate::admin::{
-    AbandonedClaim, AbandonedQuery, Admin, ImportError, RecordInfo, RecordInfoState,
-};
-pub use crate::async_api::LeaseHandle;
-pub use crate::backend::{LockKind, Storage};
-pub use crate::clock::{Clock, ClockListener, MockClock, SystemClock};
-pub use crate::codec::Checkpoint;
-pub use crate::engine::Engine;
-pub use crate::error::{
+pub use crate::api::admin::{AbandonedClaim, AbandonedQuery, Admin};
+pub use crate::api::async_api::LeaseHandle;
+pub use crate::api::engine::Engine;
+pub use crate::api::keep_alive::KeepAlive;
+pub use crate::api::lease::{Claim, Detached, KeyState, Lease, Outcome, TypedOutcome};
+pub use crate::api::options::{ClaimOptions, CompleteOptions, EngineBuilder, OnHandlerError};
+pub use crate::api::outbox::{Outbox, OutboxMessage};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use crate::api::postgres_config::PostgresConfig;
+pub use crate::api::reader::{FileReader, FileSnapshot};
+#[cfg(idemkv_sabotage)]
+#[doc(hidden)]
+pub use crate::api::sabotage;
+pub use crate::api::testing;
+pub use crate::base::clock::{Clock, ClockListener, MockClock, SystemClock};
+pub use crate::base::hash::key_hash;
+pub use crate::model::answer::{Busy, Forgotten, Stored};
+pub use crate::model::codec::Checkpoint;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use crate::model::database_error::{DatabaseError, DatabaseErrorKind};
+pub use crate::model::error::{
     ClaimError, FingerprintError, FlushError, LeaseError, Limit, NotStoredReason, OpenError,
     OpenErrorKind, RunError, TableError, WriteSetError,
 };
-pub use crate::fingerprint::Fingerprint;
-pub use crate::keep_alive::KeepAlive;
-pub use crate::lease::{
-    Busy, Claim, Detached, Forgotten, KeyState, Lease, Outcome, Stored, TypedOutcome,
-};
-pub use crate::observe::key_hash;
-pub use crate::options::{
-    ClaimOptions, CompleteOptions, Durability, EngineBuilder, OnHandlerError, Recovery,
-};
-pub use crate::outbox::{Outbox, OutboxMessage};
-pub use crate::reader::{FileReader, FileSnapshot};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
-pub use crate::stats::Stats;
-pub use crate::write_set::{TableRow, WriteSet};
+pub use crate::model::fingerprint::Fingerprint;
+#[cfg(idemkv_sabotage)]
+#[doc(hidden)]
+pub use crate::model::machine_probe;
+pub use crate::model::record_info::{ImportError, RecordInfo, RecordInfoState};
+pub use crate::model::settings::{Durability, Recovery};
+pub use crate::model::stats::Stats;
+pub use crate::model::write_set::{TableRow, WriteSet};
+pub use crate::store::backend::{LockKind, Storage};
 
 /// The README's examples, compiled by `cargo test --doc` (one of them needs the `http`
 /// feature).

@@ -490,7 +490,7 @@ fn an_imported_completion_answers_as_soon_as_import_returns() {
 
 /// The default engine on tmpfs (`/dev/shm`), which refuses `O_DIRECT` before Linux 6.6
 /// and takes it after: either way every acknowledged completion survives a reopen (the
-/// fallback itself is `src/log_file.rs`'s unit test). Skipped, with the reason printed,
+/// fallback itself is `src/store/log_file.rs`'s unit test). Skipped, with the reason printed,
 /// where `/dev/shm` is not a writable directory.
 #[test]
 fn the_default_engine_works_on_tmpfs() {

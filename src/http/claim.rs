@@ -1,12 +1,12 @@
 //! [`ClaimContext`]: the claim a protected request's handler runs under, handed to it in the
 //! request's extensions.
 
-use crate::async_api::LeaseHandle;
-use crate::codec::Checkpoint;
-use crate::engine::Engine;
-use crate::error::LeaseError;
-use crate::lease::Lease;
-use crate::write_set::WriteSet;
+use crate::api::async_api::LeaseHandle;
+use crate::api::engine::Engine;
+use crate::api::lease::Lease;
+use crate::model::codec::Checkpoint;
+use crate::model::error::LeaseError;
+use crate::model::write_set::WriteSet;
 use std::fmt;
 
 /// The claim a protected request's handler runs under: the layer inserts it into the

@@ -65,6 +65,7 @@
 //! canonical length-prefixed encoding hashed by [`crate::ClaimOptions::payload`].
 
 mod claim;
+mod constants;
 mod key;
 mod problem;
 mod service;
@@ -137,7 +138,7 @@ pub mod stored_hooks {
     }
 }
 
-use crate::constants::{HTTP_BODY_LEN_MAX_DEFAULT, HTTP_KEY_LEN_MAX_DEFAULT};
+use crate::http::constants::{HTTP_BODY_LEN_MAX_DEFAULT, HTTP_KEY_LEN_MAX_DEFAULT};
 use ::http::header::{
     HeaderName, CACHE_CONTROL, CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_TYPE, ETAG, LOCATION,
     SET_COOKIE,

@@ -1,6 +1,6 @@
 //! Error responses as RFC 9457 problem details (`application/problem+json`).
 
-use crate::constants::HTTP_OVERLOADED_RETRY_AFTER_SECS;
+use crate::http::constants::HTTP_OVERLOADED_RETRY_AFTER_SECS;
 use ::http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use ::http::{Response, StatusCode};
 use bytes::Bytes;

@@ -5,10 +5,10 @@ use super::key::{self, KeyError};
 use super::problem::{self, Kind};
 use super::stored;
 use super::{IdempotencyConfig, InFlight, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use crate::engine::Engine;
-use crate::error::ClaimError;
-use crate::lease::{Claim, Lease};
-use crate::options::ClaimOptions;
+use crate::api::engine::Engine;
+use crate::api::lease::{Claim, Lease};
+use crate::api::options::ClaimOptions;
+use crate::model::error::ClaimError;
 use ::http::header::{HeaderValue, CONTENT_LENGTH};
 use ::http::request::Parts;
 use ::http::{HeaderMap, Request, Response};
@@ -199,7 +199,7 @@ where
                 "a request with this Idempotency-Key was processed at {} (ms since the Unix \
                  epoch, attempt {}), but its response is no longer kept; it is not processed \
                  again (use a new key for a new request)",
-                crate::clock::wall_ms(forgotten.completed_at()),
+                crate::base::clock::wall_ms(forgotten.completed_at()),
                 forgotten.attempt()
             ),
         )),
@@ -357,7 +357,7 @@ pub(crate) fn replay<B>(bytes: &[u8]) -> Response<ResponseBody<B>> {
             .try_insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"))
             .map_err(|_| stored::StoredError::TooManyHeaders {
                 count: headers.len() as u64,
-                max: crate::constants::HTTP_STORED_HEADERS_MAX,
+                max: crate::http::constants::HTTP_STORED_HEADERS_MAX,
             })?;
         let mut res = Response::new(Either::Right(Full::new(stored.body)));
         *res.status_mut() = stored.status;

@@ -11,7 +11,7 @@
 //! breaks any of them with a [`StoredError`] (answered with 500), never misreads or panics.
 //! The encoder keeps to the same limits, so every response it stores decodes.
 
-use crate::constants::{
+use crate::http::constants::{
     HTTP_STORED_HEADERS_LEN_MAX, HTTP_STORED_HEADERS_MAX, HTTP_STORED_HEADER_NAME_LEN_MAX,
     HTTP_STORED_HEADER_VALUE_LEN_MAX, HTTP_STORED_LEN_MAX, HTTP_STORED_VERSION,
 };
@@ -286,7 +286,7 @@ mod tests {
     /// then still decode (and the encoder still writes the same bytes).
     #[test]
     fn values_written_through_bincode_still_decode() {
-        use crate::codec::{encode_value, Blob};
+        use crate::model::codec::{encode_value, Blob};
         use std::sync::Arc;
         #[derive(serde::Serialize)]
         struct Envelope {

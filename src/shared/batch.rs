@@ -24,7 +24,7 @@
 
 use super::db::Fail;
 use super::error::{DatabaseError, DatabaseErrorKind};
-use crate::constants::PG_BATCH_MAX;
+use crate::shared::constants::PG_BATCH_MAX;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};

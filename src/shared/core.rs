@@ -4,11 +4,11 @@
 
 use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow};
 use super::front::{Cached, Found, Front, Look};
-use crate::codec::Checkpoint;
-use crate::constants::*;
-use crate::error::{ClaimError, LeaseError};
-use crate::lease::{Busy, KeyState, Stored};
-use crate::options::AskedFingerprint;
+use crate::api::lease::{Busy, KeyState, Stored};
+use crate::model::codec::Checkpoint;
+use crate::model::error::{ClaimError, LeaseError};
+use crate::model::settings::AskedFingerprint;
+use crate::shared::constants::{PG_CLAIM_ASKS_MAX, PG_INTERVAL_MAX, PG_SWEEP_BATCH};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -316,7 +316,7 @@ impl Core {
         response: Arc<[u8]>,
         own_retention: Option<Duration>,
     ) -> Result<u64, LeaseError> {
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let sent = Instant::now();
         match self
             .db
@@ -381,7 +381,7 @@ impl Core {
     }
 
     pub(crate) async fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let answer = self.db.release(key, token).await;
         if !matches!(answer, Err(Fail::Refused(_)) | Ok(false)) {
             self.outbox.push(hash);
@@ -402,7 +402,7 @@ impl Core {
         token: u64,
         lease: Duration,
     ) -> Result<(), LeaseError> {
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let sent = Instant::now();
         match self.db.extend(key, token, lease, self.retention).await {
             Ok(true) => {
@@ -421,7 +421,7 @@ impl Core {
         phase: u32,
         data: Arc<[u8]>,
     ) -> Result<(), LeaseError> {
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         match self.db.checkpoint(key, token, phase, &data).await {
             Ok(true) => Ok(()),
             Ok(false) => self.lost(key, hash, token),
@@ -432,7 +432,7 @@ impl Core {
     /// Fails the attempt held by `token`: whether it did. The key can be taken over at
     /// once, so local callers look again and other processes' waiters are woken.
     pub(crate) async fn fail(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let answer = self.db.fail(key, token, self.retention).await;
         if !matches!(answer, Err(Fail::Refused(_)) | Ok(false)) {
             self.outbox.push(hash);
@@ -465,8 +465,8 @@ impl Core {
                 attempt,
                 lease_remaining: remaining,
                 checkpoint,
-                first_claimed_at: first_claimed_wall_ms.map(crate::clock::wall_time),
-                attempt_started_at: attempt_started_wall_ms.map(crate::clock::wall_time),
+                first_claimed_at: first_claimed_wall_ms.map(crate::base::clock::wall_time),
+                attempt_started_at: attempt_started_wall_ms.map(crate::base::clock::wall_time),
                 failed,
             },
             GetRow::Completed {
@@ -476,7 +476,7 @@ impl Core {
                 token: stored.token,
                 attempt: stored.attempt,
                 response: stored.response,
-                expires_at: crate::clock::wall_time(expires_wall_ms),
+                expires_at: crate::base::clock::wall_time(expires_wall_ms),
             },
         }))
     }
@@ -503,6 +503,6 @@ impl Core {
 /// this machine's wall clock: reports only (`Stored::expires_at`); every decision about the
 /// key's expiry is the database's.
 pub(crate) fn expires_wall_ms(remaining: std::time::Duration) -> u64 {
-    crate::clock::wall_ms(std::time::SystemTime::now())
-        .saturating_add(crate::clock::duration_ms(remaining))
+    crate::base::clock::wall_ms(std::time::SystemTime::now())
+        .saturating_add(crate::base::clock::duration_ms(remaining))
 }

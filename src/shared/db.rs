@@ -5,10 +5,13 @@ use super::batch::{Batcher, Keyed};
 use super::error::{DatabaseError, DatabaseErrorKind};
 use super::sql::Sql;
 use super::PostgresConfig;
-use crate::codec::Checkpoint;
-use crate::constants::*;
-use crate::error::OpenError;
-use crate::lease::Stored;
+use crate::api::lease::Stored;
+use crate::model::codec::Checkpoint;
+use crate::model::error::OpenError;
+use crate::shared::constants::{
+    PG_DEADLOCK_DETECTED, PG_INTERVAL_MAX, PG_SCHEMA_VERSION, PG_SERIALIZATION_FAILURE,
+    PG_SWEEP_BATCH, PG_WAKE_STRIPES,
+};
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -110,7 +113,7 @@ pub(crate) struct Db {
 #[derive(Debug)]
 pub(crate) struct ClaimAsk {
     pub(crate) key: Box<[u8]>,
-    pub(crate) fingerprint: Option<crate::options::AskedFingerprint>,
+    pub(crate) fingerprint: Option<crate::model::settings::AskedFingerprint>,
     pub(crate) lease: Duration,
     pub(crate) own_retention: Option<Duration>,
     /// The claim identity it presents (`ClaimOptions::claim_id`).
@@ -333,8 +336,9 @@ impl Db {
             Err(e) => return Err(refused(e)),
         }
         let mut conn = self.conn().await.map_err(refused)?;
-        let lock =
-            i64::from_ne_bytes(crate::codec::fnv1a64(self.sql.keys.as_bytes()).to_ne_bytes());
+        let lock = i64::from_ne_bytes(
+            crate::model::codec::fnv1a64(self.sql.keys.as_bytes()).to_ne_bytes(),
+        );
         let work = async {
             let tx = conn.transaction().await?;
             tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock])
@@ -387,7 +391,7 @@ impl Db {
     pub(crate) async fn claim(
         &self,
         key: &[u8],
-        fingerprint: Option<crate::options::AskedFingerprint>,
+        fingerprint: Option<crate::model::settings::AskedFingerprint>,
         claim_id: Option<u128>,
         lease: Duration,
         retention: Duration,

@@ -16,9 +16,12 @@
 //! Every change of an entry bumps its signal (a `watch` channel): a waiter subscribes
 //! under the stripe lock, so no change made after its look is missed.
 
-use crate::constants::*;
-use crate::lease::Stored;
-use crate::options::AskedFingerprint;
+use crate::api::lease::Stored;
+use crate::model::settings::AskedFingerprint;
+use crate::shared::constants::{
+    PG_CACHE_BYTES_MAX, PG_CACHE_ENTRIES_MAX, PG_FRONT_STRIPES, PG_INTERVAL_MAX, PG_WAIT_POLL_MAX,
+    PG_WAIT_POLL_MIN,
+};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;

@@ -13,7 +13,7 @@
 //! missed); meanwhile waiters fall back on their bounded poll.
 
 use super::core::Core;
-use crate::constants::{PG_LISTEN_IDLE, PG_LISTEN_RETRY, PG_WAIT_POLL_MAX};
+use crate::shared::constants::{PG_LISTEN_IDLE, PG_LISTEN_RETRY, PG_WAIT_POLL_MAX};
 use parking_lot::Mutex;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -18,10 +18,11 @@
 
 mod batch;
 mod block;
-mod config;
+mod constants;
+use crate::api::postgres_config as config;
 mod core;
 mod db;
-mod error;
+use crate::model::database_error as error;
 mod front;
 mod listen;
 mod sql;
@@ -33,13 +34,14 @@ pub use error::{DatabaseError, DatabaseErrorKind};
 
 use self::block::{block_on, Running};
 use self::core::{bump, Answer, Core};
-use crate::constants::*;
-use crate::engine::Engine;
-use crate::error::{ClaimError, LeaseError, OpenError};
-use crate::lease::{Claim, KeyState, Lease};
-use crate::machine::Holder;
-use crate::options::{ClaimOptions, Durability, EngineBuilder};
-use crate::stats::Stats;
+use crate::api::constants::WAIT_DEFAULT;
+use crate::api::engine::Engine;
+use crate::api::lease::{Claim, KeyState, Lease};
+use crate::api::options::{ClaimOptions, Durability, EngineBuilder};
+use crate::model::error::{ClaimError, LeaseError, OpenError};
+use crate::model::machine::Holder;
+use crate::model::stats::Stats;
+use crate::shared::constants::{PG_CLOSE_GRACE, PG_RUNTIME_THREADS, PG_SWEEP_BATCHES_PER_PASS};
 use parking_lot::Mutex;
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -67,19 +69,6 @@ pub(crate) struct Backend {
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     running: Arc<Running>,
     lease: Duration,
-}
-
-/// Refuses what a completion asks the shared table to keep and it does not: writes to
-/// application tables (they live in an engine's own file).
-pub(crate) fn completion_kept(
-    writes: Option<&crate::write_set::WriteSet>,
-) -> Result<(), LeaseError> {
-    if writes.is_some() {
-        return Err(LeaseError::Unsupported(
-            "writes with a completion on the shared backend",
-        ));
-    }
-    Ok(())
 }
 
 /// A key's own retention in ms as the shared table keeps it (whole ms, as on a file).
@@ -213,7 +202,7 @@ impl Backend {
         wait: bool,
     ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
         let (tx, rx) = oneshot::channel();
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         let asked = opts.fingerprint;
         let claim_id = opts.claim_id;
         // A claim presenting an identity may resume a lease of this process: the database
@@ -474,7 +463,7 @@ impl Backend {
 
     /// Time left on the lease of `token`, as this process estimates it.
     pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
-        let hash = crate::observe::key_hash(key);
+        let hash = crate::base::hash::key_hash(key);
         self.core.front.lease_remaining(key, hash, token)
     }
 

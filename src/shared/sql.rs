@@ -45,7 +45,7 @@ pub(crate) struct Sql {
 /// from the keys table's qualified name, so backends on different tables never meet: the
 /// low 32 bits of its FNV-1a hash.
 fn wake_class(keys: &str) -> i32 {
-    let low = crate::codec::fnv1a64(keys.as_bytes()) as u32;
+    let low = crate::model::codec::fnv1a64(keys.as_bytes()) as u32;
     i32::from_ne_bytes(low.to_ne_bytes())
 }
 
@@ -69,7 +69,7 @@ impl Sql {
         };
         let idx = format!("\"{prefix}keys_reap_at\"");
         let wake_class = wake_class(&keys);
-        let wake_stripes = crate::constants::PG_WAKE_STRIPES;
+        let wake_stripes = crate::shared::constants::PG_WAKE_STRIPES;
         let create_schema = schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
         let mut create = Vec::new();
         create.push(format!(
@@ -123,7 +123,7 @@ impl Sql {
         // (not failed, the fingerprint matching) resumes that lease, live or over and not
         // taken over: the same token and attempt, the lease renewed from now.
         let claim_fn = q("claim");
-        let asks = crate::constants::PG_CLAIM_ASKS_MAX;
+        let asks = crate::shared::constants::PG_CLAIM_ASKS_MAX;
         let take_over = |r: &str| {
             format!(
                 "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp())

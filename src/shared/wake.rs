@@ -11,7 +11,7 @@
 //! their bounded poll (`PG_WAIT_POLL_MAX`).
 
 use super::core::Core;
-use crate::constants::PG_NOTIFY_PAYLOAD_BYTES_MAX;
+use crate::shared::constants::PG_NOTIFY_PAYLOAD_BYTES_MAX;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -80,7 +80,7 @@ pub(crate) async fn send(core: Arc<Core>) {
 #[cfg(test)]
 mod tests {
     use super::{parse, payloads};
-    use crate::constants::PG_NOTIFY_PAYLOAD_BYTES_MAX;
+    use crate::shared::constants::PG_NOTIFY_PAYLOAD_BYTES_MAX;
 
     #[test]
     fn payloads_carry_every_hash_within_the_limit() {

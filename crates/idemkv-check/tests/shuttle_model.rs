@@ -9,8 +9,8 @@
 //!   a shuttle one): one winner among racing claims, and waiters that all get the winner's
 //!   bytes, under PCT and random schedules; a failed attempt (the fail choice of `run`) is
 //!   taken over by one waiter, woken by the fail, which resumes from its checkpoint.
-//! - The real writer (`src/writer.rs`: gather, commit, publish, acknowledge) of an engine on
-//!   a simulated disk, its thread, queue and acknowledgements all shuttle's (`src/sync.rs`),
+//! - The real writer (`src/runtime/writer.rs`: gather, commit, publish, acknowledge) of an engine on
+//!   a simulated disk, its thread, queue and acknowledgements all shuttle's (`src/base/sync.rs`),
 //!   redb running on memory: three `run` callers and a `get` caller of one key, under PCT
 //!   and random schedules from fixed seeds. Checked: an acknowledged write is committed
 //!   (invariant 4), no caller is shown a completion that is not committed (invariant 5),
@@ -303,7 +303,7 @@ fn a_failed_async_attempt_is_resumed_by_a_waiter_pct() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The real writer (src/writer.rs) under the scheduler: gather, commit, publish, acknowledge.
+// The real writer (src/runtime/writer.rs) under the scheduler: gather, commit, publish, acknowledge.
 // ---------------------------------------------------------------------------------------
 
 /// An engine on a simulated disk: redb runs on memory, its I/O is synchronous, so each
@@ -518,7 +518,7 @@ fn real_writer_model_catches_publish_before_commit() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The commit log's writer and applier under the scheduler (src/writer.rs, src/apply.rs).
+// The commit log's writer and applier under the scheduler (src/runtime/writer.rs, src/runtime/apply.rs).
 // ---------------------------------------------------------------------------------------
 
 /// Three callers complete a key each with the commit log on: the writer acknowledges each

@@ -1,0 +1,32 @@
+//! Constants of the file and the commit log: the format's magic, cache sizes, the log's
+//! size and blocks.
+
+/// Times an open that creates a file starts over because another process placed a file at
+/// the path meanwhile (each start over then opens that file).
+pub(crate) const CREATE_ATTEMPTS_MAX: u32 = 4;
+/// redb page cache of a read-only handle (operator commands scan the file once).
+pub(crate) const READER_CACHE_BYTES: usize = 16 << 20;
+/// redb page cache for the engine's file.
+pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
+/// Marks a redb file as an idemkv file of the current format. A writable open of a file of
+/// the previous format rewrites its marker, so that an older engine refuses the file
+/// instead of misreading the records this one adds.
+pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x03";
+/// The markers of the previous formats (1 and 2), whose files are still opened.
+pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 2] = [b"idemkv\0\x01", b"idemkv\0\x02"];
+/// Size of the commit log file, written in full when it is created so that appends never
+/// change its size or block map (a durable write flushes data only). A batch whose frame no
+/// longer fits is committed as a checkpoint, which starts the log again: at ~150 bytes per
+/// write this is about 100 000 writes between checkpoints under load, and at least 4 096
+/// frames (one padded block each) when every batch is small.
+pub(crate) const LOG_BYTES: u64 = 16 << 20;
+/// The block of the commit log file's direct writes (`O_DIRECT`): frames are padded to a
+/// multiple of it, and written from a buffer aligned to it. A multiple of the logical block
+/// of the devices in use (512 and 4096 bytes), so a direct write is accepted on either.
+pub(crate) const LOG_BLOCK_BYTES: u64 = 4096;
+/// The commit log file's aligned buffer for direct writes is dropped after a write that grew
+/// it past this (the zeros at creation, a frame of large responses), and kept below it: a
+/// frame of 64 ordinary writes is about 8 KiB.
+pub(crate) const DIRECT_BUFFER_KEPT_BYTES: usize = 1 << 20;
+/// The write size used to fill a new commit log with zeros.
+pub(crate) const LOG_ZERO_CHUNK_BYTES: usize = 4 << 20;

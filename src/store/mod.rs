@@ -1,0 +1,10 @@
+//! The file: record storage in redb, the commit log, the storage trait. Imports `base` and `model`.
+
+pub(crate) mod backend;
+pub(crate) mod batch;
+pub(crate) mod commit_log;
+pub(crate) mod config;
+pub(crate) mod constants;
+pub(crate) mod log_file;
+pub(crate) mod log_state;
+pub(crate) mod storage;

@@ -1,0 +1,1745 @@
+//! The redb file: opening, recovery scans and group commits. Only the writer thread and
+//! `Engine::open` call into this module.
+//!
+//! Layout: one table keyed by fencing token (`u64`) holding each key's latest record, a
+//! small meta table (format marker, token high-water mark, the secret that keys the index's
+//! hashes), and, once an engine with markers has left one, a markers table keyed by the
+//! key's keyed hash (docs/retention.md, "Markers: the second tier"). Tokens are issued in time order,
+//! so inserts land at the right edge of the B-tree and expiry deletes from the left edge,
+//! several times cheaper than inserting random client keys (see docs/design.md).
+
+use crate::base::limits::HASH_SECRET_LEN;
+use crate::base::sync::{Arc, Mutex, RwLock};
+use crate::model::codec::{self, DecodeError, MarkerRecord, Record};
+use crate::model::error::OpenError;
+use crate::store::backend::{LockKind, Storage};
+use crate::store::batch::Batch;
+use crate::store::config::StoreConfig;
+use crate::store::constants::{
+    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES, REDB_CACHE_BYTES,
+};
+use crate::store::log_state::LogState;
+use redb::backends::FileBackend;
+use redb::{
+    BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
+    ReadableTable, ReadableTableMetadata, StorageBackend, TableDefinition, TableHandle,
+};
+use std::collections::HashMap;
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::ops::Bound;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_records");
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemkv_meta");
+/// Every application table's rows, each under its table's prefix (`write_set.rs`).
+const TABLES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemkv_tables");
+/// The outbox: messages by id, until a relay marks them sent.
+const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_outbox");
+/// Marker rows by the key's keyed hash. Created by the first commit that stores one, so a
+/// file that never held a marker has the same tables as before markers existed.
+pub(crate) const MARKERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_markers");
+const META_FORMAT: &str = "format";
+const META_TOKEN_HWM: &str = "token_hwm";
+/// The next outbox id: ids are never reused, also after every message was marked sent.
+const META_OUTBOX_NEXT: &str = "outbox_next";
+/// The secret that keys the index's hashes (`index::KeyHasher`), drawn when the file is
+/// first opened for writing and never changed: markers name keys by these hashes.
+const META_HASH_SECRET: &str = "hash_secret";
+/// The commit log's state as the file last recorded it (`commit_log.rs`): its epoch, the
+/// number of that epoch's frames the file holds, and whether an engine was writing the log
+/// (1) or closed it with a checkpoint (0). 17 bytes; absent: no log was ever used.
+const META_LOG_STATE: &str = "log_state";
+
+/// redb's file magic, to tell a foreign file from a damaged redb file.
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// One change to the records table, in queue order.
+#[derive(Debug)]
+pub(crate) enum Write<'a> {
+    /// Store `value` under `token`, removing the key's previous record at `old`.
+    Put {
+        token: u64,
+        old: Option<u64>,
+        value: &'a [u8],
+    },
+    /// Remove the record under `token`.
+    Delete { token: u64 },
+    /// Remove the completion under `token` and store the marker row it leaves under `hash`,
+    /// built from the removed record (`codec::marker_of_record`).
+    Forget {
+        token: u64,
+        hash: u64,
+        check: u64,
+        marker_retention_ms: u64,
+    },
+    /// Remove the marker row under `hash` if it is the one the completion `token` left (or
+    /// if it is damaged).
+    DropMarker { hash: u64, token: u64 },
+}
+
+impl Write<'_> {
+    /// The record this write creates, replaces or removes (a marker's: its completion's).
+    pub(crate) fn token(&self) -> u64 {
+        match self {
+            Write::Put { token, .. }
+            | Write::Delete { token }
+            | Write::Forget { token, .. }
+            | Write::DropMarker { token, .. } => *token,
+        }
+    }
+}
+
+/// How a commit is made durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durable {
+    /// Fsynced before the commit returns.
+    Yes,
+    /// The commit log already holds the batch durably, as frame `seq` of `epoch` (its
+    /// callers were acknowledged then); the commit, fsynced off the acknowledgement path,
+    /// records that the file holds the frames up to it.
+    Logged { epoch: u64, seq: u64 },
+    /// Fsynced, and makes `epoch` the commit log's current epoch in the same commit: the
+    /// log's earlier frames are all in the file from now on. `active`: a writer goes on
+    /// appending to the log (false for the checkpoint of a close).
+    Checkpoint { epoch: u64, active: bool },
+}
+
+/// Reads the commit log's state from a meta table.
+fn read_log_state(
+    meta: &impl ReadableTable<&'static str, &'static [u8]>,
+    path: &Path,
+) -> Result<LogState, OpenError> {
+    let value = meta.get(META_LOG_STATE).map_err(|e| open_error(path, e))?;
+    match value {
+        None => Ok(LogState::default()),
+        Some(v) => LogState::decode(v.value()).ok_or_else(|| OpenError::Corrupted {
+            detail: "the commit log's state in the meta table does not decode".into(),
+        }),
+    }
+}
+
+/// The marker row a [`Write::Forget`] stored, for the writer to settle the marker in memory
+/// after the commit. `row` is `None` when the record was not in the file (nothing stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Marked {
+    pub(crate) hash: u64,
+    pub(crate) token: u64,
+    pub(crate) row: Option<MarkerRecord>,
+}
+
+pub(crate) struct Store {
+    /// A read transaction on the last commit, replaced by every commit before the writer
+    /// publishes anything of it: replays read through it instead of starting a read
+    /// transaction each (which, with live readers, costs several lock syscalls). Declared
+    /// before `db` so that it is dropped first.
+    snapshot: RwLock<Option<Arc<ReadTransaction>>>,
+    db: Database,
+    path: PathBuf,
+    /// Test-only sabotage, armed on the builder: commits leave the token mark out.
+    #[cfg(idemkv_sabotage)]
+    skip_token_hwm: bool,
+}
+
+/// Holds a [`Store`] and closes it with panics contained: after redb panicked on a damaged
+/// page its internal locks are poisoned, and dropping the database would panic again.
+pub(crate) struct Closing(Option<Store>);
+
+impl Closing {
+    pub(crate) fn new(store: Store) -> Self {
+        Self(Some(store))
+    }
+}
+
+impl std::ops::Deref for Closing {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        // Only `drop` takes the store out.
+        match &self.0 {
+            Some(store) => store,
+            None => unreachable!("a Closing store is present until dropped"),
+        }
+    }
+}
+
+impl Drop for Closing {
+    fn drop(&mut self) {
+        let store = self.0.take();
+        let _ = contain("close", move || drop(store));
+    }
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+/// Adapts a user's [`Storage`] to redb. Only whole-storage locks are offered (redb's
+/// exclusive-writer mode asks for nothing else); any other range is unsupported, which redb
+/// answers by falling back to a whole-storage lock.
+#[derive(Debug)]
+struct Adapter(Box<dyn Storage>);
+
+/// Whether a lock range covers the whole storage, as redb's whole-storage fallback asks.
+fn whole(start: Bound<u64>, end: Bound<u64>) -> bool {
+    matches!(
+        (start, end),
+        (Bound::Unbounded | Bound::Included(0), Bound::Unbounded)
+    )
+}
+
+impl Adapter {
+    fn try_lock(&self, s: Bound<u64>, e: Bound<u64>, kind: LockKind) -> Result<bool, BackendError> {
+        if !whole(s, e) {
+            return Err(BackendError::Unsupported);
+        }
+        self.0.try_lock(kind).map_err(BackendError::Io)
+    }
+}
+
+impl StorageBackend for Adapter {
+    fn len(&self) -> Result<u64, std::io::Error> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> Result<(), std::io::Error> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> Result<(), std::io::Error> {
+        self.0.close()
+    }
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.try_lock(s, e, LockKind::Exclusive)
+    }
+    fn try_lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.try_lock(s, e, LockKind::Shared)
+    }
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        if !whole(s, e) {
+            return Err(BackendError::Unsupported);
+        }
+        self.0.unlock().map_err(BackendError::Io)
+    }
+}
+
+/// Runs `f`, turning a panic inside redb (possible on a damaged file) into an error.
+pub(crate) fn contain<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
+        let msg = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        format!("{what}: redb panicked: {msg}")
+    })
+}
+
+/// A panic inside redb while it read the file: the file is damaged.
+fn panicked(detail: String) -> OpenError {
+    OpenError::Corrupted { detail }
+}
+
+/// An I/O error as an open reports it. A read past the end means the file's own pointers
+/// are damaged; every other error is the operating system's, reported as it is.
+fn io_open_error(io: io::Error) -> OpenError {
+    if io.kind() == io::ErrorKind::UnexpectedEof {
+        OpenError::Corrupted {
+            detail: format!("the file points past its end ({io})"),
+        }
+    } else {
+        OpenError::Io(io)
+    }
+}
+
+fn backend_io(e: BackendError) -> io::Error {
+    match e {
+        BackendError::Io(io) => io,
+        BackendError::Other(other) => io::Error::other(other),
+        BackendError::Unsupported => io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the storage backend does not support this operation",
+        ),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
+/// Maps any redb error met while opening or reading the file: I/O stays I/O (with the
+/// `io::Error` as its source), a lock held elsewhere is `AlreadyOpen`, and only what redb
+/// found wrong in the file itself is `Corrupted`.
+pub(crate) fn open_error(path: &Path, e: impl Into<redb::Error>) -> OpenError {
+    match e.into() {
+        redb::Error::DatabaseAlreadyOpen | redb::Error::LockProtocolMismatch => {
+            OpenError::AlreadyOpen {
+                path: path.to_path_buf(),
+            }
+        }
+        redb::Error::UpgradeRequired(v) => OpenError::Foreign {
+            detail: format!("redb file format {v} needs an upgrade this build cannot do"),
+        },
+        // redb refuses a file without its magic this way; the checks before it make that a
+        // file that changed under the open.
+        redb::Error::Io(io) if io.kind() == io::ErrorKind::InvalidData => OpenError::Foreign {
+            detail: format!("{}: {io}", path.display()),
+        },
+        redb::Error::Io(io) => io_open_error(io),
+        redb::Error::PreviousIo => OpenError::Io(io::Error::other(
+            "an earlier I/O error on this file stopped redb",
+        )),
+        redb::Error::Backend(other) => OpenError::Io(io::Error::other(other)),
+        redb::Error::Unsupported => OpenError::Io(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the storage backend does not support an operation redb needs",
+        )),
+        e @ (redb::Error::TableTypeMismatch { .. }
+        | redb::Error::TableIsMultimap(_)
+        | redb::Error::TableIsNotMultimap(_)
+        | redb::Error::TypeDefinitionChanged { .. }
+        | redb::Error::TableDoesNotExist(_)) => OpenError::Corrupted {
+            detail: format!("a table definition of the file does not decode: {e}"),
+        },
+        other => OpenError::Corrupted {
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// What the first bytes of a file say about it.
+#[derive(Debug)]
+enum Head {
+    /// Nothing in it.
+    Empty,
+    /// redb's magic: for redb to open.
+    Redb,
+    /// A creation that a crash or an I/O error cut short before redb wrote its magic. It
+    /// provably never held a commit (see [`creation_cut_short`]).
+    CutShort,
+    /// Not openable, but not provably a creation cut short: it may have held commits.
+    Damaged(String),
+    /// Not a redb file.
+    Foreign(String),
+}
+
+/// redb's header: the magic, a god byte, padding, then the page size (u32 LE) at 12; the
+/// two commit slots end at byte 320.
+const REDB_HEADER_LEN: u64 = 320;
+const REDB_PAGE_SIZE_OFFSET: usize = 12;
+const REDB_PAGE_SIZE: u32 = 4096;
+
+/// Reads the head of the storage and classifies it. Reads the whole storage only when it is
+/// small enough to be a creation cut short.
+fn inspect(backend: &dyn StorageBackend, what: &Path) -> Result<Head, OpenError> {
+    let len = backend.len().map_err(OpenError::Io)?;
+    if len == 0 {
+        return Ok(Head::Empty);
+    }
+    let mut head = vec![0u8; len.min(REDB_HEADER_LEN) as usize];
+    backend.read(0, &mut head).map_err(io_open_error)?;
+    if head.starts_with(&REDB_MAGIC) {
+        return Ok(Head::Redb);
+    }
+    let magic = &head[..head.len().min(REDB_MAGIC.len())];
+    if magic.iter().all(|&b| b == 0) {
+        let reference = reference_creation()?;
+        if len <= reference.len() as u64 {
+            let mut image = vec![0u8; len as usize];
+            backend.read(0, &mut image).map_err(io_open_error)?;
+            if creation_cut_short(&image, &reference) {
+                return Ok(Head::CutShort);
+            }
+            return Ok(Head::Damaged(format!(
+                "redb's magic (bytes 0..9) is zero, and the file ({len} bytes) holds bytes that \
+                 redb's creation never writes before its magic: it held data"
+            )));
+        }
+        return Ok(Head::Damaged(format!(
+            "redb's magic (bytes 0..9) is zero, and the file ({len} bytes) is longer than any \
+             creation cut short leaves ({} bytes): it held data",
+            reference.len()
+        )));
+    }
+    let page_size = head
+        .get(REDB_PAGE_SIZE_OFFSET..REDB_PAGE_SIZE_OFFSET + 4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    if page_size == Some(REDB_PAGE_SIZE) {
+        return Ok(Head::Damaged(format!(
+            "redb's magic is damaged (found {magic:02x?}) in a header that is otherwise \
+             redb's ({len} bytes)"
+        )));
+    }
+    Ok(Head::Foreign(format!(
+        "{} is not a redb file",
+        what.display()
+    )))
+}
+
+/// The proof that a storage never held a commit. redb creates a database in this order
+/// (redb 4.6, `TransactionalMemory::new`): size the storage to its initial layout (zeros),
+/// write the 320-byte header *without* the magic, sync, then write the header again *with*
+/// the magic, sync; only after that can anything be committed, and every commit writes the
+/// header with its magic. So a storage whose magic is zero and which equals a prefix of the
+/// image redb leaves at its first sync (or is all zeros, no longer than it) was cut short
+/// before redb finished its creation: it never held a commit. `reference` is that image,
+/// made by running redb's own creation in memory (so the proof follows the linked redb).
+fn creation_cut_short(image: &[u8], reference: &[u8]) -> bool {
+    image.len() <= reference.len()
+        && image.iter().take(REDB_MAGIC.len()).all(|&b| b == 0)
+        && (image.iter().all(|&b| b == 0) || image == &reference[..image.len()])
+}
+
+/// Runs redb's creation on an in-memory backend and returns the image as of its first sync:
+/// the initial layout with the header not yet carrying the magic.
+fn reference_creation() -> Result<Vec<u8>, OpenError> {
+    let recorder = Recorder::default();
+    let mut builder = Database::builder();
+    builder.set_cache_size(READER_CACHE_BYTES);
+    let created = contain("reference creation", || {
+        builder.create_with_backend(recorder.clone()).map(drop)
+    })
+    .map_err(panicked)?;
+    created.map_err(|e| open_error(Path::new("<memory>"), e))?;
+    let first = recorder.0.lock().first_sync.take();
+    first.ok_or_else(|| OpenError::Corrupted {
+        detail: "redb's creation did not sync before writing its magic".into(),
+    })
+}
+
+#[derive(Debug, Default)]
+struct RecorderState {
+    image: Vec<u8>,
+    first_sync: Option<Vec<u8>>,
+}
+
+/// An in-memory backend that keeps its image as of the first `sync_data`.
+#[derive(Debug, Default, Clone)]
+struct Recorder(Arc<Mutex<RecorderState>>);
+
+impl StorageBackend for Recorder {
+    fn len(&self) -> Result<u64, io::Error> {
+        Ok(self.0.lock().image.len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        let s = self.0.lock();
+        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        let src = s
+            .image
+            .get(start..start.saturating_add(out.len()))
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"))?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        self.0.lock().image.resize(len, 0);
+        Ok(())
+    }
+    fn sync_data(&self) -> Result<(), io::Error> {
+        let mut s = self.0.lock();
+        if s.first_sync.is_none() {
+            s.first_sync = Some(s.image.clone());
+        }
+        Ok(())
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        let mut s = self.0.lock();
+        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        let end = start.saturating_add(data.len());
+        if s.image.len() < end {
+            s.image.resize(end, 0);
+        }
+        s.image[start..end].copy_from_slice(data);
+        Ok(())
+    }
+}
+
+/// The error for a head that is not redb's, or `Ok` for one the open may go on with.
+fn refuse(head: Head, path: &Path) -> Result<Head, OpenError> {
+    match head {
+        Head::Damaged(detail) => Err(OpenError::HeaderDamaged {
+            path: path.to_path_buf(),
+            detail,
+        }),
+        Head::Foreign(detail) => Err(OpenError::Foreign { detail }),
+        other => Ok(other),
+    }
+}
+
+/// The concurrency mode of the engine's own handle on a file at a path. `SingleWriter`
+/// lets read-only handles of other processes (the operator commands) follow the live file;
+/// it needs byte-range locks and two-phase commit (with one-phase commit a reader could
+/// follow a commit whose pages are not yet flushed), so elsewhere the file is locked whole.
+/// It allows no non-durable commit, and the engine makes none (the commit log's batches
+/// reach the file in durable commits too).
+fn writer_mode() -> ConcurrencyMode {
+    if cfg!(any(target_os = "linux", target_vendor = "apple", windows)) {
+        ConcurrencyMode::SingleWriter
+    } else {
+        ConcurrencyMode::ExclusiveWriter
+    }
+}
+
+fn redb_builder(mode: ConcurrencyMode) -> redb::Builder {
+    let mut builder = Database::builder();
+    builder.set_cache_size(REDB_CACHE_BYTES);
+    // Every page checksum is verified before the engine's first commit. A commit walks
+    // redb's own trees (the freed-page lists above all), which nothing else of the open
+    // reads: a damaged page there makes redb panic inside a commit while an iterator whose
+    // `Drop` walks the same page again is live, and that second panic during unwinding
+    // aborts the process, past any `catch_unwind`. Verified pages never reach that path.
+    builder.set_check_integrity_on_open(true);
+    builder.set_concurrency_mode(mode);
+    builder
+}
+
+pub(crate) fn file_backend(file: File, path: &Path) -> Result<FileBackend, OpenError> {
+    #[allow(clippy::useless_conversion)]
+    FileBackend::new(file).map_err(|e| open_error(path, e))
+}
+
+/// Refuses a path that is a directory, before anything is created beside it.
+fn not_a_directory(path: &Path) -> OpenError {
+    OpenError::Io(io::Error::new(
+        io::ErrorKind::IsADirectory,
+        format!("{} is a directory, not a file", path.display()),
+    ))
+}
+
+impl Store {
+    /// Opens (or creates) the file and checks that it is an idemkv file of this format.
+    ///
+    /// A file at a path is created under a temporary name beside it and renamed into place
+    /// only once redb has created it and the format marker is committed, so a file at the
+    /// path has always finished its creation: one without redb's magic is damaged and is
+    /// refused. A custom backend cannot be renamed: its storage is started afresh only when
+    /// its content proves a creation cut short ([`creation_cut_short`]).
+    pub(crate) fn open(b: &StoreConfig) -> Result<Closing, OpenError> {
+        let path = b.path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
+        let backend = b.backend.as_ref().map(|slot| slot.take()).transpose()?;
+        match backend {
+            Some(backend) => Self::open_backend(b, backend, path),
+            None => Self::open_path(b, path),
+        }
+    }
+
+    fn open_backend(
+        b: &StoreConfig,
+        backend: Box<dyn Storage>,
+        path: PathBuf,
+    ) -> Result<Closing, OpenError> {
+        let backend = Adapter(backend);
+        let head = contain("open", || inspect(&backend, &path)).map_err(panicked)??;
+        if let Head::CutShort = refuse(head, &path)? {
+            backend.set_len(0).map_err(OpenError::Io)?;
+            backend.sync_data().map_err(OpenError::Io)?;
+        }
+        // A custom backend may have no byte-range locks: lock it whole.
+        let builder = redb_builder(ConcurrencyMode::ExclusiveWriter);
+        let db = contain("open", || builder.create_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(&path, e))?;
+        Self::finish(b, db, path)
+    }
+
+    /// Checks the format of a freshly opened database, committing the format marker into a
+    /// new one.
+    fn finish(b: &StoreConfig, db: Database, path: PathBuf) -> Result<Closing, OpenError> {
+        #[cfg(not(idemkv_sabotage))]
+        let _ = b;
+        let store = Closing::new(Store {
+            snapshot: RwLock::new(None),
+            db,
+            path,
+            #[cfg(idemkv_sabotage)]
+            skip_token_hwm: b.sabotage == crate::base::sabotage::Sabotage::SkipTokenHwm as u8,
+        });
+        contain("format check", || store.check_format()).map_err(panicked)??;
+        Ok(store)
+    }
+
+    fn open_path(b: &StoreConfig, path: PathBuf) -> Result<Closing, OpenError> {
+        for _ in 0..CREATE_ATTEMPTS_MAX {
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_dir() => return Err(not_a_directory(&path)),
+                Ok(m) if m.len() > 0 => return Self::open_existing(b, path),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(OpenError::Io(e)),
+            }
+            if let Some(store) = Self::create(b, &path)? {
+                return Ok(store);
+            }
+        }
+        // Each attempt found a file placed by another process meanwhile and that file gone
+        // again before it could be opened.
+        Err(OpenError::AlreadyOpen { path })
+    }
+
+    fn open_existing(b: &StoreConfig, path: PathBuf) -> Result<Closing, OpenError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(OpenError::Io)?;
+        let backend = file_backend(file, &path)?;
+        match contain("open", || inspect(&backend, &path)).map_err(panicked)?? {
+            Head::Redb => {}
+            // Without the rename, files are created in place: recognised by content.
+            #[cfg(not(unix))]
+            Head::CutShort => {
+                backend.set_len(0).map_err(OpenError::Io)?;
+                backend.sync_data().map_err(OpenError::Io)?;
+            }
+            // Only a completed creation is ever renamed into place (see `create`).
+            #[cfg(unix)]
+            Head::CutShort => {
+                return Err(OpenError::HeaderDamaged {
+                    path,
+                    detail: "redb's magic is zero; the rest is what a creation cut short \
+                             leaves, so the file holds no records, but no idemkv creation \
+                             leaves such a file at its path: remove it only if you know \
+                             where it came from"
+                        .into(),
+                })
+            }
+            head => {
+                refuse(head, &path)?;
+            }
+        }
+        #[cfg(unix)]
+        remove_leftover(&creating_path(&path));
+        let builder = redb_builder(writer_mode());
+        let db = contain("open", || builder.create_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(&path, e))?;
+        Self::finish(b, db, path)
+    }
+
+    /// Creates the file at `path` under a temporary name beside it, commits the format
+    /// marker, and renames it into place. `None`: another process placed a file at the path
+    /// meanwhile (the caller opens that one).
+    #[cfg(unix)]
+    fn create(b: &StoreConfig, path: &Path) -> Result<Option<Closing>, OpenError> {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        let tmp = creating_path(path);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(b.file_mode)
+            .open(&tmp)
+            .map_err(OpenError::Io)?;
+        let probe = file.try_clone().map_err(OpenError::Io)?;
+        let backend = file_backend(file, path)?;
+        // A leftover temporary file never held a commit of any caller (nothing is committed
+        // before the rename but the format marker), so it is reset; but only by the holder
+        // of its lock, since another process may be creating in it right now.
+        let whole = (Bound::Unbounded, Bound::Unbounded);
+        match backend.try_lock_range(whole.0, whole.1) {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(OpenError::AlreadyOpen {
+                    path: path.to_path_buf(),
+                })
+            }
+            // Without locks one creator at a time is the caller's promise, as for redb.
+            Err(BackendError::Unsupported) => {}
+            Err(e) => return Err(OpenError::Io(backend_io(e))),
+        }
+        // The name may have been renamed into place since it was opened here: then this
+        // handle is the real file, which must not be reset.
+        if !same_file(&probe, &tmp)? {
+            let _ = backend.unlock_range(whole.0, whole.1);
+            return Ok(None);
+        }
+        let reset = (|| {
+            backend.set_len(0)?;
+            probe.set_permissions(std::fs::Permissions::from_mode(b.file_mode))?;
+            backend.sync_data()
+        })();
+        // redb takes its own locks; a creator that slips in between finds the file empty
+        // and then loses to redb's lock.
+        let _ = backend.unlock_range(whole.0, whole.1);
+        reset.map_err(OpenError::Io)?;
+        let builder = redb_builder(writer_mode());
+        let db = contain("create", || builder.create_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        let mut store = Self::finish(b, db, tmp.clone())?;
+        // Every creator holds redb's lock on the temporary file from here to the rename, so
+        // this look at the path and the rename are one step for them.
+        match std::fs::metadata(path) {
+            Ok(m) if m.len() > 0 => {
+                drop(store);
+                let _ = std::fs::remove_file(&tmp);
+                return Ok(None);
+            }
+            Ok(m) if m.is_dir() => return Err(not_a_directory(path)),
+            _ => {}
+        }
+        std::fs::rename(&tmp, path).map_err(OpenError::Io)?;
+        sync_dir(path).map_err(OpenError::Io)?;
+        if let Some(s) = store.0.as_mut() {
+            s.path = path.to_path_buf();
+        }
+        Ok(Some(store))
+    }
+
+    /// Without rename-safe locking, creates in place: a creation cut short is recognised by
+    /// its content, as for a custom backend.
+    #[cfg(not(unix))]
+    fn create(b: &StoreConfig, path: &Path) -> Result<Option<Closing>, OpenError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(OpenError::Io)?;
+        let backend = file_backend(file, path)?;
+        let builder = redb_builder(writer_mode());
+        let db = contain("create", || builder.create_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        Self::finish(b, db, path.to_path_buf()).map(Some)
+    }
+
+    fn check_format(&self) -> Result<(), OpenError> {
+        let err = |e: redb::Error| open_error(&self.path, e);
+        let mut txn = self.db.begin_write().map_err(|e| err(e.into()))?;
+        txn.set_two_phase_commit(true);
+        {
+            let names = our_tables(txn.list_tables().map_err(|e| err(e.into()))?)?;
+            // A database that never held a table has no table tree at all; one that names
+            // no table but has table tree pages (an entry count damaged to zero) held data.
+            // (Asked before any table is opened here, which would add to the tree.)
+            let tree_pages = match names.is_empty() {
+                true => txn.stats().map_err(|e| err(e.into()))?.branch_pages(),
+                false => 0,
+            };
+            let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+            let format = meta
+                .get(META_FORMAT)
+                .map_err(|e| err(e.into()))?
+                .map(|v| v.value().to_vec());
+            match format {
+                // The marker and the records table are created in one commit: a marker
+                // without the table is a damaged table tree, whose records must not be
+                // replaced by an empty table.
+                Some(f) if f == FORMAT_MAGIC && !names.iter().any(|n| n == RECORDS.name()) => {
+                    return Err(OpenError::Corrupted {
+                        detail: "a format marker without the records table".into(),
+                    })
+                }
+                Some(f) if f == FORMAT_MAGIC => {}
+                // A previous format: its records are read as they are; the marker moves on
+                // in this transaction, before any record of the new format is written.
+                Some(f) if FORMAT_MAGICS_OLD.iter().any(|old| f == old.as_slice()) => {
+                    meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
+                        .map_err(|e| err(e.into()))?;
+                }
+                Some(f) => {
+                    return Err(OpenError::Foreign {
+                        detail: format!("unknown idemkv format marker {f:02x?}"),
+                    })
+                }
+                None if names.iter().any(|n| n == RECORDS.name()) => {
+                    return Err(OpenError::Corrupted {
+                        detail: "records without a format marker".into(),
+                    })
+                }
+                None if tree_pages > 0 => {
+                    return Err(OpenError::Corrupted {
+                        detail: "the table tree names no idemkv table but holds pages".into(),
+                    })
+                }
+                None => {
+                    meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
+                        .map_err(|e| err(e.into()))?;
+                }
+            }
+            let secret = meta
+                .get(META_HASH_SECRET)
+                .map_err(|e| err(e.into()))?
+                .is_some();
+            if !secret {
+                let fresh = crate::base::hash::KeyHasher::random_secret();
+                meta.insert(META_HASH_SECRET, fresh.as_slice())
+                    .map_err(|e| err(e.into()))?;
+            }
+            txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
+            // Created by the first open of this version, opened by every later one.
+            txn.open_table(TABLES).map_err(|e| err(e.into()))?;
+            txn.open_table(OUTBOX).map_err(|e| err(e.into()))?;
+        }
+        txn.commit().map_err(|e| err(e.into()))?;
+        Ok(())
+    }
+
+    /// The first outbox id to issue: above every id the file holds or ever held.
+    pub(crate) fn outbox_next(&self) -> Result<u64, OpenError> {
+        let err = |e: redb::Error| open_error(&self.path, e);
+        let txn = self.begin_read()?;
+        let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        let marked = match meta.get(META_OUTBOX_NEXT).map_err(|e| err(e.into()))? {
+            Some(v) => {
+                let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
+                    detail: "the next outbox id is not 8 bytes".into(),
+                })?;
+                u64::from_le_bytes(bytes)
+            }
+            None => 0,
+        };
+        let outbox = txn.open_table(OUTBOX).map_err(|e| err(e.into()))?;
+        let last = outbox
+            .last()
+            .map_err(|e| err(e.into()))?
+            .map_or(0, |(k, _)| k.value().saturating_add(1));
+        Ok(marked.max(last).max(1))
+    }
+
+    /// A read transaction on the last commit (the one replays use), for reads of the
+    /// application tables and the outbox.
+    pub(crate) fn snapshot(&self) -> Result<Snapshot, String> {
+        if let Some(txn) = self.snapshot.read().clone() {
+            return Ok(Snapshot(txn));
+        }
+        contain("read", || self.db.begin_read().map_err(|e| e.to_string()))?
+            .map(|txn| Snapshot(Arc::new(txn)))
+    }
+
+    /// The secret that keys the index's hashes (written by the open's format check).
+    pub(crate) fn hash_secret(&self) -> Result<[u8; HASH_SECRET_LEN], OpenError> {
+        let txn = self.begin_read()?;
+        let meta = txn
+            .open_table(META)
+            .map_err(|e| open_error(&self.path, e))?;
+        let value = meta
+            .get(META_HASH_SECRET)
+            .map_err(|e| open_error(&self.path, e))?;
+        value
+            .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.value()).ok())
+            .ok_or_else(|| OpenError::Corrupted {
+                detail: format!("the hash secret is missing or not {HASH_SECRET_LEN} bytes"),
+            })
+    }
+
+    /// Number of marker rows (for sizing the index before loading them).
+    pub(crate) fn markers_len(&self) -> Result<u64, OpenError> {
+        let txn = self.begin_read()?;
+        match txn.open_table(MARKERS) {
+            Ok(table) => table.len().map_err(|e| open_error(&self.path, e)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(0),
+            Err(e) => Err(open_error(&self.path, e)),
+        }
+    }
+
+    /// Calls `f` with every marker row (its hash and raw value), in hash order; stops at the
+    /// first error `f` returns. A file without a markers table has none.
+    pub(crate) fn scan_markers<E>(
+        &self,
+        mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<Result<(), E>, OpenError> {
+        let txn = self.begin_read()?;
+        let table = match txn.open_table(MARKERS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Ok(())),
+            Err(e) => return Err(open_error(&self.path, e)),
+        };
+        for entry in table.iter().map_err(|e| open_error(&self.path, e))? {
+            let (k, v) = entry.map_err(|e| open_error(&self.path, e))?;
+            if let Err(e) = f(k.value(), v.value()) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Checks that both tables open and their definitions decode in a read transaction, as
+    /// every replay will open them: a file whose table tree is damaged is refused at open
+    /// instead of failing each read later.
+    pub(crate) fn check_tables(&self) -> Result<(), OpenError> {
+        contain("table check", || {
+            let txn = self.begin_read()?;
+            check_tables(&txn, &self.path)?;
+            // The application tables and the outbox (which the format check created):
+            // their definitions and both ends of their trees.
+            let damaged = |e: redb::Error| match open_error(&self.path, e) {
+                OpenError::Corrupted { detail } => OpenError::Corrupted {
+                    detail: format!("the table definitions do not decode: {detail}"),
+                },
+                other => other,
+            };
+            let rows = txn.open_table(TABLES).map_err(|e| damaged(e.into()))?;
+            rows.first().map_err(|e| damaged(e.into()))?;
+            rows.last().map_err(|e| damaged(e.into()))?;
+            let outbox = txn.open_table(OUTBOX).map_err(|e| damaged(e.into()))?;
+            outbox.first().map_err(|e| damaged(e.into()))?;
+            outbox.last().map_err(|e| damaged(e.into()))?;
+            Ok(())
+        })
+        .map_err(panicked)?
+    }
+
+    fn begin_read(&self) -> Result<ReadTransaction, OpenError> {
+        self.db.begin_read().map_err(|e| open_error(&self.path, e))
+    }
+
+    /// The durable token high-water mark: every token ever issued is below it.
+    pub(crate) fn token_hwm(&self) -> Result<u64, OpenError> {
+        token_hwm(&self.begin_read()?, &self.path)
+    }
+
+    /// Number of records in the file (for sizing the index before a scan).
+    pub(crate) fn len(&self) -> Result<u64, OpenError> {
+        let txn = self.begin_read()?;
+        let table = txn
+            .open_table(RECORDS)
+            .map_err(|e| open_error(&self.path, e))?;
+        table.len().map_err(|e| open_error(&self.path, e))
+    }
+
+    /// Calls `f` with the raw value of every record whose token is in `range`, in token
+    /// order; stops at the first error `f` returns. Returns how many records it visited.
+    /// Keys that do not strictly increase mean a damaged tree: `Corrupted`.
+    pub(crate) fn scan<E>(
+        &self,
+        range: std::ops::Range<u64>,
+        f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<Result<u64, E>, OpenError> {
+        scan(&self.begin_read()?, &self.path, range, f)
+    }
+
+    /// The first and last token stored, if any.
+    pub(crate) fn token_bounds(&self) -> Result<Option<(u64, u64)>, OpenError> {
+        let err = |e: redb::Error| open_error(&self.path, e);
+        let txn = self.begin_read()?;
+        let table = txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
+        let first = table
+            .first()
+            .map_err(|e| err(e.into()))?
+            .map(|(k, _)| k.value());
+        let last = table
+            .last()
+            .map_err(|e| err(e.into()))?
+            .map(|(k, _)| k.value());
+        Ok(first.zip(last))
+    }
+
+    /// Reads and verifies the record stored under `token`. `Ok(None)`: no such record.
+    /// `Err`: redb failed (the caller poisons the engine).
+    pub(crate) fn get(&self, token: u64) -> Result<Option<Result<Record, DecodeError>>, String> {
+        contain("read", || {
+            let cached = self.snapshot.read().clone();
+            let txn = match cached {
+                Some(txn) => txn,
+                None => Arc::new(self.db.begin_read().map_err(|e| e.to_string())?),
+            };
+            let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            let value = table.get(token).map_err(|e| e.to_string())?;
+            Ok(value.map(|v| codec::decode(token, v.value())))
+        })?
+    }
+
+    /// Applies `writes`, then the table batches `tables` (each in order), and raises the
+    /// token mark to `hwm`, in one fsynced commit. The marker rows its [`Write::Forget`]s
+    /// stored are added to `marked` (whose content means nothing if the commit fails).
+    pub(crate) fn commit(
+        &self,
+        writes: &[Write],
+        tables: &[&Batch],
+        hwm: Option<u64>,
+        how: Durable,
+        marked: &mut Vec<Marked>,
+    ) -> Result<(), String> {
+        contain("commit", || {
+            self.commit_inner(writes, tables, hwm, how, marked)
+        })?
+        .map_err(|e| e.to_string())
+    }
+
+    /// The commit log's state as the file records it.
+    pub(crate) fn log_state(&self) -> Result<LogState, OpenError> {
+        let txn = self.begin_read()?;
+        let meta = txn
+            .open_table(META)
+            .map_err(|e| open_error(&self.path, e))?;
+        read_log_state(&meta, &self.path)
+    }
+
+    /// [`Store::commit`] during open (recovery's own writes, a batch replayed from the
+    /// commit log, the log's checkpoint): a failure is a typed open error (a full disk is
+    /// not damage).
+    pub(crate) fn commit_on_open(
+        &self,
+        writes: &[Write],
+        tables: &[&Batch],
+        hwm: Option<u64>,
+        how: Durable,
+    ) -> Result<(), OpenError> {
+        let mut marked = Vec::new();
+        contain("commit", || {
+            self.commit_inner(writes, tables, hwm, how, &mut marked)
+        })
+        .map_err(panicked)?
+        .map_err(|e| open_error(&self.path, e))
+    }
+
+    fn commit_inner(
+        &self,
+        writes: &[Write],
+        tables: &[&Batch],
+        hwm: Option<u64>,
+        how: Durable,
+        marked: &mut Vec<Marked>,
+    ) -> Result<(), redb::Error> {
+        let mut txn = self.db.begin_write()?;
+        // Keys and responses come from clients: two-phase commit keeps a torn write from
+        // ever being mistaken for a valid commit (with one-phase commit redb trusts a
+        // checksum to tell a torn commit from a valid one, which crafted bytes could
+        // defeat), and lets readers of other processes follow the live file.
+        txn.set_two_phase_commit(true);
+        // Every commit is durable, a logged batch's too: the applier's fsyncs are off the
+        // acknowledgement path, and a file whose every commit is durable can be followed
+        // by other processes while the engine runs (redb's single-writer mode).
+        txn.set_durability(redb::Durability::Immediate)?;
+        // The file records which frames it holds, in the commit that applies them: a
+        // replay skips those frames instead of applying them twice.
+        let state = match how {
+            Durable::Yes => None,
+            Durable::Logged { epoch, seq } => Some(LogState {
+                epoch,
+                applied: seq.saturating_add(1),
+                active: true,
+            }),
+            Durable::Checkpoint { epoch, active } => Some(LogState {
+                epoch,
+                applied: 0,
+                active,
+            }),
+        };
+        if let Some(state) = state {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_LOG_STATE, state.encode().as_slice())?;
+        }
+        {
+            let mut table = txn.open_table(RECORDS)?;
+            // Opened (and so created) only by a batch that touches a marker.
+            let mut markers = None;
+            for w in writes {
+                match w {
+                    Write::Put { token, old, value } => {
+                        if let Some(old) = old {
+                            table.remove(*old)?;
+                        }
+                        table.insert(*token, *value)?;
+                    }
+                    Write::Delete { token } => {
+                        table.remove(*token)?;
+                    }
+                    Write::Forget {
+                        token,
+                        hash,
+                        check,
+                        marker_retention_ms,
+                    } => {
+                        let row = table.remove(*token)?.and_then(|old| {
+                            codec::marker_of_record(
+                                *token,
+                                old.value(),
+                                *check,
+                                *marker_retention_ms,
+                            )
+                        });
+                        if let Some(row) = &row {
+                            let markers = match &mut markers {
+                                Some(m) => m,
+                                None => markers.insert(txn.open_table(MARKERS)?),
+                            };
+                            markers.insert(*hash, codec::encode_marker(*hash, row).as_slice())?;
+                        }
+                        marked.push(Marked {
+                            hash: *hash,
+                            token: *token,
+                            row,
+                        });
+                    }
+                    Write::DropMarker { hash, token } => {
+                        let markers = match &mut markers {
+                            Some(m) => m,
+                            None => markers.insert(txn.open_table(MARKERS)?),
+                        };
+                        let ours = markers.get(*hash)?.is_some_and(|v| {
+                            codec::decode_marker(*hash, v.value())
+                                .map_or(true, |r| r.token == *token)
+                        });
+                        if ours {
+                            markers.remove(*hash)?;
+                        }
+                    }
+                }
+            }
+            // Test-only sabotage: the mark never reaches the file, so that the checks can
+            // show they catch tokens reissued after a crash.
+            #[cfg(idemkv_sabotage)]
+            let hwm = hwm.filter(|_| !self.skip_token_hwm);
+            if let Some(hwm) = hwm {
+                let mut meta = txn.open_table(META)?;
+                meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())?;
+            }
+            if !tables.is_empty() {
+                let mut rows = txn.open_table(TABLES)?;
+                let mut outbox = txn.open_table(OUTBOX)?;
+                let mut next = None;
+                for batch in tables {
+                    for (row, value) in &batch.rows {
+                        match value {
+                            Some(value) => rows.insert(&row[..], &value[..])?,
+                            None => rows.remove(&row[..])?,
+                        };
+                    }
+                    for (id, message) in &batch.messages {
+                        outbox.insert(*id, &message[..])?;
+                        next = next.max(Some(id.saturating_add(1)));
+                    }
+                    for id in &batch.sent {
+                        outbox.remove(*id)?;
+                    }
+                }
+                if let Some(next) = next {
+                    let mut meta = txn.open_table(META)?;
+                    meta.insert(META_OUTBOX_NEXT, next.to_le_bytes().as_slice())?;
+                }
+            }
+        }
+        txn.commit()?;
+        // (A failed commit returned above and left the previous snapshot, which holds every
+        // record published so far whose response is not in memory: the writer poisons the
+        // engine before it publishes more, and a completion published at its commit-log
+        // sync keeps its response in memory until this commit succeeded. Without a
+        // snapshot, replays start their own read transactions.)
+        let fresh = self.db.begin_read().ok().map(Arc::new);
+        *self.snapshot.write() = fresh;
+        Ok(())
+    }
+}
+
+/// A read transaction on one commit, for the application tables and the outbox. Cheap to
+/// clone; its reads never change.
+#[derive(Clone)]
+pub(crate) struct Snapshot(Arc<ReadTransaction>);
+
+/// A table this snapshot predates reads as empty.
+fn missing_is_empty<T>(opened: Result<T, redb::TableError>) -> Result<Option<T>, String> {
+    match opened {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl Snapshot {
+    /// The value stored under the row key `row`. `Err`: redb failed (the caller poisons).
+    pub(crate) fn row(&self, row: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        contain("read", || {
+            let Some(table) = missing_is_empty(self.0.open_table(TABLES))? else {
+                return Ok(None);
+            };
+            let value = table.get(row).map_err(|e| e.to_string())?;
+            Ok(value.map(|v| v.value().to_vec()))
+        })?
+    }
+
+    /// Calls `f` with each row whose key is in `[lo, hi)`, in key order, while it returns
+    /// true.
+    pub(crate) fn rows(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), String> {
+        contain("scan", || {
+            let Some(table) = missing_is_empty(self.0.open_table(TABLES))? else {
+                return Ok(());
+            };
+            for entry in table.range(lo..hi).map_err(|e| e.to_string())? {
+                let (k, v) = entry.map_err(|e| e.to_string())?;
+                if !f(k.value(), v.value()) {
+                    break;
+                }
+            }
+            Ok(())
+        })?
+    }
+
+    /// Calls `f` with each outbox message, in id order, while it returns true.
+    pub(crate) fn messages(&self, mut f: impl FnMut(u64, &[u8]) -> bool) -> Result<(), String> {
+        contain("scan", || {
+            let Some(table) = missing_is_empty(self.0.open_table(OUTBOX))? else {
+                return Ok(());
+            };
+            for entry in table.iter().map_err(|e| e.to_string())? {
+                let (k, v) = entry.map_err(|e| e.to_string())?;
+                if !f(k.value(), v.value()) {
+                    break;
+                }
+            }
+            Ok(())
+        })?
+    }
+}
+
+/// The durable token high-water mark in `txn`'s snapshot (0 if none was ever written).
+fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenError> {
+    let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
+    let Some(v) = meta.get(META_TOKEN_HWM).map_err(|e| open_error(path, e))? else {
+        return Ok(0);
+    };
+    let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
+        detail: "token high-water mark is not 8 bytes".into(),
+    })?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
+/// See [`Store::scan`].
+fn scan<E>(
+    txn: &ReadTransaction,
+    path: &Path,
+    range: std::ops::Range<u64>,
+    mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<Result<u64, E>, OpenError> {
+    let table = txn.open_table(RECORDS).map_err(|e| open_error(path, e))?;
+    let mut seen = 0u64;
+    let mut last: Option<u64> = None;
+    for entry in table.range(range).map_err(|e| open_error(path, e))? {
+        let (k, v) = entry.map_err(|e| open_error(path, e))?;
+        let token = k.value();
+        if last.is_some_and(|l| l >= token) {
+            return Err(OpenError::Corrupted {
+                detail: format!("record keys out of order at token {token}"),
+            });
+        }
+        last = Some(token);
+        seen += 1;
+        if let Err(e) = f(token, v.value()) {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(seen))
+}
+
+/// The names of the tables a file holds, refused as `Foreign` if any is not idemkv's.
+fn our_tables(
+    tables: impl Iterator<Item = redb::UntypedTableHandle>,
+) -> Result<Vec<String>, OpenError> {
+    let names: Vec<String> = tables.map(|t| t.name().to_string()).collect();
+    let ours = [
+        META.name(),
+        RECORDS.name(),
+        TABLES.name(),
+        OUTBOX.name(),
+        MARKERS.name(),
+    ];
+    if let Some(other) = names.iter().find(|n| !ours.contains(&n.as_str())) {
+        return Err(OpenError::Foreign {
+            detail: format!("redb file holds a foreign table {other:?}"),
+        });
+    }
+    Ok(names)
+}
+
+/// Opens both tables in `txn` and reads through their definitions: the format marker, the
+/// mark, the record count and both ends of the records tree.
+fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<(), OpenError> {
+    let damaged = |e: redb::Error| match open_error(path, e) {
+        OpenError::Corrupted { detail } => OpenError::Corrupted {
+            detail: format!("the table definitions do not decode: {detail}"),
+        },
+        other => other,
+    };
+    let meta = txn.open_table(META).map_err(|e| damaged(e.into()))?;
+    match meta.get(META_FORMAT).map_err(|e| damaged(e.into()))? {
+        // A reader opens every format it reads without changing it.
+        Some(v)
+            if v.value() == FORMAT_MAGIC.as_slice()
+                || FORMAT_MAGICS_OLD
+                    .iter()
+                    .any(|old| v.value() == old.as_slice()) => {}
+        Some(v) => {
+            return Err(OpenError::Foreign {
+                detail: format!("unknown idemkv format marker {:02x?}", v.value()),
+            })
+        }
+        None => {
+            return Err(OpenError::Foreign {
+                detail: format!("{} has no idemkv format marker", path.display()),
+            })
+        }
+    }
+    token_hwm(txn, path)?;
+    let records = txn.open_table(RECORDS).map_err(|e| damaged(e.into()))?;
+    let len = records.len().map_err(|e| damaged(e.into()))?;
+    let first = records.first().map_err(|e| damaged(e.into()))?.is_some();
+    let last = records.last().map_err(|e| damaged(e.into()))?.is_some();
+    if (len > 0) != first || first != last {
+        return Err(OpenError::Corrupted {
+            detail: format!("the records table counts {len} records but its tree disagrees"),
+        });
+    }
+    Ok(())
+}
+
+/// The temporary name a file is created under, beside `path`.
+#[cfg(unix)]
+fn creating_path(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.idemkv-creating"))
+}
+
+/// Whether the open `file` is the file at `path`.
+#[cfg(unix)]
+fn same_file(file: &File, path: &Path) -> Result<bool, OpenError> {
+    use std::os::unix::fs::MetadataExt;
+    let open = file.metadata().map_err(OpenError::Io)?;
+    match std::fs::metadata(path) {
+        Ok(named) => Ok(open.dev() == named.dev() && open.ino() == named.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(OpenError::Io(e)),
+    }
+}
+
+/// Elsewhere a directory cannot be opened to be synced: creating or removing a file there
+/// is as durable as the file system makes it.
+#[cfg(not(unix))]
+pub(crate) fn sync_dir(_path: &Path) -> io::Result<()> {
+    Ok(())
+}
+
+/// Makes a rename in `path`'s directory durable.
+#[cfg(unix)]
+pub(crate) fn sync_dir(path: &Path) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    File::open(dir)?.sync_all()
+}
+
+/// Removes a temporary file a creation left behind (it never held a commit of any caller),
+/// unless a creator holds it right now. Best effort: a failure leaves it for later.
+#[cfg(unix)]
+fn remove_leftover(tmp: &Path) {
+    let Ok(file) = std::fs::OpenOptions::new().read(true).write(true).open(tmp) else {
+        return;
+    };
+    let Ok(probe) = file.try_clone() else { return };
+    #[allow(clippy::useless_conversion)]
+    let Ok(backend) = FileBackend::new(file) else {
+        return;
+    };
+    if let Ok(true) = backend.try_lock_range(Bound::Unbounded, Bound::Unbounded) {
+        if let Ok(true) = same_file(&probe, tmp) {
+            let _ = std::fs::remove_file(tmp);
+        }
+        let _ = backend.unlock_range(Bound::Unbounded, Bound::Unbounded);
+    }
+}
+
+/// A read-only handle on an idemkv file, for the operator commands: nothing it does changes
+/// a byte of the file (or its modification time).
+///
+/// - When no writer has the file open, it is opened through [`Overlay`]: redb works as a
+///   writer would, so it can recover a file that was not closed cleanly and verify every
+///   page checksum, but its writes stay in memory. Its locks are shared: a service cannot
+///   start while the handle is open, and other readers can.
+/// - When a writer has it open (in `SingleWriter` mode), it is opened as a redb read-only
+///   handle that follows the writer's commits: it sees the last committed transaction.
+pub(crate) struct ReadOnlyStore {
+    /// Present until dropped.
+    db: Option<ReadDb>,
+    path: PathBuf,
+    verified: bool,
+}
+
+enum ReadDb {
+    Snapshot(Database),
+    Live(ReadOnlyDatabase),
+}
+
+impl fmt::Debug for ReadOnlyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadOnlyStore")
+            .field("path", &self.path)
+            .field("live", &self.is_live())
+            .finish()
+    }
+}
+
+impl Drop for ReadOnlyStore {
+    fn drop(&mut self) {
+        // A redb panic on a damaged page leaves its locks poisoned: contain the close.
+        let db = self.db.take();
+        let _ = contain("close", move || drop(db));
+    }
+}
+
+/// The check of a commit log beside a file opened read-only (`commit_log::check_beside`).
+/// The reader passes it in: the store knows the log's state row, not the log.
+pub(crate) type LogCheck = fn(&Path, &[u8; HASH_SECRET_LEN], LogState) -> Result<(), OpenError>;
+
+impl ReadOnlyStore {
+    /// Opens the file at `path` read-only. `verify`: check every redb page checksum (only
+    /// possible when no writer has the file open; see [`ReadOnlyStore::verified`]).
+    pub(crate) fn open(
+        path: &Path,
+        verify: bool,
+        check_log: LogCheck,
+    ) -> Result<ReadOnlyStore, OpenError> {
+        // A writer can close between the two attempts below; a second round then finds it
+        // gone.
+        let mut last = None;
+        for _ in 0..2 {
+            match Self::open_snapshot(path, verify, check_log) {
+                Err(OpenError::AlreadyOpen { .. }) => {}
+                other => return other,
+            }
+            match Self::open_live(path) {
+                Err(e @ OpenError::Corrupted { .. }) => last = Some(e),
+                other => return other,
+            }
+        }
+        Err(last.unwrap_or_else(|| OpenError::AlreadyOpen {
+            path: path.to_path_buf(),
+        }))
+    }
+
+    fn open_file(path: &Path) -> Result<FileBackend, OpenError> {
+        match std::fs::metadata(path) {
+            Ok(m) if m.is_dir() => return Err(not_a_directory(path)),
+            _ => {}
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .open(path)
+            .map_err(OpenError::Io)?;
+        let backend = file_backend(file, path)?;
+        match contain("open", || inspect(&backend, path)).map_err(panicked)?? {
+            Head::Redb => Ok(backend),
+            Head::Empty => Err(OpenError::Foreign {
+                detail: format!("{} is empty", path.display()),
+            }),
+            Head::CutShort => Err(OpenError::HeaderDamaged {
+                path: path.to_path_buf(),
+                detail: "redb's magic is zero; the rest is what a creation cut short leaves: \
+                         the file holds no records"
+                    .into(),
+            }),
+            head => refuse(head, path).map(|_| backend),
+        }
+    }
+
+    fn open_snapshot(
+        path: &Path,
+        verify: bool,
+        check_log: LogCheck,
+    ) -> Result<ReadOnlyStore, OpenError> {
+        let overlay = Overlay::new(Self::open_file(path)?)?;
+        let mut builder = Database::builder();
+        builder.set_cache_size(READER_CACHE_BYTES);
+        builder.set_check_integrity_on_open(verify);
+        let db = contain("open", || builder.create_with_backend(overlay))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        let store = Self::checked(ReadDb::Snapshot(db), path, verify)?;
+        store.refuse_unapplied_log(check_log)?;
+        Ok(store)
+    }
+
+    /// With no engine running, a commit log beside the file that holds commits of the
+    /// file's current epoch means the file alone misses acknowledged commits.
+    fn refuse_unapplied_log(&self, check_log: LogCheck) -> Result<(), OpenError> {
+        let path = &self.path;
+        let (secret, state) = contain("read", || {
+            let txn = self.begin_read()?;
+            let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
+            let secret = meta
+                .get(META_HASH_SECRET)
+                .map_err(|e| open_error(path, e))?
+                .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.value()).ok());
+            Ok::<_, OpenError>((secret, read_log_state(&meta, path)?))
+        })
+        .map_err(panicked)??;
+        // A file without a secret was never opened by an engine that logs.
+        let Some(secret) = secret else {
+            return Ok(());
+        };
+        check_log(path, &secret, state)
+    }
+
+    fn open_live(path: &Path) -> Result<ReadOnlyStore, OpenError> {
+        let backend = Self::open_file(path)?;
+        let mut builder = Database::builder();
+        builder.set_cache_size(READER_CACHE_BYTES);
+        builder.set_concurrency_mode(ConcurrencyMode::SingleWriter);
+        let db = contain("open", || builder.open_read_only_with_backend(backend))
+            .map_err(panicked)?
+            .map_err(|e| open_error(path, e))?;
+        Self::checked(ReadDb::Live(db), path, false)
+    }
+
+    fn checked(db: ReadDb, path: &Path, verified: bool) -> Result<ReadOnlyStore, OpenError> {
+        let store = ReadOnlyStore {
+            db: Some(db),
+            path: path.to_path_buf(),
+            verified,
+        };
+        contain("format check", || {
+            let txn = store.begin_read()?;
+            let names = our_tables(txn.list_tables().map_err(|e| open_error(path, e))?)?;
+            if !names.iter().any(|n| n == META.name()) {
+                return Err(OpenError::Foreign {
+                    detail: format!("{} holds no idemkv tables", path.display()),
+                });
+            }
+            check_tables(&txn, path)
+        })
+        .map_err(panicked)??;
+        Ok(store)
+    }
+
+    /// Whether a writer has the file open: what this handle reads is the writer's last
+    /// commit at the time of each read.
+    pub(crate) fn is_live(&self) -> bool {
+        matches!(self.db, Some(ReadDb::Live(_)))
+    }
+
+    /// Whether every redb page checksum was verified on open.
+    pub(crate) fn verified(&self) -> bool {
+        self.verified
+    }
+
+    /// A read transaction: one consistent snapshot of the file.
+    pub(crate) fn begin_read(&self) -> Result<ReadTransaction, OpenError> {
+        let txn = match &self.db {
+            Some(ReadDb::Snapshot(db)) => db.begin_read(),
+            Some(ReadDb::Live(db)) => db.begin_read(),
+            None => unreachable!("a ReadOnlyStore holds its database until dropped"),
+        };
+        txn.map_err(|e| open_error(&self.path, e))
+    }
+
+    /// The token mark in `txn`.
+    pub(crate) fn token_hwm(&self, txn: &ReadTransaction) -> Result<u64, OpenError> {
+        token_hwm(txn, &self.path)
+    }
+
+    /// Calls `f` with every record in `txn`, in token order (see [`Store::scan`]).
+    pub(crate) fn scan<E>(
+        &self,
+        txn: &ReadTransaction,
+        f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    ) -> Result<Result<u64, E>, OpenError> {
+        contain("scan", || scan(txn, &self.path, 0..u64::MAX, f)).map_err(panicked)?
+    }
+}
+
+/// Size of the pages [`Overlay`] keeps its writes in.
+const OVERLAY_PAGE_BYTES: u64 = 4096;
+
+#[derive(Debug)]
+struct OverlayState {
+    len: u64,
+    /// Bytes of the file still visible under the overlay (a shrink hides the rest).
+    base_len: u64,
+    pages: HashMap<u64, Box<[u8]>>,
+}
+
+/// A copy-on-write view of a file: reads see the file under every write made through the
+/// view, writes stay in memory, syncs do nothing. Lock requests become shared locks on the
+/// file, so the view excludes writers and admits other readers. redb can then recover and
+/// verify a file as a writer does without changing a byte of it.
+#[derive(Debug)]
+struct Overlay {
+    base: FileBackend,
+    state: Mutex<OverlayState>,
+}
+
+impl Overlay {
+    fn new(base: FileBackend) -> Result<Self, OpenError> {
+        let len = base.len().map_err(OpenError::Io)?;
+        Ok(Overlay {
+            base,
+            state: Mutex::new(OverlayState {
+                len,
+                base_len: len,
+                pages: HashMap::new(),
+            }),
+        })
+    }
+
+    /// The file's bytes at `offset` as far as they are visible, zeros past that.
+    fn read_base(&self, s: &OverlayState, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let visible = s.base_len.saturating_sub(offset).min(out.len() as u64) as usize;
+        if visible > 0 {
+            self.base.read(offset, &mut out[..visible])?;
+        }
+        out[visible..].fill(0);
+        Ok(())
+    }
+}
+
+impl StorageBackend for Overlay {
+    fn len(&self) -> Result<u64, io::Error> {
+        Ok(self.state.lock().len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
+        let s = self.state.lock();
+        let end = offset.saturating_add(out.len() as u64);
+        if end > s.len {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end",
+            ));
+        }
+        self.read_base(&s, offset, out)?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        for page in offset / OVERLAY_PAGE_BYTES..=(end - 1) / OVERLAY_PAGE_BYTES {
+            let Some(data) = s.pages.get(&page) else {
+                continue;
+            };
+            let page_start = page * OVERLAY_PAGE_BYTES;
+            let from = offset.max(page_start);
+            let to = end.min(page_start + OVERLAY_PAGE_BYTES);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> Result<(), io::Error> {
+        let mut s = self.state.lock();
+        if len < s.len {
+            s.pages.retain(|&p, _| p * OVERLAY_PAGE_BYTES < len);
+            let cut = (len % OVERLAY_PAGE_BYTES) as usize;
+            if let Some(page) = s.pages.get_mut(&(len / OVERLAY_PAGE_BYTES)) {
+                page[cut..].fill(0);
+            }
+            s.base_len = s.base_len.min(len);
+        }
+        s.len = len;
+        Ok(())
+    }
+
+    fn sync_data(&self) -> Result<(), io::Error> {
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
+        let mut s = self.state.lock();
+        let end = offset.saturating_add(data.len() as u64);
+        if data.is_empty() {
+            return Ok(());
+        }
+        for page in offset / OVERLAY_PAGE_BYTES..=(end - 1) / OVERLAY_PAGE_BYTES {
+            let page_start = page * OVERLAY_PAGE_BYTES;
+            if !s.pages.contains_key(&page) {
+                let mut fresh = vec![0u8; OVERLAY_PAGE_BYTES as usize].into_boxed_slice();
+                self.read_base(&s, page_start, &mut fresh)?;
+                s.pages.insert(page, fresh);
+            }
+            let from = offset.max(page_start);
+            let to = end.min(page_start + OVERLAY_PAGE_BYTES);
+            if let Some(target) = s.pages.get_mut(&page) {
+                target[(from - page_start) as usize..(to - page_start) as usize]
+                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
+            }
+        }
+        s.len = s.len.max(end);
+        Ok(())
+    }
+
+    fn close(&self) -> Result<(), io::Error> {
+        self.base.close()
+    }
+    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.base.try_lock_shared_range(s, e)
+    }
+    fn try_lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.base.try_lock_shared_range(s, e)
+    }
+    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        self.base.lock_shared_range(s, e)
+    }
+    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        self.base.lock_shared_range(s, e)
+    }
+    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
+        self.base.unlock_range(s, e)
+    }
+    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
+        self.base.query_lock_range(s, e)
+    }
+}
+
+/// Raw access to stored values, for the sabotage build only: a replay that skips the
+/// checksum (a sabotage) and damage to a stored value that bypasses the encoder (bit rot).
+#[cfg(idemkv_sabotage)]
+impl Store {
+    /// Reads the record under `token` and decodes it without checking its checksum.
+    pub(crate) fn get_unverified(
+        &self,
+        token: u64,
+    ) -> Result<Option<Result<Record, DecodeError>>, String> {
+        contain("read", || {
+            let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+            let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            let value = table.get(token).map_err(|e| e.to_string())?;
+            Ok(value.map(|v| codec::decode_unverified(v.value())))
+        })?
+    }
+
+    /// Rewrites the raw value under `token` with `damage`, in a commit of its own (redb
+    /// orders it with the writer's). Returns false if there is no such record.
+    pub(crate) fn damage(
+        &self,
+        token: u64,
+        damage: impl FnOnce(&mut Vec<u8>),
+    ) -> Result<bool, String> {
+        let txn = self.db.begin_write().map_err(|e| e.to_string())?;
+        {
+            let mut table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
+            let Some(mut value) = table
+                .get(token)
+                .map_err(|e| e.to_string())?
+                .map(|v| v.value().to_vec())
+            else {
+                return Ok(false);
+            };
+            damage(&mut value);
+            table
+                .insert(token, value.as_slice())
+                .map_err(|e| e.to_string())?;
+        }
+        txn.commit().map_err(|e| e.to_string())?;
+        // Replays read through the snapshot of the writer's last commit: renew it, as the
+        // writer would, so the damage is what the next replay reads.
+        *self.snapshot.write() = self.db.begin_read().ok().map(Arc::new);
+        Ok(true)
+    }
+}
