@@ -326,7 +326,7 @@ pub(crate) const PG_TABLE_PREFIX_LEN_MAX: usize = 30;
 pub(crate) const PG_SCHEMA_LEN_MAX: usize = 20;
 /// The schema version this build creates and reads (the version row of the meta table).
 #[cfg(feature = "postgres")]
-pub(crate) const PG_SCHEMA_VERSION: i64 = 4;
+pub(crate) const PG_SCHEMA_VERSION: i64 = 5;
 /// Longest lease or retention sent to the database (about 100 years): the interval and
 /// the timestamp it is added to stay far inside PostgreSQL's ranges, and the microsecond
 /// count stays exact in a double.

@@ -661,6 +661,10 @@ pub enum TableError {
     OutcomeUnknown(Arc<str>),
     /// The engine was closed.
     Closed,
+    /// The shared database refused the call or could not be reached (feature `postgres`):
+    /// [`crate::DatabaseError::kind`] says what to do.
+    #[cfg(feature = "postgres")]
+    Database(crate::shared::DatabaseError),
 }
 
 impl fmt::Display for TableError {
@@ -679,6 +683,8 @@ impl fmt::Display for TableError {
                 "outcome unknown, the engine failed before confirming: {why}"
             ),
             TableError::Closed => f.write_str("engine closed"),
+            #[cfg(feature = "postgres")]
+            TableError::Database(e) => write!(f, "{e}"),
         }
     }
 }

@@ -104,8 +104,7 @@ impl Engine {
     ) -> Result<u64, LeaseError> {
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            crate::shared::completion_kept(writes)?;
-            return pg.complete(self, key, token, response, retention_ms);
+            return pg.complete(self, key, token, response, retention_ms, writes);
         }
         let observe = &self.shared().observe;
         let mut expires_wall_ms = 0;
@@ -432,7 +431,7 @@ impl Engine {
         let s = self.shared();
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            return pg.update(key, token, op(s.time.mono_ns())).map(|()| 0);
+            return pg.update(key, token, op(s.time.mono_ns()), writes).map(|()| 0);
         }
         let (mut shard, _, k) = s.index.lock(key);
         let now = s.now();

@@ -25,6 +25,14 @@
 //!   the same token), and every key still completed exactly once with one response for
 //!   all its deliveries.
 //!
+//! Every completion also emits its response as an outbox message, committed with it, and
+//! every process runs a relay that takes pending messages (several relays share the outbox
+//! through `FOR UPDATE SKIP LOCKED`), writes each to its own file, fsyncs it, then marks
+//! it sent; the parent drains what is left at the end. In every mode each key has exactly
+//! one message, whose bytes are the key's final response (none lost, none for a
+//! completion that did not commit), and no message was published by two relays unless
+//! the first was killed or its `mark_sent` failed.
+//!
 //! Timestamps come from `CLOCK_MONOTONIC`, which is one clock for every process of a
 //! machine (a `std::time::Instant` cannot be handed to another process).
 //!
@@ -36,6 +44,7 @@ mod pg;
 
 use idemkv::{
     Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Engine, LeaseError, PostgresConfig,
+    TableError, WriteSet,
 };
 use idemkv_check::history::{self, Event};
 use idemkv_check::spec::{ns, KeyOp, KeyRet, KeySpec, SpecConfig};
@@ -358,9 +367,12 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                     }
                 }
                 let response = format!("{key}:{token}:p{}t{}", ctx.plan.process, log.thread);
+                // The completion's message: committed with it or not at all.
+                let mut writes = WriteSet::new();
+                writes.emit(response.as_bytes()).expect("a small message");
                 let mut done = {
                     let invoke = mono_ns();
-                    let r = lease.complete(response.as_bytes());
+                    let r = lease.complete_with(response.as_bytes(), &writes);
                     (invoke, r)
                 };
                 loop {
@@ -384,9 +396,12 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                             }
                             std::thread::sleep(RETRY_PAUSE);
                             let invoke = mono_ns();
-                            let r = ctx
-                                .engine
-                                .complete(key.as_bytes(), token, response.as_bytes());
+                            let r = ctx.engine.complete_with(
+                                key.as_bytes(),
+                                token,
+                                response.as_bytes(),
+                                &writes,
+                            );
                             done = (invoke, r);
                         }
                         Err(e) => {
@@ -407,6 +422,59 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                 log.line(format_args!("F claim {key}: {e:?}"));
                 log.out.flush().expect("flush the log");
                 return;
+            }
+        }
+    }
+}
+
+/// Whether a relay's failure is one it retries (the server went away).
+fn table_retryable(e: &TableError) -> bool {
+    match e {
+        TableError::OutcomeUnknown(_) => true,
+        TableError::Database(d) => d.kind() == DatabaseErrorKind::Unavailable,
+        _ => false,
+    }
+}
+
+/// A relay: takes pending messages, "publishes" each (a line in `out`, fsynced), then
+/// marks them sent, until `stop` is set and the outbox had nothing to offer. A failed
+/// `mark_sent` is logged (`X id`) and retried.
+fn relay(engine: &Engine, out: &mut BufWriter<File>, stop: &std::sync::atomic::AtomicBool) {
+    let outbox = engine.outbox();
+    loop {
+        let batch = match outbox.pending(64) {
+            Ok(batch) => batch,
+            Err(e) if table_retryable(&e) => {
+                std::thread::sleep(RETRY_PAUSE);
+                continue;
+            }
+            Err(e) => panic!("pending: {e:?}"),
+        };
+        if batch.is_empty() {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(RETRY_PAUSE);
+            continue;
+        }
+        for m in &batch {
+            let payload = std::str::from_utf8(m.payload()).expect("an ASCII message");
+            writeln!(out, "O {} {payload}", m.id()).expect("write the relay log");
+        }
+        out.flush().expect("flush the relay log");
+        out.get_ref().sync_data().expect("fsync the relay log");
+        let ids: Vec<u64> = batch.iter().map(|m| m.id()).collect();
+        loop {
+            match outbox.mark_sent(&ids) {
+                Ok(()) => break,
+                Err(e) if table_retryable(&e) => {
+                    for id in &ids {
+                        writeln!(out, "X {id}").expect("write the relay log");
+                    }
+                    out.flush().expect("flush the relay log");
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+                Err(e) => panic!("mark_sent: {e:?}"),
             }
         }
     }
@@ -433,6 +501,15 @@ fn child(plan: Plan) -> ! {
     std::io::stdin().read_line(&mut go).expect("read go");
     assert_eq!(go.trim(), "go", "the parent starts the run");
     let park = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay_thread = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let path = ctx.plan.dir.join(format!("r{}.log", ctx.plan.process));
+            let mut out = BufWriter::new(File::create(path).expect("create the relay log"));
+            relay(&ctx.engine, &mut out, &stop);
+        })
+    };
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let (ctx, park) = (ctx.clone(), park.clone());
@@ -459,6 +536,8 @@ fn child(plan: Plan) -> ! {
     for t in threads {
         t.join().expect("a delivery thread panicked");
     }
+    stop.store(true, Ordering::SeqCst);
+    relay_thread.join().expect("the relay panicked");
     let s = ctx.engine.stats();
     let c = &ctx.counts;
     say(&format!(
@@ -931,6 +1010,108 @@ struct Checked {
     finals: Vec<Final>,
     logs: Logs,
     observed: Observed,
+    relayed: Relayed,
+}
+
+/// What the relays published: by message id, (relay, payload) of each publication; the
+/// ids whose `mark_sent` failed at least once.
+#[derive(Default)]
+struct Relayed {
+    published: BTreeMap<u64, Vec<(String, String)>>,
+    mark_failed: BTreeSet<u64>,
+}
+
+fn read_relay(relayed: &mut Relayed, name: &str, path: &Path) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    for line in whole.lines() {
+        let f: Vec<&str> = line.splitn(3, ' ').collect();
+        let id: u64 = f[1].parse().expect("a message id");
+        match f[0] {
+            "O" => relayed
+                .published
+                .entry(id)
+                .or_default()
+                .push((name.to_string(), f[2].to_string())),
+            "X" => {
+                relayed.mark_failed.insert(id);
+            }
+            other => panic!("unknown relay line {other}"),
+        }
+    }
+}
+
+/// The children's relays' logs, then the rest of the outbox drained by the parent: every
+/// relay that took messages is gone, so their time is over (set so in the table rather
+/// than waited for).
+fn drain_outbox(prefix: &str, dir: &Path) -> Relayed {
+    let mut relayed = Relayed::default();
+    for p in 0..PROCESSES {
+        read_relay(&mut relayed, &format!("p{p}"), &dir.join(format!("r{p}.log")));
+    }
+    pg::psql(
+        &url(),
+        &format!("UPDATE \"{prefix}outbox\" SET taken_until = NULL"),
+    );
+    let engine = Engine::builder()
+        .postgres(PostgresConfig::new(url()).table_prefix(prefix))
+        .open()
+        .expect("open the draining engine");
+    let path = dir.join("parent.log");
+    {
+        let mut out = BufWriter::new(File::create(&path).expect("create the relay log"));
+        relay(&engine, &mut out, &std::sync::atomic::AtomicBool::new(true));
+    }
+    read_relay(&mut relayed, "parent", &path);
+    assert_eq!(
+        pg::psql(&url(), &format!("SELECT count(*) FROM \"{prefix}outbox\"")),
+        "0",
+        "the outbox is empty once drained"
+    );
+    relayed
+}
+
+/// Each key has exactly one message, whose bytes are its final response, and a message
+/// published twice was first taken by a relay that may not have marked it: one of
+/// `killed` (a process killed mid-run), or one whose `mark_sent` failed.
+fn outbox_once(c: &Checked, killed: &[&str]) {
+    let mut by_key: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut twice = 0;
+    for (id, pubs) in &c.relayed.published {
+        let payload = &pubs[0].1;
+        assert!(
+            pubs.iter().all(|p| &p.1 == payload),
+            "message {id} published with different bytes: {pubs:?}"
+        );
+        if pubs.len() > 1 {
+            twice += 1;
+            let excused = c.relayed.mark_failed.contains(id)
+                || pubs[..pubs.len() - 1]
+                    .iter()
+                    .all(|p| killed.contains(&p.0.as_str()));
+            assert!(excused, "message {id} published by two relays: {pubs:?}");
+        }
+        let key = payload.split(':').next().expect("a key");
+        by_key.entry(key).or_default().push(*id);
+    }
+    for k in 0..c.keys {
+        let key = key_name(k);
+        let ids = by_key.get(key.as_str()).map_or(&[][..], Vec::as_slice);
+        assert_eq!(ids.len(), 1, "{key}: one message, got ids {ids:?}");
+        let payload = &c.relayed.published[&ids[0]][0].1;
+        assert_eq!(
+            payload, &c.finals[k].response,
+            "{key}: the message is the committed completion's"
+        );
+    }
+    assert_eq!(by_key.len(), c.keys, "no message names another key");
+    eprintln!(
+        "[outbox] {} messages, one per key; {twice} published twice (by a killed relay or \
+         after a failed mark_sent)",
+        c.relayed.published.len()
+    );
 }
 
 fn run(mode: Mode) -> Checked {
@@ -949,6 +1130,7 @@ fn run(mode: Mode) -> Checked {
         &logs.failures[..logs.failures.len().min(10)]
     );
     let finals = replay_all(&prefix, keys);
+    let relayed = drain_outbox(&prefix, dir.path());
     if std::env::var_os("IDEMKV_MP_KEEP").is_some() {
         eprintln!("[{}] logs kept in {}", mode.name(), dir.keep().display());
     }
@@ -957,6 +1139,7 @@ fn run(mode: Mode) -> Checked {
         finals,
         logs,
         observed,
+        relayed,
     }
 }
 
@@ -1068,7 +1251,7 @@ fn four_processes_run_each_key_once_and_every_delivery_gets_the_winners_bytes() 
         "only {overlapping} of {} keys had concurrent claims from different processes",
         c.keys
     );
-    assert_eq!(linearizable(&c, Mode::Clean, |_| true), c.keys);
+    assert_eq!(linearizable(&c, Mode::Clean, |_| true), c.keys);    outbox_once(&c, &[]);
 }
 
 #[test]
@@ -1161,7 +1344,7 @@ fn a_killed_process_keys_are_taken_over_and_nothing_acknowledged_is_lost() {
     let checked = linearizable(&c, Mode::Kill, |key| {
         !victim_touched.contains(&key.to_string()) && c.finals[key_index(key)].attempt == 1
     });
-    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");
+    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");    outbox_once(&c, &[&format!("p{VICTIM}")]);
 }
 
 #[test]
@@ -1215,5 +1398,5 @@ fn a_server_restart_mid_run_loses_nothing_acknowledged() {
     let checked = linearizable(&c, Mode::Restart, |key| {
         !c.logs.unknown.contains(key) && c.finals[key_index(key)].attempt == 1
     });
-    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");
+    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");    outbox_once(&c, &[]);
 }
