@@ -713,7 +713,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=4"
+        "schema_version=5"
     );
     let again = engine(&p);
     assert!(matches!(
