@@ -564,7 +564,7 @@ impl Db {
         let (token, retention_us) = (token_param(token), micros(retention));
         let own_us = own_retention.map(micros);
         let stripe = wake_stripe(hash);
-        let marker_us = self.markers.map_or(0, micros);
+        let marker_us = self.markers.map(micros);
         let rows = match writes {
             None => {
                 self.query(
@@ -624,7 +624,7 @@ impl Db {
         let (token, retention_us) = (token_param(token), micros(retention));
         let own_us = own_retention.map(micros);
         let stripe = wake_stripe(hash);
-        let marker_us = self.markers.map_or(0, micros);
+        let marker_us = self.markers.map(micros);
         let mut conn = self.conn().await.map_err(HookFail::Db)?;
         self.round_trips.fetch_add(1, Ordering::Relaxed);
         let work = async {
@@ -876,9 +876,13 @@ impl Db {
             Ok(stmt) => stmt,
             Err(e) => return Err(self.failed(conn, e, false)),
         };
-        match tokio::time::timeout(self.call_timeout, conn.execute(&stmt, &[&PG_SWEEP_BATCH])).await
+        match tokio::time::timeout(self.call_timeout, conn.query_one(&stmt, &[&PG_SWEEP_BATCH]))
+            .await
         {
-            Ok(Ok(n)) => Ok(n),
+            Ok(Ok(row)) => {
+                let n: i64 = row.try_get(0).map_err(undecodable)?;
+                Ok(n.max(0).unsigned_abs())
+            }
             Ok(Err(e)) => Err(self.failed(conn, e, true)),
             Err(_) => {
                 drop(Object::take(conn));

@@ -106,7 +106,8 @@ impl Sql {
     failed           boolean     NOT NULL DEFAULT false,
     attempt_started_at timestamptz,
     retention_us     bigint,
-    claim_id         bytea
+    claim_id         bytea,
+    marker_until     timestamptz
 )"
         ));
         create.push(format!(
@@ -160,7 +161,8 @@ impl Sql {
         let take_over = |r: &str| {
             format!(
                 "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp()
-               AND (NOT p_markers OR {r}.reap_at <= clock_timestamp()
+               AND (NOT p_markers OR {r}.marker_until IS NULL
+                    OR {r}.marker_until <= clock_timestamp()
                     OR (p_rerun AND (p_fp IS NULL OR {r}.fingerprint IS NULL
                                      OR {r}.fingerprint = p_fp
                                      OR {r}.fingerprint = p_fp_legacy))))
@@ -229,6 +231,7 @@ BEGIN
                                         ELSE k.first_claimed_at END,
                 state = 'i', response = NULL, expires_at = NULL, completed_at = NULL,
                 failed = false, attempt_started_at = clock_timestamp(), claim_id = p_claim_id,
+                marker_until = NULL,
                 lease_until = clock_timestamp() + p_lease_us {US},
                 retention_us = CASE WHEN k.state = 'c' THEN p_own_us
                                     ELSE coalesce(p_own_us, k.retention_us) END,
@@ -249,7 +252,7 @@ BEGIN
                    (extract(epoch FROM CASE WHEN seen.state = 'i' THEN seen.lease_until
                                             WHEN seen.expires_at > clock_timestamp()
                                             THEN seen.expires_at
-                                            WHEN p_markers THEN seen.reap_at
+                                            WHEN p_markers THEN seen.marker_until
                                             ELSE seen.expires_at END
                                        - clock_timestamp()) * 1000000)::bigint,
                    (extract(epoch FROM seen.completed_at) * 1000)::bigint;
@@ -289,7 +292,8 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $
             "done AS (
     UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
         expires_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
-        reap_at = clock_timestamp()
+        reap_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
+        marker_until = clock_timestamp()
             + (coalesce($5::bigint, retention_us, $4::bigint) + $7::bigint) {US},
         lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
     WHERE key = $1 AND token = $2 AND state = 'i'
@@ -430,11 +434,28 @@ WHERE key = $1 AND (state = 'i' OR expires_at > clock_timestamp())"
         // Sweep: a bounded batch of rows past their reaping instant (completions past
         // retention, InFlight rows past their lease end plus retention). Rows another
         // transaction has locked are skipped, and the outer condition re-checks each row.
+        // A completion whose marker outlives it (`marker_until`, set by a completion of an
+        // engine with markers) loses its response and is reaped at the marker's end; every
+        // other row is deleted. Returns how many keys it removed: a marker's end is not
+        // counted (the key went when its response did), as on a file.
         let sweep = format!(
-            "DELETE FROM {keys}
-WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
-              ORDER BY reap_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-  AND reap_at <= clock_timestamp()"
+            "WITH due AS (
+    SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
+    ORDER BY reap_at LIMIT $1 FOR UPDATE SKIP LOCKED
+),
+forgot AS (
+    UPDATE {keys} k SET response = NULL, reap_at = k.marker_until
+    FROM due WHERE k.key = due.key AND k.reap_at <= clock_timestamp()
+      AND k.state = 'c' AND k.marker_until > clock_timestamp()
+    RETURNING 1
+),
+gone AS (
+    DELETE FROM {keys} k USING due
+    WHERE k.key = due.key AND k.reap_at <= clock_timestamp()
+      AND NOT (k.state = 'c' AND coalesce(k.marker_until > clock_timestamp(), false))
+    RETURNING k.state = 'c' AND k.marker_until IS NOT NULL AS marker
+)
+SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT marker)"
         );
 
         let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
@@ -471,6 +492,9 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
         // Version 4 to 5: the application's tables, the outbox, and the claim function
         // that knows markers (nine arguments) in place of version 4's (seven).
         let to_v5 = [
+            vec![format!(
+                "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS marker_until timestamptz"
+            )],
             app_tables,
             vec![
                 format!(
