@@ -2038,6 +2038,7 @@ fn markers_answer_late_duplicates_on_the_shared_table() {
         Engine::builder()
             .postgres(config(&p))
             .marker_retention(Some(day))
+            .sweep_interval(None)
             .open()
             .expect("open with markers")
     };
@@ -2051,7 +2052,8 @@ fn markers_answer_late_duplicates_on_the_shared_table() {
     }
     // The retention ends (moved into the past here); the marker window goes on.
     psql(&format!(
-        "UPDATE \"{p}keys\" SET expires_at = clock_timestamp() - interval '1 second'"
+        "UPDATE \"{p}keys\" SET expires_at = clock_timestamp() - interval '1 second', \
+         reap_at = clock_timestamp() - interval '1 second'"
     ));
     // A fresh engine: no cached completion answers for the database.
     let b = with_markers();
@@ -2091,14 +2093,29 @@ fn markers_answer_late_duplicates_on_the_shared_table() {
         "the marker is gone for good"
     );
     // An engine without markers takes the row over as new.
-    let plain = engine(&p);
+    let plain = Engine::builder()
+        .postgres(config(&p))
+        .sweep_interval(None)
+        .open()
+        .expect("open");
     assert!(matches!(
         plain.claim(b"plain", &fp).expect("claim"),
         Claim::Acquired(_)
     ));
+    // The sweeper drops the response of a completion past its retention and keeps the
+    // row (the marker) to the marker's end.
+    assert_eq!(b.admin().sweep_now(), Ok(2));
+    assert_eq!(
+        psql(&format!(
+            "SELECT count(*) FROM \"{p}keys\" WHERE state = 'c' AND response IS NULL"
+        )),
+        "2"
+    );
+    assert!(matches!(b.claim(b"late", &fp).expect("claim"), Claim::Forgotten(_)));
     // After the window the key is new.
     psql(&format!(
-        "UPDATE \"{p}keys\" SET reap_at = clock_timestamp() - interval '1 second' WHERE state = 'c'"
+        "UPDATE \"{p}keys\" SET marker_until = clock_timestamp() - interval '1 second' \
+         WHERE state = 'c'"
     ));
     assert!(matches!(
         b.claim(b"late", &fp).expect("claim"),
