@@ -298,7 +298,7 @@ pub(crate) const HTTP_STORED_LEN_MAX: usize = RESPONSE_LEN_LIMIT;
 
 /// Default number of pooled connections of one shared engine (the listener is one more).
 #[cfg(feature = "postgres")]
-pub(crate) const PG_POOL_SIZE_DEFAULT: usize = 16;
+pub(crate) const PG_POOL_SIZE_DEFAULT: usize = 8;
 /// Most pooled connections a `PostgresConfig` may ask for.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_POOL_SIZE_LIMIT: usize = 1024;

@@ -1400,3 +1400,151 @@ fn a_server_restart_mid_run_loses_nothing_acknowledged() {
     });
     assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");    outbox_once(&c, &[]);
 }
+
+// ---------------------------------------------------------------------------------------
+// Connections within PostgreSQL's defaults
+
+/// The child of the connections test: its URL, table prefix and process number.
+const CONN_CHILD_ENV: &str = "IDEMKV_MP_CONN_CHILD";
+/// PostgreSQL's defaults: `max_connections = 100`, of which
+/// `superuser_reserved_connections = 3` are kept for superusers.
+const DEFAULT_CONNECTIONS_FOR_ROLES: usize = 100 - 3;
+const CONN_PROCESSES: usize = 8;
+const CONN_KEYS: usize = 1_500;
+
+/// A child: an engine with the default settings, 16 threads running every key in the same
+/// order as the other processes (so copies wait for each other's holders: the listening
+/// connection opens too), each holder holding its connection-hungry completion back until
+/// many are ready at once.
+fn conn_child(plan: &str) -> ! {
+    let f: Vec<&str> = plan.split(' ').collect();
+    let (url, prefix) = (f[0], f[1]);
+    let engine = Engine::builder()
+        .postgres(PostgresConfig::new(url).table_prefix(prefix))
+        .open()
+        .expect("open with the default settings");
+    let failures = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (engine, failures) = (&engine, &failures);
+            s.spawn(move || {
+                for k in (t..CONN_KEYS).step_by(THREADS) {
+                    let key = key_name(k);
+                    let opts = ClaimOptions::default().wait(WAIT);
+                    let ran = engine.run(key.as_bytes(), &opts, |_| {
+                        Ok::<_, std::io::Error>(key.clone().into_bytes())
+                    });
+                    match ran {
+                        Ok(out) => assert_eq!(out.response(), key.as_bytes()),
+                        Err(e) => {
+                            eprintln!("{key}: {e:?}");
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let s = engine.stats();
+    say(&format!(
+        "done {} {}",
+        failures.load(Ordering::Relaxed),
+        s.db_notifications
+    ));
+    std::process::exit(0)
+}
+
+/// Eight processes, each an engine with the default settings (its pool and its listening
+/// connection), fit in PostgreSQL's default connection limit: they run against a role
+/// limited to the 97 connections a server with `max_connections = 100` leaves to
+/// non-superusers (the limit the server enforces on the role), every call succeeds, and the
+/// most connections seen open at once stays within it.
+#[test]
+fn eight_processes_with_default_settings_fit_in_the_default_max_connections() {
+    if let Ok(plan) = std::env::var(CONN_CHILD_ENV) {
+        conn_child(&plan);
+    }
+    let _serial = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let (role, db) = (format!("idemkv_conn_{tag}"), format!("idemkv_conn_{tag}"));
+    pg::psql(
+        &url(),
+        &format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT {DEFAULT_CONNECTIONS_FOR_ROLES}"),
+    );
+    pg::psql(&url(), &format!("CREATE DATABASE {db} OWNER {role}"));
+    let base = url();
+    let at = base.find('@').expect("a URL with a user");
+    let slash = base.rfind('/').expect("a URL with a database");
+    let child_url = format!("postgres://{role}{}/{db}", &base[at..slash]);
+    let exe = std::env::current_exe().expect("current_exe");
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut children: Vec<Child> = (0..CONN_PROCESSES)
+        .map(|p| {
+            let mut child = Command::new(&exe)
+                .args([
+                    "--exact",
+                    "eight_processes_with_default_settings_fit_in_the_default_max_connections",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CONN_CHILD_ENV, format!("{child_url} c{tag}_"))
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn a child");
+            let stdout = child.stdout.take().expect("child stdout");
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(at) = line.find(MARK) {
+                        let _ = tx.send((p, line[at + MARK.len()..].to_string()));
+                    }
+                }
+                let _ = tx.send((p, "eof".into()));
+            });
+            child
+        })
+        .collect();
+    drop(tx);
+    // The most connections of the role open at once, sampled while the children run.
+    let count = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
+    let mut most = 0usize;
+    let mut done = Vec::new();
+    let mut ended = 0;
+    let started = Instant::now();
+    while ended < CONN_PROCESSES {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((_, line)) if line == "eof" => ended += 1,
+            Ok((p, line)) => done.push((p, line)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        let n: usize = pg::psql(&url(), &count).parse().expect("a count");
+        most = most.max(n);
+        assert!(
+            started.elapsed() < SILENCE_MAX,
+            "the children did not finish in {SILENCE_MAX:?}"
+        );
+    }
+    for c in &mut children {
+        assert!(c.wait().expect("wait").success(), "a child failed");
+    }
+    assert_eq!(done.len(), CONN_PROCESSES, "every child reported: {done:?}");
+    let mut notified = 0;
+    for (p, line) in &done {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f[..2], ["done", "0"], "process {p}: every call succeeded");
+        notified += f[2].parse::<u64>().expect("a number");
+    }
+    eprintln!(
+        "[connections] {CONN_PROCESSES} processes with the default settings: at most {most} \
+         connections open at once (limit {DEFAULT_CONNECTIONS_FOR_ROLES}); {notified} \
+         wake-ups heard"
+    );
+    assert!(most <= DEFAULT_CONNECTIONS_FOR_ROLES, "{most} connections");
+    assert!(most > CONN_PROCESSES, "the processes ran at once ({most} connections)");
+    pg::psql(&url(), &format!("DROP DATABASE {db} WITH (FORCE)"));
+    pg::psql(&url(), &format!("DROP ROLE {role}"));
+}
