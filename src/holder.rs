@@ -431,7 +431,9 @@ impl Engine {
         let s = self.shared();
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            return pg.update(key, token, op(s.time.mono_ns()), writes).map(|()| 0);
+            return pg
+                .update(key, token, op(s.time.mono_ns()), writes)
+                .map(|()| 0);
         }
         let (mut shard, _, k) = s.index.lock(key);
         let now = s.now();

@@ -104,9 +104,9 @@ pub use crate::outbox::{Outbox, OutboxMessage};
 pub use crate::reader::{FileReader, FileSnapshot};
 #[cfg(feature = "postgres")]
 pub use crate::shared::{DatabaseError, DatabaseErrorKind, PostgresConfig};
+pub use crate::stats::Stats;
+pub use crate::write_set::{TableRow, WriteSet};
 /// The PostgreSQL client the shared backend uses, for the application's own statements in
 /// a completion's transaction ([`Lease::complete_in_transaction`]).
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;
-pub use crate::stats::Stats;
-pub use crate::write_set::{TableRow, WriteSet};

@@ -1160,7 +1160,9 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         .expect("put")
         .emit(b"m")
         .expect("emit");
-    lease.complete_with(b"r", &writes).expect("complete with writes");
+    lease
+        .complete_with(b"r", &writes)
+        .expect("complete with writes");
     assert_eq!(engines[1].table_get("t", b"k"), Ok(Some(b"v".to_vec())));
     match engines[0].get(b"old").expect("get") {
         Some(KeyState::InFlight {
@@ -1884,7 +1886,9 @@ fn writes_and_messages_commit_with_the_completion_and_only_with_it() {
         .emit(b"m1 second")
         .expect("emit");
     let token = lease.token();
-    lease.complete_with(b"ok", &w).expect("complete with writes");
+    lease
+        .complete_with(b"ok", &w)
+        .expect("complete with writes");
     // The row's last write wins; another engine sees every write at once.
     assert_eq!(b.table_get("balances", b"alice"), Ok(Some(b"150".to_vec())));
     assert_eq!(b.table_get("balances", b"bob"), Ok(Some(b"20".to_vec())));
@@ -1931,14 +1935,20 @@ fn writes_and_messages_commit_with_the_completion_and_only_with_it() {
     ));
     let new = acquire(&b, b"m2");
     assert_eq!(new.attempt(), 2);
-    assert_eq!(old.complete_with(b"late", &again), Err(LeaseError::LeaseLost));
+    assert_eq!(
+        old.complete_with(b"late", &again),
+        Err(LeaseError::LeaseLost)
+    );
     assert_eq!(b.table_get("balances", b"alice"), Ok(Some(b"150".to_vec())));
     // A checkpoint's writes commit with it; a fenced checkpoint's do not.
     let mut cp = WriteSet::new();
     cp.put("progress", b"m2", b"phase 1").expect("put");
     b.checkpoint_with(b"m2", new.token(), 1, b"c", &cp)
         .expect("checkpoint with writes");
-    assert_eq!(a.table_get("progress", b"m2"), Ok(Some(b"phase 1".to_vec())));
+    assert_eq!(
+        a.table_get("progress", b"m2"),
+        Ok(Some(b"phase 1".to_vec()))
+    );
     assert_eq!(
         a.checkpoint_with(b"m2", new.token() + 1000, 2, b"c", &again),
         Err(LeaseError::LeaseLost)
@@ -2111,7 +2121,10 @@ fn markers_answer_late_duplicates_on_the_shared_table() {
         )),
         "2"
     );
-    assert!(matches!(b.claim(b"late", &fp).expect("claim"), Claim::Forgotten(_)));
+    assert!(matches!(
+        b.claim(b"late", &fp).expect("claim"),
+        Claim::Forgotten(_)
+    ));
     // After the window the key is new.
     psql(&format!(
         "UPDATE \"{p}keys\" SET marker_until = clock_timestamp() - interval '1 second' \
@@ -2146,7 +2159,9 @@ fn the_applications_own_statements_commit_with_the_completion() {
         })
         .expect("complete in the transaction");
     assert_eq!(
-        psql(&format!("SELECT amount FROM \"{app}\" WHERE account = 'alice'")),
+        psql(&format!(
+            "SELECT amount FROM \"{app}\" WHERE account = 'alice'"
+        )),
         "150"
     );
     match e.claim(b"pay-1", &ClaimOptions::default()).expect("claim") {
@@ -2169,7 +2184,9 @@ fn the_applications_own_statements_commit_with_the_completion() {
         other => panic!("expected the hook's error, got {other:?}"),
     }
     assert_eq!(
-        psql(&format!("SELECT count(*) FROM \"{app}\" WHERE account = 'bob'")),
+        psql(&format!(
+            "SELECT count(*) FROM \"{app}\" WHERE account = 'bob'"
+        )),
         "0"
     );
     assert!(matches!(

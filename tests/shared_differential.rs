@@ -16,8 +16,8 @@
 mod pg;
 
 use idemkv::{
-    Claim, ClaimError, ClaimOptions, Clock, Engine, KeyState, LeaseError, MockClock, PostgresConfig,
-    WriteSet,
+    Claim, ClaimError, ClaimOptions, Clock, Engine, KeyState, LeaseError, MockClock,
+    PostgresConfig, WriteSet,
 };
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Lines, Write};
@@ -229,7 +229,7 @@ enum Answer {
     /// The relay's messages' bytes, in id order.
     Relayed(Result<Vec<Vec<u8>>, String>),
     /// The application table's rows.
-    Rows(Result<Vec<(Vec<u8>, Vec<u8>)>, String>),
+    Rows(Result<Vec<idemkv::TableRow>, String>),
 }
 
 fn lease_err(e: LeaseError) -> String {

@@ -1049,7 +1049,11 @@ fn read_relay(relayed: &mut Relayed, name: &str, path: &Path) {
 fn drain_outbox(prefix: &str, dir: &Path) -> Relayed {
     let mut relayed = Relayed::default();
     for p in 0..PROCESSES {
-        read_relay(&mut relayed, &format!("p{p}"), &dir.join(format!("r{p}.log")));
+        read_relay(
+            &mut relayed,
+            &format!("p{p}"),
+            &dir.join(format!("r{p}.log")),
+        );
     }
     pg::psql(
         &url(),
@@ -1251,7 +1255,8 @@ fn four_processes_run_each_key_once_and_every_delivery_gets_the_winners_bytes() 
         "only {overlapping} of {} keys had concurrent claims from different processes",
         c.keys
     );
-    assert_eq!(linearizable(&c, Mode::Clean, |_| true), c.keys);    outbox_once(&c, &[]);
+    assert_eq!(linearizable(&c, Mode::Clean, |_| true), c.keys);
+    outbox_once(&c, &[]);
 }
 
 #[test]
@@ -1344,7 +1349,8 @@ fn a_killed_process_keys_are_taken_over_and_nothing_acknowledged_is_lost() {
     let checked = linearizable(&c, Mode::Kill, |key| {
         !victim_touched.contains(&key.to_string()) && c.finals[key_index(key)].attempt == 1
     });
-    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");    outbox_once(&c, &[&format!("p{VICTIM}")]);
+    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");
+    outbox_once(&c, &[&format!("p{VICTIM}")]);
 }
 
 #[test]
@@ -1398,7 +1404,8 @@ fn a_server_restart_mid_run_loses_nothing_acknowledged() {
     let checked = linearizable(&c, Mode::Restart, |key| {
         !c.logs.unknown.contains(key) && c.finals[key_index(key)].attempt == 1
     });
-    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");    outbox_once(&c, &[]);
+    assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");
+    outbox_once(&c, &[]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1544,7 +1551,10 @@ fn eight_processes_with_default_settings_fit_in_the_default_max_connections() {
          wake-ups heard"
     );
     assert!(most <= DEFAULT_CONNECTIONS_FOR_ROLES, "{most} connections");
-    assert!(most > CONN_PROCESSES, "the processes ran at once ({most} connections)");
+    assert!(
+        most > CONN_PROCESSES,
+        "the processes ran at once ({most} connections)"
+    );
     pg::psql(&url(), &format!("DROP DATABASE {db} WITH (FORCE)"));
     pg::psql(&url(), &format!("DROP ROLE {role}"));
 }

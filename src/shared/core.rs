@@ -587,7 +587,10 @@ impl Core {
         hi: &[u8],
         limit: usize,
     ) -> Result<Vec<TableRow>, ClaimError> {
-        self.db.table_scan(lo, hi, limit).await.map_err(claim_failed)
+        self.db
+            .table_scan(lo, hi, limit)
+            .await
+            .map_err(claim_failed)
     }
 
     /// Pending messages, taken by this relay for `hold`.

@@ -430,6 +430,7 @@ impl Db {
 
     /// One claim's statement: alone, or in a batch with other keys' claims of this
     /// process (`batch.rs`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim(
         &self,
         key: &[u8],
@@ -551,6 +552,7 @@ impl Db {
         answers
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn complete(
         &self,
         key: &[u8],
@@ -742,7 +744,12 @@ impl Db {
             .query(&self.sql.table_scan, &[&lo, &hi, &limit], true)
             .await?;
         rows.iter()
-            .map(|r| Ok((r.try_get(0).map_err(undecodable)?, r.try_get(1).map_err(undecodable)?)))
+            .map(|r| {
+                Ok((
+                    r.try_get(0).map_err(undecodable)?,
+                    r.try_get(1).map_err(undecodable)?,
+                ))
+            })
             .collect()
     }
 

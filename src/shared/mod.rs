@@ -530,7 +530,7 @@ impl Backend {
         lo: &[u8],
         hi: &[u8],
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, crate::error::TableError> {
+    ) -> Result<Vec<db::TableRow>, crate::error::TableError> {
         engine.check_open().map_err(table_failed)?;
         let core = self.core.clone();
         let (lo, hi): (Arc<[u8]>, Arc<[u8]>) = (Arc::from(lo), Arc::from(hi));
