@@ -1042,3 +1042,31 @@ fn wall_ms_of(ms: Option<i64>) -> Option<u64> {
 fn token_param(token: u64) -> i64 {
     i64::try_from(token).unwrap_or(-1)
 }
+
+#[cfg(test)]
+mod writes_tests {
+    use super::Writes;
+    use crate::write_set::WriteSet;
+
+    /// A set's operations apply in order: the statement gets each row's last write, and
+    /// the messages in emission order.
+    #[test]
+    fn a_write_set_is_reduced_to_each_rows_last_write() {
+        let mut w = WriteSet::new();
+        w.put("t", b"a", b"1")
+            .and_then(|w| w.put("t", b"b", b"2"))
+            .and_then(|w| w.delete("t", b"a"))
+            .and_then(|w| w.put("t", b"b", b"3"))
+            .and_then(|w| w.delete("t", b"c"))
+            .and_then(|w| w.put("t", b"c", b"4"))
+            .and_then(|w| w.emit(b"m1"))
+            .and_then(|w| w.emit(b"m2"))
+            .expect("a small set");
+        let got = Writes::of(&w);
+        let row = |k: &[u8]| [&[1u8][..], b"t", k].concat();
+        assert_eq!(got.put_keys, vec![row(b"b"), row(b"c")]);
+        assert_eq!(got.put_values, vec![b"3".to_vec(), b"4".to_vec()]);
+        assert_eq!(got.deletes, vec![row(b"a")]);
+        assert_eq!(got.messages, vec![b"m1".to_vec(), b"m2".to_vec()]);
+    }
+}
