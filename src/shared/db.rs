@@ -628,7 +628,9 @@ impl Db {
         let stripe = wake_stripe(hash);
         let marker_us = self.markers.map(micros);
         let mut conn = self.conn().await.map_err(HookFail::Db)?;
-        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        // `BEGIN`, the completion and the commit (or rollback); the hook's own are not
+        // counted.
+        self.round_trips.fetch_add(3, Ordering::Relaxed);
         let work = async {
             let tx = conn.transaction().await.map_err(|e| (e, false))?;
             let sql = match writes {
