@@ -671,7 +671,8 @@ impl Lease {
     /// [`Lease::complete_with`] and a [`crate::WriteSet`] there (and here too, when the
     /// engine's own tables will do). docs/shared.md, "The application's own SQL".
     ///
-    /// ```ignore
+    /// ```no_run
+    /// # fn credit(lease: idemkv::Lease, account: &str, amount: i64) -> Result<(), idemkv::LeaseError> {
     /// let account = account.to_owned();
     /// lease.complete_in_transaction(b"applied", move |tx| {
     ///     Box::pin(async move {
@@ -683,6 +684,8 @@ impl Lease {
     ///         Ok(())
     ///     })
     /// })?;
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn complete_in_transaction<F>(mut self, response: &[u8], hook: F) -> Result<(), LeaseError>
     where
