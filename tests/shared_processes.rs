@@ -34,9 +34,8 @@
 
 mod pg;
 
-use idemkv::{
-    Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Engine, LeaseError, PostgresConfig,
-};
+use idemkv::error::DatabaseErrorKind;
+use idemkv::{Claim, ClaimError, ClaimOptions, Engine, LeaseError, PostgresConfig};
 use idemkv_check::history::{self, Event};
 use idemkv_check::spec::{ns, KeyOp, KeyRet, KeySpec, SpecConfig};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
