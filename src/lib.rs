@@ -52,9 +52,9 @@
 //! Every call has a blocking and an async form; the async futures are woken by the engine
 //! itself and run on any executor. Operator calls (listing records, force-releasing a stuck
 //! claim, imports, sweeps, abandoned claims) sit behind [`Engine::admin`]; a file can be
-//! read by other processes while the engine runs ([`admin::FileReader`]). [`WriteSet`] commits
-//! writes to your own tables and messages for an [`Outbox`] in the same transaction as a
-//! completion; [`testing`] helps test a handler against concurrent duplicates.
+//! read by other processes while the engine runs ([`admin::FileReader`]). [`WriteSet`]
+//! commits writes to your own tables and messages for an [`Outbox`] in the same transaction
+//! as a completion; [`testing`] helps test a handler against concurrent duplicates.
 //!
 //! # Where things are
 //!

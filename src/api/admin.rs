@@ -31,9 +31,9 @@ fn inflight_state(slot: &Slot, extra: Option<&Extra>, now: Now) -> RecordInfoSta
     }
 }
 
-/// What [`Admin::abandoned`] (and [`crate::admin::FileReader::abandoned`]) look for: claims whose
-/// lease is over and that nobody completed — their holder crashed, gave up, or failed them
-/// with [`crate::Lease::fail`] — old enough and idle long enough for a background
+/// What [`Admin::abandoned`] (and [`crate::admin::FileReader::abandoned`]) look for: claims
+/// whose lease is over and that nobody completed — their holder crashed, gave up, or failed
+/// them with [`crate::Lease::fail`] — old enough and idle long enough for a background
 /// completer to finish them.
 ///
 /// ```

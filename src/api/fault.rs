@@ -8,7 +8,7 @@
 //!
 //! ```
 //! use idemkv::fault::{Storage, WithStorage};
-//! use idemkv::{Durability, Engine};
+//! use idemkv::{ClaimOptions, Engine};
 //! use std::io;
 //! use std::sync::Mutex;
 //!
@@ -46,12 +46,10 @@
 //!     }
 //! }
 //!
-//! let engine = Engine::builder()
-//!     .path("memory.redb") // only named in messages
-//!     .durability(Durability::Immediate)
-//!     .backend(Memory::default())
-//!     .open()?;
-//! # drop(engine);
+//! let engine = Engine::builder().backend(Memory::default()).open()?;
+//! let opts = ClaimOptions::default();
+//! let out = engine.run(b"order-42", &opts, |_lease| Ok::<_, io::Error>(b"done".to_vec()))?;
+//! assert!(!out.replayed());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
