@@ -33,7 +33,7 @@ const GOAL_THREADS: usize = 64;
 fn engine() -> Engine {
     Engine::builder()
         .durability(Durability::None)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open")
 }

@@ -34,9 +34,8 @@ mod common;
 
 use common::{key, percentile_us, rss_bytes, Latencies};
 use criterion::{criterion_group, criterion_main, Criterion};
-use idemkv::{
-    Claim, ClaimError, ClaimOptions, CompleteOptions, Durability, Engine, Limit, MockClock,
-};
+use idemkv::error::Limit;
+use idemkv::{Claim, ClaimError, ClaimOptions, CompleteOptions, Durability, Engine, MockClock};
 use std::time::{Duration, Instant};
 
 /// Retention of the bench engine; the fill spreads completion deadlines over it.
@@ -85,7 +84,7 @@ fn expiry(c: &mut Criterion) {
         .clock(clock.clone())
         .retention(RETENTION)
         .keys_max((n + HEADROOM) as usize)
-        .sweep_interval(Some(Duration::from_millis(1)))
+        .tuning(idemkv::Tuning::default().sweep_interval(Some(Duration::from_millis(1))))
         .open()
         .expect("open");
     // The clock moves by this much per `STEP_KEYS` keys: the fill spans one retention, so
@@ -295,7 +294,7 @@ fn filled(n: u64, mixed: bool, sweep: Option<Duration>) -> (Engine, MockClock, K
         .clock(clock.clone())
         .retention(RETENTION)
         .keys_max((n + HEADROOM) as usize)
-        .sweep_interval(sweep)
+        .tuning(idemkv::Tuning::default().sweep_interval(sweep))
         .open()
         .expect("open");
     let step = RETENTION / (n / STEP_KEYS).max(1) as u32;

@@ -13,7 +13,7 @@ const LOSERS: [usize; 3] = [1, 8, 32];
 fn engine(durability: Durability, dir: &std::path::Path) -> Engine {
     let builder = Engine::builder()
         .durability(durability)
-        .sweep_interval(None);
+        .tuning(idemkv::Tuning::default().sweep_interval(None));
     // A memory-only engine keeps no file and refuses a path.
     let builder = match durability {
         Durability::None => builder,

@@ -28,8 +28,11 @@ fn open(path: &Path, clock: &MockClock, sweep: Option<Duration>) -> Engine {
         .durability(Durability::buffered())
         .clock(clock.clone())
         .retention(RETENTION)
-        .queue_depth(1 << 18)
-        .sweep_interval(sweep)
+        .tuning(
+            idemkv::Tuning::default()
+                .queue_depth(1 << 18)
+                .sweep_interval(sweep),
+        )
         .open()
         .expect("open")
 }

@@ -92,7 +92,7 @@ fn run_markers(key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
         .clock(clock.clone())
         .retention(retention)
         .marker_retention(Some(Duration::from_secs(30 * 24 * 3600)))
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()?;
     let opts = ClaimOptions::default();
     let mut key = vec![0u8; key_len];

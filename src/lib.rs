@@ -52,9 +52,26 @@
 //! Every call has a blocking and an async form; the async futures are woken by the engine
 //! itself and run on any executor. Operator calls (listing records, force-releasing a stuck
 //! claim, imports, sweeps, abandoned claims) sit behind [`Engine::admin`]; a file can be
-//! read by other processes while the engine runs ([`FileReader`]). [`WriteSet`] commits
-//! writes to your own tables and messages for an [`Outbox`] in the same transaction as a
-//! completion; [`testing`] helps test a handler against concurrent duplicates.
+//! read by other processes while the engine runs ([`admin::FileReader`]). [`WriteSet`]
+//! commits writes to your own tables and messages for an [`Outbox`] in the same transaction
+//! as a completion; [`testing`] helps test a handler against concurrent duplicates.
+//!
+//! # Where things are
+//!
+//! The crate root holds what a service uses every day: [`Engine`] and its
+//! [`EngineBuilder`], the options of a call, [`Claim`] and [`Lease`], the clocks, and the
+//! errors of the everyday calls ([`OpenError`], [`ClaimError`], [`LeaseError`],
+//! [`RunError`]). Three modules hold the rest:
+//!
+//! - [`error`]: every error type (the four above too), e.g. [`error::FlushError`],
+//!   [`error::WriteSetError`], [`error::Limit`].
+//! - [`admin`]: operator tools: [`admin::Admin`], [`admin::FileReader`], the record and
+//!   abandoned-claim listings, [`admin::key_hash`].
+//! - [`fault`]: fault injection, an engine over a [`fault::Storage`] of your own; only
+//!   tests need it.
+//!
+//! Performance knobs (index stripes, queue depth, sweep interval) are grouped in
+//! [`Tuning`] ([`EngineBuilder::tuning`]); their defaults suit most services.
 //!
 //! # Durability and recovery
 //!
@@ -115,41 +132,59 @@ mod runtime;
 mod shared;
 mod store;
 
-pub use crate::api::admin::{AbandonedClaim, AbandonedQuery, Admin};
+pub mod admin {
+    //! Operator tools: the [`Admin`] handle of a running engine ([`crate::Engine::admin`]:
+    //! listing records, force-releasing a stuck claim, imports, sweeps, abandoned claims),
+    //! reading a file from another process while the engine runs ([`FileReader`]), and
+    //! [`key_hash`], the hash a log line carries instead of the key.
+    pub use crate::api::admin::{AbandonedClaim, AbandonedQuery, Admin};
+    pub use crate::api::reader::{FileReader, FileSnapshot};
+    pub use crate::base::hash::key_hash;
+    pub use crate::model::record_info::{RecordInfo, RecordInfoState};
+}
+pub mod error {
+    //! Every error type of the engine. The four that the everyday calls return are also at
+    //! the crate root: [`OpenError`] ([`crate::EngineBuilder::open`]), [`ClaimError`]
+    //! ([`crate::Engine::claim`]), [`LeaseError`] ([`crate::Lease::complete`] and the other
+    //! decisions) and [`RunError`] ([`crate::Engine::run`]).
+    //!
+    //! Every error enum is `#[non_exhaustive]`: match it with a wildcard arm.
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub use crate::model::database_error::{DatabaseError, DatabaseErrorKind};
+    pub use crate::model::error::{
+        ClaimError, FingerprintError, FlushError, LeaseError, Limit, NotStoredReason, OpenError,
+        OpenErrorKind, RunError, TableError, WriteSetError,
+    };
+    pub use crate::model::record_info::ImportError;
+}
 pub use crate::api::async_api::LeaseHandle;
 pub use crate::api::engine::Engine;
+pub use crate::api::fault;
 pub use crate::api::keep_alive::KeepAlive;
 pub use crate::api::lease::{Claim, Detached, KeyState, Lease, Outcome, TypedOutcome};
-pub use crate::api::options::{ClaimOptions, CompleteOptions, EngineBuilder, OnHandlerError};
+pub use crate::api::options::{
+    ClaimOptions, CompleteOptions, EngineBuilder, OnHandlerError, Tuning,
+};
 pub use crate::api::outbox::{Outbox, OutboxMessage};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::api::postgres_config::PostgresConfig;
-pub use crate::api::reader::{FileReader, FileSnapshot};
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub use crate::api::sabotage;
 pub use crate::api::testing;
-pub use crate::base::clock::{Clock, ClockListener, MockClock, SystemClock};
-pub use crate::base::hash::key_hash;
+pub use crate::base::clock::{Clock, MockClock, SystemClock};
 pub use crate::model::answer::{Busy, Forgotten, Stored};
 pub use crate::model::codec::Checkpoint;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::model::database_error::{DatabaseError, DatabaseErrorKind};
-pub use crate::model::error::{
-    ClaimError, FingerprintError, FlushError, LeaseError, Limit, NotStoredReason, OpenError,
-    OpenErrorKind, RunError, TableError, WriteSetError,
-};
+pub use crate::model::error::{ClaimError, LeaseError, OpenError, RunError};
 pub use crate::model::fingerprint::Fingerprint;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub use crate::model::machine_probe;
-pub use crate::model::record_info::{ImportError, RecordInfo, RecordInfoState};
 pub use crate::model::settings::{Durability, Recovery};
 pub use crate::model::stats::Stats;
 pub use crate::model::write_set::{TableRow, WriteSet};
-pub use crate::store::backend::{LockKind, Storage};
 /// The PostgreSQL client the shared backend uses, for the application's own statements in
 /// a completion's transaction ([`Lease::complete_in_transaction`]).
 #[cfg(feature = "postgres")]

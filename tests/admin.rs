@@ -1,5 +1,7 @@
 //! Operator calls: records, force_release, sweep_now, import (export → import round trip).
 
+use idemkv::admin::RecordInfoState;
+use idemkv::error::ImportError;
 use idemkv::*;
 use idemkv_check::fixture;
 use std::time::{Duration, UNIX_EPOCH};

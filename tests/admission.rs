@@ -19,7 +19,7 @@ fn the_writers_rate_counts_the_work_after_the_commit() {
         .durability(Durability::Buffered {
             max_delay: Duration::from_secs(1),
         })
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .unwrap();
     let floor = engine.stats().queue_claims_max;

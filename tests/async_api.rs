@@ -22,7 +22,7 @@ fn engines(clock: &MockClock) -> Vec<(Engine, Option<tempfile::TempDir>)> {
         let mut b = Engine::builder()
             .durability(durability)
             .clock(clock.clone())
-            .sweep_interval(None);
+            .tuning(idemkv::Tuning::default().sweep_interval(None));
         let dir = (durability != Durability::None).then(|| tempfile::tempdir().unwrap());
         if let Some(dir) = &dir {
             b = b.path(dir.path().join("async.redb"));
@@ -297,7 +297,7 @@ fn dropping_run_futures_at_every_await_point_keeps_cut_off_keys_and_loses_nothin
             let b = Engine::builder()
                 .durability(durability)
                 .clock(clock.clone())
-                .sweep_interval(None);
+                .tuning(idemkv::Tuning::default().sweep_interval(None));
             match durability {
                 Durability::None => b.open().unwrap(),
                 _ => b.path(&path).open().unwrap(),

@@ -22,7 +22,7 @@ fn steady_churn_over_ten_retention_periods_keeps_the_file_bounded() {
         .durability(Durability::Immediate)
         .clock(clock.clone())
         .retention(RETENTION)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .unwrap();
     let opts = ClaimOptions::default();

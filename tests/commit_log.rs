@@ -3,6 +3,9 @@
 //! applied at the next open (under any durability) and refused by read-only opens, a
 //! damaged acknowledged frame is refused rather than dropped, and claims stay atomic.
 
+use idemkv::admin::{FileReader, RecordInfoState};
+use idemkv::error::OpenErrorKind;
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend::{acquired, completed, stored_response, Fault, FaultyBackend};
 use idemkv_check::{armed, Bug};

@@ -924,7 +924,7 @@ fn stats_add_up_every_stripes_events_under_concurrency() {
     let engine = Engine::builder()
         .durability(Durability::None)
         .clock(MockClock::new())
-        .stripes(16)
+        .tuning(idemkv::Tuning::default().stripes(16))
         .open()
         .expect("open");
     let start = Arc::new(Barrier::new(THREADS as usize));

@@ -26,7 +26,7 @@ fn a_detached_lease_keeps_its_key_in_flight_until_the_lease_ends() {
         .durability(Durability::None)
         .clock(clock.clone())
         .lease(LEASE)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .unwrap();
     let lease = acquire(&engine, b"k");

@@ -6,6 +6,7 @@
 //! tests in the two durable ones, under both `Recovery` modes) with an injected
 //! `MockClock`: time moves only when a test moves it.
 
+use idemkv::admin::{AbandonedClaim, AbandonedQuery, FileReader, RecordInfo, RecordInfoState};
 use idemkv::*;
 use idemkv_check::backend::{acquired, completed, wait_until};
 use idemkv_check::modes;
@@ -36,7 +37,7 @@ impl Env {
             .lease(LEASE)
             .retention(RETENTION)
             // Sweeps happen when a test says so.
-            .sweep_interval(None);
+            .tuning(idemkv::Tuning::default().sweep_interval(None));
         if mode == Durability::None {
             b
         } else {
@@ -704,11 +705,12 @@ fn the_abandoned_scan_filters_by_age_idle_time_and_limit() {
     each_mode(|e| {
         let t0 = scan_fixture(e);
         let scan = |older_than: u64, idle_for: u64, limit: usize| {
-            e.engine.admin().abandoned(&AbandonedQuery {
-                older_than: Duration::from_secs(older_than),
-                idle_for: Duration::from_secs(idle_for),
-                limit,
-            })
+            e.engine.admin().abandoned(
+                &AbandonedQuery::default()
+                    .older_than(Duration::from_secs(older_than))
+                    .idle_for(Duration::from_secs(idle_for))
+                    .limit(limit),
+            )
         };
         let all = scan(0, 0, 100);
         assert_eq!(keys(&all), ["a", "b"], "earliest first claimed first");
@@ -748,11 +750,9 @@ fn the_abandoned_scan_filters_by_age_idle_time_and_limit() {
 fn a_completer_finishes_what_the_scan_lists() {
     each_mode(|e| {
         scan_fixture(e);
-        let query = AbandonedQuery {
-            older_than: Duration::from_secs(30),
-            idle_for: Duration::from_secs(30),
-            ..AbandonedQuery::default()
-        };
+        let query = AbandonedQuery::default()
+            .older_than(Duration::from_secs(30))
+            .idle_for(Duration::from_secs(30));
         let listed = e.engine.admin().abandoned(&query);
         assert_eq!(keys(&listed), ["a", "b"]);
         for claim in &listed {
@@ -795,10 +795,7 @@ fn a_file_reader_lists_the_abandoned_claims_of_a_file() {
         let now = e.clock.wall();
         let listed = reader
             .abandoned(
-                &AbandonedQuery {
-                    older_than: Duration::from_secs(41),
-                    ..AbandonedQuery::default()
-                },
+                &AbandonedQuery::default().older_than(Duration::from_secs(41)),
                 now,
             )
             .unwrap();

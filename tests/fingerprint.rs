@@ -4,6 +4,7 @@
 //! what they stored, across a restart. (Matching records of the previous format is in
 //! `format.rs`.)
 
+use idemkv::error::FingerprintError;
 use idemkv::*;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};

@@ -16,8 +16,10 @@
 //! left held: `held-long` (`payload(b"job")`, its own lease of 600 s, checkpoint phase 1
 //! `step-1`) and `held-default` (no payload, the engine's lease).
 
-use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, FileReader, MockClock};
-use idemkv::{RecordInfoState, Recovery};
+use idemkv::admin::FileReader;
+use idemkv::admin::RecordInfoState;
+use idemkv::Recovery;
+use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, MockClock};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
 

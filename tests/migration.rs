@@ -47,9 +47,9 @@
 //!
 //! Each test works on copies in a temporary directory; the fixtures are never written.
 
-use idemkv::{
-    Claim, ClaimError, ClaimOptions, Engine, FileReader, KeyState, OpenErrorKind, RecordInfoState,
-};
+use idemkv::admin::{FileReader, RecordInfoState};
+use idemkv::error::OpenErrorKind;
+use idemkv::{Claim, ClaimError, ClaimOptions, Engine, KeyState};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 

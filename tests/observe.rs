@@ -7,6 +7,8 @@
 //! (`tracing::subscriber::with_default`, `metrics::with_local_recorder`), so tests running
 //! in parallel do not see each other's output. Time is a `MockClock`.
 
+use idemkv::admin::key_hash;
+use idemkv::error::Limit;
 use idemkv::*;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::MetricKind;
@@ -132,7 +134,7 @@ fn memory_engine(clock: &MockClock, raw_keys: bool) -> Engine {
         .clock(clock.clone())
         .lease(LEASE)
         .retention(RETENTION)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .log_raw_keys(raw_keys)
         .open()
         .unwrap()
@@ -510,7 +512,7 @@ fn builder(clock: &MockClock) -> EngineBuilder {
         .lease(LEASE)
         .retention(RETENTION)
         .keys_max(4)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
 }
 
 #[test]

@@ -8,6 +8,9 @@
 //! until the test says so gets an hour of `max_delay` (the writer's batching runs on real
 //! time; `flush` and `close` commit at once).
 
+use idemkv::admin::FileReader;
+use idemkv::error::{FlushError, TableError, WriteSetError};
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend::{acquired, completed, Fault, FaultyBackend};
 use std::collections::BTreeMap;

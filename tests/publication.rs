@@ -29,7 +29,7 @@ fn a_committed_completions_response_leaves_memory_without_another_call_on_its_ke
         let engine = builder
             .path(dir.path().join("p.redb"))
             .clock(MockClock::new())
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .unwrap();
         let opts = ClaimOptions::default();
@@ -79,7 +79,7 @@ fn a_completion_is_hidden_until_its_watermark_moves_and_then_wakes_every_waiter(
             .path(dir.path().join("p.redb"))
             .durability(mode)
             .clock(MockClock::new())
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .unwrap();
         let opts = ClaimOptions::default();

@@ -2,6 +2,8 @@
 //! memory and in the file, across a restart, through every call that names a key; the empty
 //! scope is the unscoped key; a scope past its limit is refused with its own error.
 
+use idemkv::admin::{FileReader, RecordInfoState};
+use idemkv::error::ImportError;
 use idemkv::*;
 use idemkv_check::fixture::{self, acquire};
 use std::path::Path;

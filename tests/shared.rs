@@ -10,9 +10,10 @@
 
 mod pg;
 
+use idemkv::error::{DatabaseErrorKind, OpenErrorKind, TableError};
 use idemkv::{
-    Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Durability, Engine, KeyState, LeaseError,
-    MockClock, OpenError, OpenErrorKind, PostgresConfig, TableError, WriteSet,
+    Claim, ClaimError, ClaimOptions, Durability, Engine, KeyState, LeaseError, MockClock,
+    OpenError, PostgresConfig, WriteSet,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -839,7 +840,7 @@ fn retention_is_swept_in_batches_on_the_database_clock() {
     let a = Engine::builder()
         .postgres(config(&p))
         .retention(Duration::ZERO)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open");
     for i in 0..5u32 {
@@ -1238,7 +1239,7 @@ fn a_keys_own_retention_is_kept_through_takeovers_and_reported() {
         Engine::builder()
             .postgres(config(&p))
             .retention(day)
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .expect("open")
     };
@@ -1530,7 +1531,12 @@ fn a_completion_nobody_waits_for_sends_no_notification() {
     // Notifications arrive in commit order: once the release's shows, the completion's
     // would have shown before it. They name the hash of the row's key: the scoped key (a
     // byte of scope length, no scope, the key).
-    let row_hash = |key: &[u8]| format!("{:016x}", idemkv::key_hash(&[&[0u8][..], key].concat()));
+    let row_hash = |key: &[u8]| {
+        format!(
+            "{:016x}",
+            idemkv::admin::key_hash(&[&[0u8][..], key].concat())
+        )
+    };
     let (released_hash, done_hash) = (row_hash(b"released"), row_hash(b"done"));
     let mut seen = Vec::new();
     let end = Instant::now() + Duration::from_secs(20);
@@ -2048,7 +2054,7 @@ fn markers_answer_late_duplicates_on_the_shared_table() {
         Engine::builder()
             .postgres(config(&p))
             .marker_retention(Some(day))
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .expect("open with markers")
     };
@@ -2105,7 +2111,7 @@ fn markers_answer_late_duplicates_on_the_shared_table() {
     // An engine without markers takes the row over as new.
     let plain = Engine::builder()
         .postgres(config(&p))
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open");
     assert!(matches!(

@@ -409,7 +409,7 @@ fn pg_engine(pg_clock: &TestClock, prefix: &str, clock: &MockClock, markers: boo
         .clock(clock.clone())
         .lease(units(LEASE))
         .retention(units(RETENTION))
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open the shared engine")
 }
@@ -425,7 +425,7 @@ impl Run {
             .clock(clock.clone())
             .lease(units(LEASE))
             .retention(units(RETENTION))
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .expect("open the file engine");
         let prefix = format!("d{:08x}_{history}_", seed as u32);

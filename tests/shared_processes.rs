@@ -42,10 +42,8 @@
 
 mod pg;
 
-use idemkv::{
-    Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Engine, LeaseError, PostgresConfig,
-    TableError, WriteSet,
-};
+use idemkv::error::{DatabaseErrorKind, TableError};
+use idemkv::{Claim, ClaimError, ClaimOptions, Engine, LeaseError, PostgresConfig, WriteSet};
 use idemkv_check::history::{self, Event};
 use idemkv_check::spec::{ns, KeyOp, KeyRet, KeySpec, SpecConfig};
 use std::collections::{BTreeMap, BTreeSet, HashMap};

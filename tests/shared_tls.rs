@@ -10,7 +10,8 @@
 
 mod pg;
 
-use idemkv::{Claim, DatabaseErrorKind, Engine, OpenError, PostgresConfig};
+use idemkv::error::DatabaseErrorKind;
+use idemkv::{Claim, Engine, OpenError, PostgresConfig};
 use std::path::PathBuf;
 
 fn url() -> String {

@@ -1,3 +1,4 @@
+use idemkv::error::OpenErrorKind;
 use idemkv::*;
 use std::time::Duration;
 

@@ -1,5 +1,7 @@
 //! A custom [`Storage`]: the engine keeps its file in it, and honours its lock.
 
+use idemkv::fault::WithStorage;
+use idemkv::fault::{LockKind, Storage};
 use idemkv::*;
 use std::io;
 use std::sync::{Arc, Mutex};

@@ -31,22 +31,21 @@ fn inflight_state(slot: &Slot, extra: Option<&Extra>, now: Now) -> RecordInfoSta
     }
 }
 
-/// What [`Admin::abandoned`] (and [`crate::FileReader::abandoned`]) look for: claims whose
-/// lease is over and that nobody completed — their holder crashed, gave up, or failed them
-/// with [`crate::Lease::fail`] — old enough and idle long enough for a background
+/// What [`Admin::abandoned`] (and [`crate::admin::FileReader::abandoned`]) look for: claims
+/// whose lease is over and that nobody completed — their holder crashed, gave up, or failed
+/// them with [`crate::Lease::fail`] — old enough and idle long enough for a background
 /// completer to finish them.
 ///
 /// ```
-/// use idemkv::AbandonedQuery;
+/// use idemkv::admin::AbandonedQuery;
 /// use std::time::Duration;
-/// let query = AbandonedQuery {
-///     older_than: Duration::from_secs(600),
-///     idle_for: Duration::from_secs(300),
-///     ..AbandonedQuery::default()
-/// };
+/// let query = AbandonedQuery::default()
+///     .older_than(Duration::from_secs(600))
+///     .idle_for(Duration::from_secs(300));
 /// assert_eq!(query.limit, 1000);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AbandonedQuery {
     /// Only claims whose key was first claimed at least this long ago. A claim whose first
     /// claim is unknown (a record of the first file format) counts as old enough.
@@ -69,6 +68,26 @@ impl Default for AbandonedQuery {
 }
 
 impl AbandonedQuery {
+    /// Only claims whose key was first claimed at least this long ago (sets
+    /// [`AbandonedQuery::older_than`]).
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = age;
+        self
+    }
+
+    /// Only claims whose lease ended at least this long ago (sets
+    /// [`AbandonedQuery::idle_for`]).
+    pub fn idle_for(mut self, idle: Duration) -> Self {
+        self.idle_for = idle;
+        self
+    }
+
+    /// At most this many claims (sets [`AbandonedQuery::limit`]).
+    pub fn limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
     /// Whether a claim first claimed at `first_ms` (0: unknown) whose lease ended at
     /// `ended_ms` qualifies at `now_ms` (all wall-clock ms).
     fn admits(&self, first_ms: u64, ended_ms: u64, now_ms: u64) -> bool {
@@ -310,7 +329,8 @@ impl Admin<'_> {
     /// [`Admin::records`]); reads nothing from the file.
     ///
     /// ```
-    /// use idemkv::{AbandonedQuery, Claim, ClaimOptions, Durability, Engine};
+    /// use idemkv::admin::AbandonedQuery;
+    /// use idemkv::{Claim, ClaimOptions, Durability, Engine};
     /// let engine = Engine::builder().durability(Durability::None).open()?;
     /// let Claim::Acquired(mut lease) = engine.claim(b"job-7", &ClaimOptions::default())? else {
     ///     unreachable!("a fresh key is acquired")

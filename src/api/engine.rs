@@ -151,7 +151,7 @@ impl EngineBuilder {
         };
         let progress = Progress::new();
         let index = Index::new(
-            self.stripes,
+            self.tuning.stripes,
             crate::base::clock::duration_ns(self.retention),
             counters.gauges.clone(),
             Keying {
@@ -185,7 +185,8 @@ impl EngineBuilder {
                 (Tokens::new(next, limit), Some(Arc::new(store)), outbox_next)
             }
         };
-        let claim_queue_max = self.queue_depth - self.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
+        let claim_queue_max =
+            self.tuning.queue_depth - self.tuning.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
         let cfg = Config {
             durability: self.durability,
             lease: self.lease,
@@ -200,7 +201,7 @@ impl EngineBuilder {
         };
         let (tx, rx) = match store {
             Some(_) => {
-                let (tx, rx) = crate::base::sync::channel::bounded(self.queue_depth);
+                let (tx, rx) = crate::base::sync::channel::bounded(self.tuning.queue_depth);
                 (Some(tx), Some(rx))
             }
             None => (None, None),
@@ -223,7 +224,7 @@ impl EngineBuilder {
             ),
             tables: crate::runtime::tables::Tables::new(outbox_next),
             store: store.clone(),
-            sweeper: Sweeper::new(self.sweep_interval),
+            sweeper: Sweeper::new(self.tuning.sweep_interval),
             #[cfg(idemkv_sabotage)]
             sabotage: self.sabotage,
         }));
@@ -241,7 +242,7 @@ impl EngineBuilder {
                 pg: None,
             }),
         };
-        if self.sweep_interval.is_some() {
+        if self.tuning.sweep_interval.is_some() {
             threads.sweeper = Some(crate::runtime::sweep::spawn(shared).map_err(OpenError::Io)?);
         }
         *engine.inner.threads.lock() = threads;
@@ -262,8 +263,8 @@ fn subscribe_clock(b: &EngineBuilder, shared: &Arc<Shared>) -> Arc<ClockListener
             shared.timers.nudge();
         }
     });
-    if let Some(clock) = &b.clock {
-        clock.subscribe(Arc::downgrade(&listener));
+    if let Some(mock) = b.clock.as_deref().and_then(|c| c.mock_clock()) {
+        mock.subscribe(Arc::downgrade(&listener));
     }
     listener
 }

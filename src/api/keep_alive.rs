@@ -123,7 +123,7 @@ mod tests {
         let engine = Engine::builder()
             .durability(Durability::None)
             .clock(clock.clone())
-            .sweep_interval(None)
+            .tuning(crate::api::options::Tuning::default().sweep_interval(None))
             .open()
             .map_err(|e| format!("open: {e}"))?;
         #[cfg(idemkv_sabotage)]

@@ -278,7 +278,7 @@ impl Lease {
     /// checkpoint handed over; a claim with another payload is refused with
     /// `FingerprintMismatch`, so the key cannot be reused for a different request. Nobody
     /// retrying, the claim is reaped `retention` after the fail, as an abandoned one is,
-    /// and [`crate::Admin::abandoned`] lists it meanwhile. Under `Immediate` it returns once
+    /// and [`crate::admin::Admin::abandoned`] lists it meanwhile. Under `Immediate` it returns once
     /// the failed record is durable.
     ///
     /// Compare [`Lease::release`], which forgets the attempt (the key becomes Absent, its
@@ -444,6 +444,7 @@ impl Outcome {
 
 /// What [`Engine::run_typed`] hands back: the value, and whether it is a replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TypedOutcome<T> {
     /// The handler's value (decoded from storage for a replay).
     pub value: T,

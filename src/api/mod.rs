@@ -5,6 +5,7 @@ pub(crate) mod async_api;
 pub(crate) mod claim;
 pub(crate) mod constants;
 pub(crate) mod engine;
+pub mod fault;
 pub(crate) mod holder;
 pub(crate) mod keep_alive;
 pub(crate) mod lease;

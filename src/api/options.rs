@@ -15,7 +15,6 @@ use crate::model::fingerprint::Fingerprint;
 pub(crate) use crate::model::settings::{AskedFingerprint, Durability, Recovery};
 use crate::runtime::constants::SWEEP_INTERVAL_DEFAULT;
 use crate::runtime::recovery::RecoverySettings;
-use crate::store::backend::Storage;
 use crate::store::config::{BackendSlot, StoreConfig};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -63,7 +62,7 @@ pub enum OnHandlerError {
     /// waiting caller) takes it over at once with attempt + 1 and the checkpoint, and a
     /// claim with another payload is refused with `FingerprintMismatch`. Nobody retrying,
     /// the claim is reaped `retention` after the failure, like an abandoned one; a
-    /// completer finds it with [`crate::Admin::abandoned`]. For internal errors after which
+    /// completer finds it with [`crate::admin::Admin::abandoned`]. For internal errors after which
     /// a retry should resume.
     Fail,
 }
@@ -354,6 +353,60 @@ pub(crate) fn retention_ms(retention: Duration) -> Option<u64> {
     u64::try_from(ceil).ok()
 }
 
+/// Performance tuning of an engine, for [`EngineBuilder::tuning`]: none of it changes what
+/// the engine promises, only how fast and with how much memory it keeps those promises.
+///
+/// ```
+/// use idemkv::Tuning;
+/// use std::time::Duration;
+/// let tuning = Tuning::default()
+///     .stripes(1024)
+///     .queue_depth(64 * 1024)
+///     .sweep_interval(Some(Duration::from_secs(5)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tuning {
+    pub(crate) stripes: usize,
+    pub(crate) queue_depth: usize,
+    pub(crate) sweep_interval: Option<Duration>,
+}
+
+impl Default for Tuning {
+    /// 256 stripes, a queue of 16 Ki operations, a sweep every second.
+    fn default() -> Self {
+        Self {
+            stripes: STRIPES_DEFAULT,
+            queue_depth: QUEUE_DEPTH_DEFAULT,
+            sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
+        }
+    }
+}
+
+impl Tuning {
+    /// Number of index stripes, a power of two (default 256, at most 65,536).
+    pub fn stripes(mut self, stripes: usize) -> Self {
+        self.stripes = stripes;
+        self
+    }
+
+    /// Capacity of the writer queue, in operations (default 16 Ki, from 16 to 1 Mi). New
+    /// claims may use seven eighths of it; the rest is kept for completions and releases.
+    /// The queue is allocated at open, about 330 bytes a slot (an operation carries a small
+    /// record inline): 5.4 MB at the default.
+    pub fn queue_depth(mut self, depth: usize) -> Self {
+        self.queue_depth = depth;
+        self
+    }
+
+    /// Time between background sweeps that reclaim expired keys (default 1 s); `None`
+    /// turns the background sweeper off (expired keys are still Absent to every call, and
+    /// [`crate::admin::Admin::sweep_now`] reclaims them on demand).
+    pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+}
+
 /// Builds an [`crate::Engine`]. `Engine::open(path)` is `Engine::builder().path(path).open()`.
 ///
 /// ```no_run
@@ -383,10 +436,8 @@ pub struct EngineBuilder {
     pub(crate) response_len_max: usize,
     pub(crate) checkpoint_len_max: usize,
     pub(crate) inflight_max: usize,
-    pub(crate) queue_depth: usize,
-    pub(crate) stripes: usize,
     pub(crate) keys_max: usize,
-    pub(crate) sweep_interval: Option<Duration>,
+    pub(crate) tuning: Tuning,
     /// Permission bits of a file the engine creates (unix).
     pub(crate) file_mode: u32,
     pub(crate) backend: Option<BackendSlot>,
@@ -417,10 +468,8 @@ impl Default for EngineBuilder {
             response_len_max: RESPONSE_LEN_MAX_DEFAULT,
             checkpoint_len_max: CHECKPOINT_LEN_MAX_DEFAULT,
             inflight_max: INFLIGHT_MAX_DEFAULT,
-            queue_depth: QUEUE_DEPTH_DEFAULT,
-            stripes: STRIPES_DEFAULT,
             keys_max: KEYS_MAX_DEFAULT,
-            sweep_interval: Some(SWEEP_INTERVAL_DEFAULT),
+            tuning: Tuning::default(),
             file_mode: FILE_MODE_DEFAULT,
             backend: None,
             log_backend: None,
@@ -548,28 +597,11 @@ impl EngineBuilder {
         self
     }
 
-    /// Capacity of the writer queue, in operations (default 16 Ki, from 16 to 1 Mi). New
-    /// claims may use seven eighths of it; the rest is kept for completions and releases.
-    /// The queue is allocated at open, about 330 bytes a slot (an operation carries a small
-    /// record inline): 5.4 MB at the default.
-    pub fn queue_depth(mut self, depth: usize) -> Self {
-        self.queue_depth = depth;
-        self
-    }
-
     /// Most keys held at once, InFlight plus Completed (default 64 Mi). A claim of a new key
     /// past it gets `Overloaded(Limit::Keys)` after the keys past their retention are
     /// reclaimed; an unexpired record or a live lease is never dropped to make room.
     pub fn keys_max(mut self, max: usize) -> Self {
         self.keys_max = max;
-        self
-    }
-
-    /// Time between background sweeps that reclaim expired keys (default 1 s); `None`
-    /// turns the background sweeper off (expired keys are still Absent to every call, and
-    /// [`crate::Admin::sweep_now`] reclaims them on demand).
-    pub fn sweep_interval(mut self, interval: Option<Duration>) -> Self {
-        self.sweep_interval = interval;
         self
     }
 
@@ -580,31 +612,6 @@ impl EngineBuilder {
     #[cfg(unix)]
     pub fn file_mode(mut self, mode: u32) -> Self {
         self.file_mode = mode;
-        self
-    }
-
-    /// Number of index stripes, a power of two (default 256).
-    pub fn stripes(mut self, stripes: usize) -> Self {
-        self.stripes = stripes;
-        self
-    }
-
-    /// Stores the database in a custom [`Storage`] instead of a file at `path` (which is
-    /// then only used in messages). Used for fault injection. A backend serves one open:
-    /// clones of this builder share it, and opening a second time is refused with
-    /// [`OpenError::InvalidConfig`] without touching any file.
-    pub fn backend(mut self, backend: impl Storage) -> Self {
-        self.backend = Some(BackendSlot::new(backend));
-        self
-    }
-
-    /// Stores the commit log in a custom [`Storage`]; only with [`EngineBuilder::backend`].
-    /// Under [`Durability::Immediate`] the engine then writes its commit log there (without
-    /// it, a custom backend's group commits are durable redb commits); under another mode a
-    /// log it holds is applied at open. As with `backend`, a log storage serves one open.
-    /// Used for fault injection.
-    pub fn log_backend(mut self, storage: impl Storage) -> Self {
-        self.log_backend = Some(BackendSlot::new(storage));
         self
     }
 
@@ -623,10 +630,27 @@ impl EngineBuilder {
     /// feature). Off by default because keys are often personal or business data (an
     /// e-mail address, an order or payment id) and logs are usually kept longer and read
     /// more widely than the engine's file: by default a log line carries only
-    /// [`crate::key_hash`], which is stable but not secret. Turn it on only where the logs
+    /// [`crate::admin::key_hash`], which is stable but not secret. Turn it on only where the logs
     /// may hold the keys.
     pub fn log_raw_keys(mut self, enabled: bool) -> Self {
         self.log_raw_keys = enabled;
+        self
+    }
+
+    /// Performance tuning: index stripes, writer queue depth, background sweep interval
+    /// (default [`Tuning::default`]). The defaults suit most services; the behaviour the
+    /// engine promises does not depend on them.
+    ///
+    /// ```
+    /// use idemkv::{Durability, Engine, Tuning};
+    /// let engine = Engine::builder()
+    ///     .durability(Durability::None)
+    ///     .tuning(Tuning::default().stripes(1024).sweep_interval(None))
+    ///     .open()?;
+    /// # Ok::<(), idemkv::OpenError>(())
+    /// ```
+    pub fn tuning(mut self, tuning: Tuning) -> Self {
+        self.tuning = tuning;
         self
     }
 
@@ -687,12 +711,12 @@ impl EngineBuilder {
         if self.inflight_max == 0 {
             return bad("inflight_max must be at least 1".into());
         }
-        if !(QUEUE_DEPTH_MIN..=QUEUE_DEPTH_LIMIT).contains(&self.queue_depth) {
+        if !(QUEUE_DEPTH_MIN..=QUEUE_DEPTH_LIMIT).contains(&self.tuning.queue_depth) {
             return bad(format!(
                 "queue_depth must be {QUEUE_DEPTH_MIN}..={QUEUE_DEPTH_LIMIT}"
             ));
         }
-        if !self.stripes.is_power_of_two() || self.stripes > STRIPES_LIMIT {
+        if !self.tuning.stripes.is_power_of_two() || self.tuning.stripes > STRIPES_LIMIT {
             return bad(format!(
                 "stripes must be a power of two up to {STRIPES_LIMIT}"
             ));

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime};
 ///   memory, counters). Page checksums cannot be checked then ([`FileReader::pages_verified`]).
 ///
 /// ```no_run
-/// let reader = idemkv::FileReader::open("idem.redb")?;
+/// let reader = idemkv::admin::FileReader::open("idem.redb")?;
 /// let snapshot = reader.snapshot()?;
 /// println!("{} records, next token {}", snapshot.records.len(), snapshot.token_next);
 /// # Ok::<(), idemkv::OpenError>(())
@@ -115,7 +115,7 @@ impl FileReader {
         Ok(newest)
     }
 
-    /// The abandoned claims of the file at `now`, as [`crate::Admin::abandoned`] lists an
+    /// The abandoned claims of the file at `now`, as [`crate::admin::Admin::abandoned`] lists an
     /// engine's: InFlight records whose persisted lease end is at least `query.idle_for`
     /// before `now`, first claimed at least `query.older_than` before it, at most
     /// `query.limit`, the earliest first claimed first. As persisted: a lease a running

@@ -9,8 +9,8 @@ use crate::base::sync::{Arc, AtomicU64, Mutex, Ordering, Weak};
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// A callback the engine registers so that a clock can wake waiters when time jumps.
-pub type ClockListener = dyn Fn() + Send + Sync;
+/// A callback the engine registers so that a mock clock can wake waiters when time jumps.
+pub(crate) type ClockListener = dyn Fn() + Send + Sync;
 
 /// A source of time. The engine reads it on every call; tests inject [`MockClock`].
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
@@ -18,9 +18,13 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn monotonic(&self) -> Duration;
     /// The wall-clock time; may jump in either direction.
     fn wall(&self) -> SystemTime;
-    /// Registers a listener to call whenever time moves by other means than its own passing.
-    /// Real clocks ignore it; [`MockClock`] calls it on every [`MockClock::advance`].
-    fn subscribe(&self, _listener: Weak<ClockListener>) {}
+    /// The [`MockClock`] this clock's time comes from, if any: the engine then wakes its
+    /// waiting calls whenever that clock is advanced or set, so that they re-check their
+    /// deadlines. A clock that wraps a mock clock returns it here; a real clock keeps the
+    /// default (`None`), as time that passes by itself needs no wake-up.
+    fn mock_clock(&self) -> Option<&MockClock> {
+        None
+    }
 }
 
 /// The real clock: `Instant` for monotonic time and `SystemTime` for wall time.
@@ -147,7 +151,15 @@ impl Clock for MockClock {
         UNIX_EPOCH + Duration::from_nanos(self.inner.wall_ns.load(Ordering::SeqCst))
     }
 
-    fn subscribe(&self, listener: Weak<ClockListener>) {
+    fn mock_clock(&self) -> Option<&MockClock> {
+        Some(self)
+    }
+}
+
+impl MockClock {
+    /// Registers a listener to call whenever time moves by other means than its own passing
+    /// (every [`MockClock::advance`] and [`MockClock::set_wall`]).
+    pub(crate) fn subscribe(&self, listener: Weak<ClockListener>) {
         self.inner.listeners.lock().push(listener);
     }
 }

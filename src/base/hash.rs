@@ -105,7 +105,7 @@ pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
 /// holding the keys.
 ///
 /// ```
-/// assert_eq!(format!("{:016x}", idemkv::key_hash(b"order-42")), "7d1deb86a05662d4");
+/// assert_eq!(format!("{:016x}", idemkv::admin::key_hash(b"order-42")), "7d1deb86a05662d4");
 /// ```
 pub fn key_hash(key: &[u8]) -> u64 {
     fnv1a64(key)

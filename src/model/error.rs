@@ -11,7 +11,7 @@ use std::time::Duration;
 pub enum Limit {
     /// Too many keys are InFlight at once ([`crate::EngineBuilder::inflight_max`]).
     InFlightClaims,
-    /// The background writer's queue is full ([`crate::EngineBuilder::queue_depth`]).
+    /// The background writer's queue is full ([`crate::Tuning::queue_depth`]).
     WriterQueue,
     /// Too many keys are held in memory ([`crate::EngineBuilder::keys_max`]).
     Keys,
@@ -27,7 +27,7 @@ impl fmt::Display for Limit {
     }
 }
 
-/// Why [`crate::Engine::open`], [`crate::EngineBuilder::open`] or [`crate::FileReader`]
+/// Why [`crate::Engine::open`], [`crate::EngineBuilder::open`] or [`crate::admin::FileReader`]
 /// failed. [`OpenError::kind`] names the kind of failure for a caller that acts on it; the
 /// message says what was found and what the operator can do.
 #[derive(Debug)]
@@ -88,7 +88,7 @@ pub enum OpenError {
         detail: String,
     },
     /// The shared database refused the open, or could not be reached (feature `postgres`):
-    /// [`crate::DatabaseError::kind`] says what to do.
+    /// [`crate::error::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
     Database(crate::model::database_error::DatabaseError),
 }
@@ -118,7 +118,7 @@ pub enum OpenErrorKind {
     /// settings.
     InvalidConfig,
     /// An [`OpenError::Database`] that is neither a full disk nor a refused permission:
-    /// see its [`crate::DatabaseError::kind`].
+    /// see its [`crate::error::DatabaseError::kind`].
     #[cfg(feature = "postgres")]
     Database,
 }
@@ -298,7 +298,7 @@ pub enum ClaimError {
         max: Duration,
     },
     /// The shared database refused the call, or could not be reached, and nothing changed
-    /// (feature `postgres`): [`crate::DatabaseError::kind`] says what to do.
+    /// (feature `postgres`): [`crate::error::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
     Database(crate::model::database_error::DatabaseError),
     /// The engine's backend does not offer what the call asked for (the shared backend:
@@ -431,7 +431,7 @@ pub enum LeaseError {
     },
     /// The shared database refused the call, or could not be reached, and nothing changed:
     /// the key is as it was, still held under this token (feature `postgres`).
-    /// [`crate::DatabaseError::kind`] says what to do.
+    /// [`crate::error::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
     Database(crate::model::database_error::DatabaseError),
     /// The engine's backend does not offer what the call asked for (the shared backend: a

@@ -81,7 +81,7 @@ pub enum RecordInfoState {
     },
 }
 
-/// Why [`crate::Admin::import`] refused a record.
+/// Why [`crate::admin::Admin::import`] refused a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ImportError {

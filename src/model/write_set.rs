@@ -36,7 +36,7 @@ use std::fmt;
 ///     .put("offsets", b"orders", &42u64.to_le_bytes())?
 ///     .emit(b"{\"confirmed\":\"msg-42\"}")?;
 /// assert_eq!(writes.len(), 3);
-/// # Ok::<(), idemkv::WriteSetError>(())
+/// # Ok::<(), idemkv::error::WriteSetError>(())
 /// ```
 #[derive(Clone, Default)]
 pub struct WriteSet {

@@ -121,7 +121,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     let mut local = b.clone();
     local.postgres = None;
     local.durability = Durability::None;
-    local.sweep_interval = None;
+    local.tuning.sweep_interval = None;
     let engine = local.open()?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -166,7 +166,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     tasks.push(handle.spawn(listen::listen(core.clone(), ready)));
     let _ = block_on(listening);
     tasks.push(handle.spawn(wake::send(core.clone())));
-    if let Some(every) = b.sweep_interval {
+    if let Some(every) = b.tuning.sweep_interval {
         let core = core.clone();
         tasks.push(handle.spawn(async move {
             let mut tick = tokio::time::interval(every);

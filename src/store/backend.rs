@@ -15,7 +15,7 @@ pub enum LockKind {
     Shared,
 }
 
-/// A custom storage for [`crate::EngineBuilder::backend`]: where the engine keeps its file
+/// A custom storage for [`crate::fault::WithStorage::backend`]: where the engine keeps its file
 /// when it is not a file at a path (an in-memory image, a fault-injecting wrapper).
 ///
 /// Offsets and lengths are in bytes. The engine calls these methods from its writer thread

@@ -29,7 +29,7 @@
 //! real file locks (so `AlreadyOpen` works); an `InMemoryBackend` has none, which redb accepts
 //! in its exclusive-writer mode.
 
-use idemkv::{LockKind, Storage};
+use idemkv::fault::{LockKind, Storage};
 use redb::backends::{FileBackend, InMemoryBackend};
 use redb::{BackendError, StorageBackend};
 use std::io;

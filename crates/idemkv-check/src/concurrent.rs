@@ -470,8 +470,7 @@ mod under_shuttle {
             // One stripe (the stripe hash is seeded at random, which would make a replay
             // differ) and no sweeper thread (a real thread cannot touch shuttle's locks).
             let engine = match builder(Durability::None, &clock)
-                .stripes(1)
-                .sweep_interval(None)
+                .tuning(idemkv::Tuning::default().stripes(1).sweep_interval(None))
                 .open()
             {
                 Ok(e) => e,

@@ -22,9 +22,9 @@ use crate::ops::{self, call, Call, Model, Op};
 use crate::spec::{KeyModel, KeyOp, KeyRet};
 use crate::Bug;
 use arbitrary::Arbitrary;
-use idemkv::{
-    Claim, ClaimError, ClaimOptions, Durability, LeaseError, MockClock, RecordInfo, RecordInfoState,
-};
+use idemkv::admin::{RecordInfo, RecordInfoState};
+use idemkv::fault::WithStorage;
+use idemkv::{Claim, ClaimError, ClaimOptions, Durability, LeaseError, MockClock};
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -11,7 +11,7 @@ pub fn builder(path: &Path, clock: &MockClock, mode: Durability) -> EngineBuilde
     let builder = Engine::builder()
         .durability(mode)
         .clock(clock.clone())
-        .sweep_interval(None);
+        .tuning(idemkv::Tuning::default().sweep_interval(None));
     match mode {
         Durability::None => builder,
         _ => builder.path(path),

@@ -14,10 +14,10 @@ use crate::backend::FaultyBackend;
 use crate::modes;
 use crate::spec::{self, ns, KeyModel, KeyOp, KeyRet, KeySpec, SpecConfig};
 use arbitrary::Arbitrary;
-use idemkv::{
-    ClaimError, ClaimOptions, Clock, Durability, Engine, LeaseError, Limit, MockClock,
-    RecordInfoState,
-};
+use idemkv::admin::RecordInfoState;
+use idemkv::error::Limit;
+use idemkv::fault::WithStorage;
+use idemkv::{ClaimError, ClaimOptions, Clock, Durability, Engine, LeaseError, MockClock};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -234,9 +234,8 @@ pub fn builder(
         .response_len_max(RESPONSE_LEN_MAX)
         .checkpoint_len_max(CHECKPOINT_LEN_MAX)
         .inflight_max(INFLIGHT_MAX)
-        .stripes(4)
         // No background sweeps (their timing would make I/O counts vary); `Flush` sweeps.
-        .sweep_interval(None);
+        .tuning(idemkv::Tuning::default().stripes(4).sweep_interval(None));
     if let Some(disk) = disk {
         b = b.path("sim.redb").backend(disk.clone());
     }

@@ -12,6 +12,7 @@ use crate::concurrent::{self, run_script, Scenario};
 use crate::history::{Recorder, Summary};
 use crate::Bug;
 use arbitrary::Unstructured;
+use idemkv::fault::WithStorage;
 use idemkv::{Durability, MockClock};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};

@@ -4,6 +4,7 @@
 //! identity gets the lease back (same token and attempt), while any other claim finds the
 //! key held and a different payload is refused.
 
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend::FaultyBackend;
 use std::time::Duration;
@@ -18,7 +19,7 @@ fn open(backend: &FaultyBackend, clock: &MockClock, recovery: Recovery) -> Engin
         .clock(clock.clone())
         .lease(LEASE)
         .recovery(recovery)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .unwrap()
 }

@@ -6,9 +6,11 @@
 //! recovers every acknowledged call; a damaged or foreign file gives a clear error, never a
 //! panic and never a wrong replay.
 
+use idemkv::fault::WithStorage;
 use idemkv_check::backend as common;
 
 use common::{acquired, FaultyBackend};
+use idemkv::error::{FlushError, Limit};
 use idemkv::*;
 use redb::{ReadableDatabase, TableDefinition};
 use std::collections::BTreeMap;
@@ -1090,7 +1092,7 @@ fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(Durability::buffered())
-        .queue_depth(DEPTH)
+        .tuning(idemkv::Tuning::default().queue_depth(DEPTH))
         .clock(MockClock::new())
         .open()
         .unwrap();

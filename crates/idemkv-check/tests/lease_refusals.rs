@@ -6,6 +6,8 @@
 //! on at once.
 
 use common::{acquired, in_progress, wait_until, FaultyBackend};
+use idemkv::error::{Limit, NotStoredReason};
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend as common;
 use idemkv_check::modes;
@@ -26,7 +28,7 @@ fn open(
         .durability(mode)
         .clock(clock.clone())
         .lease(LEASE)
-        .sweep_interval(None);
+        .tuning(idemkv::Tuning::default().sweep_interval(None));
     if mode != Durability::None {
         b = b.backend(FaultyBackend::memory());
     }
@@ -259,8 +261,11 @@ fn sixteen_place_engine(clock: &MockClock) -> (Engine, FaultyBackend) {
         .durability(Durability::buffered())
         .clock(clock.clone())
         .lease(LEASE)
-        .sweep_interval(None)
-        .queue_depth(16)
+        .tuning(
+            idemkv::Tuning::default()
+                .sweep_interval(None)
+                .queue_depth(16),
+        )
         .open()
         .unwrap();
     (engine, backend)

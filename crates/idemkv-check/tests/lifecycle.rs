@@ -8,10 +8,12 @@
 //! makes the other side happen.
 
 use common::{acquired, wait_until, FaultyBackend};
+use idemkv::error::FlushError;
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend as common;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::ThreadId;
 use std::time::Duration;
 
@@ -86,8 +88,8 @@ impl Clock for PausingClock {
         self.time.wall()
     }
 
-    fn subscribe(&self, listener: Weak<ClockListener>) {
-        self.time.subscribe(listener);
+    fn mock_clock(&self) -> Option<&MockClock> {
+        Some(&self.time)
     }
 }
 
@@ -116,8 +118,7 @@ fn builder(clock: &PausingClock, backend: &FaultyBackend) -> EngineBuilder {
         .backend(backend.clone())
         .durability(Durability::buffered())
         .clock(clock.clone())
-        .stripes(1)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().stripes(1).sweep_interval(None))
         .retention(Duration::from_secs(1))
 }
 
@@ -236,7 +237,7 @@ fn a_cloned_builder_cannot_open_its_backend_twice() {
     let builder = Engine::builder()
         .backend(FaultyBackend::memory())
         .clock(MockClock::new())
-        .sweep_interval(None);
+        .tuning(idemkv::Tuning::default().sweep_interval(None));
     let first = builder.clone().open().unwrap();
     let second = builder.open();
     let created = stray.exists();

@@ -2,6 +2,8 @@
 //! mode; invalid builder settings are refused at open; a closed engine refuses everything.
 
 use common::{wait_until, FaultyBackend};
+use idemkv::error::{FlushError, Limit, NotStoredReason};
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend as common;
 use idemkv_check::modes;
@@ -459,7 +461,7 @@ fn keys_max_refuses_new_keys_until_one_expires() {
         |b| {
             b.keys_max(3)
                 .retention(Duration::from_secs(100))
-                .sweep_interval(None)
+                .tuning(idemkv::Tuning::default().sweep_interval(None))
         },
         |e| {
             acquired(e.claim(b"a")).complete(b"A").unwrap();
@@ -503,13 +505,34 @@ fn invalid_builder_settings_are_refused_at_open() {
     let path = dir.path().join("never.redb");
     let base = || Engine::builder().path(&path).clock(MockClock::new());
     let cases: Vec<(&str, EngineBuilder)> = vec![
-        ("stripes 0", base().stripes(0)),
-        ("stripes 3", base().stripes(3)),
-        ("stripes 96", base().stripes(96)),
-        ("stripes 2^17", base().stripes(1 << 17)),
-        ("queue_depth 0", base().queue_depth(0)),
-        ("queue_depth 15", base().queue_depth(15)),
-        ("queue_depth 2^20+1", base().queue_depth((1 << 20) + 1)),
+        (
+            "stripes 0",
+            base().tuning(idemkv::Tuning::default().stripes(0)),
+        ),
+        (
+            "stripes 3",
+            base().tuning(idemkv::Tuning::default().stripes(3)),
+        ),
+        (
+            "stripes 96",
+            base().tuning(idemkv::Tuning::default().stripes(96)),
+        ),
+        (
+            "stripes 2^17",
+            base().tuning(idemkv::Tuning::default().stripes(1 << 17)),
+        ),
+        (
+            "queue_depth 0",
+            base().tuning(idemkv::Tuning::default().queue_depth(0)),
+        ),
+        (
+            "queue_depth 15",
+            base().tuning(idemkv::Tuning::default().queue_depth(15)),
+        ),
+        (
+            "queue_depth 2^20+1",
+            base().tuning(idemkv::Tuning::default().queue_depth((1 << 20) + 1)),
+        ),
         ("key_len_max 0", base().key_len_max(0)),
         ("key_len_max 4097", base().key_len_max(4097)),
         (
@@ -543,10 +566,22 @@ fn invalid_builder_settings_are_refused_at_open() {
     }
     // Every case refused above only for its one setting: the edges are accepted.
     let ok: Vec<(&str, EngineBuilder)> = vec![
-        ("stripes 1", base().stripes(1)),
-        ("stripes 2^16", base().stripes(1 << 16)),
-        ("queue_depth 16", base().queue_depth(16)),
-        ("queue_depth 2^20", base().queue_depth(1 << 20)),
+        (
+            "stripes 1",
+            base().tuning(idemkv::Tuning::default().stripes(1)),
+        ),
+        (
+            "stripes 2^16",
+            base().tuning(idemkv::Tuning::default().stripes(1 << 16)),
+        ),
+        (
+            "queue_depth 16",
+            base().tuning(idemkv::Tuning::default().queue_depth(16)),
+        ),
+        (
+            "queue_depth 2^20",
+            base().tuning(idemkv::Tuning::default().queue_depth(1 << 20)),
+        ),
         ("key_len_max 1", base().key_len_max(1)),
         ("key_len_max 4096", base().key_len_max(4096)),
         ("response_len_max 64 MiB", base().response_len_max(64 << 20)),
@@ -677,7 +712,7 @@ fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
         .clock(MockClock::new())
         // Claims may use 14 places, counting what the writer is committing (`Buffered`
         // admits by what is not yet durable); the rest is kept for holders.
-        .queue_depth(16)
+        .tuning(idemkv::Tuning::default().queue_depth(16))
         .open()
         .unwrap();
     let opts = ClaimOptions::default();

@@ -6,6 +6,7 @@
 #![cfg(idemkv_sabotage)]
 
 use common::{acquired, FaultyBackend};
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend as common;
 use std::sync::mpsc;
@@ -29,7 +30,7 @@ fn a_record_the_file_lost_is_refused_as_corrupted_by_every_replay() {
             .backend(FaultyBackend::memory())
             .durability(mode)
             .clock(MockClock::new())
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .unwrap();
         let o = ClaimOptions::default().wait(Duration::from_secs(3600));

@@ -5,6 +5,7 @@
 //! A failing arbtest case prints its seed; replay it with
 //! `ARBTEST_SEED=0x... cargo test --test model <test name>`.
 
+use idemkv::fault::WithStorage;
 use idemkv::{Durability, Engine};
 use idemkv_check::faults::{self, FaultCase};
 use idemkv_check::ops::{self, OpsCase};
@@ -189,7 +190,7 @@ fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
 
 /// The records of an engine holding one completion (`k` → `r`) that is not yet durable: a
 /// `Buffered` engine whose writer waits an hour before it commits.
-fn records_with_an_unpublished_completion() -> Vec<idemkv::RecordInfo> {
+fn records_with_an_unpublished_completion() -> Vec<idemkv::admin::RecordInfo> {
     use idemkv::{Claim, ClaimOptions};
     use idemkv_check::backend::FaultyBackend;
     let engine = Engine::builder()
@@ -212,7 +213,7 @@ fn records_with_an_unpublished_completion() -> Vec<idemkv::RecordInfo> {
 /// `ops_model` fuzz target.
 #[test]
 fn records_show_the_retention_of_a_completion_not_yet_durable() {
-    use idemkv::RecordInfoState;
+    use idemkv::admin::RecordInfoState;
     let records = records_with_an_unpublished_completion();
     match &records[0].state {
         RecordInfoState::Completed {
@@ -230,7 +231,7 @@ fn records_show_the_retention_of_a_completion_not_yet_durable() {
 /// yet durable with an empty response. Found by the `ops_model` fuzz target.
 #[test]
 fn records_show_the_response_of_a_completion_not_yet_durable() {
-    use idemkv::RecordInfoState;
+    use idemkv::admin::RecordInfoState;
     let records = records_with_an_unpublished_completion();
     match &records[0].state {
         RecordInfoState::Completed { response, .. } => assert_eq!(response, b"r", "{records:?}"),

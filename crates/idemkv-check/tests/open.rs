@@ -10,9 +10,12 @@
 //! - A new file is created under a temporary name beside the path and renamed into place,
 //!   owner-only by default.
 
+use idemkv::fault::WithStorage;
 use idemkv_check::backend as common;
 
 use common::FaultyBackend;
+use idemkv::admin::FileReader;
+use idemkv::error::OpenErrorKind;
 use idemkv::*;
 use idemkv_check::backend::Fault;
 use std::error::Error as _;
@@ -63,7 +66,7 @@ fn open_backend(b: &FaultyBackend) -> Result<Engine, OpenError> {
         .path("backend.redb")
         .backend(b.clone())
         .clock(MockClock::new())
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
 }
 
@@ -390,7 +393,7 @@ fn open_and_read_all(image: Vec<u8>, keys: usize) -> Result<String, String> {
         .path("damaged.redb")
         .backend(FaultyBackend::from_image(image))
         .clock(MockClock::new())
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
     {
         Ok(engine) => engine,

@@ -6,6 +6,7 @@
 //! before closing), with an injected `MockClock` that keeps running across the restart.
 
 use common::{acquired, completed, in_progress};
+use idemkv::admin::{FileReader, RecordInfo, RecordInfoState};
 use idemkv::*;
 use idemkv_check::backend as common;
 use std::collections::HashMap;

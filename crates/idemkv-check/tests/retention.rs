@@ -1,6 +1,8 @@
 //! Retention at scale: the sweeper, the key budget, and expiry across restarts. Every test
 //! drives a MockClock; none sleeps.
 
+use idemkv::error::Limit;
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::fixture;
 use std::time::Duration;
@@ -46,7 +48,7 @@ fn served_until_the_expiry_instant_and_absent_from_it_in_every_mode() {
                 .clock(clock.clone())
                 .retention(RETENTION)
                 .durability(mode)
-                .sweep_interval(None),
+                .tuning(idemkv::Tuning::default().sweep_interval(None)),
             _ => builder(&dir.path().join("r.redb"), &clock).durability(mode),
         }
         .open()
@@ -240,7 +242,7 @@ fn the_background_sweeper_reclaims_on_its_own() {
     let dir = tempfile::tempdir().unwrap();
     let clock = MockClock::new();
     let engine = builder(&dir.path().join("r.redb"), &clock)
-        .sweep_interval(Some(Duration::from_millis(10)))
+        .tuning(idemkv::Tuning::default().sweep_interval(Some(Duration::from_millis(10))))
         .open()
         .unwrap();
     for i in 0..100 {
@@ -269,7 +271,7 @@ fn open_on(backend: &FaultyBackend, clock: &MockClock) -> Result<Engine, OpenErr
         .clock(clock.clone())
         .retention(RETENTION)
         .durability(Durability::buffered())
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
 }
 

@@ -20,6 +20,7 @@
 #![cfg(all(shuttle, idemkv_sabotage))]
 
 use arbtest::arbitrary::Unstructured;
+use idemkv::fault::WithStorage;
 use idemkv::sabotage::CommittedRecord;
 use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, OnHandlerError, RunError};
 use idemkv_check::backend::FaultyBackend;
@@ -78,8 +79,7 @@ fn concurrent_claims_corpus_replays_clean() {
 fn engine() -> Engine {
     Engine::builder()
         .durability(Durability::None)
-        .stripes(1)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().stripes(1).sweep_interval(None))
         .open()
         .expect("open")
 }
@@ -315,8 +315,7 @@ fn durable_engine(setup: faults::Mode, bug: Bug) -> Engine {
         .path("shuttle.redb")
         .backend(FaultyBackend::memory())
         .durability(setup.durability)
-        .stripes(1)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().stripes(1).sweep_interval(None))
         .open()
         .expect("open");
     sabotage(&engine, bug);
@@ -542,8 +541,7 @@ fn commit_log_handoff(bug: Bug) {
         Engine::builder()
             .backend(file.clone())
             .log_backend(log.clone())
-            .stripes(1)
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().stripes(1).sweep_interval(None))
             .open()
             .expect("open")
     };

@@ -3,6 +3,8 @@
 //! this file is built only with `--cfg idemkv_sabotage` (docs/testing.md).
 #![cfg(idemkv_sabotage)]
 
+use idemkv::error::FlushError;
+use idemkv::fault::WithStorage;
 use idemkv::*;
 use idemkv_check::backend::{acquired, wait_until, FaultyBackend};
 use std::sync::mpsc;
@@ -19,7 +21,7 @@ fn a_writer_panic_poisons_the_engine_and_fails_every_waiter_promptly() {
         .backend(backend.clone())
         .durability(Durability::buffered())
         .clock(clock.clone())
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .unwrap();
     let o = ClaimOptions::default().wait(Duration::from_secs(3600));

@@ -5,9 +5,8 @@
 //!
 //! JSON is checked with plain string search (serde_json is a dependency of the binary only).
 
-use idemkv::{
-    Claim, ClaimOptions, Clock, Engine, KeyState, MockClock, RecordInfo, RecordInfoState, Recovery,
-};
+use idemkv::admin::{RecordInfo, RecordInfoState};
+use idemkv::{Claim, ClaimOptions, Clock, Engine, KeyState, MockClock, Recovery};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -124,7 +123,7 @@ fn sample(dir: &Path) -> PathBuf {
     {
         let e = Engine::builder()
             .path(&path)
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .expect("open");
         let mut held = Vec::new();
@@ -163,7 +162,7 @@ fn sample(dir: &Path) -> PathBuf {
             .path(&path)
             .clock(MockClock::new())
             .retention(Duration::from_secs(3600))
-            .sweep_interval(None)
+            .tuning(idemkv::Tuning::default().sweep_interval(None))
             .open()
             .expect("open");
         for i in 0..3 {
@@ -225,7 +224,7 @@ fn persisted_records(path: &Path) -> Vec<RecordInfo> {
         .clock(Frozen)
         .recovery(Recovery::HonourLeases)
         .lease(Duration::MAX)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open");
     let records = e.admin().records();
@@ -414,7 +413,7 @@ fn abandoned_sample(dir: &Path) -> PathBuf {
     let e = Engine::builder()
         .path(&path)
         .clock(clock.clone())
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open");
     let Claim::Acquired(mut lapsed) = e
@@ -447,7 +446,7 @@ fn abandoned_sample(dir: &Path) -> PathBuf {
     held.detach();
     let e = Engine::builder()
         .path(&path)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         // The old claims' retention has not run out on the real clock.
         .retention(Duration::from_secs(100 * 365 * 86_400))
         .recovery(Recovery::HonourLeases)
@@ -538,7 +537,7 @@ fn abandoned_lists_lapsed_and_failed_claims_for_a_completer() {
     // A completer takes the listed claims over and completes them: nothing is left.
     let e = Engine::builder()
         .path(&file)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .retention(Duration::from_secs(100 * 365 * 86_400))
         .open()
         .expect("open");
@@ -761,7 +760,7 @@ fn scoped_sample(dir: &Path) -> PathBuf {
     let path = dir.join("scoped.redb");
     let e = Engine::builder()
         .path(&path)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open");
     let claim = |scope: &[u8]| {
@@ -1066,7 +1065,7 @@ fn read_only_commands_follow_a_live_engine() {
         .durability(idemkv::Durability::Buffered {
             max_delay: Duration::from_secs(3600),
         })
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
         .expect("open");
     // Committed while the engine runs: visible to a reader at once.

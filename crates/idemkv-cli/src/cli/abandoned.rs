@@ -10,7 +10,7 @@ use crate::cli::error::CliError;
 use crate::cli::file;
 use crate::cli::output::{self, count, Table};
 use crate::cli::records::{self, printable, truncate};
-use idemkv::{AbandonedClaim, AbandonedQuery};
+use idemkv::admin::{AbandonedClaim, AbandonedQuery};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -45,11 +45,10 @@ pub(crate) struct AbandonedArgs {
 
 pub(crate) fn run(args: &AbandonedArgs) -> Result<(), CliError> {
     crate::cli::quiet_panics();
-    let query = AbandonedQuery {
-        older_than: args.older_than,
-        idle_for: args.idle,
-        limit: args.limit,
-    };
+    let query = AbandonedQuery::default()
+        .older_than(args.older_than)
+        .idle_for(args.idle)
+        .limit(args.limit);
     let now = file::now_ms();
     let claims = file::read(&args.file, false)?
         .abandoned(&query, records::wall_time(now))

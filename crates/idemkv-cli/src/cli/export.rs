@@ -11,7 +11,7 @@ use crate::cli::error::CliError;
 use crate::cli::file;
 use crate::cli::output::count;
 use crate::cli::records::{state_name, RecordLine};
-use idemkv::RecordInfoState;
+use idemkv::admin::RecordInfoState;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 

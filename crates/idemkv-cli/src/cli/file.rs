@@ -3,7 +3,7 @@
 //! directories for the commands that make their own file (`demo`, `bench`).
 //!
 //! The commands that only look (`stats`, `inspect`, `get`, `verify`, `export`) use
-//! [`read`]: an [`idemkv::FileReader`], which never changes a byte of the file and works on
+//! [`read`]: an [`idemkv::admin::FileReader`], which never changes a byte of the file and works on
 //! the file of a running service (it sees the service's last commit). The commands that
 //! change the file (`release`, `sweep`, `import`) open an engine, as a service would:
 //!
@@ -22,7 +22,9 @@
 //! a reader's does not.
 
 use crate::cli::error::CliError;
-use idemkv::{Clock, Engine, FileReader, OpenError, OpenErrorKind, Recovery};
+use idemkv::admin::FileReader;
+use idemkv::error::OpenErrorKind;
+use idemkv::{Clock, Engine, OpenError, Recovery};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -94,7 +96,7 @@ pub(crate) fn open(path: &Path, how: How) -> Result<Engine, CliError> {
 pub(crate) fn open_unchecked(path: &Path, how: How) -> Result<Engine, OpenError> {
     let mut b = Engine::builder()
         .path(path)
-        .sweep_interval(None)
+        .tuning(idemkv::Tuning::default().sweep_interval(None))
         .key_len_max(KEY_LEN_LIMIT)
         .response_len_max(RESPONSE_LEN_LIMIT)
         .checkpoint_len_max(CHECKPOINT_LEN_LIMIT);

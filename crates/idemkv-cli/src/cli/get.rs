@@ -8,7 +8,7 @@ use crate::cli::error::{CliError, EXIT_VIOLATION};
 use crate::cli::file;
 use crate::cli::output;
 use crate::cli::records::{self, hex, printable, state_name, unhex};
-use idemkv::{RecordInfo, RecordInfoState};
+use idemkv::admin::{RecordInfo, RecordInfoState};
 use serde_json::json;
 use std::io::Write as _;
 use std::path::PathBuf;

@@ -9,7 +9,7 @@ use crate::cli::error::CliError;
 use crate::cli::file;
 use crate::cli::output::{self, count, Table};
 use crate::cli::records::{self, deadline_ms, printable, state_name, truncate, unhex};
-use idemkv::{RecordInfo, RecordInfoState};
+use idemkv::admin::{RecordInfo, RecordInfoState};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -27,7 +27,7 @@
 //! would round it. Times are milliseconds
 //! since the UNIX epoch. `checkpoint` is `null` when the claim saved none.
 
-use idemkv::{RecordInfo, RecordInfoState};
+use idemkv::admin::{RecordInfo, RecordInfoState};
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -13,7 +13,8 @@ use crate::cli::file::{self, How};
 use crate::cli::get::{key_arg, scope_arg};
 use crate::cli::output;
 use crate::cli::records::{self, printable};
-use idemkv::{KeyState, RecordInfo, RecordInfoState};
+use idemkv::admin::{RecordInfo, RecordInfoState};
+use idemkv::KeyState;
 use serde_json::json;
 use std::path::PathBuf;
 

@@ -5,7 +5,7 @@ use crate::cli::error::CliError;
 use crate::cli::file;
 use crate::cli::output::{self, count, Table};
 use crate::cli::records::{self, state_name};
-use idemkv::RecordInfoState;
+use idemkv::admin::RecordInfoState;
 use serde_json::json;
 use std::path::PathBuf;
 

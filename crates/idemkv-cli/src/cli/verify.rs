@@ -1,7 +1,7 @@
 //! `idemkv verify FILE`: checks a file end to end, without changing it.
 //!
 //! 1. redb's integrity check: every page checksum of the file, when no service has the file
-//!    open (redb runs it in a copy-on-write view: see `idemkv::FileReader`).
+//!    open (redb runs it in a copy-on-write view: see `idemkv::admin::FileReader`).
 //! 2. Every record read back in full from one snapshot, its checksum (which covers its
 //!    token) verified and its response decoded.
 //! 3. Consistency: tokens unique and below the durable token mark, keys unique, attempts
@@ -16,7 +16,8 @@ use crate::cli::file;
 use crate::cli::output::{self, count, duration};
 use crate::cli::records::{printable, state_name};
 use crate::cli::stats::bytes;
-use idemkv::{OpenError, RecordInfoState};
+use idemkv::admin::RecordInfoState;
+use idemkv::OpenError;
 use serde_json::json;
 use std::collections::HashSet;
 use std::path::PathBuf;
