@@ -1276,10 +1276,15 @@ pub(crate) struct Stripe {
     /// Notified on every state change that could settle a waiter: a memory-only
     /// completion, release, takeover, settled marker, poison, close, clock jump. (A durable
     /// completion is published by the writer's watermark, which waiters watch instead.)
-    pub(crate) changed: Changed,
+    changed: Changed,
 }
 
 impl Stripe {
+    /// Wakes the stripe's waiters to look again (see `changed`).
+    pub(crate) fn notify_changed(&self) {
+        self.changed.notify_all();
+    }
+
     /// Locks the stripe, first publishing the completions the writer's watermarks reached.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Shard> {
         let mut shard = self.map.lock();

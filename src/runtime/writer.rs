@@ -393,7 +393,7 @@ impl Writer {
             }
             drop(shard);
             if settled {
-                stripe.changed.notify_all();
+                stripe.notify_changed();
             }
         }
         self.marked.clear();
