@@ -151,6 +151,11 @@ pub use crate::model::settings::{Durability, Recovery};
 pub use crate::model::stats::Stats;
 pub use crate::model::write_set::{TableRow, WriteSet};
 pub use crate::store::backend::{LockKind, Storage};
+/// The PostgreSQL client the shared backend uses, for the application's own statements in
+/// a completion's transaction ([`Lease::complete_in_transaction`]).
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use tokio_postgres;
 
 /// The README's examples, compiled by `cargo test --doc` (one of them needs the `http`
 /// feature).

@@ -12,7 +12,7 @@ mod pg;
 
 use idemkv::{
     Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Durability, Engine, KeyState, LeaseError,
-    MockClock, OpenError, OpenErrorKind, PostgresConfig,
+    MockClock, OpenError, OpenErrorKind, PostgresConfig, TableError, WriteSet,
 };
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -713,7 +713,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=4"
+        "schema_version=5"
     );
     let again = engine(&p);
     assert!(matches!(
@@ -817,9 +817,9 @@ fn settings_a_shared_engine_cannot_honour_are_refused_at_open() {
         refused(Engine::builder().postgres(config("Bad-Prefix"))),
         OpenErrorKind::InvalidConfig
     );
-    // Markers are a file engine's: refused rather than silently off.
+    // A marker window out of range is refused as on a file.
     assert_eq!(
-        refused(pg().marker_retention(Some(Duration::from_secs(60)))),
+        refused(pg().marker_retention(Some(Duration::ZERO))),
         OpenErrorKind::InvalidConfig
     );
     // Nothing listens on port 1: unavailable, typed.
@@ -859,11 +859,9 @@ fn retention_is_swept_in_batches_on_the_database_clock() {
     assert_eq!(psql(&format!("SELECT count(*) FROM \"{p}keys\"")), "0");
 }
 
-/// Scopes hold on the shared table (two scopes' equal keys are two rows), and what the
-/// shared table does not keep is refused with a typed error, never ignored: writes with a
-/// completion; the key stays held after the refusal.
+/// Scopes hold on the shared table (two scopes' equal keys are two rows).
 #[test]
-fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
+fn scopes_hold_on_the_shared_table() {
     let e = engine(&prefix("t_scopes_"));
     let in_scope = |scope: &[u8]| ClaimOptions::default().scope(scope);
     let Ok(Claim::Acquired(a)) = e.claim(b"order-1", &in_scope(b"tenant-a")) else {
@@ -883,17 +881,6 @@ fn scopes_hold_and_what_the_shared_table_does_not_keep_is_refused() {
         Ok(Claim::InProgress(_))
     ));
     let token = b.token();
-    let mut writes = idemkv::WriteSet::new();
-    writes
-        .put("balances", b"alice", b"1")
-        .expect("a small write set");
-    let Ok(Claim::Acquired(d)) = e.claim(b"k-writes", &ClaimOptions::default()) else {
-        panic!("a fresh key is acquired");
-    };
-    assert!(matches!(
-        d.complete_with(b"x", &writes),
-        Err(LeaseError::Unsupported(_))
-    ));
     e.complete_scoped(b"tenant-b", b"order-1", token, b"paid by b")
         .expect("completed through the engine by its token");
     match e.claim(b"order-1", &in_scope(b"tenant-b")) {
@@ -1082,6 +1069,11 @@ fn a_database_of_schema_version_3_is_upgraded_once() {
     upgraded_once("upgrade3", 3);
 }
 
+#[test]
+fn a_database_of_schema_version_4_is_upgraded_once() {
+    upgraded_once("upgrade4", 4);
+}
+
 fn upgraded_once(name: &str, from: u32) {
     let p = prefix(name);
     let v2 = if from >= 2 {
@@ -1093,9 +1085,19 @@ fn upgraded_once(name: &str, from: u32) {
         String::new()
     };
     // Version 3's claim function, by its signature (the upgrade replaces it).
-    let v3 = if from >= 3 {
+    let v3 = if from == 3 {
         format!(
             "CREATE FUNCTION \"{p}claim\"(bytea, bytea, bytea, bigint, bigint, bigint)
+                RETURNS void LANGUAGE sql AS '';"
+        )
+    } else {
+        String::new()
+    };
+    // Version 4's: the claim identity's column and the function of seven arguments.
+    let v4 = if from >= 4 {
+        format!(
+            "ALTER TABLE \"{p}keys\" ADD COLUMN claim_id bytea;
+            CREATE FUNCTION \"{p}claim\"(bytea, bytea, bytea, bigint, bigint, bigint, bytea)
                 RETURNS void LANGUAGE sql AS '';"
         )
     } else {
@@ -1113,6 +1115,7 @@ CREATE SEQUENCE \"{p}tokens\" AS bigint MINVALUE 1 NO CYCLE;
 CREATE TABLE \"{p}meta\" (name text PRIMARY KEY, value bigint NOT NULL);
 {v2}
 {v3}
+{v4}
 INSERT INTO \"{p}meta\" VALUES ('schema_version', {from});
 INSERT INTO \"{p}keys\" (key, state, token, attempt, lease_until, reap_at, first_claimed_at)
 VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
@@ -1136,14 +1139,31 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         psql(&format!(
             "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
         )),
-        "4"
+        "5"
     );
     assert_eq!(
         psql(&format!(
             "SELECT string_agg(pronargs::text, ',') FROM pg_proc WHERE proname = '{p}claim'"
         )),
-        "7"
+        "9"
     );
+    // The application's tables and the outbox exist and work.
+    let Claim::Acquired(lease) = engines[0]
+        .claim(b"with-writes", &ClaimOptions::default())
+        .expect("claim")
+    else {
+        panic!("acquired");
+    };
+    let mut writes = WriteSet::new();
+    writes
+        .put("t", b"k", b"v")
+        .expect("put")
+        .emit(b"m")
+        .expect("emit");
+    lease
+        .complete_with(b"r", &writes)
+        .expect("complete with writes");
+    assert_eq!(engines[1].table_get("t", b"k"), Ok(Some(b"v".to_vec())));
     match engines[0].get(b"old").expect("get") {
         Some(KeyState::InFlight {
             failed: false,
@@ -1831,4 +1851,376 @@ fn a_claim_whose_answer_is_lost_after_its_commit_is_resumed_by_its_claim_id() {
         Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"charged"[..], token)),
         other => panic!("{other:?}"),
     }
+}
+
+fn acquire(e: &Engine, key: &[u8]) -> idemkv::Lease {
+    match e.claim(key, &ClaimOptions::default()).expect("claim") {
+        Claim::Acquired(lease) => lease,
+        other => panic!("{key:?}: expected to acquire, got {other:?}"),
+    }
+}
+
+/// Writes and messages attached to a completion commit in its statement, and only when it
+/// wrote the row: another engine reads them at once; a fenced-out holder's and a repeat's
+/// apply nothing; a checkpoint's writes commit with it. Reads page by key as on a file.
+#[test]
+fn writes_and_messages_commit_with_the_completion_and_only_with_it() {
+    let p = prefix("writes");
+    let (a, b) = (engine(&p), engine(&p));
+    let lease = acquire(&a, b"m1");
+    let mut w = WriteSet::new();
+    w.put("balances", b"alice", b"150")
+        .expect("put")
+        .put("balances", b"bob", b"x")
+        .expect("put")
+        .put("balances", b"bob", b"20")
+        .expect("put")
+        .put("offsets", b"orders", b"1")
+        .expect("put")
+        .put("balances", b"carol", b"5")
+        .expect("put")
+        .delete("balances", b"carol")
+        .expect("delete")
+        .emit(b"m1 applied")
+        .expect("emit")
+        .emit(b"m1 second")
+        .expect("emit");
+    let token = lease.token();
+    lease
+        .complete_with(b"ok", &w)
+        .expect("complete with writes");
+    // The row's last write wins; another engine sees every write at once.
+    assert_eq!(b.table_get("balances", b"alice"), Ok(Some(b"150".to_vec())));
+    assert_eq!(b.table_get("balances", b"bob"), Ok(Some(b"20".to_vec())));
+    assert_eq!(b.table_get("balances", b"carol"), Ok(None));
+    assert_eq!(
+        b.table_range("balances", b"", None, 10).expect("range"),
+        vec![
+            (b"alice".to_vec(), b"150".to_vec()),
+            (b"bob".to_vec(), b"20".to_vec())
+        ]
+    );
+    assert_eq!(
+        b.table_range("balances", b"alice\0", None, 10)
+            .expect("the next page"),
+        vec![(b"bob".to_vec(), b"20".to_vec())]
+    );
+    assert_eq!(
+        b.table_prefix("offsets", b"ord", 10).expect("prefix"),
+        vec![(b"orders".to_vec(), b"1".to_vec())]
+    );
+    assert!(matches!(
+        b.table_range("balances", b"", None, 10_001),
+        Err(TableError::LimitTooLarge { .. })
+    ));
+    // A repeat by the same token applies nothing again.
+    let mut again = WriteSet::new();
+    again
+        .put("balances", b"alice", b"999")
+        .expect("put")
+        .emit(b"never")
+        .expect("emit");
+    a.complete_with(b"m1", token, b"ok", &again)
+        .expect("a repeat succeeds");
+    assert_eq!(b.table_get("balances", b"alice"), Ok(Some(b"150".to_vec())));
+    // A holder fenced out by a takeover applies nothing.
+    let short = Engine::builder()
+        .postgres(config(&p))
+        .lease(Duration::from_millis(1))
+        .open()
+        .expect("open");
+    let old = acquire(&short, b"m2");
+    psql(&format!(
+        "UPDATE \"{p}keys\" SET lease_until = clock_timestamp() - interval '1 second'"
+    ));
+    let new = acquire(&b, b"m2");
+    assert_eq!(new.attempt(), 2);
+    assert_eq!(
+        old.complete_with(b"late", &again),
+        Err(LeaseError::LeaseLost)
+    );
+    assert_eq!(b.table_get("balances", b"alice"), Ok(Some(b"150".to_vec())));
+    // A checkpoint's writes commit with it; a fenced checkpoint's do not.
+    let mut cp = WriteSet::new();
+    cp.put("progress", b"m2", b"phase 1").expect("put");
+    b.checkpoint_with(b"m2", new.token(), 1, b"c", &cp)
+        .expect("checkpoint with writes");
+    assert_eq!(
+        a.table_get("progress", b"m2"),
+        Ok(Some(b"phase 1".to_vec()))
+    );
+    assert_eq!(
+        a.checkpoint_with(b"m2", new.token() + 1000, 2, b"c", &again),
+        Err(LeaseError::LeaseLost)
+    );
+    new.complete(b"done").expect("complete");
+    // Only the committed completion's messages are pending, in id order.
+    let pending = a.outbox().pending(100).expect("pending");
+    let payloads: Vec<&[u8]> = pending.iter().map(|m| m.payload()).collect();
+    assert_eq!(payloads, vec![&b"m1 applied"[..], &b"m1 second"[..]]);
+    assert!(pending[0].id() < pending[1].id());
+    // Taken by this relay: another relay is not offered them while it holds them.
+    assert!(b.outbox().pending(100).expect("pending").is_empty());
+    let ids: Vec<u64> = pending.iter().map(|m| m.id()).collect();
+    a.outbox().mark_sent(&ids).expect("mark sent");
+    assert_eq!(psql(&format!("SELECT count(*) FROM \"{p}outbox\"")), "0");
+}
+
+/// Two relays (engines standing for processes) drain one outbox at once: every message is
+/// published by exactly one of them; a message taken by a relay that never marks it
+/// (crashed) is offered again once its time is over, and only then.
+#[test]
+fn two_relays_share_the_outbox_and_none_gets_a_message_twice() {
+    let p = prefix("relays");
+    let producer = engine(&p);
+    const N: usize = 300;
+    for i in 0..N {
+        let lease = acquire(&producer, format!("k{i}").as_bytes());
+        let mut w = WriteSet::new();
+        w.emit(format!("msg {i}").as_bytes()).expect("emit");
+        lease.complete_with(b"ok", &w).expect("complete");
+    }
+    let relays = [engine(&p), engine(&p)];
+    let barrier = Barrier::new(2);
+    let got: Vec<Vec<(u64, Vec<u8>)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = relays
+            .iter()
+            .map(|r| {
+                let barrier = &barrier;
+                s.spawn(move || {
+                    barrier.wait();
+                    let outbox = r.outbox();
+                    let mut mine = Vec::new();
+                    loop {
+                        let batch = outbox.pending(7).expect("pending");
+                        if batch.is_empty() {
+                            return mine;
+                        }
+                        let ids: Vec<u64> = batch.iter().map(|m| m.id()).collect();
+                        mine.extend(batch.iter().map(|m| (m.id(), m.payload().to_vec())));
+                        outbox.mark_sent(&ids).expect("mark sent");
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("no panic"))
+            .collect()
+    });
+    let mut all: Vec<(u64, Vec<u8>)> = got.concat();
+    assert!(got.iter().all(|g| !g.is_empty()), "both relays took work");
+    all.sort();
+    let n = all.len();
+    all.dedup_by_key(|m| m.0);
+    assert_eq!(all.len(), n, "no message was published by both relays");
+    let mut payloads: Vec<Vec<u8>> = all.into_iter().map(|m| m.1).collect();
+    payloads.sort();
+    let mut want: Vec<Vec<u8>> = (0..N).map(|i| format!("msg {i}").into_bytes()).collect();
+    want.sort();
+    assert_eq!(payloads, want, "every message was published");
+
+    // A relay that takes a message and never marks it: not offered again while its time
+    // runs, offered again after it (its end moved into the past here, not waited for).
+    let lease = acquire(&producer, b"crash");
+    let mut w = WriteSet::new();
+    w.emit(b"orphan").expect("emit");
+    lease.complete_with(b"ok", &w).expect("complete");
+    let taken = relays[0].outbox().pending(10).expect("pending");
+    assert_eq!(taken.len(), 1);
+    assert!(relays[1].outbox().pending(10).expect("pending").is_empty());
+    psql(&format!(
+        "UPDATE \"{p}outbox\" SET taken_until = clock_timestamp() - interval '1 second'"
+    ));
+    let again = relays[1].outbox().pending(10).expect("pending");
+    assert_eq!(again, taken, "the same id and bytes, offered again");
+}
+
+/// Markers on the shared table: a completion past its retention answers a late duplicate
+/// `Forgotten` for the marker window (a claim with another fingerprint is refused, one
+/// that asks to rerun acquires it as new), and the key is new after the window; an engine
+/// without markers takes such a row over as new.
+#[test]
+fn markers_answer_late_duplicates_on_the_shared_table() {
+    let p = prefix("markers");
+    let day = Duration::from_secs(24 * 3600);
+    let with_markers = || {
+        Engine::builder()
+            .postgres(config(&p))
+            .marker_retention(Some(day))
+            .sweep_interval(None)
+            .open()
+            .expect("open with markers")
+    };
+    let a = with_markers();
+    let fp = ClaimOptions::default().fingerprint(7u64);
+    for key in [&b"late"[..], b"rerun", b"other-fp", b"plain"] {
+        let Claim::Acquired(lease) = a.claim(key, &fp).expect("claim") else {
+            panic!("acquired");
+        };
+        lease.complete(b"done").expect("complete");
+    }
+    // The retention ends (moved into the past here); the marker window goes on.
+    psql(&format!(
+        "UPDATE \"{p}keys\" SET expires_at = clock_timestamp() - interval '1 second', \
+         reap_at = clock_timestamp() - interval '1 second'"
+    ));
+    // A fresh engine: no cached completion answers for the database.
+    let b = with_markers();
+    match b.claim(b"late", &fp).expect("claim") {
+        Claim::Forgotten(f) => {
+            assert_eq!(f.attempt(), 1);
+            assert!(f.kept_until() > std::time::SystemTime::now() + day / 2);
+            assert!(f.completed_at() <= std::time::SystemTime::now());
+            assert!(f.completed_at() > std::time::SystemTime::now() - Duration::from_secs(600));
+        }
+        other => panic!("expected Forgotten, got {other:?}"),
+    }
+    assert!(matches!(
+        b.claim_or_wait(b"late", &fp),
+        Ok(Claim::Forgotten(_))
+    ));
+    assert!(matches!(
+        b.run(b"late", &fp, |_| Ok::<_, std::io::Error>(b"again".to_vec())),
+        Err(idemkv::RunError::Forgotten(_))
+    ));
+    assert!(b.get(b"late").expect("get").is_none(), "Absent to get");
+    assert_eq!(
+        b.claim(b"other-fp", &ClaimOptions::default().fingerprint(8u64))
+            .map(|_| ()),
+        Err(ClaimError::FingerprintMismatch)
+    );
+    let Claim::Acquired(lease) = b
+        .claim(b"rerun", &fp.clone().rerun_forgotten())
+        .expect("claim")
+    else {
+        panic!("rerun_forgotten acquires the key as new");
+    };
+    assert_eq!(lease.attempt(), 1);
+    lease.release().expect("release");
+    assert!(
+        matches!(b.claim(b"rerun", &fp).expect("claim"), Claim::Acquired(_)),
+        "the marker is gone for good"
+    );
+    // An engine without markers takes the row over as new.
+    let plain = Engine::builder()
+        .postgres(config(&p))
+        .sweep_interval(None)
+        .open()
+        .expect("open");
+    assert!(matches!(
+        plain.claim(b"plain", &fp).expect("claim"),
+        Claim::Acquired(_)
+    ));
+    // The sweeper drops the response of a completion past its retention and keeps the
+    // row (the marker) to the marker's end.
+    assert_eq!(b.admin().sweep_now(), Ok(2));
+    assert_eq!(
+        psql(&format!(
+            "SELECT count(*) FROM \"{p}keys\" WHERE state = 'c' AND response IS NULL"
+        )),
+        "2"
+    );
+    assert!(matches!(
+        b.claim(b"late", &fp).expect("claim"),
+        Claim::Forgotten(_)
+    ));
+    // After the window the key is new.
+    psql(&format!(
+        "UPDATE \"{p}keys\" SET marker_until = clock_timestamp() - interval '1 second' \
+         WHERE state = 'c'"
+    ));
+    assert!(matches!(
+        b.claim(b"late", &fp).expect("claim"),
+        Claim::Acquired(_)
+    ));
+}
+
+/// The application's own SQL joins the completion's transaction: its rows commit with the
+/// completion; its error rolls both back and leaves the key held; a fenced-out holder's
+/// hook never runs.
+#[test]
+fn the_applications_own_statements_commit_with_the_completion() {
+    let p = prefix("hook");
+    let app = format!("{p}app_balances");
+    psql(&format!(
+        "CREATE TABLE \"{app}\" (account text PRIMARY KEY, amount bigint NOT NULL)"
+    ));
+    let e = engine(&p);
+    let insert = format!("INSERT INTO \"{app}\" VALUES ($1, $2)");
+    let lease = acquire(&e, b"pay-1");
+    let sql = insert.clone();
+    lease
+        .complete_in_transaction(b"paid", move |tx| {
+            Box::pin(async move {
+                tx.execute(sql.as_str(), &[&"alice", &150i64]).await?;
+                Ok(())
+            })
+        })
+        .expect("complete in the transaction");
+    assert_eq!(
+        psql(&format!(
+            "SELECT amount FROM \"{app}\" WHERE account = 'alice'"
+        )),
+        "150"
+    );
+    match e.claim(b"pay-1", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!(s.response(), b"paid"),
+        other => panic!("{other:?}"),
+    }
+    // The hook fails (a duplicate account): nothing commits, the key stays held.
+    let lease = acquire(&e, b"pay-2");
+    let token = lease.token();
+    let sql = insert.clone();
+    let failed = lease.complete_in_transaction(b"paid twice", move |tx| {
+        Box::pin(async move {
+            tx.execute(sql.as_str(), &[&"bob", &1i64]).await?;
+            tx.execute(sql.as_str(), &[&"alice", &1i64]).await?;
+            Ok(())
+        })
+    });
+    match failed {
+        Err(LeaseError::Database(d)) => assert_eq!(d.code(), Some("23505")),
+        other => panic!("expected the hook's error, got {other:?}"),
+    }
+    assert_eq!(
+        psql(&format!(
+            "SELECT count(*) FROM \"{app}\" WHERE account = 'bob'"
+        )),
+        "0"
+    );
+    assert!(matches!(
+        e.get(b"pay-2").expect("get"),
+        Some(KeyState::InFlight { token: t, .. }) if t == token
+    ));
+    // A fenced-out holder: LeaseLost, and its hook does not run.
+    let ran = Arc::new(AtomicUsize::new(0));
+    let short = Engine::builder()
+        .postgres(config(&p))
+        .lease(Duration::from_millis(1))
+        .open()
+        .expect("open");
+    let old = acquire(&short, b"pay-3");
+    psql(&format!(
+        "UPDATE \"{p}keys\" SET lease_until = clock_timestamp() - interval '1 second' \
+         WHERE state = 'i'"
+    ));
+    let _new = acquire(&e, b"pay-3");
+    let counter = ran.clone();
+    let lost = old.complete_in_transaction(b"late", move |_tx| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async { Ok(()) })
+    });
+    assert_eq!(lost, Err(LeaseError::LeaseLost));
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+    // On an engine over a file there is no transaction to join: refused, typed.
+    let file = Engine::builder()
+        .durability(Durability::None)
+        .open()
+        .expect("open");
+    let lease = acquire(&file, b"k");
+    assert!(matches!(
+        lease.complete_in_transaction(b"x", |_tx| Box::pin(async { Ok(()) })),
+        Err(LeaseError::Unsupported(_))
+    ));
 }

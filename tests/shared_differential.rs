@@ -16,7 +16,8 @@
 mod pg;
 
 use idemkv::{
-    Claim, ClaimError, ClaimOptions, Clock, Engine, KeyState, LeaseError, MockClock, PostgresConfig,
+    Claim, ClaimError, ClaimOptions, Clock, Engine, KeyState, LeaseError, MockClock,
+    PostgresConfig, WriteSet,
 };
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Lines, Write};
@@ -49,6 +50,8 @@ const STEP: u64 = 5;
 /// The last is longer than the shared backend's cap (about 100 years).
 const LEASES: [u64; 5] = [0, 7, 13, 31, 200 * 365 * 24 * 60];
 const OWN_RETENTION: u64 = 17;
+/// The marker window of the histories run with markers (every other one).
+const MARKERS: u64 = 23;
 const KEYS: [&[u8]; 2] = [b"k1", b"k2"];
 const SCOPES: [&[u8]; 2] = [b"", b"tenant"];
 
@@ -223,6 +226,10 @@ enum Answer {
     Duplicates(Vec<String>),
     /// Concurrent claims' answers, sorted.
     Race(Vec<Answer>),
+    /// The relay's messages' bytes, in id order.
+    Relayed(Result<Vec<Vec<u8>>, String>),
+    /// The application table's rows.
+    Rows(Result<Vec<idemkv::TableRow>, String>),
 }
 
 fn lease_err(e: LeaseError) -> String {
@@ -240,10 +247,19 @@ enum Op {
         payload: Option<u8>,
         lease: Option<u64>,
         own_retention: bool,
+        /// `ClaimOptions::rerun_forgotten`.
+        rerun: bool,
     },
+    /// A completion; `writes`: with a row of the application's table `t` and a message
+    /// (an unscoped key's; a scoped one completes plainly).
     Complete {
         lease: usize,
         response: u8,
+        writes: bool,
+    },
+    /// The outbox relay: up to `n` pending messages, marked sent.
+    Relay {
+        n: usize,
     },
     Release {
         lease: usize,
@@ -316,10 +332,12 @@ fn generate(rng: &mut fastrand::Rng, ops: usize) -> Vec<Op> {
                 payload: (rng.u8(0..4) > 0).then(|| rng.u8(0..2)),
                 lease: rng.bool().then(|| LEASES[rng.usize(0..LEASES.len())]),
                 own_retention: rng.u8(0..5) == 0,
+                rerun: rng.u8(0..8) == 0,
             },
             30..=44 => Op::Complete {
                 lease: lease(rng),
                 response: rng.u8(..),
+                writes: rng.bool(),
             },
             45..=51 => Op::Release { lease: lease(rng) },
             52..=58 => Op::Fail { lease: lease(rng) },
@@ -340,6 +358,7 @@ fn generate(rng: &mut fastrand::Rng, ops: usize) -> Vec<Op> {
                 units: STEP * [1, 1, 2, 4, 13][rng.usize(0..5)],
             },
             95 => Op::Sweep,
+            _ if pick == 99 && rng.bool() => Op::Relay { n: rng.usize(1..4) },
             96..=97 => Op::Race {
                 slot: rng.usize(0..slots),
                 n: rng.usize(2..5),
@@ -370,11 +389,18 @@ struct Run {
     /// index of its lease in `claimed` when both sides acquired it.
     by_claim: Vec<Option<usize>>,
     dups: usize,
+    /// Whether both engines keep markers.
+    markers: bool,
     _dir: tempfile::TempDir,
 }
 
-fn pg_engine(pg_clock: &TestClock, prefix: &str, clock: &MockClock) -> Engine {
+fn marker_window(markers: bool) -> Option<Duration> {
+    markers.then(|| units(MARKERS))
+}
+
+fn pg_engine(pg_clock: &TestClock, prefix: &str, clock: &MockClock, markers: bool) -> Engine {
     Engine::builder()
+        .marker_retention(marker_window(markers))
         .postgres(
             PostgresConfig::new(pg_clock.url())
                 .table_prefix(prefix)
@@ -392,7 +418,9 @@ impl Run {
     fn new(seed: u64, history: u64, pg_clock: TestClock) -> Run {
         let dir = tempfile::tempdir().expect("tempdir");
         let clock = MockClock::new();
+        let markers = history % 2 == 1;
         let file = Engine::builder()
+            .marker_retention(marker_window(markers))
             .path(dir.path().join("diff.redb"))
             .clock(clock.clone())
             .lease(units(LEASE))
@@ -401,7 +429,7 @@ impl Run {
             .open()
             .expect("open the file engine");
         let prefix = format!("d{:08x}_{history}_", seed as u32);
-        let pg = pg_engine(&pg_clock, &prefix, &clock);
+        let pg = pg_engine(&pg_clock, &prefix, &clock, markers);
         Run {
             clock,
             pg_clock,
@@ -419,6 +447,7 @@ impl Run {
             claimed: Vec::new(),
             by_claim: Vec::new(),
             dups: 0,
+            markers,
             _dir: dir,
         }
     }
@@ -431,9 +460,13 @@ impl Run {
                 payload,
                 lease,
                 own_retention,
+                rerun,
             } => {
                 let (scope, key) = slot(s);
                 let mut opts = ClaimOptions::default();
+                if rerun {
+                    opts = opts.rerun_forgotten();
+                }
                 if !scope.is_empty() {
                     opts = opts.scope(scope);
                 }
@@ -449,7 +482,14 @@ impl Run {
                 // A shared engine dates a replayed completion's end on its own wall clock
                 // (the database's remaining retention from its own now); the file engine
                 // on its clock.
-                let f = claim(&mut self.file, key, &opts, self.clock.wall());
+                let mut f = claim(&mut self.file, key, &opts, self.clock.wall());
+                if self.markers && matches!(f, Answer::InProgress { retry_after: 0, .. }) {
+                    // A marker the file engine's sweep made is not published until its
+                    // commit is (a 1 ms hint); the database's is its committed row. Asked
+                    // again once the file's commits are in.
+                    self.file.engine.flush().expect("flush");
+                    f = claim(&mut self.file, key, &opts, self.clock.wall());
+                }
                 let p = claim(&mut self.pg, key, &opts, SystemTime::now());
                 let acquired = matches!(f, Answer::Acquired { .. });
                 let index = if acquired && matches!(p, Answer::Acquired { .. }) {
@@ -464,13 +504,23 @@ impl Run {
                 self.by_claim.push(index);
                 (f, p)
             }
-            Op::Complete { lease, response } => self.holder(lease, |e, scope, key, token, _| {
-                Answer::Done(
+            Op::Complete {
+                lease,
+                response,
+                writes,
+            } => self.holder(lease, |e, scope, key, token, _| {
+                let done = if writes && scope.is_empty() {
+                    let mut w = WriteSet::new();
+                    w.put("t", key, &[response])
+                        .and_then(|w| w.emit(&[key, &[response][..]].concat()))
+                        .expect("a small write set");
+                    e.complete_with(key, token, &[response], &w)
+                } else {
                     e.complete_scoped(scope, key, token, &[response])
-                        .map(|()| true)
-                        .map_err(lease_err),
-                )
+                };
+                Answer::Done(done.map(|()| true).map_err(lease_err))
             }),
+            Op::Relay { n } => (relay(&self.file.engine, n), relay(&self.pg.engine, n)),
             Op::Release { lease } => self.holder(lease, |e, scope, key, token, _| {
                 Answer::Done(e.release_scoped(scope, key, token).map_err(lease_err))
             }),
@@ -514,13 +564,20 @@ impl Run {
                 // jump of the database's clock does not move; in production both run at one
                 // rate. So the jump is seen by a fresh engine, as by another process: the
                 // database alone carries the state across.
-                self.pg.engine = pg_engine(&self.pg_clock, &self.prefix, &self.clock);
+                self.pg.engine = pg_engine(&self.pg_clock, &self.prefix, &self.clock, self.markers);
                 (Answer::Moved, Answer::Moved)
             }
-            Op::Sweep => (
-                Answer::Swept(self.file.engine.admin().sweep_now().map_err(claim_err)),
-                Answer::Swept(self.pg.engine.admin().sweep_now().map_err(claim_err)),
-            ),
+            Op::Sweep => {
+                let swept = |e: &Engine| {
+                    let n = e.admin().sweep_now().map_err(claim_err);
+                    // With markers, a file engine counts a completion it turns into a
+                    // marker when its sweep does it, not when a claim did (the database's
+                    // claim changes nothing): the counts may differ, what every call
+                    // answers afterwards may not.
+                    Answer::Swept(if self.markers { n.map(|_| 0) } else { n })
+                };
+                (swept(&self.file.engine), swept(&self.pg.engine))
+            }
             Op::Race {
                 slot: s,
                 n,
@@ -534,8 +591,11 @@ impl Run {
                 if let Some(p) = payload {
                     opts = opts.payload(&[p]);
                 }
-                let peer = pg_engine(&self.pg_clock, &self.prefix, &self.clock);
-                let f = race(&mut self.file, None, key, &opts, n, self.clock.wall());
+                let peer = pg_engine(&self.pg_clock, &self.prefix, &self.clock, self.markers);
+                let mut f = race(&mut self.file, None, key, &opts, n, self.clock.wall());
+                if self.markers {
+                    f = settled_markers(f);
+                }
                 let p = race(&mut self.pg, Some(&peer), key, &opts, n, SystemTime::now());
                 let won = |a: &Answer| match a {
                     Answer::Race(all) => all
@@ -745,11 +805,59 @@ fn duplicates(engine: &Engine, key: &[u8], n: usize, wait: bool) -> Answer {
     Answer::Duplicates(kinds)
 }
 
-/// The final state of every key of the history, on one side.
+/// A file engine's claim that turns an expired completion into its marker answers the
+/// claims racing it `InProgress` (a 1 ms hint) until the marker's commit is published;
+/// the database's marker is its committed row, which every claim reads. Such answers
+/// stand for the `Forgotten` they become a millisecond later.
+fn settled_markers(race: Answer) -> Answer {
+    let Answer::Race(mut all) = race else {
+        return race;
+    };
+    // The claims of a race ask alike: each answers, once the marker is committed, what
+    // the claim that made it did (`Forgotten`, or a fingerprint mismatch).
+    let settled = all
+        .iter()
+        .find(|a| matches!(a, Answer::Forgotten | Answer::ClaimErr(_)))
+        .cloned();
+    if let Some(settled) = settled {
+        for a in &mut all {
+            if matches!(a, Answer::InProgress { retry_after: 0, .. }) {
+                *a = settled.clone();
+            }
+        }
+        all.sort_by_key(|a| format!("{a:?}"));
+    }
+    Answer::Race(all)
+}
+
+/// Up to `n` pending messages' bytes, marked sent.
+fn relay(engine: &Engine, n: usize) -> Answer {
+    let outbox = engine.outbox();
+    Answer::Relayed(
+        outbox
+            .pending(n)
+            .and_then(|batch| {
+                let ids: Vec<u64> = batch.iter().map(|m| m.id()).collect();
+                outbox.mark_sent(&ids)?;
+                Ok(batch.iter().map(|m| m.payload().to_vec()).collect())
+            })
+            .map_err(|e| format!("{e:?}")),
+    )
+}
+
+/// The final state of every key of the history, on one side, then the application
+/// table's rows and the messages still pending.
 fn final_state(side: &mut Side, now: SystemTime) -> Vec<Answer> {
-    (0..KEYS.len() * SCOPES.len())
+    let mut all: Vec<Answer> = (0..KEYS.len() * SCOPES.len())
         .map(|s| get(side, s, now))
-        .collect()
+        .collect();
+    all.push(Answer::Rows(
+        side.engine
+            .table_range("t", b"", None, 100)
+            .map_err(|e| format!("{e:?}")),
+    ));
+    all.push(relay(&side.engine, 1000));
+    all
 }
 
 fn run_history(

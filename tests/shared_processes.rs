@@ -25,6 +25,14 @@
 //!   the same token), and every key still completed exactly once with one response for
 //!   all its deliveries.
 //!
+//! Every completion also emits its response as an outbox message, committed with it, and
+//! every process runs a relay that takes pending messages (several relays share the outbox
+//! through `FOR UPDATE SKIP LOCKED`), writes each to its own file, fsyncs it, then marks
+//! it sent; the parent drains what is left at the end. In every mode each key has exactly
+//! one message, whose bytes are the key's final response (none lost, none for a
+//! completion that did not commit), and no message was published by two relays unless
+//! the first was killed or its `mark_sent` failed.
+//!
 //! Timestamps come from `CLOCK_MONOTONIC`, which is one clock for every process of a
 //! machine (a `std::time::Instant` cannot be handed to another process).
 //!
@@ -36,6 +44,7 @@ mod pg;
 
 use idemkv::{
     Claim, ClaimError, ClaimOptions, DatabaseErrorKind, Engine, LeaseError, PostgresConfig,
+    TableError, WriteSet,
 };
 use idemkv_check::history::{self, Event};
 use idemkv_check::spec::{ns, KeyOp, KeyRet, KeySpec, SpecConfig};
@@ -358,9 +367,12 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                     }
                 }
                 let response = format!("{key}:{token}:p{}t{}", ctx.plan.process, log.thread);
+                // The completion's message: committed with it or not at all.
+                let mut writes = WriteSet::new();
+                writes.emit(response.as_bytes()).expect("a small message");
                 let mut done = {
                     let invoke = mono_ns();
-                    let r = lease.complete(response.as_bytes());
+                    let r = lease.complete_with(response.as_bytes(), &writes);
                     (invoke, r)
                 };
                 loop {
@@ -384,9 +396,12 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                             }
                             std::thread::sleep(RETRY_PAUSE);
                             let invoke = mono_ns();
-                            let r = ctx
-                                .engine
-                                .complete(key.as_bytes(), token, response.as_bytes());
+                            let r = ctx.engine.complete_with(
+                                key.as_bytes(),
+                                token,
+                                response.as_bytes(),
+                                &writes,
+                            );
                             done = (invoke, r);
                         }
                         Err(e) => {
@@ -407,6 +422,59 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                 log.line(format_args!("F claim {key}: {e:?}"));
                 log.out.flush().expect("flush the log");
                 return;
+            }
+        }
+    }
+}
+
+/// Whether a relay's failure is one it retries (the server went away).
+fn table_retryable(e: &TableError) -> bool {
+    match e {
+        TableError::OutcomeUnknown(_) => true,
+        TableError::Database(d) => d.kind() == DatabaseErrorKind::Unavailable,
+        _ => false,
+    }
+}
+
+/// A relay: takes pending messages, "publishes" each (a line in `out`, fsynced), then
+/// marks them sent, until `stop` is set and the outbox had nothing to offer. A failed
+/// `mark_sent` is logged (`X id`) and retried.
+fn relay(engine: &Engine, out: &mut BufWriter<File>, stop: &std::sync::atomic::AtomicBool) {
+    let outbox = engine.outbox();
+    loop {
+        let batch = match outbox.pending(64) {
+            Ok(batch) => batch,
+            Err(e) if table_retryable(&e) => {
+                std::thread::sleep(RETRY_PAUSE);
+                continue;
+            }
+            Err(e) => panic!("pending: {e:?}"),
+        };
+        if batch.is_empty() {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(RETRY_PAUSE);
+            continue;
+        }
+        for m in &batch {
+            let payload = std::str::from_utf8(m.payload()).expect("an ASCII message");
+            writeln!(out, "O {} {payload}", m.id()).expect("write the relay log");
+        }
+        out.flush().expect("flush the relay log");
+        out.get_ref().sync_data().expect("fsync the relay log");
+        let ids: Vec<u64> = batch.iter().map(|m| m.id()).collect();
+        loop {
+            match outbox.mark_sent(&ids) {
+                Ok(()) => break,
+                Err(e) if table_retryable(&e) => {
+                    for id in &ids {
+                        writeln!(out, "X {id}").expect("write the relay log");
+                    }
+                    out.flush().expect("flush the relay log");
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+                Err(e) => panic!("mark_sent: {e:?}"),
             }
         }
     }
@@ -433,6 +501,15 @@ fn child(plan: Plan) -> ! {
     std::io::stdin().read_line(&mut go).expect("read go");
     assert_eq!(go.trim(), "go", "the parent starts the run");
     let park = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let relay_thread = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let path = ctx.plan.dir.join(format!("r{}.log", ctx.plan.process));
+            let mut out = BufWriter::new(File::create(path).expect("create the relay log"));
+            relay(&ctx.engine, &mut out, &stop);
+        })
+    };
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let (ctx, park) = (ctx.clone(), park.clone());
@@ -459,6 +536,8 @@ fn child(plan: Plan) -> ! {
     for t in threads {
         t.join().expect("a delivery thread panicked");
     }
+    stop.store(true, Ordering::SeqCst);
+    relay_thread.join().expect("the relay panicked");
     let s = ctx.engine.stats();
     let c = &ctx.counts;
     say(&format!(
@@ -931,6 +1010,112 @@ struct Checked {
     finals: Vec<Final>,
     logs: Logs,
     observed: Observed,
+    relayed: Relayed,
+}
+
+/// What the relays published: by message id, (relay, payload) of each publication; the
+/// ids whose `mark_sent` failed at least once.
+#[derive(Default)]
+struct Relayed {
+    published: BTreeMap<u64, Vec<(String, String)>>,
+    mark_failed: BTreeSet<u64>,
+}
+
+fn read_relay(relayed: &mut Relayed, name: &str, path: &Path) {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return;
+    };
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    for line in whole.lines() {
+        let f: Vec<&str> = line.splitn(3, ' ').collect();
+        let id: u64 = f[1].parse().expect("a message id");
+        match f[0] {
+            "O" => relayed
+                .published
+                .entry(id)
+                .or_default()
+                .push((name.to_string(), f[2].to_string())),
+            "X" => {
+                relayed.mark_failed.insert(id);
+            }
+            other => panic!("unknown relay line {other}"),
+        }
+    }
+}
+
+/// The children's relays' logs, then the rest of the outbox drained by the parent: every
+/// relay that took messages is gone, so their time is over (set so in the table rather
+/// than waited for).
+fn drain_outbox(prefix: &str, dir: &Path) -> Relayed {
+    let mut relayed = Relayed::default();
+    for p in 0..PROCESSES {
+        read_relay(
+            &mut relayed,
+            &format!("p{p}"),
+            &dir.join(format!("r{p}.log")),
+        );
+    }
+    pg::psql(
+        &url(),
+        &format!("UPDATE \"{prefix}outbox\" SET taken_until = NULL"),
+    );
+    let engine = Engine::builder()
+        .postgres(PostgresConfig::new(url()).table_prefix(prefix))
+        .open()
+        .expect("open the draining engine");
+    let path = dir.join("parent.log");
+    {
+        let mut out = BufWriter::new(File::create(&path).expect("create the relay log"));
+        relay(&engine, &mut out, &std::sync::atomic::AtomicBool::new(true));
+    }
+    read_relay(&mut relayed, "parent", &path);
+    assert_eq!(
+        pg::psql(&url(), &format!("SELECT count(*) FROM \"{prefix}outbox\"")),
+        "0",
+        "the outbox is empty once drained"
+    );
+    relayed
+}
+
+/// Each key has exactly one message, whose bytes are its final response, and a message
+/// published twice was first taken by a relay that may not have marked it: one of
+/// `killed` (a process killed mid-run), or one whose `mark_sent` failed.
+fn outbox_once(c: &Checked, killed: &[&str]) {
+    let mut by_key: BTreeMap<&str, Vec<u64>> = BTreeMap::new();
+    let mut twice = 0;
+    for (id, pubs) in &c.relayed.published {
+        let payload = &pubs[0].1;
+        assert!(
+            pubs.iter().all(|p| &p.1 == payload),
+            "message {id} published with different bytes: {pubs:?}"
+        );
+        if pubs.len() > 1 {
+            twice += 1;
+            let excused = c.relayed.mark_failed.contains(id)
+                || pubs[..pubs.len() - 1]
+                    .iter()
+                    .all(|p| killed.contains(&p.0.as_str()));
+            assert!(excused, "message {id} published by two relays: {pubs:?}");
+        }
+        let key = payload.split(':').next().expect("a key");
+        by_key.entry(key).or_default().push(*id);
+    }
+    for k in 0..c.keys {
+        let key = key_name(k);
+        let ids = by_key.get(key.as_str()).map_or(&[][..], Vec::as_slice);
+        assert_eq!(ids.len(), 1, "{key}: one message, got ids {ids:?}");
+        let payload = &c.relayed.published[&ids[0]][0].1;
+        assert_eq!(
+            payload, &c.finals[k].response,
+            "{key}: the message is the committed completion's"
+        );
+    }
+    assert_eq!(by_key.len(), c.keys, "no message names another key");
+    eprintln!(
+        "[outbox] {} messages, one per key; {twice} published twice (by a killed relay or \
+         after a failed mark_sent)",
+        c.relayed.published.len()
+    );
 }
 
 fn run(mode: Mode) -> Checked {
@@ -949,6 +1134,7 @@ fn run(mode: Mode) -> Checked {
         &logs.failures[..logs.failures.len().min(10)]
     );
     let finals = replay_all(&prefix, keys);
+    let relayed = drain_outbox(&prefix, dir.path());
     if std::env::var_os("IDEMKV_MP_KEEP").is_some() {
         eprintln!("[{}] logs kept in {}", mode.name(), dir.keep().display());
     }
@@ -957,6 +1143,7 @@ fn run(mode: Mode) -> Checked {
         finals,
         logs,
         observed,
+        relayed,
     }
 }
 
@@ -1069,6 +1256,7 @@ fn four_processes_run_each_key_once_and_every_delivery_gets_the_winners_bytes() 
         c.keys
     );
     assert_eq!(linearizable(&c, Mode::Clean, |_| true), c.keys);
+    outbox_once(&c, &[]);
 }
 
 #[test]
@@ -1162,6 +1350,7 @@ fn a_killed_process_keys_are_taken_over_and_nothing_acknowledged_is_lost() {
         !victim_touched.contains(&key.to_string()) && c.finals[key_index(key)].attempt == 1
     });
     assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");
+    outbox_once(&c, &[&format!("p{VICTIM}")]);
 }
 
 #[test]
@@ -1216,4 +1405,156 @@ fn a_server_restart_mid_run_loses_nothing_acknowledged() {
         !c.logs.unknown.contains(key) && c.finals[key_index(key)].attempt == 1
     });
     assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");
+    outbox_once(&c, &[]);
+}
+
+// ---------------------------------------------------------------------------------------
+// Connections within PostgreSQL's defaults
+
+/// The child of the connections test: its URL, table prefix and process number.
+const CONN_CHILD_ENV: &str = "IDEMKV_MP_CONN_CHILD";
+/// PostgreSQL's defaults: `max_connections = 100`, of which
+/// `superuser_reserved_connections = 3` are kept for superusers.
+const DEFAULT_CONNECTIONS_FOR_ROLES: usize = 100 - 3;
+const CONN_PROCESSES: usize = 8;
+const CONN_KEYS: usize = 1_500;
+
+/// A child: an engine with the default settings, 16 threads running every key in the same
+/// order as the other processes (so copies wait for each other's holders: the listening
+/// connection opens too), each holder holding its connection-hungry completion back until
+/// many are ready at once.
+fn conn_child(plan: &str) -> ! {
+    let f: Vec<&str> = plan.split(' ').collect();
+    let (url, prefix) = (f[0], f[1]);
+    let engine = Engine::builder()
+        .postgres(PostgresConfig::new(url).table_prefix(prefix))
+        .open()
+        .expect("open with the default settings");
+    let failures = AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (engine, failures) = (&engine, &failures);
+            s.spawn(move || {
+                for k in (t..CONN_KEYS).step_by(THREADS) {
+                    let key = key_name(k);
+                    let opts = ClaimOptions::default().wait(WAIT);
+                    let ran = engine.run(key.as_bytes(), &opts, |_| {
+                        Ok::<_, std::io::Error>(key.clone().into_bytes())
+                    });
+                    match ran {
+                        Ok(out) => assert_eq!(out.response(), key.as_bytes()),
+                        Err(e) => {
+                            eprintln!("{key}: {e:?}");
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let s = engine.stats();
+    say(&format!(
+        "done {} {}",
+        failures.load(Ordering::Relaxed),
+        s.db_notifications
+    ));
+    std::process::exit(0)
+}
+
+/// Eight processes, each an engine with the default settings (its pool and its listening
+/// connection), fit in PostgreSQL's default connection limit: they run against a role
+/// limited to the 97 connections a server with `max_connections = 100` leaves to
+/// non-superusers (the limit the server enforces on the role), every call succeeds, and the
+/// most connections seen open at once stays within it.
+#[test]
+fn eight_processes_with_default_settings_fit_in_the_default_max_connections() {
+    if let Ok(plan) = std::env::var(CONN_CHILD_ENV) {
+        conn_child(&plan);
+    }
+    let _serial = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let tag = format!("{:08x}", fastrand::u32(..));
+    let (role, db) = (format!("idemkv_conn_{tag}"), format!("idemkv_conn_{tag}"));
+    pg::psql(
+        &url(),
+        &format!("CREATE ROLE {role} LOGIN CONNECTION LIMIT {DEFAULT_CONNECTIONS_FOR_ROLES}"),
+    );
+    pg::psql(&url(), &format!("CREATE DATABASE {db} OWNER {role}"));
+    let base = url();
+    let at = base.find('@').expect("a URL with a user");
+    let slash = base.rfind('/').expect("a URL with a database");
+    let child_url = format!("postgres://{role}{}/{db}", &base[at..slash]);
+    let exe = std::env::current_exe().expect("current_exe");
+    let (tx, rx) = mpsc::channel::<(usize, String)>();
+    let mut children: Vec<Child> = (0..CONN_PROCESSES)
+        .map(|p| {
+            let mut child = Command::new(&exe)
+                .args([
+                    "--exact",
+                    "eight_processes_with_default_settings_fit_in_the_default_max_connections",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CONN_CHILD_ENV, format!("{child_url} c{tag}_"))
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn a child");
+            let stdout = child.stdout.take().expect("child stdout");
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines() {
+                    let Ok(line) = line else { break };
+                    if let Some(at) = line.find(MARK) {
+                        let _ = tx.send((p, line[at + MARK.len()..].to_string()));
+                    }
+                }
+                let _ = tx.send((p, "eof".into()));
+            });
+            child
+        })
+        .collect();
+    drop(tx);
+    // The most connections of the role open at once, sampled while the children run.
+    let count = format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}'");
+    let mut most = 0usize;
+    let mut done = Vec::new();
+    let mut ended = 0;
+    let started = Instant::now();
+    while ended < CONN_PROCESSES {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((_, line)) if line == "eof" => ended += 1,
+            Ok((p, line)) => done.push((p, line)),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        let n: usize = pg::psql(&url(), &count).parse().expect("a count");
+        most = most.max(n);
+        assert!(
+            started.elapsed() < SILENCE_MAX,
+            "the children did not finish in {SILENCE_MAX:?}"
+        );
+    }
+    for c in &mut children {
+        assert!(c.wait().expect("wait").success(), "a child failed");
+    }
+    assert_eq!(done.len(), CONN_PROCESSES, "every child reported: {done:?}");
+    let mut notified = 0;
+    for (p, line) in &done {
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f[..2], ["done", "0"], "process {p}: every call succeeded");
+        notified += f[2].parse::<u64>().expect("a number");
+    }
+    eprintln!(
+        "[connections] {CONN_PROCESSES} processes with the default settings: at most {most} \
+         connections open at once (limit {DEFAULT_CONNECTIONS_FOR_ROLES}); {notified} \
+         wake-ups heard"
+    );
+    assert!(most <= DEFAULT_CONNECTIONS_FOR_ROLES, "{most} connections");
+    assert!(
+        most > CONN_PROCESSES,
+        "the processes ran at once ({most} connections)"
+    );
+    pg::psql(&url(), &format!("DROP DATABASE {db} WITH (FORCE)"));
+    pg::psql(&url(), &format!("DROP ROLE {role}"));
 }

@@ -473,13 +473,10 @@ impl Lease {
         #[cfg(feature = "postgres")]
         if let Some(pg) = engine.pg() {
             let mut expires_wall_ms = 0;
-            let done = match crate::api::holder::completion_kept(writes) {
-                Ok(()) => pg
-                    .complete_async(engine, key, token, response, retention_ms)
-                    .await
-                    .map(|expires| expires_wall_ms = expires),
-                Err(e) => Err(e),
-            };
+            let done = pg
+                .complete_async(engine, key, token, response, retention_ms, writes)
+                .await
+                .map(|expires| expires_wall_ms = expires);
             let key = crate::model::scope::key_of(key);
             return engine
                 .shared()
@@ -676,7 +673,7 @@ impl LeaseHandle {
         let (engine, key, token) = (&self.engine, &self.key[..], self.token);
         #[cfg(feature = "postgres")]
         if let Some(pg) = engine.pg() {
-            return pg.update_async(engine, key, token, op).await;
+            return pg.update_async(engine, key, token, op, writes).await;
         }
         let seq = engine
             .with_room_async(key, token, || {

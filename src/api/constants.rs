@@ -65,7 +65,7 @@ pub(crate) const FILE_MODE_DEFAULT: u32 = 0o600;
 pub(crate) const ABANDONED_LIMIT_DEFAULT: usize = 1000;
 /// Default number of pooled connections of one shared engine (the listener is one more).
 #[cfg(feature = "postgres")]
-pub(crate) const PG_POOL_SIZE_DEFAULT: usize = 16;
+pub(crate) const PG_POOL_SIZE_DEFAULT: usize = 8;
 /// Most pooled connections a `PostgresConfig` may ask for.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_POOL_SIZE_LIMIT: usize = 1024;

@@ -106,8 +106,7 @@ impl Engine {
     ) -> Result<u64, LeaseError> {
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            completion_kept(writes)?;
-            return pg.complete(self, key, token, response, retention_ms);
+            return pg.complete(self, key, token, response, retention_ms, writes);
         }
         let observe = &self.shared().observer();
         let mut expires_wall_ms = 0;
@@ -434,7 +433,7 @@ impl Engine {
         let s = self.shared();
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            return pg.update(key, token, op(s.mono_ns())).map(|()| 0);
+            return pg.update(key, token, op(s.mono_ns()), writes).map(|()| 0);
         }
         let (mut shard, _, k) = s.index().lock(key);
         let now = s.now();
@@ -558,16 +557,4 @@ impl Engine {
         }
         Ok(())
     }
-}
-
-/// Refuses what a completion asks the shared table to keep and it does not: writes to
-/// application tables (they live in an engine's own file).
-#[cfg(feature = "postgres")]
-pub(crate) fn completion_kept(writes: Option<&WriteSet>) -> Result<(), LeaseError> {
-    if writes.is_some() {
-        return Err(LeaseError::Unsupported(
-            "writes with a completion on the shared backend",
-        ));
-    }
-    Ok(())
 }

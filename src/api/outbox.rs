@@ -89,6 +89,15 @@ impl Outbox {
             return Ok(Vec::new());
         }
         let message = |id: u64, payload: Arc<[u8]>| OutboxMessage { id, payload };
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine.pg() {
+            self.engine.check_tables()?;
+            let taken = pg.outbox_pending(&self.engine, limit)?;
+            return Ok(taken
+                .into_iter()
+                .map(|(id, m)| message(id, Arc::from(m)))
+                .collect());
+        }
         match self.engine.outbox_view(limit)? {
             OutboxView::Memory(first) => {
                 Ok(first.into_iter().map(|(id, m)| message(id, m)).collect())
@@ -114,6 +123,12 @@ impl Outbox {
     /// publishes them again: publication is at-least-once). A full writer queue is waited
     /// out.
     pub fn mark_sent(&self, ids: &[u64]) -> Result<(), TableError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine.pg() {
+            check_limit(ids.len())?;
+            self.engine.check_tables()?;
+            return pg.outbox_sent(&self.engine, ids);
+        }
         let seq = self.queue_removal(ids, |s| {
             s.wait_for_room(u64::MAX);
         })?;
@@ -126,6 +141,12 @@ impl Outbox {
     /// The async form of [`Outbox::mark_sent`]: waits for room and durability without
     /// blocking a thread.
     pub async fn mark_sent_async(&self, ids: &[u64]) -> Result<(), TableError> {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.engine.pg() {
+            check_limit(ids.len())?;
+            self.engine.check_tables()?;
+            return pg.outbox_sent_async(&self.engine, ids).await;
+        }
         let seq = loop {
             match self.try_queue_removal(ids)? {
                 Some(seq) => break seq,

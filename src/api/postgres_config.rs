@@ -48,7 +48,7 @@ pub struct PostgresConfig {
 }
 
 impl PostgresConfig {
-    /// The database at `url`, with the defaults: a pool of 16 connections, a 5 s statement
+    /// The database at `url`, with the defaults: a pool of 8 connections, a 5 s statement
     /// timeout, a 5 s connect timeout, the connection's default schema (`search_path`),
     /// and the table prefix `idemkv_`.
     pub fn new(url: impl Into<String>) -> Self {
@@ -65,9 +65,11 @@ impl PostgresConfig {
         }
     }
 
-    /// Most connections this engine opens for its calls (default 16, at most 1024); one
-    /// more listens for wake-ups. A call waits for a free connection up to the connect
-    /// timeout.
+    /// Most connections this engine opens for its calls, as they need them (default 8, at
+    /// most 1024); one more listens for wake-ups. Eight processes with the default hold at
+    /// most 72 connections, within PostgreSQL's default `max_connections = 100`
+    /// (docs/shared.md, "Connections"). A call waits for a free connection up to the
+    /// connect timeout.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
@@ -225,11 +227,12 @@ mod tests {
             .validate()
             .unwrap_err()
             .contains("pool_size"));
-        for lanes in [0, 17] {
+        // At most one lane per pooled connection (8 by default).
+        for lanes in [0, 9] {
             let err = cfg().batch_lanes(lanes).validate().unwrap_err();
             assert!(err.contains("batch_lanes"), "{err}");
         }
-        assert!(cfg().batch_lanes(16).validate().is_ok());
+        assert!(cfg().batch_lanes(8).validate().is_ok());
         assert!(cfg().pool_size(4).batch_lanes(4).validate().is_ok());
         assert!(cfg().table_prefix("Bad").validate().is_err());
     }

@@ -21,6 +21,10 @@ impl Engine {
     pub fn table_get(&self, table: &str, key: &[u8]) -> Result<Option<Vec<u8>>, TableError> {
         let row = row_key(table, key).map_err(TableError::Invalid)?;
         self.check_tables()?;
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            return pg.table_get(self, &row);
+        }
         let s = self.shared();
         let snapshot = {
             let state = s.tables().lock();
@@ -73,6 +77,11 @@ impl Engine {
             return Ok(Vec::new());
         }
         let strip = |row: &[u8]| row.get(span.prefix_len..).unwrap_or_default().to_vec();
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = self.pg() {
+            let rows = pg.table_scan(self, &span.lo, &span.hi, limit)?;
+            return Ok(rows.into_iter().map(|(k, v)| (strip(&k), v)).collect());
+        }
         // The overlay's rows of the span up to its `limit`-th live row (a row past that can
         // be neither in the answer nor hide one of the snapshot's), and the snapshot, taken
         // together under the tables lock: one instant.

@@ -57,23 +57,14 @@ use std::fmt;
 #[derive(Clone)]
 pub struct ClaimContext {
     handle: LeaseHandle,
-    /// Whether the engine is a shared one, whose table keeps no application tables.
-    shared: bool,
 }
 
 impl ClaimContext {
     /// The context of `lease`, acquired from `engine`.
     pub(crate) fn of(lease: &Lease, engine: &Engine) -> Self {
-        #[cfg(feature = "postgres")]
-        let shared = engine.pg().is_some();
-        #[cfg(not(feature = "postgres"))]
-        let shared = {
-            let _ = engine;
-            false
-        };
+        let _ = engine;
         Self {
             handle: lease.handle(),
-            shared,
         }
     }
 
@@ -115,14 +106,8 @@ impl ClaimContext {
     ///
     /// Refused with [`LeaseError::WriteSet`] when the staged writes would be over a limit of
     /// one set (nothing is staged then), [`LeaseError::Settled`] once the layer settled the
-    /// claim, and [`LeaseError::Unsupported`] on a shared (PostgreSQL) engine, which keeps no
-    /// application tables.
+    /// claim.
     pub fn stage(&self, writes: WriteSet) -> Result<(), LeaseError> {
-        if self.shared {
-            return Err(LeaseError::Unsupported(
-                "writes with a completion on the shared backend",
-            ));
-        }
         self.handle.stage(writes)
     }
 

@@ -663,6 +663,10 @@ pub enum TableError {
     OutcomeUnknown(Arc<str>),
     /// The engine was closed.
     Closed,
+    /// The shared database refused the call or could not be reached (feature `postgres`):
+    /// [`crate::DatabaseError::kind`] says what to do.
+    #[cfg(feature = "postgres")]
+    Database(crate::model::database_error::DatabaseError),
 }
 
 impl fmt::Display for TableError {
@@ -681,6 +685,8 @@ impl fmt::Display for TableError {
                 "outcome unknown, the engine failed before confirming: {why}"
             ),
             TableError::Closed => f.write_str("engine closed"),
+            #[cfg(feature = "postgres")]
+            TableError::Database(e) => write!(f, "{e}"),
         }
     }
 }

@@ -2,9 +2,9 @@
 //! local front before it, and what a lease holder does. Each database transition is one
 //! statement (`sql.rs`); the front only spares round trips and never decides a transition.
 
-use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow};
+use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow, HookFail, TableRow, Writes};
 use super::front::{Cached, Found, Front, Look};
-use crate::api::lease::{Busy, KeyState, Stored};
+use crate::api::lease::{Busy, Forgotten, KeyState, Stored};
 use crate::model::codec::Checkpoint;
 use crate::model::error::{ClaimError, LeaseError};
 use crate::model::settings::AskedFingerprint;
@@ -25,6 +25,7 @@ pub(crate) enum Answer {
     },
     Busy(Busy),
     Completed(Stored),
+    Forgotten(Forgotten),
 }
 
 /// The counters of `Stats` a shared engine keeps (this process's calls).
@@ -145,6 +146,7 @@ impl Core {
         lease: Duration,
         own_retention: Option<Duration>,
         wait: Option<Duration>,
+        rerun: bool,
     ) -> Result<Answer, ClaimError> {
         bump(&self.counters.claims);
         // A claim that may wait is covered by `LISTEN` before its first ask: a commit it
@@ -202,7 +204,15 @@ impl Core {
             let sent = Instant::now();
             let row = self
                 .db
-                .claim(key, asked, claim_id, lease, self.retention, own_retention)
+                .claim(
+                    key,
+                    asked,
+                    claim_id,
+                    lease,
+                    self.retention,
+                    own_retention,
+                    rerun,
+                )
                 .await;
             let (found, answer) = match row {
                 Err(f) => (Found::Nothing, Some(Err(claim_failed(f)))),
@@ -282,6 +292,24 @@ impl Core {
                     };
                     (found, answer)
                 }
+                Ok(ClaimRow::Forgotten {
+                    attempt,
+                    fingerprint,
+                    completed_wall_ms,
+                    remaining,
+                }) if !remaining.is_zero() => {
+                    let answer = if mismatched(asked, fingerprint) {
+                        bump(&self.counters.fingerprint_mismatches);
+                        Err(ClaimError::FingerprintMismatch)
+                    } else {
+                        Ok(Answer::Forgotten(Forgotten {
+                            completed_wall_ms,
+                            attempt,
+                            kept_until_wall_ms: expires_wall_ms(remaining),
+                        }))
+                    };
+                    (Found::Nothing, Some(answer))
+                }
                 // The function's passes all lost races to other callers' commits, or it read a
                 // row whose lease or retention ended as it answered: ask again.
                 Ok(_) => {
@@ -315,14 +343,75 @@ impl Core {
         token: u64,
         response: Arc<[u8]>,
         own_retention: Option<Duration>,
+        writes: Option<Writes>,
     ) -> Result<u64, LeaseError> {
         let hash = crate::base::hash::key_hash(key);
         let sent = Instant::now();
-        match self
+        let row = self
             .db
-            .complete(key, token, &response, self.retention, own_retention, hash)
-            .await
-        {
+            .complete(
+                key,
+                token,
+                &response,
+                self.retention,
+                own_retention,
+                hash,
+                writes.as_ref(),
+            )
+            .await;
+        self.completed(key, hash, token, response, sent, row)
+    }
+
+    /// A completion whose transaction also runs the application's statements (`hook`).
+    pub(crate) async fn complete_in(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+        own_retention: Option<Duration>,
+        writes: Option<Writes>,
+        hook: super::Hook,
+    ) -> Result<u64, LeaseError> {
+        let hash = crate::base::hash::key_hash(key);
+        let sent = Instant::now();
+        let row = self
+            .db
+            .complete_in(
+                key,
+                token,
+                &response,
+                self.retention,
+                own_retention,
+                hash,
+                writes.as_ref(),
+                hook,
+            )
+            .await;
+        let row = match row {
+            Ok(row) => Ok(row),
+            Err(HookFail::Db(f)) => Err(f),
+            // Rolled back: the key stays held, as after any refused completion.
+            Err(HookFail::Hook(e)) => {
+                return Err(LeaseError::Database(super::DatabaseError::from_client(
+                    e,
+                    "the application's statement in the completion's transaction failed",
+                )))
+            }
+        };
+        self.completed(key, hash, token, response, sent, row)
+    }
+
+    /// What a completing statement's answer does here: the local front and the wake-ups.
+    fn completed(
+        &self,
+        key: &[u8],
+        hash: u64,
+        token: u64,
+        response: Arc<[u8]>,
+        sent: Instant,
+        row: Result<CompleteRow, Fail>,
+    ) -> Result<u64, LeaseError> {
+        match row {
             Ok(CompleteRow::Done {
                 repeat: true,
                 remaining,
@@ -420,9 +509,14 @@ impl Core {
         token: u64,
         phase: u32,
         data: Arc<[u8]>,
+        writes: Option<Writes>,
     ) -> Result<(), LeaseError> {
         let hash = crate::base::hash::key_hash(key);
-        match self.db.checkpoint(key, token, phase, &data).await {
+        let saved = match &writes {
+            None => self.db.checkpoint(key, token, phase, &data).await,
+            Some(w) => self.db.checkpoint_with(key, token, phase, &data, w).await,
+        };
+        match saved {
             Ok(true) => Ok(()),
             Ok(false) => self.lost(key, hash, token),
             Err(f) => Err(lease_failed(f)),
@@ -479,6 +573,38 @@ impl Core {
                 expires_at: crate::base::clock::wall_time(expires_wall_ms),
             },
         }))
+    }
+
+    /// A row of the application's tables.
+    pub(crate) async fn table_get(&self, row: &[u8]) -> Result<Option<Vec<u8>>, ClaimError> {
+        self.db.table_get(row).await.map_err(claim_failed)
+    }
+
+    /// Rows of the application's tables from `lo` to `hi` (exclusive).
+    pub(crate) async fn table_scan(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+    ) -> Result<Vec<TableRow>, ClaimError> {
+        self.db
+            .table_scan(lo, hi, limit)
+            .await
+            .map_err(claim_failed)
+    }
+
+    /// Pending messages, taken by this relay for `hold`.
+    pub(crate) async fn outbox_take(
+        &self,
+        limit: usize,
+        hold: Duration,
+    ) -> Result<Vec<(u64, Vec<u8>)>, ClaimError> {
+        self.db.outbox_take(limit, hold).await.map_err(claim_failed)
+    }
+
+    /// Removes sent messages.
+    pub(crate) async fn outbox_sent(&self, ids: &[u64]) -> Result<(), ClaimError> {
+        self.db.outbox_sent(ids).await.map_err(claim_failed)
     }
 
     /// Sweeps until a batch comes back short, at most `batches` batches; the rows deleted.

@@ -51,6 +51,13 @@ pub(crate) enum ClaimRow {
         fingerprint: Option<u128>,
         remaining: Duration,
     },
+    /// A completion past its retention whose marker is kept for `remaining` more.
+    Forgotten {
+        attempt: u32,
+        fingerprint: Option<u128>,
+        completed_wall_ms: u64,
+        remaining: Duration,
+    },
     /// The claim function used up its passes, each lost to another caller's commit: ask
     /// again.
     Again,
@@ -107,7 +114,43 @@ pub(crate) struct Db {
     pub(crate) round_trips: AtomicU64,
     /// Claims waiting for a statement, and the lanes that send them (`batch.rs`).
     claims: Batcher<ClaimAsk, ClaimRow>,
+    /// How long a completion's marker is kept after its retention (`None`: no markers).
+    markers: Option<Duration>,
 }
+
+/// A write set as the statements take it: each row's final value (the set's operations
+/// apply in order, so a row's last one wins), the rows deleted, the messages.
+#[derive(Default)]
+pub(crate) struct Writes {
+    put_keys: Vec<Vec<u8>>,
+    put_values: Vec<Vec<u8>>,
+    deletes: Vec<Vec<u8>>,
+    messages: Vec<Vec<u8>>,
+}
+
+impl Writes {
+    pub(crate) fn of(set: &crate::model::write_set::WriteSet) -> Writes {
+        let mut last: std::collections::BTreeMap<&[u8], Option<&[u8]>> = Default::default();
+        for (row, value) in &set.rows {
+            last.insert(&row[..], value.as_deref());
+        }
+        let mut w = Writes::default();
+        for (row, value) in last {
+            match value {
+                Some(v) => {
+                    w.put_keys.push(row.to_vec());
+                    w.put_values.push(v.to_vec());
+                }
+                None => w.deletes.push(row.to_vec()),
+            }
+        }
+        w.messages = set.messages.iter().map(|m| m.to_vec()).collect();
+        w
+    }
+}
+
+/// A row of an application table: its row key (table prefix and key) and value.
+pub(crate) type TableRow = (Vec<u8>, Vec<u8>);
 
 /// One claim's question to the database.
 #[derive(Debug)]
@@ -118,6 +161,8 @@ pub(crate) struct ClaimAsk {
     pub(crate) own_retention: Option<Duration>,
     /// The claim identity it presents (`ClaimOptions::claim_id`).
     pub(crate) claim_id: Option<u128>,
+    /// `ClaimOptions::rerun_forgotten`.
+    pub(crate) rerun: bool,
 }
 
 impl Keyed for ClaimAsk {
@@ -167,7 +212,7 @@ fn undecodable(e: tokio_postgres::Error) -> Fail {
 impl Db {
     /// The pool (no connection yet) and the TLS connector; a URL that does not parse is
     /// `Database(Rejected)`, a TLS file that does not load `InvalidConfig`.
-    pub(crate) fn new(cfg: &PostgresConfig) -> Result<Db, OpenError> {
+    pub(crate) fn new(cfg: &PostgresConfig, markers: Option<Duration>) -> Result<Db, OpenError> {
         let mut client: tokio_postgres::Config = cfg.url.parse().map_err(|e| {
             let mut err = DatabaseError::new(
                 DatabaseErrorKind::Rejected,
@@ -221,6 +266,7 @@ impl Db {
             call_timeout,
             round_trips: AtomicU64::new(0),
             claims: Batcher::new(cfg.batch_lanes, call_timeout),
+            markers,
         })
     }
 
@@ -388,6 +434,7 @@ impl Db {
 
     /// One claim's statement: alone, or in a batch with other keys' claims of this
     /// process (`batch.rs`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn claim(
         &self,
         key: &[u8],
@@ -396,6 +443,7 @@ impl Db {
         lease: Duration,
         retention: Duration,
         own_retention: Option<Duration>,
+        rerun: bool,
     ) -> Result<ClaimRow, Fail> {
         let ask = ClaimAsk {
             key: Box::from(key),
@@ -403,6 +451,7 @@ impl Db {
             lease,
             own_retention,
             claim_id,
+            rerun,
         };
         self.claims
             .ask(ask, async |asks: &[&ClaimAsk]| match asks {
@@ -420,6 +469,7 @@ impl Db {
         let own_us = ask.own_retention.map(micros);
         let id = ask.claim_id.map(u128::to_be_bytes);
         let id = id.as_ref().map(|b| &b[..]);
+        let markers = self.markers.is_some();
         let rows = self
             .query(
                 &self.sql.claim,
@@ -431,6 +481,8 @@ impl Db {
                     &retention_us,
                     &own_us,
                     &id,
+                    &markers,
+                    &ask.rerun,
                 ],
                 true,
             )
@@ -464,10 +516,22 @@ impl Db {
             .map(|&i| asks[i].claim_id.map(u128::to_be_bytes))
             .collect();
         let ids: Vec<Option<&[u8]>> = ids.iter().map(|id| id.as_ref().map(|b| &b[..])).collect();
+        let reruns: Vec<bool> = order.iter().map(|&i| asks[i].rerun).collect();
+        let markers = self.markers.is_some();
         let rows = self
             .query(
                 &self.sql.claim_batch,
-                &[&keys, &fp, &legacy, &lease_us, &own_us, &retention_us, &ids],
+                &[
+                    &keys,
+                    &fp,
+                    &legacy,
+                    &lease_us,
+                    &own_us,
+                    &retention_us,
+                    &ids,
+                    &markers,
+                    &reruns,
+                ],
                 true,
             )
             .await;
@@ -492,6 +556,7 @@ impl Db {
         answers
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn complete(
         &self,
         key: &[u8],
@@ -500,28 +565,228 @@ impl Db {
         retention: Duration,
         own_retention: Option<Duration>,
         hash: u64,
+        writes: Option<&Writes>,
     ) -> Result<CompleteRow, Fail> {
         let (token, retention_us) = (token_param(token), micros(retention));
         let own_us = own_retention.map(micros);
         let stripe = wake_stripe(hash);
+        let marker_us = self.markers.map(micros);
+        let rows = match writes {
+            None => {
+                self.query(
+                    &self.sql.complete,
+                    &[
+                        &key,
+                        &token,
+                        &response,
+                        &retention_us,
+                        &own_us,
+                        &stripe,
+                        &marker_us,
+                    ],
+                    true,
+                )
+                .await?
+            }
+            Some(w) => {
+                self.query(
+                    &self.sql.complete_with,
+                    &[
+                        &key,
+                        &token,
+                        &response,
+                        &retention_us,
+                        &own_us,
+                        &stripe,
+                        &marker_us,
+                        &w.put_keys,
+                        &w.put_values,
+                        &w.deletes,
+                        &w.messages,
+                    ],
+                    true,
+                )
+                .await?
+            }
+        };
+        complete_row(&rows)
+    }
+
+    /// The completion's statement and then the application's own statements (`hook`) in
+    /// one transaction on one connection; the hook runs only when the completion wrote the
+    /// row (not for a repeat or a lost lease), and its error rolls everything back.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn complete_in(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: &[u8],
+        retention: Duration,
+        own_retention: Option<Duration>,
+        hash: u64,
+        writes: Option<&Writes>,
+        hook: super::Hook,
+    ) -> Result<CompleteRow, HookFail> {
+        let (token, retention_us) = (token_param(token), micros(retention));
+        let own_us = own_retention.map(micros);
+        let stripe = wake_stripe(hash);
+        let marker_us = self.markers.map(micros);
+        let mut conn = self.conn().await.map_err(HookFail::Db)?;
+        // `BEGIN`, the completion and the commit (or rollback); the hook's own are not
+        // counted.
+        self.round_trips.fetch_add(3, Ordering::Relaxed);
+        let work = async {
+            let tx = conn.transaction().await.map_err(|e| (e, false))?;
+            let sql = match writes {
+                None => &self.sql.complete,
+                Some(_) => &self.sql.complete_with,
+            };
+            let stmt = tx.prepare_cached(sql).await.map_err(|e| (e, false))?;
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+                &key,
+                &token,
+                &response,
+                &retention_us,
+                &own_us,
+                &stripe,
+                &marker_us,
+            ];
+            if let Some(w) = writes {
+                params.extend([
+                    &w.put_keys as &(dyn ToSql + Sync),
+                    &w.put_values,
+                    &w.deletes,
+                    &w.messages,
+                ]);
+            }
+            let rows = tx.query(&stmt, &params).await.map_err(|e| (e, false))?;
+            let row = match complete_row(&rows) {
+                Ok(row) => row,
+                Err(f) => return Ok(Err(HookFail::Db(f))),
+            };
+            if !matches!(row, CompleteRow::Done { repeat: false, .. }) {
+                // Nothing written: nothing for the hook to join.
+                tx.rollback().await.map_err(|e| (e, false))?;
+                return Ok(Ok(row));
+            }
+            if let Err(e) = hook(&tx).await {
+                let _ = tx.rollback().await;
+                return Ok(Err(HookFail::Hook(e)));
+            }
+            tx.commit().await.map_err(|e| (e, true))?;
+            Ok(Ok(row))
+        };
+        let answer = tokio::time::timeout(self.call_timeout, work).await;
+        match answer {
+            Ok(Ok(done)) => done,
+            // Before the commit was sent nothing is committed; a failed commit whose
+            // answer is an error of the server rolled back, one without an answer is
+            // unknown.
+            Ok(Err((e, commit))) => Err(HookFail::Db(match self.failed(conn, e, commit) {
+                Fail::Unknown(why) if !commit => Fail::Refused(DatabaseError::new(
+                    DatabaseErrorKind::Unavailable,
+                    format!("the connection failed before the commit: {why}"),
+                )),
+                other => other,
+            })),
+            Err(_) => {
+                drop(Object::take(conn));
+                Err(HookFail::Db(Fail::Unknown(Arc::from(format!(
+                    "no answer from the database within {:?}",
+                    self.call_timeout
+                )))))
+            }
+        }
+    }
+
+    /// A checkpoint with writes (see `Sql::checkpoint_with`): whether `token` still held
+    /// the key (and the checkpoint and the writes are saved).
+    pub(crate) async fn checkpoint_with(
+        &self,
+        key: &[u8],
+        token: u64,
+        phase: u32,
+        data: &[u8],
+        w: &Writes,
+    ) -> Result<bool, Fail> {
+        let (token, phase) = (token_param(token), i64::from(phase));
         let rows = self
             .query(
-                &self.sql.complete,
-                &[&key, &token, &response, &retention_us, &own_us, &stripe],
+                &self.sql.checkpoint_with,
+                &[
+                    &key,
+                    &token,
+                    &phase,
+                    &data,
+                    &w.put_keys,
+                    &w.put_values,
+                    &w.deletes,
+                    &w.messages,
+                ],
                 true,
             )
             .await?;
-        let Some(row) = rows.first() else {
-            return Ok(CompleteRow::Lost);
-        };
-        let kind: &str = row.try_get(0).map_err(undecodable)?;
-        Ok(CompleteRow::Done {
-            repeat: kind == "repeat",
-            attempt: attempt_of(row.try_get(1).map_err(undecodable)?),
-            fingerprint: fingerprint_of(row.try_get(2).map_err(undecodable)?),
-            remaining: remaining(row.try_get(3).map_err(undecodable)?),
-            heard: row.try_get(4).map_err(undecodable)?,
-        })
+        Ok(!rows.is_empty())
+    }
+
+    /// A row of the application's tables.
+    pub(crate) async fn table_get(&self, row: &[u8]) -> Result<Option<Vec<u8>>, Fail> {
+        let rows = self.query(&self.sql.table_get, &[&row], true).await?;
+        match rows.first() {
+            Some(r) => Ok(Some(r.try_get(0).map_err(undecodable)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Up to `limit` rows from `lo` (inclusive) to `hi` (exclusive), in key order.
+    pub(crate) async fn table_scan(
+        &self,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+    ) -> Result<Vec<TableRow>, Fail> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .query(&self.sql.table_scan, &[&lo, &hi, &limit], true)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get(0).map_err(undecodable)?,
+                    r.try_get(1).map_err(undecodable)?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Takes up to `limit` pending messages for `hold` (see `Sql::outbox_take`), in id
+    /// order.
+    pub(crate) async fn outbox_take(
+        &self,
+        limit: usize,
+        hold: Duration,
+    ) -> Result<Vec<(u64, Vec<u8>)>, Fail> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let hold_us = micros(hold);
+        let rows = self
+            .query(&self.sql.outbox_take, &[&limit, &hold_us], true)
+            .await?;
+        let mut out = rows
+            .iter()
+            .map(|r| {
+                let id: i64 = r.try_get(0).map_err(undecodable)?;
+                Ok((id.max(0).unsigned_abs(), r.try_get(1).map_err(undecodable)?))
+            })
+            .collect::<Result<Vec<_>, Fail>>()?;
+        out.sort_unstable_by_key(|m| m.0);
+        Ok(out)
+    }
+
+    /// Removes the messages `ids`.
+    pub(crate) async fn outbox_sent(&self, ids: &[u64]) -> Result<(), Fail> {
+        let ids: Vec<i64> = ids.iter().filter_map(|&i| i64::try_from(i).ok()).collect();
+        self.query(&self.sql.outbox_sent, &[&ids], true).await?;
+        Ok(())
     }
 
     /// Whether the release removed the key.
@@ -624,9 +889,13 @@ impl Db {
             Ok(stmt) => stmt,
             Err(e) => return Err(self.failed(conn, e, false)),
         };
-        match tokio::time::timeout(self.call_timeout, conn.execute(&stmt, &[&PG_SWEEP_BATCH])).await
+        match tokio::time::timeout(self.call_timeout, conn.query_one(&stmt, &[&PG_SWEEP_BATCH]))
+            .await
         {
-            Ok(Ok(n)) => Ok(n),
+            Ok(Ok(row)) => {
+                let n: i64 = row.try_get(0).map_err(undecodable)?;
+                Ok(n.max(0).unsigned_abs())
+            }
             Ok(Err(e)) => Err(self.failed(conn, e, true)),
             Err(_) => {
                 drop(Object::take(conn));
@@ -643,6 +912,28 @@ impl Db {
     pub(crate) fn close(&self) {
         self.pool.close();
     }
+}
+
+/// How a completion with the application's own statements failed.
+pub(crate) enum HookFail {
+    Db(Fail),
+    /// The application's statement failed: everything was rolled back.
+    Hook(tokio_postgres::Error),
+}
+
+/// A completing statement's answer.
+fn complete_row(rows: &[Row]) -> Result<CompleteRow, Fail> {
+    let Some(row) = rows.first() else {
+        return Ok(CompleteRow::Lost);
+    };
+    let kind: &str = row.try_get(0).map_err(undecodable)?;
+    Ok(CompleteRow::Done {
+        repeat: kind == "repeat",
+        attempt: attempt_of(row.try_get(1).map_err(undecodable)?),
+        fingerprint: fingerprint_of(row.try_get(2).map_err(undecodable)?),
+        remaining: remaining(row.try_get(3).map_err(undecodable)?),
+        heard: row.try_get(4).map_err(undecodable)?,
+    })
 }
 
 /// The claim function's row, its columns from `at` on.
@@ -665,6 +956,13 @@ fn claim_row(row: &Row, at: usize) -> Result<ClaimRow, Fail> {
             let fingerprint = fingerprint_of(row.try_get(at + 6).map_err(undecodable)?);
             let left: Option<i64> = row.try_get(at + 7).map_err(undecodable)?;
             match (state, response) {
+                ("m", _) => ClaimRow::Forgotten {
+                    attempt,
+                    fingerprint,
+                    completed_wall_ms: wall_ms_of(row.try_get(at + 8).map_err(undecodable)?)
+                        .unwrap_or(0),
+                    remaining: remaining(left),
+                },
                 ("c", Some(response)) => ClaimRow::Completed {
                     stored: Stored {
                         response: Arc::from(response),
@@ -749,4 +1047,32 @@ fn wall_ms_of(ms: Option<i64>) -> Option<u64> {
 /// Tokens are below 2^63 (they come from a `bigint` sequence); a larger one names no row.
 fn token_param(token: u64) -> i64 {
     i64::try_from(token).unwrap_or(-1)
+}
+
+#[cfg(test)]
+mod writes_tests {
+    use super::Writes;
+    use crate::model::write_set::WriteSet;
+
+    /// A set's operations apply in order: the statement gets each row's last write, and
+    /// the messages in emission order.
+    #[test]
+    fn a_write_set_is_reduced_to_each_rows_last_write() {
+        let mut w = WriteSet::new();
+        w.put("t", b"a", b"1")
+            .and_then(|w| w.put("t", b"b", b"2"))
+            .and_then(|w| w.delete("t", b"a"))
+            .and_then(|w| w.put("t", b"b", b"3"))
+            .and_then(|w| w.delete("t", b"c"))
+            .and_then(|w| w.put("t", b"c", b"4"))
+            .and_then(|w| w.emit(b"m1"))
+            .and_then(|w| w.emit(b"m2"))
+            .expect("a small set");
+        let got = Writes::of(&w);
+        let row = |k: &[u8]| [&[1u8][..], b"t", k].concat();
+        assert_eq!(got.put_keys, vec![row(b"b"), row(b"c")]);
+        assert_eq!(got.put_values, vec![b"3".to_vec(), b"4".to_vec()]);
+        assert_eq!(got.deletes, vec![row(b"a")]);
+        assert_eq!(got.messages, vec![b"m1".to_vec(), b"m2".to_vec()]);
+    }
 }

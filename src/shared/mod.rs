@@ -75,6 +75,31 @@ pub(crate) struct Backend {
     lease: Duration,
 }
 
+/// The application's own statements, run in the completion's transaction
+/// ([`Lease::complete_in_transaction`]).
+pub(crate) type Hook = Box<
+    dyn for<'t> FnOnce(
+            &'t tokio_postgres::Transaction<'t>,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 't>,
+        > + Send,
+>;
+
+/// A write set as the statements take it (`None`: no writes).
+fn writes_of(writes: Option<&crate::model::write_set::WriteSet>) -> Option<db::Writes> {
+    writes.filter(|w| !w.is_empty()).map(db::Writes::of)
+}
+
+fn table_failed(e: ClaimError) -> crate::model::error::TableError {
+    use crate::model::error::TableError;
+    match e {
+        ClaimError::Database(e) => TableError::Database(e),
+        ClaimError::OutcomeUnknown(why) => TableError::OutcomeUnknown(why),
+        ClaimError::Closed => TableError::Closed,
+        other => TableError::OutcomeUnknown(std::sync::Arc::from(other.to_string())),
+    }
+}
+
 /// A key's own retention in ms as the shared table keeps it (whole ms, as on a file).
 fn own_retention(ms: Option<u64>) -> Option<Duration> {
     ms.map(Duration::from_millis)
@@ -97,11 +122,6 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
                 .into(),
         );
     }
-    if b.marker_retention.is_some() {
-        return bad(
-            "a shared (PostgreSQL) engine keeps no markers: leave marker_retention off".into(),
-        );
-    }
     let mut local = b.clone();
     local.postgres = None;
     local.durability = Durability::None;
@@ -119,7 +139,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     let db = {
         // The pool is built inside the runtime, which its timeouts use.
         let _entered = handle.enter();
-        db::Db::new(&cfg)?
+        db::Db::new(&cfg, b.marker_retention)?
     };
     let core = Arc::new(Core {
         db,
@@ -224,11 +244,12 @@ impl Backend {
         let lease = opts.lease.unwrap_or(self.lease);
         let retention = own_retention(opts.retention_ms().ok().flatten());
         let wait = wait.then(|| opts.wait.unwrap_or(WAIT_DEFAULT));
+        let rerun = opts.rerun_forgotten;
         let running = self.running.enter();
         self.handle.spawn(async move {
             let _running = running;
             let answer = core
-                .claim(&key, hash, asked, claim_id, lease, retention, wait)
+                .claim(&key, hash, asked, claim_id, lease, retention, wait, rerun)
                 .await;
             if let Err(Ok(Answer::Acquired { token, .. })) = tx.send(answer) {
                 bump(&core.counters.claims_cancelled);
@@ -257,6 +278,7 @@ impl Backend {
             }),
             Answer::Busy(busy) => Claim::InProgress(busy),
             Answer::Completed(stored) => Claim::Completed(stored),
+            Answer::Forgotten(forgotten) => Claim::Forgotten(forgotten),
         }
     }
 
@@ -322,11 +344,33 @@ impl Backend {
         token: u64,
         response: Arc<[u8]>,
         retention_ms: Option<u64>,
+        writes: Option<db::Writes>,
     ) -> oneshot::Receiver<Result<u64, LeaseError>> {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
         let own = own_retention(retention_ms);
-        self.call(async move { core.complete(&key, token, response, own).await })
+        self.call(async move { core.complete(&key, token, response, own, writes).await })
+    }
+
+    /// A completion with the application's own statements in its transaction.
+    pub(crate) fn complete_in(
+        &self,
+        engine: &Engine,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+        writes: Option<&crate::model::write_set::WriteSet>,
+        hook: Hook,
+    ) -> Result<u64, LeaseError> {
+        Self::check_response(engine, key, &response)?;
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        let writes = writes_of(writes);
+        let rx = self.call(async move {
+            core.complete_in(&key, token, response, None, writes, hook)
+                .await
+        });
+        block_on(rx).unwrap_or(Err(LeaseError::Closed))
     }
 
     pub(crate) fn complete(
@@ -336,9 +380,11 @@ impl Backend {
         token: u64,
         response: Arc<[u8]>,
         retention_ms: Option<u64>,
+        writes: Option<&crate::model::write_set::WriteSet>,
     ) -> Result<u64, LeaseError> {
         Self::check_response(engine, key, &response)?;
-        block_on(self.start_complete(key, token, response, retention_ms))
+        let writes = writes_of(writes);
+        block_on(self.start_complete(key, token, response, retention_ms, writes))
             .unwrap_or(Err(LeaseError::Closed))
     }
 
@@ -351,9 +397,11 @@ impl Backend {
         token: u64,
         response: Arc<[u8]>,
         retention_ms: Option<u64>,
+        writes: Option<&crate::model::write_set::WriteSet>,
     ) -> Result<u64, LeaseError> {
         Self::check_response(engine, key, &response)?;
-        self.start_complete(key, token, response, retention_ms)
+        let writes = writes_of(writes);
+        self.start_complete(key, token, response, retention_ms, writes)
             .await
             .unwrap_or(Err(LeaseError::Closed))
     }
@@ -416,6 +464,7 @@ impl Backend {
         key: &[u8],
         token: u64,
         op: Holder,
+        writes: Option<db::Writes>,
     ) -> oneshot::Receiver<Result<(), LeaseError>> {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
@@ -424,16 +473,24 @@ impl Backend {
                 Holder::Extend { lease } => core.extend(&key, token, lease).await,
                 Holder::Checkpoint(c) => {
                     let data: Arc<[u8]> = Arc::from(c.data());
-                    core.checkpoint(&key, token, c.phase(), data).await
+                    core.checkpoint(&key, token, c.phase(), data, writes).await
                 }
                 _ => Err(LeaseError::LeaseLost),
             }
         })
     }
 
-    /// `extend` or `checkpoint` (the caller checked the key and the sizes).
-    pub(crate) fn update(&self, key: &[u8], token: u64, op: Holder) -> Result<(), LeaseError> {
-        block_on(self.start_update(key, token, op)).unwrap_or(Err(LeaseError::Closed))
+    /// `extend` or `checkpoint`, a checkpoint with `writes` in its statement (the caller
+    /// checked the key and the sizes).
+    pub(crate) fn update(
+        &self,
+        key: &[u8],
+        token: u64,
+        op: Holder,
+        writes: Option<&crate::model::write_set::WriteSet>,
+    ) -> Result<(), LeaseError> {
+        block_on(self.start_update(key, token, op, writes_of(writes)))
+            .unwrap_or(Err(LeaseError::Closed))
     }
 
     pub(crate) async fn update_async(
@@ -442,9 +499,10 @@ impl Backend {
         key: &[u8],
         token: u64,
         op: Holder,
+        writes: Option<&crate::model::write_set::WriteSet>,
     ) -> Result<(), LeaseError> {
         engine.check_lease_call(key)?;
-        self.start_update(key, token, op)
+        self.start_update(key, token, op, writes_of(writes))
             .await
             .unwrap_or(Err(LeaseError::Closed))
     }
@@ -455,6 +513,81 @@ impl Backend {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
         block_on(self.call(async move { core.get(&key).await })).unwrap_or(Err(ClaimError::Closed))
+    }
+
+    /// `Engine::table_get`: the row `row` (table prefix and key).
+    pub(crate) fn table_get(
+        &self,
+        engine: &Engine,
+        row: &[u8],
+    ) -> Result<Option<Vec<u8>>, crate::model::error::TableError> {
+        engine.check_open().map_err(table_failed)?;
+        let core = self.core.clone();
+        let row: Arc<[u8]> = Arc::from(row);
+        block_on(self.call(async move { core.table_get(&row).await }))
+            .unwrap_or(Err(ClaimError::Closed))
+            .map_err(table_failed)
+    }
+
+    /// `Engine::table_range` / `table_prefix`: rows from `lo` to `hi` (exclusive).
+    pub(crate) fn table_scan(
+        &self,
+        engine: &Engine,
+        lo: &[u8],
+        hi: &[u8],
+        limit: usize,
+    ) -> Result<Vec<db::TableRow>, crate::model::error::TableError> {
+        engine.check_open().map_err(table_failed)?;
+        let core = self.core.clone();
+        let (lo, hi): (Arc<[u8]>, Arc<[u8]>) = (Arc::from(lo), Arc::from(hi));
+        block_on(self.call(async move { core.table_scan(&lo, &hi, limit).await }))
+            .unwrap_or(Err(ClaimError::Closed))
+            .map_err(table_failed)
+    }
+
+    /// `Outbox::pending`: messages taken by this caller for the engine's lease.
+    pub(crate) fn outbox_pending(
+        &self,
+        engine: &Engine,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, crate::model::error::TableError> {
+        engine.check_open().map_err(table_failed)?;
+        let core = self.core.clone();
+        let hold = self.lease;
+        block_on(self.call(async move { core.outbox_take(limit, hold).await }))
+            .unwrap_or(Err(ClaimError::Closed))
+            .map_err(table_failed)
+    }
+
+    fn start_sent(&self, ids: &[u64]) -> oneshot::Receiver<Result<(), ClaimError>> {
+        let core = self.core.clone();
+        let ids = ids.to_vec();
+        self.call(async move { core.outbox_sent(&ids).await })
+    }
+
+    /// `Outbox::mark_sent`.
+    pub(crate) fn outbox_sent(
+        &self,
+        engine: &Engine,
+        ids: &[u64],
+    ) -> Result<(), crate::model::error::TableError> {
+        engine.check_open().map_err(table_failed)?;
+        block_on(self.start_sent(ids))
+            .unwrap_or(Err(ClaimError::Closed))
+            .map_err(table_failed)
+    }
+
+    /// `Outbox::mark_sent_async`.
+    pub(crate) async fn outbox_sent_async(
+        &self,
+        engine: &Engine,
+        ids: &[u64],
+    ) -> Result<(), crate::model::error::TableError> {
+        engine.check_open().map_err(table_failed)?;
+        self.start_sent(ids)
+            .await
+            .unwrap_or(Err(ClaimError::Closed))
+            .map_err(table_failed)
     }
 
     /// `Admin::sweep_now`: every row past its reaping instant, in bounded batches.
@@ -521,5 +654,65 @@ impl Backend {
 impl Drop for Backend {
     fn drop(&mut self) {
         self.close();
+    }
+}
+
+impl Lease {
+    /// Completes the lease in a PostgreSQL transaction that also runs the application's
+    /// own statements: `hook` receives the transaction after the completing statement
+    /// wrote the row, and everything commits together, or nothing does.
+    ///
+    /// The hook runs only when this call completes the key: not when the lease was lost
+    /// (`LeaseLost`, nothing committed) and not for a repeat of a completion this token
+    /// already made. An error of the hook rolls the transaction back and is returned as
+    /// [`LeaseError::Database`] (the key stays InFlight under this token, as after any
+    /// refused completion). Writes staged on the lease ([`Lease::stage`]) are applied in
+    /// the same transaction. A failure of the commit itself is `OutcomeUnknown` when the
+    /// database's answer was lost (both or neither committed).
+    ///
+    /// Only a shared engine has a transaction to join: on an engine over a file this is
+    /// refused with [`LeaseError::Unsupported`] and the key stays InFlight; use
+    /// [`Lease::complete_with`] and a [`crate::WriteSet`] there (and here too, when the
+    /// engine's own tables will do). docs/shared.md, "The application's own SQL".
+    ///
+    /// ```ignore
+    /// let account = account.to_owned();
+    /// lease.complete_in_transaction(b"applied", move |tx| {
+    ///     Box::pin(async move {
+    ///         tx.execute(
+    ///             "UPDATE balances SET amount = amount + $2 WHERE account = $1",
+    ///             &[&account, &amount],
+    ///         )
+    ///         .await?;
+    ///         Ok(())
+    ///     })
+    /// })?;
+    /// ```
+    pub fn complete_in_transaction<F>(mut self, response: &[u8], hook: F) -> Result<(), LeaseError>
+    where
+        F: for<'t> FnOnce(
+                &'t tokio_postgres::Transaction<'t>,
+            ) -> std::pin::Pin<
+                Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 't>,
+            > + Send
+            + 'static,
+    {
+        self.settled = true;
+        let writes = crate::model::write_set::merged(self.staged.settle(), None)?;
+        let writes = Some(&writes).filter(|w| !w.is_empty());
+        let Some(pg) = self.engine.pg() else {
+            return Err(LeaseError::Unsupported(
+                "a completion in a PostgreSQL transaction on an engine over a file",
+            ));
+        };
+        pg.complete_in(
+            &self.engine,
+            &self.key,
+            self.token,
+            Arc::from(response),
+            writes,
+            Box::new(hook),
+        )
+        .map(|_| ())
     }
 }

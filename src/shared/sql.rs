@@ -17,6 +17,9 @@ pub(crate) struct Sql {
     /// Claims of several keys, sorted, in one statement (`batch.rs`).
     pub(crate) claim_batch: String,
     pub(crate) complete: String,
+    /// A completion with writes to the application's tables and messages for the outbox,
+    /// all in the completing statement.
+    pub(crate) complete_with: String,
     pub(crate) release: String,
     /// Wakes other processes' waiters: one autocommit statement after the settling one.
     pub(crate) notify: String,
@@ -26,7 +29,15 @@ pub(crate) struct Sql {
     pub(crate) unhear: String,
     pub(crate) extend: String,
     pub(crate) checkpoint: String,
+    /// A checkpoint with writes, in one statement.
+    pub(crate) checkpoint_with: String,
     pub(crate) fail: String,
+    /// The application's tables: one row; a range of rows.
+    pub(crate) table_get: String,
+    pub(crate) table_scan: String,
+    /// The outbox relay: take pending messages for a while; remove sent ones.
+    pub(crate) outbox_take: String,
+    pub(crate) outbox_sent: String,
     pub(crate) get: String,
     pub(crate) sweep: String,
     pub(crate) version: String,
@@ -39,6 +50,7 @@ pub(crate) struct Sql {
     pub(crate) upgrade_from_1: Vec<String>,
     pub(crate) upgrade_from_2: Vec<String>,
     pub(crate) upgrade_from_3: Vec<String>,
+    pub(crate) upgrade_from_4: Vec<String>,
 }
 
 /// The class of the wake-up stripes' advisory locks (the two-key form, a space of its own),
@@ -60,6 +72,10 @@ impl Sql {
         };
         let keys = q("keys");
         let meta = q("meta");
+        let tables = q("tables");
+        let outbox = q("outbox");
+        let outbox_seq = q("outbox_ids");
+        let outbox_seq_lit = outbox_seq.replace('\'', "''");
         // nextval takes the sequence's name as text: its quoting is inside the literal.
         let seq = q("tokens");
         let seq_lit = seq.replace('\'', "''");
@@ -90,7 +106,8 @@ impl Sql {
     failed           boolean     NOT NULL DEFAULT false,
     attempt_started_at timestamptz,
     retention_us     bigint,
-    claim_id         bytea
+    claim_id         bytea,
+    marker_until     timestamptz
 )"
         ));
         create.push(format!(
@@ -99,6 +116,23 @@ impl Sql {
         create.push(format!(
             "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
         ));
+        // The application's tables (a row's key is its table's name, length-prefixed,
+        // then its key, as in a file) and the outbox, with the instant until which a relay
+        // took a message (NULL: nobody).
+        let app_tables = vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {tables} (key bytea PRIMARY KEY, value bytea NOT NULL)"
+            ),
+            format!("CREATE SEQUENCE IF NOT EXISTS {outbox_seq} AS bigint MINVALUE 1 NO CYCLE"),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {outbox} (
+    id          bigint      PRIMARY KEY,
+    payload     bytea       NOT NULL,
+    taken_until timestamptz
+)"
+            ),
+        ];
+        create.extend(app_tables.iter().cloned());
 
         // Claim: one call of a function the backend installs (`claim_fn`). Inside, each
         // pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
@@ -126,7 +160,12 @@ impl Sql {
         let asks = crate::shared::constants::PG_CLAIM_ASKS_MAX;
         let take_over = |r: &str| {
             format!(
-                "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp())
+                "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp()
+               AND (NOT p_markers OR {r}.marker_until IS NULL
+                    OR {r}.marker_until <= clock_timestamp()
+                    OR (p_rerun AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                                     OR {r}.fingerprint = p_fp
+                                     OR {r}.fingerprint = p_fp_legacy))))
            OR ({r}.state = 'i' AND {r}.lease_until <= clock_timestamp()
                AND (p_fp IS NULL OR {r}.fingerprint IS NULL
                     OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy))"
@@ -143,14 +182,16 @@ impl Sql {
         };
         let (resume_seen, resume_locked) = (resume("seen"), resume("k"));
         let acquired = "RETURNING 'a'::text, k.token, k.attempt, k.checkpoint_phase, k.checkpoint,
-                      NULL::bytea, NULL::bytea, NULL::bigint";
+                      NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint";
         // A resumed lease answers as an acquired one, of kind 'r'.
         let resumed = acquired.replacen("'a'", "'r'", 1);
         let claim_fn_ddl = format!(
             "CREATE OR REPLACE FUNCTION {claim_fn}(p_key bytea, p_fp bytea, p_fp_legacy bytea,
-    p_lease_us bigint, p_retention_us bigint, p_own_us bigint, p_claim_id bytea)
+    p_lease_us bigint, p_retention_us bigint, p_own_us bigint, p_claim_id bytea,
+    p_markers boolean, p_rerun boolean)
 RETURNS TABLE (kind text, token bigint, attempt integer, checkpoint_phase bigint,
-               checkpoint bytea, response bytea, fingerprint bytea, remaining_us bigint)
+               checkpoint bytea, response bytea, fingerprint bytea, remaining_us bigint,
+               completed_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $claim$
 #variable_conflict use_column
 DECLARE
@@ -190,6 +231,7 @@ BEGIN
                                         ELSE k.first_claimed_at END,
                 state = 'i', response = NULL, expires_at = NULL, completed_at = NULL,
                 failed = false, attempt_started_at = clock_timestamp(), claim_id = p_claim_id,
+                marker_until = NULL,
                 lease_until = clock_timestamp() + p_lease_us {US},
                 retention_us = CASE WHEN k.state = 'c' THEN p_own_us
                                     ELSE coalesce(p_own_us, k.retention_us) END,
@@ -200,11 +242,20 @@ BEGIN
             {acquired};
         ELSE
             RETURN QUERY
-            SELECT seen.state, seen.token, seen.attempt, NULL::bigint, NULL::bytea,
-                   CASE WHEN seen.state = 'c' THEN seen.response END, seen.fingerprint,
-                   (extract(epoch FROM CASE WHEN seen.state = 'c' THEN seen.expires_at
-                                            ELSE seen.lease_until END
-                                       - clock_timestamp()) * 1000000)::bigint;
+            SELECT CASE WHEN p_markers AND seen.state = 'c'
+                             AND seen.expires_at <= clock_timestamp() THEN 'm'
+                        ELSE seen.state END,
+                   seen.token, seen.attempt, NULL::bigint, NULL::bytea,
+                   CASE WHEN seen.state = 'c' AND seen.expires_at > clock_timestamp()
+                        THEN seen.response END,
+                   seen.fingerprint,
+                   (extract(epoch FROM CASE WHEN seen.state = 'i' THEN seen.lease_until
+                                            WHEN seen.expires_at > clock_timestamp()
+                                            THEN seen.expires_at
+                                            WHEN p_markers THEN seen.marker_until
+                                            ELSE seen.expires_at END
+                                       - clock_timestamp()) * 1000000)::bigint,
+                   (extract(epoch FROM seen.completed_at) * 1000)::bigint;
         END IF;
         IF FOUND THEN
             RETURN;
@@ -213,16 +264,19 @@ BEGIN
 END
 $claim$"
         );
-        let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7)");
+        let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)");
         // The same function for each key of a batch, in the arrays' order (the keys come
         // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
         // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
-        // none), $6 the engine's retention µs, $7 claim identities (NULL: none).
+        // none), $6 the engine's retention µs, $7 claim identities (NULL: none), $8 whether
+        // the engine keeps markers, $9 whether each claim reruns a forgotten key.
         let claim_batch = format!(
             "SELECT a.n, c.*
-FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $7::bytea[])
-     WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, n),
-     LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us, a.claim_id) c"
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $7::bytea[],
+            $9::boolean[])
+     WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, rerun, n),
+     LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us, a.claim_id,
+                        $8, a.rerun) c"
         );
 
         // Complete: fenced by the token and the InFlight state. It does not notify: a
@@ -234,16 +288,42 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $
         // completion already stored under the same token is a repeat ($1 key, $2 token, $3
         // response, $4 the engine's retention µs, $5 the completion's own or NULL; the
         // key's own, kept with the claim, comes between them; $6 the key's wake-up stripe).
-        let complete = format!(
-            "WITH done AS (
+        let done = format!(
+            "done AS (
     UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
         expires_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
         reap_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
+        marker_until = clock_timestamp()
+            + (coalesce($5::bigint, retention_us, $4::bigint) + $7::bigint) {US},
         lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
     WHERE key = $1 AND token = $2 AND state = 'i'
     RETURNING attempt, fingerprint, expires_at
-)
-SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
+)"
+        );
+        // The writes of a set, applied only when its statement wrote the row (`done`; a
+        // repeat applies nothing again): its final value of each row ($8 keys, $9 values),
+        // the rows it deletes ($10) and its messages in emission order ($11), their ids
+        // drawn from the outbox's sequence.
+        let writes = format!(
+            "puts AS (
+    INSERT INTO {tables} (key, value)
+    SELECT w.key, w.value FROM unnest($8::bytea[], $9::bytea[]) AS w(key, value)
+    WHERE EXISTS (SELECT 1 FROM done)
+    ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value
+),
+dels AS (
+    DELETE FROM {tables} WHERE key = ANY($10::bytea[]) AND EXISTS (SELECT 1 FROM done)
+),
+msgs AS (
+    INSERT INTO {outbox} (id, payload)
+    SELECT nextval('{outbox_seq_lit}'), m.payload
+    FROM unnest($11::bytea[]) WITH ORDINALITY AS m(payload, n)
+    WHERE EXISTS (SELECT 1 FROM done)
+    ORDER BY m.n
+)"
+        );
+        let complete_tail = format!(
+            "SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
        (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
        NOT pg_try_advisory_xact_lock({wake_class}, $6::integer) AS heard
 FROM done d
@@ -254,6 +334,8 @@ FROM {keys} k
 WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
   AND NOT EXISTS (SELECT 1 FROM done)"
         );
+        let complete = format!("WITH {done}\n{complete_tail}");
+        let complete_with = format!("WITH {done},\n{writes}\n{complete_tail}");
 
         // Hear: every wake-up stripe locked, shared, for the session; Unhear: released.
         let every_stripe = |lock_fn: &str| {
@@ -294,6 +376,38 @@ RETURNING 1"
 WHERE key = $1 AND token = $2 AND state = 'i'
 RETURNING 1"
         );
+        // A checkpoint with writes: the same update, its writes applied only when it wrote
+        // the row ($5..$8 as the completion's $8..$11).
+        let checkpoint_with = format!(
+            "WITH done AS (
+    UPDATE {keys} SET checkpoint_phase = $3::bigint, checkpoint = $4
+    WHERE key = $1 AND token = $2 AND state = 'i'
+    RETURNING 1
+),
+{writes}
+SELECT 1 FROM done"
+        )
+        .replace("$8::", "$5::")
+        .replace("$9::", "$6::")
+        .replace("$10::", "$7::")
+        .replace("$11::", "$8::");
+
+        // Tables: one row; the rows from $1 (inclusive) to $2 (exclusive), at most $3.
+        let table_get = format!("SELECT value FROM {tables} WHERE key = $1");
+        let table_scan = format!(
+            "SELECT key, value FROM {tables} WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3"
+        );
+        // The relay takes up to $1 messages nobody has taken (or whose taker's time, $2 µs,
+        // ran out), in id order, skipping rows another relay is taking right now: two
+        // relays never get the same message while one's time runs. Sent: removed.
+        let outbox_take = format!(
+            "UPDATE {outbox} SET taken_until = clock_timestamp() + $2::bigint {US}
+WHERE id IN (SELECT id FROM {outbox}
+             WHERE taken_until IS NULL OR taken_until <= clock_timestamp()
+             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id, payload"
+        );
+        let outbox_sent = format!("DELETE FROM {outbox} WHERE id = ANY($1::bigint[])");
 
         // Fail: the lease ends now (or keeps an end already past) and the row stays,
         // marked failed, with its checkpoint and fingerprint, for the next claim to take
@@ -320,11 +434,28 @@ WHERE key = $1 AND (state = 'i' OR expires_at > clock_timestamp())"
         // Sweep: a bounded batch of rows past their reaping instant (completions past
         // retention, InFlight rows past their lease end plus retention). Rows another
         // transaction has locked are skipped, and the outer condition re-checks each row.
+        // A completion whose marker outlives it (`marker_until`, set by a completion of an
+        // engine with markers) loses its response and is reaped at the marker's end; every
+        // other row is deleted. Returns how many keys it removed: a marker's end is not
+        // counted (the key went when its response did), as on a file.
         let sweep = format!(
-            "DELETE FROM {keys}
-WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
-              ORDER BY reap_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-  AND reap_at <= clock_timestamp()"
+            "WITH due AS (
+    SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
+    ORDER BY reap_at LIMIT $1 FOR UPDATE SKIP LOCKED
+),
+forgot AS (
+    UPDATE {keys} k SET response = NULL, reap_at = k.marker_until
+    FROM due WHERE k.key = due.key AND k.reap_at <= clock_timestamp()
+      AND k.state = 'c' AND k.marker_until > clock_timestamp()
+    RETURNING 1
+),
+gone AS (
+    DELETE FROM {keys} k USING due
+    WHERE k.key = due.key AND k.reap_at <= clock_timestamp()
+      AND NOT (k.state = 'c' AND coalesce(k.marker_until > clock_timestamp(), false))
+    RETURNING k.state = 'c' AND k.marker_until IS NOT NULL AS marker
+)
+SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT marker)"
         );
 
         let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
@@ -357,12 +488,27 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             format!(
                 "DROP FUNCTION IF EXISTS {claim_fn}(bytea, bytea, bytea, bigint, bigint, bigint)"
             ),
-            claim_fn_ddl,
-            version_row,
         ];
-        let upgrade_from_1 = [columns_v2, to_v4.clone()].concat();
-        let upgrade_from_2 = to_v4.clone();
-        let upgrade_from_3 = to_v4;
+        // Version 4 to 5: the application's tables, the outbox, and the claim function
+        // that knows markers (nine arguments) in place of version 4's (seven).
+        let to_v5 = [
+            vec![format!(
+                "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS marker_until timestamptz"
+            )],
+            app_tables,
+            vec![
+                format!(
+                    "DROP FUNCTION IF EXISTS {claim_fn}(bytea, bytea, bytea, bigint, bigint, bigint, bytea)"
+                ),
+                claim_fn_ddl,
+                version_row,
+            ],
+        ]
+        .concat();
+        let upgrade_from_1 = [columns_v2, to_v4.clone(), to_v5.clone()].concat();
+        let upgrade_from_2 = [to_v4.clone(), to_v5.clone()].concat();
+        let upgrade_from_3 = [to_v4, to_v5.clone()].concat();
+        let upgrade_from_4 = to_v5;
 
         Sql {
             keys,
@@ -371,13 +517,19 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             claim,
             claim_batch,
             complete,
+            complete_with,
             release,
             notify,
             hear,
             unhear,
             extend,
             checkpoint,
+            checkpoint_with,
             fail,
+            table_get,
+            table_scan,
+            outbox_take,
+            outbox_sent,
             get,
             sweep,
             version,
@@ -386,6 +538,7 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             upgrade_from_1,
             upgrade_from_2,
             upgrade_from_3,
+            upgrade_from_4,
         }
     }
 
@@ -395,6 +548,7 @@ WHERE key IN (SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
             1 => Some(&self.upgrade_from_1),
             2 => Some(&self.upgrade_from_2),
             3 => Some(&self.upgrade_from_3),
+            4 => Some(&self.upgrade_from_4),
             _ => None,
         }
     }
@@ -422,13 +576,19 @@ mod tests {
             sql.claim.clone(),
             sql.claim_batch.clone(),
             sql.complete.clone(),
+            sql.complete_with.clone(),
             sql.release.clone(),
             sql.notify.clone(),
             sql.hear.clone(),
             sql.unhear.clone(),
             sql.extend.clone(),
             sql.checkpoint.clone(),
+            sql.checkpoint_with.clone(),
             sql.fail.clone(),
+            sql.table_get.clone(),
+            sql.table_scan.clone(),
+            sql.outbox_take.clone(),
+            sql.outbox_sent.clone(),
             sql.get.clone(),
             sql.sweep.clone(),
             sql.version.clone(),
@@ -459,7 +619,9 @@ mod tests {
             sql.release.clone(),
             sql.extend.clone(),
             sql.checkpoint.clone(),
+            sql.checkpoint_with.clone(),
             sql.fail.clone(),
+            sql.outbox_take.clone(),
             sql.get.clone(),
             sql.sweep.clone(),
         ];
