@@ -20,15 +20,13 @@ mod batch;
 mod block;
 mod constants;
 use crate::api::postgres_config as config;
-// Over the line limit, to be split: `claim` (one transaction's steps) here and `Sql::new`
-// (every statement of the schema) below.
+// Over the line limit, to be split: `claim` (one transaction's steps).
 #[allow(clippy::too_many_lines)]
 mod core;
 mod db;
 use crate::model::database_error as error;
 mod front;
 mod listen;
-#[allow(clippy::too_many_lines)]
 mod sql;
 mod tls;
 mod wake;
