@@ -253,7 +253,7 @@ impl Admin<'_> {
         let s = self.engine.shared();
         let mut out = Vec::new();
         let mut from_file = Vec::new();
-        for stripe in s.index.stripes() {
+        for stripe in s.index().stripes() {
             let shard = stripe.lock();
             let now = s.now();
             for (scoped, slot) in shard
@@ -351,7 +351,7 @@ impl Admin<'_> {
     pub fn abandoned(&self, query: &AbandonedQuery) -> Vec<AbandonedClaim> {
         let s = self.engine.shared();
         let mut found = Vec::new();
-        for stripe in s.index.stripes() {
+        for stripe in s.index().stripes() {
             let shard = stripe.lock();
             let now = s.now();
             let over = |slot: &Slot| slot.is_inflight() && slot.deadline_ns <= now.mono_ns;
@@ -402,7 +402,7 @@ impl Admin<'_> {
         let scoped = self.engine.scoped_key(scope, key)?;
         let before = {
             let s = self.engine.shared();
-            let (shard, _, k) = s.index.lock(&scoped);
+            let (shard, _, k) = s.index().lock(&scoped);
             let Some(slot) = shard.get(k).filter(|slot| slot.is_inflight()) else {
                 return Ok(None);
             };
@@ -464,11 +464,11 @@ impl Admin<'_> {
     fn import_inner(&self, record: &RecordInfo, wait: bool) -> Result<(), ImportError> {
         self.engine.check_open().map_err(ImportError::Engine)?;
         let s = self.engine.shared();
-        if record.key.is_empty() || record.key.len() > s.cfg.key_len_max {
+        if record.key.is_empty() || record.key.len() > s.cfg().key_len_max {
             return Err(ImportError::Invalid(format!(
                 "key length {} outside 1..={}",
                 record.key.len(),
-                s.cfg.key_len_max
+                s.cfg().key_len_max
             )));
         }
         let key =
@@ -479,19 +479,19 @@ impl Admin<'_> {
                     crate::model::constants::SCOPE_LEN_MAX
                 ))
             })?;
-        let (mut shard, changed, k) = s.index.lock(&key);
+        let (mut shard, changed, k) = s.index().lock(&key);
         let step = machine::import(
             shard.view(k),
             machine::KeyRef::Shared(&key),
             record,
-            s.tokens.next(),
+            s.tokens().next(),
             s.now(),
             &s.rules(),
         )?;
         if step.answer == Imported::Gone {
             return Ok(());
         }
-        if !s.tokens.advance_to(record.token) {
+        if !s.tokens().advance_to(record.token) {
             return Err(ImportError::Engine(ClaimError::TokensExhausted));
         }
         let seq = s

@@ -70,7 +70,7 @@ impl Engine {
         // Traced as the blocking call is, once the answer is known (a span is not held
         // across the awaits).
         let answer = self.claim_async_unobserved(key, opts).await;
-        self.shared().observe.claim(key, false, || answer)
+        self.shared().observer().claim(key, false, || answer)
     }
 
     async fn claim_async_unobserved(
@@ -106,7 +106,7 @@ impl Engine {
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
         let answer = self.claim_or_wait_async_unobserved(key, opts).await;
-        self.shared().observe.claim(key, true, || answer)
+        self.shared().observer().claim(key, true, || answer)
     }
 
     async fn claim_or_wait_async_unobserved(
@@ -123,7 +123,7 @@ impl Engine {
         self.check_open()?;
         let s = self.shared();
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
-        let deadline = s.time.mono_ns().saturating_add(duration_ns(wait));
+        let deadline = s.mono_ns().saturating_add(duration_ns(wait));
         let mut looking = Looking {
             deadline,
             counted: false,
@@ -149,7 +149,7 @@ impl Engine {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Step, ClaimError>> {
         let s = self.shared();
-        let (mut shard, changed, k) = s.index.lock(key);
+        let (mut shard, changed, k) = s.index().lock(key);
         if !looking.counted {
             looking.counted = true;
             s.count_claim(&mut shard.events);
@@ -170,7 +170,7 @@ impl Engine {
         let Step::Busy(busy) = &step else {
             return Poll::Ready(Ok(step));
         };
-        let now = s.time.mono_ns();
+        let now = s.mono_ns();
         if now >= looking.deadline {
             return Poll::Ready(Ok(step));
         }
@@ -184,13 +184,13 @@ impl Engine {
                 .max(duration_ns(WAIT_SLICE_MIN))
                 .min(left)
         };
-        bump(&s.counters.waits);
+        bump(&s.counters().waits);
         looking.waited = true;
         match shard.published_at(k) {
             // A durable completion is published by the writer's watermark, which wakes its
             // waiters; the stripe is not notified. Durable since this look: look again.
             Some(seq) => {
-                if s.progress.poll(seq, s, cx).is_ready() {
+                if s.progress().poll(seq, s, cx).is_ready() {
                     cx.waker().wake_by_ref();
                 }
             }
@@ -200,7 +200,7 @@ impl Engine {
         drop(shard);
         if looking.timer_ns != Some(wake_ns) {
             looking.timer_ns = Some(wake_ns);
-            s.timers.wake_at(self.shared_arc(), wake_ns, cx.waker());
+            s.timers().wake_at(self.shared_arc(), wake_ns, cx.waker());
         }
         Poll::Pending
     }
@@ -246,7 +246,7 @@ impl Engine {
             if seq == 0 {
                 return Poll::Ready(Ok(()));
             }
-            s.progress.poll(seq, s, cx)
+            s.progress().poll(seq, s, cx)
         })
     }
 
@@ -281,22 +281,23 @@ impl Engine {
     /// passed first.
     pub(crate) async fn room(&self, deadline_ns: u64) -> bool {
         let s = self.shared();
-        let queued = s.progress.issued();
+        let queued = s.progress().issued();
         let mut timer_set = false;
         poll_fn(|cx| {
-            let full = s.tx.as_ref().is_some_and(|tx| tx.is_full());
+            let full = s.queue_full();
             if !full || s.poison_reason().is_some() || s.is_closed() {
                 return Poll::Ready(true);
             }
-            if s.time.mono_ns() >= deadline_ns {
+            if s.mono_ns() >= deadline_ns {
                 return Poll::Ready(false);
             }
-            if s.progress.poll(queued, s, cx).is_ready() {
+            if s.progress().poll(queued, s, cx).is_ready() {
                 return Poll::Ready(true);
             }
             if !timer_set && deadline_ns != u64::MAX {
                 timer_set = true;
-                s.timers.wake_at(self.shared_arc(), deadline_ns, cx.waker());
+                s.timers()
+                    .wake_at(self.shared_arc(), deadline_ns, cx.waker());
             }
             Poll::Pending
         })
@@ -406,7 +407,7 @@ struct Won(Option<Lease>);
 impl Drop for Won {
     fn drop(&mut self) {
         if let Some(mut lease) = self.0.take() {
-            bump(&lease.engine.shared().counters.claims_cancelled);
+            bump(&lease.engine.shared().counters().claims_cancelled);
             lease.settled = true;
             lease.engine.release_unwaited(&lease.key, lease.token);
         }
@@ -479,7 +480,7 @@ impl Lease {
             let key = crate::model::scope::key_of(key);
             return engine
                 .shared()
-                .observe
+                .observer()
                 .complete(key, token, || done)
                 .map(|()| expires_wall_ms);
         }
@@ -496,7 +497,7 @@ impl Lease {
         let mut expires_wall_ms = 0;
         engine
             .shared()
-            .observe
+            .observer()
             .complete(crate::model::scope::key_of(key), token, || {
                 done.map(|expires| expires_wall_ms = expires)
             })?;
@@ -551,7 +552,7 @@ impl Lease {
         }
         .await;
         let key = crate::model::scope::key_of(key);
-        engine.shared().observe.fail(key, token, || done)
+        engine.shared().observer().fail(key, token, || done)
     }
 
     /// Renews this lease while the returned guard lives and the lease is unsettled: every

@@ -13,7 +13,7 @@ use crate::api::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored
 use crate::api::options::OnHandlerError;
 use crate::api::options::{AskedFingerprint, ClaimOptions};
 use crate::base::clock::{duration_ns, wall_time};
-use crate::base::sabotage::Sabotage;
+use crate::base::sabotage::fault_point;
 use crate::base::sync::{Arc, MutexGuard, Ordering};
 use crate::index::stats::{bump, Events};
 use crate::index::stripes::{Forgot, Key, Shard};
@@ -114,11 +114,11 @@ impl Again {
     fn exhausted(self, engine: &Engine) -> ClaimError {
         match self {
             Again::Room => {
-                bump(&engine.shared().counters.overloaded);
+                bump(&engine.shared().counters().overloaded);
                 ClaimError::Overloaded(Limit::Keys)
             }
             Again::Leases => {
-                bump(&engine.shared().counters.overloaded);
+                bump(&engine.shared().counters().overloaded);
                 ClaimError::Overloaded(Limit::InFlightClaims)
             }
             Again::Tokens | Again::Record | Again::Marker => ClaimError::Contended,
@@ -159,14 +159,14 @@ impl Engine {
             "the call's key and its hashed form agree"
         );
         let s = self.shared();
-        let c = &s.counters;
+        let c = s.counters();
         let retention_ms = opts.retention_ms()?;
         let rules = s.rules();
         let now = s.now();
         // The second tier (docs/retention.md): a key without a slot is answered from its
         // marker, and a completion past its retention becomes its marker first.
         let mut drop_marker = None;
-        if s.cfg.marker_retention.is_some() {
+        if s.cfg().marker_retention.is_some() {
             match self.marker_step(shard, k, opts, now)? {
                 MarkerLook::Answer(step) => return Ok(step),
                 MarkerLook::Proceed(dropped) => drop_marker = dropped,
@@ -185,20 +185,8 @@ impl Engine {
         if plan.kind == Acquiring::New && !self.admit_new_key(shard, now.mono_ns) {
             return Ok(Step::NeedRoom);
         }
-        // Only live leases count against the in-flight limit: the claim is admitted if the
-        // live leases of other keys leave room. A takeover of an ended lease that still holds
-        // its place inherits it; any other claim reserves one.
-        if !plan.reserve && c.gauges.inflight.load(Ordering::Acquire) > s.cfg.inflight_max {
-            // The count includes the ended lease being replaced, and exceeds the limit only
-            // after `extend`s of ended leases. Move this stripe's ended leases (this one
-            // among them) out of the count, and decide again: as a takeover of an abandoned
-            // lease, which reserves a place.
-            shard.end_leases(now.mono_ns, usize::MAX);
-            if let ClaimAnswer::Acquire(again) =
-                machine::claim(shard.view(k), opts.fingerprint, opts.claim_id, now.mono_ns).answer
-            {
-                plan = again;
-            }
+        if !plan.reserve {
+            plan = self.replan_over_inflight_limit(shard, k, opts, now, plan);
         }
         let reserved = plan.reserve;
         if reserved && !self.reserve_live(shard, now.mono_ns) {
@@ -209,7 +197,7 @@ impl Engine {
                 c.gauges.inflight.fetch_sub(1, Ordering::AcqRel);
             }
         };
-        let token = match s.tokens.issue() {
+        let token = match s.tokens().issue() {
             Ok(token) => token,
             Err(shortage) => {
                 undo();
@@ -221,24 +209,17 @@ impl Engine {
         };
         // Test-only sabotage: open a check-then-act window, the bug this crate exists to
         // prevent, so that the checkers can show they catch it (docs/testing.md).
-        if plan.kind == Acquiring::New && self.sabotaged(Sabotage::CheckThenAct) {
+        if plan.kind == Acquiring::New && fault_point!(s.faults(), CheckThenAct) {
             crate::index::stripes::unlocked(shard, std::thread::yield_now);
         }
-        let lease = opts.lease.unwrap_or(s.cfg.lease);
+        let lease = opts.lease.unwrap_or(s.cfg().lease);
         let plan = plan.asking_retention(retention_ms);
         let step = machine::acquire(plan, KeyRef::Shared(key), token, lease, now, &rules);
         let seq = match s.queue_dropping(step.write, drop_marker, true) {
             Ok(seq) => seq,
             Err(refused) => {
                 undo();
-                return Err(match refused {
-                    SendRefused::Full => {
-                        bump(&c.overloaded);
-                        ClaimError::Overloaded(Limit::WriterQueue)
-                    }
-                    SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
-                    SendRefused::Closed => ClaimError::Closed,
-                });
+                return Err(self.claim_refused(refused));
             }
         };
         shard.apply(k, step.change, seq);
@@ -259,6 +240,46 @@ impl Engine {
         })
     }
 
+    /// Only live leases count against the in-flight limit: the claim is admitted if the
+    /// live leases of other keys leave room. A takeover of an ended lease that still holds
+    /// its place (`plan` does not reserve) inherits it; any other claim reserves one.
+    /// When the count is over the limit, it includes the ended lease being replaced (it
+    /// exceeds the limit only after `extend`s of ended leases): this moves the stripe's
+    /// ended leases (this one among them) out of the count, and decides again: as a
+    /// takeover of an abandoned lease, which reserves a place.
+    #[inline]
+    fn replan_over_inflight_limit(
+        &self,
+        shard: &mut MutexGuard<'_, Shard>,
+        k: Key<'_>,
+        opts: &ClaimOptions,
+        now: Now,
+        plan: machine::Plan,
+    ) -> machine::Plan {
+        let s = self.shared();
+        if s.counters().gauges.inflight.load(Ordering::Acquire) <= s.cfg().inflight_max {
+            return plan;
+        }
+        shard.end_leases(now.mono_ns, usize::MAX);
+        match machine::claim(shard.view(k), opts.fingerprint, opts.claim_id, now.mono_ns).answer {
+            ClaimAnswer::Acquire(again) => again,
+            _ => plan,
+        }
+    }
+
+    /// The error of a claim whose write the writer queue refused (a full queue is counted
+    /// as an overload).
+    fn claim_refused(&self, refused: SendRefused) -> ClaimError {
+        match refused {
+            SendRefused::Full => {
+                bump(&self.shared().counters().overloaded);
+                ClaimError::Overloaded(Limit::WriterQueue)
+            }
+            SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
+            SendRefused::Closed => ClaimError::Closed,
+        }
+    }
+
     /// A claim that presents its key's holder's claim identity resumes that lease
     /// (`machine::resume`), under the stripe lock: the lease is renewed for the claim's
     /// lease and its record rewritten, as an `extend` would, and the claim is answered with
@@ -272,7 +293,7 @@ impl Engine {
         token: u64,
     ) -> Result<Step, ClaimError> {
         let s = self.shared();
-        let lease = opts.lease.unwrap_or(s.cfg.lease);
+        let lease = opts.lease.unwrap_or(s.cfg().lease);
         let now = s.now();
         let rules = s.rules();
         let step = machine::resume(
@@ -289,7 +310,7 @@ impl Engine {
             .queue(step.write, false)
             .map_err(|refused| match refused {
                 SendRefused::Full => {
-                    bump(&s.counters.overloaded);
+                    bump(&s.counters().overloaded);
                     ClaimError::Overloaded(Limit::WriterQueue)
                 }
                 SendRefused::Poisoned(why) => ClaimError::Poisoned(why),
@@ -355,7 +376,7 @@ impl Engine {
                             Some(SendRefused::Poisoned(why)) => ClaimError::Poisoned(why),
                             Some(SendRefused::Closed) => ClaimError::Closed,
                             Some(SendRefused::Full) | None => {
-                                bump(&s.counters.overloaded);
+                                bump(&s.counters().overloaded);
                                 ClaimError::Overloaded(Limit::WriterQueue)
                             }
                         })
@@ -385,7 +406,7 @@ impl Engine {
         opts: &ClaimOptions,
         first: bool,
     ) -> Result<Step, ClaimError> {
-        let (mut shard, _, k) = self.shared().index.lock(key);
+        let (mut shard, _, k) = self.shared().index().lock(key);
         if first {
             self.shared().count_claim(&mut shard.events);
         }
@@ -397,12 +418,12 @@ impl Engine {
     /// a walk). An unexpired record or a live lease is never dropped for room.
     fn admit_new_key(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
         let s = self.shared();
-        let gauges = &s.counters.gauges;
-        if gauges.keys() < s.cfg.keys_max {
+        let gauges = &s.counters().gauges;
+        if gauges.keys() < s.cfg().keys_max {
             return true;
         }
         crate::runtime::sweep::sweep_stripe(s, shard, now, SWEEP_STRIPE_BATCH);
-        gauges.keys() < s.cfg.keys_max
+        gauges.keys() < s.cfg().keys_max
     }
 
     /// Reserves a place in the live count for a new lease. At the limit, the leases of this
@@ -410,11 +431,11 @@ impl Engine {
     fn reserve_live(&self, shard: &mut MutexGuard<'_, Shard>, now: u64) -> bool {
         let s = self.shared();
         let reserve = || {
-            s.counters
+            s.counters()
                 .gauges
                 .inflight
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                    (n < s.cfg.inflight_max).then_some(n + 1)
+                    (n < s.cfg().inflight_max).then_some(n + 1)
                 })
                 .is_ok()
         };
@@ -446,7 +467,7 @@ impl Engine {
                     token,
                     attempt,
                     checkpoint,
-                    lease: opts.lease.unwrap_or(self.shared().cfg.lease),
+                    lease: opts.lease.unwrap_or(self.shared().cfg().lease),
                     settled: false,
                     staged: Default::default(),
                 };
@@ -464,7 +485,7 @@ impl Engine {
             Step::ReplayFromFile { token } => {
                 match self.read_completed(key, token, opts.fingerprint)? {
                     Some(read) => {
-                        bump(&self.shared().counters.replays);
+                        bump(&self.shared().counters().replays);
                         Ok(Prepared::Ready(Ok(Claim::Completed(read.stored))))
                     }
                     None => Ok(Prepared::Ready(Err(Again::Record))),
@@ -536,11 +557,11 @@ impl Engine {
                         Err(ClaimError::Closed)
                     }
                     Err(Room::Full) => {
-                        bump(&s.counters.overloaded);
+                        bump(&s.counters().overloaded);
                         Err(ClaimError::Overloaded(Limit::Keys))
                     }
                     Err(Room::QueueFull) => {
-                        bump(&s.counters.overloaded);
+                        bump(&s.counters().overloaded);
                         Err(ClaimError::Overloaded(Limit::WriterQueue))
                     }
                 }
@@ -550,7 +571,7 @@ impl Engine {
                 // the live count, then look again; if none had ended the limit is full.
                 let s = self.shared();
                 if crate::runtime::sweep::end_leases_anywhere(s) == 0 {
-                    bump(&s.counters.overloaded);
+                    bump(&s.counters().overloaded);
                     return Err(ClaimError::Overloaded(Limit::InFlightClaims));
                 }
                 Ok(Err(Again::Leases))
@@ -562,7 +583,7 @@ impl Engine {
 
     /// A `Corrupted` answer for a replay or read, counted.
     fn corrupted(&self, detail: String) -> ClaimError {
-        bump(&self.shared().counters.corrupt_reads);
+        bump(&self.shared().counters().corrupt_reads);
         ClaimError::Corrupted(Arc::from(detail))
     }
 
@@ -571,7 +592,7 @@ impl Engine {
     /// after its slot left the index (expiry, takeover, release), so a slot that still names
     /// the token means the file lost a record the index holds.
     fn still_completed_under(&self, key: &[u8], token: u64) -> bool {
-        let (shard, _, k) = self.shared().index.lock(key);
+        let (shard, _, k) = self.shared().index().lock(key);
         shard
             .get(k)
             .is_some_and(|slot| slot.token == token && !slot.is_inflight())
@@ -625,7 +646,7 @@ impl Engine {
         // Test-only sabotage: trust the stored bytes without their checksum, so that the
         // corruption checks can show they catch a replay of damaged bytes.
         #[cfg(idemkv_sabotage)]
-        let read = match self.sabotaged(Sabotage::SkipReplayChecksum) {
+        let read = match fault_point!(s.faults(), SkipReplayChecksum) {
             true => store.get_unverified(token),
             false => store.get(token),
         };
@@ -662,7 +683,7 @@ impl Engine {
         }
         if let (Some(asked), Some(stored)) = (fingerprint, record.fingerprint) {
             if !asked.matches(stored) {
-                bump(&s.counters.fingerprint_mismatches);
+                bump(&s.counters().fingerprint_mismatches);
                 return Err(ClaimError::FingerprintMismatch);
             }
         }
@@ -691,7 +712,7 @@ impl Engine {
     ///
     /// Under `Immediate` an `Acquired` answer is returned once the InFlight record is durable.
     pub fn claim(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
-        let observe = &self.shared().observe;
+        let observe = &self.shared().observer();
         observe.claim(key, false, || self.claim_unobserved(key, opts))
     }
 
@@ -717,7 +738,7 @@ impl Engine {
     /// if the wait ([`ClaimOptions::wait`], default 60 s) ran out first. Waiters are woken by
     /// the holder's completion or release, never by polling.
     pub fn claim_or_wait(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
-        let observe = &self.shared().observe;
+        let observe = &self.shared().observer();
         observe.claim(key, true, || self.claim_or_wait_unobserved(key, opts))
     }
 
@@ -735,12 +756,12 @@ impl Engine {
         self.check_open()?;
         let s = self.shared();
         let wait = opts.wait.unwrap_or(WAIT_DEFAULT);
-        let deadline = s.time.mono_ns().saturating_add(duration_ns(wait));
+        let deadline = s.mono_ns().saturating_add(duration_ns(wait));
         let mut waited = false;
         let mut looks = 0;
         loop {
             let step = {
-                let (mut shard, changed, k) = s.index.lock(key);
+                let (mut shard, changed, k) = s.index().lock(key);
                 if looks == 0 && !waited {
                     s.count_claim(&mut shard.events);
                 }
@@ -756,7 +777,7 @@ impl Engine {
                     }
                     let step = self.claim_step(&mut shard, k, key, opts)?;
                     let Step::Busy(busy) = &step else { break step };
-                    let now = s.time.mono_ns();
+                    let now = s.mono_ns();
                     if now >= deadline {
                         break step;
                     }
@@ -770,13 +791,13 @@ impl Engine {
                     let slice = hint
                         .min(Duration::from_nanos(deadline - now))
                         .clamp(WAIT_SLICE_MIN, WAIT_SLICE_MAX);
-                    bump(&s.counters.waits);
+                    bump(&s.counters().waits);
                     waited = true;
                     match shard.published_at(k) {
                         // A durable completion is published by the writer's watermark,
                         // which wakes its waiters; the stripe is not notified.
                         Some(seq) => crate::index::stripes::unlocked(&mut shard, || {
-                            s.progress.sleep(seq, s, slice);
+                            s.progress().sleep(seq, s, slice);
                         }),
                         None => crate::index::stripes::wait(changed, &mut shard, slice),
                     }
@@ -974,8 +995,8 @@ impl Engine {
         // its record was being read; a missing record the key still names is `Corrupted`.
         for _ in 0..CLAIM_LOOKS_MAX {
             let token = {
-                let (shard, _, k) = s.index.lock(key);
-                let now = s.time.mono_ns();
+                let (shard, _, k) = s.index().lock(key);
+                let now = s.mono_ns();
                 let Some(slot) = shard.get(k).filter(|slot| !slot.is_expired(now)) else {
                     return Ok(None);
                 };
@@ -1030,7 +1051,7 @@ impl Engine {
             return Ok(false);
         };
         {
-            let (shard, _, k) = s.index.lock(&key);
+            let (shard, _, k) = s.index().lock(&key);
             let Some(slot) = shard.get(k) else {
                 return Ok(false);
             };

@@ -8,7 +8,6 @@ use crate::api::constants::QUEUE_CLAIM_HEADROOM_DIVISOR;
 use crate::api::options::{Durability, EngineBuilder};
 use crate::base::clock::{ClockListener, Time};
 use crate::base::hash::KeyHasher;
-use crate::base::sabotage::Sabotage;
 use crate::base::sync::{Arc, Mutex, Weak};
 use crate::index::stats::{read, Counters, Events, Stats};
 use crate::index::stripes::{Index, Keying};
@@ -17,11 +16,10 @@ use crate::model::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::model::machine::MarkerRules;
 use crate::model::token::Tokens;
 use crate::runtime::progress::Progress;
-use crate::runtime::queue::{Op, Queued};
 use crate::runtime::shared::{Config, Parts, Shared};
 use crate::runtime::sweeper::Sweeper;
 use crate::runtime::writer;
-use crate::store::storage::Store;
+use crate::store::storage::{Closing, Store};
 use std::path::Path;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -83,38 +81,30 @@ impl Drop for Inner {
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
-            .field("durability", &self.shared().cfg.durability)
+            .field("durability", &self.shared().cfg().durability)
             .finish()
     }
 }
 
 fn close_shared(shared: &Shared, threads: &Mutex<Threads>) -> Result<(), FlushError> {
     if shared.close_once() {
-        shared.sweeper.stop();
-        shared.timers.stop();
+        shared.stop_background();
         let mut threads = threads.lock();
         if let Some(handle) = threads.sweeper.take() {
             let _ = handle.join();
         }
         // Every queued send happens under a stripe lock after a check of `closed`: passing
         // through each lock once orders all of them before the shutdown message.
-        for stripe in shared.index.stripes() {
+        for stripe in shared.index().stripes() {
             drop(stripe.lock());
         }
-        if let Some(tx) = &shared.tx {
-            let _ = tx.send(Queued {
-                seq: 0,
-                op: Op::Shutdown,
-                tables: None,
-                acked_at: None,
-            });
-        }
+        shared.send_shutdown();
         if let Some(handle) = threads.writer.take() {
             let _ = handle.join();
         }
         shared.set_writer_stopped();
         shared.release_store();
-        shared.index.wake_all();
+        shared.index().wake_all();
         shared.notify_room();
     }
     match shared.poison_reason() {
@@ -166,39 +156,12 @@ impl EngineBuilder {
         let (tokens, store, outbox_next) = match opened {
             None => (Tokens::new(1, u64::MAX), None, 1),
             Some(store) => {
-                // A damaged file can make redb panic mid-scan: contain it as corruption.
-                let next = crate::store::storage::contain("recovery", || {
-                    crate::runtime::recovery::recover(
-                        &store,
-                        &self.recovery_settings(),
-                        &index,
-                        &time,
-                        &counters,
-                    )
-                })
-                .map_err(|detail| OpenError::Corrupted { detail })??;
-                // Every replay opens the tables again: a table tree that only decodes in the
-                // write path must be refused now, not on each read.
-                store.check_tables()?;
-                let outbox_next = store.outbox_next()?;
-                let limit = next.saturating_add(TOKEN_RESERVE);
-                (Tokens::new(next, limit), Some(Arc::new(store)), outbox_next)
+                let (tokens, outbox_next) = self.recover(&store, &index, &time, &counters)?;
+                (tokens, Some(Arc::new(store)), outbox_next)
             }
         };
-        let claim_queue_max =
-            self.tuning.queue_depth - self.tuning.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR;
-        let cfg = Config {
-            durability: self.durability,
-            lease: self.lease,
-            retention: self.retention,
-            marker_retention: self.marker_retention,
-            key_len_max: self.key_len_max,
-            response_len_max: self.response_len_max,
-            checkpoint_len_max: self.checkpoint_len_max,
-            inflight_max: self.inflight_max as u64,
-            keys_max: self.keys_max as u64,
-            claim_queue_max,
-        };
+        let cfg = self.config();
+        let claim_queue_max = cfg.claim_queue_max;
         let (tx, rx) = match store {
             Some(_) => {
                 let (tx, rx) = crate::base::sync::channel::bounded(self.tuning.queue_depth);
@@ -250,17 +213,60 @@ impl EngineBuilder {
     }
 }
 
+impl EngineBuilder {
+    /// Loads the file's records into `index` (`runtime::recovery`) and checks its tables.
+    /// Returns the tokens to issue from and the next outbox id.
+    fn recover(
+        &self,
+        store: &Closing,
+        index: &Index,
+        time: &Time,
+        counters: &Counters,
+    ) -> Result<(Tokens, u64), OpenError> {
+        // A damaged file can make redb panic mid-scan: contain it as corruption.
+        let next = crate::store::storage::contain("recovery", || {
+            crate::runtime::recovery::recover(
+                store,
+                &self.recovery_settings(),
+                index,
+                time,
+                counters,
+            )
+        })
+        .map_err(|detail| OpenError::Corrupted { detail })??;
+        // Every replay opens the tables again: a table tree that only decodes in the
+        // write path must be refused now, not on each read.
+        store.check_tables()?;
+        let outbox_next = store.outbox_next()?;
+        let limit = next.saturating_add(TOKEN_RESERVE);
+        Ok((Tokens::new(next, limit), outbox_next))
+    }
+
+    /// The settings, in the units the hot path uses.
+    fn config(&self) -> Config {
+        Config {
+            durability: self.durability,
+            lease: self.lease,
+            retention: self.retention,
+            marker_retention: self.marker_retention,
+            key_len_max: self.key_len_max,
+            response_len_max: self.response_len_max,
+            checkpoint_len_max: self.checkpoint_len_max,
+            inflight_max: self.inflight_max as u64,
+            keys_max: self.keys_max as u64,
+            // The rest of the queue is headroom for holders.
+            claim_queue_max: self.tuning.queue_depth
+                - self.tuning.queue_depth / QUEUE_CLAIM_HEADROOM_DIVISOR,
+        }
+    }
+}
+
 /// Lets a clock that jumps (a mock clock) wake every waiter to re-check its deadline.
 fn subscribe_clock(b: &EngineBuilder, shared: &Arc<Shared>) -> Arc<ClockListener> {
     let weak: Weak<Shared> = Arc::downgrade(shared);
     let listener: Arc<ClockListener> = Arc::new(move || {
         if let Some(shared) = weak.upgrade() {
-            shared.index.wake_all();
-            // Callers waiting for a completion to be published sleep on the watermark.
-            shared.progress.wake_all();
-            shared.notify_room();
-            shared.sweeper.nudge();
-            shared.timers.nudge();
+            shared.clock_jumped();
         }
     });
     if let Some(mock) = b.clock.as_deref().and_then(|c| c.mock_clock()) {
@@ -303,13 +309,6 @@ impl Engine {
         Some(self)
     }
 
-    /// Whether a test has switched this sabotage on (always false without
-    /// `--cfg idemkv_sabotage`).
-    #[inline]
-    pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
-        self.shared().sabotaged(which)
-    }
-
     /// The durability mode this engine was opened with.
     pub fn durability(&self) -> Durability {
         // A shared engine's calls return once the database committed them.
@@ -317,7 +316,7 @@ impl Engine {
         if self.pg().is_some() {
             return Durability::Immediate;
         }
-        self.shared().cfg.durability
+        self.shared().cfg().durability
     }
 
     /// The engine's retention ([`EngineBuilder::retention`]): how long a completed key is
@@ -325,11 +324,11 @@ impl Engine {
     /// ([`crate::ClaimOptions::retention`], [`crate::CompleteOptions::retention`]). A
     /// replay tells the instant its key expires ([`crate::Stored::expires_at`]).
     pub fn retention(&self) -> Duration {
-        self.shared().cfg.retention
+        self.shared().cfg().retention
     }
 
     pub(crate) fn check_key(&self, key: &[u8]) -> Result<(), ClaimError> {
-        let max = self.shared().cfg.key_len_max;
+        let max = self.shared().cfg().key_len_max;
         if key.is_empty() {
             return Err(ClaimError::KeyEmpty);
         }
@@ -390,23 +389,23 @@ impl Engine {
             return pg.stats();
         }
         let s = self.shared();
-        let c = &s.counters;
-        let now = s.time.mono_ns();
+        let c = s.counters();
+        let now = s.mono_ns();
         let (mut expired_unswept, mut index_bytes, mut markers) = (0u64, 0u64, 0u64);
         let mut events = Events::default();
-        for (i, stripe) in s.index.stripes().enumerate() {
+        for (i, stripe) in s.index().stripes().enumerate() {
             let mut shard = stripe.lock();
             events.merge(&shard.events);
-            if s.index.lease_may_be_due(i, now) {
+            if s.index().lease_may_be_due(i, now) {
                 shard.end_leases(now, usize::MAX);
             }
-            if s.index.reclaim_may_be_due(i, now) {
+            if s.index().reclaim_may_be_due(i, now) {
                 expired_unswept += shard.expired_unswept(now);
             }
             index_bytes += shard.memory_bytes() as u64;
             markers += shard.markers_len() as u64;
         }
-        crate::runtime::observe::gauges(&s.observe, &s.counters, || s.queued());
+        crate::runtime::observe::gauges(s.observer(), s.counters(), || s.queued());
         let commits = read(&c.commits);
         Stats {
             inflight: read(&c.gauges.inflight),
@@ -437,11 +436,11 @@ impl Engine {
             log_checkpoints: read(&c.log_checkpoints),
             batch_max: read(&c.batch_max),
             commit_max_us: read(&c.commit_max_us),
-            queue_depth: s.tx.as_ref().map_or(0, |tx| tx.len() as u64),
-            queue_claims_max: s.admission.claims_max(),
-            ack_to_fsync_max_us: u64::try_from(s.admission.lag_max().as_micros())
+            queue_depth: s.queued() as u64,
+            queue_claims_max: s.admission().claims_max(),
+            ack_to_fsync_max_us: u64::try_from(s.admission().lag_max().as_micros())
                 .unwrap_or(u64::MAX),
-            token_next: s.tokens.next(),
+            token_next: s.tokens().next(),
             poisoned: s.poison_reason().is_some(),
             db_round_trips: 0,
             db_claims_batched: 0,
@@ -475,8 +474,6 @@ impl Engine {
     #[cfg(idemkv_sabotage)]
     #[doc(hidden)]
     pub fn panic_writer_at_next_batch(&self) {
-        self.shared()
-            .writer_panic
-            .store(true, crate::base::sync::Ordering::Release);
+        self.shared().faults().panic_writer_at_next_batch();
     }
 }

@@ -9,7 +9,7 @@
 
 use crate::api::engine::Engine;
 use crate::base::clock::wall_ms_at;
-use crate::base::sabotage::Sabotage;
+use crate::base::sabotage::fault_point;
 use crate::base::sync::Arc;
 use crate::index::stats::bump;
 use crate::model::codec::Checkpoint;
@@ -22,7 +22,7 @@ use std::time::Duration;
 fn refused(engine: &Engine, r: SendRefused) -> LeaseError {
     match r {
         SendRefused::Full => {
-            bump(&engine.shared().counters.overloaded);
+            bump(&engine.shared().counters().overloaded);
             LeaseError::Overloaded(Limit::WriterQueue)
         }
         SendRefused::Poisoned(why) => LeaseError::Poisoned(why),
@@ -108,7 +108,7 @@ impl Engine {
         if let Some(pg) = self.pg() {
             return pg.complete(self, key, token, response, retention_ms, writes);
         }
-        let observe = &self.shared().observe;
+        let observe = &self.shared().observer();
         let mut expires_wall_ms = 0;
         observe.complete(crate::model::scope::key_of(key), token, || {
             let (seq, expires) = self.with_room(key, token, || {
@@ -170,7 +170,7 @@ impl Engine {
 
     /// The monotonic end of the lease of `token` on `key`, if `token` holds it InFlight.
     pub(crate) fn lease_deadline_ns(&self, key: &[u8], token: u64) -> Option<u64> {
-        let (shard, _, k) = self.shared().index.lock(key);
+        let (shard, _, k) = self.shared().index().lock(key);
         shard
             .get(k)
             .filter(|slot| slot.token == token && slot.is_inflight())
@@ -183,7 +183,7 @@ impl Engine {
         if let Some(pg) = self.pg() {
             return pg.lease_remaining(key, token);
         }
-        let now = self.shared().time.mono_ns();
+        let now = self.shared().mono_ns();
         self.lease_deadline_ns(key, token)
             .map_or(Duration::ZERO, |d| {
                 Duration::from_nanos(d.saturating_sub(now))
@@ -204,19 +204,19 @@ impl Engine {
     ) -> Result<(u64, u64), LeaseError> {
         self.check_lease_call(key)?;
         let s = self.shared();
-        let max = s.cfg.response_len_max;
+        let max = s.cfg().response_len_max;
         if response.len() > max {
             return Err(LeaseError::ResponseTooLarge {
                 len: response.len(),
                 max,
             });
         }
-        let (mut shard, changed, k) = s.index.lock(key);
+        let (mut shard, changed, k) = s.index().lock(key);
         let view = shard.view(k);
         // Test-only sabotage skips the token comparison, to show that the checkers catch a
         // missing fence: the call acts as whatever token holds the key.
         let token = match view.slot {
-            Some(slot) if self.sabotaged(Sabotage::NoFencing) => slot.token,
+            Some(slot) if fault_point!(s.faults(), NoFencing) => slot.token,
             _ => token,
         };
         let rules = s.rules();
@@ -287,7 +287,7 @@ impl Engine {
 
     /// Releases the scoped key `key`.
     pub(crate) fn release_at(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        let observe = &self.shared().observe;
+        let observe = &self.shared().observer();
         observe.release(crate::model::scope::key_of(key), token, || {
             self.release_unobserved(key, token)
         })
@@ -309,7 +309,7 @@ impl Engine {
     /// engine cannot tell whether the holder's side effect happened). Only reported.
     pub(crate) fn lease_dropped(&self, key: &[u8], token: u64) {
         self.shared()
-            .observe
+            .observer()
             .dropped(crate::model::scope::key_of(key), token);
     }
 
@@ -325,7 +325,7 @@ impl Engine {
     /// One attempt at a release, never blocking: whether it released, and its write's number.
     pub(crate) fn release_locked(&self, key: &[u8], token: u64) -> Result<(bool, u64), LeaseError> {
         let s = self.shared();
-        let (mut shard, changed, k) = s.index.lock(key);
+        let (mut shard, changed, k) = s.index().lock(key);
         let step = machine::hold(
             shard.view(k),
             KeyRef::Bytes(key),
@@ -365,7 +365,7 @@ impl Engine {
 
     /// Fails the attempt on the scoped key `key`.
     pub(crate) fn fail_at(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        let observe = &self.shared().observe;
+        let observe = &self.shared().observer();
         observe.fail(crate::model::scope::key_of(key), token, || {
             self.fail_unobserved(key, token)
         })
@@ -386,7 +386,7 @@ impl Engine {
     /// write's number.
     pub(crate) fn fail_locked(&self, key: &[u8], token: u64) -> Result<(bool, u64), LeaseError> {
         let s = self.shared();
-        let (mut shard, changed, k) = s.index.lock(key);
+        let (mut shard, changed, k) = s.index().lock(key);
         let step = machine::hold(
             shard.view(k),
             KeyRef::Bytes(key),
@@ -433,11 +433,9 @@ impl Engine {
         let s = self.shared();
         #[cfg(feature = "postgres")]
         if let Some(pg) = self.pg() {
-            return pg
-                .update(key, token, op(s.time.mono_ns()), writes)
-                .map(|()| 0);
+            return pg.update(key, token, op(s.mono_ns()), writes).map(|()| 0);
         }
-        let (mut shard, _, k) = s.index.lock(key);
+        let (mut shard, _, k) = s.index().lock(key);
         let now = s.now();
         let op = op(now.mono_ns);
         let step = machine::hold(
@@ -550,7 +548,7 @@ impl Engine {
 
     /// Refuses a checkpoint payload over the limit.
     pub(crate) fn check_checkpoint(&self, data: &[u8]) -> Result<(), LeaseError> {
-        let max = self.shared().cfg.checkpoint_len_max;
+        let max = self.shared().cfg().checkpoint_len_max;
         if data.len() > max {
             return Err(LeaseError::CheckpointTooLarge {
                 len: data.len(),

@@ -3,7 +3,7 @@
 
 use crate::api::engine::Engine;
 use crate::base::clock::duration_ns;
-use crate::base::sabotage::Sabotage;
+use crate::base::sabotage::fault_point;
 use crate::base::sync::{Arc, Mutex};
 use crate::model::error::LeaseError;
 use crate::model::machine::Holder;
@@ -30,7 +30,7 @@ impl fmt::Debug for KeepAlive {
 
 impl Drop for KeepAlive {
     fn drop(&mut self) {
-        self.engine.shared().keep_alive.remove(self.id);
+        self.engine.shared().keep_alives().remove(self.id);
     }
 }
 
@@ -46,7 +46,7 @@ impl Engine {
         lease_state: Arc<Mutex<StagedState>>,
     ) -> KeepAlive {
         let s = self.shared();
-        let now = s.time.mono_ns();
+        let now = s.mono_ns();
         let renewal = Renewal {
             engine: Box::new(self.clone()),
             key: Box::from(key),
@@ -56,13 +56,13 @@ impl Engine {
             lease_state,
         };
         let first_ns = now.saturating_add((duration_ns(lease) / KEEP_ALIVE_DIVISOR).max(1));
-        let id = s.keep_alive.add(renewal, first_ns);
+        let id = s.keep_alives().add(renewal, first_ns);
         // The timer thread looks at its work at least every `WAIT_SLICE_MAX`, so only a lease
         // whose first renewal is due sooner needs it woken: every `run` registers a
         // renewal, and most handlers end long before it is due.
         let nudge = first_ns.saturating_sub(now) < duration_ns(WAIT_SLICE_MAX);
         // Without a timer thread nothing renews: the lease simply ends as it would have.
-        let _ = s.timers.start_and_nudge(self.shared_arc(), nudge);
+        let _ = s.timers().start_and_nudge(self.shared_arc(), nudge);
         KeepAlive {
             engine: self.clone(),
             id,
@@ -73,9 +73,9 @@ impl Engine {
 impl Renew for Engine {
     fn token_to_renew(&self, key: &[u8], token: u64) -> u64 {
         // Test-only sabotage: renew whoever holds the key now.
-        if self.shared().sabotaged(Sabotage::RenewCurrentHolder) {
+        if fault_point!(self.shared().faults(), RenewCurrentHolder) {
             let s = self.shared();
-            let (shard, _, k) = s.index.lock(key);
+            let (shard, _, k) = s.index().lock(key);
             return shard.get(k).map_or(token, |slot| slot.token);
         }
         token
@@ -117,8 +117,8 @@ mod tests {
     /// A renewal extends the lease it was registered for and no other: once the key has
     /// ended and another caller took it over, the old holder's renewal leaves the new
     /// lease alone and is dropped. Renewals are run by the check (no timer thread).
-    /// `bug` is switched on in the engine (test-only sabotage).
-    fn renewal_after_a_takeover(bug: Option<Sabotage>) -> Result<(), String> {
+    /// `sabotage` may switch a bug on in the engine (test-only).
+    fn renewal_after_a_takeover(sabotage: impl FnOnce(&Engine)) -> Result<(), String> {
         let clock = MockClock::new();
         let engine = Engine::builder()
             .durability(Durability::None)
@@ -126,13 +126,10 @@ mod tests {
             .tuning(crate::api::options::Tuning::default().sweep_interval(None))
             .open()
             .map_err(|e| format!("open: {e}"))?;
-        #[cfg(idemkv_sabotage)]
-        crate::api::sabotage::switch(&engine, bug);
-        #[cfg(not(idemkv_sabotage))]
-        assert!(bug.is_none(), "a bug needs --cfg idemkv_sabotage");
+        sabotage(&engine);
         let s = engine.shared();
         let first = claim(&engine, Duration::from_secs(3));
-        let now = s.time.mono_ns();
+        let now = s.mono_ns();
         let renewal = Renewal {
             engine: Box::new(engine.clone()),
             // As the lease's handle registers it: the key within its (empty) scope.
@@ -145,15 +142,15 @@ mod tests {
             lease_state: first.staged.shared(),
         };
         let id = s
-            .keep_alive
+            .keep_alives()
             .add(renewal, now + duration_ns(Duration::from_secs(1)));
         // The renewal is late (its holder's lease ended): another caller takes the key over.
         clock.advance(Duration::from_secs(4));
         let second = claim(&engine, Duration::from_secs(1));
-        s.keep_alive.renew_due(s.time.mono_ns());
+        s.keep_alives().renew_due(s.mono_ns());
         let seen = lease_remaining(&engine);
-        let next = s.keep_alive.next_due_ns();
-        s.keep_alive.remove(id);
+        let next = s.keep_alives().next_due_ns();
+        s.keep_alives().remove(id);
         if seen != (second.token(), Duration::from_secs(1)) {
             return Err(format!(
                 "the renewal of token {} changed the lease of token {} that took the key \
@@ -171,14 +168,19 @@ mod tests {
 
     #[test]
     fn a_renewal_never_extends_a_lease_another_caller_took_over() {
-        renewal_after_a_takeover(None).unwrap_or_else(|e| panic!("{e}"));
+        renewal_after_a_takeover(|_| {}).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Teeth: the check catches a renewal that extends whoever holds the key now.
     #[cfg(idemkv_sabotage)]
     #[test]
     fn teeth_renewal_check_catches_renewing_the_current_holder() {
-        let caught = renewal_after_a_takeover(Some(Sabotage::RenewCurrentHolder));
+        let caught = renewal_after_a_takeover(|engine| {
+            crate::api::sabotage::switch(
+                engine,
+                Some(crate::api::sabotage::Sabotage::RenewCurrentHolder),
+            );
+        });
         assert!(caught.is_err(), "RenewCurrentHolder was not caught");
     }
 }

@@ -7,7 +7,7 @@
 
 use crate::api::engine::Engine;
 use crate::api::tables::OutboxView;
-use crate::base::sabotage::Sabotage;
+use crate::base::sabotage::fault_point;
 use crate::base::sync::Arc;
 use crate::model::error::TableError;
 use crate::runtime::queue::SendRefused;
@@ -186,7 +186,7 @@ impl Outbox {
         let s = self.engine.shared();
         // Test-only sabotage: the removal is not waited for under a durable mode.
         let waits =
-            self.engine.waits_for_durability() && !s.sabotaged(Sabotage::MarkSentBeforeDurable);
+            self.engine.waits_for_durability() && !fault_point!(s.faults(), MarkSentBeforeDurable);
         match s.try_mark_sent(ids) {
             Ok(Some(seq)) if waits => Ok(Some(seq)),
             Ok(Some(_)) => Ok(Some(0)),

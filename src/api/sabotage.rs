@@ -7,9 +7,7 @@
 use crate::api::engine::Engine;
 use crate::api::options::EngineBuilder;
 use crate::base::sabotage::CommitGate;
-use crate::base::sync::Ordering;
 use crate::model::error::ClaimError;
-use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 pub use crate::base::sabotage::Sabotage;
@@ -17,10 +15,7 @@ pub use crate::base::sabotage::Sabotage;
 /// Switches a deliberate bug on in a running engine (off with `None`).
 /// [`Sabotage::SkipTokenHwm`] acts only when armed on the builder ([`arm`]).
 pub fn switch(engine: &Engine, bug: Option<Sabotage>) {
-    engine
-        .shared()
-        .sabotage
-        .store(bug.map_or(0, |b| b as u8), Ordering::Relaxed);
+    engine.shared().faults().switch(bug);
 }
 
 /// The builder with a deliberate bug switched on from the start, so that it also acts
@@ -37,7 +32,7 @@ impl Engine {
     /// writer).
     #[doc(hidden)]
     pub fn hold_commits(&self) -> HeldCommits {
-        self.shared().commit_gate.close();
+        self.shared().faults().commit_gate.close();
         HeldCommits(self.clone(), Gate::Commit)
     }
 
@@ -47,7 +42,7 @@ impl Engine {
     /// test needs (on a mock clock, as far as the test advances it).
     #[doc(hidden)]
     pub fn hold_after_commits(&self) -> HeldCommits {
-        self.shared().after_commit_gate.close();
+        self.shared().faults().after_commit_gate.close();
         HeldCommits(self.clone(), Gate::AfterCommit)
     }
 
@@ -130,30 +125,17 @@ pub struct HeldCommits(Engine, Gate);
 
 impl HeldCommits {
     fn gate(&self) -> &CommitGate {
-        let shared = self.0.shared();
+        let faults = self.0.shared().faults();
         match self.1 {
-            Gate::Commit => &shared.commit_gate,
-            Gate::AfterCommit => &shared.after_commit_gate,
+            Gate::Commit => &faults.commit_gate,
+            Gate::AfterCommit => &faults.after_commit_gate,
         }
     }
 
     /// Waits until a commit is held at the gate, at most `limit` of real time (a safety net
     /// for a writer that never commits); returns whether one is.
     pub fn wait_until_held(&self, limit: Duration) -> bool {
-        let gate = self.gate();
-        let deadline = Instant::now() + limit;
-        let mut s = gate.lock();
-        while s.held == 0 {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                return false;
-            };
-            s = gate
-                .changed
-                .wait_timeout(s, left)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
-        }
-        true
+        self.gate().wait_until_held(Instant::now() + limit)
     }
 }
 

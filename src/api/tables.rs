@@ -27,8 +27,8 @@ impl Engine {
         }
         let s = self.shared();
         let snapshot = {
-            let state = s.tables.lock();
-            if let Some(r) = state.rows.get(&row[..]) {
+            let state = s.tables().lock();
+            if let Some(r) = state.row(&row[..]) {
                 return Ok(r.value.as_ref().map(|v| v.to_vec()));
             }
             self.snapshot()
@@ -86,13 +86,10 @@ impl Engine {
         // be neither in the answer nor hide one of the snapshot's), and the snapshot, taken
         // together under the tables lock: one instant.
         let (overlay, snapshot) = {
-            let state = s.tables.lock();
+            let state = s.tables().lock();
             let mut live = 0;
             let mut overlay: Vec<RowWrite> = Vec::new();
-            for (row, r) in state.rows.range::<[u8], _>((
-                std::ops::Bound::Included(&span.lo[..]),
-                std::ops::Bound::Excluded(&span.hi[..]),
-            )) {
+            for (row, r) in state.rows_between(&span.lo, &span.hi) {
                 if live == limit {
                     break;
                 }
@@ -164,7 +161,7 @@ impl Engine {
     /// (poisoning wakes the stripes, whose locks come first).
     fn snapshot(&self) -> Result<Option<Snapshot>, Unread> {
         let s = self.shared();
-        if s.tx.is_none() {
+        if s.in_memory() {
             return Ok(None);
         }
         let store = s.store().ok_or(Unread::Closed)?;
@@ -202,25 +199,19 @@ impl Engine {
     pub(crate) fn outbox_view(&self, limit: usize) -> Result<OutboxView, TableError> {
         self.check_tables()?;
         let s = self.shared();
-        let state = s.tables.lock();
-        if s.tx.is_none() {
-            let first = state
-                .messages
-                .iter()
-                .take(limit)
-                .map(|(id, m)| (*id, m.clone()))
-                .collect();
-            return Ok(OutboxView::Memory(first));
+        let state = s.tables().lock();
+        if s.in_memory() {
+            return Ok(OutboxView::Memory(state.first_messages(limit)));
         }
         drop(state);
         // The relay reads the file, which a logged batch reaches after its callers were
         // acknowledged: wait until it holds everything durable now, so that every message
         // whose completion returned is seen.
-        s.progress
-            .wait_applied(s.progress.durable(), s)
+        s.progress()
+            .wait_applied(s.progress().durable(), s)
             .map_err(TableError::Poisoned)?;
-        let state = s.tables.lock();
-        let sent = state.sent.keys().copied().collect();
+        let state = s.tables().lock();
+        let sent = state.sent_ids().collect();
         let snapshot = self.snapshot();
         drop(state);
         match snapshot.map_err(|e| self.unread(e))? {

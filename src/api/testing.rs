@@ -238,27 +238,7 @@ impl<'a> Duplicates<'a> {
                 }
                 result
             };
-            match self.engine.run(&self.key, opts, wrapped) {
-                Ok(out) if out.replayed() => CopyOutcome::Replayed {
-                    response: out.response().to_vec(),
-                },
-                Ok(out) => CopyOutcome::Ran {
-                    response: out.response().to_vec(),
-                    token: out.token(),
-                },
-                Err(RunError::Handler(e)) => CopyOutcome::Failed(format!("handler failed: {e:?}")),
-                Err(e) => CopyOutcome::Failed(match e {
-                    RunError::Claim(c) => format!("claim failed: {c}"),
-                    RunError::Lease(l) => format!("completion refused: {l}"),
-                    RunError::StillInProgress { retry_after } => {
-                        format!("still in progress (retry after {retry_after:?})")
-                    }
-                    RunError::Codec(c) => format!("codec: {c}"),
-                    RunError::Handler(_) => unreachable!("matched above"),
-                    #[allow(unreachable_patterns)]
-                    _ => "failed".to_string(),
-                }),
-            }
+            copy_outcome(self.engine.run(&self.key, opts, wrapped))
         };
         let mut outcomes: Vec<Option<CopyOutcome>> = vec![None; copies];
         let barrier = Barrier::new(copies);
@@ -278,10 +258,7 @@ impl<'a> Duplicates<'a> {
                     })
                     .collect();
                 for (i, h) in handles.into_iter().enumerate() {
-                    outcomes[i] = Some(
-                        h.join()
-                            .unwrap_or_else(|_| CopyOutcome::Failed("panicked".into())),
-                    );
+                    outcomes[i] = Some(joined(h));
                 }
             }
             Pattern::RedeliveryWhileWorking | Pattern::Rebalance => {
@@ -297,34 +274,19 @@ impl<'a> Duplicates<'a> {
                     // The second copy takes over and finishes while the first still works.
                     let (deliver, opts) = (&deliver, &self.opts);
                     let second = scope.spawn(move || deliver(1, opts));
-                    outcomes[1] = Some(
-                        second
-                            .join()
-                            .unwrap_or_else(|_| CopyOutcome::Failed("panicked".into())),
-                    );
+                    outcomes[1] = Some(joined(second));
                     gate.set(|s| s.1 = true);
                 } else {
                     for i in 1..copies {
                         let (deliver, opts) = (&deliver, &self.opts);
                         rest.push((i, scope.spawn(move || deliver(i, opts))));
                     }
-                    // Let the others arrive: each waits (counted by the engine) or finishes.
-                    let deadline = Instant::now() + self.settle;
-                    while Instant::now() < deadline {
-                        let waiting = self.engine.stats().waits.saturating_sub(waits_before);
-                        let done = rest.iter().filter(|(_, h)| h.is_finished()).count() as u64;
-                        if waiting + done >= (copies as u64).saturating_sub(1) {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
+                    self.let_others_arrive(waits_before, || {
+                        rest.iter().filter(|(_, h)| h.is_finished()).count() as u64
+                    });
                     gate.set(|s| s.1 = true);
                 }
-                outcomes[0] = Some(
-                    first
-                        .join()
-                        .unwrap_or_else(|_| CopyOutcome::Failed("panicked".into())),
-                );
+                outcomes[0] = Some(joined(first));
                 if self.pattern == Pattern::Rebalance {
                     for i in 2..copies {
                         let (deliver, opts) = (&deliver, &self.opts);
@@ -332,10 +294,7 @@ impl<'a> Duplicates<'a> {
                     }
                 }
                 for (i, h) in rest {
-                    outcomes[i] = Some(
-                        h.join()
-                            .unwrap_or_else(|_| CopyOutcome::Failed("panicked".into())),
-                    );
+                    outcomes[i] = Some(joined(h));
                 }
             }
         });
@@ -348,4 +307,50 @@ impl<'a> Duplicates<'a> {
             pattern: self.pattern,
         }
     }
+
+    /// Lets the copies after the first arrive: waits until each of them waits for the key
+    /// (counted by the engine since `waits_before`) or has finished (`finished` counts
+    /// them), at most the settle time.
+    fn let_others_arrive(&self, waits_before: u64, finished: impl Fn() -> u64) {
+        let deadline = Instant::now() + self.settle;
+        while Instant::now() < deadline {
+            let waiting = self.engine.stats().waits.saturating_sub(waits_before);
+            if waiting + finished() >= (self.copies as u64).saturating_sub(1) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// What one copy's delivery came to.
+fn copy_outcome<E: fmt::Debug>(result: Result<crate::Outcome, RunError<E>>) -> CopyOutcome {
+    match result {
+        Ok(out) if out.replayed() => CopyOutcome::Replayed {
+            response: out.response().to_vec(),
+        },
+        Ok(out) => CopyOutcome::Ran {
+            response: out.response().to_vec(),
+            token: out.token(),
+        },
+        Err(RunError::Handler(e)) => CopyOutcome::Failed(format!("handler failed: {e:?}")),
+        Err(e) => CopyOutcome::Failed(match e {
+            RunError::Claim(c) => format!("claim failed: {c}"),
+            RunError::Lease(l) => format!("completion refused: {l}"),
+            RunError::StillInProgress { retry_after } => {
+                format!("still in progress (retry after {retry_after:?})")
+            }
+            RunError::Codec(c) => format!("codec: {c}"),
+            RunError::Handler(_) => unreachable!("matched above"),
+            #[allow(unreachable_patterns)]
+            _ => "failed".to_string(),
+        }),
+    }
+}
+
+/// The outcome of a copy's thread (a panic is a failure).
+fn joined(handle: std::thread::ScopedJoinHandle<'_, CopyOutcome>) -> CopyOutcome {
+    handle
+        .join()
+        .unwrap_or_else(|_| CopyOutcome::Failed("panicked".into()))
 }

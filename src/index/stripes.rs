@@ -40,6 +40,7 @@
 use crate::base::hash::KeyHasher;
 #[cfg(test)]
 use crate::base::limits::HASH_SECRET_LEN;
+use crate::base::sabotage::fault_point;
 use crate::base::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Ordering};
 use crate::index::constants::{EXPIRY_TRIM_MAX, SPARE_EXTRAS_PER_STRIPE};
 use crate::index::publication::{Marks, Side, Unpublished};
@@ -263,29 +264,8 @@ impl PartialOrd for ByReap {
 fn lease_matches(slot: &Slot, e: &LeaseEntry, abandoned: bool) -> bool {
     slot.token == e.token
         && slot.is_inflight()
-        && (slot.deadline_ns == e.deadline_ns || token_only_lease_entries())
+        && (slot.deadline_ns == e.deadline_ns || fault_point!(thread TOKEN_ONLY_LEASE_ENTRIES))
         && slot.is_abandoned() == abandoned
-}
-
-#[cfg(idemkv_sabotage)]
-thread_local! {
-    /// Test-only sabotage, for the calling thread only: a lease entry matches its slot by
-    /// token alone, so an extended lease's old entry ends it at its old deadline.
-    pub(crate) static TOKEN_ONLY_LEASE_ENTRIES: std::cell::Cell<bool> =
-        const { std::cell::Cell::new(false) };
-}
-
-/// Whether the test-only sabotage above is on (always false without `--cfg idemkv_sabotage`).
-#[inline]
-fn token_only_lease_entries() -> bool {
-    #[cfg(idemkv_sabotage)]
-    {
-        TOKEN_ONLY_LEASE_ENTRIES.with(std::cell::Cell::get)
-    }
-    #[cfg(not(idemkv_sabotage))]
-    {
-        false
-    }
 }
 
 /// Whether `(key, slot)` is the completion `e` stands for.
@@ -1296,10 +1276,15 @@ pub(crate) struct Stripe {
     /// Notified on every state change that could settle a waiter: a memory-only
     /// completion, release, takeover, settled marker, poison, close, clock jump. (A durable
     /// completion is published by the writer's watermark, which waiters watch instead.)
-    pub(crate) changed: Changed,
+    changed: Changed,
 }
 
 impl Stripe {
+    /// Wakes the stripe's waiters to look again (see `changed`).
+    pub(crate) fn notify_changed(&self) {
+        self.changed.notify_all();
+    }
+
     /// Locks the stripe, first publishing the completions the writer's watermarks reached.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Shard> {
         let mut shard = self.map.lock();
@@ -2207,9 +2192,9 @@ mod tests {
     #[cfg(idemkv_sabotage)]
     #[test]
     fn teeth_extended_lease_check_catches_token_only_entries() {
-        TOKEN_ONLY_LEASE_ENTRIES.with(|on| on.set(true));
+        crate::base::sabotage::TOKEN_ONLY_LEASE_ENTRIES.with(|on| on.set(true));
         let caught = extended_lease_check();
-        TOKEN_ONLY_LEASE_ENTRIES.with(|on| on.set(false));
+        crate::base::sabotage::TOKEN_ONLY_LEASE_ENTRIES.with(|on| on.set(false));
         assert!(caught.is_err(), "token-only lease entries were not caught");
     }
 

@@ -364,51 +364,9 @@ impl Probe {
         // With markers on, as the engine's claim does (`Engine::marker_step`): a completion
         // past its retention becomes its marker first (a durable claim waits for its commit),
         // and a key without a slot is answered from its marker.
-        let now = self.now.mono_ns;
-        if let (Some(rules), Some(slot)) = (self.markers, self.slot.filter(|s| s.is_expired(now))) {
-            // Past the marker's window too, nothing is done: the claim replaces the
-            // completion as without markers.
-            let step = machine::forget(&slot, self.extra.as_ref(), ID, &rules, now);
-            if let Some(Step {
-                change,
-                write,
-                answer: Some(marker),
-                ..
-            }) = step
-            {
-                self.apply(change, write);
-                self.marker = Some(marker);
-                self.settle_marker();
-            }
-        }
-        if let Some(marker) = self.marker.filter(|_| self.slot.is_none()) {
-            let step = machine::claim_marker(&marker, asked, false, self.now);
-            match step.answer {
-                MarkerAnswer::Forgotten(f) => {
-                    return ProbeClaim::Forgotten {
-                        completed_wall_ms: crate::base::clock::wall_ms(f.completed_at()),
-                        attempt: f.attempt(),
-                    }
-                }
-                MarkerAnswer::Busy(busy) => {
-                    return ProbeClaim::InProgress {
-                        retry_after_ns: duration_ns(busy.retry_after),
-                        attempt: busy.attempt,
-                    }
-                }
-                MarkerAnswer::FingerprintMismatch => return ProbeClaim::FingerprintMismatch,
-                // The claim acquires below, dropping the marker with its write.
-                MarkerAnswer::Acquire => {
-                    self.apply(
-                        Change::Keep,
-                        Some(Write::DropMarker {
-                            hash: marker.hash,
-                            token: marker.token,
-                        }),
-                    );
-                    self.marker = None;
-                }
-            }
+        self.forget_expired();
+        if let Some(answer) = self.claim_marker(asked) {
+            return answer;
         }
         // The probe presents no claim identity, so no claim resumes a lease.
         let step = machine::claim(self.view(), asked, None, self.now.mono_ns);
@@ -446,35 +404,93 @@ impl Probe {
             },
             // As the engine's read of the record does (`read_completed`): the fingerprint of
             // a published completion is checked against its record.
-            ClaimAnswer::ReplayFromFile { token } => match self.records.get(&token) {
-                Some(Record {
-                    fingerprint: Some(stored),
-                    state: RecordState::Completed { .. },
-                    ..
-                }) if fingerprint.is_some_and(|asked| u128::from(asked) != *stored) => {
-                    ProbeClaim::FingerprintMismatch
-                }
-                Some(Record {
-                    state:
-                        RecordState::Completed {
-                            attempt, response, ..
-                        },
-                    ..
-                }) => ProbeClaim::Replayed {
-                    token,
-                    attempt: *attempt,
-                    response: response.0.to_vec(),
-                },
-                // A replay whose record is missing: the checker reports the difference.
-                _ => ProbeClaim::InProgress {
-                    retry_after_ns: 0,
-                    attempt: 0,
-                },
-            },
+            ClaimAnswer::ReplayFromFile { token } => self.replay_from_file(token, fingerprint),
             ClaimAnswer::FingerprintMismatch => ProbeClaim::FingerprintMismatch,
             ClaimAnswer::Resume { .. } => {
                 unreachable!("a claim without an identity resumes nothing")
             }
+        }
+    }
+
+    /// A completion past its retention becomes its marker (past the marker's window too,
+    /// nothing is done: the claim replaces the completion as without markers).
+    fn forget_expired(&mut self) {
+        let now = self.now.mono_ns;
+        let (Some(rules), Some(slot)) = (self.markers, self.slot.filter(|s| s.is_expired(now)))
+        else {
+            return;
+        };
+        let step = machine::forget(&slot, self.extra.as_ref(), ID, &rules, now);
+        if let Some(Step {
+            change,
+            write,
+            answer: Some(marker),
+            ..
+        }) = step
+        {
+            self.apply(change, write);
+            self.marker = Some(marker);
+            self.settle_marker();
+        }
+    }
+
+    /// A claim of a key without a slot, answered from its marker; `None`: there is none,
+    /// or the claim acquires (the marker is dropped with the claim's write).
+    fn claim_marker(&mut self, asked: Option<AskedFingerprint>) -> Option<ProbeClaim> {
+        let marker = self.marker.filter(|_| self.slot.is_none())?;
+        let step = machine::claim_marker(&marker, asked, false, self.now);
+        match step.answer {
+            MarkerAnswer::Forgotten(f) => Some(ProbeClaim::Forgotten {
+                completed_wall_ms: crate::base::clock::wall_ms(f.completed_at()),
+                attempt: f.attempt(),
+            }),
+            MarkerAnswer::Busy(busy) => Some(ProbeClaim::InProgress {
+                retry_after_ns: duration_ns(busy.retry_after),
+                attempt: busy.attempt,
+            }),
+            MarkerAnswer::FingerprintMismatch => Some(ProbeClaim::FingerprintMismatch),
+            MarkerAnswer::Acquire => {
+                self.apply(
+                    Change::Keep,
+                    Some(Write::DropMarker {
+                        hash: marker.hash,
+                        token: marker.token,
+                    }),
+                );
+                self.marker = None;
+                None
+            }
+        }
+    }
+
+    /// A replay of the completion under `token` from its record, as the engine's read of
+    /// the record does (`read_completed`): the fingerprint of a published completion is
+    /// checked against its record.
+    fn replay_from_file(&self, token: u64, fingerprint: Option<u64>) -> ProbeClaim {
+        match self.records.get(&token) {
+            Some(Record {
+                fingerprint: Some(stored),
+                state: RecordState::Completed { .. },
+                ..
+            }) if fingerprint.is_some_and(|asked| u128::from(asked) != *stored) => {
+                ProbeClaim::FingerprintMismatch
+            }
+            Some(Record {
+                state:
+                    RecordState::Completed {
+                        attempt, response, ..
+                    },
+                ..
+            }) => ProbeClaim::Replayed {
+                token,
+                attempt: *attempt,
+                response: response.0.to_vec(),
+            },
+            // A replay whose record is missing: the checker reports the difference.
+            _ => ProbeClaim::InProgress {
+                retry_after_ns: 0,
+                attempt: 0,
+            },
         }
     }
 

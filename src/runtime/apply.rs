@@ -29,7 +29,7 @@
 //!   synced beside them, were acknowledged on their frames' sync; all replay from the log
 //!   at the next open.
 
-use crate::base::sabotage::Sabotage;
+use crate::base::sabotage::fault_point;
 use crate::base::sync::{Arc, Condvar, JoinHandle, Mutex};
 use crate::runtime::constants::{APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
 use crate::runtime::queue::{writes_of, Queued};
@@ -224,7 +224,7 @@ fn apply(shared: &Shared, store: &Closing, jobs: &mut [Job]) {
     let mut tables = Vec::new();
     for job in jobs.iter() {
         // The same writes as the frame's: `writes_of` is a function of the batch alone.
-        let (w, t, _) = writes_of(&job.batch, shared.sabotaged(Sabotage::DropOldRemoval));
+        let (w, t, _) = writes_of(&job.batch, fault_point!(shared.faults(), DropOldRemoval));
         writes.extend(w);
         tables.extend(t);
     }
@@ -238,13 +238,13 @@ fn apply(shared: &Shared, store: &Closing, jobs: &mut [Job]) {
                 "marker batches are applied by the writer"
             );
             if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
-                shared.tables.committed(last);
+                shared.tables().committed(last);
             }
             // The group commits were counted at their frames' syncs: this commit only
             // brings the file up to them.
-            shared.progress.applied(watermark);
+            shared.progress().applied(watermark);
             if idle {
-                shared.index.catch_up();
+                shared.index().catch_up();
             }
         }
         Err(why) => {

@@ -33,6 +33,53 @@ struct Found {
     reaped: u64,
 }
 
+/// A completion's head, copied (`None` for an InFlight record's).
+fn completed_head(state: &HeadState) -> Option<HeadState> {
+    match *state {
+        HeadState::Completed {
+            attempt,
+            completed_wall_ms,
+            expires_wall_ms,
+        } => Some(HeadState::Completed {
+            attempt,
+            completed_wall_ms,
+            expires_wall_ms,
+        }),
+        HeadState::InFlight { .. } => None,
+    }
+}
+
+impl Found {
+    /// A completion past its retention: it becomes its `marker` (loaded now, the record
+    /// forgotten in the cleanup commit), or without one is deleted.
+    fn expired(&mut self, index: &Index, token: u64, marker: Option<crate::model::marker::Marker>) {
+        let Some(marker) = marker else {
+            self.stale.push(token);
+            return;
+        };
+        self.forgotten.push((
+            token,
+            MarkerId {
+                hash: marker.hash,
+                check: marker.check,
+            },
+        ));
+        let stripe = index.stripe_of_hash(marker.hash);
+        if let Some(stripe) = index.stripe_at(stripe) {
+            stripe.lock().load_marker(marker);
+        }
+    }
+
+    /// Adds what another scan thread found.
+    fn merge(&mut self, mut other: Found) {
+        self.stale.append(&mut other.stale);
+        self.forgotten.append(&mut other.forgotten);
+        self.max_token = self.max_token.max(other.max_token);
+        self.scanned += other.scanned;
+        self.reaped += other.reaped;
+    }
+}
+
 /// What recovery reads of the engine's settings.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct RecoverySettings {
@@ -53,16 +100,7 @@ pub(crate) fn recover(
 ) -> Result<u64, OpenError> {
     let (now_ns, now_wall_ns) = time.now();
     let records = store.len()?;
-    // The stored count sizes the tables, but a damaged count must not ask for terabytes:
-    // cap it, and let a failed reservation just mean growing as the scan goes.
-    let hint = records.min(RECOVERY_PRESIZE_MAX) / index.len() as u64;
-    let per_stripe = usize::try_from(hint).unwrap_or(0);
-    for stripe in index.stripes() {
-        // A little over the average: stripes fill unevenly.
-        let _ = stripe
-            .lock()
-            .try_reserve(per_stripe.saturating_add(per_stripe / 8));
-    }
+    presize(index, records);
     let now = Now::new(now_ns, now_wall_ns);
     let markers = b.marker_retention.map(|retention| MarkerRules {
         retention,
@@ -72,25 +110,7 @@ pub(crate) fn recover(
     let found = Mutex::new(Found::default());
     index.begin_load();
     if let Some((first, last)) = store.token_bounds()? {
-        // Split the token range so both cores decode and insert; stripes are locked per
-        // insert, so the threads only meet on a stripe at a time.
-        let threads = if records > 65_536 {
-            RECOVERY_THREADS_MAX
-        } else {
-            1
-        };
-        let span = (last - first) / threads + 1;
-        let ranges: Vec<std::ops::Range<u64>> = (0..threads)
-            .map(|i| {
-                let start = first.saturating_add(span.saturating_mul(i));
-                let end = if i + 1 == threads {
-                    last.saturating_add(1).max(start)
-                } else {
-                    start.saturating_add(span)
-                };
-                start..end
-            })
-            .collect();
+        let ranges = scan_ranges(first, last, records);
         let scan = |range| scan_range(store, b, index, counters, range, now, markers, &found);
         // One range is scanned on this thread: a thread of its own would buy nothing (and
         // a model-checked open could not follow it).
@@ -135,7 +155,62 @@ pub(crate) fn recover(
     let hwm = store.token_hwm()?;
     let next = hwm.max(found.max_token.saturating_add(1)).max(1);
     let marker_retention_ms = markers.map_or(0, |m| duration_ms(m.retention));
-    let writes: Vec<Write> = found
+    let writes = cleanup(found, dropped, marker_retention_ms);
+    store.commit_on_open(
+        &writes,
+        &[],
+        Some(next.saturating_add(TOKEN_RESERVE)),
+        Durable::Yes,
+    )?;
+    Ok(next)
+}
+
+/// Sizes each stripe's table for its share of the file's `records`. The stored count sizes
+/// the tables, but a damaged count must not ask for terabytes: it is capped, and a failed
+/// reservation just means growing as the scan goes.
+fn presize(index: &Index, records: u64) {
+    let hint = records.min(RECOVERY_PRESIZE_MAX) / index.len() as u64;
+    let per_stripe = usize::try_from(hint).unwrap_or(0);
+    for stripe in index.stripes() {
+        // A little over the average: stripes fill unevenly.
+        let _ = stripe
+            .lock()
+            .try_reserve(per_stripe.saturating_add(per_stripe / 8));
+    }
+}
+
+/// The token ranges the scan threads take, covering `first..=last`: the range is split so
+/// both cores decode and insert (a large file only); stripes are locked per insert, so the
+/// threads only meet on a stripe at a time.
+fn scan_ranges(first: u64, last: u64, records: u64) -> Vec<std::ops::Range<u64>> {
+    let threads = if records > 65_536 {
+        RECOVERY_THREADS_MAX
+    } else {
+        1
+    };
+    let span = (last - first) / threads + 1;
+    (0..threads)
+        .map(|i| {
+            let start = first.saturating_add(span.saturating_mul(i));
+            let end = if i + 1 == threads {
+                last.saturating_add(1).max(start)
+            } else {
+                start.saturating_add(span)
+            };
+            start..end
+        })
+        .collect()
+}
+
+/// The writes that tidy the file after the scan, committed before the engine serves: the
+/// stale records deleted, the completions past retention turned into their markers, the
+/// ended markers `dropped`.
+fn cleanup(
+    found: Found,
+    dropped: Vec<(u64, u64)>,
+    marker_retention_ms: u64,
+) -> Vec<Write<'static>> {
+    found
         .stale
         .into_iter()
         .map(|token| Write::Delete { token })
@@ -155,14 +230,7 @@ pub(crate) fn recover(
                 .into_iter()
                 .map(|(hash, token)| Write::DropMarker { hash, token }),
         )
-        .collect();
-    store.commit_on_open(
-        &writes,
-        &[],
-        Some(next.saturating_add(TOKEN_RESERVE)),
-        Durable::Yes,
-    )?;
-    Ok(next)
+        .collect()
 }
 
 /// Loads the file's markers into the index: each one that has not ended. Returns the rows
@@ -256,19 +324,8 @@ fn scan_range(
             });
         }
         let key = &scoped[..];
-        // A completion's head, kept for the marker it may leave (`recover` takes the state).
-        let done = match head.state {
-            HeadState::Completed {
-                attempt,
-                completed_wall_ms,
-                expires_wall_ms,
-            } => Some(HeadState::Completed {
-                attempt,
-                completed_wall_ms,
-                expires_wall_ms,
-            }),
-            HeadState::InFlight { .. } => None,
-        };
+        // Kept for the marker it may leave (`recover` takes the state).
+        let done = completed_head(&head.state);
         let (slot, extra, reap_ns) = match machine::recover(
             token,
             head.state,
@@ -286,22 +343,7 @@ fn scan_range(
                     }
                     _ => None,
                 };
-                match marker {
-                    Some(marker) => {
-                        local.forgotten.push((
-                            token,
-                            MarkerId {
-                                hash: marker.hash,
-                                check: marker.check,
-                            },
-                        ));
-                        let stripe = index.stripe_of_hash(marker.hash);
-                        if let Some(stripe) = index.stripe_at(stripe) {
-                            stripe.lock().load_marker(marker);
-                        }
-                    }
-                    None => local.stale.push(token),
-                }
+                local.expired(index, token, marker);
                 return Ok(());
             }
             Recovered::Reaped => {
@@ -338,11 +380,6 @@ fn scan_range(
         .gauges
         .completed
         .fetch_add(completed, Ordering::Relaxed);
-    let mut found = found.lock();
-    found.stale.append(&mut local.stale);
-    found.forgotten.append(&mut local.forgotten);
-    found.max_token = found.max_token.max(local.max_token);
-    found.scanned += local.scanned;
-    found.reaped += local.reaped;
+    found.lock().merge(local);
     Ok(())
 }

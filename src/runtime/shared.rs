@@ -3,7 +3,6 @@
 //! say the engine is poisoned or closed.
 
 use crate::base::clock::Time;
-use crate::base::sabotage::Sabotage;
 use crate::base::sync::channel::{Sender, TrySendError};
 use crate::base::sync::{Arc, AtomicBool, AtomicU64, Condvar, Mutex, Ordering, RwLock};
 use crate::index::stats::{Counters, Events};
@@ -39,48 +38,39 @@ pub(crate) struct Config {
 
 /// State shared by every engine handle, the writer thread and the sweeper thread.
 pub(crate) struct Shared {
-    pub(crate) index: Index,
-    pub(crate) time: Time,
-    pub(crate) cfg: Config,
-    pub(crate) tokens: Tokens,
-    pub(crate) counters: Counters,
-    pub(crate) observe: crate::runtime::observe::Observer,
-    pub(crate) tx: Option<Sender<Queued>>,
+    index: Index,
+    time: Time,
+    cfg: Config,
+    tokens: Tokens,
+    counters: Counters,
+    observe: crate::runtime::observe::Observer,
+    tx: Option<Sender<Queued>>,
     /// The writer's durability watermark; every durability wait waits on it.
-    pub(crate) progress: Progress,
+    progress: Progress,
     /// Deadline wake-ups for futures, and the thread that runs keep-alive renewals.
-    pub(crate) timers: crate::runtime::timer::Timers,
-    pub(crate) keep_alive: crate::runtime::keep_alive::KeepAlives,
+    timers: crate::runtime::timer::Timers,
+    keep_alive: crate::runtime::keep_alive::KeepAlives,
     /// Which claims the writer queue admits (by the writer's measured rate under
     /// `Buffered`).
-    pub(crate) admission: crate::runtime::admission::Admission,
+    admission: crate::runtime::admission::Admission,
     /// The application tables and the outbox: the overlay of accepted writes not yet
     /// committed (all of them in a memory-only engine), outbox ids.
-    pub(crate) tables: crate::runtime::tables::Tables,
+    tables: crate::runtime::tables::Tables,
     /// The file, for replay reads. Emptied by `close`, so the file is released with it.
     store: RwLock<Option<Arc<Closing>>>,
     poisoned: AtomicBool,
     poison_why: Mutex<Option<Arc<str>>>,
     closed: AtomicBool,
     writer_stopped: AtomicBool,
-    pub(crate) sweeper: Sweeper,
+    sweeper: Sweeper,
     /// Holders waiting for room in a full writer queue sleep here. Notified when the writer
     /// takes a batch off the queue, and on poison, close and clock jumps. Never taken while a
     /// stripe lock is held.
     room: Mutex<()>,
     room_changed: Condvar,
-    /// The active test-only sabotage (a `Sabotage` as u8; 0 is none).
+    /// The fault points' switches and gates (test builds only).
     #[cfg(idemkv_sabotage)]
-    pub(crate) sabotage: crate::base::sync::AtomicU8,
-    /// Test-only: the writer panics at its next batch (see `Engine::panic_writer_at_next_batch`).
-    #[cfg(idemkv_sabotage)]
-    pub(crate) writer_panic: AtomicBool,
-    /// Lets a test hold the writer before its next commit (`sabotage::HeldCommits`).
-    #[cfg(idemkv_sabotage)]
-    pub(crate) commit_gate: crate::base::sabotage::CommitGate,
-    /// Lets a test hold the writer after its next commit, before it moves its watermarks.
-    #[cfg(idemkv_sabotage)]
-    pub(crate) after_commit_gate: crate::base::sabotage::CommitGate,
+    faults: crate::base::sabotage::Faults,
 }
 
 /// What an opening engine built for its shared state.
@@ -127,13 +117,7 @@ impl Shared {
             room: Mutex::new(()),
             room_changed: Condvar::new(),
             #[cfg(idemkv_sabotage)]
-            sabotage: crate::base::sync::AtomicU8::new(p.sabotage),
-            #[cfg(idemkv_sabotage)]
-            writer_panic: AtomicBool::new(false),
-            #[cfg(idemkv_sabotage)]
-            commit_gate: crate::base::sabotage::CommitGate::default(),
-            #[cfg(idemkv_sabotage)]
-            after_commit_gate: crate::base::sabotage::CommitGate::default(),
+            faults: crate::base::sabotage::Faults::new(p.sabotage),
         }
     }
 }
@@ -154,19 +138,131 @@ impl Shared {
         self.store.write().take();
     }
 
-    /// Whether a test has switched this sabotage on (always false without
-    /// `--cfg idemkv_sabotage`).
+    /// The fault points' switches and gates (`base::sabotage`; test builds only).
+    #[cfg(idemkv_sabotage)]
     #[inline]
-    pub(crate) fn sabotaged(&self, which: Sabotage) -> bool {
-        #[cfg(idemkv_sabotage)]
-        {
-            self.sabotage.load(Ordering::Relaxed) == which as u8
+    pub(crate) fn faults(&self) -> &crate::base::sabotage::Faults {
+        &self.faults
+    }
+
+    /// The index: every key's slot, under its stripe's lock.
+    #[inline]
+    pub(crate) fn index(&self) -> &Index {
+        &self.index
+    }
+
+    /// The settings fixed at open.
+    #[inline]
+    pub(crate) fn cfg(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The engine-wide counters (`Stats`, metrics, admission's gauges).
+    #[inline]
+    pub(crate) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    /// The fencing tokens: issued by claims, reserved in the file by the writer.
+    #[inline]
+    pub(crate) fn tokens(&self) -> &Tokens {
+        &self.tokens
+    }
+
+    /// Where spans, events and metrics go.
+    #[inline]
+    pub(crate) fn observer(&self) -> &crate::runtime::observe::Observer {
+        &self.observe
+    }
+
+    /// The writer's durability watermark; every durability wait waits on it.
+    #[inline]
+    pub(crate) fn progress(&self) -> &Progress {
+        &self.progress
+    }
+
+    /// Which claims the writer queue admits.
+    #[inline]
+    pub(crate) fn admission(&self) -> &crate::runtime::admission::Admission {
+        &self.admission
+    }
+
+    /// The application tables' overlay and the outbox.
+    #[inline]
+    pub(crate) fn tables(&self) -> &crate::runtime::tables::Tables {
+        &self.tables
+    }
+
+    /// The sweeper thread's wake-ups.
+    #[inline]
+    pub(crate) fn sweeper(&self) -> &Sweeper {
+        &self.sweeper
+    }
+
+    /// Deadline wake-ups for futures, and the thread that runs keep-alive renewals.
+    #[inline]
+    pub(crate) fn timers(&self) -> &crate::runtime::timer::Timers {
+        &self.timers
+    }
+
+    /// The registered keep-alive renewals.
+    #[inline]
+    pub(crate) fn keep_alives(&self) -> &crate::runtime::keep_alive::KeepAlives {
+        &self.keep_alive
+    }
+
+    /// The engine's monotonic clock, in nanoseconds.
+    #[inline]
+    pub(crate) fn mono_ns(&self) -> u64 {
+        self.time.mono_ns()
+    }
+
+    /// Whether the engine keeps everything in memory (no file, no writer thread).
+    #[inline]
+    pub(crate) fn in_memory(&self) -> bool {
+        self.tx.is_none()
+    }
+
+    /// Whether the writer queue is full (never without a file).
+    pub(crate) fn queue_full(&self) -> bool {
+        self.tx.as_ref().is_some_and(|tx| tx.is_full())
+    }
+
+    /// Whether the writer queue is at least half its claims' limit: the sweeper then paces
+    /// itself (never without a file).
+    pub(crate) fn queue_busy(&self) -> bool {
+        self.tx
+            .as_ref()
+            .is_some_and(|tx| tx.len() >= self.cfg.claim_queue_max / 2)
+    }
+
+    /// Stops the sweeper and the timer thread (their threads then end): the start of close.
+    pub(crate) fn stop_background(&self) {
+        self.sweeper.stop();
+        self.timers.stop();
+    }
+
+    /// Tells the writer to commit what it has and stop (no-op without a file). Sent after
+    /// every stripe lock was passed once, so every queued send comes before it.
+    pub(crate) fn send_shutdown(&self) {
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(Queued {
+                seq: 0,
+                op: Op::Shutdown,
+                tables: None,
+                acked_at: None,
+            });
         }
-        #[cfg(not(idemkv_sabotage))]
-        {
-            let _ = which;
-            false
-        }
+    }
+
+    /// A clock that jumps woke us: every waiter re-checks its deadline (stripe waiters,
+    /// watermark waiters, holders waiting for room, the sweeper and the timers).
+    pub(crate) fn clock_jumped(&self) {
+        self.index.wake_all();
+        self.progress.wake_all();
+        self.notify_room();
+        self.sweeper.nudge();
+        self.timers.nudge();
     }
 }
 
@@ -515,9 +611,7 @@ impl Shared {
     pub(crate) fn try_mark_sent(&self, ids: &[u64]) -> Result<Option<u64>, SendRefused> {
         let mut state = self.tables.lock();
         if self.tx.is_none() {
-            for id in ids {
-                state.messages.remove(id);
-            }
+            state.remove_messages(ids);
             return Ok(Some(0));
         }
         let batch = state.sent_batch(ids);
@@ -538,7 +632,7 @@ impl crate::runtime::timer::TimerHost for Shared {
     }
 
     fn mono_ns(&self) -> u64 {
-        self.time.mono_ns()
+        Shared::mono_ns(self)
     }
 
     fn keep_alive(&self) -> &crate::runtime::keep_alive::KeepAlives {

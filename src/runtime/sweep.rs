@@ -31,7 +31,7 @@ pub(crate) fn spawn(shared: Arc<Shared>) -> std::io::Result<std::thread::JoinHan
     std::thread::Builder::new()
         .name("idemkv-sweeper".into())
         .spawn(move || {
-            while shared.sweeper.wait() {
+            while shared.sweeper().wait() {
                 if shared.poison_reason().is_some() || shared.is_closed() {
                     return;
                 }
@@ -71,7 +71,7 @@ pub(crate) fn sweep_stripe(
     now: u64,
     max: usize,
 ) -> Swept {
-    let c = &s.counters;
+    let c = s.counters();
     let ended = shard.end_leases(now, max);
     let mut out = Swept {
         more: ended.more,
@@ -155,9 +155,9 @@ pub(crate) fn sweep_shard(
 /// nothing due are not locked; a stripe visited without freeing anything has its due work
 /// done, so a run of refused claims costs O(stripes) reads each and O(1) amortized work.
 pub(crate) fn make_room(s: &Shared) -> Result<(), Room> {
-    let now = s.time.mono_ns();
+    let now = s.mono_ns();
     let mut refused = None;
-    for stripe in s.index.any_due(now) {
+    for stripe in s.index().any_due(now) {
         let swept = {
             let mut shard = stripe.lock();
             sweep_stripe(s, &mut shard, now, SWEEP_STRIPE_BATCH)
@@ -188,8 +188,8 @@ pub(crate) enum Room {
 /// order says one may have, until one moved. Returns how many moved. Stripes with no ended
 /// lease are not locked.
 pub(crate) fn end_leases_anywhere(s: &Shared) -> u64 {
-    let now = s.time.mono_ns();
-    for stripe in s.index.leases_due(now) {
+    let now = s.mono_ns();
+    for stripe in s.index().leases_due(now) {
         let moved = stripe.lock().end_leases(now, usize::MAX).moved;
         if moved > 0 {
             return moved;
@@ -198,23 +198,18 @@ pub(crate) fn end_leases_anywhere(s: &Shared) -> u64 {
     0
 }
 
-fn queue_busy(s: &Shared) -> bool {
-    s.tx.as_ref()
-        .is_some_and(|tx| tx.len() >= s.cfg.claim_queue_max / 2)
-}
-
 /// One pass over every stripe. Returns how many keys it removed.
 fn sweep_pass(s: &Shared, pace: Pace) -> u64 {
     let mut removed = 0u64;
     let mut step_start = Instant::now();
-    for stripe in s.index.stripes() {
+    for stripe in s.index().stripes() {
         loop {
             // A close or poison refuses every deletion from now on: stop, whatever the pace
             // (otherwise each refused send looks like "more to do" and the pass spins).
             if s.poison_reason().is_some() || s.is_closed() {
                 return removed;
             }
-            if queue_busy(s) {
+            if s.queue_busy() {
                 match pace {
                     Pace::Background => std::thread::sleep(SWEEP_PAUSE),
                     Pace::Now => {
@@ -227,7 +222,7 @@ fn sweep_pass(s: &Shared, pace: Pace) -> u64 {
             }
             let (n, more) = {
                 let mut shard = stripe.lock();
-                let now = s.time.mono_ns();
+                let now = s.mono_ns();
                 sweep_shard(s, &mut shard, now, SWEEP_STRIPE_BATCH)
             };
             removed += n;

@@ -46,14 +46,14 @@ struct Accepted {
 pub(crate) struct State {
     /// Durable engine: the newest accepted write of each row not yet drained. Memory
     /// engine: every row (deletions remove the entry).
-    pub(crate) rows: BTreeMap<Arc<[u8]>, Row>,
+    rows: BTreeMap<Arc<[u8]>, Row>,
     /// Durable engine: accepted batches not yet drained, oldest first.
     accepted: VecDeque<Accepted>,
     /// Durable engine: outbox ids marked sent whose removal is not yet drained, with the
     /// ordinal of the newest batch that marked them.
-    pub(crate) sent: HashMap<u64, u64>,
+    sent: HashMap<u64, u64>,
     /// Memory engine: the outbox.
-    pub(crate) messages: BTreeMap<u64, Arc<[u8]>>,
+    messages: BTreeMap<u64, Arc<[u8]>>,
     /// The next outbox id (ids continue across restarts: recovered from the file).
     next_id: u64,
     next_ordinal: u64,
@@ -154,6 +154,42 @@ impl State {
             rows: batch.rows.iter().map(|(row, _)| row.clone()).collect(),
             sent: batch.sent.clone(),
         });
+    }
+
+    /// The overlay's newest write of `row` (`None`: the overlay does not know the row).
+    pub(crate) fn row(&self, row: &[u8]) -> Option<&Row> {
+        self.rows.get(row)
+    }
+
+    /// The overlay's rows from `lo` (inclusive) to `hi` (exclusive), in key order.
+    pub(crate) fn rows_between<'a>(
+        &'a self,
+        lo: &'a [u8],
+        hi: &'a [u8],
+    ) -> impl Iterator<Item = (&'a Arc<[u8]>, &'a Row)> + 'a {
+        use std::ops::Bound::{Excluded, Included};
+        self.rows.range::<[u8], _>((Included(lo), Excluded(hi)))
+    }
+
+    /// The ids of the outbox messages marked sent whose removal is not yet in the file.
+    pub(crate) fn sent_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.sent.keys().copied()
+    }
+
+    /// Memory engine: the first `limit` outbox messages, oldest first.
+    pub(crate) fn first_messages(&self, limit: usize) -> Vec<(u64, Arc<[u8]>)> {
+        self.messages
+            .iter()
+            .take(limit)
+            .map(|(id, m)| (*id, m.clone()))
+            .collect()
+    }
+
+    /// Memory engine: removes the outbox messages `ids` at once.
+    pub(crate) fn remove_messages(&mut self, ids: &[u64]) {
+        for id in ids {
+            self.messages.remove(id);
+        }
     }
 
     /// A memory-only engine applies `writes` at once.

@@ -14,7 +14,7 @@
 //! does while the writer syncs the next frame. A failed apply poisons the engine for what
 //! follows (the batches acknowledged by then replay from the log at the next open).
 
-use crate::base::sabotage::Sabotage;
+use crate::base::sabotage::{fault_hook, fault_point};
 use crate::base::sync::channel::Receiver;
 use crate::base::sync::{Arc, Ordering};
 use crate::index::stats::bump;
@@ -109,7 +109,7 @@ impl Writer {
             let handed = self.commit(&mut batch, stop);
             if stop {
                 // The last commit's responses leave memory too.
-                self.shared.index.catch_up();
+                self.shared.index().catch_up();
                 self.shared.set_writer_stopped();
                 return;
             }
@@ -119,7 +119,7 @@ impl Writer {
             // batch handed to the applier with the queue empty is published by the
             // applier, once the file holds it.
             if !handed && self.rx.is_empty() {
-                self.shared.index.catch_up();
+                self.shared.index().catch_up();
             }
         }
     }
@@ -129,7 +129,7 @@ impl Writer {
     /// `Err`: an apply failed, and the engine is poisoned (nothing more is acknowledged).
     fn drain_applier(&self) -> Result<(), Arc<str>> {
         // Test-only sabotage: go on while the applier may still be applying.
-        if self.shared.sabotaged(Sabotage::SkipApplierDrain) {
+        if fault_point!(self.shared.faults(), SkipApplierDrain) {
             return Ok(());
         }
         if let Some(applier) = &self.applier {
@@ -141,7 +141,7 @@ impl Writer {
     /// Adds to `batch` what is queued now (`Immediate`) or arrives within the delay
     /// (`Buffered`), up to the batch limit; a barrier or shutdown ends the batch at once.
     fn gather(&self, batch: &mut Vec<Queued>) {
-        let window = match self.shared.cfg.durability {
+        let window = match self.shared.cfg().durability {
             Durability::Buffered { max_delay } => Some(Window {
                 // Counted from the oldest operation's acknowledgement, not from when the
                 // writer got to it: an operation that waited behind a commit is not kept
@@ -151,11 +151,11 @@ impl Writer {
                     .and_then(|q| q.acked_at)
                     .unwrap_or_else(Instant::now),
                 max_delay,
-                secs_per_op: self.shared.admission.secs_per_op(),
+                secs_per_op: self.shared.admission().secs_per_op(),
                 // Under `Buffered` admission, a batch as large as the claims' limit means
                 // new claims are being refused until it commits: waiting out the delay
                 // would only stall them.
-                ops_max: self.shared.admission.claims_max(),
+                ops_max: self.shared.admission().claims_max(),
             }),
             _ => None,
         };
@@ -165,23 +165,20 @@ impl Writer {
     /// Commits `batch`; `closing`: it holds the shutdown, the engine's last commit. Returns
     /// whether the batch was handed to the applier (acknowledged on its frame's sync).
     fn commit(&mut self, batch: &mut Vec<Queued>, closing: bool) -> bool {
-        #[cfg(idemkv_sabotage)]
-        if self.shared.writer_panic.swap(false, Ordering::AcqRel) {
-            panic!("sabotage: the writer panics on purpose");
-        }
+        fault_hook!(self.shared.faults().writer_may_panic(););
         // Test-only sabotages: acknowledge or publish before the commit returns, so that the
         // durability checks can show they catch a writer that breaks this order.
-        let ack_early = self.shared.sabotaged(Sabotage::AckBeforeCommit);
+        let ack_early = fault_point!(self.shared.faults(), AckBeforeCommit);
         if ack_early {
             self.advance(batch, false);
         }
-        #[cfg(idemkv_sabotage)]
-        if self.shared.sabotaged(Sabotage::PublishBeforeCommit) {
-            let last = batch.iter().map(|q| q.seq).max().unwrap_or(0);
-            self.shared.progress.marks().show_early(last);
+        fault_hook! {
+            if fault_point!(self.shared.faults(), PublishBeforeCommit) {
+                let last = batch.iter().map(|q| q.seq).max().unwrap_or(0);
+                self.shared.progress().marks().show_early(last);
+            }
+            self.shared.faults().commit_gate.pass();
         }
-        #[cfg(idemkv_sabotage)]
-        self.shared.commit_gate.pass();
         // The writer's rate, which admission and the gathering deadline use, is measured
         // over the whole batch: the commit, and the settling, acknowledging and freeing
         // after it (before completions were published by the watermark, this work took as
@@ -189,7 +186,7 @@ impl Writer {
         // the rate came out about twice the writer's real one, and admitted backlogs that
         // took `2 × max_delay` and more to become durable. On the engine's clock, so a test
         // can make the cycle as long as it needs.
-        let began_ns = self.shared.time.mono_ns();
+        let began_ns = self.shared.mono_ns();
         // A poisoned engine commits nothing more: the waiters of this batch wake to fail
         // (poisoning woke them) and the watermark stays below them.
         let written = match self.shared.poison_reason() {
@@ -224,8 +221,7 @@ impl Writer {
                 acked: Acked::AfterApply,
                 ..
             }) => {
-                #[cfg(idemkv_sabotage)]
-                self.shared.after_commit_gate.pass();
+                fault_hook!(self.shared.faults().after_commit_gate.pass(););
                 self.made_durable(batch);
                 // Before the watermark moves: a claim that waits for its marker's commit
                 // finds it settled.
@@ -234,7 +230,7 @@ impl Writer {
                     // Acknowledged before the commit by sabotage: the file holds the batch
                     // now, and its completions drop the responses they keep in memory as
                     // their stripes are next locked.
-                    self.shared.progress.applied(self.tracker.watermark());
+                    self.shared.progress().applied(self.tracker.watermark());
                 } else {
                     self.advance(batch, true);
                 }
@@ -243,9 +239,9 @@ impl Writer {
         }
         batch.clear();
         if let Ok(Written { ops, .. }) = written {
-            let took_ns = self.shared.time.mono_ns().saturating_sub(began_ns);
+            let took_ns = self.shared.mono_ns().saturating_sub(began_ns);
             self.shared
-                .admission
+                .admission()
                 .committed(ops, Duration::from_nanos(took_ns));
         }
         matches!(
@@ -260,7 +256,7 @@ impl Writer {
     /// Records how long the batch's oldest `Buffered` operation waited for its fsync.
     fn made_durable(&self, batch: &[Queued]) {
         if let Some(oldest) = batch.iter().filter_map(|q| q.acked_at).min() {
-            self.shared.admission.durable_after(oldest.elapsed());
+            self.shared.admission().durable_after(oldest.elapsed());
         }
     }
 
@@ -269,26 +265,26 @@ impl Writer {
     /// `applied`: the file holds the batch too (the applied watermark moves first, so a
     /// caller the wake sends to a completion's stripe settles it in one step).
     fn advance(&mut self, batch: &[Queued], applied: bool) {
-        self.shared.progress.take_voided(&mut self.voided);
+        self.shared.progress().take_voided(&mut self.voided);
         let seqs = batch.iter().map(|q| q.seq).filter(|&seq| seq != 0);
         for seq in seqs.chain(self.voided.drain(..)) {
             self.tracker.done(seq);
         }
         let watermark = self.tracker.watermark();
         if applied {
-            self.shared.progress.applied(watermark);
+            self.shared.progress().applied(watermark);
         }
-        self.shared.progress.publish(watermark);
+        self.shared.progress().publish(watermark);
     }
 
     /// Commits the batch, or stages it and leaves it to the applier; says when its callers
     /// were acknowledged. `acked`: they were before the call (sabotage).
     fn write(&mut self, batch: &[Queued], closing: bool, acked: bool) -> Result<Written, Arc<str>> {
         let (writes, tables, ops) =
-            writes_of(batch, self.shared.sabotaged(Sabotage::DropOldRemoval));
+            writes_of(batch, fault_point!(self.shared.faults(), DropOldRemoval));
         // Read after the batch was received: every token in it is below `next`, so this
         // mark covers them all.
-        let hwm = self.shared.tokens.reserve_target();
+        let hwm = self.shared.tokens().reserve_target();
         // A close with a log checkpoints, even nothing: the file is then complete and
         // says so (its log is no longer active), and stands without the log.
         if ops == 0 && tables.is_empty() && hwm.is_none() && !(closing && self.log.is_some()) {
@@ -335,8 +331,7 @@ impl Writer {
             // caller that returns sees it in `Stats`.
             committed(&self.shared, began.elapsed(), ops);
             // Test-only hook: held after the frame's sync, before the watermark moves.
-            #[cfg(idemkv_sabotage)]
-            self.shared.after_commit_gate.pass();
+            fault_hook!(self.shared.faults().after_commit_gate.pass(););
             self.advance(batch, false);
             return Ok(Written {
                 acked: Acked::OnSync { how },
@@ -352,15 +347,15 @@ impl Writer {
         {
             Ok(()) => {
                 if self.log.as_mut().is_some_and(|log| log.committed(how)) {
-                    bump(&self.shared.counters.log_checkpoints);
+                    bump(&self.shared.counters().log_checkpoints);
                 }
                 // The store renewed its snapshot in the commit: reads of the application
                 // tables find these writes there from now on, not in the overlay.
                 if let Some(last) = tables.iter().map(|t| t.ordinal).max() {
-                    self.shared.tables.committed(last);
+                    self.shared.tables().committed(last);
                 }
                 if let Some(hwm) = hwm {
-                    self.shared.tokens.raise_limit(hwm);
+                    self.shared.tokens().raise_limit(hwm);
                 }
                 committed(&self.shared, began.elapsed(), ops);
                 Ok(Written {
@@ -379,7 +374,7 @@ impl Writer {
         if self.marked.is_empty() {
             return;
         }
-        let index = &self.shared.index;
+        let index = &self.shared.index();
         self.marked.sort_by_key(|m| index.stripe_of_hash(m.hash));
         for group in self
             .marked
@@ -398,7 +393,7 @@ impl Writer {
             }
             drop(shard);
             if settled {
-                stripe.changed.notify_all();
+                stripe.notify_changed();
             }
         }
         self.marked.clear();
@@ -409,15 +404,15 @@ impl Writer {
 /// write to its last fsync, or, for a batch acknowledged on its frame's sync, the frame's
 /// write and the apply, without the wait for the applier between them).
 pub(crate) fn committed(shared: &Shared, took: Duration, ops: usize) {
-    let c = &shared.counters;
+    let c = shared.counters();
     bump(&c.commits);
     c.committed_ops.fetch_add(ops as u64, Ordering::Relaxed);
     c.batch_max.fetch_max(ops as u64, Ordering::Relaxed);
     let took_us = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
     c.commit_max_us.fetch_max(took_us, Ordering::Relaxed);
     crate::runtime::observe::committed(
-        &shared.observe,
-        &shared.counters,
+        shared.observer(),
+        shared.counters(),
         || shared.queued(),
         took,
         ops,

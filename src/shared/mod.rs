@@ -20,6 +20,8 @@ mod batch;
 mod block;
 mod constants;
 use crate::api::postgres_config as config;
+// Over the line limit, to be split: `claim` (one transaction's steps).
+#[allow(clippy::too_many_lines)]
 mod core;
 mod db;
 use crate::model::database_error as error;
@@ -324,7 +326,7 @@ impl Backend {
 
     fn check_response(engine: &Engine, key: &[u8], response: &[u8]) -> Result<(), LeaseError> {
         engine.check_lease_call(key)?;
-        let max = engine.shared().cfg.response_len_max;
+        let max = engine.shared().cfg().response_len_max;
         if response.len() > max {
             return Err(LeaseError::ResponseTooLarge {
                 len: response.len(),

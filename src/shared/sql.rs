@@ -64,29 +64,128 @@ fn wake_class(keys: &str) -> i32 {
 /// `n` microseconds as an interval.
 const US: &str = "* interval '1 microsecond'";
 
-impl Sql {
-    pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Sql {
+/// The qualified names (and the wake-up locks' class) every statement is built from.
+struct Names {
+    keys: String,
+    meta: String,
+    tables: String,
+    outbox: String,
+    /// nextval takes a sequence's name as text: its quoting is inside the literal.
+    outbox_seq_lit: String,
+    seq_lit: String,
+    outbox_seq: String,
+    seq: String,
+    channel: String,
+    idx: String,
+    claim_fn: String,
+    wake_class: i32,
+}
+
+impl Names {
+    fn new(schema: Option<&str>, prefix: &str) -> Names {
         let q = |name: &str| match schema {
             Some(s) => format!("\"{s}\".\"{prefix}{name}\""),
             None => format!("\"{prefix}{name}\""),
         };
         let keys = q("keys");
-        let meta = q("meta");
-        let tables = q("tables");
-        let outbox = q("outbox");
         let outbox_seq = q("outbox_ids");
-        let outbox_seq_lit = outbox_seq.replace('\'', "''");
-        // nextval takes the sequence's name as text: its quoting is inside the literal.
         let seq = q("tokens");
-        let seq_lit = seq.replace('\'', "''");
-        let channel = match schema {
-            Some(s) => format!("{s}_{prefix}wake"),
-            None => format!("{prefix}wake"),
-        };
-        let idx = format!("\"{prefix}keys_reap_at\"");
-        let wake_class = wake_class(&keys);
-        let wake_stripes = crate::shared::constants::PG_WAKE_STRIPES;
+        Names {
+            meta: q("meta"),
+            tables: q("tables"),
+            outbox: q("outbox"),
+            outbox_seq_lit: outbox_seq.replace('\'', "''"),
+            seq_lit: seq.replace('\'', "''"),
+            outbox_seq,
+            seq,
+            channel: match schema {
+                Some(s) => format!("{s}_{prefix}wake"),
+                None => format!("{prefix}wake"),
+            },
+            idx: format!("\"{prefix}keys_reap_at\""),
+            claim_fn: q("claim"),
+            wake_class: wake_class(&keys),
+            keys,
+        }
+    }
+}
+
+impl Sql {
+    pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Sql {
+        let n = Names::new(schema, prefix);
         let create_schema = schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
+        let app_tables = Sql::app_tables(&n);
+        let claim_fn_ddl = Sql::claim_fn_ddl(&n);
+        let mut create = Sql::create_keys(&n);
+        create.extend(app_tables.iter().cloned());
+        // The claim function comes after the table (its row type is the table's); the
+        // version row is written last.
+        create.push(claim_fn_ddl.clone());
+        create.push(format!(
+            "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
+             ON CONFLICT (name) DO NOTHING",
+            meta = n.meta
+        ));
+        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4] =
+            Sql::upgrades(&n, app_tables, claim_fn_ddl);
+        let writes = Sql::table_writes(&n);
+        let (complete, complete_with) = Sql::completions(&n, &writes);
+        let (hear, unhear) = Sql::hearing(&n);
+        let (extend, checkpoint, checkpoint_with) = Sql::lease_updates(&n, &writes);
+        let (table_get, table_scan, outbox_take, outbox_sent) = Sql::tables_and_outbox(&n);
+        let (fail, get, sweep) = Sql::fail_get_sweep(&n);
+        let Names {
+            keys,
+            meta,
+            channel,
+            claim_fn,
+            ..
+        } = n;
+        // Release: fenced delete; `notify` follows once it answered.
+        let release =
+            format!("DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1");
+        // Notify: its own transaction, sent after the settling statement answered, so a
+        // waiter it wakes reads the commit ($1: key hashes in hex, comma-separated). The
+        // notification is not durable anyway, so its commit does not wait for the WAL
+        // flush, and holds the notify lock only as long as the commit itself.
+        let notify = format!(
+            "SELECT set_config('synchronous_commit', 'off', true), pg_notify('{channel}', $1)"
+        );
+        Sql {
+            claim: format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
+            claim_batch: Sql::claim_batch(&claim_fn),
+            version: format!("SELECT value FROM {meta} WHERE name = 'schema_version'"),
+            keys,
+            meta,
+            channel,
+            complete,
+            complete_with,
+            release,
+            notify,
+            hear,
+            unhear,
+            extend,
+            checkpoint,
+            checkpoint_with,
+            fail,
+            table_get,
+            table_scan,
+            outbox_take,
+            outbox_sent,
+            get,
+            sweep,
+            create_schema,
+            create,
+            upgrade_from_1,
+            upgrade_from_2,
+            upgrade_from_3,
+            upgrade_from_4,
+        }
+    }
+
+    /// The keys table, its reaping index and the token sequence.
+    fn create_keys(n: &Names) -> Vec<String> {
+        let (keys, idx, seq) = (&n.keys, &n.idx, &n.seq);
         let mut create = Vec::new();
         create.push(format!(
             "CREATE TABLE IF NOT EXISTS {keys} (
@@ -116,10 +215,15 @@ impl Sql {
         create.push(format!(
             "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
         ));
-        // The application's tables (a row's key is its table's name, length-prefixed,
-        // then its key, as in a file) and the outbox, with the instant until which a relay
-        // took a message (NULL: nobody).
-        let app_tables = vec![
+        create
+    }
+
+    /// The application's tables (a row's key is its table's name, length-prefixed,
+    /// then its key, as in a file) and the outbox, with the instant until which a relay
+    /// took a message (NULL: nobody).
+    fn app_tables(n: &Names) -> Vec<String> {
+        let (tables, outbox, outbox_seq) = (&n.tables, &n.outbox, &n.outbox_seq);
+        vec![
             format!(
                 "CREATE TABLE IF NOT EXISTS {tables} (key bytea PRIMARY KEY, value bytea NOT NULL)"
             ),
@@ -131,61 +235,41 @@ impl Sql {
     taken_until timestamptz
 )"
             ),
-        ];
-        create.extend(app_tables.iter().cloned());
+        ]
+    }
 
-        // Claim: one call of a function the backend installs (`claim_fn`). Inside, each
-        // pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
-        // statement of a volatile function its own) and then does at most one conditional
-        // write: with no row, an insert that does nothing on a conflict; with a row the
-        // claim may take over (a completion past its retention: a fresh claim; an InFlight
-        // row whose lease is over and whose fingerprint matches: attempt + 1, checkpoint
-        // kept), an update whose condition is re-checked on the row's newest version once
-        // locked. A write that did nothing (another caller inserted or took over first)
-        // starts the next pass, whose snapshot shows that caller's commit; otherwise the
-        // row read is the answer. So a claim answered by a live row is one read, writes
-        // nothing and commits without a WAL flush, and a claim that meets an insert in
-        // flight waits for it and answers from it in the same call. A token is drawn from
-        // the sequence only by a writing statement, after the snapshot that showed the row
-        // it replaces (or none), so a key's tokens only increase. After `PG_CLAIM_ASKS_MAX`
-        // passes that each lost a race it returns no row, and the caller asks again.
-        // Parameters: the key, the fingerprint, the same request's 64-bit legacy
-        // fingerprint, the lease µs, the engine's retention µs, the claim's own retention
-        // µs or NULL, the claim identity or NULL. The key's own retention is kept in the
-        // row through a takeover of an InFlight row unless the taking claim brings its own;
-        // a fresh claim replaces it. A claim presenting the identity its InFlight row holds
-        // (not failed, the fingerprint matching) resumes that lease, live or over and not
-        // taken over: the same token and attempt, the lease renewed from now.
-        let claim_fn = q("claim");
+    /// Claim: one call of a function the backend installs (`claim_fn`). Inside, each
+    /// pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
+    /// statement of a volatile function its own) and then does at most one conditional
+    /// write: with no row, an insert that does nothing on a conflict; with a row the
+    /// claim may take over (a completion past its retention: a fresh claim; an InFlight
+    /// row whose lease is over and whose fingerprint matches: attempt + 1, checkpoint
+    /// kept), an update whose condition is re-checked on the row's newest version once
+    /// locked. A write that did nothing (another caller inserted or took over first)
+    /// starts the next pass, whose snapshot shows that caller's commit; otherwise the
+    /// row read is the answer. So a claim answered by a live row is one read, writes
+    /// nothing and commits without a WAL flush, and a claim that meets an insert in
+    /// flight waits for it and answers from it in the same call. A token is drawn from
+    /// the sequence only by a writing statement, after the snapshot that showed the row
+    /// it replaces (or none), so a key's tokens only increase. After `PG_CLAIM_ASKS_MAX`
+    /// passes that each lost a race it returns no row, and the caller asks again.
+    /// Parameters: the key, the fingerprint, the same request's 64-bit legacy
+    /// fingerprint, the lease µs, the engine's retention µs, the claim's own retention
+    /// µs or NULL, the claim identity or NULL. The key's own retention is kept in the
+    /// row through a takeover of an InFlight row unless the taking claim brings its own;
+    /// a fresh claim replaces it. A claim presenting the identity its InFlight row holds
+    /// (not failed, the fingerprint matching) resumes that lease, live or over and not
+    /// taken over: the same token and attempt, the lease renewed from now.
+    fn claim_fn_ddl(n: &Names) -> String {
+        let (keys, claim_fn, seq_lit) = (&n.keys, &n.claim_fn, &n.seq_lit);
         let asks = crate::shared::constants::PG_CLAIM_ASKS_MAX;
-        let take_over = |r: &str| {
-            format!(
-                "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp()
-               AND (NOT p_markers OR {r}.marker_until IS NULL
-                    OR {r}.marker_until <= clock_timestamp()
-                    OR (p_rerun AND (p_fp IS NULL OR {r}.fingerprint IS NULL
-                                     OR {r}.fingerprint = p_fp
-                                     OR {r}.fingerprint = p_fp_legacy))))
-           OR ({r}.state = 'i' AND {r}.lease_until <= clock_timestamp()
-               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
-                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy))"
-            )
-        };
-        let (take_over_seen, take_over_locked) = (take_over("seen"), take_over("k"));
-        let resume = |r: &str| {
-            format!(
-                "p_claim_id IS NOT NULL AND {r}.state = 'i' AND {r}.claim_id = p_claim_id
-               AND NOT {r}.failed
-               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
-                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy)"
-            )
-        };
-        let (resume_seen, resume_locked) = (resume("seen"), resume("k"));
+        let (take_over_seen, take_over_locked) = (Sql::take_over("seen"), Sql::take_over("k"));
+        let (resume_seen, resume_locked) = (Sql::resume("seen"), Sql::resume("k"));
         let acquired = "RETURNING 'a'::text, k.token, k.attempt, k.checkpoint_phase, k.checkpoint,
                       NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint";
         // A resumed lease answers as an acquired one, of kind 'r'.
         let resumed = acquired.replacen("'a'", "'r'", 1);
-        let claim_fn_ddl = format!(
+        format!(
             "CREATE OR REPLACE FUNCTION {claim_fn}(p_key bytea, p_fp bytea, p_fp_legacy bytea,
     p_lease_us bigint, p_retention_us bigint, p_own_us bigint, p_claim_id bytea,
     p_markers boolean, p_rerun boolean)
@@ -263,22 +347,56 @@ BEGIN
     END LOOP;
 END
 $claim$"
-        );
-        let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)");
-        // The same function for each key of a batch, in the arrays' order (the keys come
-        // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
-        // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
-        // none), $6 the engine's retention µs, $7 claim identities (NULL: none), $8 whether
-        // the engine keeps markers, $9 whether each claim reruns a forgotten key.
-        let claim_batch = format!(
+        )
+    }
+
+    /// The claim function's condition for taking the row `r` over: a completion past its
+    /// retention (and past its marker's window, unless a rerun matches it), or an InFlight
+    /// row whose lease is over and whose fingerprint matches.
+    fn take_over(r: &str) -> String {
+        format!(
+            "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp()
+               AND (NOT p_markers OR {r}.marker_until IS NULL
+                    OR {r}.marker_until <= clock_timestamp()
+                    OR (p_rerun AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                                     OR {r}.fingerprint = p_fp
+                                     OR {r}.fingerprint = p_fp_legacy))))
+           OR ({r}.state = 'i' AND {r}.lease_until <= clock_timestamp()
+               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy))"
+        )
+    }
+
+    /// The claim function's condition for resuming the lease of the row `r`: the claim
+    /// presents the identity its InFlight row holds, not failed, the fingerprint matching.
+    fn resume(r: &str) -> String {
+        format!(
+            "p_claim_id IS NOT NULL AND {r}.state = 'i' AND {r}.claim_id = p_claim_id
+               AND NOT {r}.failed
+               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy)"
+        )
+    }
+
+    /// The same function for each key of a batch, in the arrays' order (the keys come
+    /// sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
+    /// fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
+    /// none), $6 the engine's retention µs, $7 claim identities (NULL: none), $8 whether
+    /// the engine keeps markers, $9 whether each claim reruns a forgotten key.
+    fn claim_batch(claim_fn: &str) -> String {
+        format!(
             "SELECT a.n, c.*
 FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $7::bytea[],
             $9::boolean[])
      WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, rerun, n),
      LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us, a.claim_id,
                         $8, a.rerun) c"
-        );
+        )
+    }
 
+    /// The completion without and with writes (`table_writes`).
+    fn completions(n: &Names, writes: &str) -> (String, String) {
+        let (keys, wake_class) = (&n.keys, n.wake_class);
         // Complete: fenced by the token and the InFlight state. It does not notify: a
         // notifying transaction holds the database-wide notify lock through its commit,
         // which serializes such commits; `notify` follows once it answered, when `heard`:
@@ -300,11 +418,31 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $
     RETURNING attempt, fingerprint, expires_at
 )"
         );
-        // The writes of a set, applied only when its statement wrote the row (`done`; a
-        // repeat applies nothing again): its final value of each row ($8 keys, $9 values),
-        // the rows it deletes ($10) and its messages in emission order ($11), their ids
-        // drawn from the outbox's sequence.
-        let writes = format!(
+        let complete_tail = format!(
+            "SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
+       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
+       NOT pg_try_advisory_xact_lock({wake_class}, $6::integer) AS heard
+FROM done d
+UNION ALL
+SELECT 'repeat', k.attempt, k.fingerprint,
+       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
+FROM {keys} k
+WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM done)"
+        );
+        (
+            format!("WITH {done}\n{complete_tail}"),
+            format!("WITH {done},\n{writes}\n{complete_tail}"),
+        )
+    }
+
+    /// The writes of a set, applied only when its statement wrote the row (`done`; a
+    /// repeat applies nothing again): its final value of each row ($8 keys, $9 values),
+    /// the rows it deletes ($10) and its messages in emission order ($11), their ids
+    /// drawn from the outbox's sequence.
+    fn table_writes(n: &Names) -> String {
+        let (tables, outbox, outbox_seq_lit) = (&n.tables, &n.outbox, &n.outbox_seq_lit);
+        format!(
             "puts AS (
     INSERT INTO {tables} (key, value)
     SELECT w.key, w.value FROM unnest($8::bytea[], $9::bytea[]) AS w(key, value)
@@ -321,23 +459,13 @@ msgs AS (
     WHERE EXISTS (SELECT 1 FROM done)
     ORDER BY m.n
 )"
-        );
-        let complete_tail = format!(
-            "SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
-       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
-       NOT pg_try_advisory_xact_lock({wake_class}, $6::integer) AS heard
-FROM done d
-UNION ALL
-SELECT 'repeat', k.attempt, k.fingerprint,
-       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
-FROM {keys} k
-WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
-  AND NOT EXISTS (SELECT 1 FROM done)"
-        );
-        let complete = format!("WITH {done}\n{complete_tail}");
-        let complete_with = format!("WITH {done},\n{writes}\n{complete_tail}");
+        )
+    }
 
-        // Hear: every wake-up stripe locked, shared, for the session; Unhear: released.
+    /// Hear: every wake-up stripe locked, shared, for the session; Unhear: released.
+    fn hearing(n: &Names) -> (String, String) {
+        let wake_class = n.wake_class;
+        let wake_stripes = crate::shared::constants::PG_WAKE_STRIPES;
         let every_stripe = |lock_fn: &str| {
             format!(
                 "SELECT count({lock_fn}({wake_class}, s))
@@ -345,21 +473,15 @@ FROM generate_series(0, {last}) s",
                 last = wake_stripes - 1
             )
         };
-        let hear = every_stripe("pg_advisory_lock_shared");
-        let unhear = every_stripe("pg_advisory_unlock_shared");
+        (
+            every_stripe("pg_advisory_lock_shared"),
+            every_stripe("pg_advisory_unlock_shared"),
+        )
+    }
 
-        // Release: fenced delete; `notify` follows once it answered.
-        let release =
-            format!("DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1");
-
-        // Notify: its own transaction, sent after the settling statement answered, so a
-        // waiter it wakes reads the commit ($1: key hashes in hex, comma-separated). The
-        // notification is not durable anyway, so its commit does not wait for the WAL
-        // flush, and holds the notify lock only as long as the commit itself.
-        let notify = format!(
-            "SELECT set_config('synchronous_commit', 'off', true), pg_notify('{channel}', $1)"
-        );
-
+    /// A holder's updates of its lease: extend, checkpoint, checkpoint with writes.
+    fn lease_updates(n: &Names, writes: &str) -> (String, String, String) {
+        let keys = &n.keys;
         // Extend: the lease ends `$3` µs from the database's now; the abandoned row's
         // reaping moves with it ($4 retention µs). A failed attempt is over for good: a
         // renewal racing the fail finds no row (`LeaseLost`), so the next claim still
@@ -392,6 +514,13 @@ SELECT 1 FROM done"
         .replace("$10::", "$7::")
         .replace("$11::", "$8::");
 
+        (extend, checkpoint, checkpoint_with)
+    }
+
+    /// The application's tables (`table_get`, `table_scan`) and the outbox relay's
+    /// statements (`outbox_take`, `outbox_sent`).
+    fn tables_and_outbox(n: &Names) -> (String, String, String, String) {
+        let (tables, outbox) = (&n.tables, &n.outbox);
         // Tables: one row; the rows from $1 (inclusive) to $2 (exclusive), at most $3.
         let table_get = format!("SELECT value FROM {tables} WHERE key = $1");
         let table_scan = format!(
@@ -409,6 +538,12 @@ RETURNING id, payload"
         );
         let outbox_sent = format!("DELETE FROM {outbox} WHERE id = ANY($1::bigint[])");
 
+        (table_get, table_scan, outbox_take, outbox_sent)
+    }
+
+    /// Fail, get and the sweeper's batch.
+    fn fail_get_sweep(n: &Names) -> (String, String, String) {
+        let keys = &n.keys;
         // Fail: the lease ends now (or keeps an end already past) and the row stays,
         // marked failed, with its checkpoint and fingerprint, for the next claim to take
         // over at once; its reaping moves with the lease's end ($3 retention µs).
@@ -458,22 +593,17 @@ gone AS (
 SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT marker)"
         );
 
-        let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
+        (fail, get, sweep)
+    }
 
-        // The claim function comes after the table (its row type is the table's); the
-        // version row is written last.
-        create.push(claim_fn_ddl.clone());
-        create.push(format!(
-            "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
-             ON CONFLICT (name) DO NOTHING"
-        ));
-
-        // Version 1 to 2: the failed flag, the attempt's start (unknown, so NULL, for rows
-        // claimed before) and the key's own retention. Version 2 to 3: the claim function.
-        // Version 3 to 4: the claim identity (NULL for rows claimed before, which no claim
-        // resumes), and the claim function that takes it in place of the one that did not
-        // (a function is named by its arguments: the old one is dropped). Then the version
-        // row. Each statement is idempotent.
+    /// Version 1 to 2: the failed flag, the attempt's start (unknown, so NULL, for rows
+    /// claimed before) and the key's own retention. Version 2 to 3: the claim function.
+    /// Version 3 to 4: the claim identity (NULL for rows claimed before, which no claim
+    /// resumes), and the claim function that takes it in place of the one that did not
+    /// (a function is named by its arguments: the old one is dropped). Then the version
+    /// row. Each statement is idempotent.
+    fn upgrades(n: &Names, app_tables: Vec<String>, claim_fn_ddl: String) -> [Vec<String>; 4] {
+        let (keys, meta, claim_fn) = (&n.keys, &n.meta, &n.claim_fn);
         let columns_v2 = vec![
             format!(
                 "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false"
@@ -505,41 +635,12 @@ SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT mark
             ],
         ]
         .concat();
-        let upgrade_from_1 = [columns_v2, to_v4.clone(), to_v5.clone()].concat();
-        let upgrade_from_2 = [to_v4.clone(), to_v5.clone()].concat();
-        let upgrade_from_3 = [to_v4, to_v5.clone()].concat();
-        let upgrade_from_4 = to_v5;
-
-        Sql {
-            keys,
-            meta,
-            channel,
-            claim,
-            claim_batch,
-            complete,
-            complete_with,
-            release,
-            notify,
-            hear,
-            unhear,
-            extend,
-            checkpoint,
-            checkpoint_with,
-            fail,
-            table_get,
-            table_scan,
-            outbox_take,
-            outbox_sent,
-            get,
-            sweep,
-            version,
-            create_schema,
-            create,
-            upgrade_from_1,
-            upgrade_from_2,
-            upgrade_from_3,
-            upgrade_from_4,
-        }
+        [
+            [columns_v2, to_v4.clone(), to_v5.clone()].concat(),
+            [to_v4.clone(), to_v5.clone()].concat(),
+            [to_v4, to_v5.clone()].concat(),
+            to_v5,
+        ]
     }
 
     /// The statements that bring a database of schema version `from` to the current one.
