@@ -11,9 +11,10 @@ pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 /// Marks a redb file as an idemkv file of the current format. A writable open of a file of
 /// the previous format rewrites its marker, so that an older engine refuses the file
 /// instead of misreading the records this one adds.
-pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x03";
-/// The markers of the previous formats (1 and 2), whose files are still opened.
-pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 2] = [b"idemkv\0\x01", b"idemkv\0\x02"];
+pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x04";
+/// The markers of the previous formats (1 to 3), whose files are still opened.
+pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 3] =
+    [b"idemkv\0\x01", b"idemkv\0\x02", b"idemkv\0\x03"];
 /// Size of the commit log file, written in full when it is created so that appends never
 /// change its size or block map (a durable write flushes data only). A batch whose frame no
 /// longer fits is committed as a checkpoint, which starts the log again: at ~150 bytes per
