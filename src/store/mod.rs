@@ -2,6 +2,7 @@
 
 pub(crate) mod backend;
 pub(crate) mod batch;
+pub(crate) mod chunk;
 pub(crate) mod commit_log;
 pub(crate) mod config;
 pub(crate) mod constants;
