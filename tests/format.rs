@@ -29,6 +29,10 @@ const FIXTURE_V2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fo
 const MAGIC_V1: &[u8] = b"idemkv\0\x01";
 const MAGIC_V2: &[u8] = b"idemkv\0\x02";
 const MAGIC_V3: &[u8] = b"idemkv\0\x03";
+/// Format 4's marker: the compact record encoding, one record per row.
+const MAGIC_V4: &[u8] = b"idemkv\0\x04";
+/// The current marker (format 5: records packed into chunks; `tests/chunks.rs`).
+const MAGIC_V5: &[u8] = b"idemkv\0\x05";
 
 fn copy_of_fixture(dir: &Path) -> PathBuf {
     copy_of(FIXTURE, dir)
@@ -94,9 +98,13 @@ fn the_fixture_is_a_file_of_the_previous_format() {
     assert!(contains(&bytes, MAGIC_V1));
     assert!(!contains(&bytes, MAGIC_V2));
     assert!(!contains(&bytes, MAGIC_V3));
+    assert!(!contains(&bytes, MAGIC_V4));
+    assert!(!contains(&bytes, MAGIC_V5));
     let bytes = std::fs::read(FIXTURE_V2).unwrap();
     assert!(contains(&bytes, MAGIC_V2));
     assert!(!contains(&bytes, MAGIC_V3));
+    assert!(!contains(&bytes, MAGIC_V4));
+    assert!(!contains(&bytes, MAGIC_V5));
 }
 
 #[test]
@@ -146,7 +154,7 @@ fn a_previous_format_file_is_replayed_matched_and_taken_over_in_every_durable_mo
         drop(engine);
 
         // The marker moved on at open; the old records and the new one live side by side.
-        assert!(contains(&std::fs::read(&path).unwrap(), MAGIC_V3));
+        assert!(contains(&std::fs::read(&path).unwrap(), MAGIC_V5));
         let engine = open(&path, &clock, durability);
         assert_eq!(replayed(&engine, b"done-payload", &payload), b"ok-payload");
         assert_eq!(replayed(&engine, b"held", &any), b"held-done");
@@ -218,7 +226,7 @@ fn a_reader_reads_a_previous_format_file_without_changing_it() {
 /// `Recovery::HonourLeases` on a file of format 2: its InFlight records do not keep their
 /// holder's lease length, so what is left of each lease is capped by the engine's lease at
 /// reopen (30 s here, then 5 s), as before format 3. Completions replay, fingerprints guard,
-/// checkpoints are handed to the takeover, and the marker moves on to format 3.
+/// checkpoints are handed to the takeover, and the marker moves on to the current format.
 #[test]
 fn a_format_2_file_is_honoured_replayed_and_taken_over() {
     for durability in [Durability::Immediate, Durability::buffered()] {
@@ -265,7 +273,7 @@ fn a_format_2_file_is_honoured_replayed_and_taken_over() {
         taken.complete(b"default-done").unwrap();
         engine.close().unwrap();
         drop(engine);
-        assert!(contains(&std::fs::read(&path).unwrap(), MAGIC_V3));
+        assert!(contains(&std::fs::read(&path).unwrap(), MAGIC_V5));
         let engine = open(&path, &clock, durability);
         assert_eq!(replayed(&engine, b"done", &payload), b"ok-done");
         assert_eq!(replayed(&engine, b"held-long", &job), b"long-done");

@@ -983,8 +983,10 @@ fn application_tables_never_reach_the_engines_own() {
     // Tables named like the engine's are just application tables.
     let w = writes(|w| {
         w.put("idemkv_records", &token.to_be_bytes(), b"not a record")?
+            .put("idemkv_chunks", &token.to_be_bytes(), b"not a chunk")?
             .put("idemkv_meta", b"format", b"nonsense")?
-            .delete("idemkv_records", &token.to_le_bytes())
+            .delete("idemkv_records", &token.to_le_bytes())?
+            .delete("idemkv_chunks", &token.to_le_bytes())
     });
     lease.complete_with(b"stored", &w).unwrap();
     let engine = site.restart(engine);

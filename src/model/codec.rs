@@ -1,13 +1,18 @@
 //! The on-disk record format: the only module that knows bincode.
 //!
-//! A stored value is `version (u32 LE) | bincode body | crc32c (u32 LE)`. The checksum covers
-//! the record's token (its redb key) too, so a value copied under another key is caught.
+//! A stored value is `version | bincode body | crc32c (u32 LE)`. The checksum covers the
+//! record's token (its redb key) too, so a value copied under another key is caught. Format 4
+//! (written today) has a 1-byte version and bincode's varint integers, with one absolute
+//! wall-clock instant per record and the others as deltas from it; formats 1 to 3 (read,
+//! never written) have a 4-byte LE version and fixed-width integers. An old version's first
+//! byte is 1, 2 or 3 (its other three are zero), so the first byte alone tells them apart.
 //! Every value is checked after it is encoded and before it is trusted after a read (pair
 //! assertions), so a damaged record is refused instead of replayed.
 
 pub(crate) use crate::base::hash::fnv1a64;
 use crate::model::constants::{
-    FORMAT_VERSION, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION, RECORD_INLINE_BYTES,
+    FORMAT_VERSION, FORMAT_VERSION_FIXED_MAX, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION,
+    RECORD_INLINE_BYTES,
 };
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
@@ -86,7 +91,8 @@ impl Checkpoint {
     }
 }
 
-/// One key's durable state, as stored under its token (format version 3).
+/// One key's durable state, as stored under its token. Its derived encoding (with
+/// [`config`]) is format 3's body; format 4 writes it through `v4`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record {
     /// The key and the namespace it lives in (tenant, client, operation; empty: unscoped).
@@ -669,6 +675,265 @@ mod v2 {
 #[cfg(test)]
 pub(crate) use v2::encode as encode_v2;
 
+/// Encodes a version-3 record, as the previous format wrote it: the tests' fixture for
+/// reading files of format 3.
+#[cfg(test)]
+pub(crate) fn encode_v3(token: u64, r: &Record) -> Vec<u8> {
+    frame(token, 3, r)
+}
+
+/// The records of format version 4: varint integers (bincode's `standard` config), and
+/// wall-clock instants as deltas where that pays. `first_claimed_wall_ms` is the record's
+/// one absolute instant (8 bytes LE: a varint of a ms timestamp takes 9); every other
+/// instant is the wrapping difference from an earlier one, zigzag-encoded (a wall clock may
+/// step back), so every `u64` round-trips exactly:
+/// - completed: from first claimed; expires: from completed (the retention);
+/// - attempt started: from first claimed; lease deadline: from attempt started.
+///
+/// The head's fields are a prefix of the record's (the response comes last), so recovery
+/// decodes the head from the same bytes.
+mod v4 {
+    use super::{Blob, Checkpoint, HeadState, KeyBuf, Record, RecordHead, RecordKey, RecordState};
+    use serde::{Deserialize, Serialize};
+
+    /// `to - from` as a zigzag-encoded signed delta.
+    fn delta(from: u64, to: u64) -> i64 {
+        to.wrapping_sub(from) as i64
+    }
+
+    /// The instant `delta` after `from` (the inverse of [`delta`]).
+    fn after(from: u64, delta: i64) -> u64 {
+        from.wrapping_add(delta as u64)
+    }
+
+    #[derive(Serialize)]
+    pub(super) struct R4<'a> {
+        key: &'a RecordKey,
+        fingerprint: Option<u128>,
+        first_claimed_wall_ms: [u8; 8],
+        retention_ms: Option<u64>,
+        state: S4<'a>,
+    }
+
+    #[derive(Serialize)]
+    enum S4<'a> {
+        InFlight {
+            lease_deadline_delta_ms: i64,
+            attempt: u32,
+            attempt_started_delta_ms: i64,
+            failed: bool,
+            checkpoint: &'a Option<Checkpoint>,
+            lease_ms: Option<u64>,
+            claim_id: Option<u128>,
+        },
+        Completed {
+            attempt: u32,
+            completed_delta_ms: i64,
+            expires_delta_ms: i64,
+            response: &'a Blob,
+        },
+    }
+
+    impl<'a> From<&'a Record> for R4<'a> {
+        fn from(r: &'a Record) -> Self {
+            let first = r.first_claimed_wall_ms;
+            let state = match &r.state {
+                RecordState::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt,
+                    attempt_started_wall_ms,
+                    failed,
+                    checkpoint,
+                    lease_ms,
+                    claim_id,
+                } => S4::InFlight {
+                    lease_deadline_delta_ms: delta(
+                        *attempt_started_wall_ms,
+                        *lease_deadline_wall_ms,
+                    ),
+                    attempt: *attempt,
+                    attempt_started_delta_ms: delta(first, *attempt_started_wall_ms),
+                    failed: *failed,
+                    checkpoint,
+                    lease_ms: *lease_ms,
+                    claim_id: *claim_id,
+                },
+                RecordState::Completed {
+                    attempt,
+                    completed_wall_ms,
+                    expires_wall_ms,
+                    response,
+                } => S4::Completed {
+                    attempt: *attempt,
+                    completed_delta_ms: delta(first, *completed_wall_ms),
+                    expires_delta_ms: delta(*completed_wall_ms, *expires_wall_ms),
+                    response,
+                },
+            };
+            R4 {
+                key: &r.key,
+                fingerprint: r.fingerprint,
+                first_claimed_wall_ms: first.to_le_bytes(),
+                retention_ms: r.retention_ms,
+                state,
+            }
+        }
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Record4 {
+        key: RecordKey,
+        fingerprint: Option<u128>,
+        first_claimed_wall_ms: [u8; 8],
+        retention_ms: Option<u64>,
+        state: State4,
+    }
+
+    #[derive(Deserialize)]
+    enum State4 {
+        InFlight {
+            lease_deadline_delta_ms: i64,
+            attempt: u32,
+            attempt_started_delta_ms: i64,
+            failed: bool,
+            checkpoint: Option<Checkpoint>,
+            lease_ms: Option<u64>,
+            claim_id: Option<u128>,
+        },
+        Completed {
+            attempt: u32,
+            completed_delta_ms: i64,
+            expires_delta_ms: i64,
+            response: Blob,
+        },
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Head4 {
+        key: KeyBuf,
+        scope: KeyBuf,
+        fingerprint: Option<u128>,
+        first_claimed_wall_ms: [u8; 8],
+        retention_ms: Option<u64>,
+        state: HeadState4,
+    }
+
+    #[derive(Deserialize)]
+    enum HeadState4 {
+        InFlight {
+            lease_deadline_delta_ms: i64,
+            attempt: u32,
+            attempt_started_delta_ms: i64,
+            failed: bool,
+            checkpoint: Option<Checkpoint>,
+            lease_ms: Option<u64>,
+            claim_id: Option<u128>,
+        },
+        Completed {
+            attempt: u32,
+            completed_delta_ms: i64,
+            expires_delta_ms: i64,
+        },
+    }
+
+    impl From<Record4> for Record {
+        fn from(r: Record4) -> Self {
+            let first = u64::from_le_bytes(r.first_claimed_wall_ms);
+            let state = match r.state {
+                State4::InFlight {
+                    lease_deadline_delta_ms,
+                    attempt,
+                    attempt_started_delta_ms,
+                    failed,
+                    checkpoint,
+                    lease_ms,
+                    claim_id,
+                } => {
+                    let started = after(first, attempt_started_delta_ms);
+                    RecordState::InFlight {
+                        lease_deadline_wall_ms: after(started, lease_deadline_delta_ms),
+                        attempt,
+                        attempt_started_wall_ms: started,
+                        failed,
+                        checkpoint,
+                        lease_ms,
+                        claim_id,
+                    }
+                }
+                State4::Completed {
+                    attempt,
+                    completed_delta_ms,
+                    expires_delta_ms,
+                    response,
+                } => {
+                    let completed = after(first, completed_delta_ms);
+                    RecordState::Completed {
+                        attempt,
+                        completed_wall_ms: completed,
+                        expires_wall_ms: after(completed, expires_delta_ms),
+                        response,
+                    }
+                }
+            };
+            Record {
+                key: r.key,
+                fingerprint: r.fingerprint,
+                first_claimed_wall_ms: first,
+                retention_ms: r.retention_ms,
+                state,
+            }
+        }
+    }
+
+    impl From<Head4> for RecordHead {
+        fn from(h: Head4) -> Self {
+            let first = u64::from_le_bytes(h.first_claimed_wall_ms);
+            let state = match h.state {
+                HeadState4::InFlight {
+                    lease_deadline_delta_ms,
+                    attempt,
+                    attempt_started_delta_ms,
+                    failed,
+                    checkpoint,
+                    lease_ms,
+                    claim_id,
+                } => {
+                    let started = after(first, attempt_started_delta_ms);
+                    HeadState::InFlight {
+                        lease_deadline_wall_ms: after(started, lease_deadline_delta_ms),
+                        attempt,
+                        attempt_started_wall_ms: started,
+                        failed,
+                        checkpoint,
+                        lease_ms,
+                        claim_id,
+                    }
+                }
+                HeadState4::Completed {
+                    attempt,
+                    completed_delta_ms,
+                    expires_delta_ms,
+                } => {
+                    let completed = after(first, completed_delta_ms);
+                    HeadState::Completed {
+                        attempt,
+                        completed_wall_ms: completed,
+                        expires_wall_ms: after(completed, expires_delta_ms),
+                    }
+                }
+            };
+            RecordHead {
+                key: h.key,
+                scope: h.scope,
+                fingerprint: h.fingerprint,
+                first_claimed_wall_ms: first,
+                retention_ms: h.retention_ms,
+                state,
+            }
+        }
+    }
+}
+
 /// Key bytes decoded straight into the box the index keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct KeyBuf(pub(crate) Box<[u8]>);
@@ -705,21 +970,36 @@ impl fmt::Display for DecodeError {
 
 fn config() -> impl bincode::config::Config {
     // Fixed-width integers keep the encoding independent of values, and a limit bounds the
-    // allocation a damaged length prefix could ask for.
+    // allocation a damaged length prefix could ask for. (Formats 1 to 3, marker rows, and
+    // typed responses.)
     bincode::config::standard()
         .with_little_endian()
         .with_fixed_int_encoding()
         .with_limit::<{ 128 << 20 }>()
 }
 
+/// Format 4's config: varint integers (a value below 251 takes one byte), the same limit.
+fn config_v4() -> impl bincode::config::Config {
+    bincode::config::standard()
+        .with_little_endian()
+        .with_variable_int_encoding()
+        .with_limit::<{ 128 << 20 }>()
+}
+
+/// The version of formats 1 to 3 and of marker rows: a u32 LE.
 const HEADER_LEN: usize = 4;
+/// The version of format 4: one byte.
+const HEADER_V4_LEN: usize = 1;
 const TRAILER_LEN: usize = 4;
+
+// Format 4's version byte must not be the first byte of an older version.
+const _: () = assert!(FORMAT_VERSION > FORMAT_VERSION_FIXED_MAX && FORMAT_VERSION <= 0xFF);
 
 /// Encodes `record` stored under `token`, in the current format (the engine queues
 /// [`encode_queued`]'s form of the same bytes).
 #[cfg(any(test, idemkv_sabotage))]
 pub(crate) fn encode(token: u64, record: &Record) -> Vec<u8> {
-    let out = frame(token, FORMAT_VERSION, record);
+    let out = frame_v4(token, record);
     debug_assert_eq!(decode(token, &out).as_ref(), Ok(record));
     out
 }
@@ -751,23 +1031,23 @@ impl Encoded {
 
 /// [`encode`] for the writer's queue: the same bytes, inline when they fit.
 pub(crate) fn encode_queued(token: u64, record: &Record) -> Encoded {
-    let out = match frame_inline(token, FORMAT_VERSION, record) {
+    let out = match frame_inline(token, record) {
         Some(inline) => inline,
-        None => Encoded::Heap(frame(token, FORMAT_VERSION, record)),
+        None => Encoded::Heap(frame_v4(token, record)),
     };
     debug_assert_eq!(decode(token, out.as_slice()).as_ref(), Ok(record));
     out
 }
 
-/// [`frame`] into an inline buffer; `None` if the frame does not fit (the encoder stops at
-/// the buffer's end, so a large record costs at most a buffer's worth of wasted work).
-fn frame_inline<T: Serialize>(token: u64, version: u32, body: &T) -> Option<Encoded> {
+/// [`frame_v4`] into an inline buffer; `None` if the frame does not fit (the encoder stops
+/// at the buffer's end, so a large record costs at most a buffer's worth of wasted work).
+fn frame_inline(token: u64, record: &Record) -> Option<Encoded> {
     let mut bytes = [0u8; RECORD_INLINE_BYTES];
-    bytes
-        .get_mut(..HEADER_LEN)?
-        .copy_from_slice(&version.to_le_bytes());
-    let n = bincode::serde::encode_into_slice(body, bytes.get_mut(HEADER_LEN..)?, config()).ok()?;
-    let end = HEADER_LEN + n;
+    *bytes.first_mut()? = FORMAT_VERSION as u8;
+    let body = v4::R4::from(record);
+    let n = bincode::serde::encode_into_slice(&body, bytes.get_mut(HEADER_V4_LEN..)?, config_v4())
+        .ok()?;
+    let end = HEADER_V4_LEN + n;
     let crc = crc32c_token(token, bytes.get(..end)?);
     bytes
         .get_mut(end..end + TRAILER_LEN)?
@@ -776,12 +1056,27 @@ fn frame_inline<T: Serialize>(token: u64, version: u32, body: &T) -> Option<Enco
     Some(Encoded::Inline { len, bytes })
 }
 
-/// `version | body | crc32c(token, version | body)`.
+/// `4 | body | crc32c(token, 4 | body)`: a record in format 4.
+fn frame_v4(token: u64, record: &Record) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    out.push(FORMAT_VERSION as u8);
+    // Encoding into a Vec cannot fail for these types: no maps, no unsized sequences, and
+    // the limit is far above the response and checkpoint ceilings enforced before queueing.
+    let body = v4::R4::from(record);
+    if let Err(e) = bincode::serde::encode_into_std_write(&body, &mut out, config_v4()) {
+        unreachable!("record encoding cannot fail: {e}");
+    }
+    let crc = crc32c_token(token, &out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// `version (u32 LE) | body | crc32c(token, version | body)`, fixed-width: marker rows, and
+/// the records of formats 1 to 3 (which only the tests still write).
 fn frame<T: Serialize>(token: u64, version: u32, body: &T) -> Vec<u8> {
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(&version.to_le_bytes());
-    // Encoding into a Vec cannot fail for these types: no maps, no unsized sequences, and
-    // the limit is far above the response and checkpoint ceilings enforced before queueing.
+    // As in `frame_v4`: cannot fail for these types.
     if let Err(e) = bincode::serde::encode_into_std_write(body, &mut out, config()) {
         unreachable!("record encoding cannot fail: {e}");
     }
@@ -791,9 +1086,9 @@ fn frame<T: Serialize>(token: u64, version: u32, body: &T) -> Vec<u8> {
 }
 
 /// Checks the checksum and version of a value read under `token`; returns the version and
-/// the body.
+/// the body. The first byte tells format 4 (one byte) from formats 1 to 3 (a u32 LE).
 fn verify(token: u64, bytes: &[u8]) -> Result<(u32, &[u8]), DecodeError> {
-    if bytes.len() < HEADER_LEN + TRAILER_LEN {
+    if bytes.len() < HEADER_V4_LEN + TRAILER_LEN {
         return Err(DecodeError::TooShort(bytes.len()));
     }
     let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
@@ -802,16 +1097,29 @@ fn verify(token: u64, bytes: &[u8]) -> Result<(u32, &[u8]), DecodeError> {
     if stored != computed {
         return Err(DecodeError::Checksum { stored, computed });
     }
-    let version = u32::from_le_bytes([body[0], body[1], body[2], body[3]]);
-    if !(FORMAT_VERSION_READ_MIN..=FORMAT_VERSION).contains(&version) {
+    let first = u32::from(body[0]);
+    if first == FORMAT_VERSION {
+        return Ok((FORMAT_VERSION, &body[HEADER_V4_LEN..]));
+    }
+    if !(FORMAT_VERSION_READ_MIN..=FORMAT_VERSION_FIXED_MAX).contains(&first) {
+        return Err(DecodeError::Version(first));
+    }
+    let Some(header) = body.get(..HEADER_LEN) else {
+        return Err(DecodeError::TooShort(bytes.len()));
+    };
+    let version = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+    if !(FORMAT_VERSION_READ_MIN..=FORMAT_VERSION_FIXED_MAX).contains(&version) {
         return Err(DecodeError::Version(version));
     }
     Ok((version, &body[HEADER_LEN..]))
 }
 
-/// Decodes `body` as a `T`, which must use every byte.
-fn decode_whole<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
-    let (value, used): (T, usize) = bincode::serde::decode_from_slice(body, config())
+/// Decodes `body` as a `T` with `config`, which must use every byte.
+fn decode_whole_with<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    config: impl bincode::config::Config,
+) -> Result<T, DecodeError> {
+    let (value, used): (T, usize) = bincode::serde::decode_from_slice(body, config)
         .map_err(|e| DecodeError::Body(e.to_string()))?;
     if used != body.len() {
         return Err(DecodeError::Body(format!(
@@ -822,11 +1130,19 @@ fn decode_whole<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Decode
     Ok(value)
 }
 
+/// Decodes `body` as a `T` of the fixed-width formats, which must use every byte.
+fn decode_whole<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
+    decode_whole_with(body, config())
+}
+
 /// Decodes and verifies a value read under `token`, in the current format or a previous
 /// one.
 pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
     match verify(token, bytes)? {
-        (FORMAT_VERSION, body) => decode_whole(body),
+        (FORMAT_VERSION, body) => {
+            decode_whole_with::<v4::Record4>(body, config_v4()).map(Record::from)
+        }
+        (3, body) => decode_whole(body),
         (2, body) => decode_whole::<v2::Record2>(body).map(Record::from),
         (_, body) => decode_whole::<v1::Record1>(body).map(Record::from),
     }
@@ -836,27 +1152,42 @@ pub(crate) fn decode(token: u64, bytes: &[u8]) -> Result<Record, DecodeError> {
 /// which the corruption checks must catch.
 #[cfg(idemkv_sabotage)]
 pub(crate) fn decode_unverified(bytes: &[u8]) -> Result<Record, DecodeError> {
-    if bytes.len() < HEADER_LEN + TRAILER_LEN {
+    if bytes.len() < HEADER_V4_LEN + TRAILER_LEN {
         return Err(DecodeError::TooShort(bytes.len()));
     }
-    let body = &bytes[HEADER_LEN..bytes.len() - TRAILER_LEN];
+    let unchecked = |e: bincode::error::DecodeError| DecodeError::Body(e.to_string());
+    if u32::from(bytes[0]) == FORMAT_VERSION {
+        let body = &bytes[HEADER_V4_LEN..bytes.len() - TRAILER_LEN];
+        return bincode::serde::decode_from_slice::<v4::Record4, _>(body, config_v4())
+            .map(|(record, _)| Record::from(record))
+            .map_err(unchecked);
+    }
+    let body = bytes
+        .get(HEADER_LEN..bytes.len() - TRAILER_LEN)
+        .ok_or(DecodeError::TooShort(bytes.len()))?;
     bincode::serde::decode_from_slice(body, config())
         .map(|(record, _)| record)
-        .map_err(|e| DecodeError::Body(e.to_string()))
+        .map_err(unchecked)
 }
 
 /// Verifies a whole value but decodes only its head (recovery skips responses).
 pub(crate) fn decode_head(token: u64, bytes: &[u8]) -> Result<RecordHead, DecodeError> {
-    fn decode_prefix<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
-        match bincode::serde::decode_from_slice(body, config()) {
+    fn decode_prefix<T: serde::de::DeserializeOwned>(
+        body: &[u8],
+        config: impl bincode::config::Config,
+    ) -> Result<T, DecodeError> {
+        match bincode::serde::decode_from_slice(body, config) {
             Ok((head, _)) => Ok(head),
             Err(e) => Err(DecodeError::Body(e.to_string())),
         }
     }
     match verify(token, bytes)? {
-        (FORMAT_VERSION, body) => decode_prefix(body),
-        (2, body) => decode_prefix::<v2::Head2>(body).map(RecordHead::from),
-        (_, body) => decode_prefix::<v1::Head1>(body).map(RecordHead::from),
+        (FORMAT_VERSION, body) => {
+            decode_prefix::<v4::Head4>(body, config_v4()).map(RecordHead::from)
+        }
+        (3, body) => decode_prefix(body, config()),
+        (2, body) => decode_prefix::<v2::Head2>(body, config()).map(RecordHead::from),
+        (_, body) => decode_prefix::<v1::Head1>(body, config()).map(RecordHead::from),
     }
 }
 
@@ -1177,7 +1508,7 @@ mod tests {
             }
         ));
         // A completion's body is the same in formats 2 and 3; only the version differs.
-        let current = encode(5, &sample());
+        let current = encode_v3(5, &sample());
         assert_eq!(&current[..4], &3u32.to_le_bytes());
         assert_eq!(
             current[4..current.len() - 4],
@@ -1203,15 +1534,17 @@ mod tests {
             {
                 (*l, *c) = (lease_ms, claim_id);
             }
-            let bytes = encode(9, &r);
-            assert_eq!(decode(9, &bytes), Ok(r));
-            match decode_head(9, &bytes).unwrap().state {
-                HeadState::InFlight {
-                    lease_ms: l,
-                    claim_id: c,
-                    ..
-                } => assert_eq!((l, c), (lease_ms, claim_id)),
-                other => panic!("{other:?}"),
+            // Format 4 keeps them as format 3 did.
+            for bytes in [encode_v3(9, &r), encode(9, &r)] {
+                assert_eq!(decode(9, &bytes).as_ref(), Ok(&r));
+                match decode_head(9, &bytes).unwrap().state {
+                    HeadState::InFlight {
+                        lease_ms: l,
+                        claim_id: c,
+                        ..
+                    } => assert_eq!((l, c), (lease_ms, claim_id)),
+                    other => panic!("{other:?}"),
+                }
             }
         }
     }
@@ -1244,7 +1577,7 @@ mod tests {
             assert_eq!(head.first_claimed_wall_ms, 0);
             // Re-encoded, an old record is a current one that decodes to the same value.
             let new = encode(11, &want);
-            assert_eq!(&new[..4], &FORMAT_VERSION.to_le_bytes());
+            assert_eq!(new[0], FORMAT_VERSION as u8);
             assert_eq!(decode(11, &new), Ok(want));
         }
     }
@@ -1263,16 +1596,102 @@ mod tests {
         }
     }
 
+    /// `bytes` (a value under `token`) with its checksum recomputed.
+    fn rechecked(token: u64, mut bytes: Vec<u8>) -> Vec<u8> {
+        let n = bytes.len();
+        bytes.truncate(n - TRAILER_LEN);
+        let crc = crc32c_token(token, &bytes);
+        bytes.extend_from_slice(&crc.to_le_bytes());
+        bytes
+    }
+
     #[test]
     fn unknown_versions_are_refused() {
-        for version in [0u32, 4, u32::MAX] {
-            let mut bytes = frame(5, version, &sample());
-            // A valid checksum over an unknown version: refused for the version.
-            let n = bytes.len();
-            bytes.truncate(n - TRAILER_LEN);
-            let crc = crc32c_token(5, &bytes);
-            bytes.extend_from_slice(&crc.to_le_bytes());
-            assert_eq!(decode(5, &bytes), Err(DecodeError::Version(version)));
+        // A valid checksum over an unknown version: refused for the version. An old-style
+        // version (a u32 LE) whose first byte is not 1, 2 or 3 is refused for that byte.
+        for version in [0u32, 5, u32::MAX] {
+            let bytes = rechecked(5, frame(5, version, &sample()));
+            assert_eq!(decode(5, &bytes), Err(DecodeError::Version(version & 0xFF)));
+        }
+        // A first byte of an old format followed by non-zero bytes is no old version.
+        let bytes = rechecked(5, frame(5, 0x0100_0003, &sample()));
+        assert_eq!(decode(5, &bytes), Err(DecodeError::Version(0x0100_0003)));
+        // A one-byte version past the current one.
+        for version in [5u8, 0xFF] {
+            let mut bytes = encode(5, &sample());
+            bytes[0] = version;
+            let bytes = rechecked(5, bytes);
+            assert_eq!(
+                decode(5, &bytes),
+                Err(DecodeError::Version(u32::from(version)))
+            );
+        }
+    }
+
+    /// Format 4 stores what format 3 did: the same record from the same bytes' meaning,
+    /// every wall-clock instant exact (deltas wrap, so a clock that stepped back, 0 and
+    /// `u64::MAX` round-trip), and the head decodes from the same bytes.
+    #[test]
+    fn format_4_round_trips_every_instant_and_reads_like_format_3() {
+        let instants = [0, 1, 1_700_000_000_000, u64::MAX / 2, u64::MAX];
+        for &a in &instants {
+            for &b in &instants {
+                let mut done = sample();
+                done.first_claimed_wall_ms = a;
+                done.state = RecordState::Completed {
+                    attempt: 7,
+                    completed_wall_ms: b,
+                    expires_wall_ms: a,
+                    response: Blob(Arc::from(&b"r"[..])),
+                };
+                let mut held = inflight();
+                held.first_claimed_wall_ms = b;
+                if let RecordState::InFlight {
+                    lease_deadline_wall_ms,
+                    attempt_started_wall_ms,
+                    ..
+                } = &mut held.state
+                {
+                    (*lease_deadline_wall_ms, *attempt_started_wall_ms) = (a, b.wrapping_add(a));
+                }
+                for r in [done, held] {
+                    let bytes = encode(5, &r);
+                    assert_eq!(bytes[0], 4);
+                    assert_eq!(decode(5, &bytes).as_ref(), Ok(&r));
+                    assert_eq!(decode(5, &encode_v3(5, &r)).as_ref(), Ok(&r));
+                    assert_eq!(decode_head(5, &bytes), decode_head(5, &encode_v3(5, &r)));
+                }
+            }
+        }
+    }
+
+    /// What format 4 saves on the engine's usual completion (a 16-byte key, a 64-byte
+    /// response, a retention of a day, a handler of a few ms): one version byte, one-byte
+    /// lengths and tags, and the instants after the first as small deltas.
+    #[test]
+    fn format_4_is_compact() {
+        let r = Record {
+            key: RecordKey::from_parts(b"", &[0xA5; 16]).expect("no scope"),
+            fingerprint: None,
+            first_claimed_wall_ms: 1_700_000_000_000,
+            retention_ms: None,
+            state: RecordState::Completed {
+                attempt: 1,
+                completed_wall_ms: 1_700_000_000_004,
+                expires_wall_ms: 1_700_000_000_004 + 86_400_000,
+                response: Blob(Arc::from(&[b'r'; 64][..])),
+            },
+        };
+        let v4 = encode(5, &r);
+        let v3 = encode_v3(5, &r);
+        // version 1 | key 1+16 | scope 1 | fingerprint 1 | first claimed 8 | retention 1 |
+        // variant 1 | attempt 1 | completed 1 | expires 5 | response 1+64 | crc 4
+        assert_eq!(v4.len(), 106);
+        assert_eq!(v3.len(), 146);
+        for i in 0..v4.len() {
+            let mut damaged = v4.clone();
+            damaged[i] ^= 0x01;
+            assert!(decode(5, &damaged).is_err(), "flip at {i} not detected");
         }
     }
 

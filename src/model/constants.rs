@@ -30,8 +30,11 @@ pub(crate) const RETRY_AFTER_UNPUBLISHED: Duration = Duration::from_millis(1);
 /// few calls pay for one (most stale entries are popped by trimming first), and it keeps a
 /// queue within about twice its keys plus this.
 pub(crate) const EXPIRY_COMPACT_SLACK: usize = 1024;
-/// Version of the record encoding. Bumped on any incompatible change.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+/// Version of the record encoding. Bumped on any incompatible change. Written as one byte
+/// (format 4 on); the versions up to [`FORMAT_VERSION_FIXED_MAX`] were a u32 LE.
+pub(crate) const FORMAT_VERSION: u32 = 4;
+/// The last record version written with a 4-byte version and fixed-width integers.
+pub(crate) const FORMAT_VERSION_FIXED_MAX: u32 = 3;
 /// The oldest record version still read (and converted on the way in); never written. Every
 /// version from it up to [`FORMAT_VERSION`] is read.
 pub(crate) const FORMAT_VERSION_READ_MIN: u32 = 1;

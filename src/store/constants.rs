@@ -11,9 +11,22 @@ pub(crate) const REDB_CACHE_BYTES: usize = 64 << 20;
 /// Marks a redb file as an idemkv file of the current format. A writable open of a file of
 /// the previous format rewrites its marker, so that an older engine refuses the file
 /// instead of misreading the records this one adds.
-pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x03";
-/// The markers of the previous formats (1 and 2), whose files are still opened.
-pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 2] = [b"idemkv\0\x01", b"idemkv\0\x02"];
+/// Format 5: records packed into chunks (`chunk.rs`), each record in record format 4 or an
+/// older one.
+pub(crate) const FORMAT_MAGIC: &[u8; 8] = b"idemkv\0\x05";
+/// The markers of the previous formats (1 to 4: one record per row of a records table),
+/// whose files are still opened: in place by a reader, converted by a writer.
+pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 4] = [
+    b"idemkv\0\x01",
+    b"idemkv\0\x02",
+    b"idemkv\0\x03",
+    b"idemkv\0\x04",
+];
+/// Most bytes of a chunk of records (`chunk.rs`): one chunk fills one 4 KiB redb leaf. A
+/// leaf holding one entry of a fixed-width key and a variable value takes 4 bytes of
+/// header, 4 of value end offset, the 8-byte `u64` key and the value (redb 4.6,
+/// `RawLeafBuilder::required_bytes`): 4096 − 16.
+pub(crate) const CHUNK_BYTES_MAX: usize = 4096 - 16;
 /// Size of the commit log file, written in full when it is created so that appends never
 /// change its size or block map (a durable write flushes data only). A batch whose frame no
 /// longer fits is committed as a checkpoint, which starts the log again: at ~150 bytes per

@@ -2,11 +2,10 @@
 
 pub(crate) mod backend;
 pub(crate) mod batch;
+pub(crate) mod chunk;
 pub(crate) mod commit_log;
 pub(crate) mod config;
 pub(crate) mod constants;
 pub(crate) mod log_file;
 pub(crate) mod log_state;
-// Over the line limit, to be split with the record layout's rewrite: `commit_inner`.
-#[allow(clippy::too_many_lines)]
 pub(crate) mod storage;

@@ -1,12 +1,15 @@
 //! The redb file: opening, recovery scans and group commits. Only the writer thread and
 //! `Engine::open` call into this module.
 //!
-//! Layout: one table keyed by fencing token (`u64`) holding each key's latest record, a
-//! small meta table (format marker, token high-water mark, the secret that keys the index's
-//! hashes), and, once an engine with markers has left one, a markers table keyed by the
-//! key's keyed hash (docs/retention.md, "Markers: the second tier"). Tokens are issued in time order,
-//! so inserts land at the right edge of the B-tree and expiry deletes from the left edge,
-//! several times cheaper than inserting random client keys (see docs/design.md).
+//! Layout: one table of chunks keyed by the first fencing token (`u64`) of each, each chunk
+//! holding the latest records of consecutive tokens (`chunk.rs`), a small meta table (format
+//! marker, token high-water mark, the secret that keys the index's hashes), and, once an
+//! engine with markers has left one, a markers table keyed by the key's keyed hash
+//! (docs/retention.md, "Markers: the second tier"). Tokens are issued in time order, so
+//! inserts land in the last chunk and expiry deletes from the first ones, several times
+//! cheaper than inserting random client keys (see docs/design.md). Files of the formats
+//! before 5 hold one record per row of a records table: a writable open converts them
+//! (`migrate`), a read-only one reads them in place.
 
 use crate::base::limits::HASH_SECRET_LEN;
 use crate::base::sync::{Arc, Mutex, RwLock};
@@ -14,17 +17,20 @@ use crate::model::codec::{self, DecodeError, MarkerRecord, Record};
 use crate::model::error::OpenError;
 use crate::store::backend::{LockKind, Storage};
 use crate::store::batch::Batch;
+use crate::store::chunk::{self, Packer};
 use crate::store::config::StoreConfig;
 use crate::store::constants::{
-    CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES, REDB_CACHE_BYTES,
+    CHUNK_BYTES_MAX, CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES,
+    REDB_CACHE_BYTES,
 };
 use crate::store::log_state::LogState;
 use redb::backends::FileBackend;
 use redb::{
     BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
-    ReadableTable, ReadableTableMetadata, StorageBackend, TableDefinition, TableHandle,
+    ReadableTable, ReadableTableMetadata, StorageBackend, Table, TableDefinition, TableHandle,
+    WriteTransaction,
 };
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs::File;
 use std::io;
@@ -32,7 +38,11 @@ use std::ops::Bound;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
+/// The records of a file of a format before 5, one per row under its token: read in place
+/// by a read-only open, converted into chunks by a writable one.
 pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_records");
+/// The records, packed into chunks stored under their first token (`chunk.rs`).
+pub(crate) const CHUNKS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_chunks");
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemkv_meta");
 /// Every application table's rows, each under its table's prefix (`write_set.rs`).
 const TABLES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemkv_tables");
@@ -43,6 +53,10 @@ const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_outbox"
 pub(crate) const MARKERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_markers");
 const META_FORMAT: &str = "format";
 const META_TOKEN_HWM: &str = "token_hwm";
+/// The number of records the chunks hold (u64 LE), kept by every commit that changes it: it
+/// sizes the index before recovery's scan, and a scan that finds fewer (a damaged key can end
+/// a range scan early without any checksum failing) refuses the file.
+const META_RECORD_COUNT: &str = "record_count";
 /// The next outbox id: ids are never reused, also after every message was marked sent.
 const META_OUTBOX_NEXT: &str = "outbox_next";
 /// The secret that keys the index's hashes (`index::KeyHasher`), drawn when the file is
@@ -727,47 +741,13 @@ impl Store {
                 true => txn.stats().map_err(|e| err(e.into()))?.branch_pages(),
                 false => 0,
             };
+            let format = {
+                let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+                let value = meta.get(META_FORMAT).map_err(|e| err(e.into()))?;
+                value.map(|v| v.value().to_vec())
+            };
+            self.settle_format(&txn, format.as_deref(), &names, tree_pages)?;
             let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
-            let format = meta
-                .get(META_FORMAT)
-                .map_err(|e| err(e.into()))?
-                .map(|v| v.value().to_vec());
-            match format {
-                // The marker and the records table are created in one commit: a marker
-                // without the table is a damaged table tree, whose records must not be
-                // replaced by an empty table.
-                Some(f) if f == FORMAT_MAGIC && !names.iter().any(|n| n == RECORDS.name()) => {
-                    return Err(OpenError::Corrupted {
-                        detail: "a format marker without the records table".into(),
-                    })
-                }
-                Some(f) if f == FORMAT_MAGIC => {}
-                // A previous format: its records are read as they are; the marker moves on
-                // in this transaction, before any record of the new format is written.
-                Some(f) if FORMAT_MAGICS_OLD.iter().any(|old| f == old.as_slice()) => {
-                    meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
-                        .map_err(|e| err(e.into()))?;
-                }
-                Some(f) => {
-                    return Err(OpenError::Foreign {
-                        detail: format!("unknown idemkv format marker {f:02x?}"),
-                    })
-                }
-                None if names.iter().any(|n| n == RECORDS.name()) => {
-                    return Err(OpenError::Corrupted {
-                        detail: "records without a format marker".into(),
-                    })
-                }
-                None if tree_pages > 0 => {
-                    return Err(OpenError::Corrupted {
-                        detail: "the table tree names no idemkv table but holds pages".into(),
-                    })
-                }
-                None => {
-                    meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
-                        .map_err(|e| err(e.into()))?;
-                }
-            }
             let secret = meta
                 .get(META_HASH_SECRET)
                 .map_err(|e| err(e.into()))?
@@ -777,12 +757,70 @@ impl Store {
                 meta.insert(META_HASH_SECRET, fresh.as_slice())
                     .map_err(|e| err(e.into()))?;
             }
-            txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
+            txn.open_table(CHUNKS).map_err(|e| err(e.into()))?;
             // Created by the first open of this version, opened by every later one.
             txn.open_table(TABLES).map_err(|e| err(e.into()))?;
             txn.open_table(OUTBOX).map_err(|e| err(e.into()))?;
         }
         txn.commit().map_err(|e| err(e.into()))?;
+        Ok(())
+    }
+
+    /// Checks the format marker `format` against the tables `names`, and brings a file of an
+    /// older format (or a new one) to the current format in the open's transaction `txn`.
+    fn settle_format(
+        &self,
+        txn: &WriteTransaction,
+        format: Option<&[u8]>,
+        names: &[String],
+        tree_pages: u64,
+    ) -> Result<(), OpenError> {
+        let err = |e: redb::Error| open_error(&self.path, e);
+        let has = |table: &str| names.iter().any(|n| n == table);
+        let old = |f: &[u8]| FORMAT_MAGICS_OLD.iter().any(|old| f == old.as_slice());
+        match format {
+            // The marker and the chunks table are created in one commit: a marker without
+            // the table is a damaged table tree, whose records must not be replaced by an
+            // empty table.
+            Some(f) if f == FORMAT_MAGIC && !has(CHUNKS.name()) => {
+                return Err(OpenError::Corrupted {
+                    detail: "a format marker without the chunks table".into(),
+                })
+            }
+            Some(f) if f == FORMAT_MAGIC => return Ok(()),
+            // A conversion commits the chunks, the marker and the records table's removal
+            // together: chunks beside an old marker are a damaged table tree.
+            Some(f) if old(f) && has(CHUNKS.name()) => {
+                return Err(OpenError::Corrupted {
+                    detail: "chunks beside the format marker of an older format".into(),
+                })
+            }
+            // A previous format: its records move into chunks and the marker moves on in
+            // this transaction, before any record of the new format is written.
+            Some(f) if old(f) => {
+                let records = migrate(txn, &self.path)?;
+                set_record_count(txn, records).map_err(err)?;
+            }
+            Some(f) => {
+                return Err(OpenError::Foreign {
+                    detail: format!("unknown idemkv format marker {f:02x?}"),
+                })
+            }
+            None if has(RECORDS.name()) || has(CHUNKS.name()) => {
+                return Err(OpenError::Corrupted {
+                    detail: "records without a format marker".into(),
+                })
+            }
+            None if tree_pages > 0 => {
+                return Err(OpenError::Corrupted {
+                    detail: "the table tree names no idemkv table but holds pages".into(),
+                })
+            }
+            None => set_record_count(txn, 0).map_err(err)?,
+        }
+        let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        meta.insert(META_FORMAT, FORMAT_MAGIC.as_slice())
+            .map_err(|e| err(e.into()))?;
         Ok(())
     }
 
@@ -900,13 +938,22 @@ impl Store {
         token_hwm(&self.begin_read()?, &self.path)
     }
 
-    /// Number of records in the file (for sizing the index before a scan).
+    /// Number of records in the file (for sizing the index before a scan, and for the scan
+    /// to be checked against), as the meta table counts them.
     pub(crate) fn len(&self) -> Result<u64, OpenError> {
         let txn = self.begin_read()?;
-        let table = txn
-            .open_table(RECORDS)
+        let meta = txn
+            .open_table(META)
             .map_err(|e| open_error(&self.path, e))?;
-        table.len().map_err(|e| open_error(&self.path, e))
+        let count = meta
+            .get(META_RECORD_COUNT)
+            .map_err(|e| open_error(&self.path, e))?;
+        count
+            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map(u64::from_le_bytes)
+            .ok_or_else(|| OpenError::Corrupted {
+                detail: "the record count is missing or not 8 bytes".into(),
+            })
     }
 
     /// Calls `f` with the raw value of every record whose token is in `range`, in token
@@ -917,22 +964,23 @@ impl Store {
         range: std::ops::Range<u64>,
         f: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<Result<u64, E>, OpenError> {
-        scan(&self.begin_read()?, &self.path, range, f)
+        scan_chunks(&self.begin_read()?, &self.path, range, f)
     }
 
     /// The first and last token stored, if any.
     pub(crate) fn token_bounds(&self) -> Result<Option<(u64, u64)>, OpenError> {
         let err = |e: redb::Error| open_error(&self.path, e);
         let txn = self.begin_read()?;
-        let table = txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
+        let table = txn.open_table(CHUNKS).map_err(|e| err(e.into()))?;
+        // A chunk is stored under its first token.
         let first = table
             .first()
             .map_err(|e| err(e.into()))?
             .map(|(k, _)| k.value());
-        let last = table
-            .last()
-            .map_err(|e| err(e.into()))?
-            .map(|(k, _)| k.value());
+        let last = match table.last().map_err(|e| err(e.into()))? {
+            Some((k, v)) => Some(chunk::last_token(k.value(), v.value()).map_err(damaged_chunk)?),
+            None => None,
+        };
         Ok(first.zip(last))
     }
 
@@ -945,9 +993,8 @@ impl Store {
                 Some(txn) => txn,
                 None => Arc::new(self.db.begin_read().map_err(|e| e.to_string())?),
             };
-            let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-            let value = table.get(token).map_err(|e| e.to_string())?;
-            Ok(value.map(|v| codec::decode(token, v.value())))
+            let table = txn.open_table(CHUNKS).map_err(|e| e.to_string())?;
+            chunk_get(&table, token, |bytes| codec::decode(token, bytes)).map_err(|e| e.to_string())
         })?
     }
 
@@ -1013,115 +1060,17 @@ impl Store {
         // acknowledgement path, and a file whose every commit is durable can be followed
         // by other processes while the engine runs (redb's single-writer mode).
         txn.set_durability(redb::Durability::Immediate)?;
-        // The file records which frames it holds, in the commit that applies them: a
-        // replay skips those frames instead of applying them twice.
-        let state = match how {
-            Durable::Yes => None,
-            Durable::Logged { epoch, seq } => Some(LogState {
-                epoch,
-                applied: seq.saturating_add(1),
-                active: true,
-            }),
-            Durable::Checkpoint { epoch, active } => Some(LogState {
-                epoch,
-                applied: 0,
-                active,
-            }),
-        };
-        if let Some(state) = state {
+        write_log_state(&txn, how)?;
+        apply_writes(&txn, writes, marked)?;
+        // Test-only sabotage: the mark never reaches the file, so that the checks can show
+        // they catch tokens reissued after a crash.
+        #[cfg(idemkv_sabotage)]
+        let hwm = hwm.filter(|_| !self.skip_token_hwm);
+        if let Some(hwm) = hwm {
             let mut meta = txn.open_table(META)?;
-            meta.insert(META_LOG_STATE, state.encode().as_slice())?;
+            meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())?;
         }
-        {
-            let mut table = txn.open_table(RECORDS)?;
-            // Opened (and so created) only by a batch that touches a marker.
-            let mut markers = None;
-            for w in writes {
-                match w {
-                    Write::Put { token, old, value } => {
-                        if let Some(old) = old {
-                            table.remove(*old)?;
-                        }
-                        table.insert(*token, *value)?;
-                    }
-                    Write::Delete { token } => {
-                        table.remove(*token)?;
-                    }
-                    Write::Forget {
-                        token,
-                        hash,
-                        check,
-                        marker_retention_ms,
-                    } => {
-                        let row = table.remove(*token)?.and_then(|old| {
-                            codec::marker_of_record(
-                                *token,
-                                old.value(),
-                                *check,
-                                *marker_retention_ms,
-                            )
-                        });
-                        if let Some(row) = &row {
-                            let markers = match &mut markers {
-                                Some(m) => m,
-                                None => markers.insert(txn.open_table(MARKERS)?),
-                            };
-                            markers.insert(*hash, codec::encode_marker(*hash, row).as_slice())?;
-                        }
-                        marked.push(Marked {
-                            hash: *hash,
-                            token: *token,
-                            row,
-                        });
-                    }
-                    Write::DropMarker { hash, token } => {
-                        let markers = match &mut markers {
-                            Some(m) => m,
-                            None => markers.insert(txn.open_table(MARKERS)?),
-                        };
-                        let ours = markers.get(*hash)?.is_some_and(|v| {
-                            codec::decode_marker(*hash, v.value())
-                                .map_or(true, |r| r.token == *token)
-                        });
-                        if ours {
-                            markers.remove(*hash)?;
-                        }
-                    }
-                }
-            }
-            // Test-only sabotage: the mark never reaches the file, so that the checks can
-            // show they catch tokens reissued after a crash.
-            #[cfg(idemkv_sabotage)]
-            let hwm = hwm.filter(|_| !self.skip_token_hwm);
-            if let Some(hwm) = hwm {
-                let mut meta = txn.open_table(META)?;
-                meta.insert(META_TOKEN_HWM, hwm.to_le_bytes().as_slice())?;
-            }
-            if !tables.is_empty() {
-                let mut rows = txn.open_table(TABLES)?;
-                let mut outbox = txn.open_table(OUTBOX)?;
-                let mut next = None;
-                for batch in tables {
-                    for (row, value) in &batch.rows {
-                        match value {
-                            Some(value) => rows.insert(&row[..], &value[..])?,
-                            None => rows.remove(&row[..])?,
-                        };
-                    }
-                    for (id, message) in &batch.messages {
-                        outbox.insert(*id, &message[..])?;
-                        next = next.max(Some(id.saturating_add(1)));
-                    }
-                    for id in &batch.sent {
-                        outbox.remove(*id)?;
-                    }
-                }
-                if let Some(next) = next {
-                    let mut meta = txn.open_table(META)?;
-                    meta.insert(META_OUTBOX_NEXT, next.to_le_bytes().as_slice())?;
-                }
-            }
-        }
+        apply_tables(&txn, tables)?;
         txn.commit()?;
         // (A failed commit returned above and left the previous snapshot, which holds every
         // record published so far whose response is not in memory: the writer poisons the
@@ -1132,6 +1081,375 @@ impl Store {
         *self.snapshot.write() = fresh;
         Ok(())
     }
+}
+
+/// Records in the file which commit-log frames it holds, in the commit that applies them:
+/// a replay skips those frames instead of applying them twice.
+fn write_log_state(txn: &WriteTransaction, how: Durable) -> Result<(), redb::Error> {
+    let state = match how {
+        Durable::Yes => return Ok(()),
+        Durable::Logged { epoch, seq } => LogState {
+            epoch,
+            applied: seq.saturating_add(1),
+            active: true,
+        },
+        Durable::Checkpoint { epoch, active } => LogState {
+            epoch,
+            applied: 0,
+            active,
+        },
+    };
+    let mut meta = txn.open_table(META)?;
+    meta.insert(META_LOG_STATE, state.encode().as_slice())?;
+    Ok(())
+}
+
+/// Applies the record and marker writes of a commit: the records change in the chunks they
+/// belong in, which are then written back repacked ([`ChunkSet`]).
+fn apply_writes(
+    txn: &WriteTransaction,
+    writes: &[Write],
+    marked: &mut Vec<Marked>,
+) -> Result<(), redb::Error> {
+    let mut table = txn.open_table(CHUNKS)?;
+    let mut set = ChunkSet::default();
+    // Opened (and so created) only by a batch that touches a marker.
+    let mut markers = None;
+    for w in writes {
+        match w {
+            Write::Put { token, old, value } => {
+                if let Some(old) = old {
+                    set.remove(&table, *old)?;
+                }
+                set.insert(&table, *token, value)?;
+            }
+            Write::Delete { token } => {
+                set.remove(&table, *token)?;
+            }
+            Write::Forget {
+                token,
+                hash,
+                check,
+                marker_retention_ms,
+            } => {
+                let row = set.remove(&table, *token)?.and_then(|old| {
+                    codec::marker_of_record(*token, &old, *check, *marker_retention_ms)
+                });
+                if let Some(row) = &row {
+                    let markers = match &mut markers {
+                        Some(m) => m,
+                        None => markers.insert(txn.open_table(MARKERS)?),
+                    };
+                    markers.insert(*hash, codec::encode_marker(*hash, row).as_slice())?;
+                }
+                marked.push(Marked {
+                    hash: *hash,
+                    token: *token,
+                    row,
+                });
+            }
+            Write::DropMarker { hash, token } => {
+                let markers = match &mut markers {
+                    Some(m) => m,
+                    None => markers.insert(txn.open_table(MARKERS)?),
+                };
+                let ours = markers.get(*hash)?.is_some_and(|v| {
+                    codec::decode_marker(*hash, v.value()).map_or(true, |r| r.token == *token)
+                });
+                if ours {
+                    markers.remove(*hash)?;
+                }
+            }
+        }
+    }
+    let delta = set.write(&mut table)?;
+    if delta != 0 {
+        let count = {
+            let meta = txn.open_table(META)?;
+            let value = meta.get(META_RECORD_COUNT)?;
+            value
+                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                .map_or(0, u64::from_le_bytes)
+        };
+        set_record_count(txn, count.wrapping_add_signed(delta))?;
+    }
+    Ok(())
+}
+
+fn set_record_count(txn: &WriteTransaction, count: u64) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(META)?;
+    meta.insert(META_RECORD_COUNT, count.to_le_bytes().as_slice())?;
+    Ok(())
+}
+
+/// Applies the application tables' rows, the outbox's new messages and the messages marked
+/// sent, in batch order.
+fn apply_tables(txn: &WriteTransaction, tables: &[&Batch]) -> Result<(), redb::Error> {
+    if tables.is_empty() {
+        return Ok(());
+    }
+    let mut rows = txn.open_table(TABLES)?;
+    let mut outbox = txn.open_table(OUTBOX)?;
+    let mut next = None;
+    for batch in tables {
+        for (row, value) in &batch.rows {
+            match value {
+                Some(value) => rows.insert(&row[..], &value[..])?,
+                None => rows.remove(&row[..])?,
+            };
+        }
+        for (id, message) in &batch.messages {
+            outbox.insert(*id, &message[..])?;
+            next = next.max(Some(id.saturating_add(1)));
+        }
+        for id in &batch.sent {
+            outbox.remove(*id)?;
+        }
+    }
+    if let Some(next) = next {
+        let mut meta = txn.open_table(META)?;
+        meta.insert(META_OUTBOX_NEXT, next.to_le_bytes().as_slice())?;
+    }
+    Ok(())
+}
+
+/// A chunk's records by token.
+type Entries = BTreeMap<u64, Vec<u8>>;
+
+/// A damaged chunk met inside a commit: the commit fails (and the engine is poisoned), as
+/// for any page redb finds damaged.
+fn chunk_damage(e: chunk::ChunkError) -> redb::Error {
+    redb::StorageError::Corrupted(e.to_string()).into()
+}
+
+/// A damaged chunk met by an open or a scan.
+fn damaged_chunk(e: chunk::ChunkError) -> OpenError {
+    OpenError::Corrupted {
+        detail: e.to_string(),
+    }
+}
+
+/// The chunks one commit changes, decoded, by the key each is stored under in the file (a
+/// chunk the commit starts: under its first token). Chunk boundaries stay where they are
+/// until [`ChunkSet::write`], so every write of the commit finds a token's chunk the same
+/// way: the last chunk whose key is at or below the token, else the first chunk.
+#[derive(Default)]
+struct ChunkSet {
+    loaded: BTreeMap<u64, Entries>,
+    /// The records the loaded chunks held in the file.
+    stored: u64,
+}
+
+impl ChunkSet {
+    /// The chunk stored under `key` (empty if none is: a chunk this commit starts).
+    fn load(
+        &mut self,
+        table: &impl ReadableTable<u64, &'static [u8]>,
+        key: u64,
+    ) -> Result<&mut Entries, redb::Error> {
+        if !self.loaded.contains_key(&key) {
+            let entries = match table.get(key)? {
+                Some(v) => chunk::decode(key, v.value()).map_err(chunk_damage)?,
+                None => Vec::new(),
+            };
+            self.stored += entries.len() as u64;
+            self.loaded.insert(key, entries.into_iter().collect());
+        }
+        Ok(self.loaded.entry(key).or_default())
+    }
+
+    /// The key of the chunk `token` belongs in; `None` if there is no chunk at all.
+    fn locate(
+        &self,
+        table: &impl ReadableTable<u64, &'static [u8]>,
+        token: u64,
+    ) -> Result<Option<u64>, redb::Error> {
+        let stored = match table.range(..=token)?.next_back() {
+            Some(entry) => Some(entry?.0.value()),
+            None => None,
+        };
+        let started = self.loaded.range(..=token).next_back().map(|(k, _)| *k);
+        if let Some(key) = stored.max(started) {
+            return Ok(Some(key));
+        }
+        // Below every chunk: the first one (repacked under its new first token).
+        let stored = table.first()?.map(|(k, _)| k.value());
+        let started = self.loaded.keys().next().copied();
+        Ok(match (stored, started) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
+    }
+
+    fn remove(
+        &mut self,
+        table: &impl ReadableTable<u64, &'static [u8]>,
+        token: u64,
+    ) -> Result<Option<Vec<u8>>, redb::Error> {
+        let Some(key) = self.locate(table, token)? else {
+            return Ok(None);
+        };
+        Ok(self.load(table, key)?.remove(&token))
+    }
+
+    fn insert(
+        &mut self,
+        table: &impl ReadableTable<u64, &'static [u8]>,
+        token: u64,
+        record: &[u8],
+    ) -> Result<(), redb::Error> {
+        let key = self.locate(table, token)?.unwrap_or(token);
+        self.load(table, key)?.insert(token, record.to_vec());
+        Ok(())
+    }
+
+    /// Adds to the set, for [`ChunkSet::write`] to merge, the stored neighbour of each
+    /// changed chunk left under half full (the right-hand one, else the left-hand one) when
+    /// both fit in one chunk.
+    fn add_merges(
+        &mut self,
+        table: &impl ReadableTable<u64, &'static [u8]>,
+    ) -> Result<(), redb::Error> {
+        let small: Vec<(u64, usize)> = self
+            .loaded
+            .iter()
+            .filter(|(_, entries)| !entries.is_empty())
+            .map(|(key, entries)| (*key, encoded_bytes(entries)))
+            .filter(|(_, bytes)| *bytes < CHUNK_BYTES_MAX / 2)
+            .collect();
+        for (key, bytes) in small {
+            let right = match table.range(key.saturating_add(1)..)?.next() {
+                Some(entry) => Some(entry?),
+                None => None,
+            };
+            let left = match table.range(..key)?.next_back() {
+                Some(entry) => Some(entry?),
+                None => None,
+            };
+            let fits = |(k, v): &(redb::AccessGuard<u64>, redb::AccessGuard<&[u8]>)| {
+                (bytes + v.value().len() <= CHUNK_BYTES_MAX).then_some(k.value())
+            };
+            let neighbour = right
+                .as_ref()
+                .and_then(fits)
+                .or(left.as_ref().and_then(fits));
+            if let Some(neighbour) = neighbour {
+                self.load(table, neighbour)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the changed chunks back. Each run of changed chunks with no unchanged stored
+    /// chunk between them is repacked greedily ([`Packer`]): every chunk of a run but its
+    /// last is full, a chunk that outgrew its budget spills into the next, a chunk left
+    /// under half full merges with a neighbour ([`ChunkSet::add_merges`]), and a chunk left
+    /// empty is removed. Every chunk is stored under its first token. Returns the change in
+    /// the number of records the file holds.
+    fn write(mut self, table: &mut Table<u64, &'static [u8]>) -> Result<i64, redb::Error> {
+        self.add_merges(table)?;
+        let mut runs: Vec<Vec<u64>> = Vec::new();
+        let mut prev: Option<u64> = None;
+        for &key in self.loaded.keys() {
+            let joins = match prev {
+                Some(p) => table.range(p.saturating_add(1)..key)?.next().is_none(),
+                None => false,
+            };
+            match runs.last_mut() {
+                Some(run) if joins => run.push(key),
+                _ => runs.push(vec![key]),
+            }
+            prev = Some(key);
+        }
+        let mut written = 0u64;
+        for run in runs {
+            let mut packer = Packer::default();
+            let mut packed = Vec::new();
+            for key in run {
+                table.remove(key)?;
+                for (token, record) in self.loaded.remove(&key).unwrap_or_default() {
+                    packed.extend(packer.push(token, record));
+                }
+            }
+            packed.extend(packer.finish());
+            for entries in packed {
+                if let Some(&(first, _)) = entries.first() {
+                    written += entries.len() as u64;
+                    table.insert(first, chunk::encode(&entries).as_slice())?;
+                }
+            }
+        }
+        Ok(written.wrapping_sub(self.stored) as i64)
+    }
+}
+
+/// The bytes the chunk of `entries` takes once encoded.
+fn encoded_bytes(entries: &Entries) -> usize {
+    let mut prev = entries.keys().next().copied().unwrap_or(0);
+    let mut total = chunk::CHUNK_OVERHEAD_BYTES;
+    for (token, record) in entries {
+        total += chunk::entry_bytes(token - prev, record.len());
+        prev = *token;
+    }
+    total
+}
+
+/// Calls `f` with the record under `token` in the chunks `table`: `None` if no chunk holds
+/// it, `Some(Err)` if its chunk is damaged.
+fn chunk_get<T>(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    token: u64,
+    f: impl FnOnce(&[u8]) -> Result<T, DecodeError>,
+) -> Result<Option<Result<T, DecodeError>>, redb::StorageError> {
+    let Some(entry) = table.range(..=token)?.next_back() else {
+        return Ok(None);
+    };
+    let (key, value) = entry?;
+    match chunk::find(key.value(), value.value(), token) {
+        Ok(Some(bytes)) => Ok(Some(f(bytes))),
+        Ok(None) => Ok(None),
+        Err(e) => Ok(Some(Err(DecodeError::Body(e.to_string())))),
+    }
+}
+
+/// Converts the records table of a file of an older format into chunks, in the open's
+/// transaction `txn`, and removes it: the file changes only if that commit does (a crash
+/// before it leaves the old file as it was). Every record is verified first, so a damaged
+/// one refuses the open (`Corrupted`) without changing the file. Records keep their bytes
+/// (formats 1 to 4 are all read). Returns the number of records.
+fn migrate(txn: &WriteTransaction, path: &Path) -> Result<u64, OpenError> {
+    let err = |e: redb::Error| open_error(path, e);
+    let mut count = 0u64;
+    {
+        let records = txn.open_table(RECORDS).map_err(|e| err(e.into()))?;
+        let mut chunks = txn.open_table(CHUNKS).map_err(|e| err(e.into()))?;
+        let mut packer = Packer::default();
+        let mut store = |entries: Vec<(u64, Vec<u8>)>| -> Result<(), OpenError> {
+            if let Some(&(first, _)) = entries.first() {
+                let bytes = chunk::encode(&entries);
+                chunks
+                    .insert(first, bytes.as_slice())
+                    .map_err(|e| err(e.into()))?;
+            }
+            Ok(())
+        };
+        for entry in records.iter().map_err(|e| err(e.into()))? {
+            let (k, v) = entry.map_err(|e| err(e.into()))?;
+            let token = k.value();
+            codec::decode_head(token, v.value()).map_err(|e| OpenError::Corrupted {
+                detail: format!("record {token} fails its checks: {e}"),
+            })?;
+            count += 1;
+            if let Some(full) = packer.push(token, v.value().to_vec()) {
+                store(full)?;
+            }
+        }
+        if let Some(rest) = packer.finish() {
+            store(rest)?;
+        }
+    }
+    txn.delete_table(RECORDS).map_err(|e| err(e.into()))?;
+    Ok(count)
 }
 
 /// A read transaction on one commit, for the application tables and the outbox. Cheap to
@@ -1211,8 +1529,8 @@ fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenError> {
     Ok(u64::from_le_bytes(bytes))
 }
 
-/// See [`Store::scan`].
-fn scan<E>(
+/// See [`Store::scan`]: the records of a file of a format before 5, one per row.
+fn scan_records<E>(
     txn: &ReadTransaction,
     path: &Path,
     range: std::ops::Range<u64>,
@@ -1238,6 +1556,80 @@ fn scan<E>(
     Ok(Ok(seen))
 }
 
+/// See [`Store::scan`]: the records of the chunks table. A chunk whose key is not above the
+/// last token of the chunk before it means a damaged tree: `Corrupted`.
+fn scan_chunks<E>(
+    txn: &ReadTransaction,
+    path: &Path,
+    range: std::ops::Range<u64>,
+    mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+) -> Result<Result<u64, E>, OpenError> {
+    let err = |e: redb::Error| open_error(path, e);
+    let table = txn.open_table(CHUNKS).map_err(|e| err(e.into()))?;
+    // The chunk holding `range.start`, if any, is stored at or below it.
+    let from = match table
+        .range(..=range.start)
+        .map_err(|e| err(e.into()))?
+        .next_back()
+    {
+        Some(entry) => entry.map_err(|e| err(e.into()))?.0.value(),
+        None => range.start,
+    };
+    let mut seen = 0u64;
+    let mut last: Option<u64> = None;
+    let mut failed = None;
+    for entry in table.range(from..range.end).map_err(|e| err(e.into()))? {
+        let (k, v) = entry.map_err(|e| err(e.into()))?;
+        let key = k.value();
+        if last.is_some_and(|l| l >= key) {
+            return Err(OpenError::Corrupted {
+                detail: format!("chunk keys out of order at token {key}"),
+            });
+        }
+        chunk::for_each(key, v.value(), |token, bytes| {
+            last = Some(token);
+            if token < range.start {
+                return true;
+            }
+            if token >= range.end {
+                return false;
+            }
+            seen += 1;
+            match f(token, bytes) {
+                Ok(()) => true,
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            }
+        })
+        .map_err(damaged_chunk)?;
+        if let Some(e) = failed {
+            return Ok(Err(e));
+        }
+    }
+    Ok(Ok(seen))
+}
+
+/// How a file holds its records: one per row (formats before 5, read in place by a
+/// read-only open), or packed into chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Records,
+    Chunks,
+}
+
+/// The layout of a file with the format marker `marker`; `None`: not a marker of ours.
+fn layout_of(marker: &[u8]) -> Option<Layout> {
+    if marker == FORMAT_MAGIC.as_slice() {
+        Some(Layout::Chunks)
+    } else if FORMAT_MAGICS_OLD.iter().any(|old| marker == old.as_slice()) {
+        Some(Layout::Records)
+    } else {
+        None
+    }
+}
+
 /// The names of the tables a file holds, refused as `Foreign` if any is not idemkv's.
 fn our_tables(
     tables: impl Iterator<Item = redb::UntypedTableHandle>,
@@ -1246,6 +1638,7 @@ fn our_tables(
     let ours = [
         META.name(),
         RECORDS.name(),
+        CHUNKS.name(),
         TABLES.name(),
         OUTBOX.name(),
         MARKERS.name(),
@@ -1258,9 +1651,10 @@ fn our_tables(
     Ok(names)
 }
 
-/// Opens both tables in `txn` and reads through their definitions: the format marker, the
-/// mark, the record count and both ends of the records tree.
-fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<(), OpenError> {
+/// Opens the meta and records tables in `txn` and reads through their definitions: the
+/// format marker, the mark, the record (or chunk) count and both ends of the records tree
+/// (and both end chunks' framing). Returns the file's layout.
+fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<Layout, OpenError> {
     let damaged = |e: redb::Error| match open_error(path, e) {
         OpenError::Corrupted { detail } => OpenError::Corrupted {
             detail: format!("the table definitions do not decode: {detail}"),
@@ -1268,35 +1662,37 @@ fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<(), OpenError> {
         other => other,
     };
     let meta = txn.open_table(META).map_err(|e| damaged(e.into()))?;
-    match meta.get(META_FORMAT).map_err(|e| damaged(e.into()))? {
-        // A reader opens every format it reads without changing it.
-        Some(v)
-            if v.value() == FORMAT_MAGIC.as_slice()
-                || FORMAT_MAGICS_OLD
-                    .iter()
-                    .any(|old| v.value() == old.as_slice()) => {}
-        Some(v) => {
-            return Err(OpenError::Foreign {
-                detail: format!("unknown idemkv format marker {:02x?}", v.value()),
-            })
-        }
+    // A reader opens every format it reads without changing it.
+    let layout = match meta.get(META_FORMAT).map_err(|e| damaged(e.into()))? {
+        Some(v) => layout_of(v.value()).ok_or_else(|| OpenError::Foreign {
+            detail: format!("unknown idemkv format marker {:02x?}", v.value()),
+        })?,
         None => {
             return Err(OpenError::Foreign {
                 detail: format!("{} has no idemkv format marker", path.display()),
             })
         }
-    }
+    };
     token_hwm(txn, path)?;
-    let records = txn.open_table(RECORDS).map_err(|e| damaged(e.into()))?;
+    let table = match layout {
+        Layout::Records => RECORDS,
+        Layout::Chunks => CHUNKS,
+    };
+    let records = txn.open_table(table).map_err(|e| damaged(e.into()))?;
     let len = records.len().map_err(|e| damaged(e.into()))?;
-    let first = records.first().map_err(|e| damaged(e.into()))?.is_some();
-    let last = records.last().map_err(|e| damaged(e.into()))?.is_some();
-    if (len > 0) != first || first != last {
+    let first = records.first().map_err(|e| damaged(e.into()))?;
+    let last = records.last().map_err(|e| damaged(e.into()))?;
+    if (len > 0) != first.is_some() || first.is_some() != last.is_some() {
         return Err(OpenError::Corrupted {
-            detail: format!("the records table counts {len} records but its tree disagrees"),
+            detail: format!("the records table counts {len} rows but its tree disagrees"),
         });
     }
-    Ok(())
+    if layout == Layout::Chunks {
+        for (k, v) in first.iter().chain(last.iter()) {
+            chunk::for_each(k.value(), v.value(), |_, _| true).map_err(damaged_chunk)?;
+        }
+    }
+    Ok(layout)
 }
 
 /// The temporary name a file is created under, beside `path`.
@@ -1514,7 +1910,7 @@ impl ReadOnlyStore {
                     detail: format!("{} holds no idemkv tables", path.display()),
                 });
             }
-            check_tables(&txn, path)
+            check_tables(&txn, path).map(drop)
         })
         .map_err(panicked)??;
         Ok(store)
@@ -1546,13 +1942,18 @@ impl ReadOnlyStore {
         token_hwm(txn, &self.path)
     }
 
-    /// Calls `f` with every record in `txn`, in token order (see [`Store::scan`]).
+    /// Calls `f` with every record in `txn`, in token order (see [`Store::scan`]), in the
+    /// layout the snapshot's format marker names: a file of an older format is read in place.
     pub(crate) fn scan<E>(
         &self,
         txn: &ReadTransaction,
         f: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<Result<u64, E>, OpenError> {
-        contain("scan", || scan(txn, &self.path, 0..u64::MAX, f)).map_err(panicked)?
+        contain("scan", || match check_tables(txn, &self.path)? {
+            Layout::Records => scan_records(txn, &self.path, 0..u64::MAX, f),
+            Layout::Chunks => scan_chunks(txn, &self.path, 0..u64::MAX, f),
+        })
+        .map_err(panicked)?
     }
 }
 
@@ -1701,21 +2102,23 @@ impl StorageBackend for Overlay {
 /// checksum (a sabotage) and damage to a stored value that bypasses the encoder (bit rot).
 #[cfg(idemkv_sabotage)]
 impl Store {
-    /// Reads the record under `token` and decodes it without checking its checksum.
+    /// Reads the record under `token` and decodes it without checking its checksum (its
+    /// chunk's framing is still checked: the record's own checksum is what is skipped).
     pub(crate) fn get_unverified(
         &self,
         token: u64,
     ) -> Result<Option<Result<Record, DecodeError>>, String> {
         contain("read", || {
             let txn = self.db.begin_read().map_err(|e| e.to_string())?;
-            let table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-            let value = table.get(token).map_err(|e| e.to_string())?;
-            Ok(value.map(|v| codec::decode_unverified(v.value())))
+            let table = txn.open_table(CHUNKS).map_err(|e| e.to_string())?;
+            chunk_get(&table, token, codec::decode_unverified).map_err(|e| e.to_string())
         })?
     }
 
-    /// Rewrites the raw value under `token` with `damage`, in a commit of its own (redb
-    /// orders it with the writer's). Returns false if there is no such record.
+    /// Rewrites the raw record under `token` with `damage`, in a commit of its own (redb
+    /// orders it with the writer's). Its chunk is framed again around the damaged record, so
+    /// that only the record's own checksum can catch it. Returns false if there is no such
+    /// record.
     pub(crate) fn damage(
         &self,
         token: u64,
@@ -1723,17 +2126,28 @@ impl Store {
     ) -> Result<bool, String> {
         let txn = self.db.begin_write().map_err(|e| e.to_string())?;
         {
-            let mut table = txn.open_table(RECORDS).map_err(|e| e.to_string())?;
-            let Some(mut value) = table
-                .get(token)
+            let mut table = txn.open_table(CHUNKS).map_err(|e| e.to_string())?;
+            let found = match table
+                .range(..=token)
                 .map_err(|e| e.to_string())?
-                .map(|v| v.value().to_vec())
-            else {
+                .next_back()
+            {
+                Some(entry) => {
+                    let (k, v) = entry.map_err(|e| e.to_string())?;
+                    let entries = chunk::decode(k.value(), v.value()).map_err(|e| e.to_string())?;
+                    Some((k.value(), entries))
+                }
+                None => None,
+            };
+            let Some((key, mut entries)) = found else {
                 return Ok(false);
             };
-            damage(&mut value);
+            let Some((_, record)) = entries.iter_mut().find(|(t, _)| *t == token) else {
+                return Ok(false);
+            };
+            damage(record);
             table
-                .insert(token, value.as_slice())
+                .insert(key, chunk::encode(&entries).as_slice())
                 .map_err(|e| e.to_string())?;
         }
         txn.commit().map_err(|e| e.to_string())?;
@@ -1741,5 +2155,169 @@ impl Store {
         // writer would, so the damage is what the next replay reads.
         *self.snapshot.write() = self.db.begin_read().ok().map(Arc::new);
         Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn db() -> Database {
+        Database::builder()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .expect("an in-memory database")
+    }
+
+    fn commit(db: &Database, writes: &[Write]) {
+        let txn = db.begin_write().expect("a write transaction");
+        apply_writes(&txn, writes, &mut Vec::new()).expect("the writes apply");
+        txn.commit().expect("the commit");
+    }
+
+    /// Every chunk (key and encoded size) after checking the layout's invariants against
+    /// `want`, the records the file must hold: each chunk stored under its first token and
+    /// within its budget (unless it holds one record), the records in token order.
+    fn chunks(db: &Database, want: &BTreeMap<u64, Vec<u8>>) -> Vec<(u64, usize)> {
+        let txn = db.begin_read().expect("a read transaction");
+        let table = txn.open_table(CHUNKS).expect("the chunks table");
+        let mut found = BTreeMap::new();
+        let mut sizes = Vec::new();
+        for entry in table.iter().expect("iterates") {
+            let (k, v) = entry.expect("an entry");
+            let entries = chunk::decode(k.value(), v.value()).expect("a valid chunk");
+            assert_eq!(entries.first().map(|e| e.0), Some(k.value()));
+            assert!(v.value().len() <= CHUNK_BYTES_MAX || entries.len() == 1);
+            assert!(found.last_key_value().is_none_or(|(&l, _)| l < k.value()));
+            found.extend(entries);
+            sizes.push((k.value(), v.value().len()));
+        }
+        assert_eq!(&found, want);
+        let meta = txn.open_table(META).expect("the meta table");
+        let count = meta
+            .get(META_RECORD_COUNT)
+            .expect("reads")
+            .map(|v| v.value().to_vec());
+        let count = count.map_or(0, |v| u64::from_le_bytes(v.try_into().expect("8 bytes")));
+        assert_eq!(count, want.len() as u64);
+        sizes
+    }
+
+    fn value(token: u64, len: usize) -> Vec<u8> {
+        vec![token as u8; len]
+    }
+
+    /// Appends fill each chunk before the next; a record that grows in the middle spills
+    /// into the next chunk; a record larger than a chunk gets one of its own.
+    #[test]
+    fn appends_fill_chunks_and_growth_spills() {
+        let db = db();
+        let mut want = BTreeMap::new();
+        for batch in 0..300u64 {
+            let values: Vec<(u64, Vec<u8>)> = (1..=7)
+                .map(|i| (batch * 7 + i, value(batch * 7 + i, 100)))
+                .collect();
+            let writes: Vec<Write> = values
+                .iter()
+                .map(|(t, v)| Write::Put {
+                    token: *t,
+                    old: None,
+                    value: v,
+                })
+                .collect();
+            commit(&db, &writes);
+            want.extend(values);
+        }
+        let sizes = chunks(&db, &want);
+        let (_, full) = sizes.split_last().expect("chunks");
+        assert!(
+            full.iter().all(|&(_, n)| n + 103 > CHUNK_BYTES_MAX),
+            "{sizes:?}"
+        );
+        // InFlight records completed in place, in the middle: they grow.
+        let grown: Vec<(u64, Vec<u8>)> = (500..540).map(|t| (t, value(t, 300))).collect();
+        let writes: Vec<Write> = grown
+            .iter()
+            .map(|(t, v)| Write::Put {
+                token: *t,
+                old: Some(*t),
+                value: v,
+            })
+            .collect();
+        commit(&db, &writes);
+        want.extend(grown);
+        chunks(&db, &want);
+        // A record larger than a chunk.
+        let big = value(5000, 3 * CHUNK_BYTES_MAX);
+        commit(
+            &db,
+            &[Write::Put {
+                token: 5000,
+                old: Some(1000),
+                value: &big,
+            }],
+        );
+        want.remove(&1000);
+        want.insert(5000, big);
+        let sizes = chunks(&db, &want);
+        assert_eq!(sizes.last().map(|s| s.0), Some(5000));
+    }
+
+    /// Deletions from the left edge remove emptied chunks; a chunk left under half full
+    /// merges with a neighbour when both fit; a record found below every chunk joins the
+    /// first one.
+    #[test]
+    fn deletions_remove_and_merge_chunks() {
+        let db = db();
+        let mut want = BTreeMap::new();
+        let values: Vec<(u64, Vec<u8>)> = (10..2010).map(|t| (t, value(t, 60))).collect();
+        for part in values.chunks(50) {
+            let writes: Vec<Write> = part
+                .iter()
+                .map(|(t, v)| Write::Put {
+                    token: *t,
+                    old: None,
+                    value: v,
+                })
+                .collect();
+            commit(&db, &writes);
+        }
+        want.extend(values);
+        let before = chunks(&db, &want).len();
+        // Expiry from the left edge.
+        for start in (10..1010).step_by(100) {
+            let writes: Vec<Write> = (start..start + 100)
+                .map(|token| Write::Delete { token })
+                .collect();
+            commit(&db, &writes);
+            want.retain(|&t, _| t >= start + 100);
+        }
+        let after = chunks(&db, &want);
+        assert!(after.len() <= before / 2 + 1, "{before} → {}", after.len());
+        // Three of every four records of the rest go, in one commit each per chunk.
+        let gone: Vec<u64> = want.keys().copied().filter(|t| t % 4 != 0).collect();
+        for part in gone.chunks(64) {
+            let writes: Vec<Write> = part.iter().map(|&token| Write::Delete { token }).collect();
+            commit(&db, &writes);
+        }
+        want.retain(|t, _| t % 4 == 0);
+        let sizes = chunks(&db, &want);
+        let bytes: usize = sizes.iter().map(|s| s.1).sum();
+        assert!(bytes * 2 > sizes.len() * CHUNK_BYTES_MAX, "{sizes:?}");
+        // Below every chunk.
+        let low = value(3, 10);
+        commit(
+            &db,
+            &[Write::Put {
+                token: 3,
+                old: None,
+                value: &low,
+            }],
+        );
+        want.insert(3, low);
+        chunks(&db, &want);
+        // Everything goes: no chunk is left.
+        let writes: Vec<Write> = want.keys().map(|&token| Write::Delete { token }).collect();
+        commit(&db, &writes);
+        assert!(chunks(&db, &BTreeMap::new()).is_empty());
     }
 }

@@ -913,14 +913,23 @@ fn damaged_table_length_never_aborts() {
     let dir = tempfile::tempdir().unwrap();
     let good = dir.path().join("good.redb");
     let original = corruption_fixture(&good);
-    // The records table's definition: type byte 3 (a normal table), the count as a u64, then
-    // the B-tree header (root page, checksum, and the count again). Damage both counts.
-    let count = (CORRUPT_KEYS as u64 + 1).to_le_bytes();
+    // The chunks table's definition: type byte 3 (a normal table), the count (of chunks) as a
+    // u64, then the B-tree header (root page, checksum, and the count again). Damage both
+    // counts.
+    let chunks = {
+        use redb::{ReadableDatabase, ReadableTableMetadata};
+        let db = redb::Database::open(&good).unwrap();
+        let txn = db.begin_read().unwrap();
+        let def = redb::TableDefinition::<u64, &[u8]>::new("idemkv_chunks");
+        txn.open_table(def).unwrap().len().unwrap()
+    };
+    assert!(chunks > 0);
+    let count = chunks.to_le_bytes();
     let mut pattern = vec![3u8];
     pattern.extend_from_slice(&count);
     let mut at = Vec::new();
     for (p, page) in original.chunks(4096).enumerate() {
-        if !find_all(page, b"idemkv_records").is_empty() {
+        if !find_all(page, b"idemkv_chunks").is_empty() {
             for def in find_all(page, &pattern) {
                 let end = (def + 64).min(page.len());
                 let counts = find_all(&page[def..end], &count);
@@ -928,7 +937,7 @@ fn damaged_table_length_never_aborts() {
             }
         }
     }
-    assert!(at.len() >= 2, "records table definition not found");
+    assert!(at.len() >= 2, "chunks table definition not found");
     let mut problems = Vec::new();
     // Byte 4: a count of ~2^40; byte 7: ~2^63. (Not smaller: a count of ~2^32 that an engine
     // believed could make it allocate, and touch, gigabytes before failing.)

@@ -442,9 +442,9 @@ fn damaged_table_definitions_are_refused_at_open_or_harmless() {
     // Its header is the type, a reserved byte, the entry count (u16), then the end offsets
     // of the keys and of the values (u32 each); the last one ends the definitions.
     let ours: [&[u8]; 4] = [
+        b"idemkv_chunks",
         b"idemkv_meta",
         b"idemkv_outbox",
-        b"idemkv_records",
         b"idemkv_tables",
     ];
     let mut damage = Vec::new();
