@@ -23,6 +23,9 @@
 //! is the markers alone (memory-only engine: markers are the same in memory under every
 //! mode, and a memory-only engine keeps redb's page cache out of the measurement).
 
+#[path = "common/keys.rs"]
+mod keys;
+
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, Engine, MockClock};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -98,7 +101,7 @@ fn run_markers(key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
     let mut key = vec![0u8; key_len];
     let mut phase = |from: u64| -> Result<(u64, u64), Box<dyn std::error::Error>> {
         for i in from..from + n {
-            claim_complete(&engine, make_key(i, &mut key), &opts)?;
+            claim_complete(&engine, keys::make_key(i, &mut key), &opts)?;
         }
         clock.advance(retention);
         engine.admin().sweep_now()?;
@@ -151,12 +154,12 @@ fn run_case(mode: &str, key_len: usize) -> Result<(), Box<dyn std::error::Error>
     let rss0 = rss_bytes()?;
     let started = Instant::now();
     for i in 0..n {
-        claim_complete(&engine, make_key(i, &mut key), &opts)?;
+        claim_complete(&engine, keys::make_key(i, &mut key), &opts)?;
     }
     engine.flush()?;
     let rss1 = rss_bytes()?;
     for i in n..2 * n {
-        claim_complete(&engine, make_key(i, &mut key), &opts)?;
+        claim_complete(&engine, keys::make_key(i, &mut key), &opts)?;
     }
     engine.flush()?;
     let rss2 = rss_bytes()?;
@@ -195,37 +198,6 @@ fn claim_complete(
             Err(e) => return Err(e.into()),
         }
     }
-}
-
-/// Key `i` in a realistic shape: 16 bytes are a binary UUID, 36 bytes its text form
-/// (`8-4-4-4-12` hex digits). Written into `buf`, so the measurement holds no key list.
-fn make_key(i: u64, buf: &mut [u8]) -> &[u8] {
-    let hi = splitmix(i);
-    let lo = splitmix(i ^ 0x5851_f42d_4c95_7f2d);
-    let raw = ((u128::from(hi)) << 64 | u128::from(lo)).to_be_bytes();
-    if buf.len() == 16 {
-        buf.copy_from_slice(&raw);
-    } else {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut at = 0;
-        for (j, byte) in raw.iter().enumerate() {
-            if matches!(j, 4 | 6 | 8 | 10) {
-                buf[at] = b'-';
-                at += 1;
-            }
-            buf[at] = HEX[usize::from(byte >> 4)];
-            buf[at + 1] = HEX[usize::from(byte & 0x0f)];
-            at += 2;
-        }
-    }
-    buf
-}
-
-fn splitmix(x: u64) -> u64 {
-    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 fn keys() -> u64 {
