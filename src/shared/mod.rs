@@ -621,6 +621,7 @@ impl Backend {
             waits: read(&c.waits),
             db_round_trips: read(&self.core.db.round_trips),
             db_claims_batched: self.core.db.claims_batched(),
+            db_completions_batched: self.core.db.completions_batched(),
             db_notifications: read(&self.core.listening.received),
             ..Stats::default()
         }
