@@ -2230,3 +2230,132 @@ fn the_applications_own_statements_commit_with_the_completion() {
         Err(LeaseError::Unsupported(_))
     ));
 }
+
+/// While the completion lane of a process is busy (a completion waits on a row lock), the
+/// completions asked meanwhile queue, and go together in one statement, one commit, once
+/// the lane is free; each is fenced by its own token: a completion whose token no longer
+/// holds its key is refused (`LeaseLost`) and the others of the batch apply.
+#[test]
+fn completions_queued_behind_a_busy_lane_share_a_commit_and_a_fenced_one_is_refused() {
+    let p = prefix("cbatch");
+    let e = Engine::builder()
+        .postgres(config(&p).complete_lanes(1))
+        .open()
+        .expect("open");
+    let other = engine(&p);
+    let blocked = acquire(&e, b"blocked");
+    let queued: Vec<idemkv::Lease> = [&b"fenced"[..], b"c-1", b"c-2"]
+        .into_iter()
+        .map(|k| acquire(&e, k))
+        .collect();
+    // Another holder's token on `fenced`, as after a takeover.
+    psql(&format!(
+        "UPDATE \"{p}keys\" SET token = token + 1000 WHERE key = '\\x{}'",
+        hex(b"fenced")
+    ));
+
+    let lock = RowLock::take(&p, b"blocked");
+    let lane = std::thread::spawn(move || blocked.complete(b"blocked bytes"));
+    wait_blocked_connection(&p);
+    let batched = e.stats().db_completions_batched;
+    let threads: Vec<_> = queued
+        .into_iter()
+        .map(|lease| {
+            std::thread::spawn(move || {
+                let key = lease.key().to_vec();
+                (lease.complete(&key), key)
+            })
+        })
+        .collect();
+    wait_until(|| e.stats().db_completions_batched == batched + 3);
+    let before = e.stats().db_round_trips;
+    drop(lock);
+    lane.join()
+        .expect("no panic")
+        .expect("the lane's completion");
+    for t in threads {
+        match t.join().expect("no panic") {
+            (Err(LeaseError::LeaseLost), key) => assert_eq!(key, b"fenced"),
+            (Ok(_), key) => assert!(key.starts_with(b"c-")),
+            (other, key) => panic!("{}: {other:?}", String::from_utf8_lossy(&key)),
+        }
+    }
+    assert_eq!(
+        e.stats().db_round_trips - before,
+        1,
+        "the three queued completions in one statement"
+    );
+    for key in [&b"c-1"[..], b"c-2"] {
+        match other.claim(key, &ClaimOptions::default()).expect("claim") {
+            Claim::Completed(c) => assert_eq!(c.response(), key),
+            other => panic!("{other:?}"),
+        }
+    }
+    match other
+        .claim(b"blocked", &ClaimOptions::default())
+        .expect("claim")
+    {
+        Claim::Completed(c) => assert_eq!(c.response(), b"blocked bytes"),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        other
+            .claim(b"fenced", &ClaimOptions::default())
+            .expect("claim"),
+        Claim::InProgress(_)
+    ));
+}
+
+/// A completion batch whose connection dies mid-statement (as in a server restart) reports
+/// an unknown outcome to every completion of the batch, never a success, and commits
+/// nothing: each holder completes again.
+#[test]
+fn a_completion_batch_cut_off_mid_statement_is_unknown_and_commits_nothing() {
+    let p = prefix("cbatchcut");
+    let e = Engine::builder()
+        .postgres(config(&p).complete_lanes(1))
+        .open()
+        .expect("open");
+    let other = engine(&p);
+    let blocked = acquire(&e, b"blocked");
+    let (c1, c2) = (acquire(&e, b"c-1"), acquire(&e, b"c-2"));
+    let tokens = [c1.token(), c2.token()];
+
+    let lock = RowLock::take(&p, b"blocked");
+    let lock_c2 = RowLock::take(&p, b"c-2");
+    let lane = std::thread::spawn(move || blocked.complete(b"blocked bytes"));
+    wait_blocked_connection(&p);
+    let batched = e.stats().db_completions_batched;
+    let c1 = std::thread::spawn(move || c1.complete(b"c-1"));
+    wait_until(|| e.stats().db_completions_batched == batched + 1);
+    let c2 = std::thread::spawn(move || c2.complete(b"c-2"));
+    wait_until(|| e.stats().db_completions_batched == batched + 2);
+    drop(lock);
+    lane.join()
+        .expect("no panic")
+        .expect("the lane's completion");
+    // The batch of `c-1` and `c-2` now waits on `c-2`'s row lock: its connection dies.
+    kill_blocked_connection(&p);
+    for answer in [c1.join().expect("no panic"), c2.join().expect("no panic")] {
+        assert!(
+            matches!(answer, Err(LeaseError::OutcomeUnknown(_))),
+            "{answer:?}"
+        );
+    }
+    drop(lock_c2);
+    for (key, token) in [(&b"c-1"[..], tokens[0]), (b"c-2", tokens[1])] {
+        assert!(
+            matches!(
+                other.get(key).expect("get"),
+                Some(KeyState::InFlight { .. })
+            ),
+            "nothing of the batch committed"
+        );
+        e.complete(key, token, key)
+            .expect("the holder completes again");
+        match other.claim(key, &ClaimOptions::default()).expect("claim") {
+            Claim::Completed(c) => assert_eq!((c.response(), c.token()), (key, token)),
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -97,3 +97,8 @@ pub(crate) const PG_SCHEMA_LEN_MAX: usize = 20;
 /// "Batches").
 #[cfg(feature = "postgres")]
 pub(crate) const PG_BATCH_LANES_DEFAULT: usize = 1;
+/// Completion statements (without writes) one shared engine has in flight at once by
+/// default; completions asked while all are busy go together in the next, one commit
+/// (`shared/batch.rs`; docs/shared.md, "Batches").
+#[cfg(feature = "postgres")]
+pub(crate) const PG_COMPLETE_LANES_DEFAULT: usize = 2;

@@ -1,9 +1,9 @@
 //! `PostgresConfig`: where the shared database is and how the backend talks to it.
 
 use crate::api::constants::{
-    PG_BATCH_LANES_DEFAULT, PG_CONNECT_TIMEOUT_DEFAULT, PG_POOL_SIZE_DEFAULT, PG_POOL_SIZE_LIMIT,
-    PG_SCHEMA_LEN_MAX, PG_STATEMENT_TIMEOUT_DEFAULT, PG_TABLE_PREFIX_DEFAULT,
-    PG_TABLE_PREFIX_LEN_MAX, PG_TIMEOUT_LIMIT, PG_TIMEOUT_MIN,
+    PG_BATCH_LANES_DEFAULT, PG_COMPLETE_LANES_DEFAULT, PG_CONNECT_TIMEOUT_DEFAULT,
+    PG_POOL_SIZE_DEFAULT, PG_POOL_SIZE_LIMIT, PG_SCHEMA_LEN_MAX, PG_STATEMENT_TIMEOUT_DEFAULT,
+    PG_TABLE_PREFIX_DEFAULT, PG_TABLE_PREFIX_LEN_MAX, PG_TIMEOUT_LIMIT, PG_TIMEOUT_MIN,
 };
 use std::fmt;
 use std::path::PathBuf;
@@ -43,6 +43,7 @@ pub struct PostgresConfig {
     pub(crate) schema: Option<String>,
     pub(crate) table_prefix: String,
     pub(crate) batch_lanes: usize,
+    pub(crate) complete_lanes: usize,
     pub(crate) tls_root_cert: Option<PathBuf>,
     pub(crate) tls_client_cert: Option<(PathBuf, PathBuf)>,
 }
@@ -60,6 +61,7 @@ impl PostgresConfig {
             schema: None,
             table_prefix: PG_TABLE_PREFIX_DEFAULT.to_string(),
             batch_lanes: PG_BATCH_LANES_DEFAULT,
+            complete_lanes: PG_COMPLETE_LANES_DEFAULT,
             tls_root_cert: None,
             tls_client_cert: None,
         }
@@ -118,6 +120,17 @@ impl PostgresConfig {
         self
     }
 
+    /// Completion statements this engine has in flight at once (default 2; at least 1, and
+    /// never more than the pool size). Completions without writes asked while every lane
+    /// is busy wait, and go together in the next statement: one transaction and one WAL
+    /// flush for all of them, each still fenced by its own token and answered on its own
+    /// (docs/shared.md, "Batches"). A completion with writes or with the application's SQL
+    /// always has a statement of its own.
+    pub fn complete_lanes(mut self, lanes: usize) -> Self {
+        self.complete_lanes = lanes;
+        self
+    }
+
     /// Verifies the server's certificate against the CA certificates of this PEM file
     /// (libpq's `sslrootcert`) instead of the system's trust store. With it, the URL's
     /// `sslmode=prefer` (the default) encrypts whenever the server offers TLS; without it,
@@ -156,6 +169,9 @@ impl PostgresConfig {
         }
         if !(1..=self.pool_size).contains(&self.batch_lanes) {
             return Err("batch_lanes must be from 1 to the pool size".to_string());
+        }
+        if !(1..=PG_POOL_SIZE_LIMIT).contains(&self.complete_lanes) {
+            return Err(format!("complete_lanes must be 1..={PG_POOL_SIZE_LIMIT}"));
         }
         for (name, t) in [
             ("statement_timeout", self.statement_timeout),
@@ -208,6 +224,7 @@ impl fmt::Debug for PostgresConfig {
             .field("schema", &self.schema)
             .field("table_prefix", &self.table_prefix)
             .field("batch_lanes", &self.batch_lanes)
+            .field("complete_lanes", &self.complete_lanes)
             .field("tls_root_cert", &self.tls_root_cert)
             .field("tls_client_cert", &self.tls_client_cert)
             .finish_non_exhaustive()
@@ -234,6 +251,14 @@ mod tests {
         }
         assert!(cfg().batch_lanes(8).validate().is_ok());
         assert!(cfg().pool_size(4).batch_lanes(4).validate().is_ok());
+        // Completion lanes: at least one; more than the pool are allowed (the pool caps
+        // those used), so the default stays valid with `pool_size(1)`.
+        for lanes in [0, 1025] {
+            let err = cfg().complete_lanes(lanes).validate().unwrap_err();
+            assert!(err.contains("complete_lanes"), "{err}");
+        }
+        assert!(cfg().pool_size(1).validate().is_ok());
+        assert!(cfg().complete_lanes(16).validate().is_ok());
         assert!(cfg().table_prefix("Bad").validate().is_err());
     }
 }

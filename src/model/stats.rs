@@ -94,6 +94,10 @@ pub struct Stats {
     /// (`PostgresConfig::batch_lanes`); such a claim goes in the statement the next leader
     /// sends, or leads it. Zero for a file engine.
     pub db_claims_batched: u64,
+    /// A shared engine: completions that queued behind its busy completion lanes
+    /// (`PostgresConfig::complete_lanes`); such a completion commits in the statement the
+    /// next leader sends, or leads it. Zero for a file engine.
+    pub db_completions_batched: u64,
     /// A shared engine: wake-up notifications its listening connection received. It
     /// listens only while a claim of the engine waits, so an engine whose claims never
     /// wait receives none. Zero for a file engine.

@@ -15,9 +15,9 @@
 //! the server reports anyway (SQLSTATE 40P01) rolled everything back, and every key of the
 //! batch asks again. A key appears at most once in a batch.
 //!
-//! The queue is generic over the ask; completions do not use it: one lane of completions
-//! measured slower on the peers workload (a holder's completion waits behind the batch in
-//! flight), and four lanes no faster than none (docs/shared.md, "Batches").
+//! The queue is generic over the ask: completions without writes use it too, with lanes of
+//! their own (`PG_COMPLETE_LANES`), so concurrent completions of a process share one commit
+//! and its WAL flush (docs/shared.md, "Batches").
 //!
 //! Architecture Invariant: a batch changes how many claims share a statement, never what one
 //! claim decides: each key's claim is the same function call as a lone claim's.
@@ -157,7 +157,7 @@ impl<A: Keyed, R> Batcher<A, R> {
                     Err(_) if self.withdraw(id) => {
                         return Err(Fail::Refused(DatabaseError::new(
                             DatabaseErrorKind::Unavailable,
-                            "no claim lane came free within the call timeout; nothing was sent",
+                            "no lane came free within the call timeout; nothing was sent",
                         )))
                     }
                     // Taken into a batch (whose statement has its own timeout), or handed

@@ -214,118 +214,143 @@ impl Core {
                     rerun,
                 )
                 .await;
-            let (found, answer) = match row {
-                Err(f) => (Found::Nothing, Some(Err(claim_failed(f)))),
-                Ok(ClaimRow::Acquired {
-                    token,
-                    attempt,
-                    checkpoint,
-                    resumed,
-                }) => {
-                    bump(&self.counters.acquired);
-                    if attempt > 1 && !resumed {
-                        bump(&self.counters.takeovers);
-                    }
-                    let answer = Answer::Acquired {
-                        token,
-                        attempt,
-                        checkpoint,
-                        lease,
-                    };
-                    let found = Found::Acquired {
-                        token,
-                        attempt,
-                        lease,
-                        fingerprint: asked.map(|a| a.value),
-                    };
-                    (found, Some(Ok(answer)))
-                }
-                Ok(ClaimRow::Completed {
-                    stored,
-                    fingerprint,
-                    remaining,
-                }) if !remaining.is_zero() => {
-                    let cached = Cached {
-                        stored: stored.clone(),
-                        fingerprint,
-                        until: sent + remaining,
-                    };
-                    let answer = if mismatched(asked, fingerprint) {
-                        bump(&self.counters.fingerprint_mismatches);
-                        Err(ClaimError::FingerprintMismatch)
-                    } else {
-                        bump(&self.counters.replays);
-                        Ok(Answer::Completed(stored))
-                    };
-                    (Found::Completed(cached), Some(answer))
-                }
-                Ok(ClaimRow::Held {
-                    attempt,
-                    remaining,
-                    fingerprint,
-                }) if mismatched(asked, fingerprint) => {
-                    bump(&self.counters.fingerprint_mismatches);
-                    // A live row is published as for a match: a lease of this process
-                    // stays held here, and joined callers check their own fingerprint. An
-                    // ended one is not: a joined caller that matches may take it over.
-                    let found = match remaining.is_zero() {
-                        true => Found::Nothing,
-                        false => Found::Held {
-                            remaining,
-                            attempt,
-                            fingerprint,
-                        },
-                    };
-                    (found, Some(Err(ClaimError::FingerprintMismatch)))
-                }
-                Ok(ClaimRow::Held {
-                    attempt,
-                    remaining,
-                    fingerprint,
-                }) if !remaining.is_zero() => {
-                    let waits_on = deadline.is_some_and(|d| Instant::now() < d);
-                    let answer = (!waits_on).then(|| Ok(self.busy(remaining, attempt)));
-                    let found = Found::Held {
-                        remaining,
-                        attempt,
-                        fingerprint,
-                    };
-                    (found, answer)
-                }
-                Ok(ClaimRow::Forgotten {
-                    attempt,
-                    fingerprint,
-                    completed_wall_ms,
-                    remaining,
-                }) if !remaining.is_zero() => {
-                    let answer = if mismatched(asked, fingerprint) {
-                        bump(&self.counters.fingerprint_mismatches);
-                        Err(ClaimError::FingerprintMismatch)
-                    } else {
-                        Ok(Answer::Forgotten(Forgotten {
-                            completed_wall_ms,
-                            attempt,
-                            kept_until_wall_ms: expires_wall_ms(remaining),
-                        }))
-                    };
-                    (Found::Nothing, Some(answer))
-                }
-                // The function's passes all lost races to other callers' commits, or it read a
-                // row whose lease or retention ended as it answered: ask again.
-                Ok(_) => {
-                    asks += 1;
-                    if asks >= PG_CLAIM_ASKS_MAX {
-                        (Found::Nothing, Some(Err(ClaimError::Contended)))
-                    } else {
-                        (Found::Nothing, None)
-                    }
-                }
-            };
+            let (found, answer) = self.decided(row, asked, lease, sent, deadline, &mut asks);
             self.front.publish(key, hash, sent, found);
             if let Some(answer) = answer {
                 return answer;
             }
         }
+    }
+
+    /// What a claim statement's row means for this caller (`None`: ask again) and what the
+    /// local front learns from it; `asks` counts the rows that could not decide.
+    fn decided(
+        &self,
+        row: Result<ClaimRow, Fail>,
+        asked: Option<AskedFingerprint>,
+        lease: Duration,
+        sent: Instant,
+        deadline: Option<Instant>,
+        asks: &mut u32,
+    ) -> (Found, Option<Result<Answer, ClaimError>>) {
+        match row {
+            Err(f) => (Found::Nothing, Some(Err(claim_failed(f)))),
+            Ok(ClaimRow::Acquired {
+                token,
+                attempt,
+                checkpoint,
+                resumed,
+            }) => self.acquired(token, attempt, checkpoint, resumed, asked, lease),
+            Ok(ClaimRow::Completed {
+                stored,
+                fingerprint,
+                remaining,
+            }) if !remaining.is_zero() => {
+                let cached = Cached {
+                    stored: stored.clone(),
+                    fingerprint,
+                    until: sent + remaining,
+                };
+                let answer = if mismatched(asked, fingerprint) {
+                    bump(&self.counters.fingerprint_mismatches);
+                    Err(ClaimError::FingerprintMismatch)
+                } else {
+                    bump(&self.counters.replays);
+                    Ok(Answer::Completed(stored))
+                };
+                (Found::Completed(cached), Some(answer))
+            }
+            Ok(ClaimRow::Held {
+                attempt,
+                remaining,
+                fingerprint,
+            }) if mismatched(asked, fingerprint) => {
+                bump(&self.counters.fingerprint_mismatches);
+                // A live row is published as for a match: a lease of this process
+                // stays held here, and joined callers check their own fingerprint. An
+                // ended one is not: a joined caller that matches may take it over.
+                let found = match remaining.is_zero() {
+                    true => Found::Nothing,
+                    false => Found::Held {
+                        remaining,
+                        attempt,
+                        fingerprint,
+                    },
+                };
+                (found, Some(Err(ClaimError::FingerprintMismatch)))
+            }
+            Ok(ClaimRow::Held {
+                attempt,
+                remaining,
+                fingerprint,
+            }) if !remaining.is_zero() => {
+                let waits_on = deadline.is_some_and(|d| Instant::now() < d);
+                let answer = (!waits_on).then(|| Ok(self.busy(remaining, attempt)));
+                let found = Found::Held {
+                    remaining,
+                    attempt,
+                    fingerprint,
+                };
+                (found, answer)
+            }
+            Ok(ClaimRow::Forgotten {
+                attempt,
+                fingerprint,
+                completed_wall_ms,
+                remaining,
+            }) if !remaining.is_zero() => {
+                let answer = if mismatched(asked, fingerprint) {
+                    bump(&self.counters.fingerprint_mismatches);
+                    Err(ClaimError::FingerprintMismatch)
+                } else {
+                    Ok(Answer::Forgotten(Forgotten {
+                        completed_wall_ms,
+                        attempt,
+                        kept_until_wall_ms: expires_wall_ms(remaining),
+                    }))
+                };
+                (Found::Nothing, Some(answer))
+            }
+            // The function's passes all lost races to other callers' commits, or it read a
+            // row whose lease or retention ended as it answered: ask again.
+            Ok(_) => {
+                *asks += 1;
+                if *asks >= PG_CLAIM_ASKS_MAX {
+                    (Found::Nothing, Some(Err(ClaimError::Contended)))
+                } else {
+                    (Found::Nothing, None)
+                }
+            }
+        }
+    }
+
+    /// An acquired (or resumed) lease: the caller's answer and the front's entry.
+    fn acquired(
+        &self,
+        token: u64,
+        attempt: u32,
+        checkpoint: Option<Checkpoint>,
+        resumed: bool,
+        asked: Option<AskedFingerprint>,
+        lease: Duration,
+    ) -> (Found, Option<Result<Answer, ClaimError>>) {
+        bump(&self.counters.acquired);
+        if attempt > 1 && !resumed {
+            bump(&self.counters.takeovers);
+        }
+        let answer = Answer::Acquired {
+            token,
+            attempt,
+            checkpoint,
+            lease,
+        };
+        let found = Found::Acquired {
+            token,
+            attempt,
+            lease,
+            fingerprint: asked.map(|a| a.value),
+        };
+        (found, Some(Ok(answer)))
     }
 
     fn busy(&self, retry_after: Duration, attempt: u32) -> Answer {

@@ -114,6 +114,8 @@ pub(crate) struct Db {
     pub(crate) round_trips: AtomicU64,
     /// Claims waiting for a statement, and the lanes that send them (`batch.rs`).
     claims: Batcher<ClaimAsk, ClaimRow>,
+    /// Completions without writes waiting for a statement, and their lanes (`batch.rs`).
+    completions: Batcher<CompleteAsk, CompleteRow>,
     /// How long a completion's marker is kept after its retention (`None`: no markers).
     markers: Option<Duration>,
 }
@@ -163,6 +165,21 @@ pub(crate) struct ClaimAsk {
     pub(crate) claim_id: Option<u128>,
     /// `ClaimOptions::rerun_forgotten`.
     pub(crate) rerun: bool,
+}
+
+/// One completion without writes, as a batch sends it.
+pub(crate) struct CompleteAsk {
+    key: Box<[u8]>,
+    token: i64,
+    response: Arc<[u8]>,
+    own_us: Option<i64>,
+    stripe: i32,
+}
+
+impl Keyed for CompleteAsk {
+    fn key(&self) -> &[u8] {
+        &self.key
+    }
 }
 
 impl Keyed for ClaimAsk {
@@ -266,6 +283,7 @@ impl Db {
             call_timeout,
             round_trips: AtomicU64::new(0),
             claims: Batcher::new(cfg.batch_lanes, call_timeout),
+            completions: Batcher::new(cfg.complete_lanes.min(cfg.pool_size), call_timeout),
             markers,
         })
     }
@@ -556,60 +574,127 @@ impl Db {
         answers
     }
 
+    /// A completion: with writes, its own statement (the writes commit with it); without,
+    /// alone or in a batch with other keys' completions of this process (`batch.rs`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn complete(
         &self,
         key: &[u8],
         token: u64,
-        response: &[u8],
+        response: &Arc<[u8]>,
         retention: Duration,
         own_retention: Option<Duration>,
         hash: u64,
         writes: Option<&Writes>,
     ) -> Result<CompleteRow, Fail> {
-        let (token, retention_us) = (token_param(token), micros(retention));
-        let own_us = own_retention.map(micros);
-        let stripe = wake_stripe(hash);
+        let ask = CompleteAsk {
+            key: Box::from(key),
+            token: token_param(token),
+            response: response.clone(),
+            own_us: own_retention.map(micros),
+            stripe: wake_stripe(hash),
+        };
+        let retention_us = micros(retention);
+        if writes.is_some() {
+            return self.complete_one(&ask, retention_us, writes).await;
+        }
+        self.completions
+            .ask(ask, async |asks: &[&CompleteAsk]| match asks {
+                [one] => vec![self.complete_one(one, retention_us, None).await],
+                many => self.complete_batch(many, retention_us).await,
+            })
+            .await
+    }
+
+    /// One completion's statement (see `Sql::complete`).
+    async fn complete_one(
+        &self,
+        ask: &CompleteAsk,
+        retention_us: i64,
+        writes: Option<&Writes>,
+    ) -> Result<CompleteRow, Fail> {
         let marker_us = self.markers.map(micros);
-        let rows = match writes {
-            None => {
-                self.query(
-                    &self.sql.complete,
-                    &[
-                        &key,
-                        &token,
-                        &response,
-                        &retention_us,
-                        &own_us,
-                        &stripe,
-                        &marker_us,
-                    ],
-                    true,
-                )
-                .await?
-            }
+        let (key, response) = (&*ask.key, &*ask.response);
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
+            &key,
+            &ask.token,
+            &response,
+            &retention_us,
+            &ask.own_us,
+            &ask.stripe,
+            &marker_us,
+        ];
+        let sql = match writes {
+            None => &self.sql.complete,
             Some(w) => {
-                self.query(
-                    &self.sql.complete_with,
-                    &[
-                        &key,
-                        &token,
-                        &response,
-                        &retention_us,
-                        &own_us,
-                        &stripe,
-                        &marker_us,
-                        &w.put_keys,
-                        &w.put_values,
-                        &w.deletes,
-                        &w.messages,
-                    ],
-                    true,
-                )
-                .await?
+                params.extend([
+                    &w.put_keys as &(dyn ToSql + Sync),
+                    &w.put_values,
+                    &w.deletes,
+                    &w.messages,
+                ]);
+                &self.sql.complete_with
             }
         };
-        complete_row(&rows)
+        let rows = self.query(sql, &params, true).await?;
+        complete_row(&rows, 0)
+    }
+
+    /// Completions of distinct keys in one statement and one commit (see
+    /// `Sql::complete_batch`): one answer per ask, in the asks' order. A batch the server
+    /// rolled back (a deadlock with another transaction) changed nothing: each completion
+    /// is then sent alone.
+    async fn complete_batch(
+        &self,
+        asks: &[&CompleteAsk],
+        retention_us: i64,
+    ) -> Vec<Result<CompleteRow, Fail>> {
+        let order = sorted(asks);
+        let keys: Vec<&[u8]> = order.iter().map(|&i| &*asks[i].key).collect();
+        let tokens: Vec<i64> = order.iter().map(|&i| asks[i].token).collect();
+        let responses: Vec<&[u8]> = order.iter().map(|&i| &*asks[i].response).collect();
+        let own_us: Vec<Option<i64>> = order.iter().map(|&i| asks[i].own_us).collect();
+        let stripes: Vec<i32> = order.iter().map(|&i| asks[i].stripe).collect();
+        let marker_us = self.markers.map(micros);
+        let rows = self
+            .query(
+                &self.sql.complete_batch,
+                &[
+                    &keys,
+                    &tokens,
+                    &responses,
+                    &own_us,
+                    &stripes,
+                    &retention_us,
+                    &marker_us,
+                ],
+                true,
+            )
+            .await;
+        // An ask without a row: its token no longer holds the key.
+        let mut answers: Vec<Result<CompleteRow, Fail>> =
+            (0..asks.len()).map(|_| Ok(CompleteRow::Lost)).collect();
+        match rows {
+            Ok(rows) => {
+                if let Err(f) = fill(&mut answers, &order, &rows, |row| done_row(row, 1)) {
+                    return asks.iter().map(|_| Err(f.clone())).collect();
+                }
+                answers
+            }
+            Err(Fail::Refused(e))
+                if matches!(
+                    e.code.as_deref(),
+                    Some(PG_DEADLOCK_DETECTED | PG_SERIALIZATION_FAILURE)
+                ) =>
+            {
+                let mut answers = Vec::with_capacity(asks.len());
+                for ask in asks {
+                    answers.push(self.complete_one(ask, retention_us, None).await);
+                }
+                answers
+            }
+            Err(f) => asks.iter().map(|_| Err(f.clone())).collect(),
+        }
     }
 
     /// The completion's statement and then the application's own statements (`hook`) in
@@ -660,7 +745,7 @@ impl Db {
                 ]);
             }
             let rows = tx.query(&stmt, &params).await.map_err(|e| (e, false))?;
-            let row = match complete_row(&rows) {
+            let row = match complete_row(&rows, 0) {
                 Ok(row) => row,
                 Err(f) => return Ok(Err(HookFail::Db(f))),
             };
@@ -909,6 +994,11 @@ impl Db {
         self.claims.queued()
     }
 
+    /// Completions that waited for a lane (`Stats::db_completions_batched`).
+    pub(crate) fn completions_batched(&self) -> u64 {
+        self.completions.queued()
+    }
+
     pub(crate) fn close(&self) {
         self.pool.close();
     }
@@ -921,18 +1011,24 @@ pub(crate) enum HookFail {
     Hook(tokio_postgres::Error),
 }
 
-/// A completing statement's answer.
-fn complete_row(rows: &[Row]) -> Result<CompleteRow, Fail> {
-    let Some(row) = rows.first() else {
-        return Ok(CompleteRow::Lost);
-    };
-    let kind: &str = row.try_get(0).map_err(undecodable)?;
+/// A completing statement's answer, its columns from `at` on; no row: the token no longer
+/// held the key.
+fn complete_row(rows: &[Row], at: usize) -> Result<CompleteRow, Fail> {
+    match rows.first() {
+        Some(row) => done_row(row, at),
+        None => Ok(CompleteRow::Lost),
+    }
+}
+
+/// A row of a completing statement, its columns from `at` on.
+fn done_row(row: &Row, at: usize) -> Result<CompleteRow, Fail> {
+    let kind: &str = row.try_get(at).map_err(undecodable)?;
     Ok(CompleteRow::Done {
         repeat: kind == "repeat",
-        attempt: attempt_of(row.try_get(1).map_err(undecodable)?),
-        fingerprint: fingerprint_of(row.try_get(2).map_err(undecodable)?),
-        remaining: remaining(row.try_get(3).map_err(undecodable)?),
-        heard: row.try_get(4).map_err(undecodable)?,
+        attempt: attempt_of(row.try_get(at + 1).map_err(undecodable)?),
+        fingerprint: fingerprint_of(row.try_get(at + 2).map_err(undecodable)?),
+        remaining: remaining(row.try_get(at + 3).map_err(undecodable)?),
+        heard: row.try_get(at + 4).map_err(undecodable)?,
     })
 }
 

@@ -20,8 +20,6 @@ mod batch;
 mod block;
 mod constants;
 use crate::api::postgres_config as config;
-// Over the line limit, to be split: `claim` (one transaction's steps).
-#[allow(clippy::too_many_lines)]
 mod core;
 mod db;
 use crate::model::database_error as error;
@@ -623,6 +621,7 @@ impl Backend {
             waits: read(&c.waits),
             db_round_trips: read(&self.core.db.round_trips),
             db_claims_batched: self.core.db.claims_batched(),
+            db_completions_batched: self.core.db.completions_batched(),
             db_notifications: read(&self.core.listening.received),
             ..Stats::default()
         }

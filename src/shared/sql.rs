@@ -20,6 +20,9 @@ pub(crate) struct Sql {
     /// A completion with writes to the application's tables and messages for the outbox,
     /// all in the completing statement.
     pub(crate) complete_with: String,
+    /// Completions without writes of several keys in one statement and one commit
+    /// (`batch.rs`), each fenced by its own token.
+    pub(crate) complete_batch: String,
     pub(crate) release: String,
     /// Wakes other processes' waiters: one autocommit statement after the settling one.
     pub(crate) notify: String,
@@ -63,21 +66,20 @@ fn wake_class(keys: &str) -> i32 {
 
 /// `n` microseconds as an interval.
 const US: &str = "* interval '1 microsecond'";
-
-/// The qualified names (and the wake-up locks' class) every statement is built from.
+/// The qualified names of one backend's objects, as the statements quote them.
 struct Names {
     keys: String,
     meta: String,
     tables: String,
     outbox: String,
+    outbox_seq: String,
     /// nextval takes a sequence's name as text: its quoting is inside the literal.
     outbox_seq_lit: String,
-    seq_lit: String,
-    outbox_seq: String,
     seq: String,
+    seq_lit: String,
+    claim_fn: String,
     channel: String,
     idx: String,
-    claim_fn: String,
     wake_class: i32,
 }
 
@@ -88,22 +90,21 @@ impl Names {
             None => format!("\"{prefix}{name}\""),
         };
         let keys = q("keys");
-        let outbox_seq = q("outbox_ids");
-        let seq = q("tokens");
+        let (outbox_seq, seq) = (q("outbox_ids"), q("tokens"));
         Names {
             meta: q("meta"),
             tables: q("tables"),
             outbox: q("outbox"),
             outbox_seq_lit: outbox_seq.replace('\'', "''"),
-            seq_lit: seq.replace('\'', "''"),
             outbox_seq,
+            seq_lit: seq.replace('\'', "''"),
             seq,
+            claim_fn: q("claim"),
             channel: match schema {
                 Some(s) => format!("{s}_{prefix}wake"),
                 None => format!("{prefix}wake"),
             },
             idx: format!("\"{prefix}keys_reap_at\""),
-            claim_fn: q("claim"),
             wake_class: wake_class(&keys),
             keys,
         }
@@ -113,51 +114,22 @@ impl Names {
 impl Sql {
     pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Sql {
         let n = Names::new(schema, prefix);
-        let create_schema = schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""));
-        let app_tables = Sql::app_tables(&n);
-        let claim_fn_ddl = Sql::claim_fn_ddl(&n);
-        let mut create = Sql::create_keys(&n);
-        create.extend(app_tables.iter().cloned());
-        // The claim function comes after the table (its row type is the table's); the
-        // version row is written last.
-        create.push(claim_fn_ddl.clone());
-        create.push(format!(
-            "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
-             ON CONFLICT (name) DO NOTHING",
-            meta = n.meta
-        ));
-        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4] =
-            Sql::upgrades(&n, app_tables, claim_fn_ddl);
-        let writes = Sql::table_writes(&n);
-        let (complete, complete_with) = Sql::completions(&n, &writes);
-        let (hear, unhear) = Sql::hearing(&n);
-        let (extend, checkpoint, checkpoint_with) = Sql::lease_updates(&n, &writes);
-        let (table_get, table_scan, outbox_take, outbox_sent) = Sql::tables_and_outbox(&n);
-        let (fail, get, sweep) = Sql::fail_get_sweep(&n);
-        let Names {
-            keys,
-            meta,
-            channel,
-            claim_fn,
-            ..
-        } = n;
-        // Release: fenced delete; `notify` follows once it answered.
-        let release =
-            format!("DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1");
-        // Notify: its own transaction, sent after the settling statement answered, so a
-        // waiter it wakes reads the commit ($1: key hashes in hex, comma-separated). The
-        // notification is not durable anyway, so its commit does not wait for the WAL
-        // flush, and holds the notify lock only as long as the commit itself.
-        let notify = format!(
-            "SELECT set_config('synchronous_commit', 'off', true), pg_notify('{channel}', $1)"
-        );
+        let (claim, claim_batch) = claims(&n);
+        let (complete, complete_with) = completes(&n);
+        let (release, notify, hear, unhear) = settles(&n);
+        let (extend, checkpoint, checkpoint_with, fail) = lease_updates(&n);
+        let (table_get, table_scan, outbox_take, outbox_sent) = app_reads(&n);
+        let (get, sweep, version) = key_reads(&n);
+        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4] = upgrades(&n);
         Sql {
-            claim: format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
-            claim_batch: Sql::claim_batch(&claim_fn),
-            version: format!("SELECT value FROM {meta} WHERE name = 'schema_version'"),
-            keys,
-            meta,
-            channel,
+            create_schema: schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\"")),
+            create: create(&n),
+            complete_batch: complete_batch(&n),
+            keys: n.keys,
+            meta: n.meta,
+            channel: n.channel,
+            claim,
+            claim_batch,
             complete,
             complete_with,
             release,
@@ -174,8 +146,7 @@ impl Sql {
             outbox_sent,
             get,
             sweep,
-            create_schema,
-            create,
+            version,
             upgrade_from_1,
             upgrade_from_2,
             upgrade_from_3,
@@ -183,12 +154,39 @@ impl Sql {
         }
     }
 
-    /// The keys table, its reaping index and the token sequence.
-    fn create_keys(n: &Names) -> Vec<String> {
-        let (keys, idx, seq) = (&n.keys, &n.idx, &n.seq);
-        let mut create = Vec::new();
-        create.push(format!(
-            "CREATE TABLE IF NOT EXISTS {keys} (
+    /// The statements that bring a database of schema version `from` to the current one.
+    pub(crate) fn upgrade(&self, from: i64) -> Option<&[String]> {
+        match from {
+            1 => Some(&self.upgrade_from_1),
+            2 => Some(&self.upgrade_from_2),
+            3 => Some(&self.upgrade_from_3),
+            4 => Some(&self.upgrade_from_4),
+            _ => None,
+        }
+    }
+
+    /// The meta table, created before the version row is read under the lock.
+    pub(crate) fn create_meta(&self) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, value bigint NOT NULL)",
+            self.meta
+        )
+    }
+}
+
+/// The schema's DDL for a database without it: the keys table, its index and token
+/// sequence, the application's tables, the claim function and, last, the version row.
+fn create(n: &Names) -> Vec<String> {
+    let Names {
+        keys,
+        seq,
+        idx,
+        meta,
+        ..
+    } = n;
+    let mut create = Vec::new();
+    create.push(format!(
+        "CREATE TABLE IF NOT EXISTS {keys} (
     key              bytea       PRIMARY KEY,
     state            text        NOT NULL CHECK (state IN ('i', 'c')),
     token            bigint      NOT NULL,
@@ -208,69 +206,112 @@ impl Sql {
     claim_id         bytea,
     marker_until     timestamptz
 )"
-        ));
-        create.push(format!(
-            "CREATE INDEX IF NOT EXISTS {idx} ON {keys} (reap_at)"
-        ));
-        create.push(format!(
-            "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
-        ));
-        create
-    }
+    ));
+    create.push(format!(
+        "CREATE INDEX IF NOT EXISTS {idx} ON {keys} (reap_at)"
+    ));
+    create.push(format!(
+        "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
+    ));
+    create.extend(app_tables(n));
+    // The claim function comes after the table (its row type is the table's); the
+    // version row is written last.
+    create.push(claim_fn_ddl(n));
+    create.push(format!(
+        "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
+             ON CONFLICT (name) DO NOTHING"
+    ));
+    create
+}
 
-    /// The application's tables (a row's key is its table's name, length-prefixed,
-    /// then its key, as in a file) and the outbox, with the instant until which a relay
-    /// took a message (NULL: nobody).
-    fn app_tables(n: &Names) -> Vec<String> {
-        let (tables, outbox, outbox_seq) = (&n.tables, &n.outbox, &n.outbox_seq);
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {tables} (key bytea PRIMARY KEY, value bytea NOT NULL)"
-            ),
-            format!("CREATE SEQUENCE IF NOT EXISTS {outbox_seq} AS bigint MINVALUE 1 NO CYCLE"),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {outbox} (
+// The application's tables (a row's key is its table's name, length-prefixed,
+// then its key, as in a file) and the outbox, with the instant until which a relay
+// took a message (NULL: nobody).
+fn app_tables(n: &Names) -> Vec<String> {
+    let Names {
+        tables,
+        outbox,
+        outbox_seq,
+        ..
+    } = n;
+    vec![
+        format!(
+            "CREATE TABLE IF NOT EXISTS {tables} (key bytea PRIMARY KEY, value bytea NOT NULL)"
+        ),
+        format!("CREATE SEQUENCE IF NOT EXISTS {outbox_seq} AS bigint MINVALUE 1 NO CYCLE"),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {outbox} (
     id          bigint      PRIMARY KEY,
     payload     bytea       NOT NULL,
     taken_until timestamptz
 )"
-            ),
-        ]
-    }
+        ),
+    ]
+}
 
-    /// Claim: one call of a function the backend installs (`claim_fn`). Inside, each
-    /// pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
-    /// statement of a volatile function its own) and then does at most one conditional
-    /// write: with no row, an insert that does nothing on a conflict; with a row the
-    /// claim may take over (a completion past its retention: a fresh claim; an InFlight
-    /// row whose lease is over and whose fingerprint matches: attempt + 1, checkpoint
-    /// kept), an update whose condition is re-checked on the row's newest version once
-    /// locked. A write that did nothing (another caller inserted or took over first)
-    /// starts the next pass, whose snapshot shows that caller's commit; otherwise the
-    /// row read is the answer. So a claim answered by a live row is one read, writes
-    /// nothing and commits without a WAL flush, and a claim that meets an insert in
-    /// flight waits for it and answers from it in the same call. A token is drawn from
-    /// the sequence only by a writing statement, after the snapshot that showed the row
-    /// it replaces (or none), so a key's tokens only increase. After `PG_CLAIM_ASKS_MAX`
-    /// passes that each lost a race it returns no row, and the caller asks again.
-    /// Parameters: the key, the fingerprint, the same request's 64-bit legacy
-    /// fingerprint, the lease µs, the engine's retention µs, the claim's own retention
-    /// µs or NULL, the claim identity or NULL. The key's own retention is kept in the
-    /// row through a takeover of an InFlight row unless the taking claim brings its own;
-    /// a fresh claim replaces it. A claim presenting the identity its InFlight row holds
-    /// (not failed, the fingerprint matching) resumes that lease, live or over and not
-    /// taken over: the same token and attempt, the lease renewed from now.
-    fn claim_fn_ddl(n: &Names) -> String {
-        let (keys, claim_fn, seq_lit) = (&n.keys, &n.claim_fn, &n.seq_lit);
-        let asks = crate::shared::constants::PG_CLAIM_ASKS_MAX;
-        let (take_over_seen, take_over_locked) = (Sql::take_over("seen"), Sql::take_over("k"));
-        let (resume_seen, resume_locked) = (Sql::resume("seen"), Sql::resume("k"));
-        let acquired = "RETURNING 'a'::text, k.token, k.attempt, k.checkpoint_phase, k.checkpoint,
+/// Whether a claim may take over the row `r` (see `claim_fn_ddl`).
+fn take_over(r: &str) -> String {
+    format!(
+        "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp()
+               AND (NOT p_markers OR {r}.marker_until IS NULL
+                    OR {r}.marker_until <= clock_timestamp()
+                    OR (p_rerun AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                                     OR {r}.fingerprint = p_fp
+                                     OR {r}.fingerprint = p_fp_legacy))))
+           OR ({r}.state = 'i' AND {r}.lease_until <= clock_timestamp()
+               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy))"
+    )
+}
+
+/// Whether a claim resumes the lease of the row `r` (see `claim_fn_ddl`).
+fn resume(r: &str) -> String {
+    format!(
+        "p_claim_id IS NOT NULL AND {r}.state = 'i' AND {r}.claim_id = p_claim_id
+               AND NOT {r}.failed
+               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
+                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy)"
+    )
+}
+
+// Claim: one call of a function the backend installs (`claim_fn`). Inside, each
+// pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
+// statement of a volatile function its own) and then does at most one conditional
+// write: with no row, an insert that does nothing on a conflict; with a row the
+// claim may take over (a completion past its retention: a fresh claim; an InFlight
+// row whose lease is over and whose fingerprint matches: attempt + 1, checkpoint
+// kept), an update whose condition is re-checked on the row's newest version once
+// locked. A write that did nothing (another caller inserted or took over first)
+// starts the next pass, whose snapshot shows that caller's commit; otherwise the
+// row read is the answer. So a claim answered by a live row is one read, writes
+// nothing and commits without a WAL flush, and a claim that meets an insert in
+// flight waits for it and answers from it in the same call. A token is drawn from
+// the sequence only by a writing statement, after the snapshot that showed the row
+// it replaces (or none), so a key's tokens only increase. After `PG_CLAIM_ASKS_MAX`
+// passes that each lost a race it returns no row, and the caller asks again.
+// Parameters: the key, the fingerprint, the same request's 64-bit legacy
+// fingerprint, the lease µs, the engine's retention µs, the claim's own retention
+// µs or NULL, the claim identity or NULL. The key's own retention is kept in the
+// row through a takeover of an InFlight row unless the taking claim brings its own;
+// a fresh claim replaces it. A claim presenting the identity its InFlight row holds
+// (not failed, the fingerprint matching) resumes that lease, live or over and not
+// taken over: the same token and attempt, the lease renewed from now.
+fn claim_fn_ddl(n: &Names) -> String {
+    let Names {
+        keys,
+        seq_lit,
+        claim_fn,
+        ..
+    } = n;
+    let asks = crate::shared::constants::PG_CLAIM_ASKS_MAX;
+    let (take_over_seen, take_over_locked) = (take_over("seen"), take_over("k"));
+    let (resume_seen, resume_locked) = (resume("seen"), resume("k"));
+    let acquired = "RETURNING 'a'::text, k.token, k.attempt, k.checkpoint_phase, k.checkpoint,
                       NULL::bytea, NULL::bytea, NULL::bigint, NULL::bigint";
-        // A resumed lease answers as an acquired one, of kind 'r'.
-        let resumed = acquired.replacen("'a'", "'r'", 1);
-        format!(
-            "CREATE OR REPLACE FUNCTION {claim_fn}(p_key bytea, p_fp bytea, p_fp_legacy bytea,
+    // A resumed lease answers as an acquired one, of kind 'r'.
+    let resumed = acquired.replacen("'a'", "'r'", 1);
+    format!(
+        "CREATE OR REPLACE FUNCTION {claim_fn}(p_key bytea, p_fp bytea, p_fp_legacy bytea,
     p_lease_us bigint, p_retention_us bigint, p_own_us bigint, p_claim_id bytea,
     p_markers boolean, p_rerun boolean)
 RETURNS TABLE (kind text, token bigint, attempt integer, checkpoint_phase bigint,
@@ -347,103 +388,42 @@ BEGIN
     END LOOP;
 END
 $claim$"
-        )
-    }
+    )
+}
 
-    /// The claim function's condition for taking the row `r` over: a completion past its
-    /// retention (and past its marker's window, unless a rerun matches it), or an InFlight
-    /// row whose lease is over and whose fingerprint matches.
-    fn take_over(r: &str) -> String {
-        format!(
-            "({r}.state = 'c' AND {r}.expires_at <= clock_timestamp()
-               AND (NOT p_markers OR {r}.marker_until IS NULL
-                    OR {r}.marker_until <= clock_timestamp()
-                    OR (p_rerun AND (p_fp IS NULL OR {r}.fingerprint IS NULL
-                                     OR {r}.fingerprint = p_fp
-                                     OR {r}.fingerprint = p_fp_legacy))))
-           OR ({r}.state = 'i' AND {r}.lease_until <= clock_timestamp()
-               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
-                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy))"
-        )
-    }
-
-    /// The claim function's condition for resuming the lease of the row `r`: the claim
-    /// presents the identity its InFlight row holds, not failed, the fingerprint matching.
-    fn resume(r: &str) -> String {
-        format!(
-            "p_claim_id IS NOT NULL AND {r}.state = 'i' AND {r}.claim_id = p_claim_id
-               AND NOT {r}.failed
-               AND (p_fp IS NULL OR {r}.fingerprint IS NULL
-                    OR {r}.fingerprint = p_fp OR {r}.fingerprint = p_fp_legacy)"
-        )
-    }
-
-    /// The same function for each key of a batch, in the arrays' order (the keys come
-    /// sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
-    /// fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
-    /// none), $6 the engine's retention µs, $7 claim identities (NULL: none), $8 whether
-    /// the engine keeps markers, $9 whether each claim reruns a forgotten key.
-    fn claim_batch(claim_fn: &str) -> String {
-        format!(
-            "SELECT a.n, c.*
+/// A lone claim, and the claims of a batch.
+fn claims(n: &Names) -> (String, String) {
+    let claim_fn = &n.claim_fn;
+    let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+    // The same function for each key of a batch, in the arrays' order (the keys come
+    // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
+    // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
+    // none), $6 the engine's retention µs, $7 claim identities (NULL: none), $8 whether
+    // the engine keeps markers, $9 whether each claim reruns a forgotten key.
+    let claim_batch = format!(
+        "SELECT a.n, c.*
 FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $7::bytea[],
             $9::boolean[])
      WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, rerun, n),
      LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us, a.claim_id,
                         $8, a.rerun) c"
-        )
-    }
+    );
+    (claim, claim_batch)
+}
 
-    /// The completion without and with writes (`table_writes`).
-    fn completions(n: &Names, writes: &str) -> (String, String) {
-        let (keys, wake_class) = (&n.keys, n.wake_class);
-        // Complete: fenced by the token and the InFlight state. It does not notify: a
-        // notifying transaction holds the database-wide notify lock through its commit,
-        // which serializes such commits; `notify` follows once it answered, when `heard`:
-        // the key's wake-up stripe is locked, shared, by a listening connection (a waiting
-        // claim's). The try-lock is held to the commit, so a listener that starts to listen
-        // meanwhile waits for the commit and then reads it. When nothing was written, a
-        // completion already stored under the same token is a repeat ($1 key, $2 token, $3
-        // response, $4 the engine's retention µs, $5 the completion's own or NULL; the
-        // key's own, kept with the claim, comes between them; $6 the key's wake-up stripe).
-        let done = format!(
-            "done AS (
-    UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
-        expires_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
-        reap_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
-        marker_until = clock_timestamp()
-            + (coalesce($5::bigint, retention_us, $4::bigint) + $7::bigint) {US},
-        lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
-    WHERE key = $1 AND token = $2 AND state = 'i'
-    RETURNING attempt, fingerprint, expires_at
-)"
-        );
-        let complete_tail = format!(
-            "SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
-       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
-       NOT pg_try_advisory_xact_lock({wake_class}, $6::integer) AS heard
-FROM done d
-UNION ALL
-SELECT 'repeat', k.attempt, k.fingerprint,
-       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
-FROM {keys} k
-WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
-  AND NOT EXISTS (SELECT 1 FROM done)"
-        );
-        (
-            format!("WITH {done}\n{complete_tail}"),
-            format!("WITH {done},\n{writes}\n{complete_tail}"),
-        )
-    }
-
-    /// The writes of a set, applied only when its statement wrote the row (`done`; a
-    /// repeat applies nothing again): its final value of each row ($8 keys, $9 values),
-    /// the rows it deletes ($10) and its messages in emission order ($11), their ids
-    /// drawn from the outbox's sequence.
-    fn table_writes(n: &Names) -> String {
-        let (tables, outbox, outbox_seq_lit) = (&n.tables, &n.outbox, &n.outbox_seq_lit);
-        format!(
-            "puts AS (
+// The writes of a set, applied only when its statement wrote the row (`done`; a
+// repeat applies nothing again): its final value of each row ($8 keys, $9 values),
+// the rows it deletes ($10) and its messages in emission order ($11), their ids
+// drawn from the outbox's sequence.
+fn writes(n: &Names) -> String {
+    let Names {
+        tables,
+        outbox,
+        outbox_seq_lit,
+        ..
+    } = n;
+    format!(
+        "puts AS (
     INSERT INTO {tables} (key, value)
     SELECT w.key, w.value FROM unnest($8::bytea[], $9::bytea[]) AS w(key, value)
     WHERE EXISTS (SELECT 1 FROM done)
@@ -459,122 +439,216 @@ msgs AS (
     WHERE EXISTS (SELECT 1 FROM done)
     ORDER BY m.n
 )"
-        )
-    }
+    )
+}
 
-    /// Hear: every wake-up stripe locked, shared, for the session; Unhear: released.
-    fn hearing(n: &Names) -> (String, String) {
-        let wake_class = n.wake_class;
-        let wake_stripes = crate::shared::constants::PG_WAKE_STRIPES;
-        let every_stripe = |lock_fn: &str| {
-            format!(
-                "SELECT count({lock_fn}({wake_class}, s))
+/// A lone completion, without and with writes.
+fn completes(n: &Names) -> (String, String) {
+    let Names {
+        keys, wake_class, ..
+    } = n;
+    // Complete: fenced by the token and the InFlight state. It does not notify: a
+    // notifying transaction holds the database-wide notify lock through its commit,
+    // which serializes such commits; `notify` follows once it answered, when `heard`:
+    // the key's wake-up stripe is locked, shared, by a listening connection (a waiting
+    // claim's). The try-lock is held to the commit, so a listener that starts to listen
+    // meanwhile waits for the commit and then reads it. When nothing was written, a
+    // completion already stored under the same token is a repeat ($1 key, $2 token, $3
+    // response, $4 the engine's retention µs, $5 the completion's own or NULL; the
+    // key's own, kept with the claim, comes between them; $6 the key's wake-up stripe).
+    let done = format!(
+        "done AS (
+    UPDATE {keys} SET state = 'c', response = $3, completed_at = clock_timestamp(),
+        expires_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
+        reap_at = clock_timestamp() + coalesce($5::bigint, retention_us, $4::bigint) {US},
+        marker_until = clock_timestamp()
+            + (coalesce($5::bigint, retention_us, $4::bigint) + $7::bigint) {US},
+        lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
+    WHERE key = $1 AND token = $2 AND state = 'i'
+    RETURNING attempt, fingerprint, expires_at
+)"
+    );
+    let writes = writes(n);
+    let complete_tail = format!(
+        "SELECT 'done'::text AS kind, d.attempt, d.fingerprint,
+       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
+       NOT pg_try_advisory_xact_lock({wake_class}, $6::integer) AS heard
+FROM done d
+UNION ALL
+SELECT 'repeat', k.attempt, k.fingerprint,
+       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
+FROM {keys} k
+WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM done)"
+    );
+    let complete = format!("WITH {done}\n{complete_tail}");
+    let complete_with = format!("WITH {done},\n{writes}\n{complete_tail}");
+    (complete, complete_with)
+}
+
+// Complete, batched: the same update per row of the asks ($1 keys, $2 tokens, $3
+// responses, $4 own retention µs or NULL, $5 wake-up stripes; $6 and $7 as the lone
+// completion's $4 and $7), each fenced by its own token; a row per ask that wrote or
+// repeats, named by its ordinal `n` (no row: the token no longer holds the key).
+fn complete_batch(n: &Names) -> String {
+    let Names {
+        keys, wake_class, ..
+    } = n;
+    format!(
+        "WITH ask AS (
+    SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::bytea[], $4::bigint[], $5::integer[])
+        WITH ORDINALITY AS a(key, token, response, own_us, stripe, n)
+),
+done AS (
+    UPDATE {keys} k SET state = 'c', response = a.response, completed_at = clock_timestamp(),
+        expires_at = clock_timestamp() + coalesce(a.own_us, k.retention_us, $6::bigint) {US},
+        reap_at = clock_timestamp() + coalesce(a.own_us, k.retention_us, $6::bigint) {US},
+        marker_until = clock_timestamp()
+            + (coalesce(a.own_us, k.retention_us, $6::bigint) + $7::bigint) {US},
+        lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
+    FROM ask a
+    WHERE k.key = a.key AND k.token = a.token AND k.state = 'i'
+    RETURNING a.n, a.stripe, k.attempt, k.fingerprint, k.expires_at
+)
+SELECT d.n, 'done'::text AS kind, d.attempt, d.fingerprint,
+       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
+       NOT pg_try_advisory_xact_lock({wake_class}, d.stripe) AS heard
+FROM done d
+UNION ALL
+SELECT a.n, 'repeat', k.attempt, k.fingerprint,
+       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
+FROM ask a JOIN {keys} k ON k.key = a.key AND k.token = a.token
+WHERE k.state = 'c' AND k.expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM done d WHERE d.n = a.n)"
+    )
+}
+
+/// Release, notify, and the listeners' hear and unhear.
+fn settles(n: &Names) -> (String, String, String, String) {
+    let Names {
+        keys,
+        channel,
+        wake_class,
+        ..
+    } = n;
+    let wake_stripes = crate::shared::constants::PG_WAKE_STRIPES;
+    // Hear: every wake-up stripe locked, shared, for the session; Unhear: released.
+    let every_stripe = |lock_fn: &str| {
+        format!(
+            "SELECT count({lock_fn}({wake_class}, s))
 FROM generate_series(0, {last}) s",
-                last = wake_stripes - 1
-            )
-        };
-        (
-            every_stripe("pg_advisory_lock_shared"),
-            every_stripe("pg_advisory_unlock_shared"),
+            last = wake_stripes - 1
         )
-    }
+    };
+    let hear = every_stripe("pg_advisory_lock_shared");
+    let unhear = every_stripe("pg_advisory_unlock_shared");
 
-    /// A holder's updates of its lease: extend, checkpoint, checkpoint with writes.
-    fn lease_updates(n: &Names, writes: &str) -> (String, String, String) {
-        let keys = &n.keys;
-        // Extend: the lease ends `$3` µs from the database's now; the abandoned row's
-        // reaping moves with it ($4 retention µs). A failed attempt is over for good: a
-        // renewal racing the fail finds no row (`LeaseLost`), so the next claim still
-        // takes the key over at once.
-        let extend = format!(
-            "UPDATE {keys} SET lease_until = clock_timestamp() + $3::bigint {US},
+    // Release: fenced delete; `notify` follows once it answered.
+    let release =
+        format!("DELETE FROM {keys} WHERE key = $1 AND token = $2 AND state = 'i' RETURNING 1");
+
+    // Notify: its own transaction, sent after the settling statement answered, so a
+    // waiter it wakes reads the commit ($1: key hashes in hex, comma-separated). The
+    // notification is not durable anyway, so its commit does not wait for the WAL
+    // flush, and holds the notify lock only as long as the commit itself.
+    let notify =
+        format!("SELECT set_config('synchronous_commit', 'off', true), pg_notify('{channel}', $1)");
+    (release, notify, hear, unhear)
+}
+
+/// The holder's updates: extend, checkpoint (without and with writes), fail.
+fn lease_updates(n: &Names) -> (String, String, String, String) {
+    let keys = &n.keys;
+    let writes = writes(n);
+    // Extend: the lease ends `$3` µs from the database's now; the abandoned row's
+    // reaping moves with it ($4 retention µs). A failed attempt is over for good: a
+    // renewal racing the fail finds no row (`LeaseLost`), so the next claim still
+    // takes the key over at once.
+    let extend = format!(
+        "UPDATE {keys} SET lease_until = clock_timestamp() + $3::bigint {US},
     reap_at = clock_timestamp() + ($3::bigint + coalesce(retention_us, $4::bigint)) {US}
 WHERE key = $1 AND token = $2 AND state = 'i' AND NOT failed
 RETURNING 1"
-        );
+    );
 
-        let checkpoint = format!(
-            "UPDATE {keys} SET checkpoint_phase = $3::bigint, checkpoint = $4
+    let checkpoint = format!(
+        "UPDATE {keys} SET checkpoint_phase = $3::bigint, checkpoint = $4
 WHERE key = $1 AND token = $2 AND state = 'i'
 RETURNING 1"
-        );
-        // A checkpoint with writes: the same update, its writes applied only when it wrote
-        // the row ($5..$8 as the completion's $8..$11).
-        let checkpoint_with = format!(
-            "WITH done AS (
+    );
+    // A checkpoint with writes: the same update, its writes applied only when it wrote
+    // the row ($5..$8 as the completion's $8..$11).
+    let checkpoint_with = format!(
+        "WITH done AS (
     UPDATE {keys} SET checkpoint_phase = $3::bigint, checkpoint = $4
     WHERE key = $1 AND token = $2 AND state = 'i'
     RETURNING 1
 ),
 {writes}
 SELECT 1 FROM done"
-        )
-        .replace("$8::", "$5::")
-        .replace("$9::", "$6::")
-        .replace("$10::", "$7::")
-        .replace("$11::", "$8::");
-
-        (extend, checkpoint, checkpoint_with)
-    }
-
-    /// The application's tables (`table_get`, `table_scan`) and the outbox relay's
-    /// statements (`outbox_take`, `outbox_sent`).
-    fn tables_and_outbox(n: &Names) -> (String, String, String, String) {
-        let (tables, outbox) = (&n.tables, &n.outbox);
-        // Tables: one row; the rows from $1 (inclusive) to $2 (exclusive), at most $3.
-        let table_get = format!("SELECT value FROM {tables} WHERE key = $1");
-        let table_scan = format!(
-            "SELECT key, value FROM {tables} WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3"
-        );
-        // The relay takes up to $1 messages nobody has taken (or whose taker's time, $2 µs,
-        // ran out), in id order, skipping rows another relay is taking right now: two
-        // relays never get the same message while one's time runs. Sent: removed.
-        let outbox_take = format!(
-            "UPDATE {outbox} SET taken_until = clock_timestamp() + $2::bigint {US}
-WHERE id IN (SELECT id FROM {outbox}
-             WHERE taken_until IS NULL OR taken_until <= clock_timestamp()
-             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
-RETURNING id, payload"
-        );
-        let outbox_sent = format!("DELETE FROM {outbox} WHERE id = ANY($1::bigint[])");
-
-        (table_get, table_scan, outbox_take, outbox_sent)
-    }
-
-    /// Fail, get and the sweeper's batch.
-    fn fail_get_sweep(n: &Names) -> (String, String, String) {
-        let keys = &n.keys;
-        // Fail: the lease ends now (or keeps an end already past) and the row stays,
-        // marked failed, with its checkpoint and fingerprint, for the next claim to take
-        // over at once; its reaping moves with the lease's end ($3 retention µs).
-        let fail = format!(
-            "UPDATE {keys} SET failed = true,
+    )
+    .replace("$8::", "$5::")
+    .replace("$9::", "$6::")
+    .replace("$10::", "$7::")
+    .replace("$11::", "$8::");
+    // Fail: the lease ends now (or keeps an end already past) and the row stays,
+    // marked failed, with its checkpoint and fingerprint, for the next claim to take
+    // over at once; its reaping moves with the lease's end ($3 retention µs).
+    let fail = format!(
+        "UPDATE {keys} SET failed = true,
     lease_until = least(lease_until, clock_timestamp()),
     reap_at = least(lease_until, clock_timestamp()) + coalesce(retention_us, $3::bigint) {US}
 WHERE key = $1 AND token = $2 AND state = 'i'
 RETURNING 1"
-        );
+    );
+    (extend, checkpoint, checkpoint_with, fail)
+}
 
-        // Get: the row unless it is a completion past its retention.
-        let get = format!(
-            "SELECT state, token, attempt, checkpoint_phase, checkpoint, response,
+/// The application's tables and the outbox relay.
+fn app_reads(n: &Names) -> (String, String, String, String) {
+    let Names { tables, outbox, .. } = n;
+    // Tables: one row; the rows from $1 (inclusive) to $2 (exclusive), at most $3.
+    let table_get = format!("SELECT value FROM {tables} WHERE key = $1");
+    let table_scan = format!(
+        "SELECT key, value FROM {tables} WHERE key >= $1 AND key < $2 ORDER BY key LIMIT $3"
+    );
+    // The relay takes up to $1 messages nobody has taken (or whose taker's time, $2 µs,
+    // ran out), in id order, skipping rows another relay is taking right now: two
+    // relays never get the same message while one's time runs. Sent: removed.
+    let outbox_take = format!(
+        "UPDATE {outbox} SET taken_until = clock_timestamp() + $2::bigint {US}
+WHERE id IN (SELECT id FROM {outbox}
+             WHERE taken_until IS NULL OR taken_until <= clock_timestamp()
+             ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)
+RETURNING id, payload"
+    );
+    let outbox_sent = format!("DELETE FROM {outbox} WHERE id = ANY($1::bigint[])");
+    (table_get, table_scan, outbox_take, outbox_sent)
+}
+
+/// Get, sweep, and the schema version.
+fn key_reads(n: &Names) -> (String, String, String) {
+    let Names { keys, meta, .. } = n;
+    // Get: the row unless it is a completion past its retention.
+    let get = format!(
+        "SELECT state, token, attempt, checkpoint_phase, checkpoint, response,
        (extract(epoch FROM lease_until - clock_timestamp()) * 1000000)::bigint,
        (extract(epoch FROM expires_at) * 1000)::bigint, failed,
        (extract(epoch FROM first_claimed_at) * 1000)::bigint,
        (extract(epoch FROM attempt_started_at) * 1000)::bigint
 FROM {keys}
 WHERE key = $1 AND (state = 'i' OR expires_at > clock_timestamp())"
-        );
+    );
 
-        // Sweep: a bounded batch of rows past their reaping instant (completions past
-        // retention, InFlight rows past their lease end plus retention). Rows another
-        // transaction has locked are skipped, and the outer condition re-checks each row.
-        // A completion whose marker outlives it (`marker_until`, set by a completion of an
-        // engine with markers) loses its response and is reaped at the marker's end; every
-        // other row is deleted. Returns how many keys it removed: a marker's end is not
-        // counted (the key went when its response did), as on a file.
-        let sweep = format!(
-            "WITH due AS (
+    // Sweep: a bounded batch of rows past their reaping instant (completions past
+    // retention, InFlight rows past their lease end plus retention). Rows another
+    // transaction has locked are skipped, and the outer condition re-checks each row.
+    // A completion whose marker outlives it (`marker_until`, set by a completion of an
+    // engine with markers) loses its response and is reaped at the marker's end; every
+    // other row is deleted. Returns how many keys it removed: a marker's end is not
+    // counted (the key went when its response did), as on a file.
+    let sweep = format!(
+        "WITH due AS (
     SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
     ORDER BY reap_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ),
@@ -591,37 +665,42 @@ gone AS (
     RETURNING k.state = 'c' AND k.marker_until IS NOT NULL AS marker
 )
 SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT marker)"
-        );
+    );
 
-        (fail, get, sweep)
-    }
+    let version = format!("SELECT value FROM {meta} WHERE name = 'schema_version'");
+    (get, sweep, version)
+}
 
-    /// Version 1 to 2: the failed flag, the attempt's start (unknown, so NULL, for rows
-    /// claimed before) and the key's own retention. Version 2 to 3: the claim function.
-    /// Version 3 to 4: the claim identity (NULL for rows claimed before, which no claim
-    /// resumes), and the claim function that takes it in place of the one that did not
-    /// (a function is named by its arguments: the old one is dropped). Then the version
-    /// row. Each statement is idempotent.
-    fn upgrades(n: &Names, app_tables: Vec<String>, claim_fn_ddl: String) -> [Vec<String>; 4] {
-        let (keys, meta, claim_fn) = (&n.keys, &n.meta, &n.claim_fn);
-        let columns_v2 = vec![
-            format!(
-                "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false"
-            ),
-            format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS attempt_started_at timestamptz"),
-            format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS retention_us bigint"),
-        ];
-        let version_row =
-            format!("UPDATE {meta} SET value = $1 WHERE name = 'schema_version' AND value < $1");
-        let to_v4 = vec![
-            format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS claim_id bytea"),
-            format!(
-                "DROP FUNCTION IF EXISTS {claim_fn}(bytea, bytea, bytea, bigint, bigint, bigint)"
-            ),
-        ];
-        // Version 4 to 5: the application's tables, the outbox, and the claim function
-        // that knows markers (nine arguments) in place of version 4's (seven).
-        let to_v5 = [
+// Version 1 to 2: the failed flag, the attempt's start (unknown, so NULL, for rows
+// claimed before) and the key's own retention. Version 2 to 3: the claim function.
+// Version 3 to 4: the claim identity (NULL for rows claimed before, which no claim
+// resumes), and the claim function that takes it in place of the one that did not
+// (a function is named by its arguments: the old one is dropped). Then the version
+// row. Each statement is idempotent.
+fn upgrades(n: &Names) -> [Vec<String>; 4] {
+    let Names {
+        keys,
+        meta,
+        claim_fn,
+        ..
+    } = n;
+    let (app_tables, claim_fn_ddl) = (app_tables(n), claim_fn_ddl(n));
+    let columns_v2 = vec![
+        format!(
+            "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS failed boolean NOT NULL DEFAULT false"
+        ),
+        format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS attempt_started_at timestamptz"),
+        format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS retention_us bigint"),
+    ];
+    let version_row =
+        format!("UPDATE {meta} SET value = $1 WHERE name = 'schema_version' AND value < $1");
+    let to_v4 = vec![
+        format!("ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS claim_id bytea"),
+        format!("DROP FUNCTION IF EXISTS {claim_fn}(bytea, bytea, bytea, bigint, bigint, bigint)"),
+    ];
+    // Version 4 to 5: the application's tables, the outbox, and the claim function
+    // that knows markers (nine arguments) in place of version 4's (seven).
+    let to_v5 = [
             vec![format!(
                 "ALTER TABLE {keys} ADD COLUMN IF NOT EXISTS marker_until timestamptz"
             )],
@@ -635,32 +714,16 @@ SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT mark
             ],
         ]
         .concat();
-        [
-            [columns_v2, to_v4.clone(), to_v5.clone()].concat(),
-            [to_v4.clone(), to_v5.clone()].concat(),
-            [to_v4, to_v5.clone()].concat(),
-            to_v5,
-        ]
-    }
-
-    /// The statements that bring a database of schema version `from` to the current one.
-    pub(crate) fn upgrade(&self, from: i64) -> Option<&[String]> {
-        match from {
-            1 => Some(&self.upgrade_from_1),
-            2 => Some(&self.upgrade_from_2),
-            3 => Some(&self.upgrade_from_3),
-            4 => Some(&self.upgrade_from_4),
-            _ => None,
-        }
-    }
-
-    /// The meta table, created before the version row is read under the lock.
-    pub(crate) fn create_meta(&self) -> String {
-        format!(
-            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, value bigint NOT NULL)",
-            self.meta
-        )
-    }
+    let upgrade_from_1 = [columns_v2, to_v4.clone(), to_v5.clone()].concat();
+    let upgrade_from_2 = [to_v4.clone(), to_v5.clone()].concat();
+    let upgrade_from_3 = [to_v4, to_v5.clone()].concat();
+    let upgrade_from_4 = to_v5;
+    [
+        upgrade_from_1,
+        upgrade_from_2,
+        upgrade_from_3,
+        upgrade_from_4,
+    ]
 }
 
 #[cfg(test)]
@@ -678,6 +741,7 @@ mod tests {
             sql.claim_batch.clone(),
             sql.complete.clone(),
             sql.complete_with.clone(),
+            sql.complete_batch.clone(),
             sql.release.clone(),
             sql.notify.clone(),
             sql.hear.clone(),
@@ -717,6 +781,7 @@ mod tests {
             sql.claim.clone(),
             sql.claim_batch.clone(),
             sql.complete.clone(),
+            sql.complete_batch.clone(),
             sql.release.clone(),
             sql.extend.clone(),
             sql.checkpoint.clone(),
