@@ -664,7 +664,7 @@ pub enum TableError {
     /// The engine was closed.
     Closed,
     /// The shared database refused the call or could not be reached (feature `postgres`):
-    /// [`crate::DatabaseError::kind`] says what to do.
+    /// [`crate::error::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
     Database(crate::model::database_error::DatabaseError),
 }
