@@ -445,8 +445,9 @@ pub struct EngineBuilder {
     pub(crate) log_backend: Option<BackendSlot>,
     /// Whether tracing spans carry the raw key besides its hash (`tracing` feature).
     pub(crate) log_raw_keys: bool,
-    /// The shared database instead of a file (feature `postgres`): the opener
-    /// `EngineBuilder::postgres` stores (src/shared/config.rs), which `open` calls.
+    /// The shared database instead of a file (feature `postgres`): the opener that
+    /// `EngineBuilder::postgres` stores, which `open` has open the backend. Its `Debug` is
+    /// the `PostgresConfig`'s.
     #[cfg(feature = "postgres")]
     pub(crate) postgres: Option<Arc<dyn crate::api::remote::RemoteOpener>>,
     /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): sabotage builds

@@ -40,7 +40,7 @@ pub(crate) type Hook = Box<
 >;
 
 /// The builder's settings a remote backend checks or keeps.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct RemoteSettings {
     pub(crate) lease: Duration,
     pub(crate) retention: Duration,
@@ -62,7 +62,7 @@ pub(crate) trait RemoteOpener: fmt::Debug + Send + Sync {
 }
 
 /// What a claim asks a remote backend besides its key: the claim's options.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct RemoteAsk {
     pub(crate) fingerprint: Option<AskedFingerprint>,
     pub(crate) claim_id: Option<u128>,

@@ -251,6 +251,7 @@ impl EngineBuilder {
     ///     .open()?;
     /// # Ok::<(), idemkv::OpenError>(())
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub fn postgres(mut self, config: PostgresConfig) -> Self {
         self.postgres = Some(Arc::new(config));
         self

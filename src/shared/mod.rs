@@ -2,7 +2,7 @@
 //! database shared by any number of processes on any number of machines.
 //!
 //! - `config.rs`: [`PostgresConfig`], and `EngineBuilder::postgres`, which stores it in
-//!   the builder as the opener `EngineBuilder::open` calls.
+//!   the builder as the opener `EngineBuilder::open` calls (implemented here).
 //! - `sql.rs`: every statement, one per transition; `db.rs`: the pool, the calls with their
 //!   timeouts, the sorting of failures into refusals and unknown outcomes, the schema.
 //! - `front.rs`: the local front (coalescing, cached completions, local waiters).
@@ -12,13 +12,14 @@
 //! - `block.rs`: running the futures from blocking callers and from any executor.
 //!
 //! The api layer never names this module: it defines the port a remote backend implements
-//! (`api/remote.rs`), and `Backend` implements it. `open` opens a memory-only engine
-//! and hands it the backend as its `Arc<dyn Remote>` (`Engine::with_remote`); the public
-//! entry points of `Engine`, `Lease` and `LeaseHandle` then test `Engine::remote` at their
-//! top and call the backend through the trait. The memory-only engine is never claimed
-//! on: it carries the settings (key and size limits), the closed flag and the timer thread
-//! that renews kept-alive leases. This module also adds the public calls only a shared
-//! engine has: `EngineBuilder::postgres` (`config.rs`) and
+//! (`api/remote.rs`). `PostgresConfig` is the builder's `RemoteOpener`: `EngineBuilder::open`
+//! has it check the settings (`check`), opens a memory-only engine, and attaches the
+//! `Backend` it connects (`connect`) as the engine's `Arc<dyn Remote>`. The public entry
+//! points of `Engine`, `Lease` and `LeaseHandle` then test `Engine::remote` at their top,
+//! make their call's checks and call the backend through the trait. The memory-only engine
+//! is never claimed on: it carries the settings (key and size limits), the closed flag and
+//! the timer thread that renews kept-alive leases. This module also adds the public calls
+//! only a shared engine has: `EngineBuilder::postgres` (`config.rs`) and
 //! [`Lease::complete_in_transaction`]. docs/shared.md is the contract.
 
 mod batch;
