@@ -156,7 +156,7 @@ case "${1:-}" in
         if [ "$STARTED" = 1 ]; then trap stop EXIT; fi
         cd "$ROOT"
         # The statement texts that docs/shared.md reproduces, then the suite.
-        cargo test -q -p idemkv --features postgres --lib -- shared:: postgres_config::
+        cargo test -q -p idemkv --features postgres --lib -- shared::
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared "$@"
         # The same seeded histories on the file engine and on this server, compared.
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared_differential "$@"

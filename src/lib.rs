@@ -163,20 +163,17 @@ pub use crate::api::async_api::LeaseHandle;
 pub use crate::api::engine::Engine;
 pub use crate::api::fault;
 pub use crate::api::keep_alive::KeepAlive;
-pub use crate::api::lease::{Claim, Detached, KeyState, Lease, Outcome, TypedOutcome};
+pub use crate::api::lease::{Claim, Detached, Lease, Outcome, TypedOutcome};
 pub use crate::api::options::{
     ClaimOptions, CompleteOptions, EngineBuilder, OnHandlerError, Tuning,
 };
 pub use crate::api::outbox::{Outbox, OutboxMessage};
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use crate::api::postgres_config::PostgresConfig;
 #[cfg(idemkv_sabotage)]
 #[doc(hidden)]
 pub use crate::api::sabotage;
 pub use crate::api::testing;
 pub use crate::base::clock::{Clock, MockClock, SystemClock};
-pub use crate::model::answer::{Busy, Forgotten, Stored};
+pub use crate::model::answer::{Busy, Forgotten, KeyState, Stored};
 pub use crate::model::codec::Checkpoint;
 pub use crate::model::error::{ClaimError, LeaseError, OpenError, RunError};
 pub use crate::model::fingerprint::Fingerprint;
@@ -186,6 +183,9 @@ pub use crate::model::machine_probe;
 pub use crate::model::settings::{Durability, Recovery};
 pub use crate::model::stats::Stats;
 pub use crate::model::write_set::{TableRow, WriteSet};
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use crate::shared::PostgresConfig;
 /// The PostgreSQL client the shared backend uses, for the application's own statements in
 /// a completion's transaction ([`Lease::complete_in_transaction`]).
 #[cfg(feature = "postgres")]

@@ -61,14 +61,6 @@ const LAYERS: &[Layer] = &[
     },
 ];
 
-/// Imports against the order that the code still has, each with its reason. The test fails
-/// when one is no longer needed, so that this list only shrinks.
-const KNOWN: &[(&str, &str, &str)] = &[(
-    "api/engine.rs",
-    "shared",
-    "the engine holds and opens the shared backend it dispatches to (feature postgres)",
-)];
-
 /// One import against the layer order.
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Violation {
@@ -298,19 +290,6 @@ fn every_import_follows_the_layer_order() {
         "files outside the layer folders (only lib.rs sits at src/): {strays:?}"
     );
 
-    let mut used = vec![false; KNOWN.len()];
-    violations.retain(|v| {
-        match KNOWN
-            .iter()
-            .position(|(file, to, _)| *file == v.file && *to == v.to)
-        {
-            Some(k) => {
-                used[k] = true;
-                false
-            }
-            None => true,
-        }
-    });
     violations.sort();
     violations.dedup();
     let mut report = String::new();
@@ -327,17 +306,6 @@ fn every_import_follows_the_layer_order() {
          layers it lists):\n{report}",
         violations.len()
     );
-    let stale: Vec<_> = KNOWN
-        .iter()
-        .zip(&used)
-        .filter(|(_, u)| !**u)
-        .map(|(k, _)| k.0)
-        .collect();
-    assert!(
-        stale.is_empty(),
-        "known exceptions no longer needed; remove them: {stale:?}"
-    );
-
     println!("layer    files  may import                       owns");
     for l in LAYERS.iter().rev() {
         println!(
@@ -351,9 +319,6 @@ fn every_import_follows_the_layer_order() {
             },
             l.owns
         );
-    }
-    for (file, to, why) in KNOWN {
-        println!("known exception: src/{file} -> {to}: {why}");
     }
     println!(
         "{} files checked, every import follows the order",

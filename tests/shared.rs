@@ -892,6 +892,35 @@ fn scopes_hold_on_the_shared_table() {
     drop(b);
 }
 
+/// `get` takes keys up to the engine's longest, in any scope, as a claim does: the limit is
+/// the caller's key's, not the stored scoped key's.
+#[test]
+fn get_reads_a_key_of_the_longest_length_in_a_scope() {
+    let e = Engine::builder()
+        .postgres(config(&prefix("t_getlong_")))
+        .key_len_max(16)
+        .open()
+        .expect("open a shared engine");
+    let key = [b'k'; 16];
+    let opts = ClaimOptions::default().scope(b"tenant");
+    let Ok(Claim::Acquired(lease)) = e.claim(&key, &opts) else {
+        panic!("the longest key is claimed");
+    };
+    assert!(matches!(
+        e.get_scoped(b"tenant", &key),
+        Ok(Some(KeyState::InFlight { .. }))
+    ));
+    lease.complete(b"done").expect("complete");
+    match e.get_scoped(b"tenant", &key) {
+        Ok(Some(KeyState::Completed { response, .. })) => assert_eq!(&response[..], b"done"),
+        other => panic!("the completion is read, got {other:?}"),
+    }
+    assert!(matches!(
+        e.get_scoped(b"tenant", &[b'k'; 17]),
+        Err(ClaimError::KeyTooLong { len: 17, max: 16 })
+    ));
+}
+
 /// A waiter in one engine is woken by another engine's completion (its notification is
 /// sent after the completing statement committed, in a transaction of its own) and reads
 /// the completion: one claim, one re-ask, no polling in between. A raw listener receives

@@ -451,11 +451,11 @@ impl Admin<'_> {
     /// from then on. A close or a poison during the sweep ends it early with `Closed` or
     /// `Poisoned`.
     pub fn sweep_now(&self) -> Result<u64, ClaimError> {
-        #[cfg(feature = "postgres")]
-        if let Some(pg) = self.engine.pg() {
-            return pg.sweep_now(self.engine);
-        }
         self.engine.check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Some(remote) = self.engine.remote() {
+            return remote.sweep_now();
+        }
         let removed = crate::runtime::sweep::sweep_all(self.engine.shared());
         self.engine.check_open()?;
         Ok(removed)

@@ -26,6 +26,8 @@ use crate::api::engine::Engine;
 use crate::api::keep_alive::KeepAlive;
 use crate::api::lease::{Claim, Lease, Outcome};
 use crate::api::options::{ClaimOptions, CompleteOptions, OnHandlerError};
+#[cfg(feature = "postgres")]
+use crate::api::remote::Remote;
 use crate::base::clock::duration_ns;
 use crate::base::sync::{Arc, Mutex};
 use crate::index::stats::bump;
@@ -79,8 +81,8 @@ impl Engine {
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.claim_async(self, key, opts, false).await;
+        if let Some(remote) = self.remote() {
+            return self.claim_remote_async(remote, key, opts, false).await;
         }
         self.check_key(key)?;
         let key = &self.scoped_key(&opts.scope, key)?;
@@ -115,8 +117,8 @@ impl Engine {
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.claim_async(self, key, opts, true).await;
+        if let Some(remote) = self.remote() {
+            return self.claim_remote_async(remote, key, opts, true).await;
         }
         self.check_key(key)?;
         let key = &self.scoped_key(&opts.scope, key)?;
@@ -254,7 +256,7 @@ impl Engine {
     /// durable. A full writer queue is waited out without blocking.
     pub async fn flush_async(&self) -> Result<(), FlushError> {
         #[cfg(feature = "postgres")]
-        if self.pg().is_some() {
+        if self.remote().is_some() {
             return self.flush();
         }
         let s = self.shared();
@@ -471,12 +473,17 @@ impl Lease {
         let writes = Some(&writes).filter(|w| !w.is_empty());
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         #[cfg(feature = "postgres")]
-        if let Some(pg) = engine.pg() {
+        if let Some(remote) = engine.remote() {
             let mut expires_wall_ms = 0;
-            let done = pg
-                .complete_async(engine, key, token, response, retention_ms, writes)
-                .await
-                .map(|expires| expires_wall_ms = expires);
+            let done = match engine.check_response(key, &response) {
+                Ok(()) => {
+                    remote
+                        .complete_async(key, token, response, retention_ms, writes)
+                        .await
+                }
+                Err(e) => Err(e),
+            }
+            .map(|expires| expires_wall_ms = expires);
             let key = crate::model::scope::key_of(key);
             return engine
                 .shared()
@@ -511,11 +518,11 @@ impl Lease {
         self.settled = true;
         self.staged.settle();
         let (engine, key, token) = (&self.engine, &self.key, self.token);
-        #[cfg(feature = "postgres")]
-        if let Some(pg) = engine.pg() {
-            return pg.release_async(engine, key, token).await;
-        }
         engine.check_lease_call(key)?;
+        #[cfg(feature = "postgres")]
+        if let Some(remote) = engine.remote() {
+            return remote.release_async(key, token).await;
+        }
         let (released, seq) = engine
             .with_room_async(key, token, || engine.release_locked(key, token))
             .await?;
@@ -539,11 +546,11 @@ impl Lease {
         self.staged.settle();
         let (engine, key, token) = (&self.engine, &self.key, self.token);
         let done = async {
-            #[cfg(feature = "postgres")]
-            if let Some(pg) = engine.pg() {
-                return pg.fail_async(engine, key, token).await;
-            }
             engine.check_lease_call(key)?;
+            #[cfg(feature = "postgres")]
+            if let Some(remote) = engine.remote() {
+                return remote.fail_async(key, token).await;
+            }
             let (failed, seq) = engine
                 .with_room_async(key, token, || engine.fail_locked(key, token))
                 .await?;
@@ -672,8 +679,9 @@ impl LeaseHandle {
     async fn update(&self, op: Holder, writes: Option<&WriteSet>) -> Result<(), LeaseError> {
         let (engine, key, token) = (&self.engine, &self.key[..], self.token);
         #[cfg(feature = "postgres")]
-        if let Some(pg) = engine.pg() {
-            return pg.update_async(engine, key, token, op, writes).await;
+        if let Some(remote) = engine.remote() {
+            engine.check_lease_call(key)?;
+            return remote.update_async(key, token, op, writes).await;
         }
         let seq = engine
             .with_room_async(key, token, || {
@@ -681,5 +689,22 @@ impl LeaseHandle {
             })
             .await?;
         engine.wait_holder_async(seq).await
+    }
+}
+
+/// Claims on a remote backend, awaited.
+#[cfg(feature = "postgres")]
+impl Engine {
+    /// `claim_async` (`wait`: `claim_or_wait_async`) on the remote backend `remote`.
+    async fn claim_remote_async(
+        &self,
+        remote: &dyn Remote,
+        key: &[u8],
+        opts: &ClaimOptions,
+        wait: bool,
+    ) -> Result<Claim, ClaimError> {
+        let (key, ask) = self.remote_ask(key, opts, wait)?;
+        let answer = remote.claim_async(&key, &ask).await?;
+        Ok(self.remote_claim(key, answer))
     }
 }

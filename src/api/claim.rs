@@ -12,6 +12,8 @@ use crate::api::lease::{Busy, Claim, Forgotten, KeyState, Lease, Outcome, Stored
 #[cfg(doc)]
 use crate::api::options::OnHandlerError;
 use crate::api::options::{AskedFingerprint, ClaimOptions};
+#[cfg(feature = "postgres")]
+use crate::api::remote::{Remote, RemoteAnswer, RemoteAsk};
 use crate::base::clock::{duration_ns, wall_time};
 use crate::base::sabotage::fault_point;
 use crate::base::sync::{Arc, MutexGuard, Ordering};
@@ -718,8 +720,8 @@ impl Engine {
 
     fn claim_unobserved(&self, key: &[u8], opts: &ClaimOptions) -> Result<Claim, ClaimError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.claim(self, key, opts, false);
+        if let Some(remote) = self.remote() {
+            return self.claim_remote(remote, key, opts, false);
         }
         self.check_key(key)?;
         let key = &self.scoped_key(&opts.scope, key)?;
@@ -748,8 +750,8 @@ impl Engine {
         opts: &ClaimOptions,
     ) -> Result<Claim, ClaimError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.claim(self, key, opts, true);
+        if let Some(remote) = self.remote() {
+            return self.claim_remote(remote, key, opts, true);
         }
         self.check_key(key)?;
         let key = &self.scoped_key(&opts.scope, key)?;
@@ -982,14 +984,13 @@ impl Engine {
     /// [`Engine::get`] of `key` within `scope` ([`ClaimOptions::scope`]); the empty scope is
     /// the unscoped key.
     pub fn get_scoped(&self, scope: &[u8], key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
-        #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            self.check_key(key)?;
-            return pg.get(self, &self.scoped_key(scope, key)?);
-        }
         self.check_key(key)?;
         let key = &*self.scoped_key(scope, key)?;
         self.check_open()?;
+        #[cfg(feature = "postgres")]
+        if let Some(remote) = self.remote() {
+            return remote.get(key);
+        }
         let s = self.shared();
         // Each look after the first follows a completion that expired and was swept while
         // its record was being read; a missing record the key still names is `Corrupted`.
@@ -1066,5 +1067,71 @@ impl Engine {
         }
         s.flush()?;
         Ok(true)
+    }
+}
+
+/// Claims on a remote backend (`remote.rs`): the checks every claim makes, the ask, and
+/// the caller's `Claim` from the backend's answer.
+#[cfg(feature = "postgres")]
+impl Engine {
+    /// `claim` (`wait`: `claim_or_wait`) on the remote backend `remote`.
+    pub(crate) fn claim_remote(
+        &self,
+        remote: &dyn Remote,
+        key: &[u8],
+        opts: &ClaimOptions,
+        wait: bool,
+    ) -> Result<Claim, ClaimError> {
+        let (key, ask) = self.remote_ask(key, opts, wait)?;
+        let answer = remote.claim(&key, &ask)?;
+        Ok(self.remote_claim(key, answer))
+    }
+
+    /// The scoped key of a claim and what it asks a remote backend. Refuses what the
+    /// backend does not keep: the key, the claim's own retention, the scope, then a closed
+    /// engine.
+    pub(crate) fn remote_ask(
+        &self,
+        key: &[u8],
+        opts: &ClaimOptions,
+        wait: bool,
+    ) -> Result<(Arc<[u8]>, RemoteAsk), ClaimError> {
+        self.check_key(key)?;
+        let retention_ms = opts.retention_ms()?;
+        let scoped = self.scoped_key(&opts.scope, key)?;
+        self.check_open()?;
+        let ask = RemoteAsk {
+            fingerprint: opts.fingerprint,
+            claim_id: opts.claim_id,
+            lease: opts.lease,
+            retention_ms,
+            wait: wait.then(|| opts.wait.unwrap_or(WAIT_DEFAULT)),
+            rerun_forgotten: opts.rerun_forgotten,
+        };
+        Ok((scoped, ask))
+    }
+
+    /// The caller's `Claim` from a remote backend's answer on the scoped key `key`.
+    pub(crate) fn remote_claim(&self, key: Arc<[u8]>, answer: RemoteAnswer) -> Claim {
+        match answer {
+            RemoteAnswer::Acquired {
+                token,
+                attempt,
+                checkpoint,
+                lease,
+            } => Claim::Acquired(Lease {
+                engine: self.clone(),
+                key,
+                token,
+                attempt,
+                checkpoint,
+                lease,
+                settled: false,
+                staged: Default::default(),
+            }),
+            RemoteAnswer::Busy(busy) => Claim::InProgress(busy),
+            RemoteAnswer::Completed(stored) => Claim::Completed(stored),
+            RemoteAnswer::Forgotten(forgotten) => Claim::Forgotten(forgotten),
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The builder's defaults and hard ceilings: limits a user may tighten are defaults for
 //! [`crate::EngineBuilder`]; the `_LIMIT` constants are ceilings the builder refuses to
-//! exceed. Also the shared backend's settings defaults (feature `postgres`).
+//! exceed.
 
 use std::time::Duration;
 
@@ -63,42 +63,3 @@ pub(crate) const KEYS_MAX_DEFAULT: usize = 64 << 20;
 pub(crate) const FILE_MODE_DEFAULT: u32 = 0o600;
 /// Default most claims one `Admin::abandoned` (or `FileReader::abandoned`) listing returns.
 pub(crate) const ABANDONED_LIMIT_DEFAULT: usize = 1000;
-/// Default number of pooled connections of one shared engine (the listener is one more).
-#[cfg(feature = "postgres")]
-pub(crate) const PG_POOL_SIZE_DEFAULT: usize = 8;
-/// Most pooled connections a `PostgresConfig` may ask for.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_POOL_SIZE_LIMIT: usize = 1024;
-/// Default server-side `statement_timeout` of the backend's connections.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_STATEMENT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
-/// Default time to open a connection, or to wait for a free one in the pool.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
-/// Shortest statement or connect timeout accepted.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_TIMEOUT_MIN: Duration = Duration::from_millis(1);
-/// Longest statement or connect timeout accepted.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_TIMEOUT_LIMIT: Duration = Duration::from_secs(3600);
-/// Default prefix of the backend's tables, sequence and channel.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_TABLE_PREFIX_DEFAULT: &str = "idemkv_";
-/// Longest table prefix: with the longest schema it keeps every name (and the notification
-/// channel) under PostgreSQL's 63-byte identifier limit.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_TABLE_PREFIX_LEN_MAX: usize = 30;
-/// Longest schema name.
-#[cfg(feature = "postgres")]
-pub(crate) const PG_SCHEMA_LEN_MAX: usize = 20;
-/// Claim statements one shared engine has in flight at once by default; claims asked while
-/// all are busy wait and go together in the next (`shared/batch.rs`). One measured best on
-/// the duplicate-heavy peers workload, at one process and at four (docs/shared.md,
-/// "Batches").
-#[cfg(feature = "postgres")]
-pub(crate) const PG_BATCH_LANES_DEFAULT: usize = 1;
-/// Completion statements (without writes) one shared engine has in flight at once by
-/// default; completions asked while all are busy go together in the next, one commit
-/// (`shared/batch.rs`; docs/shared.md, "Batches").
-#[cfg(feature = "postgres")]
-pub(crate) const PG_COMPLETE_LANES_DEFAULT: usize = 2;

@@ -6,6 +6,8 @@
 
 use crate::api::constants::QUEUE_CLAIM_HEADROOM_DIVISOR;
 use crate::api::options::{Durability, EngineBuilder};
+#[cfg(feature = "postgres")]
+use crate::api::remote::{Remote, RemoteOpener, RemoteSettings};
 use crate::base::clock::{ClockListener, Time};
 use crate::base::hash::KeyHasher;
 use crate::base::sync::{Arc, Mutex, Weak};
@@ -56,10 +58,10 @@ struct Inner {
     threads: Mutex<Threads>,
     /// Kept alive so the clock's weak reference to it stays valid.
     _clock_listener: Arc<ClockListener>,
-    /// The shared backend, when the engine was opened on PostgreSQL (src/shared/); the
+    /// The remote backend, when the engine was opened on one (`api/remote.rs`); the
     /// memory-only `shared` then holds only the settings and the timer thread.
     #[cfg(feature = "postgres")]
-    pg: Option<Arc<crate::shared::Backend>>,
+    remote: Option<Arc<dyn Remote>>,
 }
 
 #[derive(Default)]
@@ -71,8 +73,8 @@ struct Threads {
 impl Drop for Inner {
     fn drop(&mut self) {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = &self.pg {
-            pg.close();
+        if let Some(remote) = &self.remote {
+            remote.close();
         }
         let _ = close_shared(&self.shared, &self.threads);
     }
@@ -118,8 +120,8 @@ impl EngineBuilder {
     /// records, and starts the writer and the sweeper.
     pub fn open(self) -> Result<Engine, OpenError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.postgres.clone() {
-            return crate::shared::open(self, pg);
+        if let Some(opener) = self.postgres.clone() {
+            return self.open_remote(&*opener);
         }
         self.validate()?;
         let time = Time::new(self.clock.clone());
@@ -202,7 +204,7 @@ impl EngineBuilder {
                 threads: Mutex::new(Threads::default()),
                 _clock_listener: subscribe_clock(&self, &shared),
                 #[cfg(feature = "postgres")]
-                pg: None,
+                remote: None,
             }),
         };
         if self.tuning.sweep_interval.is_some() {
@@ -214,6 +216,33 @@ impl EngineBuilder {
 }
 
 impl EngineBuilder {
+    /// Opens an engine on the remote backend `opener` connects to: the opener checks the
+    /// settings, a memory-only engine carries them (limits, the closed flag, the timer
+    /// thread of keep-alive renewals), and the backend answers every call.
+    #[cfg(feature = "postgres")]
+    fn open_remote(self, opener: &dyn RemoteOpener) -> Result<Engine, OpenError> {
+        let settings = RemoteSettings {
+            lease: self.lease,
+            retention: self.retention,
+            marker_retention: self.marker_retention,
+            sweep_interval: self.tuning.sweep_interval,
+            durability: self.durability,
+            storage: self.path.is_some() || self.backend.is_some(),
+        };
+        opener.check(&settings)?;
+        let mut local = self;
+        local.postgres = None;
+        local.durability = Durability::None;
+        local.tuning.sweep_interval = None;
+        let engine = local.open()?;
+        let remote = opener.connect(&settings)?;
+        engine
+            .with_remote(remote)
+            .ok_or_else(|| OpenError::InvalidConfig {
+                detail: "the engine was shared before its backend was attached".into(),
+            })
+    }
+
     /// Loads the file's records into `index` (`runtime::recovery`) and checks its tables.
     /// Returns the tokens to issue from and the next outbox id.
     fn recover(
@@ -294,18 +323,19 @@ impl Engine {
         &self.inner.shared
     }
 
-    /// The shared backend, if this engine was opened on PostgreSQL.
+    /// The remote backend, if this engine was opened on one: the embedded engine's calls
+    /// pay only this test of an `Option`.
     #[cfg(feature = "postgres")]
     #[inline]
-    pub(crate) fn pg(&self) -> Option<&Arc<crate::shared::Backend>> {
-        self.inner.pg.as_ref()
+    pub(crate) fn remote(&self) -> Option<&dyn Remote> {
+        self.inner.remote.as_deref()
     }
 
-    /// Hands a freshly opened (memory-only, unshared) engine its shared backend; `None`
+    /// Hands a freshly opened (memory-only, unshared) engine its remote backend; `None`
     /// if the engine was already shared with another handle.
     #[cfg(feature = "postgres")]
-    pub(crate) fn with_pg(mut self, pg: Arc<crate::shared::Backend>) -> Option<Engine> {
-        Arc::get_mut(&mut self.inner)?.pg = Some(pg);
+    fn with_remote(mut self, remote: Arc<dyn Remote>) -> Option<Engine> {
+        Arc::get_mut(&mut self.inner)?.remote = Some(remote);
         Some(self)
     }
 
@@ -313,7 +343,7 @@ impl Engine {
     pub fn durability(&self) -> Durability {
         // A shared engine's calls return once the database committed them.
         #[cfg(feature = "postgres")]
-        if self.pg().is_some() {
+        if self.remote().is_some() {
             return Durability::Immediate;
         }
         self.shared().cfg().durability
@@ -385,8 +415,8 @@ impl Engine {
     /// of keys past retention comes from the head of each stripe's completion order.
     pub fn stats(&self) -> Stats {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.stats();
+        if let Some(remote) = self.remote() {
+            return remote.stats();
         }
         let s = self.shared();
         let c = s.counters();
@@ -453,7 +483,7 @@ impl Engine {
     pub fn flush(&self) -> Result<(), FlushError> {
         // A shared engine's acknowledged calls are committed already.
         #[cfg(feature = "postgres")]
-        if self.pg().is_some() {
+        if self.remote().is_some() {
             return self.check_open().map_err(|_| FlushError::Closed);
         }
         self.shared().flush()
@@ -463,8 +493,8 @@ impl Engine {
     /// file and refuses further calls. Idempotent; also done when the last handle drops.
     pub fn close(&self) -> Result<(), FlushError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            pg.close();
+        if let Some(remote) = self.remote() {
+            remote.close();
         }
         close_shared(&self.inner.shared, &self.inner.threads)
     }

@@ -105,8 +105,9 @@ impl Engine {
         writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.complete(self, key, token, response, retention_ms, writes);
+        if let Some(remote) = self.remote() {
+            self.check_response(key, &response)?;
+            return remote.complete(key, token, response, retention_ms, writes);
         }
         let observe = &self.shared().observer();
         let mut expires_wall_ms = 0;
@@ -118,6 +119,21 @@ impl Engine {
             self.wait_holder(seq)
         })?;
         Ok(expires_wall_ms)
+    }
+
+    /// The checks of a completion a remote backend stores: the holder's call, and the
+    /// response's size (the embedded engine checks it under the stripe lock).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn check_response(&self, key: &[u8], response: &[u8]) -> Result<(), LeaseError> {
+        self.check_lease_call(key)?;
+        let max = self.shared().cfg().response_len_max;
+        if response.len() > max {
+            return Err(LeaseError::ResponseTooLarge {
+                len: response.len(),
+                max,
+            });
+        }
+        Ok(())
     }
 
     /// Waits until a holder's write numbered `seq` is durable (0: nothing to wait for).
@@ -180,8 +196,8 @@ impl Engine {
     /// Time left on the lease of `token` on `key` (zero if it ended or `token` lost it).
     pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.lease_remaining(key, token);
+        if let Some(remote) = self.remote() {
+            return remote.lease_remaining(key, token);
         }
         let now = self.shared().mono_ns();
         self.lease_deadline_ns(key, token)
@@ -294,11 +310,11 @@ impl Engine {
     }
 
     fn release_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.release(self, key, token);
-        }
         self.check_lease_call(key)?;
+        #[cfg(feature = "postgres")]
+        if let Some(remote) = self.remote() {
+            return remote.release(key, token);
+        }
         let (released, seq) = self.with_room(key, token, || self.release_locked(key, token))?;
         self.wait_holder(self.durable_wait(seq))?;
         Ok(released)
@@ -372,11 +388,11 @@ impl Engine {
     }
 
     fn fail_unobserved(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.fail(self, key, token);
-        }
         self.check_lease_call(key)?;
+        #[cfg(feature = "postgres")]
+        if let Some(remote) = self.remote() {
+            return remote.fail(key, token);
+        }
         let (failed, seq) = self.with_room(key, token, || self.fail_locked(key, token))?;
         self.wait_holder(self.durable_wait(seq))?;
         Ok(failed)
@@ -432,8 +448,10 @@ impl Engine {
         self.check_lease_call(key)?;
         let s = self.shared();
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.update(key, token, op(s.mono_ns()), writes).map(|()| 0);
+        if let Some(remote) = self.remote() {
+            return remote
+                .update(key, token, op(s.mono_ns()), writes)
+                .map(|()| 0);
         }
         let (mut shard, _, k) = s.index().lock(key);
         let now = s.now();

@@ -5,7 +5,7 @@
 use crate::api::engine::Engine;
 use crate::api::options::{ClaimOptions, CompleteOptions, OnHandlerError};
 use crate::base::clock::wall_time;
-pub(crate) use crate::model::answer::{Busy, Forgotten, Stored};
+pub(crate) use crate::model::answer::{Busy, Forgotten, KeyState, Stored};
 use crate::model::codec::Checkpoint;
 use crate::model::error::LeaseError;
 use crate::model::write_set::{merged, Staged, WriteSet};
@@ -452,45 +452,4 @@ pub struct TypedOutcome<T> {
     pub replayed: bool,
     /// When the stored value stops being remembered (see [`Stored::expires_at`]).
     pub expires_at: SystemTime,
-}
-
-/// A key's visible state, as [`Engine::get`] reports it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum KeyState {
-    /// A holder owns the key.
-    InFlight {
-        /// Its token.
-        token: u64,
-        /// Its attempt.
-        attempt: u32,
-        /// Time left on its lease (zero: it can be taken over).
-        lease_remaining: Duration,
-        /// The latest checkpoint saved for the key.
-        checkpoint: Option<Checkpoint>,
-        /// When the key was first claimed (kept across takeovers and fails); `None`:
-        /// unknown (a record of the first file format).
-        first_claimed_at: Option<SystemTime>,
-        /// When the current attempt started; `None`: unknown.
-        attempt_started_at: Option<SystemTime>,
-        /// The holder failed the attempt ([`Lease::fail`]): the lease is over, the
-        /// progress kept, and the next claim takes the key over at once.
-        failed: bool,
-    },
-    /// A completion is written but not yet durable; it is not replayed until it is.
-    Completing {
-        /// The completing token.
-        token: u64,
-    },
-    /// The key is completed.
-    Completed {
-        /// The completing token.
-        token: u64,
-        /// The completing attempt.
-        attempt: u32,
-        /// The stored response.
-        response: Arc<[u8]>,
-        /// Wall-clock end of retention (stored to the millisecond).
-        expires_at: SystemTime,
-    },
 }

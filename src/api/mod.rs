@@ -11,9 +11,9 @@ pub(crate) mod keep_alive;
 pub(crate) mod lease;
 pub(crate) mod options;
 pub(crate) mod outbox;
-#[cfg(feature = "postgres")]
-pub(crate) mod postgres_config;
 pub(crate) mod reader;
+#[cfg(feature = "postgres")]
+pub(crate) mod remote;
 #[cfg(idemkv_sabotage)]
 pub mod sabotage;
 pub(crate) mod spans;

@@ -445,9 +445,11 @@ pub struct EngineBuilder {
     pub(crate) log_backend: Option<BackendSlot>,
     /// Whether tracing spans carry the raw key besides its hash (`tracing` feature).
     pub(crate) log_raw_keys: bool,
-    /// The shared database instead of a file (feature `postgres`, src/shared/).
+    /// The shared database instead of a file (feature `postgres`): the opener that
+    /// `EngineBuilder::postgres` stores, which `open` has open the backend. Its `Debug` is
+    /// the `PostgresConfig`'s.
     #[cfg(feature = "postgres")]
-    pub(crate) postgres: Option<crate::api::postgres_config::PostgresConfig>,
+    pub(crate) postgres: Option<Arc<dyn crate::api::remote::RemoteOpener>>,
     /// A deliberate bug armed from open on (a `Sabotage` as u8; 0 is none): sabotage builds
     /// only, see `sabotage::arm`.
     #[cfg(idemkv_sabotage)]
@@ -651,27 +653,6 @@ impl EngineBuilder {
     /// ```
     pub fn tuning(mut self, tuning: Tuning) -> Self {
         self.tuning = tuning;
-        self
-    }
-
-    /// Keeps the engine's keys in a PostgreSQL database shared by any number of processes
-    /// on any number of machines, instead of a file this process owns (feature
-    /// `postgres`; docs/shared.md). The API, the state machine and the fencing contract
-    /// are the same; the lease, retention, key, response and checkpoint limits and the
-    /// sweep interval still come from this builder. The database's commit is the
-    /// durability: the durability setting must stay `Immediate` (the default), and no
-    /// path or storage backend may be set.
-    ///
-    /// ```no_run
-    /// use idemkv::{Engine, PostgresConfig};
-    /// let engine = Engine::builder()
-    ///     .postgres(PostgresConfig::new("postgres://app@127.0.0.1/app"))
-    ///     .open()?;
-    /// # Ok::<(), idemkv::OpenError>(())
-    /// ```
-    #[cfg(feature = "postgres")]
-    pub fn postgres(mut self, config: crate::api::postgres_config::PostgresConfig) -> Self {
-        self.postgres = Some(config);
         self
     }
 

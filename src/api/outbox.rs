@@ -90,9 +90,9 @@ impl Outbox {
         }
         let message = |id: u64, payload: Arc<[u8]>| OutboxMessage { id, payload };
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.engine.pg() {
+        if let Some(remote) = self.engine.remote() {
             self.engine.check_tables()?;
-            let taken = pg.outbox_pending(&self.engine, limit)?;
+            let taken = remote.outbox_pending(limit)?;
             return Ok(taken
                 .into_iter()
                 .map(|(id, m)| message(id, Arc::from(m)))
@@ -124,10 +124,10 @@ impl Outbox {
     /// out.
     pub fn mark_sent(&self, ids: &[u64]) -> Result<(), TableError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.engine.pg() {
+        if let Some(remote) = self.engine.remote() {
             check_limit(ids.len())?;
             self.engine.check_tables()?;
-            return pg.outbox_sent(&self.engine, ids);
+            return remote.outbox_sent(ids);
         }
         let seq = self.queue_removal(ids, |s| {
             s.wait_for_room(u64::MAX);
@@ -142,10 +142,10 @@ impl Outbox {
     /// blocking a thread.
     pub async fn mark_sent_async(&self, ids: &[u64]) -> Result<(), TableError> {
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.engine.pg() {
+        if let Some(remote) = self.engine.remote() {
             check_limit(ids.len())?;
             self.engine.check_tables()?;
-            return pg.outbox_sent_async(&self.engine, ids).await;
+            return remote.outbox_sent_async(ids).await;
         }
         let seq = loop {
             match self.try_queue_removal(ids)? {

@@ -22,8 +22,8 @@ impl Engine {
         let row = row_key(table, key).map_err(TableError::Invalid)?;
         self.check_tables()?;
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            return pg.table_get(self, &row);
+        if let Some(remote) = self.remote() {
+            return remote.table_get(&row);
         }
         let s = self.shared();
         let snapshot = {
@@ -78,8 +78,8 @@ impl Engine {
         }
         let strip = |row: &[u8]| row.get(span.prefix_len..).unwrap_or_default().to_vec();
         #[cfg(feature = "postgres")]
-        if let Some(pg) = self.pg() {
-            let rows = pg.table_scan(self, &span.lo, &span.hi, limit)?;
+        if let Some(remote) = self.remote() {
+            let rows = remote.table_scan(&span.lo, &span.hi, limit)?;
             return Ok(rows.into_iter().map(|(k, v)| (strip(&k), v)).collect());
         }
         // The overlay's rows of the span up to its `limit`-th live row (a row past that can

@@ -1,8 +1,10 @@
 //! The answers a claim gives besides a lease: "in progress" ([`Busy`]), the stored
 //! response of a replay ([`Stored`]), and "completed, response no longer kept"
-//! ([`Forgotten`]). Plain values: the state machine makes them, the API hands them out.
+//! ([`Forgotten`]); and a key's state as a read reports it ([`KeyState`]). Plain values:
+//! the state machine makes them, the API hands them out.
 
 use crate::base::clock::wall_time;
+use crate::model::codec::Checkpoint;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -103,4 +105,45 @@ impl fmt::Display for Forgotten {
             self.completed_wall_ms, self.attempt
         )
     }
+}
+
+/// A key's visible state, as [`Engine::get`](crate::Engine::get) reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyState {
+    /// A holder owns the key.
+    InFlight {
+        /// Its token.
+        token: u64,
+        /// Its attempt.
+        attempt: u32,
+        /// Time left on its lease (zero: it can be taken over).
+        lease_remaining: Duration,
+        /// The latest checkpoint saved for the key.
+        checkpoint: Option<Checkpoint>,
+        /// When the key was first claimed (kept across takeovers and fails); `None`:
+        /// unknown (a record of the first file format).
+        first_claimed_at: Option<SystemTime>,
+        /// When the current attempt started; `None`: unknown.
+        attempt_started_at: Option<SystemTime>,
+        /// The holder failed the attempt ([`Lease::fail`](crate::Lease::fail)): the lease is over, the
+        /// progress kept, and the next claim takes the key over at once.
+        failed: bool,
+    },
+    /// A completion is written but not yet durable; it is not replayed until it is.
+    Completing {
+        /// The completing token.
+        token: u64,
+    },
+    /// The key is completed.
+    Completed {
+        /// The completing token.
+        token: u64,
+        /// The completing attempt.
+        attempt: u32,
+        /// The stored response.
+        response: Arc<[u8]>,
+        /// Wall-clock end of retention (stored to the millisecond).
+        expires_at: SystemTime,
+    },
 }

@@ -4,7 +4,8 @@
 
 use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow, HookFail, TableRow, Writes};
 use super::front::{Cached, Found, Front, Look};
-use crate::api::lease::{Busy, Forgotten, KeyState, Stored};
+pub(crate) use crate::api::remote::RemoteAnswer as Answer;
+use crate::model::answer::{Busy, Forgotten, KeyState, Stored};
 use crate::model::codec::Checkpoint;
 use crate::model::error::{ClaimError, LeaseError};
 use crate::model::settings::AskedFingerprint;
@@ -13,20 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
-
-/// The answer of a claim, before the caller's side turns an acquisition into a `Lease`.
-#[derive(Debug)]
-pub(crate) enum Answer {
-    Acquired {
-        token: u64,
-        attempt: u32,
-        checkpoint: Option<Checkpoint>,
-        lease: Duration,
-    },
-    Busy(Busy),
-    Completed(Stored),
-    Forgotten(Forgotten),
-}
 
 /// The counters of `Stats` a shared engine keeps (this process's calls).
 #[derive(Default)]

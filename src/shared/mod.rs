@@ -1,7 +1,8 @@
 //! The shared backend (feature `postgres`): the same `Engine` API over a PostgreSQL
 //! database shared by any number of processes on any number of machines.
 //!
-//! - `config.rs`: [`PostgresConfig`].
+//! - `config.rs`: [`PostgresConfig`], and `EngineBuilder::postgres`, which stores it in
+//!   the builder as the opener `EngineBuilder::open` calls (implemented here).
 //! - `sql.rs`: every statement, one per transition; `db.rs`: the pool, the calls with their
 //!   timeouts, the sorting of failures into refusals and unknown outcomes, the schema.
 //! - `front.rs`: the local front (coalescing, cached completions, local waiters).
@@ -10,16 +11,21 @@
 //! - `wake.rs`: the notifications sent after completions and releases commit.
 //! - `block.rs`: running the futures from blocking callers and from any executor.
 //!
-//! The public entry points of `Engine`, `Lease` and `LeaseHandle` dispatch here at their
-//! top when the engine is shared (`Engine::pg`). The engine then also holds a memory-only
-//! embedded engine that is never claimed on: it carries the settings (key and size
-//! limits), the closed flag and the timer thread that renews kept-alive leases.
-//! docs/shared.md is the contract.
+//! The api layer never names this module: it defines the port a remote backend implements
+//! (`api/remote.rs`). `PostgresConfig` is the builder's `RemoteOpener`: `EngineBuilder::open`
+//! has it check the settings (`check`), opens a memory-only engine, and attaches the
+//! `Backend` it connects (`connect`) as the engine's `Arc<dyn Remote>`. The public entry
+//! points of `Engine`, `Lease` and `LeaseHandle` then test `Engine::remote` at their top,
+//! make their call's checks and call the backend through the trait. The memory-only engine
+//! is never claimed on: it carries the settings (key and size limits), the closed flag and
+//! the timer thread that renews kept-alive leases. This module also adds the public calls
+//! only a shared engine has: `EngineBuilder::postgres` (`config.rs`) and
+//! [`Lease::complete_in_transaction`]. docs/shared.md is the contract.
 
 mod batch;
 mod block;
+mod config;
 mod constants;
-use crate::api::postgres_config as config;
 mod core;
 mod db;
 use crate::model::database_error as error;
@@ -34,13 +40,15 @@ pub use error::{DatabaseError, DatabaseErrorKind};
 
 use self::block::{block_on, Running};
 use self::core::{bump, Answer, Core};
-use crate::api::constants::WAIT_DEFAULT;
-use crate::api::engine::Engine;
-use crate::api::lease::{Claim, KeyState, Lease};
-use crate::api::options::{ClaimOptions, Durability, EngineBuilder};
-use crate::model::error::{ClaimError, LeaseError, OpenError};
+use crate::api::lease::Lease;
+pub(crate) use crate::api::remote::Hook;
+use crate::api::remote::{Remote, RemoteAsk, RemoteFuture, RemoteOpener, RemoteSettings};
+use crate::model::answer::KeyState;
+use crate::model::error::{ClaimError, LeaseError, OpenError, TableError};
 use crate::model::machine::Holder;
+use crate::model::settings::Durability;
 use crate::model::stats::Stats;
+use crate::model::write_set::{TableRow, WriteSet};
 use crate::shared::constants::{PG_CLOSE_GRACE, PG_RUNTIME_THREADS, PG_SWEEP_BATCHES_PER_PASS};
 use parking_lot::Mutex;
 use std::future::Future;
@@ -71,23 +79,12 @@ pub(crate) struct Backend {
     lease: Duration,
 }
 
-/// The application's own statements, run in the completion's transaction
-/// ([`Lease::complete_in_transaction`]).
-pub(crate) type Hook = Box<
-    dyn for<'t> FnOnce(
-            &'t tokio_postgres::Transaction<'t>,
-        ) -> std::pin::Pin<
-            Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 't>,
-        > + Send,
->;
-
 /// A write set as the statements take it (`None`: no writes).
-fn writes_of(writes: Option<&crate::model::write_set::WriteSet>) -> Option<db::Writes> {
+fn writes_of(writes: Option<&WriteSet>) -> Option<db::Writes> {
     writes.filter(|w| !w.is_empty()).map(db::Writes::of)
 }
 
-fn table_failed(e: ClaimError) -> crate::model::error::TableError {
-    use crate::model::error::TableError;
+fn table_failed(e: ClaimError) -> TableError {
     match e {
         ClaimError::Database(e) => TableError::Database(e),
         ClaimError::OutcomeUnknown(why) => TableError::OutcomeUnknown(why),
@@ -101,29 +98,29 @@ fn own_retention(ms: Option<u64>) -> Option<Duration> {
     ms.map(Duration::from_millis)
 }
 
-/// Opens a shared engine: checks the settings, connects, creates the schema if this
-/// database has none, starts the listener and the sweeper.
-pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, OpenError> {
+/// The settings a shared engine cannot run with: the database's commit is its durability,
+/// and it keeps no file.
+fn check(cfg: &PostgresConfig, settings: &RemoteSettings) -> Result<(), OpenError> {
     let bad = |detail: String| Err(OpenError::InvalidConfig { detail });
     if let Err(detail) = cfg.validate() {
         return bad(detail);
     }
-    if b.path.is_some() || b.backend.is_some() {
+    if settings.storage {
         return bad("a shared (PostgreSQL) engine takes no path or storage backend".into());
     }
-    if b.durability != Durability::Immediate {
+    if settings.durability != Durability::Immediate {
         return bad(
             "a shared (PostgreSQL) engine is durable at each commit of the database: leave \
              the durability at Immediate"
                 .into(),
         );
     }
-    let mut local = b.clone();
-    local.postgres = None;
-    local.durability = Durability::None;
-    local.tuning.sweep_interval = None;
-    let engine = local.open()?;
+    Ok(())
+}
 
+/// Connects a shared engine's backend: starts its runtime, creates the schema if this
+/// database has none, starts the listener and the sweeper.
+fn connect(cfg: &PostgresConfig, settings: &RemoteSettings) -> Result<Arc<Backend>, OpenError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(PG_RUNTIME_THREADS)
         .thread_name("idemkv-pg")
@@ -135,7 +132,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     let db = {
         // The pool is built inside the runtime, which its timeouts use.
         let _entered = handle.enter();
-        db::Db::new(&cfg, b.marker_retention)?
+        db::Db::new(cfg, settings.marker_retention)?
     };
     let core = Arc::new(Core {
         db,
@@ -144,7 +141,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
         outbox: Default::default(),
         counters: Default::default(),
         closed: Default::default(),
-        retention: b.retention,
+        retention: settings.retention,
         ask_bound: cfg.statement_timeout + cfg.connect_timeout * 2,
     });
     let migrate = {
@@ -166,7 +163,7 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
     tasks.push(handle.spawn(listen::listen(core.clone(), ready)));
     let _ = block_on(listening);
     tasks.push(handle.spawn(wake::send(core.clone())));
-    if let Some(every) = b.tuning.sweep_interval {
+    if let Some(every) = settings.sweep_interval {
         let core = core.clone();
         tasks.push(handle.spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -180,19 +177,25 @@ pub(crate) fn open(b: EngineBuilder, cfg: PostgresConfig) -> Result<Engine, Open
             }
         }));
     }
-    let backend = Arc::new(Backend {
+    Ok(Arc::new(Backend {
         core,
         handle,
         runtime: Mutex::new(runtime),
         tasks: Mutex::new(tasks),
         running: Arc::default(),
-        lease: b.lease,
-    });
-    engine
-        .with_pg(backend)
-        .ok_or_else(|| OpenError::InvalidConfig {
-            detail: "the engine was shared before its backend was attached".into(),
-        })
+        lease: settings.lease,
+    }))
+}
+
+/// The builder's opener (`EngineBuilder::postgres`).
+impl RemoteOpener for PostgresConfig {
+    fn check(&self, settings: &RemoteSettings) -> Result<(), OpenError> {
+        check(self, settings)
+    }
+
+    fn connect(&self, settings: &RemoteSettings) -> Result<Arc<dyn Remote>, OpenError> {
+        Ok(connect(self, settings)?)
+    }
 }
 
 impl Backend {
@@ -211,24 +214,26 @@ impl Backend {
         rx
     }
 
-    /// Starts a claim. One the local front can answer is answered here, on the caller's
-    /// thread, without the runtime (`Core::claim_locally`). If its caller is gone by the
-    /// time it acquired (a dropped future), the lease is released and counted in
+    /// Starts a claim on the scoped key `key` (`scope.rs`: two scopes' equal keys are two
+    /// rows). One the local front can answer is answered here, on the caller's thread,
+    /// without the runtime (`Core::claim_locally`). If its caller is gone by the time it
+    /// acquired (a dropped future), the lease is released and counted in
     /// `Stats::claims_cancelled`.
     fn start_claim(
         &self,
         key: &Arc<[u8]>,
-        opts: &ClaimOptions,
-        wait: bool,
+        ask: &RemoteAsk,
     ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
         let (tx, rx) = oneshot::channel();
         let hash = crate::base::hash::key_hash(key);
-        let asked = opts.fingerprint;
-        let claim_id = opts.claim_id;
+        let asked = ask.fingerprint;
+        let claim_id = ask.claim_id;
         // A claim presenting an identity may resume a lease of this process: the database
         // decides.
         let local = match claim_id {
-            None => self.core.claim_locally(key, hash, asked, wait),
+            None => self
+                .core
+                .claim_locally(key, hash, asked, ask.wait.is_some()),
             Some(_) => None,
         };
         if let Some(answer) = local {
@@ -237,10 +242,10 @@ impl Backend {
         }
         let core = self.core.clone();
         let key = Arc::clone(key);
-        let lease = opts.lease.unwrap_or(self.lease);
-        let retention = own_retention(opts.retention_ms().ok().flatten());
-        let wait = wait.then(|| opts.wait.unwrap_or(WAIT_DEFAULT));
-        let rerun = opts.rerun_forgotten;
+        let lease = ask.lease.unwrap_or(self.lease);
+        let retention = own_retention(ask.retention_ms);
+        let wait = ask.wait;
+        let rerun = ask.rerun_forgotten;
         let running = self.running.enter();
         self.handle.spawn(async move {
             let _running = running;
@@ -253,85 +258,6 @@ impl Backend {
             }
         });
         rx
-    }
-
-    fn to_claim(engine: &Engine, key: &Arc<[u8]>, answer: Answer) -> Claim {
-        match answer {
-            Answer::Acquired {
-                token,
-                attempt,
-                checkpoint,
-                lease,
-            } => Claim::Acquired(Lease {
-                engine: engine.clone(),
-                key: Arc::clone(key),
-                token,
-                attempt,
-                checkpoint,
-                lease,
-                settled: false,
-                staged: Default::default(),
-            }),
-            Answer::Busy(busy) => Claim::InProgress(busy),
-            Answer::Completed(stored) => Claim::Completed(stored),
-            Answer::Forgotten(forgotten) => Claim::Forgotten(forgotten),
-        }
-    }
-
-    /// The key a claim names in the table: the scoped key (`scope.rs`), so two scopes' equal
-    /// keys are two rows. Refuses what the shared table does not keep.
-    fn shared_key(
-        engine: &Engine,
-        key: &[u8],
-        opts: &ClaimOptions,
-    ) -> Result<Arc<[u8]>, ClaimError> {
-        engine.check_key(key)?;
-        opts.retention_ms()?;
-        let scoped = engine.scoped_key(&opts.scope, key)?;
-        engine.check_open()?;
-        Ok(scoped)
-    }
-
-    /// `claim` (`wait`: `claim_or_wait`), blocking.
-    pub(crate) fn claim(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        opts: &ClaimOptions,
-        wait: bool,
-    ) -> Result<Claim, ClaimError> {
-        let key = &Self::shared_key(engine, key, opts)?;
-        let answer =
-            block_on(self.start_claim(key, opts, wait)).unwrap_or(Err(ClaimError::Closed))?;
-        Ok(Self::to_claim(engine, key, answer))
-    }
-
-    /// `claim_async` (`wait`: `claim_or_wait_async`).
-    pub(crate) async fn claim_async(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        opts: &ClaimOptions,
-        wait: bool,
-    ) -> Result<Claim, ClaimError> {
-        let key = &Self::shared_key(engine, key, opts)?;
-        let answer = self
-            .start_claim(key, opts, wait)
-            .await
-            .unwrap_or(Err(ClaimError::Closed))?;
-        Ok(Self::to_claim(engine, key, answer))
-    }
-
-    fn check_response(engine: &Engine, key: &[u8], response: &[u8]) -> Result<(), LeaseError> {
-        engine.check_lease_call(key)?;
-        let max = engine.shared().cfg().response_len_max;
-        if response.len() > max {
-            return Err(LeaseError::ResponseTooLarge {
-                len: response.len(),
-                max,
-            });
-        }
-        Ok(())
     }
 
     fn start_complete(
@@ -348,111 +274,16 @@ impl Backend {
         self.call(async move { core.complete(&key, token, response, own, writes).await })
     }
 
-    /// A completion with the application's own statements in its transaction.
-    pub(crate) fn complete_in(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        token: u64,
-        response: Arc<[u8]>,
-        writes: Option<&crate::model::write_set::WriteSet>,
-        hook: Hook,
-    ) -> Result<u64, LeaseError> {
-        Self::check_response(engine, key, &response)?;
-        let core = self.core.clone();
-        let key: Arc<[u8]> = Arc::from(key);
-        let writes = writes_of(writes);
-        let rx = self.call(async move {
-            core.complete_in(&key, token, response, None, writes, hook)
-                .await
-        });
-        block_on(rx).unwrap_or(Err(LeaseError::Closed))
-    }
-
-    pub(crate) fn complete(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        token: u64,
-        response: Arc<[u8]>,
-        retention_ms: Option<u64>,
-        writes: Option<&crate::model::write_set::WriteSet>,
-    ) -> Result<u64, LeaseError> {
-        Self::check_response(engine, key, &response)?;
-        let writes = writes_of(writes);
-        block_on(self.start_complete(key, token, response, retention_ms, writes))
-            .unwrap_or(Err(LeaseError::Closed))
-    }
-
-    /// The async completion. Dropping the future leaves the statement to run: a completion
-    /// once sent is never withdrawn.
-    pub(crate) async fn complete_async(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        token: u64,
-        response: Arc<[u8]>,
-        retention_ms: Option<u64>,
-        writes: Option<&crate::model::write_set::WriteSet>,
-    ) -> Result<u64, LeaseError> {
-        Self::check_response(engine, key, &response)?;
-        let writes = writes_of(writes);
-        self.start_complete(key, token, response, retention_ms, writes)
-            .await
-            .unwrap_or(Err(LeaseError::Closed))
-    }
-
     fn start_release(&self, key: &[u8], token: u64) -> oneshot::Receiver<Result<bool, LeaseError>> {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
         self.call(async move { core.release(&key, token).await })
     }
 
-    pub(crate) fn release(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        token: u64,
-    ) -> Result<bool, LeaseError> {
-        engine.check_lease_call(key)?;
-        block_on(self.start_release(key, token)).unwrap_or(Err(LeaseError::Closed))
-    }
-
     fn start_fail(&self, key: &[u8], token: u64) -> oneshot::Receiver<Result<bool, LeaseError>> {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
         self.call(async move { core.fail(&key, token).await })
-    }
-
-    /// `Engine::fail`: the attempt ends now, the row stays InFlight, marked failed.
-    pub(crate) fn fail(&self, engine: &Engine, key: &[u8], token: u64) -> Result<bool, LeaseError> {
-        engine.check_lease_call(key)?;
-        block_on(self.start_fail(key, token)).unwrap_or(Err(LeaseError::Closed))
-    }
-
-    /// The async fail. Dropping the future leaves the statement to run.
-    pub(crate) async fn fail_async(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        token: u64,
-    ) -> Result<bool, LeaseError> {
-        engine.check_lease_call(key)?;
-        self.start_fail(key, token)
-            .await
-            .unwrap_or(Err(LeaseError::Closed))
-    }
-
-    pub(crate) async fn release_async(
-        &self,
-        engine: &Engine,
-        key: &[u8],
-        token: u64,
-    ) -> Result<bool, LeaseError> {
-        engine.check_lease_call(key)?;
-        self.start_release(key, token)
-            .await
-            .unwrap_or(Err(LeaseError::Closed))
     }
 
     fn start_update(
@@ -476,48 +307,144 @@ impl Backend {
         })
     }
 
-    /// `extend` or `checkpoint`, a checkpoint with `writes` in its statement (the caller
-    /// checked the key and the sizes).
-    pub(crate) fn update(
+    fn start_sent(&self, ids: &[u64]) -> oneshot::Receiver<Result<(), ClaimError>> {
+        let core = self.core.clone();
+        let ids = ids.to_vec();
+        self.call(async move { core.outbox_sent(&ids).await })
+    }
+}
+
+/// The blocking calls wait for the runtime's answer on the caller's thread (`block.rs`);
+/// an async call sends its statement when its future is first polled, and dropping the
+/// future after that leaves the statement to run.
+impl Remote for Backend {
+    fn claim(&self, key: &Arc<[u8]>, ask: &RemoteAsk) -> Result<Answer, ClaimError> {
+        block_on(self.start_claim(key, ask)).unwrap_or(Err(ClaimError::Closed))
+    }
+
+    fn claim_async<'a>(
+        &'a self,
+        key: &'a Arc<[u8]>,
+        ask: &'a RemoteAsk,
+    ) -> RemoteFuture<'a, Result<Answer, ClaimError>> {
+        Box::pin(async move {
+            self.start_claim(key, ask)
+                .await
+                .unwrap_or(Err(ClaimError::Closed))
+        })
+    }
+
+    fn complete_in(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+        writes: Option<&WriteSet>,
+        hook: Hook,
+    ) -> Result<u64, LeaseError> {
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        let writes = writes_of(writes);
+        let rx = self.call(async move {
+            core.complete_in(&key, token, response, None, writes, hook)
+                .await
+        });
+        block_on(rx).unwrap_or(Err(LeaseError::Closed))
+    }
+
+    fn complete(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+        retention_ms: Option<u64>,
+        writes: Option<&WriteSet>,
+    ) -> Result<u64, LeaseError> {
+        let writes = writes_of(writes);
+        block_on(self.start_complete(key, token, response, retention_ms, writes))
+            .unwrap_or(Err(LeaseError::Closed))
+    }
+
+    fn complete_async<'a>(
+        &'a self,
+        key: &'a [u8],
+        token: u64,
+        response: Arc<[u8]>,
+        retention_ms: Option<u64>,
+        writes: Option<&'a WriteSet>,
+    ) -> RemoteFuture<'a, Result<u64, LeaseError>> {
+        Box::pin(async move {
+            let writes = writes_of(writes);
+            self.start_complete(key, token, response, retention_ms, writes)
+                .await
+                .unwrap_or(Err(LeaseError::Closed))
+        })
+    }
+
+    fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        block_on(self.start_release(key, token)).unwrap_or(Err(LeaseError::Closed))
+    }
+
+    fn release_async<'a>(
+        &'a self,
+        key: &'a [u8],
+        token: u64,
+    ) -> RemoteFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(async move {
+            self.start_release(key, token)
+                .await
+                .unwrap_or(Err(LeaseError::Closed))
+        })
+    }
+
+    fn fail(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
+        block_on(self.start_fail(key, token)).unwrap_or(Err(LeaseError::Closed))
+    }
+
+    fn fail_async<'a>(
+        &'a self,
+        key: &'a [u8],
+        token: u64,
+    ) -> RemoteFuture<'a, Result<bool, LeaseError>> {
+        Box::pin(async move {
+            self.start_fail(key, token)
+                .await
+                .unwrap_or(Err(LeaseError::Closed))
+        })
+    }
+
+    fn update(
         &self,
         key: &[u8],
         token: u64,
         op: Holder,
-        writes: Option<&crate::model::write_set::WriteSet>,
+        writes: Option<&WriteSet>,
     ) -> Result<(), LeaseError> {
         block_on(self.start_update(key, token, op, writes_of(writes)))
             .unwrap_or(Err(LeaseError::Closed))
     }
 
-    pub(crate) async fn update_async(
-        &self,
-        engine: &Engine,
-        key: &[u8],
+    fn update_async<'a>(
+        &'a self,
+        key: &'a [u8],
         token: u64,
         op: Holder,
-        writes: Option<&crate::model::write_set::WriteSet>,
-    ) -> Result<(), LeaseError> {
-        engine.check_lease_call(key)?;
-        self.start_update(key, token, op, writes_of(writes))
-            .await
-            .unwrap_or(Err(LeaseError::Closed))
+        writes: Option<&'a WriteSet>,
+    ) -> RemoteFuture<'a, Result<(), LeaseError>> {
+        Box::pin(async move {
+            self.start_update(key, token, op, writes_of(writes))
+                .await
+                .unwrap_or(Err(LeaseError::Closed))
+        })
     }
 
-    pub(crate) fn get(&self, engine: &Engine, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
-        engine.check_key(key)?;
-        engine.check_open()?;
+    fn get(&self, key: &[u8]) -> Result<Option<KeyState>, ClaimError> {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
         block_on(self.call(async move { core.get(&key).await })).unwrap_or(Err(ClaimError::Closed))
     }
 
-    /// `Engine::table_get`: the row `row` (table prefix and key).
-    pub(crate) fn table_get(
-        &self,
-        engine: &Engine,
-        row: &[u8],
-    ) -> Result<Option<Vec<u8>>, crate::model::error::TableError> {
-        engine.check_open().map_err(table_failed)?;
+    fn table_get(&self, row: &[u8]) -> Result<Option<Vec<u8>>, TableError> {
         let core = self.core.clone();
         let row: Arc<[u8]> = Arc::from(row);
         block_on(self.call(async move { core.table_get(&row).await }))
@@ -525,15 +452,7 @@ impl Backend {
             .map_err(table_failed)
     }
 
-    /// `Engine::table_range` / `table_prefix`: rows from `lo` to `hi` (exclusive).
-    pub(crate) fn table_scan(
-        &self,
-        engine: &Engine,
-        lo: &[u8],
-        hi: &[u8],
-        limit: usize,
-    ) -> Result<Vec<db::TableRow>, crate::model::error::TableError> {
-        engine.check_open().map_err(table_failed)?;
+    fn table_scan(&self, lo: &[u8], hi: &[u8], limit: usize) -> Result<Vec<TableRow>, TableError> {
         let core = self.core.clone();
         let (lo, hi): (Arc<[u8]>, Arc<[u8]>) = (Arc::from(lo), Arc::from(hi));
         block_on(self.call(async move { core.table_scan(&lo, &hi, limit).await }))
@@ -541,13 +460,7 @@ impl Backend {
             .map_err(table_failed)
     }
 
-    /// `Outbox::pending`: messages taken by this caller for the engine's lease.
-    pub(crate) fn outbox_pending(
-        &self,
-        engine: &Engine,
-        limit: usize,
-    ) -> Result<Vec<(u64, Vec<u8>)>, crate::model::error::TableError> {
-        engine.check_open().map_err(table_failed)?;
+    fn outbox_pending(&self, limit: usize) -> Result<Vec<(u64, Vec<u8>)>, TableError> {
         let core = self.core.clone();
         let hold = self.lease;
         block_on(self.call(async move { core.outbox_take(limit, hold).await }))
@@ -555,52 +468,34 @@ impl Backend {
             .map_err(table_failed)
     }
 
-    fn start_sent(&self, ids: &[u64]) -> oneshot::Receiver<Result<(), ClaimError>> {
-        let core = self.core.clone();
-        let ids = ids.to_vec();
-        self.call(async move { core.outbox_sent(&ids).await })
-    }
-
-    /// `Outbox::mark_sent`.
-    pub(crate) fn outbox_sent(
-        &self,
-        engine: &Engine,
-        ids: &[u64],
-    ) -> Result<(), crate::model::error::TableError> {
-        engine.check_open().map_err(table_failed)?;
+    fn outbox_sent(&self, ids: &[u64]) -> Result<(), TableError> {
         block_on(self.start_sent(ids))
             .unwrap_or(Err(ClaimError::Closed))
             .map_err(table_failed)
     }
 
-    /// `Outbox::mark_sent_async`.
-    pub(crate) async fn outbox_sent_async(
-        &self,
-        engine: &Engine,
-        ids: &[u64],
-    ) -> Result<(), crate::model::error::TableError> {
-        engine.check_open().map_err(table_failed)?;
-        self.start_sent(ids)
-            .await
-            .unwrap_or(Err(ClaimError::Closed))
-            .map_err(table_failed)
+    fn outbox_sent_async<'a>(&'a self, ids: &'a [u64]) -> RemoteFuture<'a, Result<(), TableError>> {
+        Box::pin(async move {
+            self.start_sent(ids)
+                .await
+                .unwrap_or(Err(ClaimError::Closed))
+                .map_err(table_failed)
+        })
     }
 
-    /// `Admin::sweep_now`: every row past its reaping instant, in bounded batches.
-    pub(crate) fn sweep_now(&self, engine: &Engine) -> Result<u64, ClaimError> {
-        engine.check_open()?;
+    /// In bounded batches.
+    fn sweep_now(&self) -> Result<u64, ClaimError> {
         let core = self.core.clone();
         block_on(self.call(async move { core.sweep(u32::MAX).await }))
             .unwrap_or(Err(ClaimError::Closed))
     }
 
-    /// Time left on the lease of `token`, as this process estimates it.
-    pub(crate) fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
+    fn lease_remaining(&self, key: &[u8], token: u64) -> Duration {
         let hash = crate::base::hash::key_hash(key);
         self.core.front.lease_remaining(key, hash, token)
     }
 
-    pub(crate) fn stats(&self) -> Stats {
+    fn stats(&self) -> Stats {
         let c = &self.core.counters;
         let read = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let (held, cached) = self.core.front.counts();
@@ -629,7 +524,7 @@ impl Backend {
 
     /// Stops the backend: wakes every local waiter (it answers `Closed`), lets running
     /// calls finish for a short grace, closes the pool and stops the runtime. Idempotent.
-    pub(crate) fn close(&self) {
+    fn close(&self) {
         if self.core.closed.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -700,19 +595,20 @@ impl Lease {
         self.settled = true;
         let writes = crate::model::write_set::merged(self.staged.settle(), None)?;
         let writes = Some(&writes).filter(|w| !w.is_empty());
-        let Some(pg) = self.engine.pg() else {
+        let Some(remote) = self.engine.remote() else {
             return Err(LeaseError::Unsupported(
                 "a completion in a PostgreSQL transaction on an engine over a file",
             ));
         };
-        pg.complete_in(
-            &self.engine,
-            &self.key,
-            self.token,
-            Arc::from(response),
-            writes,
-            Box::new(hook),
-        )
-        .map(|_| ())
+        self.engine.check_response(&self.key, response)?;
+        remote
+            .complete_in(
+                &self.key,
+                self.token,
+                Arc::from(response),
+                writes,
+                Box::new(hook),
+            )
+            .map(|_| ())
     }
 }

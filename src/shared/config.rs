@@ -1,12 +1,16 @@
-//! `PostgresConfig`: where the shared database is and how the backend talks to it.
+//! `PostgresConfig`: where the shared database is and how the backend talks to it; and
+//! `EngineBuilder::postgres`, which stores it in the builder as the opener
+//! `EngineBuilder::open` calls (`RemoteOpener`, `api/remote.rs`; implemented in `mod.rs`).
 
-use crate::api::constants::{
+use crate::api::options::EngineBuilder;
+use crate::shared::constants::{
     PG_BATCH_LANES_DEFAULT, PG_COMPLETE_LANES_DEFAULT, PG_CONNECT_TIMEOUT_DEFAULT,
     PG_POOL_SIZE_DEFAULT, PG_POOL_SIZE_LIMIT, PG_SCHEMA_LEN_MAX, PG_STATEMENT_TIMEOUT_DEFAULT,
     PG_TABLE_PREFIX_DEFAULT, PG_TABLE_PREFIX_LEN_MAX, PG_TIMEOUT_LIMIT, PG_TIMEOUT_MIN,
 };
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The settings of the shared backend (feature `postgres`), handed to
@@ -231,6 +235,29 @@ impl fmt::Debug for PostgresConfig {
     }
 }
 
+impl EngineBuilder {
+    /// Keeps the engine's keys in a PostgreSQL database shared by any number of processes
+    /// on any number of machines, instead of a file this process owns (feature
+    /// `postgres`; docs/shared.md). The API, the state machine and the fencing contract
+    /// are the same; the lease, retention, key, response and checkpoint limits and the
+    /// sweep interval still come from this builder. The database's commit is the
+    /// durability: the durability setting must stay `Immediate` (the default), and no
+    /// path or storage backend may be set.
+    ///
+    /// ```no_run
+    /// use idemkv::{Engine, PostgresConfig};
+    /// let engine = Engine::builder()
+    ///     .postgres(PostgresConfig::new("postgres://app@127.0.0.1/app"))
+    ///     .open()?;
+    /// # Ok::<(), idemkv::OpenError>(())
+    /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+    pub fn postgres(mut self, config: PostgresConfig) -> Self {
+        self.postgres = Some(Arc::new(config));
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::PostgresConfig;
@@ -260,5 +287,19 @@ mod tests {
         assert!(cfg().pool_size(1).validate().is_ok());
         assert!(cfg().complete_lanes(16).validate().is_ok());
         assert!(cfg().table_prefix("Bad").validate().is_err());
+    }
+
+    #[test]
+    fn the_builder_shows_the_settings_but_never_the_url() {
+        let url = "postgres://app:hunter2@db.internal/app";
+        let builder =
+            crate::EngineBuilder::default().postgres(PostgresConfig::new(url).pool_size(3));
+        for shown in [format!("{builder:?}"), format!("{:?}", builder.clone())] {
+            assert!(
+                shown.contains("postgres: Some(PostgresConfig { pool_size: 3,"),
+                "{shown}"
+            );
+            assert!(!shown.contains("hunter2"), "{shown}");
+        }
     }
 }
