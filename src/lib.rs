@@ -186,11 +186,17 @@ pub use crate::model::write_set::{TableRow, WriteSet};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::shared::PostgresConfig;
-/// The PostgreSQL client the shared backend uses, for the application's own statements in
-/// a completion's transaction ([`Lease::complete_in_transaction`]).
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use tokio_postgres;
+pub mod postgres {
+    //! What only a shared (PostgreSQL) engine can do: a lease's completion in a transaction
+    //! that also runs the application's own statements ([`PostgresLease`], from
+    //! [`crate::Lease::into_postgres`]), and the client those statements are written with.
+    pub use crate::shared::PostgresLease;
+    /// The PostgreSQL client the shared backend uses, for the application's own statements
+    /// in a completion's transaction ([`PostgresLease::complete_in_transaction`]).
+    pub use tokio_postgres;
+}
 
 /// The README's examples, compiled by `cargo test --doc` (one of them needs the `http`
 /// feature).

@@ -2183,7 +2183,7 @@ fn the_applications_own_statements_commit_with_the_completion() {
     ));
     let e = engine(&p);
     let insert = format!("INSERT INTO \"{app}\" VALUES ($1, $2)");
-    let lease = acquire(&e, b"pay-1");
+    let lease = pg_lease(acquire(&e, b"pay-1"));
     let sql = insert.clone();
     lease
         .complete_in_transaction(b"paid", move |tx| {
@@ -2204,8 +2204,8 @@ fn the_applications_own_statements_commit_with_the_completion() {
         other => panic!("{other:?}"),
     }
     // The hook fails (a duplicate account): nothing commits, the key stays held.
-    let lease = acquire(&e, b"pay-2");
-    let token = lease.token();
+    let lease = pg_lease(acquire(&e, b"pay-2"));
+    let token = lease.lease().token();
     let sql = insert.clone();
     let failed = lease.complete_in_transaction(b"paid twice", move |tx| {
         Box::pin(async move {
@@ -2242,22 +2242,31 @@ fn the_applications_own_statements_commit_with_the_completion() {
     ));
     let _new = acquire(&e, b"pay-3");
     let counter = ran.clone();
-    let lost = old.complete_in_transaction(b"late", move |_tx| {
+    let lost = pg_lease(old).complete_in_transaction(b"late", move |_tx| {
         counter.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Ok(()) })
     });
     assert_eq!(lost, Err(LeaseError::LeaseLost));
     assert_eq!(ran.load(Ordering::SeqCst), 0);
-    // On an engine over a file there is no transaction to join: refused, typed.
+    // A lease of an engine over a file is never a PostgresLease: it comes back whole, and
+    // completes as any lease does.
     let file = Engine::builder()
         .durability(Durability::None)
         .open()
         .expect("open");
     let lease = acquire(&file, b"k");
-    assert!(matches!(
-        lease.complete_in_transaction(b"x", |_tx| Box::pin(async { Ok(()) })),
-        Err(LeaseError::Unsupported(_))
-    ));
+    let token = lease.token();
+    let back = lease.into_postgres().expect_err("a file engine's lease");
+    assert_eq!(back.token(), token);
+    back.complete(b"x").expect("complete");
+    match file.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!(s.response(), b"x"),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn pg_lease(lease: idemkv::Lease) -> idemkv::postgres::PostgresLease {
+    lease.into_postgres().expect("a shared engine's lease")
 }
 
 /// While the completion lane of a process is busy (a completion waits on a row lock), the

@@ -20,7 +20,7 @@
 //! is never claimed on: it carries the settings (key and size limits), the closed flag and
 //! the timer thread that renews kept-alive leases. This module also adds the public calls
 //! only a shared engine has: `EngineBuilder::postgres` (`config.rs`) and
-//! [`Lease::complete_in_transaction`]. docs/shared.md is the contract.
+//! [`PostgresLease`] (`lease.rs`). docs/shared.md is the contract.
 
 mod batch;
 mod block;
@@ -30,6 +30,7 @@ mod core;
 mod db;
 use crate::model::database_error as error;
 mod front;
+mod lease;
 mod listen;
 mod sql;
 mod tls;
@@ -37,10 +38,10 @@ mod wake;
 
 pub use config::PostgresConfig;
 pub use error::{DatabaseError, DatabaseErrorKind};
+pub use lease::PostgresLease;
 
 use self::block::{block_on, Running};
 use self::core::{bump, Answer, Core};
-use crate::api::lease::Lease;
 pub(crate) use crate::api::remote::Hook;
 use crate::api::remote::{Remote, RemoteAsk, RemoteFuture, RemoteOpener, RemoteSettings};
 use crate::model::answer::KeyState;
@@ -546,69 +547,5 @@ impl Remote for Backend {
 impl Drop for Backend {
     fn drop(&mut self) {
         self.close();
-    }
-}
-
-impl Lease {
-    /// Completes the lease in a PostgreSQL transaction that also runs the application's
-    /// own statements: `hook` receives the transaction after the completing statement
-    /// wrote the row, and everything commits together, or nothing does.
-    ///
-    /// The hook runs only when this call completes the key: not when the lease was lost
-    /// (`LeaseLost`, nothing committed) and not for a repeat of a completion this token
-    /// already made. An error of the hook rolls the transaction back and is returned as
-    /// [`LeaseError::Database`] (the key stays InFlight under this token, as after any
-    /// refused completion). Writes staged on the lease ([`Lease::stage`]) are applied in
-    /// the same transaction. A failure of the commit itself is `OutcomeUnknown` when the
-    /// database's answer was lost (both or neither committed).
-    ///
-    /// Only a shared engine has a transaction to join: on an engine over a file this is
-    /// refused with [`LeaseError::Unsupported`] and the key stays InFlight; use
-    /// [`Lease::complete_with`] and a [`crate::WriteSet`] there (and here too, when the
-    /// engine's own tables will do). docs/shared.md, "The application's own SQL".
-    ///
-    /// ```no_run
-    /// # fn credit(lease: idemkv::Lease, account: &str, amount: i64) -> Result<(), idemkv::LeaseError> {
-    /// let account = account.to_owned();
-    /// lease.complete_in_transaction(b"applied", move |tx| {
-    ///     Box::pin(async move {
-    ///         tx.execute(
-    ///             "UPDATE balances SET amount = amount + $2 WHERE account = $1",
-    ///             &[&account, &amount],
-    ///         )
-    ///         .await?;
-    ///         Ok(())
-    ///     })
-    /// })?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn complete_in_transaction<F>(mut self, response: &[u8], hook: F) -> Result<(), LeaseError>
-    where
-        F: for<'t> FnOnce(
-                &'t tokio_postgres::Transaction<'t>,
-            ) -> std::pin::Pin<
-                Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 't>,
-            > + Send
-            + 'static,
-    {
-        self.settled = true;
-        let writes = crate::model::write_set::merged(self.staged.settle(), None)?;
-        let writes = Some(&writes).filter(|w| !w.is_empty());
-        let Some(remote) = self.engine.remote() else {
-            return Err(LeaseError::Unsupported(
-                "a completion in a PostgreSQL transaction on an engine over a file",
-            ));
-        };
-        self.engine.check_response(&self.key, response)?;
-        remote
-            .complete_in(
-                &self.key,
-                self.token,
-                Arc::from(response),
-                writes,
-                Box::new(hook),
-            )
-            .map(|_| ())
     }
 }
