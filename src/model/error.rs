@@ -301,9 +301,6 @@ pub enum ClaimError {
     /// (feature `postgres`): [`crate::error::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
     Database(crate::model::database_error::DatabaseError),
-    /// The engine's backend does not offer what the call asked for (the shared backend:
-    /// a claim's own retention, a marker answer); nothing changed. The text names it.
-    Unsupported(&'static str),
 }
 
 impl fmt::Display for ClaimError {
@@ -338,7 +335,6 @@ impl fmt::Display for ClaimError {
             }
             #[cfg(feature = "postgres")]
             ClaimError::Database(e) => write!(f, "{e}"),
-            ClaimError::Unsupported(what) => write!(f, "not supported by this backend: {what}"),
         }
     }
 }
@@ -434,10 +430,6 @@ pub enum LeaseError {
     /// [`crate::error::DatabaseError::kind`] says what to do.
     #[cfg(feature = "postgres")]
     Database(crate::model::database_error::DatabaseError),
-    /// The engine's backend does not offer what the call asked for (the shared backend: a
-    /// completion's own retention or writes, `fail`); nothing changed, and the key is still
-    /// held under this token. The text names it.
-    Unsupported(&'static str),
 }
 
 impl fmt::Display for LeaseError {
@@ -476,7 +468,6 @@ impl fmt::Display for LeaseError {
             }
             #[cfg(feature = "postgres")]
             LeaseError::Database(e) => write!(f, "{e}"),
-            LeaseError::Unsupported(what) => write!(f, "not supported by this backend: {what}"),
         }
     }
 }
