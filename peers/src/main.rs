@@ -322,14 +322,20 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
 }
 
 /// The floor every durable system here stands on, measured on the data directory's disk in
-/// the same run, one thread: a 4 KiB write + fdatasync, and a one-insert redb `Immediate`
-/// commit, plain and with two-phase commit (which idemkv's writer uses). And the floor of
-/// every in-process row: the workload run against [`systems::Floor`] (the harness alone);
-/// and of every row that acknowledges a claim and a completion durably: the workload run
-/// against [`systems::DurableFloor`] (two durable group commits per pair).
+/// the same run, one thread: a 4 KiB write + fdatasync, a 4 KiB direct, synchronous append
+/// (as idemkv's commit log and [`systems::DurableFloor`] write), and a one-insert redb
+/// `Immediate` commit, plain and with two-phase commit (which idemkv's writer uses). And
+/// the floor of every in-process row: the workload run against [`systems::Floor`] (the
+/// harness alone); and of every row that acknowledges a claim and a completion durably:
+/// the workload run against [`systems::DurableFloor`] (two durable group commits per pair).
 struct Calibration {
     fsync_p50: u64,
     fsync_p99: u64,
+    /// A 4 KiB append as [`systems::DurableFloor`] writes it (and idemkv's commit log).
+    direct_p50: u64,
+    direct_p99: u64,
+    /// Whether those went `O_DIRECT | O_DSYNC` (else buffered, then `fdatasync`).
+    direct_on: bool,
     redb_p50: u64,
     redb_2pc_p50: u64,
     /// The harness alone, best of [`FLOOR_ROUNDS`]: deliveries/s and claim+complete/s.
@@ -351,7 +357,8 @@ impl Calibration {
             None => String::new(),
         };
         format!(
-            "4 KiB write + fdatasync p50 {}, p99 {}; redb one-insert `Immediate` commit p50 {} \
+            "4 KiB write + fdatasync p50 {}, p99 {}; 4 KiB {} append p50 {}, p99 {}; \
+             redb one-insert `Immediate` commit p50 {} \
              (with two-phase commit, as idemkv's writer commits: p50 {}). The harness alone \
              (the same workload and workers, each delivery setting one preallocated atomic \
              flag per key instead of calling a system; best of {FLOOR_ROUNDS}): {}/s \
@@ -364,6 +371,13 @@ impl Calibration {
              completion durably",
             report::fmt_ns(self.fsync_p50),
             report::fmt_ns(self.fsync_p99),
+            if self.direct_on {
+                "`O_DIRECT | O_DSYNC`"
+            } else {
+                "buffered + fdatasync"
+            },
+            report::fmt_ns(self.direct_p50),
+            report::fmt_ns(self.direct_p99),
             report::fmt_ns(self.redb_p50),
             report::fmt_ns(self.redb_2pc_p50),
             report::fmt_rate(self.floor.0),
@@ -456,6 +470,9 @@ fn calibrate(dir: &Path, w: &workload::Workload) -> Result<Calibration, String> 
     }
     fs.sort_unstable();
     let _ = fs::remove_file(&path);
+    let (mut direct, direct_on) =
+        systems::block_append_latencies_ns(&dir.join("direct.bin"), 300).map_err(|x| e(&x))?;
+    direct.sort_unstable();
     let mut redb = [0u64; 2];
     for (slot, two_phase) in [false, true].into_iter().enumerate() {
         let rpath = dir.join("calibrate.redb");
@@ -482,6 +499,9 @@ fn calibrate(dir: &Path, w: &workload::Workload) -> Result<Calibration, String> 
     Ok(Calibration {
         fsync_p50: percentile(&fs, 0.5),
         fsync_p99: percentile(&fs, 0.99),
+        direct_p50: percentile(&direct, 0.5),
+        direct_p99: percentile(&direct, 0.99),
+        direct_on,
         redb_p50: redb[0],
         redb_2pc_p50: redb[1],
         floor: harness_floor(w)?,
@@ -595,7 +615,7 @@ fn main() {
                         if m.cut_short { " (time limit)" } else { "" },
                         m.per_pair()
                             .map(|(cpu, cs)| format!(
-                                "  per pair: {cpu:.1} µs CPU, {cs:.2} switches"
+                                "  per pair (this process): {cpu:.1} µs CPU, {cs:.2} switches"
                             ))
                             .unwrap_or_default()
                     );

@@ -839,15 +839,16 @@ impl GroupLog {
 
     /// The writer: takes everything queued, appends it with one durable write, raises the
     /// watermark and wakes the batch's callers. Returns when closed and drained, or at the
-    /// first failed write (after waking every waiter).
-    fn write_loop(&self, mut file: AppendFile) {
+    /// first failed write (after waking every waiter), with how long each write took (ns).
+    fn write_loop(&self, mut file: AppendFile) -> Vec<u64> {
         let mut batch = Vec::new();
+        let mut took_ns = Vec::new();
         loop {
             let (last, b) = {
                 let mut q = self.queue.lock();
                 while q.records.is_empty() {
                     if q.closed {
-                        return;
+                        return took_ns;
                     }
                     q.writer_idle = true;
                     parking_lot::MutexGuard::unlocked(&mut q, std::thread::park);
@@ -856,7 +857,9 @@ impl GroupLog {
                 q.batch += 1;
                 (q.issued, q.batch - 1)
             };
+            let t = std::time::Instant::now();
             let written = file.append(&batch);
+            took_ns.push(t.elapsed().as_nanos() as u64);
             let mut q = self.queue.lock();
             if let Err(e) = written {
                 q.failed = Some(e.to_string());
@@ -864,7 +867,7 @@ impl GroupLog {
                 self.written.iter().for_each(|w| {
                     w.notify_all();
                 });
-                return;
+                return took_ns;
             }
             q.durable = last;
             self.written[(b % 2) as usize].notify_all();
@@ -992,7 +995,9 @@ impl AppendFile {
 pub struct DurableFloor {
     flags: Vec<std::sync::atomic::AtomicBool>,
     log: Arc<GroupLog>,
-    writer: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    writer: parking_lot::Mutex<Option<std::thread::JoinHandle<Vec<u64>>>>,
+    /// How long each write took, in ns, sorted (filled in by [`DurableFloor::close`]).
+    writes_ns: parking_lot::Mutex<Vec<u64>>,
     path: PathBuf,
     direct: bool,
 }
@@ -1020,6 +1025,7 @@ impl DurableFloor {
                 .collect(),
             log,
             writer: parking_lot::Mutex::new(Some(writer)),
+            writes_ns: parking_lot::Mutex::new(Vec::new()),
             path,
             direct,
         })
@@ -1036,9 +1042,11 @@ impl DurableFloor {
             if wake {
                 handle.thread().unpark();
             }
-            handle
+            let mut took_ns = handle
                 .join()
                 .map_err(|_| "durable floor: the writer panicked".to_string())?;
+            took_ns.sort_unstable();
+            *self.writes_ns.lock() = took_ns;
         }
         match &self.log.queue.lock().failed {
             Some(why) => Err(format!("durable floor: {why}")),
@@ -1046,13 +1054,16 @@ impl DurableFloor {
         }
     }
 
-    /// The writes so far and the records they carried, and whether they went direct.
+    /// The writes so far and the records they carried, how long they took (once
+    /// closed), and whether they went direct.
     pub fn note(&self) -> String {
         let writes = self.log.writes.load(Ordering::Relaxed);
         let records = self.log.records.load(Ordering::Relaxed);
+        let took_ns = self.writes_ns.lock();
         format!(
-            "{writes} group commits, {:.1} records each on average; {}",
+            "{writes} group commits, {:.1} records each on average, each write p50 {}; {}",
             records as f64 / writes.max(1) as f64,
+            crate::report::fmt_ns(crate::workload::percentile(&took_ns, 0.5)),
             if self.direct {
                 "O_DIRECT | O_DSYNC writes"
             } else {
@@ -1079,6 +1090,26 @@ impl DurableFloor {
         }
         Ok(out)
     }
+}
+
+/// The latency of `count` appends of one 4 KiB block each, in ns, as [`DurableFloor`]'s
+/// writer appends (to a new, preallocated file at `path`, removed after), and whether
+/// they went direct (`O_DIRECT | O_DSYNC`) rather than buffered with `fdatasync`.
+pub fn block_append_latencies_ns(path: &Path, count: usize) -> Result<(Vec<u64>, bool), String> {
+    let e = |e: std::io::Error| format!("{}: {e}", path.display());
+    let per_block = BLOCK_BYTES / RECORD_BYTES;
+    let mut file = AppendFile::create(path, count * per_block).map_err(e)?;
+    let block: Vec<u64> = (1..=per_block as u64).collect();
+    let mut out = Vec::with_capacity(count);
+    for _ in 0..count {
+        let t = std::time::Instant::now();
+        file.append(&block).map_err(e)?;
+        out.push(t.elapsed().as_nanos() as u64);
+    }
+    let direct = file.direct.is_some();
+    drop(file);
+    let _ = std::fs::remove_file(path);
+    Ok((out, direct))
 }
 
 impl Drop for DurableFloor {
