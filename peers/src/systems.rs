@@ -793,16 +793,19 @@ struct Queue {
 ///
 /// Waking: a caller waits on the condition variable of its batch's parity, under the
 /// queue's mutex; the writer raises the watermark and notifies that one under the same
-/// mutex. So exactly the callers the write made durable wake (the next batch's wait on the
-/// other one: the batch after it opens only once this one is notified), and `parking_lot`
-/// requeues them on the mutex, where each wakes the next as it lets go: the writer pays one
-/// wake-up per write. Tried on the 2-core VM of docs/benchmarks.md against per-thread
+/// mutex. So exactly the callers the write made durable wake (the next batch's callers
+/// wait on the other one; the batch after that opens only once this one is notified), and
+/// `parking_lot` requeues them on the mutex, where each wakes the next as it lets go: the
+/// writer pays one wake-up per write. Tried on the 2-core VM of docs/benchmarks.md against per-thread
 /// parking (the writer unparking each caller of the batch: the woken callers preempted it,
 /// 0.4–1.5 involuntary context switches and 11–20 µs of CPU per pair against 0.2 and 7),
 /// against one condition variable for both batches (callers of the next batch woken for
 /// nothing: 2.5 voluntary switches per pair against 2.1), and against a watermark under a
 /// mutex of its own (a second lock per record: 7.6–7.9 µs of CPU per pair, and lower
-/// throughput in every alternating round); this was the fastest.
+/// throughput in every alternating round); this was the fastest. A raw futex per batch
+/// parity, woken for the whole batch in one system call (Linux only), had the same median
+/// throughput in 8 alternating rounds, higher peaks and a lower p99, but 9–12 µs of CPU
+/// per pair (the callers, woken at once, contend for the queue's mutex).
 #[derive(Default)]
 struct GroupLog {
     queue: parking_lot::Mutex<Queue>,
