@@ -796,9 +796,10 @@ struct Queue {
 /// mutex. So exactly the callers the write made durable wake (the next batch's callers
 /// wait on the other one; the batch after that opens only once this one is notified), and
 /// `parking_lot` requeues them on the mutex, where each wakes the next as it lets go: the
-/// writer pays one wake-up per write. Tried on the 2-core VM of docs/benchmarks.md against per-thread
-/// parking (the writer unparking each caller of the batch: the woken callers preempted it,
-/// 0.4–1.5 involuntary context switches and 11–20 µs of CPU per pair against 0.2 and 7),
+/// writer pays one wake-up per write. Tried on the 2-core VM of docs/benchmarks.md
+/// against per-thread parking (the writer unparking each caller of the batch: the woken
+/// callers preempted it, 0.4–1.5 involuntary context switches and 11–20 µs of CPU per pair
+/// against 0.2 and 7),
 /// against one condition variable for both batches (callers of the next batch woken for
 /// nothing: 2.5 voluntary switches per pair against 2.1), and against a watermark under a
 /// mutex of its own (a second lock per record: 7.6–7.9 µs of CPU per pair, and lower
