@@ -21,6 +21,7 @@ const USAGE: &str = "usage: idemkv-peers --data-dir DIR [--n 100000] [--d 2] [--
     [--time-limit SECS (4)] [--rounds 5] [--response-bytes 64] [--systems all|ID,ID,...]
     [--pg CONNINFO] [--redis URL] [--doc docs/benchmarks.md] [--svg docs/peers.svg]
     [--stamp TEXT] [--disk TEXT] [--command TEXT] [--section main|shared]
+    [--calibrate yes|no (yes)]
 
 ids: idemkv-immediate idemkv-buffered idemkv-none
      idemkv-immediate-async idemkv-buffered-async
@@ -30,9 +31,12 @@ ids: idemkv-immediate idemkv-buffered idemkv-none
      striped-map
      idemkv-shared idemkv-shared-4p idemkv-shared-async idemkv-shared-4p-async
      (not in `all`: PostgreSQL at D = 8, `--section shared`)
+     durable-floor
+     (not in `all`: the calibration's durable group-commit floor, as a row)
 
 --section shared: the shared backend's comparison (round trips per delivery, no chart),
-written between the peers-shared:begin / peers-shared:end markers of --doc.";
+written between the peers-shared:begin / peers-shared:end markers of --doc.
+--calibrate no: skips the calibration (to profile one system's process alone).";
 
 struct Args {
     data_dir: PathBuf,
@@ -48,6 +52,8 @@ struct Args {
     command: String,
     /// `shared`: the shared backend's section instead of the main table.
     shared_section: bool,
+    /// Whether to measure the calibration.
+    calibrate: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -70,6 +76,7 @@ fn parse_args() -> Result<Args, String> {
         disk: String::new(),
         command: String::new(),
         shared_section: false,
+        calibrate: true,
     };
     let mut response_bytes = 64usize;
     let mut it = std::env::args().skip(1);
@@ -105,6 +112,11 @@ fn parse_args() -> Result<Args, String> {
                 "main" => a.shared_section = false,
                 "shared" => a.shared_section = true,
                 _ => return Err(format!("--section: main or shared, not {value}")),
+            },
+            "--calibrate" => match value.as_str() {
+                "yes" => a.calibrate = true,
+                "no" => a.calibrate = false,
+                _ => return Err(format!("--calibrate: yes or no, not {value}")),
             },
             _ => return Err(format!("unknown flag {flag}\n{USAGE}")),
         }
@@ -217,6 +229,12 @@ const SYSTEMS: &[(&str, &str, Class, &str)] = &[
         Class::Immediate,
         "committed by PostgreSQL (synchronous_commit on) before each call returns",
     ),
+    (
+        "durable-floor",
+        "durable group-commit floor (calibration)",
+        Class::Immediate,
+        "claim and completion each acknowledged after one direct, synchronous write",
+    ),
     ("idemkv-none", "idemkv None", Class::Memory, "memory only"),
     (
         "redis-none",
@@ -294,6 +312,7 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
         ),
         "moka" => workload::run(&systems::Moka::new(), w),
         "striped-map" => workload::run(&systems::StripedMap::new(), w),
+        "durable-floor" => durable_floor_round(dir, w),
         "idemkv-shared" => shared::run_one_process(&need_pg()?, w, false),
         "idemkv-shared-4p" => shared::run_processes(&need_pg()?, w, 4, dir, false),
         "idemkv-shared-async" => shared::run_one_process(&need_pg()?, w, true),
@@ -303,16 +322,26 @@ fn run_one(id: &str, args: &Args, dir: &Path) -> Result<workload::Measured, Stri
 }
 
 /// The floor every durable system here stands on, measured on the data directory's disk in
-/// the same run, one thread: a 4 KiB write + fdatasync, and a one-insert redb `Immediate`
-/// commit, plain and with two-phase commit (which idemkv's writer uses). And the floor of
-/// every in-process row: the workload run against [`systems::Floor`] (the harness alone).
+/// the same run, one thread: a 4 KiB write + fdatasync, a 4 KiB direct, synchronous append
+/// (as idemkv's commit log and [`systems::DurableFloor`] write), and a one-insert redb
+/// `Immediate` commit, plain and with two-phase commit (which idemkv's writer uses). And
+/// the floor of every in-process row: the workload run against [`systems::Floor`] (the
+/// harness alone); and of every row that acknowledges a claim and a completion durably:
+/// the workload run against [`systems::DurableFloor`] (two durable group commits per pair).
 struct Calibration {
     fsync_p50: u64,
     fsync_p99: u64,
+    /// A 4 KiB append as [`systems::DurableFloor`] writes it (and idemkv's commit log).
+    direct_p50: u64,
+    direct_p99: u64,
+    /// Whether those went `O_DIRECT | O_DSYNC` (else buffered, then `fdatasync`).
+    direct_on: bool,
     redb_p50: u64,
     redb_2pc_p50: u64,
     /// The harness alone, best of [`FLOOR_ROUNDS`]: deliveries/s and claim+complete/s.
     floor: (f64, f64),
+    /// The durable group-commit floor's best of [`FLOOR_ROUNDS`].
+    durable: workload::Measured,
 }
 
 /// Rounds of the harness floor; its best is reported, as for every row.
@@ -320,41 +349,109 @@ const FLOOR_ROUNDS: usize = 3;
 
 impl Calibration {
     fn describe(&self) -> String {
+        let d = &self.durable;
+        let per_pair = match d.per_pair() {
+            Some((cpu_us, switches)) => {
+                format!(", {cpu_us:.1} µs of CPU and {switches:.1} context switches per pair")
+            }
+            None => String::new(),
+        };
         format!(
-            "4 KiB write + fdatasync p50 {}, p99 {}; redb one-insert `Immediate` commit p50 {} \
+            "4 KiB write + fdatasync p50 {}, p99 {}; 4 KiB {} append p50 {}, p99 {}; \
+             redb one-insert `Immediate` commit p50 {} \
              (with two-phase commit, as idemkv's writer commits: p50 {}). The harness alone \
              (the same workload and workers, each delivery setting one preallocated atomic \
              flag per key instead of calling a system; best of {FLOOR_ROUNDS}): {}/s \
-             deliveries, {}/s claim+complete, the ceiling of any in-process row",
+             deliveries, {}/s claim+complete, the ceiling of any in-process row. Two durable \
+             group commits per pair (the same flags; the winner queues an 8-byte claim record \
+             and blocks until one writer thread has written everything queued with one durable \
+             write, runs the effect, then the same for its completion record; no index, no \
+             stored response; blocking threads, best of {FLOOR_ROUNDS}): {}/s claim+complete, \
+             p50 {}{per_pair} ({}), the ceiling of any row that acknowledges a claim and its \
+             completion durably",
             report::fmt_ns(self.fsync_p50),
             report::fmt_ns(self.fsync_p99),
+            if self.direct_on {
+                "`O_DIRECT | O_DSYNC`"
+            } else {
+                "buffered + fdatasync"
+            },
+            report::fmt_ns(self.direct_p50),
+            report::fmt_ns(self.direct_p99),
             report::fmt_ns(self.redb_p50),
             report::fmt_ns(self.redb_2pc_p50),
             report::fmt_rate(self.floor.0),
             report::fmt_rate(self.floor.1),
+            report::fmt_rate(d.completes_per_sec()),
+            report::fmt_ns(d.p50_ns),
+            d.note.as_deref().unwrap_or("no note"),
         )
     }
 }
 
-/// The workload against the harness alone ([`systems::Floor`]), best of [`FLOOR_ROUNDS`]
-/// (picked as every row's best round is, [`best_round`]); an error if any round failed or
-/// answered wrongly.
-fn harness_floor(w: &workload::Workload) -> Result<(f64, f64), String> {
-    let rounds = (0..FLOOR_ROUNDS)
-        .map(|_| workload::run(&systems::Floor::new(w.n), w))
-        .collect();
-    let m = best_round(rounds).map_err(|e| format!("calibration: the harness floor: {e}"))?;
+/// The best of [`FLOOR_ROUNDS`] runs of a floor (picked as every row's best round is,
+/// [`best_round`]); an error if any round failed or answered wrongly.
+fn floor_rounds(
+    what: &str,
+    run: impl Fn(usize) -> Result<workload::Measured, String>,
+) -> Result<workload::Measured, String> {
+    let m = best_round((0..FLOOR_ROUNDS).map(run).collect())
+        .map_err(|e| format!("calibration: {what}: {e}"))?;
     if m.rounds_failed > 0 || m.errors_all > 0 || m.double_keys_all > 0 {
         return Err(format!(
-            "calibration: the harness floor answered wrongly: {} failed rounds, {} errors, \
-             {} doubles ({})",
+            "calibration: {what} answered wrongly: {} failed rounds, {} errors, {} doubles ({})",
             m.rounds_failed,
             m.errors_all,
             m.double_keys_all,
             m.first_error.as_deref().unwrap_or("no error message")
         ));
     }
+    Ok(m)
+}
+
+/// The workload against the harness alone ([`systems::Floor`]): deliveries/s and
+/// claim+complete/s.
+fn harness_floor(w: &workload::Workload) -> Result<(f64, f64), String> {
+    let m = floor_rounds("the harness floor", |_| {
+        workload::run(&systems::Floor::new(w.n), w)
+    })?;
     Ok((m.throughput(), m.completes_per_sec()))
+}
+
+/// One run of the workload against [`systems::DurableFloor`] on a new file in `dir`, with
+/// its group commits as the note; an error unless the file holds a claim and a completion
+/// record of every executed delivery, and nothing else.
+fn durable_floor_round(dir: &Path, w: &workload::Workload) -> Result<workload::Measured, String> {
+    let floor = systems::DurableFloor::open(dir, w.n)?;
+    let mut m = workload::run(&floor, w)?;
+    floor.close()?;
+    let records = floor.read_back()?;
+    let claims = records
+        .iter()
+        .filter(|(_, tag)| *tag == systems::Tag::Claim)
+        .count() as u64;
+    if (claims, records.len() as u64) != (m.executed, 2 * m.executed) {
+        return Err(format!(
+            "durable floor: {} executed, but the file holds {claims} claims in {} records",
+            m.executed,
+            records.len()
+        ));
+    }
+    m.note = Some(floor.note());
+    Ok(m)
+}
+
+/// The workload against [`systems::DurableFloor`], each round in a new directory under
+/// `dir`.
+fn durable_floor(dir: &Path, w: &workload::Workload) -> Result<workload::Measured, String> {
+    floor_rounds("the durable floor", |round| {
+        let sub = dir.join(format!("durable-floor-{round}"));
+        let _ = fs::remove_dir_all(&sub);
+        fs::create_dir_all(&sub).map_err(|e| format!("{}: {e}", sub.display()))?;
+        let m = durable_floor_round(&sub, w);
+        let _ = fs::remove_dir_all(&sub);
+        m
+    })
 }
 
 fn calibrate(dir: &Path, w: &workload::Workload) -> Result<Calibration, String> {
@@ -373,6 +470,9 @@ fn calibrate(dir: &Path, w: &workload::Workload) -> Result<Calibration, String> 
     }
     fs.sort_unstable();
     let _ = fs::remove_file(&path);
+    let (mut direct, direct_on) =
+        systems::block_append_latencies_ns(&dir.join("direct.bin"), 300).map_err(|x| e(&x))?;
+    direct.sort_unstable();
     let mut redb = [0u64; 2];
     for (slot, two_phase) in [false, true].into_iter().enumerate() {
         let rpath = dir.join("calibrate.redb");
@@ -399,9 +499,13 @@ fn calibrate(dir: &Path, w: &workload::Workload) -> Result<Calibration, String> 
     Ok(Calibration {
         fsync_p50: percentile(&fs, 0.5),
         fsync_p99: percentile(&fs, 0.99),
+        direct_p50: percentile(&direct, 0.5),
+        direct_p99: percentile(&direct, 0.99),
+        direct_on,
         redb_p50: redb[0],
         redb_2pc_p50: redb[1],
         floor: harness_floor(w)?,
+        durable: durable_floor(dir, w)?,
     })
 }
 
@@ -466,7 +570,10 @@ fn main() {
         w.response.len(),
         w.time_limit
     );
-    let calib = calibrate(&args.data_dir, w);
+    let calib = match args.calibrate {
+        true => calibrate(&args.data_dir, w),
+        false => Err("calibration: skipped (--calibrate no)".into()),
+    };
     match &calib {
         Ok(c) => eprintln!("calibration: {}", c.describe()),
         Err(e) => eprintln!("{e}"),
@@ -477,7 +584,7 @@ fn main() {
         .iter()
         .filter(|(id, ..)| match &args.systems {
             Some(s) => s.iter().any(|x| x == id),
-            None => !id.starts_with("idemkv-shared"),
+            None => !id.starts_with("idemkv-shared") && *id != "durable-floor",
         })
         .collect();
     // Round-robin: every system once per round, so a burst of outside load lands on
@@ -496,7 +603,7 @@ fn main() {
                 Ok(m) => {
                     eprintln!(
                         "  {id:<22} {:>11}/s deliveries {:>10}/s claim+complete  p50 {:>9}  \
-                         p99 {:>9}  doubles {}  errors {}  retries {}  {:.1}s{}",
+                         p99 {:>9}  doubles {}  errors {}  retries {}  {:.1}s{}{}",
                         report::fmt_rate(m.throughput()),
                         report::fmt_rate(m.completes_per_sec()),
                         report::fmt_ns(m.p50_ns),
@@ -505,7 +612,12 @@ fn main() {
                         m.errors,
                         m.retries,
                         m.elapsed.as_secs_f64(),
-                        if m.cut_short { " (time limit)" } else { "" }
+                        if m.cut_short { " (time limit)" } else { "" },
+                        m.per_pair()
+                            .map(|(cpu, cs)| format!(
+                                "  per pair (this process): {cpu:.1} µs CPU, {cs:.2} switches"
+                            ))
+                            .unwrap_or_default()
                     );
                     if let Some(note) = &m.note {
                         eprintln!("  {:<22} {note}", "");

@@ -113,6 +113,48 @@ pub struct Measured {
     pub note: Option<String>,
     /// Statements sent to the database server, where the system counts them.
     pub round_trips: Option<u64>,
+    /// The process's CPU time and context switches from the start signal to the end of the
+    /// drain (every thread: the workers, the system's own, the harness's watcher).
+    pub usage: Option<Usage>,
+}
+
+/// CPU time and context switches of the whole process, as `getrusage` counts them (the
+/// same as `perf stat -e task-clock,context-switches`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// User and system CPU time of every thread, in ns.
+    pub cpu_ns: u64,
+    /// Voluntary and involuntary context switches of every thread.
+    pub switches: u64,
+}
+
+impl Usage {
+    /// The process's usage so far; `None` if `getrusage` failed.
+    pub fn now() -> Option<Usage> {
+        let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: `getrusage` fills the `rusage` it is given a pointer to, and the zeroed
+        // one is valid anyway.
+        let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) };
+        if rc != 0 {
+            return None;
+        }
+        // SAFETY: zero-initialised, then filled by the call above.
+        let ru = unsafe { ru.assume_init() };
+        let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+        Some(Usage {
+            cpu_ns: ns(ru.ru_utime) + ns(ru.ru_stime),
+            switches: ru.ru_nvcsw as u64 + ru.ru_nivcsw as u64,
+        })
+    }
+
+    /// What was used between `before` and `after`.
+    fn between(before: Option<Usage>, after: Option<Usage>) -> Option<Usage> {
+        let (b, a) = (before?, after?);
+        Some(Usage {
+            cpu_ns: a.cpu_ns.saturating_sub(b.cpu_ns),
+            switches: a.switches.saturating_sub(b.switches),
+        })
+    }
 }
 
 impl Measured {
@@ -124,6 +166,14 @@ impl Measured {
     /// Completed keys (claim + complete pairs) per second.
     pub fn completes_per_sec(&self) -> f64 {
         self.executed as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+
+    /// CPU µs and context switches per claim+complete pair (over the whole run,
+    /// duplicates included), where measured.
+    pub fn per_pair(&self) -> Option<(f64, f64)> {
+        let u = self.usage?;
+        let pairs = self.executed.max(1) as f64;
+        Some((u.cpu_ns as f64 / 1000.0 / pairs, u.switches as f64 / pairs))
     }
 }
 
@@ -275,7 +325,7 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
     let ready = Barrier::new(w.c + 1);
     let go = Barrier::new(w.c + 1);
     let connect_failed = AtomicBool::new(false);
-    let (start, outs) = std::thread::scope(|s| {
+    let (start, before, outs) = std::thread::scope(|s| {
         let handles: Vec<_> = (0..w.c)
             .map(|_| {
                 let (shared, ready, go, connect_failed) = (&shared, &ready, &go, &connect_failed);
@@ -307,6 +357,7 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
             })
             .collect();
         ready.wait();
+        let before = Usage::now();
         let start = Instant::now();
         go.wait();
         watch(start, w.time_limit, &shared.stop, || {
@@ -316,10 +367,11 @@ pub fn run<P: Peer>(peer: &P, w: &Workload) -> Result<Measured, String> {
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err("a worker panicked".into())))
             .collect();
-        (start, outs)
+        (start, before, outs)
     });
     let drained = peer.drain().map(|()| Instant::now());
-    summarize(peer, w, &shared, start, outs, drained)
+    let used = Usage::between(before, Usage::now());
+    summarize(peer, w, &shared, start, outs, drained).map(|m| Measured { usage: used, ..m })
 }
 
 /// Runs the same workload as [`run`] with its C workers as C tasks on a tokio runtime of
@@ -335,6 +387,7 @@ pub fn run_async<P: AsyncPeer>(peer: &Arc<P>, w: &Workload) -> Result<Measured, 
     let shared = Arc::new(Shared::new(w));
     let work = Arc::new(w.clone());
     let finished = Arc::new(AtomicUsize::new(0));
+    let before = Usage::now();
     let start = Instant::now();
     let handles: Vec<_> = (0..w.c)
         .map(|_| {
@@ -371,7 +424,8 @@ pub fn run_async<P: AsyncPeer>(peer: &Arc<P>, w: &Workload) -> Result<Measured, 
     });
     drop(rt);
     let drained = peer.drain().map(|()| Instant::now());
-    summarize(&**peer, w, &shared, start, outs, drained)
+    let used = Usage::between(before, Usage::now());
+    summarize(&**peer, w, &shared, start, outs, drained).map(|m| Measured { usage: used, ..m })
 }
 
 /// Gathers the workers' records into one measurement and checks the side-effect counters.
@@ -490,6 +544,47 @@ mod tests {
         for key in [&b"order-00000002"[..], b"order-x", b"short"] {
             assert!(floor.deliver(&mut (), key, b"", &|| {}).is_err(), "{key:?}");
         }
+    }
+
+    /// The durable floor runs each key once and answers the rest as duplicates; its file
+    /// holds, in order, a claim then a completion of every executed key and nothing else,
+    /// and the process's CPU time and context switches were measured.
+    #[test]
+    fn the_durable_floor_runs_each_key_once_and_writes_every_acknowledged_record() {
+        let w = small();
+        let dir = std::env::temp_dir().join(format!("idemkv-peers-floor-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let floor = crate::systems::DurableFloor::open(&dir, w.n).expect("open");
+        let m = run(&floor, &w).expect("durable floor run");
+        assert_eq!((m.deliveries, m.executed, m.duplicates), (1500, 500, 1000));
+        assert_eq!((m.keys_run, m.double_keys, m.errors), (500, 0, 0));
+        assert!(m.usage.is_some_and(|u| u.cpu_ns > 0));
+        for key in [&b"order-00000500"[..], b"order-x", b"short"] {
+            assert!(floor.deliver(&mut (), key, b"", &|| {}).is_err(), "{key:?}");
+        }
+        floor.close().expect("close");
+        assert!(
+            floor.deliver(&mut (), &key_of(0), b"", &|| {}).is_ok(),
+            "a duplicate needs no write"
+        );
+        let records = floor.read_back().expect("read back");
+        assert_eq!(records.len(), 1000, "{}", floor.note());
+        let mut seen = vec![0u8; w.n];
+        for (k, tag) in records {
+            // Each key: its claim (1), then its completion (2), once each.
+            let want = match tag {
+                crate::systems::Tag::Claim => 0,
+                crate::systems::Tag::Complete => 1,
+            };
+            assert_eq!(seen[k], want, "key {k}");
+            seen[k] += 1;
+        }
+        assert!(seen.iter().all(|&s| s == 2));
+        let fresh = crate::systems::DurableFloor::open(&dir.join("x"), 1);
+        assert!(fresh.is_err(), "no such directory");
+        drop(floor);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The lock-striped map runs each key once under the workload's concurrent duplicates,
