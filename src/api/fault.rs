@@ -42,7 +42,8 @@
 use crate::api::options::EngineBuilder;
 use crate::store::config::BackendSlot;
 
-pub use crate::store::faulty::{Fault, FaultyStorage, Gate};
+pub use crate::store::faulty::{FaultyStorage, Gate};
+pub use crate::store::faulty_state::Fault;
 
 /// The builder's storage methods for fault injection: `use idemkv::fault::WithStorage;`
 /// brings them into scope. Implemented for [`EngineBuilder`] only (sealed).

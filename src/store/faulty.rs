@@ -1,37 +1,16 @@
 //! The fault-injecting storage (`idemkv::fault::FaultyStorage`): an in-memory image or a
 //! file that fails, stalls or loses power where a test says, and keeps the images a test
 //! reopens from after a simulated crash. This file holds the public type and the test's
-//! controls; `faulty_io.rs` holds its state and the I/O the engine calls.
+//! controls; `faulty_state.rs` its state and `faulty_io.rs` the I/O the engine calls.
 
 use crate::base::sync::plain::{Condvar, Mutex, MutexGuard};
 use crate::base::sync::{Arc, Ordering};
-use crate::store::faulty_io::{Inner, Medium, State};
+use crate::store::faulty_state::{read_whole, Fault, Inner, Medium, State};
 use crate::store::storage::FileStorage;
 use std::fmt;
 use std::io;
 use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// When and how a [`FaultyStorage`] fails at a given I/O ([`FaultyStorage::set_fault`]).
-///
-/// I/Os are the storage's `write`, `set_len` and `sync_data` calls made while the power was
-/// on, numbered from 1 over its life ([`FaultyStorage::ios`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// The I/O numbered `at` fails once (ENOSPC for a write or `set_len`, EIO for a sync);
-    /// later ones succeed, and the process lives on.
-    Error {
-        /// Which I/O, from 1.
-        at: u64,
-    },
-    /// Power is lost at the I/O numbered `at`: it and every later write, `set_len` and sync
-    /// fail (reads still answer from what the OS holds). The machine is gone; a test reopens
-    /// from one of the storage's images.
-    PowerLoss {
-        /// Which I/O, from 1.
-        at: u64,
-    },
-}
 
 /// A storage for an engine's file or commit log that fails, stalls or loses power where a
 /// test says ([`crate::fault::WithStorage::backend`], [`crate::fault::WithStorage::log_backend`]).
@@ -108,7 +87,7 @@ impl FaultyStorage {
     /// The file cannot be opened or read, or is too large to be held in memory.
     pub fn file(path: impl AsRef<Path>) -> io::Result<Self> {
         let file = FileStorage::open(path.as_ref())?;
-        let image = crate::store::faulty_io::read_whole(&file)?;
+        let image = read_whole(&file)?;
         Ok(Self::new(Medium::File(file), image))
     }
 

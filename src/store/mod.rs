@@ -9,6 +9,7 @@ pub(crate) mod config;
 pub(crate) mod constants;
 pub(crate) mod faulty;
 pub(crate) mod faulty_io;
+pub(crate) mod faulty_state;
 pub(crate) mod log_file;
 pub(crate) mod log_state;
 pub(crate) mod storage;

@@ -1,6 +1,6 @@
 //! `ops_model`: sequences of operations run against the engine and against the sequential
 //! model ([`crate::spec`]) side by side, in every durability mode, with a mock clock and a
-//! simulated disk ([`crate::backend::FaultyStorage`]).
+//! simulated disk ([`idemkv::fault::FaultyStorage`]).
 //!
 //! After every operation the engine's result must be one the model allows; after every
 //! operation the engine's records (`Admin::records`) and in-flight gauge must match the
