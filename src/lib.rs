@@ -67,8 +67,8 @@
 //!   [`error::WriteSetError`], [`error::Limit`].
 //! - [`admin`]: operator tools: [`admin::Admin`], [`admin::FileReader`], the record and
 //!   abandoned-claim listings, [`admin::key_hash`].
-//! - [`fault`]: fault injection, an engine over a [`fault::Storage`] of your own; only
-//!   tests need it.
+//! - [`fault`]: fault injection, an engine over a [`fault::FaultyStorage`] that fails,
+//!   stalls or loses power where a test says; only tests need it.
 //!
 //! Performance knobs (index stripes, queue depth, sweep interval) are grouped in
 //! [`Tuning`] ([`EngineBuilder::tuning`]); their defaults suit most services.

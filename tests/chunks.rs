@@ -5,9 +5,8 @@
 //! stay full.
 
 use idemkv::admin::{FileReader, RecordInfo};
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::{ClaimOptions, Engine, MockClock};
-use idemkv_check::backend::FaultyBackend;
 use redb::{ReadableDatabase, ReadableTable, TableDefinition};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, UNIX_EPOCH};
@@ -122,7 +121,7 @@ fn a_conversion_cut_short_at_any_io_leaves_a_file_that_opens_whole() {
     let reference = dir.path().join("reference.redb");
     std::fs::write(&reference, &original).unwrap();
     let want = completions(&reference);
-    let open_on = |disk: &FaultyBackend| {
+    let open_on = |disk: &FaultyStorage| {
         Engine::builder()
             .path("fixture.redb")
             .backend(disk.clone())
@@ -133,7 +132,7 @@ fn a_conversion_cut_short_at_any_io_leaves_a_file_that_opens_whole() {
     let mut cut = 0;
     for fail_sync in [false, true] {
         for n in 0..64u64 {
-            let disk = FaultyBackend::from_image(&original);
+            let disk = FaultyStorage::from_image(&original);
             if fail_sync {
                 disk.fail_sync_in(n);
             } else {
@@ -148,7 +147,7 @@ fn a_conversion_cut_short_at_any_io_leaves_a_file_that_opens_whole() {
             let after = dir.path().join(format!("after-{fail_sync}-{n}.redb"));
             std::fs::write(&after, disk.durable_image()).unwrap();
             assert_eq!(completions(&after), want, "sync {fail_sync}, I/O {n}");
-            let engine = open_on(&FaultyBackend::from_image(disk.durable_image())).unwrap();
+            let engine = open_on(&FaultyStorage::from_image(disk.durable_image())).unwrap();
             engine.close().unwrap();
             if !failed {
                 break;

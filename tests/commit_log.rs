@@ -5,18 +5,18 @@
 
 use idemkv::admin::{FileReader, RecordInfoState};
 use idemkv::error::OpenErrorKind;
-use idemkv::fault::WithStorage;
+use idemkv::fault::{Fault, FaultyStorage, WithStorage};
 use idemkv::*;
-use idemkv_check::backend::{acquired, completed, stored_response, Fault, FaultyBackend};
+use idemkv_check::backend::{acquired, completed, stored_response};
 use idemkv_check::{armed, Bug};
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 
-fn open(file: &FaultyBackend, log: &FaultyBackend) -> Result<Engine, OpenError> {
+fn open(file: &FaultyStorage, log: &FaultyStorage) -> Result<Engine, OpenError> {
     open_with(file, log, Bug::None)
 }
 
-fn open_with(file: &FaultyBackend, log: &FaultyBackend, bug: Bug) -> Result<Engine, OpenError> {
+fn open_with(file: &FaultyStorage, log: &FaultyStorage, bug: Bug) -> Result<Engine, OpenError> {
     armed(
         Engine::builder()
             .backend(file.clone())
@@ -28,9 +28,9 @@ fn open_with(file: &FaultyBackend, log: &FaultyBackend, bug: Bug) -> Result<Engi
 
 /// What a power loss leaves of both storages now: the log's image first, so that nothing
 /// the file holds is newer than the log (as when power goes at one instant).
-fn power_loss(file: &FaultyBackend, log: &FaultyBackend) -> (FaultyBackend, FaultyBackend) {
-    let log = FaultyBackend::from_image(log.durable_image());
-    let file = FaultyBackend::from_image(file.durable_image());
+fn power_loss(file: &FaultyStorage, log: &FaultyStorage) -> (FaultyStorage, FaultyStorage) {
+    let log = FaultyStorage::from_image(log.durable_image());
+    let file = FaultyStorage::from_image(file.durable_image());
     (file, log)
 }
 
@@ -44,8 +44,8 @@ fn complete(engine: &Engine, key: &str, response: &[u8]) {
 }
 
 /// An engine on fresh storages with the log on, keys `k0..k{keys}` completed as `r{i}`.
-fn with_completions(keys: usize) -> (FaultyBackend, FaultyBackend, Engine) {
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+fn with_completions(keys: usize) -> (FaultyStorage, FaultyStorage, Engine) {
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = open(&file, &log).unwrap();
     for i in 0..keys {
         complete(&engine, &format!("k{i}"), format!("r{i}").as_bytes());
@@ -64,8 +64,8 @@ fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
     // The file alone holds at most a prefix of them (what the applier committed before
     // the power loss): the rest were durable in the log only.
     let alone = open(
-        &FaultyBackend::from_image(file_image.durable_image()),
-        &FaultyBackend::memory(),
+        &FaultyStorage::from_image(file_image.durable_image()),
+        &FaultyStorage::memory(),
     )
     .unwrap();
     let held: Vec<bool> = (0..KEYS)
@@ -89,8 +89,8 @@ fn acknowledged_completions_survive_a_power_loss_before_any_checkpoint() {
     // The open applied the log and checkpointed it: the file alone now holds them.
     engine.close().unwrap();
     let applied = Engine::builder()
-        .backend(FaultyBackend::from_image(file_image.durable_image()))
-        .log_backend(FaultyBackend::memory())
+        .backend(FaultyStorage::from_image(file_image.durable_image()))
+        .log_backend(FaultyStorage::memory())
         .open()
         .unwrap();
     assert_eq!(
@@ -104,7 +104,7 @@ fn a_full_log_checkpoints_and_keeps_every_completion() {
     // 24 responses of 1 MiB overflow the 16 MiB log at least once.
     const KEYS: usize = 24;
     let big = |i: usize| vec![i as u8; 1 << 20];
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = Engine::builder()
         .backend(file.clone())
         .log_backend(log.clone())
@@ -135,7 +135,7 @@ fn a_full_log_checkpoints_and_keeps_every_completion() {
 
 #[test]
 fn a_damaged_acknowledged_frame_is_refused_not_dropped() {
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = open(&file, &log).unwrap();
     complete(&engine, "a", b"1");
     complete(&engine, "b", b"2");
@@ -146,8 +146,8 @@ fn a_damaged_acknowledged_frame_is_refused_not_dropped() {
     let mut damaged = log_image.durable_image();
     damaged[40] ^= 0x20;
     let err = open(
-        &FaultyBackend::from_image(file_image.durable_image()),
-        &FaultyBackend::from_image(&damaged),
+        &FaultyStorage::from_image(file_image.durable_image()),
+        &FaultyStorage::from_image(&damaged),
     )
     .unwrap_err();
     assert_eq!(err.kind(), OpenErrorKind::Corrupted, "{err}");
@@ -237,14 +237,14 @@ fn the_settings_that_cannot_work_are_refused() {
     refused(
         Engine::builder()
             .path("unused.redb")
-            .log_backend(FaultyBackend::memory()),
+            .log_backend(FaultyStorage::memory()),
     );
 }
 
 #[test]
 fn copies_of_one_message_run_once_with_the_log_on() {
     const COPIES: usize = 16;
-    let engine = open(&FaultyBackend::memory(), &FaultyBackend::memory()).unwrap();
+    let engine = open(&FaultyStorage::memory(), &FaultyStorage::memory()).unwrap();
     for round in 0..8 {
         let key = format!("msg-{round}");
         let barrier = Arc::new(Barrier::new(COPIES));
@@ -300,13 +300,13 @@ fn sweep_workload(engine: &Engine, keys: usize) -> Vec<usize> {
 /// too, and both are checked. The first violation, if any.
 fn fault_sweep(bug: Bug, fault: fn(u64) -> Fault) -> Result<(), String> {
     const KEYS: usize = 3;
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = open_with(&file, &log, bug).map_err(|e| e.to_string())?;
     sweep_workload(&engine, KEYS);
     let _ = engine.close();
     for (struck, total) in [file.ios(), log.ios()].into_iter().enumerate() {
         for at in 1..=total {
-            let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+            let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
             [&file, &log][struck].set_fault(Some(fault(at)));
             let acked = match open_with(&file, &log, bug) {
                 Ok(engine) => {
@@ -319,8 +319,8 @@ fn fault_sweep(bug: Bug, fault: fn(u64) -> Fault) -> Result<(), String> {
             let mut images = vec![power_loss(&file, &log)];
             if let Fault::Error { .. } = fault(at) {
                 images.push((
-                    FaultyBackend::from_image(file.live_image()),
-                    FaultyBackend::from_image(log.live_image()),
+                    FaultyStorage::from_image(file.live_image()),
+                    FaultyStorage::from_image(log.live_image()),
                 ));
             }
             for (file, log) in images {
@@ -373,14 +373,14 @@ fn sabotaged_the_power_loss_sweep_catches_ack_before_the_log_is_synced() {
 
 #[test]
 fn a_file_missing_its_log_after_a_crash_is_refused_and_stands_alone_after_a_close() {
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = open(&file, &log).unwrap();
     complete(&engine, "a", b"1");
     let (crashed, _log) = power_loss(&file, &log);
     drop(engine);
     // Its completion is in the log alone: without the log the open is refused.
     let err = Engine::builder()
-        .backend(FaultyBackend::from_image(crashed.durable_image()))
+        .backend(FaultyStorage::from_image(crashed.durable_image()))
         .open()
         .unwrap_err();
     assert_eq!(err.kind(), OpenErrorKind::Corrupted, "{err}");
@@ -388,7 +388,7 @@ fn a_file_missing_its_log_after_a_crash_is_refused_and_stands_alone_after_a_clos
 
     // After a clean close the file needs no log, whether the log was written or not.
     for writes in [true, false] {
-        let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+        let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
         let engine = open(&file, &log).unwrap();
         if writes {
             complete(&engine, "a", b"1");
@@ -396,7 +396,7 @@ fn a_file_missing_its_log_after_a_crash_is_refused_and_stands_alone_after_a_clos
         engine.close().unwrap();
         drop(engine);
         let alone = Engine::builder()
-            .backend(FaultyBackend::from_image(file.durable_image()))
+            .backend(FaultyStorage::from_image(file.durable_image()))
             .open()
             .unwrap();
         let expected = writes.then(|| b"1".to_vec());
@@ -416,8 +416,8 @@ fn a_poisoned_engine_closed_without_a_checkpoint_keeps_every_acknowledged_comple
     // redb makes its non-durable commits durable when the database closes, so the file
     // may hold the log's frames already; a reopen with the log applies none twice.
     let reopened = open(
-        &FaultyBackend::from_image(file.durable_image()),
-        &FaultyBackend::from_image(log.durable_image()),
+        &FaultyStorage::from_image(file.durable_image()),
+        &FaultyStorage::from_image(log.durable_image()),
     )
     .unwrap();
     for i in 0..3 {
@@ -436,7 +436,7 @@ fn a_poisoned_engine_closed_without_a_checkpoint_keeps_every_acknowledged_comple
 fn a_completion_answers_claims_as_soon_as_complete_returns() {
     const THREADS: usize = 8;
     const KEYS: usize = 100;
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = open(&file, &log).unwrap();
     let start = Arc::new(Barrier::new(THREADS));
     std::thread::scope(|s| {
@@ -476,7 +476,7 @@ fn an_imported_completion_answers_as_soon_as_import_returns() {
     assert_eq!(records.len(), KEYS);
     source.close().unwrap();
 
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let target = open(&file, &log).unwrap();
     for r in &records {
         target.admin().import(r).unwrap();
@@ -526,7 +526,7 @@ fn the_default_engine_works_on_tmpfs() {
 /// with room writes the log again.
 #[test]
 fn a_log_that_finds_no_room_is_done_without() {
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     log.fail_write_in(1);
     let engine = open(&file, &log).unwrap();
     let log_writes = log.writes();
@@ -537,8 +537,8 @@ fn a_log_that_finds_no_room_is_done_without() {
     assert_eq!(engine.stats().log_checkpoints, 0);
     drop(engine);
     // The file alone holds everything (a power loss now keeps it all).
-    let image = FaultyBackend::from_image(file.durable_image());
-    let healthy = FaultyBackend::memory();
+    let image = FaultyStorage::from_image(file.durable_image());
+    let healthy = FaultyStorage::memory();
     let engine = open(&image, &healthy).unwrap();
     for i in 0..5 {
         assert_eq!(

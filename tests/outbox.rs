@@ -10,9 +10,9 @@
 
 use idemkv::admin::FileReader;
 use idemkv::error::{FlushError, TableError, WriteSetError};
-use idemkv::fault::WithStorage;
+use idemkv::fault::{Fault, FaultyStorage, WithStorage};
 use idemkv::*;
-use idemkv_check::backend::{acquired, completed, Fault, FaultyBackend};
+use idemkv_check::backend::{acquired, completed};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -193,7 +193,7 @@ fn a_power_loss_at_any_io_keeps_each_completion_and_its_writes_together() {
     const KEYS: u64 = 3;
     for mode in [Durability::Immediate, Durability::buffered()] {
         // The I/O count of a whole run, to place a power loss at each one.
-        let count = FaultyBackend::memory();
+        let count = FaultyStorage::memory();
         let engine = Engine::builder()
             .backend(count.clone())
             .durability(mode)
@@ -204,7 +204,7 @@ fn a_power_loss_at_any_io_keeps_each_completion_and_its_writes_together() {
         let total = count.ios();
         let mut survived = [false; KEYS as usize + 1];
         for at in 1..=total {
-            let backend = FaultyBackend::memory();
+            let backend = FaultyStorage::memory();
             backend.set_fault(Some(Fault::PowerLoss { at }));
             let opened = Engine::builder()
                 .backend(backend.clone())
@@ -219,7 +219,7 @@ fn a_power_loss_at_any_io_keeps_each_completion_and_its_writes_together() {
                 Err(_) => Vec::new(),
             };
             let reopened = Engine::builder()
-                .backend(FaultyBackend::from_image(backend.durable_image()))
+                .backend(FaultyStorage::from_image(backend.durable_image()))
                 .durability(mode)
                 .open();
             let Ok(engine) = reopened else {
@@ -251,7 +251,7 @@ fn a_power_loss_at_any_io_keeps_each_completion_and_its_writes_together() {
 fn a_power_loss_at_any_io_of_the_file_or_its_commit_log_keeps_each_completion_and_its_writes_together(
 ) {
     const KEYS: u64 = 3;
-    let open = |file: &FaultyBackend, log: &FaultyBackend| {
+    let open = |file: &FaultyStorage, log: &FaultyStorage| {
         Engine::builder()
             .backend(file.clone())
             .log_backend(log.clone())
@@ -259,7 +259,7 @@ fn a_power_loss_at_any_io_of_the_file_or_its_commit_log_keeps_each_completion_an
             .open()
     };
     // The I/O counts of a whole run, to place a power loss at each I/O of either storage.
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = open(&file, &log).unwrap();
     let log_syncs = log.syncs();
     assert_eq!(counting_workload(&engine, KEYS).len(), KEYS as usize);
@@ -273,7 +273,7 @@ fn a_power_loss_at_any_io_of_the_file_or_its_commit_log_keeps_each_completion_an
     let mut survived = [false; KEYS as usize + 1];
     for (struck, total) in totals.into_iter().enumerate() {
         for at in 1..=total {
-            let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
+            let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
             [&file, &log][struck].set_fault(Some(Fault::PowerLoss { at }));
             let acknowledged = match open(&file, &log) {
                 Ok(engine) => {
@@ -288,8 +288,8 @@ fn a_power_loss_at_any_io_of_the_file_or_its_commit_log_keeps_each_completion_an
             for log_image in [log.durable_image(), log.live_image()] {
                 let what = format!("power loss at I/O {at} of the {}", ["file", "log"][struck]);
                 let reopened = open(
-                    &FaultyBackend::from_image(file.durable_image()),
-                    &FaultyBackend::from_image(log_image),
+                    &FaultyStorage::from_image(file.durable_image()),
+                    &FaultyStorage::from_image(log_image),
                 );
                 let Ok(engine) = reopened else {
                     // A power loss while the file was created leaves nothing to check.
@@ -310,7 +310,7 @@ fn a_power_loss_at_any_io_of_the_file_or_its_commit_log_keeps_each_completion_an
 fn a_failed_commit_applies_nothing_and_acknowledges_nothing() {
     // Immediate: the commit of the completion and its writes fails; nothing is shown,
     // nothing is acknowledged, and the reopened file holds neither.
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(Durability::Immediate)
@@ -333,7 +333,7 @@ fn a_failed_commit_applies_nothing_and_acknowledges_nothing() {
     ));
     let _ = engine.close();
     let engine = Engine::builder()
-        .backend(FaultyBackend::from_image(backend.live_image()))
+        .backend(FaultyStorage::from_image(backend.live_image()))
         .open()
         .unwrap();
     assert!(matches!(
@@ -346,7 +346,7 @@ fn a_failed_commit_applies_nothing_and_acknowledges_nothing() {
 
     // Buffered: the completion was acknowledged and its writes read back, but the commit
     // fails: the engine shows nothing more, and the file holds neither.
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(held())
@@ -377,7 +377,7 @@ fn a_failed_commit_applies_nothing_and_acknowledges_nothing() {
     ));
     let _ = engine.close();
     let engine = Engine::builder()
-        .backend(FaultyBackend::from_image(backend.durable_image()))
+        .backend(FaultyStorage::from_image(backend.durable_image()))
         .open()
         .unwrap();
     assert_eq!(engine.get(b"k").unwrap(), None);
@@ -719,8 +719,8 @@ fn a_checkpoint_with_writes_reaches_a_takeover_with_them() {
 
 #[test]
 fn a_power_loss_keeps_a_checkpoint_and_its_writes_together() {
-    let count = FaultyBackend::memory();
-    let run = |backend: &FaultyBackend| -> bool {
+    let count = FaultyStorage::memory();
+    let run = |backend: &FaultyStorage| -> bool {
         let Ok(engine) = Engine::builder().backend(backend.clone()).open() else {
             return false;
         };
@@ -735,11 +735,11 @@ fn a_power_loss_keeps_a_checkpoint_and_its_writes_together() {
     };
     run(&count);
     for at in 1..=count.ios() {
-        let backend = FaultyBackend::memory();
+        let backend = FaultyStorage::memory();
         backend.set_fault(Some(Fault::PowerLoss { at }));
         let acked = run(&backend);
         let Ok(engine) = Engine::builder()
-            .backend(FaultyBackend::from_image(backend.durable_image()))
+            .backend(FaultyStorage::from_image(backend.durable_image()))
             .open()
         else {
             continue;

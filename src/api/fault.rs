@@ -1,94 +1,75 @@
-//! Fault injection: an engine over storage you provide instead of a file.
+//! Fault injection: an engine over a storage that fails where a test says.
 //!
 //! An application never needs this module: [`crate::EngineBuilder::path`] (or
 //! [`crate::Engine::open`]) is the storage of every real deployment. It exists so that a
-//! test can put the engine's database and commit log on a [`Storage`] that fails, tears or
-//! loses writes where the test says, and check what the engine acknowledges, refuses and
-//! recovers afterwards.
+//! test can put the engine's database and commit log on a [`FaultyStorage`] that fails,
+//! stalls or loses power where the test says, and check what the engine acknowledges,
+//! refuses and recovers afterwards.
 //!
 //! ```
-//! use idemkv::fault::{Storage, WithStorage};
+//! use idemkv::fault::{FaultyStorage, WithStorage};
 //! use idemkv::{ClaimOptions, Engine};
 //! use std::io;
-//! use std::sync::Mutex;
 //!
-//! /// An in-memory image (a real test would fail some of these calls on purpose).
-//! #[derive(Debug, Default)]
-//! struct Memory(Mutex<Vec<u8>>);
-//!
-//! impl Storage for Memory {
-//!     fn len(&self) -> io::Result<u64> {
-//!         Ok(self.0.lock().map_err(|_| io::ErrorKind::Other)?.len() as u64)
-//!     }
-//!     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-//!         let data = self.0.lock().map_err(|_| io::ErrorKind::Other)?;
-//!         let at = usize::try_from(offset).map_err(|_| io::ErrorKind::UnexpectedEof)?;
-//!         let bytes = data.get(at..at + out.len()).ok_or(io::ErrorKind::UnexpectedEof)?;
-//!         out.copy_from_slice(bytes);
-//!         Ok(())
-//!     }
-//!     fn set_len(&self, len: u64) -> io::Result<()> {
-//!         let len = usize::try_from(len).map_err(|_| io::ErrorKind::OutOfMemory)?;
-//!         self.0.lock().map_err(|_| io::ErrorKind::Other)?.resize(len, 0);
-//!         Ok(())
-//!     }
-//!     fn sync_data(&self) -> io::Result<()> {
-//!         Ok(())
-//!     }
-//!     fn write(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
-//!         let mut data = self.0.lock().map_err(|_| io::ErrorKind::Other)?;
-//!         let at = usize::try_from(offset).map_err(|_| io::ErrorKind::OutOfMemory)?;
-//!         if data.len() < at + bytes.len() {
-//!             data.resize(at + bytes.len(), 0);
-//!         }
-//!         data[at..at + bytes.len()].copy_from_slice(bytes);
-//!         Ok(())
-//!     }
-//! }
-//!
-//! let engine = Engine::builder().backend(Memory::default()).open()?;
+//! let disk = FaultyStorage::memory();
+//! let engine = Engine::builder().backend(disk.clone()).open()?;
 //! let opts = ClaimOptions::default();
-//! let out = engine.run(b"order-42", &opts, |_lease| Ok::<_, io::Error>(b"done".to_vec()))?;
-//! assert!(!out.replayed());
+//! let charge = |_lease: &idemkv::Lease| Ok::<_, io::Error>(b"charged".to_vec());
+//! engine.run(b"order-42", &opts, charge)?;
+//!
+//! // The disk fails the next sync: the call is refused, and the engine acknowledges
+//! // nothing more.
+//! disk.fail_sync_in(1);
+//! assert!(engine.run(b"order-43", &opts, charge).is_err());
+//! drop(engine);
+//!
+//! // The power goes: an engine over what the disk had synced replays the acknowledged call.
+//! let after = FaultyStorage::from_image(disk.durable_image());
+//! let engine = Engine::builder().backend(after).open()?;
+//! let out = engine.run(b"order-42", &opts, charge)?;
+//! assert_eq!((out.response(), out.replayed()), (&b"charged"[..], true));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Why it has this shape: [`Storage`] is implemented outside this crate (the workspace's
-//! fault-injecting backend, and any user's own), so it cannot be sealed; and the fault
-//! suites run in ordinary and release builds, as a user's own service is built, so it
-//! cannot sit behind a test-only cfg either. It is kept out of the everyday surface
-//! instead: the types live here, and the builder's storage methods come from the
-//! [`WithStorage`] trait, which a test imports and an application never has to.
+//! Why it has this shape: the fault suites run in ordinary and release builds, as a user's
+//! own service is built, so fault injection cannot sit behind a test-only cfg. It is kept
+//! out of the everyday surface instead: the types live here, and the builder's storage
+//! methods come from the sealed [`WithStorage`] trait, which a test imports and an
+//! application never has to. The storage is one concrete type, not a trait to implement,
+//! so that what the engine asks of its storage (a read past the end, a lock, a sync) stays
+//! a contract inside the crate.
 
 use crate::api::options::EngineBuilder;
 use crate::store::config::BackendSlot;
 
-pub use crate::store::backend::{LockKind, Storage};
+pub use crate::store::faulty::{FaultyStorage, Gate};
+pub use crate::store::faulty_state::Fault;
 
 /// The builder's storage methods for fault injection: `use idemkv::fault::WithStorage;`
 /// brings them into scope. Implemented for [`EngineBuilder`] only (sealed).
 pub trait WithStorage: sealed::Sealed + Sized {
-    /// Stores the database in a custom [`Storage`] instead of a file at `path` (which is
-    /// then only used in messages). A backend serves one open: clones of this builder share
-    /// it, and opening a second time is refused with
-    /// [`crate::error::OpenError::InvalidConfig`] without touching any file.
-    fn backend(self, backend: impl Storage) -> Self;
+    /// Stores the database in `storage` instead of a file at `path` (which is then only
+    /// used in messages). A storage serves one open: clones of this builder share it, and
+    /// opening a second time is refused with [`crate::error::OpenError::InvalidConfig`]
+    /// without touching any file. (A clone of the [`FaultyStorage`] handle, given to a new
+    /// builder, opens the same bytes again.)
+    fn backend(self, storage: FaultyStorage) -> Self;
 
-    /// Stores the commit log in a custom [`Storage`]; only with [`WithStorage::backend`].
-    /// Under [`crate::Durability::Immediate`] the engine then writes its commit log there
+    /// Stores the commit log in `storage`; only with [`WithStorage::backend`]. Under
+    /// [`crate::Durability::Immediate`] the engine then writes its commit log there
     /// (without it, a custom backend's group commits are durable redb commits); under
     /// another mode a log it holds is applied at open. As with `backend`, a log storage
     /// serves one open.
-    fn log_backend(self, storage: impl Storage) -> Self;
+    fn log_backend(self, storage: FaultyStorage) -> Self;
 }
 
 impl WithStorage for EngineBuilder {
-    fn backend(mut self, backend: impl Storage) -> Self {
-        self.backend = Some(BackendSlot::new(backend));
+    fn backend(mut self, storage: FaultyStorage) -> Self {
+        self.backend = Some(BackendSlot::new(storage));
         self
     }
 
-    fn log_backend(mut self, storage: impl Storage) -> Self {
+    fn log_backend(mut self, storage: FaultyStorage) -> Self {
         self.log_backend = Some(BackendSlot::new(storage));
         self
     }

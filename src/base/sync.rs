@@ -43,6 +43,15 @@ where
 
 #[cfg(not(shuttle))]
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+
+/// Locks that stay parking_lot's under `--cfg shuttle` too: the fault-injecting storage's
+/// (`store/faulty.rs`). redb calls the storage while it holds its own std locks, so a
+/// storage call must never be a scheduling point: a task switched out there would leave
+/// the model's other tasks blocked on a real lock.
+pub(crate) mod plain {
+    pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard};
+    pub(crate) use std::sync::atomic::AtomicBool;
+}
 #[cfg(all(idemkv_sabotage, not(shuttle)))]
 pub(crate) use std::sync::atomic::AtomicU8;
 #[cfg(not(shuttle))]

@@ -1,28 +1,30 @@
-//! The storage a custom backend provides: a resizable byte array with a durability barrier.
-//! idemkv adapts it to its storage engine internally, so this trait, not the engine's, is
-//! the public contract.
+//! The storage the engine keeps a file or a commit log in when it is not a file at a path:
+//! a resizable byte array with a durability barrier. The store adapts it to redb
+//! (`storage.rs`); the commit log's own file implements it too (`log_file.rs`). It is
+//! crate-private: the one custom storage a user can give the builder is the fault-injecting
+//! `FaultyStorage` (`faulty.rs`).
 
 use std::fmt;
 use std::io;
 
 /// The kind of lock an open takes on a [`Storage`] for as long as it uses it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LockKind {
+pub(crate) enum LockKind {
     /// An engine that writes: no other opener may hold any lock.
     Exclusive,
     /// A read-only view: other read-only views may hold one too.
     Shared,
 }
 
-/// A custom storage for [`crate::fault::WithStorage::backend`]: where the engine keeps its file
-/// when it is not a file at a path (an in-memory image, a fault-injecting wrapper).
+/// Where the engine keeps its file, or its commit log, when it is not a file at a path
+/// (the fault-injecting storage given to [`crate::fault::WithStorage::backend`], the commit
+/// log's own file).
 ///
 /// Offsets and lengths are in bytes. The engine calls these methods from its writer thread
 /// and its opens, never concurrently with a `close`.
 // `len` is the storage's size in bytes, not a collection's count: no `is_empty`.
 #[allow(clippy::len_without_is_empty)]
-pub trait Storage: fmt::Debug + Send + Sync + 'static {
+pub(crate) trait Storage: fmt::Debug + Send + Sync + 'static {
     /// The current length.
     fn len(&self) -> io::Result<u64>;
 

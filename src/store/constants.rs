@@ -43,3 +43,9 @@ pub(crate) const LOG_BLOCK_BYTES: u64 = 4096;
 pub(crate) const DIRECT_BUFFER_KEPT_BYTES: usize = 1 << 20;
 /// The write size used to fill a new commit log with zeros.
 pub(crate) const LOG_ZERO_CHUNK_BYTES: usize = 4 << 20;
+/// The OS error an injected write or `set_len` failure carries (`FaultyStorage`): ENOSPC,
+/// a full disk, the failure a write meets most.
+pub(crate) const INJECTED_WRITE_ERRNO: i32 = 28;
+/// The OS error an injected sync or read failure carries (`FaultyStorage`): EIO, what a
+/// failing device reports.
+pub(crate) const INJECTED_IO_ERRNO: i32 = 5;

@@ -1,4 +1,5 @@
-//! The file: record storage in redb, the commit log, the storage trait. Imports `base` and `model`.
+//! The file: record storage in redb, the commit log, the storage trait and the
+//! fault-injecting storage. Imports `base` and `model`.
 
 pub(crate) mod backend;
 pub(crate) mod batch;
@@ -6,6 +7,9 @@ pub(crate) mod chunk;
 pub(crate) mod commit_log;
 pub(crate) mod config;
 pub(crate) mod constants;
+pub(crate) mod faulty;
+pub(crate) mod faulty_io;
+pub(crate) mod faulty_state;
 pub(crate) mod log_file;
 pub(crate) mod log_state;
 pub(crate) mod storage;

@@ -520,6 +520,70 @@ pub(crate) fn file_backend(file: File, path: &Path) -> Result<FileBackend, OpenE
     FileBackend::new(file).map_err(|e| open_error(path, e))
 }
 
+/// A file at a path through redb's file backend, with its locks: the medium of
+/// `FaultyStorage::file`. The whole-storage lock is redb's lock of the whole range, so it
+/// conflicts with an engine that opened the same path itself.
+#[derive(Debug)]
+pub(crate) struct FileStorage(FileBackend);
+
+impl FileStorage {
+    /// Opens the file at `path` for reading and writing, created if missing.
+    pub(crate) fn open(path: &Path) -> io::Result<FileStorage> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?;
+        #[allow(clippy::useless_conversion)]
+        FileBackend::new(file)
+            .map(FileStorage)
+            .map_err(|e| io::Error::other(e.to_string()))
+    }
+}
+
+impl Storage for FileStorage {
+    fn len(&self) -> io::Result<u64> {
+        self.0.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.0.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.0.set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.0.write(offset, data)
+    }
+    fn close(&self) -> io::Result<()> {
+        self.0.close()
+    }
+    fn try_lock(&self, kind: LockKind) -> io::Result<bool> {
+        let (a, b) = (Bound::Unbounded, Bound::Unbounded);
+        match kind {
+            LockKind::Shared => self.0.try_lock_shared_range(a, b),
+            LockKind::Exclusive => self.0.try_lock_range(a, b),
+        }
+        .map_err(lock_io)
+    }
+    fn unlock(&self) -> io::Result<()> {
+        let (a, b) = (Bound::Unbounded, Bound::Unbounded);
+        self.0.unlock_range(a, b).map_err(lock_io)
+    }
+}
+
+/// A lock error of redb's file backend as the I/O error [`Storage`] reports.
+fn lock_io(e: BackendError) -> io::Error {
+    match e {
+        BackendError::Io(io) => io,
+        BackendError::Unsupported => io::Error::from(io::ErrorKind::Unsupported),
+        other => io::Error::other(other.to_string()),
+    }
+}
+
 /// Refuses a path that is a directory, before anything is created beside it.
 fn not_a_directory(path: &Path) -> OpenError {
     OpenError::Io(io::Error::new(

@@ -1,4 +1,4 @@
-//! `storage_faults`: a workload against an engine on a [`FaultyBackend`] that fails or loses power
+//! `storage_faults`: a workload against an engine on a [`FaultyStorage`] that fails or loses power
 //! at its Nth I/O, then a reopen and the checks of invariants 2, 4 and 5 of docs/design.md:
 //!
 //! - the reopened file holds exactly the records of some prefix of the submitted writes
@@ -9,7 +9,7 @@
 //! - the next token issued after the reopen is above every token issued before the crash.
 //!
 //! Under `Immediate` the engine runs as by default: its group commits are made durable by
-//! the commit log (a second [`FaultyBackend`], on the file's power), and its applier takes
+//! the commit log (a second [`FaultyStorage`], on the file's power), and its applier takes
 //! them to the file. A fault strikes either storage; [`Mode::unlogged`] runs the other
 //! durable path, a custom backend without a log (group commits are durable redb commits).
 //!
@@ -17,13 +17,12 @@
 //! storage and fault kind: power loss with only the synced bytes, power loss with every
 //! unsynced write too, and a failing call that the process survives.
 
-use crate::backend::{Fault, FaultyBackend};
 use crate::ops::{self, call, Call, Model, Op};
 use crate::spec::{KeyModel, KeyOp, KeyRet};
 use crate::Bug;
 use arbitrary::Arbitrary;
 use idemkv::admin::{RecordInfo, RecordInfoState};
-use idemkv::fault::WithStorage;
+use idemkv::fault::{Fault, FaultyStorage, WithStorage};
 use idemkv::{Claim, ClaimError, ClaimOptions, Durability, LeaseError, MockClock};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -270,8 +269,8 @@ pub fn run_with(
     let setup: Mode = mode.into();
     let mode = setup.durability;
     let clock = MockClock::new();
-    let disk = FaultyBackend::memory();
-    let log_disk = FaultyBackend::memory();
+    let disk = FaultyStorage::memory();
+    let log_disk = FaultyStorage::memory();
     log_disk.share_power(&disk);
     match fault {
         Some((Disk::File, f)) => disk.set_fault(Some(f)),
@@ -438,8 +437,8 @@ pub fn run_with(
     let reopened = match builder(
         setup,
         &clock,
-        &FaultyBackend::from_image(image),
-        &FaultyBackend::from_image(log_image),
+        &FaultyStorage::from_image(image),
+        &FaultyStorage::from_image(log_image),
     )
     .inflight_max(1 << 10)
     .open()
@@ -524,8 +523,8 @@ pub fn dense_case(u: &mut arbitrary::Unstructured<'_>) -> arbitrary::Result<Faul
 fn builder(
     setup: Mode,
     clock: &MockClock,
-    file: &FaultyBackend,
-    log: &FaultyBackend,
+    file: &FaultyStorage,
+    log: &FaultyStorage,
 ) -> idemkv::EngineBuilder {
     let b = ops::builder(setup.durability, clock, Some(file));
     if setup.logged {
@@ -719,7 +718,7 @@ pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
     let setup: Mode = mode.into();
     let mode = setup.durability;
     let clock = MockClock::new();
-    let (disk, log_disk) = (FaultyBackend::memory(), FaultyBackend::memory());
+    let (disk, log_disk) = (FaultyStorage::memory(), FaultyStorage::memory());
     let engine = crate::armed(
         builder(setup, &clock, &disk, &log_disk).inflight_max(16),
         bug,
@@ -800,8 +799,8 @@ pub fn held_commit(mode: impl Into<Mode>, bug: Bug) -> Result<(), String> {
     let reopened = builder(
         setup,
         &clock,
-        &FaultyBackend::from_image(image),
-        &FaultyBackend::from_image(log_image),
+        &FaultyStorage::from_image(image),
+        &FaultyStorage::from_image(log_image),
     )
     .inflight_max(16)
     .open()
@@ -855,7 +854,7 @@ const ROTTEN: &[u8] = b"receipt #1234: charged 99.99 EUR";
 #[cfg(idemkv_sabotage)]
 pub fn damaged_response(mode: Durability, bug: Bug) -> Result<(), String> {
     let clock = MockClock::new();
-    let disk = FaultyBackend::memory();
+    let disk = FaultyStorage::memory();
     let engine = crate::armed(
         ops::builder(mode, &clock, Some(&disk)).response_len_max(INTACT.len()),
         bug,
@@ -951,8 +950,8 @@ pub fn damaged_response(mode: Durability, bug: Bug) -> Result<(), String> {
 pub fn mark_sent_then_power_loss(bug: Bug) -> Result<(), String> {
     for lose_power in [false, true] {
         let clock = MockClock::new();
-        let disk = FaultyBackend::memory();
-        let open = |disk: &FaultyBackend, bug: Bug| {
+        let disk = FaultyStorage::memory();
+        let open = |disk: &FaultyStorage, bug: Bug| {
             crate::armed(ops::builder(Durability::Immediate, &clock, Some(disk)), bug)
                 .open()
                 .map_err(|e| format!("open: {e}"))
@@ -989,7 +988,7 @@ pub fn mark_sent_then_power_loss(bug: Bug) -> Result<(), String> {
         if !lose_power {
             sent.as_ref().map_err(|e| format!("mark_sent: {e}"))?;
         }
-        let reopened = open(&FaultyBackend::from_image(&image), Bug::None)?;
+        let reopened = open(&FaultyStorage::from_image(&image), Bug::None)?;
         let pending = reopened
             .outbox()
             .pending(10)

@@ -1,8 +1,9 @@
 //! The machinery that checks idemkv (never published): the operation types and the
 //! whole-engine model of the `ops_model` fuzz target, the sequential spec, a history recorder
 //! and a linearizability checker, the concurrent scripts of `concurrent_claims`, a simulated
-//! disk and the `storage_faults` runner, the stress runner, and a fault-injecting backend
-//! for the integration tests. `docs/testing.md` explains each part.
+//! disk and the `storage_faults` runner, the stress runner, and the assertion helpers of the
+//! integration tests (`backend`; the simulated disk itself is the library's
+//! `idemkv::fault::FaultyStorage`). `docs/testing.md` explains each part.
 //!
 //! The deliberate bugs of the teeth ([`Bug`]) act only in a build of the engine with
 //! `--cfg idemkv_sabotage` (set through RUSTFLAGS); in any other build [`sabotage`] and

@@ -1,6 +1,6 @@
 //! `ops_model`: sequences of operations run against the engine and against the sequential
 //! model ([`crate::spec`]) side by side, in every durability mode, with a mock clock and a
-//! simulated disk ([`crate::backend::FaultyBackend`]).
+//! simulated disk ([`idemkv::fault::FaultyStorage`]).
 //!
 //! After every operation the engine's result must be one the model allows; after every
 //! operation the engine's records (`Admin::records`) and in-flight gauge must match the
@@ -10,13 +10,12 @@
 //! (after a `flush` under `Buffered`, whose promise is weaker and is checked by
 //! `storage_faults`). Under `Durability::None` a restart starts from nothing.
 
-use crate::backend::FaultyBackend;
 use crate::modes;
 use crate::spec::{self, ns, KeyModel, KeyOp, KeyRet, KeySpec, SpecConfig};
 use arbitrary::Arbitrary;
 use idemkv::admin::RecordInfoState;
 use idemkv::error::Limit;
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::{ClaimError, ClaimOptions, Clock, Durability, Engine, LeaseError, MockClock};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -223,7 +222,7 @@ pub fn spec_config(mode: Durability) -> SpecConfig {
 pub fn builder(
     mode: Durability,
     clock: &MockClock,
-    disk: Option<&FaultyBackend>,
+    disk: Option<&FaultyStorage>,
 ) -> idemkv::EngineBuilder {
     let mut b = Engine::builder()
         .durability(mode)
@@ -543,7 +542,7 @@ pub struct Harness {
     /// The shared mock clock.
     pub clock: MockClock,
     /// The simulated disk (not under `None`).
-    pub disk: Option<FaultyBackend>,
+    pub disk: Option<FaultyStorage>,
     /// The engine.
     pub engine: Engine,
     /// The model.
@@ -557,7 +556,7 @@ impl Harness {
     /// Opens an engine in `mode` on a fresh simulated disk.
     pub fn open(mode: Durability) -> Result<Harness, ModelFailure> {
         let clock = MockClock::new();
-        let disk = (mode != Durability::None).then(FaultyBackend::memory);
+        let disk = (mode != Durability::None).then(FaultyStorage::memory);
         let engine = builder(mode, &clock, disk.as_ref())
             .open()
             .map_err(|e| ModelFailure(format!("open failed: {e}")))?;
@@ -712,7 +711,7 @@ impl Harness {
         };
         // The old engine may still write to its own disk; the new one reads a copy.
         let _ = self.engine.close();
-        self.disk = image.map(FaultyBackend::from_image);
+        self.disk = image.map(FaultyStorage::from_image);
         self.engine = builder(self.mode, &self.clock, self.disk.as_ref())
             .open()
             .map_err(|e| format!("reopen failed: {e}"))?;

@@ -7,12 +7,11 @@
 //! The mock clock does not move here (the per-key histories would have to include every
 //! clock step of the whole run); zero leases give takeovers and stale tokens instead.
 
-use crate::backend::FaultyBackend;
 use crate::concurrent::{self, run_script, Scenario};
 use crate::history::{Recorder, Summary};
 use crate::Bug;
 use arbitrary::Unstructured;
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::{Durability, MockClock};
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -67,7 +66,7 @@ pub fn run(cfg: &StressConfig) -> StressReport {
     let clock = MockClock::new();
     let mut b = concurrent::builder(cfg.mode, &clock);
     if cfg.mode != Durability::None {
-        b = b.path("stress.redb").backend(FaultyBackend::memory());
+        b = b.path("stress.redb").backend(FaultyStorage::memory());
     }
     let engine = match b.open() {
         Ok(e) => e,

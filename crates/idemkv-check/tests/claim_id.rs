@@ -4,15 +4,14 @@
 //! identity gets the lease back (same token and attempt), while any other claim finds the
 //! key held and a different payload is refused.
 
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::*;
-use idemkv_check::backend::FaultyBackend;
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(30);
 const ID: u128 = 0x0123_4567_89ab_cdef_fedc_ba98_7654_3210;
 
-fn open(backend: &FaultyBackend, clock: &MockClock, recovery: Recovery) -> Engine {
+fn open(backend: &FaultyStorage, clock: &MockClock, recovery: Recovery) -> Engine {
     Engine::builder()
         .backend(backend.clone())
         .durability(Durability::Immediate)
@@ -34,7 +33,7 @@ fn opts(id: u128) -> ClaimOptions {
 #[test]
 fn a_claim_with_an_unknown_outcome_is_resumed_by_its_identity_after_a_reopen() {
     let clock = MockClock::new();
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = open(&backend, &clock, Recovery::TakeOver);
     let token_before = match engine.claim(b"warm", &ClaimOptions::default()).unwrap() {
         Claim::Acquired(lease) => {
@@ -57,7 +56,7 @@ fn a_claim_with_an_unknown_outcome_is_resumed_by_its_identity_after_a_reopen() {
     drop(engine);
 
     // The process restarts; the operating system kept every write.
-    let backend = FaultyBackend::from_image(backend.live_image());
+    let backend = FaultyStorage::from_image(backend.live_image());
     clock.advance(Duration::from_secs(10));
     let engine = open(&backend, &clock, Recovery::HonourLeases);
     let held = match engine.get(b"pay").unwrap() {
@@ -115,7 +114,7 @@ fn a_claim_with_an_unknown_outcome_is_resumed_by_its_identity_after_a_reopen() {
 #[test]
 fn a_lease_is_resumed_until_it_is_taken_over_and_never_after_a_fail() {
     let clock = MockClock::new();
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = open(&backend, &clock, Recovery::TakeOver);
     let first = match engine.claim(b"a", &opts(ID)).unwrap() {
         Claim::Acquired(lease) => lease,

@@ -6,10 +6,10 @@
 //! recovers every acknowledged call; a damaged or foreign file gives a clear error, never a
 //! panic and never a wrong replay.
 
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv_check::backend as common;
 
-use common::{acquired, FaultyBackend};
+use common::acquired;
 use idemkv::error::{FlushError, Limit};
 use idemkv::*;
 use redb::{ReadableDatabase, TableDefinition};
@@ -26,7 +26,7 @@ fn opts() -> ClaimOptions {
     ClaimOptions::default()
 }
 
-fn open_backend(b: &FaultyBackend, mode: Durability) -> Result<Engine, OpenError> {
+fn open_backend(b: &FaultyStorage, mode: Durability) -> Result<Engine, OpenError> {
     Engine::builder()
         .backend(b.clone())
         .durability(mode)
@@ -37,7 +37,7 @@ fn open_backend(b: &FaultyBackend, mode: Durability) -> Result<Engine, OpenError
 
 /// Like [`open_backend`] under `Immediate`, with `log` as the commit log when given (the
 /// default configuration's path: each group commit is one log append).
-fn open_logged(b: &FaultyBackend, log: Option<&FaultyBackend>) -> Result<Engine, OpenError> {
+fn open_logged(b: &FaultyStorage, log: Option<&FaultyStorage>) -> Result<Engine, OpenError> {
     let mut builder = Engine::builder()
         .backend(b.clone())
         .durability(Durability::Immediate)
@@ -154,8 +154,8 @@ fn immediate_failure_case(fault: Fault, storage: Storage) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("poison.redb");
     let backend = match storage {
-        Storage::Memory => FaultyBackend::memory(),
-        Storage::File => FaultyBackend::file(&path),
+        Storage::Memory => FaultyStorage::memory(),
+        Storage::File => FaultyStorage::file(&path).unwrap(),
     };
     let engine = open_backend(&backend, Durability::Immediate).unwrap();
     let mut acked = Vec::new();
@@ -200,7 +200,7 @@ fn immediate_failure_case(fault: Fault, storage: Storage) {
     for image in images {
         let engine = match storage {
             Storage::Memory => {
-                open_backend(&FaultyBackend::from_image(&image), Durability::Immediate)
+                open_backend(&FaultyStorage::from_image(&image), Durability::Immediate)
             }
             Storage::File => open_path(&path),
         }
@@ -241,7 +241,7 @@ fn immediate_failure_case(fault: Fault, storage: Storage) {
 
 #[test]
 fn waiter_on_unpublished_completion_gets_outcome_unknown() {
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = open_backend(&backend, Durability::Immediate).unwrap();
     complete_key(&engine, b"before", b"kept");
     let lease = acquire(&engine, b"k");
@@ -250,7 +250,7 @@ fn waiter_on_unpublished_completion_gets_outcome_unknown() {
     let gate = backend.close_gate();
     backend.fail_sync_in(1);
     let holder = std::thread::spawn(move || lease.complete(b"lost?"));
-    backend.wait_blocked();
+    common::wait_sync_held(&backend);
     // The completion is queued but not durable: nobody may see it yet.
     assert!(matches!(
         engine.get(b"k").unwrap(),
@@ -283,7 +283,7 @@ fn waiter_on_unpublished_completion_gets_outcome_unknown() {
 
     for image in [backend.durable_image(), backend.live_image()] {
         let engine =
-            open_backend(&FaultyBackend::from_image(&image), Durability::Immediate).unwrap();
+            open_backend(&FaultyStorage::from_image(&image), Durability::Immediate).unwrap();
         expect_completed(&engine, b"before", b"kept");
         match engine.get(b"k").unwrap() {
             Some(KeyState::Completed { response, .. }) => assert_eq!(&response[..], b"lost?"),
@@ -452,7 +452,7 @@ fn verify(engine: &Engine, log: &Log, token_next: u64, ctx: &str) {
 
 /// An image holding the setup keys, completed and closed cleanly.
 fn base_image() -> Vec<u8> {
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = open_backend(&backend, Durability::Immediate).unwrap();
     for key in SETUP_KEYS {
         complete_key(&engine, key.as_bytes(), &response_for(key));
@@ -481,13 +481,13 @@ impl Struck {
 
 /// The file and the commit log of a workload's engine.
 struct Disks {
-    file: FaultyBackend,
-    log: FaultyBackend,
+    file: FaultyStorage,
+    log: FaultyStorage,
 }
 
 impl Disks {
     /// The storage `struck` names.
-    fn struck(&self, struck: Struck) -> &FaultyBackend {
+    fn struck(&self, struck: Struck) -> &FaultyStorage {
         match struck {
             Struck::Log => &self.log,
             _ => &self.file,
@@ -497,17 +497,17 @@ impl Disks {
 
 /// Opens an engine on the images `(file, log)`, logged when `struck` is.
 fn reopen(struck: Struck, (file, log): &(Vec<u8>, Vec<u8>)) -> Result<Engine, OpenError> {
-    let log = struck.logged().then(|| FaultyBackend::from_image(log));
-    open_logged(&FaultyBackend::from_image(file), log.as_ref())
+    let log = struck.logged().then(|| FaultyStorage::from_image(log));
+    open_logged(&FaultyStorage::from_image(file), log.as_ref())
 }
 
 /// Runs the workload on `base` (with an empty log when `struck` is logged) with `arm`
 /// applied to the struck storage after open; returns the log, the token mark the engine
 /// reported last, and the storages.
-fn run_armed(base: &[u8], struck: Struck, arm: impl FnOnce(&FaultyBackend)) -> (Log, u64, Disks) {
+fn run_armed(base: &[u8], struck: Struck, arm: impl FnOnce(&FaultyStorage)) -> (Log, u64, Disks) {
     let disks = Disks {
-        file: FaultyBackend::from_image(base),
-        log: FaultyBackend::memory(),
+        file: FaultyStorage::from_image(base),
+        log: FaultyStorage::memory(),
     };
     let engine = open_logged(&disks.file, struck.logged().then_some(&disks.log)).unwrap();
     let backend = disks.struck(struck);
@@ -629,8 +629,8 @@ fn every_io_point_of_open_can_fail() {
     let base = base_image();
     for struck in [Struck::UnloggedFile, Struck::File, Struck::Log] {
         let disks = |base: &[u8]| Disks {
-            file: FaultyBackend::from_image(base),
-            log: FaultyBackend::memory(),
+            file: FaultyStorage::from_image(base),
+            log: FaultyStorage::memory(),
         };
         let open = |d: &Disks| open_logged(&d.file, struck.logged().then_some(&d.log));
         let probe = disks(&base);
@@ -1048,7 +1048,7 @@ fn foreign_files_are_refused() {
     drop(db);
 
     // The same, given through a storage backend.
-    let b = FaultyBackend::file(&path);
+    let b = FaultyStorage::file(&path).unwrap();
     let r = open_backend(&b, Durability::Immediate);
     assert!(matches!(r, Err(OpenError::Foreign { .. })), "{r:?}");
 }
@@ -1072,7 +1072,7 @@ fn second_open_of_one_path_is_refused() {
     // Through a backend that delegates redb's locks to the file.
     let r = Engine::builder()
         .path(&path)
-        .backend(FaultyBackend::file(&path))
+        .backend(FaultyStorage::file(&path).unwrap())
         .open();
     assert!(matches!(r, Err(OpenError::AlreadyOpen { .. })), "{r:?}");
     // The refused opens did not disturb the first engine.
@@ -1097,7 +1097,7 @@ fn second_open_of_one_path_is_refused() {
 #[test]
 fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
     const DEPTH: usize = 16;
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(Durability::buffered())
@@ -1110,7 +1110,7 @@ fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
 
     let gate = backend.close_gate();
     let mut leases = vec![acquire(&engine, b"q0")];
-    backend.wait_blocked(); // the writer is stuck committing q0
+    common::wait_sync_held(&backend); // the writer is stuck committing q0
     let refused = loop {
         let key = format!("q{}", leases.len());
         match engine.claim(key.as_bytes(), &opts()) {
@@ -1174,7 +1174,7 @@ fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
     let image = backend.durable_image();
     engine.close().unwrap();
     drop(engine);
-    let engine = open_backend(&FaultyBackend::from_image(&image), Durability::buffered()).unwrap();
+    let engine = open_backend(&FaultyStorage::from_image(&image), Durability::buffered()).unwrap();
     expect_completed(&engine, b"before", b"b");
     for key in &completed {
         expect_completed(&engine, key, &response_for(&show(key)));
@@ -1187,9 +1187,9 @@ fn stalled_writer_refuses_claims_and_completions_wait_for_room() {
 // ---------------------------------------------------------------------------------------
 
 /// What survives a power loss now: the disk's durable image, reopened.
-fn after_power_loss(backend: &FaultyBackend) -> Engine {
+fn after_power_loss(backend: &FaultyStorage) -> Engine {
     open_backend(
-        &FaultyBackend::from_image(backend.durable_image()),
+        &FaultyStorage::from_image(backend.durable_image()),
         Durability::Immediate,
     )
     .unwrap_or_else(|e| panic!("reopen after the power loss: {e}"))
@@ -1199,14 +1199,14 @@ fn after_power_loss(backend: &FaultyBackend) -> Engine {
 /// once a sync is blocked at `backend`'s gate (closed by the caller). The thread is left to
 /// finish when the gate opens; `rx` then yields its result.
 fn call_with_sync_held<T: Send + 'static>(
-    backend: &FaultyBackend,
+    backend: &FaultyStorage,
     call: impl FnOnce() -> T + Send + 'static,
 ) -> (Option<T>, std::sync::mpsc::Receiver<T>) {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let _ = tx.send(call());
     });
-    backend.wait_blocked();
+    common::wait_sync_held(backend);
     (rx.try_recv().ok(), rx)
 }
 
@@ -1217,7 +1217,7 @@ const RETURN_WITHIN: Duration = Duration::from_secs(10);
 /// and a retry after the restart takes the key over (attempt 2).
 #[test]
 fn a_durable_claim_survives_a_power_loss_once_acknowledged() {
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = open_backend(&backend, Durability::Immediate).unwrap();
     complete_key(&engine, b"before", b"kept");
     let gate = backend.close_gate();

@@ -5,9 +5,9 @@
 //! takes the key over. A handler's own failure, or an explicit release, still hands the key
 //! on at once.
 
-use common::{acquired, in_progress, wait_until, FaultyBackend};
+use common::{acquired, in_progress, wait_until};
 use idemkv::error::{Limit, NotStoredReason};
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, Gate, WithStorage};
 use idemkv::*;
 use idemkv_check::backend as common;
 use idemkv_check::modes;
@@ -30,7 +30,7 @@ fn open(
         .lease(LEASE)
         .tuning(idemkv::Tuning::default().sweep_interval(None));
     if mode != Durability::None {
-        b = b.backend(FaultyBackend::memory());
+        b = b.backend(FaultyStorage::memory());
     }
     tune(b).open().unwrap()
 }
@@ -254,8 +254,8 @@ fn a_lost_lease_is_settled_and_does_not_release_the_new_holder() {
 
 /// A `Buffered` engine with a 16-place writer queue, on a simulated disk whose fsync a test
 /// can hold.
-fn sixteen_place_engine(clock: &MockClock) -> (Engine, FaultyBackend) {
-    let backend = FaultyBackend::memory();
+fn sixteen_place_engine(clock: &MockClock) -> (Engine, FaultyStorage) {
+    let backend = FaultyStorage::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(Durability::buffered())
@@ -274,12 +274,12 @@ fn sixteen_place_engine(clock: &MockClock) -> (Engine, FaultyBackend) {
 /// A `Buffered` engine on a backend whose fsync is held, with its 16-place queue full: one
 /// claim stuck in the writer's commit, 13 more claims (seven eighths not yet durable), and
 /// three completions. Returns the engine, the held gate and the leases still open.
-fn full_queue(clock: &MockClock) -> (Engine, FaultyBackend, common::Gate, Vec<Lease>) {
+fn full_queue(clock: &MockClock) -> (Engine, FaultyStorage, Gate, Vec<Lease>) {
     let (engine, backend) = sixteen_place_engine(clock);
     let o = ClaimOptions::default();
     let gate = backend.close_gate();
     let mut leases = vec![acquired(engine.claim(b"first", &o).unwrap())];
-    backend.wait_blocked();
+    common::wait_sync_held(&backend);
     // `Buffered` admits claims while fewer than 14 are not yet durable, the one in the
     // commit included: 13 more; holders' completions fill the rest.
     for i in 0..13u32 {
@@ -360,7 +360,7 @@ fn run_reports_a_queue_that_stayed_full_for_the_whole_lease() {
     let o = ClaimOptions::default();
     let gate = backend.close_gate();
     let first = acquired(engine.claim(b"first", &o).unwrap());
-    backend.wait_blocked();
+    common::wait_sync_held(&backend);
     // The run's claim takes one place; its handler waits until the queue is full.
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (tx, rx) = mpsc::channel();

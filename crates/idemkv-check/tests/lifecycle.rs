@@ -7,9 +7,9 @@
 //! stops it at a known point (inside the lock, after its checks at entry) while the test
 //! makes the other side happen.
 
-use common::{acquired, wait_until, FaultyBackend};
+use common::{acquired, wait_until};
 use idemkv::error::FlushError;
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::*;
 use idemkv_check::backend as common;
 use std::sync::mpsc;
@@ -113,7 +113,7 @@ fn paused<T: Send + 'static>(
 
 /// One stripe (so the paused thread holds the only stripe lock), a `Buffered` engine on a
 /// memory backend, no background sweeper, 1 s retention.
-fn builder(clock: &PausingClock, backend: &FaultyBackend) -> EngineBuilder {
+fn builder(clock: &PausingClock, backend: &FaultyStorage) -> EngineBuilder {
     Engine::builder()
         .backend(backend.clone())
         .durability(Durability::buffered())
@@ -155,7 +155,7 @@ fn closing(engine: &Engine) -> mpsc::Receiver<Result<(), FlushError>> {
 #[test]
 fn sweep_now_returns_when_close_runs_concurrently() {
     let clock = PausingClock::new();
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = builder(&clock, &backend).open().unwrap();
     expired_keys(&engine, &clock, 20);
     // The sweep stops inside its pass, holding the stripe with expired keys in it.
@@ -174,7 +174,7 @@ fn sweep_now_returns_when_close_runs_concurrently() {
 #[test]
 fn a_claim_at_the_key_budget_returns_when_close_runs_concurrently() {
     let clock = PausingClock::new();
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = builder(&clock, &backend).keys_max(4).open().unwrap();
     expired_keys(&engine, &clock, 4);
     // The claim of a new key passed its entry checks and stops inside the transition; the
@@ -195,7 +195,7 @@ fn a_claim_at_the_key_budget_returns_when_close_runs_concurrently() {
 #[test]
 fn a_buffered_claim_that_passed_its_checks_before_a_poison_is_refused() {
     let clock = PausingClock::new();
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = builder(&clock, &backend)
         .response_len_max(1)
         .open()
@@ -204,7 +204,7 @@ fn a_buffered_claim_that_passed_its_checks_before_a_poison_is_refused() {
     // The writer commits one claim and is held in its fsync.
     let gate = backend.close_gate();
     let held = acquired(engine.claim(b"x", &ClaimOptions::default()).unwrap());
-    backend.wait_blocked();
+    common::wait_sync_held(&backend);
     // A claim passes `check_open` and stops inside its transition, under the stripe lock.
     let e = engine.clone();
     let claim = paused(&clock, move || {
@@ -235,7 +235,7 @@ fn a_cloned_builder_cannot_open_its_backend_twice() {
     let stray = std::path::Path::new("<backend>");
     let _ = std::fs::remove_file(stray);
     let builder = Engine::builder()
-        .backend(FaultyBackend::memory())
+        .backend(FaultyStorage::memory())
         .clock(MockClock::new())
         .tuning(idemkv::Tuning::default().sweep_interval(None));
     let first = builder.clone().open().unwrap();

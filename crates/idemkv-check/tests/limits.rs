@@ -1,9 +1,9 @@
 //! Every limit refuses with its typed error before anything changes, in every durability
 //! mode; invalid builder settings are refused at open; a closed engine refuses everything.
 
-use common::{wait_until, FaultyBackend};
+use common::wait_until;
 use idemkv::error::{FlushError, Limit, NotStoredReason};
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::*;
 use idemkv_check::backend as common;
 use idemkv_check::modes;
@@ -705,7 +705,7 @@ fn close_wakes_waiters_with_closed() {
 
 #[test]
 fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(Durability::buffered())
@@ -720,7 +720,7 @@ fn full_writer_queue_refuses_claims_and_holders_wait_for_room() {
     // Holds every fsync until dropped (also when the test fails).
     let gate = backend.close_gate();
     let first = acquired(engine.claim(b"first", &opts));
-    backend.wait_blocked();
+    common::wait_sync_held(&backend);
 
     let mut held = Vec::new();
     for i in 0..13u32 {

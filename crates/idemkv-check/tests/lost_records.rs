@@ -5,8 +5,8 @@
 //! file is built only with `--cfg idemkv_sabotage` (docs/testing.md).
 #![cfg(idemkv_sabotage)]
 
-use common::{acquired, FaultyBackend};
-use idemkv::fault::WithStorage;
+use common::acquired;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::*;
 use idemkv_check::backend as common;
 use std::sync::mpsc;
@@ -27,7 +27,7 @@ fn corrupted<T: std::fmt::Debug>(r: Result<T, ClaimError>) {
 fn a_record_the_file_lost_is_refused_as_corrupted_by_every_replay() {
     for mode in [Durability::buffered(), Durability::Immediate] {
         let engine = Engine::builder()
-            .backend(FaultyBackend::memory())
+            .backend(FaultyStorage::memory())
             .durability(mode)
             .clock(MockClock::new())
             .tuning(idemkv::Tuning::default().sweep_interval(None))

@@ -138,9 +138,9 @@ fn storage_faults_every_io_point_buffered() {
 /// whose magic is still zero never held a commit and is now started afresh.
 #[test]
 fn power_loss_during_file_creation_leaves_an_openable_file() {
-    use idemkv_check::backend::{Fault, FaultyBackend};
+    use idemkv::fault::{Fault, FaultyStorage};
     for at in 1..=6 {
-        let disk = FaultyBackend::memory();
+        let disk = FaultyStorage::memory();
         disk.set_fault(Some(Fault::PowerLoss { at }));
         let _ = Engine::builder()
             .path("x.redb")
@@ -149,7 +149,7 @@ fn power_loss_during_file_creation_leaves_an_openable_file() {
         let image = disk.crash_image(|_| true);
         let reopened = Engine::builder()
             .path("x.redb")
-            .backend(FaultyBackend::from_image(image))
+            .backend(FaultyStorage::from_image(image))
             .open();
         assert!(
             reopened.is_ok(),
@@ -164,11 +164,11 @@ fn power_loss_during_file_creation_leaves_an_openable_file() {
 /// `FingerprintMismatch` (docs/design.md: refused "whatever the state").
 #[test]
 fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
+    use idemkv::fault::FaultyStorage;
     use idemkv::{Claim, ClaimError, ClaimOptions};
-    use idemkv_check::backend::FaultyBackend;
     let engine = Engine::builder()
         .path("x.redb")
-        .backend(FaultyBackend::memory())
+        .backend(FaultyStorage::memory())
         .durability(Durability::Buffered {
             max_delay: Duration::from_secs(3600),
         })
@@ -191,11 +191,11 @@ fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
 /// The records of an engine holding one completion (`k` → `r`) that is not yet durable: a
 /// `Buffered` engine whose writer waits an hour before it commits.
 fn records_with_an_unpublished_completion() -> Vec<idemkv::admin::RecordInfo> {
+    use idemkv::fault::FaultyStorage;
     use idemkv::{Claim, ClaimOptions};
-    use idemkv_check::backend::FaultyBackend;
     let engine = Engine::builder()
         .path("x.redb")
-        .backend(FaultyBackend::memory())
+        .backend(FaultyStorage::memory())
         .durability(Durability::Buffered {
             max_delay: Duration::from_secs(3600),
         })

@@ -10,14 +10,10 @@
 //! - A new file is created under a temporary name beside the path and renamed into place,
 //!   owner-only by default.
 
-use idemkv::fault::WithStorage;
-use idemkv_check::backend as common;
-
-use common::FaultyBackend;
 use idemkv::admin::FileReader;
 use idemkv::error::OpenErrorKind;
+use idemkv::fault::{Fault, FaultyStorage, WithStorage};
 use idemkv::*;
-use idemkv_check::backend::Fault;
 use std::error::Error as _;
 use std::path::Path;
 use std::sync::mpsc;
@@ -61,7 +57,7 @@ fn open_path(path: &Path) -> Result<Engine, OpenError> {
     Engine::builder().path(path).clock(MockClock::new()).open()
 }
 
-fn open_backend(b: &FaultyBackend) -> Result<Engine, OpenError> {
+fn open_backend(b: &FaultyStorage) -> Result<Engine, OpenError> {
     Engine::builder()
         .path("backend.redb")
         .backend(b.clone())
@@ -112,7 +108,7 @@ fn a_damaged_header_is_refused_and_the_file_left_unchanged() {
             "{what}: the file was changed"
         );
         // A backend holding the same bytes: no rename protects it, its content decides.
-        let b = FaultyBackend::from_image(&bytes);
+        let b = FaultyStorage::from_image(&bytes);
         expect_header_damaged(open_backend(&b), what);
         assert!(b.live_image() == bytes, "{what}: the backend was changed");
         assert_eq!(
@@ -141,7 +137,7 @@ fn a_damaged_header_is_refused_and_the_file_left_unchanged() {
 /// The image a power loss leaves when redb sized the file and wrote its header without the
 /// magic: a creation cut short, which never held a commit.
 fn creation_cut_short() -> Vec<u8> {
-    let disk = FaultyBackend::memory();
+    let disk = FaultyStorage::memory();
     // I/O 1 sizes the file, 2 writes the header without the magic, 3 syncs it.
     disk.set_fault(Some(Fault::PowerLoss { at: 3 }));
     let r = Engine::builder()
@@ -164,7 +160,7 @@ fn creation_cut_short() -> Vec<u8> {
 #[test]
 fn a_creation_cut_short_restarts_a_backend_but_is_refused_at_a_path() {
     let image = creation_cut_short();
-    let b = FaultyBackend::from_image(&image);
+    let b = FaultyStorage::from_image(&image);
     let engine = open_backend(&b).expect("a creation cut short is started afresh");
     complete(&engine, 3);
     engine.close().expect("close");
@@ -178,7 +174,7 @@ fn a_creation_cut_short_restarts_a_backend_but_is_refused_at_a_path() {
     // One byte past the header that redb's creation does not write: it held data.
     let mut held = image.clone();
     held[8192] = 1;
-    let b = FaultyBackend::from_image(&held);
+    let b = FaultyStorage::from_image(&held);
     expect_header_damaged(open_backend(&b), "a cut-short image with data");
     assert!(b.live_image() == held);
 }
@@ -206,8 +202,8 @@ fn io_errors_during_open_are_reported_as_io() {
     let image = fixture(&dir.path().join("f.redb"), 20, Durability::Immediate);
     for base in [None, Some(&image)] {
         let fresh = || match base {
-            None => FaultyBackend::memory(),
-            Some(image) => FaultyBackend::from_image(image),
+            None => FaultyStorage::memory(),
+            Some(image) => FaultyStorage::from_image(image),
         };
         let what = if base.is_some() {
             "existing file"
@@ -249,7 +245,7 @@ fn io_errors_during_open_are_reported_as_io() {
                     Ok(engine) => drop(engine),
                 }
                 // The failure damaged nothing: the file opens once the disk works again.
-                let healed = FaultyBackend::from_image(b.live_image());
+                let healed = FaultyStorage::from_image(b.live_image());
                 open_backend(&healed)
                     .unwrap_or_else(|e| panic!("{what}, I/O {n}, after healing: {e}"))
                     .close()
@@ -391,7 +387,7 @@ fn new_files_are_owner_only_unless_configured() {
 fn open_and_read_all(image: Vec<u8>, keys: usize) -> Result<String, String> {
     let engine = match Engine::builder()
         .path("damaged.redb")
-        .backend(FaultyBackend::from_image(image))
+        .backend(FaultyStorage::from_image(image))
         .clock(MockClock::new())
         .tuning(idemkv::Tuning::default().sweep_interval(None))
         .open()
@@ -426,7 +422,7 @@ fn open_and_read_all(image: Vec<u8>, keys: usize) -> Result<String, String> {
 #[test]
 fn damaged_table_definitions_are_refused_at_open_or_harmless() {
     const KEYS: usize = 2000;
-    let disk = FaultyBackend::memory();
+    let disk = FaultyStorage::memory();
     let engine = Engine::builder()
         .path("fixture.redb")
         .backend(disk.clone())

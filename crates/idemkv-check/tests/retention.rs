@@ -2,7 +2,7 @@
 //! drives a MockClock; none sleeps.
 
 use idemkv::error::Limit;
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::*;
 use idemkv_check::fixture;
 use std::time::Duration;
@@ -261,11 +261,8 @@ fn the_background_sweeper_reclaims_on_its_own() {
     assert_eq!(engine.stats().completed, 0);
 }
 
-use common::FaultyBackend;
-use idemkv_check::backend as common;
-
 /// Opens an engine on `backend` at `clock`'s time, in `Buffered` mode, sweeping on demand.
-fn open_on(backend: &FaultyBackend, clock: &MockClock) -> Result<Engine, OpenError> {
+fn open_on(backend: &FaultyStorage, clock: &MockClock) -> Result<Engine, OpenError> {
     Engine::builder()
         .backend(backend.clone())
         .clock(clock.clone())
@@ -278,7 +275,7 @@ fn open_on(backend: &FaultyBackend, clock: &MockClock) -> Result<Engine, OpenErr
 /// The state every power-loss run starts from: 300 old keys, 50 young ones, all durable,
 /// at the instant the young ones were completed.
 fn sweep_base() -> Vec<u8> {
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let clock = MockClock::new();
     let engine = open_on(&backend, &clock).unwrap();
     for i in 0..300 {
@@ -304,7 +301,7 @@ fn power_loss_at_every_write_and_sync_of_a_sweep_neither_resurrects_nor_loses() 
     let base = sweep_base();
     // A clean run counts the I/O the sweep makes.
     let clock = sweep_clock();
-    let backend = FaultyBackend::from_image(&base);
+    let backend = FaultyStorage::from_image(&base);
     let engine = open_on(&backend, &clock).unwrap();
     let (writes0, syncs0) = (backend.writes(), backend.syncs());
     clock.advance(RETENTION / 2 + Duration::from_secs(1));
@@ -322,7 +319,7 @@ fn power_loss_at_every_write_and_sync_of_a_sweep_neither_resurrects_nor_loses() 
         .chain((1..=syncs).map(|n| (false, n)));
     for (is_write, n) in faults {
         let clock = sweep_clock();
-        let backend = FaultyBackend::from_image(&base);
+        let backend = FaultyStorage::from_image(&base);
         let engine = open_on(&backend, &clock).unwrap();
         backend.set_sticky(true);
         if is_write {
@@ -339,7 +336,7 @@ fn power_loss_at_every_write_and_sync_of_a_sweep_neither_resurrects_nor_loses() 
         // Power comes back with what was synced, or with every write that reached the disk.
         for image in [backend.durable_image(), backend.crash_image(|_| true)] {
             let reopened =
-                open_on(&FaultyBackend::from_image(&image), &clock).unwrap_or_else(|e| {
+                open_on(&FaultyStorage::from_image(&image), &clock).unwrap_or_else(|e| {
                     panic!(
                         "fault at {} {n}: reopen: {e}",
                         if is_write { "write" } else { "sync" }

@@ -20,10 +20,9 @@
 #![cfg(all(shuttle, idemkv_sabotage))]
 
 use arbtest::arbitrary::Unstructured;
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::sabotage::CommittedRecord;
 use idemkv::{Claim, ClaimOptions, Durability, Engine, KeyState, OnHandlerError, RunError};
-use idemkv_check::backend::FaultyBackend;
 use idemkv_check::concurrent::{check_under_shuttle, Scenario};
 use idemkv_check::{faults, sabotage, Bug};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};
@@ -313,7 +312,7 @@ fn a_failed_async_attempt_is_resumed_by_a_waiter_pct() {
 fn durable_engine(setup: faults::Mode, bug: Bug) -> Engine {
     let engine = Engine::builder()
         .path("shuttle.redb")
-        .backend(FaultyBackend::memory())
+        .backend(FaultyStorage::memory())
         .durability(setup.durability)
         .tuning(idemkv::Tuning::default().stripes(1).sweep_interval(None))
         .open()
@@ -536,8 +535,8 @@ fn real_writer_model_catches_publish_before_commit() {
 /// - the writer, the applier and the callers never wait for each other in a cycle
 ///   (shuttle reports a deadlock).
 fn commit_log_handoff(bug: Bug) {
-    let (file, log) = (FaultyBackend::memory(), FaultyBackend::memory());
-    let open = |file: &FaultyBackend, log: &FaultyBackend| {
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
+    let open = |file: &FaultyStorage, log: &FaultyStorage| {
         Engine::builder()
             .backend(file.clone())
             .log_backend(log.clone())
@@ -574,12 +573,12 @@ fn commit_log_handoff(bug: Bug) {
     // applied (and maybe more), as when both stop at one instant.
     let (file_synced, file_given) = (file.durable_image(), file.live_image());
     let lost_power = (
-        FaultyBackend::from_image(file_synced),
-        FaultyBackend::from_image(log.durable_image()),
+        FaultyStorage::from_image(file_synced),
+        FaultyStorage::from_image(log.durable_image()),
     );
     let killed = (
-        FaultyBackend::from_image(file_given),
-        FaultyBackend::from_image(log.live_image()),
+        FaultyStorage::from_image(file_given),
+        FaultyStorage::from_image(log.live_image()),
     );
     engine.flush().unwrap_or_else(|e| panic!("flush: {e}"));
     for (key, token) in &acked {

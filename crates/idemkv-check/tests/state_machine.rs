@@ -5,8 +5,8 @@
 //! bounded polls for a condition another thread must reach (a waiter going to sleep, a
 //! completion being queued), never for a duration to elapse.
 
-use common::{acquired, completed, in_progress, wait_until, FaultyBackend};
-use idemkv::fault::WithStorage;
+use common::{acquired, completed, in_progress, wait_until};
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::*;
 use idemkv_check::backend as common;
 use idemkv_check::modes;
@@ -311,8 +311,8 @@ fn buffered_completion_is_visible_after_flush() {
 // being written and being durable.
 // ---------------------------------------------------------------------------------------
 
-fn gated_engine(mode: Durability, clock: &MockClock) -> (Engine, FaultyBackend) {
-    let backend = FaultyBackend::memory();
+fn gated_engine(mode: Durability, clock: &MockClock) -> (Engine, FaultyStorage) {
+    let backend = FaultyStorage::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(mode)
@@ -355,7 +355,7 @@ fn completion_is_invisible_until_its_commit_is_durable() {
             clock.advance(LEASE * 2);
             in_progress(engine.claim(b"k", &opts).unwrap());
             if mode == Durability::Immediate {
-                backend.wait_blocked();
+                common::wait_sync_held(&backend);
                 assert!(!completer.is_finished(), "Immediate acked before fsync");
             }
             drop(gate);

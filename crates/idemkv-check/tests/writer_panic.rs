@@ -4,9 +4,9 @@
 #![cfg(idemkv_sabotage)]
 
 use idemkv::error::FlushError;
-use idemkv::fault::WithStorage;
+use idemkv::fault::{FaultyStorage, WithStorage};
 use idemkv::*;
-use idemkv_check::backend::{acquired, wait_until, FaultyBackend};
+use idemkv_check::backend::{acquired, wait_sync_held, wait_until};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ const HANG: Duration = Duration::from_secs(20);
 #[test]
 fn a_writer_panic_poisons_the_engine_and_fails_every_waiter_promptly() {
     let clock = MockClock::new();
-    let backend = FaultyBackend::memory();
+    let backend = FaultyStorage::memory();
     let engine = Engine::builder()
         .backend(backend.clone())
         .durability(Durability::buffered())
@@ -31,7 +31,7 @@ fn a_writer_panic_poisons_the_engine_and_fails_every_waiter_promptly() {
     // published) and make callers wait on it and on a flush.
     let gate = backend.close_gate();
     let _hold = acquired(engine.claim(b"hold", &o).unwrap());
-    backend.wait_blocked();
+    wait_sync_held(&backend);
     lease.complete(b"v").unwrap();
     let (tx, waiter) = mpsc::channel();
     let e = engine.clone();
