@@ -18,8 +18,9 @@ pub enum LockKind {
 /// A custom storage for [`crate::fault::WithStorage::backend`]: where the engine keeps its file
 /// when it is not a file at a path (an in-memory image, a fault-injecting wrapper).
 ///
-/// Offsets and lengths are in bytes. The engine calls these methods from its writer thread
-/// and its opens, never concurrently with a `close`.
+/// Offsets and lengths are in bytes. The engine calls these methods from its writer thread,
+/// its opens and its close (which may compact the storage's content after the engine's last
+/// commit), never concurrently with a `close`.
 // `len` is the storage's size in bytes, not a collection's count: no `is_empty`.
 #[allow(clippy::len_without_is_empty)]
 pub trait Storage: fmt::Debug + Send + Sync + 'static {

@@ -20,8 +20,8 @@ use crate::store::batch::Batch;
 use crate::store::chunk::{self, Packer};
 use crate::store::config::StoreConfig;
 use crate::store::constants::{
-    CHUNK_BYTES_MAX, CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES,
-    REDB_CACHE_BYTES,
+    CHUNK_BYTES_MAX, COMPACT_UNUSED_BYTES_MIN, COMPACT_UNUSED_PERCENT_MIN, CREATE_ATTEMPTS_MAX,
+    FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES, REDB_CACHE_BYTES, REDB_PAGE_BYTES,
 };
 use crate::store::log_state::LogState;
 use redb::backends::FileBackend;
@@ -152,6 +152,8 @@ pub(crate) struct Store {
     snapshot: RwLock<Option<Arc<ReadTransaction>>>,
     db: Database,
     path: PathBuf,
+    /// A custom backend's storage, for its length at close (a file's is read at `path`).
+    storage: Option<Arc<dyn Storage>>,
     /// Test-only sabotage, armed on the builder: commits leave the token mark out.
     #[cfg(idemkv_sabotage)]
     skip_token_hwm: bool,
@@ -185,6 +187,64 @@ impl Drop for Closing {
     }
 }
 
+/// What a clean close did about the file's unused pages ([`Closing::close`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Compaction {
+    /// The file's pages were moved down into its free ones and its end cut off.
+    Done { before_bytes: u64, after_bytes: u64 },
+    /// Less of the file was unused than a compaction is worth
+    /// (`COMPACT_UNUSED_PERCENT_MIN`, `COMPACT_UNUSED_BYTES_MIN`).
+    NotNeeded { file_bytes: u64, unused_bytes: u64 },
+    /// A read transaction was live (a reader of the live file, a snapshot still held):
+    /// redb compacts only a file nobody reads.
+    Refused { file_bytes: u64 },
+    /// An I/O error (a full disk) or a panic inside redb: the file keeps what its last
+    /// commit holds, and the next open repairs redb's allocator state if it must.
+    Failed { why: String },
+}
+
+impl fmt::Display for Compaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compaction::Done {
+                before_bytes,
+                after_bytes,
+            } => write!(f, "compacted from {before_bytes} to {after_bytes} bytes"),
+            Compaction::NotNeeded {
+                file_bytes,
+                unused_bytes,
+            } => write!(
+                f,
+                "not compacted: about {unused_bytes} of {file_bytes} bytes unused"
+            ),
+            Compaction::Refused { file_bytes } => write!(
+                f,
+                "not compacted ({file_bytes} bytes): a read transaction was live"
+            ),
+            Compaction::Failed { why } => write!(f, "compaction failed: {why}"),
+        }
+    }
+}
+
+impl Closing {
+    /// Closes the file after a clean close, first compacting it when enough of it is unused
+    /// ([`Store::compact`]). Everything acknowledged is in the file's last commit already:
+    /// a compaction moves pages without changing what they hold, in redb's own commits, so
+    /// a crash or a failed I/O during it leaves the file as of its last commit, compacted or
+    /// not. A failure is reported, not returned: the close has already succeeded.
+    pub(crate) fn close(mut self) -> Compaction {
+        let Some(mut store) = self.0.take() else {
+            return Compaction::Failed {
+                why: "the store was already closed".into(),
+            };
+        };
+        let outcome = contain("compaction", || store.compact())
+            .unwrap_or_else(|why| Compaction::Failed { why });
+        let _ = contain("close", move || drop(store));
+        outcome
+    }
+}
+
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store").field("path", &self.path).finish()
@@ -195,7 +255,7 @@ impl fmt::Debug for Store {
 /// exclusive-writer mode asks for nothing else); any other range is unsupported, which redb
 /// answers by falling back to a whole-storage lock.
 #[derive(Debug)]
-struct Adapter(Box<dyn Storage>);
+struct Adapter(Arc<dyn Storage>);
 
 /// Whether a lock range covers the whole storage, as redb's whole-storage fallback asks.
 fn whole(start: Bound<u64>, end: Bound<u64>) -> bool {
@@ -550,7 +610,8 @@ impl Store {
         backend: Box<dyn Storage>,
         path: PathBuf,
     ) -> Result<Closing, OpenError> {
-        let backend = Adapter(backend);
+        let storage: Arc<dyn Storage> = Arc::from(backend);
+        let backend = Adapter(storage.clone());
         let head = contain("open", || inspect(&backend, &path)).map_err(panicked)??;
         if let Head::CutShort = refuse(head, &path)? {
             backend.set_len(0).map_err(OpenError::Io)?;
@@ -561,7 +622,11 @@ impl Store {
         let db = contain("open", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(&path, e))?;
-        Self::finish(b, db, path)
+        let mut store = Self::finish(b, db, path)?;
+        if let Some(s) = store.0.as_mut() {
+            s.storage = Some(storage);
+        }
+        Ok(store)
     }
 
     /// Checks the format of a freshly opened database, committing the format marker into a
@@ -573,6 +638,7 @@ impl Store {
             snapshot: RwLock::new(None),
             db,
             path,
+            storage: None,
             #[cfg(idemkv_sabotage)]
             skip_token_hwm: b.sabotage == crate::base::sabotage::Sabotage::SkipTokenHwm as u8,
         });
@@ -1080,6 +1146,87 @@ impl Store {
         let fresh = self.db.begin_read().ok().map(Arc::new);
         *self.snapshot.write() = fresh;
         Ok(())
+    }
+}
+
+impl Store {
+    /// Compacts the file when enough of it is unused: redb moves the highest pages down into
+    /// free ones and cuts the file's end, in durable commits of its own. Called once, at a
+    /// clean close, after the engine's last commit.
+    ///
+    /// How much is unused is estimated without reading the records: each chunk fills at
+    /// most one leaf (`CHUNK_BYTES_MAX`), so the chunks table takes about as many pages as
+    /// it has entries; the other tables, small beside it, are measured. The estimate leaves
+    /// out the branch pages (under 1 % of the chunks' pages) and redb's own trees.
+    fn compact(&mut self) -> Compaction {
+        // The engine's own read transaction would keep redb from compacting.
+        *self.snapshot.write() = None;
+        let measured = self
+            .file_bytes()
+            .and_then(|file_bytes| Ok((file_bytes, self.pages_in_use()?)));
+        let (before_bytes, pages) = match measured {
+            Ok(measured) => measured,
+            Err(why) => return Compaction::Failed { why },
+        };
+        let unused_bytes = before_bytes.saturating_sub(pages.saturating_mul(REDB_PAGE_BYTES));
+        if unused_bytes < COMPACT_UNUSED_BYTES_MIN
+            || unused_bytes.saturating_mul(100)
+                < before_bytes.saturating_mul(COMPACT_UNUSED_PERCENT_MIN)
+        {
+            return Compaction::NotNeeded {
+                file_bytes: before_bytes,
+                unused_bytes,
+            };
+        }
+        match self.db.compact() {
+            Ok(_) => match self.file_bytes() {
+                Ok(after_bytes) => Compaction::Done {
+                    before_bytes,
+                    after_bytes,
+                },
+                Err(why) => Compaction::Failed { why },
+            },
+            Err(redb::CompactionError::TransactionInProgress) => Compaction::Refused {
+                file_bytes: before_bytes,
+            },
+            Err(e) => Compaction::Failed { why: e.to_string() },
+        }
+    }
+
+    /// The length of the file (or of a custom backend's storage).
+    fn file_bytes(&self) -> Result<u64, String> {
+        let len = match &self.storage {
+            Some(storage) => storage.len(),
+            None => std::fs::metadata(&self.path).map(|m| m.len()),
+        };
+        len.map_err(|e| format!("the file's length: {e}"))
+    }
+
+    /// About how many pages the file's tables take (see [`Store::compact`]).
+    fn pages_in_use(&self) -> Result<u64, String> {
+        fn pages<K: redb::Key + 'static, V: redb::Value + 'static>(
+            txn: &ReadTransaction,
+            table: TableDefinition<K, V>,
+        ) -> Result<u64, String> {
+            let Some(table) = missing_is_empty(txn.open_table(table))? else {
+                return Ok(0);
+            };
+            let stats = table.stats().map_err(|e| e.to_string())?;
+            Ok(stats.leaf_pages().saturating_add(stats.branch_pages()))
+        }
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let chunks = match missing_is_empty(txn.open_table(CHUNKS))? {
+            Some(chunks) => chunks.len().map_err(|e| e.to_string())?,
+            None => 0,
+        };
+        let others = [
+            pages(&txn, META)?,
+            pages(&txn, MARKERS)?,
+            pages(&txn, TABLES)?,
+            pages(&txn, OUTBOX)?,
+            pages(&txn, RECORDS)?,
+        ];
+        Ok(others.iter().fold(chunks, |sum, n| sum.saturating_add(*n)))
     }
 }
 
