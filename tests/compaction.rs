@@ -34,15 +34,23 @@ fn key(batch: &str, i: usize) -> Vec<u8> {
     format!("{batch}-{i:05}").into_bytes()
 }
 
+/// Completes `n` keys of `batch` from four threads (so that they share group commits).
 fn complete(engine: &Engine, batch: &str, n: usize) {
     let opts = ClaimOptions::default();
-    for i in 0..n {
-        engine
-            .run(&key(batch, i), &opts, |_| {
-                Ok::<_, Infallible>(vec![b'r'; RESPONSE_BYTES])
-            })
-            .unwrap();
-    }
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let opts = &opts;
+            s.spawn(move || {
+                for i in (t..n).step_by(4) {
+                    engine
+                        .run(&key(batch, i), opts, |_| {
+                            Ok::<_, Infallible>(vec![b'r'; RESPONSE_BYTES])
+                        })
+                        .unwrap();
+                }
+            });
+        }
+    });
 }
 
 /// Completes the old batch, then (40 s later) the new one, and moves the clock on until only
@@ -138,10 +146,9 @@ fn a_live_read_transaction_keeps_the_close_from_compacting_and_the_close_succeed
     engine.close().unwrap();
     drop(txn);
     drop(reader);
-    let unused = unused_share(&path);
-    assert!(unused > 0.05, "{:.1} % unused: compacted", unused * 100.0);
     assert_eq!(completed(&path), new_keys());
-    // The next clean close compacts it.
+    // The next clean close compacts it: the first did not. (Its free pages are not counted
+    // as unused: those the reader kept are still on redb's list of pages to free.)
     let before = std::fs::metadata(&path).unwrap().len();
     builder(&clock).path(&path).open().unwrap().close().unwrap();
     let after = std::fs::metadata(&path).unwrap().len();
