@@ -37,9 +37,9 @@ pub(crate) const CHUNK_BYTES_MAX: usize = REDB_PAGE_BYTES as usize - 16;
 /// at most 5 % unused keeps the default engine's records within their disk budget of
 /// 1.5 × (key + response) (a compacted file holds them at 0.94 × that budget and less).
 pub(crate) const COMPACT_UNUSED_PERCENT_MIN: u64 = 5;
-/// ... and when at least this many bytes are: a compaction costs a few durable commits
-/// (two fsyncs each) whatever it moves, not worth it at every close of a small file for
-/// less than a mebibyte.
+/// ... and when at least this many bytes are: a compaction reads every page of the file
+/// and makes a few durable commits (two fsyncs each) whatever it moves, not worth it at
+/// every close of a small file for less than a mebibyte.
 pub(crate) const COMPACT_UNUSED_BYTES_MIN: u64 = 1 << 20;
 /// Size of the commit log file, written in full when it is created so that appends never
 /// change its size or block map (a durable write flushes data only). A batch whose frame no
