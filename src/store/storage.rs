@@ -1279,7 +1279,11 @@ impl Store {
             Ok(stats.leaf_pages().saturating_add(stats.branch_pages()))
         }
         let txn = self.db.begin_read().map_err(|e| e.to_string())?;
-        let known = self.chunk_pages.lock().known;
+        let known = {
+            let counted = self.chunk_pages.lock();
+            // The scans' count stands until a commit changes it.
+            counted.known.or(counted.scanned)
+        };
         let chunks = match (known, missing_is_empty(txn.open_table(CHUNKS))?) {
             (Some(pages), _) => pages,
             // Not counted (a scan cut short cannot have opened an engine): a page a chunk.
