@@ -1,5 +1,5 @@
 //! Constants of the file and the commit log: the format's magic, cache sizes, the log's
-//! size and blocks.
+//! size and blocks, and when a clean close compacts the file.
 
 /// Times an open that creates a file starts over because another process placed a file at
 /// the path meanwhile (each start over then opens that file).
