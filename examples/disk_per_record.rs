@@ -7,8 +7,10 @@
 //! front of the file) on a fresh file, claims and completes N keys with a 64-byte response
 //! from 16 threads, closes the engine, and reports:
 //!
-//! - the redb file's size divided by N, against the budget of 1.5 × (key + response);
-//! - what redb reports of the same file: the bytes of its entries per record (the record
+//! - the redb file's size divided by N while the engine still has it open (live) and once
+//!   it is closed (at rest: a clean close compacts a file with enough unused pages), the
+//!   latter against the budget of 1.5 × (key + response), and how long the close took;
+//! - what redb reports of the closed file: the bytes of its entries per record (the record
 //!   encoding and redb's key and offsets), how full its leaf pages are, and how much of the
 //!   file no page uses, so that a change can be told apart as the encoding or page use;
 //! - the commit log beside the file, whose size is fixed (preallocated), not per record.
@@ -35,14 +37,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         RESPONSE.len()
     );
     println!(
-        "{:>5}  {:>12} {:>10} {:>8}  {:>14} {:>10} {:>11}  {:>9}",
+        "{:>5}  {:>10} {:>12} {:>9} {:>8}  {:>14} {:>10} {:>11}  {:>9} {:>8}",
         "key",
-        "file B/rec",
+        "live B/rec",
+        "at rest B/rec",
         "budget B",
         "verdict",
         "entries B/rec",
         "leaf fill",
         "file unused",
+        "close",
         "log MiB"
     );
     for key_len in KEY_LENS {
@@ -85,7 +89,10 @@ fn run_case(n: u64, key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
         Ok(())
     })?;
     let elapsed = started.elapsed();
+    let live_bytes = std::fs::metadata(&path)?.len();
+    let closing = Instant::now();
     engine.close()?;
+    let close_time = closing.elapsed();
 
     let file_bytes = std::fs::metadata(&path)?.len();
     let log_bytes = std::fs::read_dir(dir.path())?
@@ -109,14 +116,16 @@ fn run_case(n: u64, key_len: usize) -> Result<(), Box<dyn std::error::Error>> {
     let leaf_fill = stats.stored_bytes() as f64 / (stats.leaf_pages() * page_bytes).max(1) as f64;
     let unused = 1.0 - (stats.allocated_pages() * page_bytes) as f64 / file_bytes.max(1) as f64;
     println!(
-        "{:>4}B  {:>12.1} {:>10.0} {:>8}  {:>14.1} {:>9.0}% {:>10.0}%  {:>9.1}   ({:.1?})",
+        "{:>4}B  {:>10.1} {:>12.1} {:>9.0} {:>8}  {:>14.1} {:>9.0}% {:>10.0}%  {:>9.2?} {:>8.1}   (load {:.1?})",
         key_len,
+        per(live_bytes),
         per(file_bytes),
         budget,
         verdict,
         per(stats.stored_bytes()),
         leaf_fill * 100.0,
         unused * 100.0,
+        close_time,
         log_bytes as f64 / f64::from(1 << 20),
         elapsed
     );

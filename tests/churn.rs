@@ -55,12 +55,15 @@ fn steady_churn_over_ten_retention_periods_keeps_the_file_bounded() {
         "one period's keys are live"
     );
     // After two retentions the file holds its working set; from then on it may only grow
-    // by redb's allocation slack, not by another period's records each period.
+    // by redb's allocation slack, not by another period's records each period. redb grows
+    // a file by doubling it, so one growth can double it (pages a commit freed are reused
+    // only by a later one, and when the commits fall depends on the load); sixteen more
+    // periods' records kept would be four times the working set.
     let settled = sizes[3];
     let last = sizes[PERIODS - 1];
     eprintln!("file sizes after each period (bytes): {sizes:?}");
     assert!(
-        last <= settled + settled / 2,
+        last <= 2 * settled,
         "the file grew from {settled} bytes after 4 periods to {last} after {PERIODS}: {sizes:?}"
     );
 }

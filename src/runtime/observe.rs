@@ -135,6 +135,32 @@ pub(crate) fn poisoned(why: &str) {
     let _ = why;
 }
 
+/// What a clean close did about the file's unused pages: an info event when it compacted
+/// the file or a live reader kept it from compacting, a warning when a compaction failed
+/// (the close succeeded either way), a debug event when none was needed.
+pub(crate) fn closed_file(outcome: &crate::store::storage::Compaction) {
+    #[cfg(feature = "tracing")]
+    {
+        use crate::store::storage::Compaction;
+        match outcome {
+            Compaction::Done { .. } => {
+                tracing::info!(target: TARGET, outcome = %outcome, "file closed");
+            }
+            Compaction::NotNeeded { .. } => {
+                tracing::debug!(target: TARGET, outcome = %outcome, "file closed");
+            }
+            Compaction::Refused { .. } => {
+                tracing::info!(target: TARGET, outcome = %outcome, "file closed without compaction");
+            }
+            Compaction::Failed { .. } => {
+                tracing::warn!(target: TARGET, outcome = %outcome, "file closed without compaction");
+            }
+        }
+    }
+    #[cfg(not(feature = "tracing"))]
+    let _ = outcome;
+}
+
 #[cfg(feature = "metrics")]
 impl Metrics {
     fn register() -> Self {

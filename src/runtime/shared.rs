@@ -133,9 +133,20 @@ impl Shared {
         !self.closed.swap(true, Ordering::AcqRel)
     }
 
-    /// Lets the file go: no replay reads it after close.
+    /// Lets the file go: no replay reads it after close. After a clean close (nothing
+    /// poisoned the engine, so its last commit holds everything acknowledged) the file is
+    /// compacted when enough of it is unused (`Closing::close`); a replay still in flight
+    /// holds the store, and then closes the file as it is.
     pub(crate) fn release_store(&self) {
-        self.store.write().take();
+        let Some(store) = self.store.write().take() else {
+            return;
+        };
+        if self.poison_reason().is_some() {
+            return;
+        }
+        if let Ok(store) = Arc::try_unwrap(store) {
+            crate::runtime::observe::closed_file(&store.close());
+        }
     }
 
     /// The fault points' switches and gates (`base::sabotage`; test builds only).

@@ -20,8 +20,9 @@ pub(crate) enum LockKind {
 /// (the fault-injecting storage given to [`crate::fault::WithStorage::backend`], the commit
 /// log's own file).
 ///
-/// Offsets and lengths are in bytes. The engine calls these methods from its writer thread
-/// and its opens, never concurrently with a `close`.
+/// Offsets and lengths are in bytes. The engine calls these methods from its writer thread,
+/// its opens and its close (which may compact the storage's content after the engine's last
+/// commit), never concurrently with a `close`.
 // `len` is the storage's size in bytes, not a collection's count: no `is_empty`.
 #[allow(clippy::len_without_is_empty)]
 pub(crate) trait Storage: fmt::Debug + Send + Sync + 'static {

@@ -1,5 +1,5 @@
 //! Constants of the file and the commit log: the format's magic, cache sizes, the log's
-//! size and blocks.
+//! size and blocks, and when a clean close compacts the file.
 
 /// Times an open that creates a file starts over because another process placed a file at
 /// the path meanwhile (each start over then opens that file).
@@ -22,11 +22,25 @@ pub(crate) const FORMAT_MAGICS_OLD: [&[u8; 8]; 4] = [
     b"idemkv\0\x03",
     b"idemkv\0\x04",
 ];
+/// redb's page, its default (the engine never sets another).
+pub(crate) const REDB_PAGE_BYTES: u64 = 4096;
 /// Most bytes of a chunk of records (`chunk.rs`): one chunk fills one 4 KiB redb leaf. A
 /// leaf holding one entry of a fixed-width key and a variable value takes 4 bytes of
 /// header, 4 of value end offset, the 8-byte `u64` key and the value (redb 4.6,
 /// `RawLeafBuilder::required_bytes`): 4096 − 16.
-pub(crate) const CHUNK_BYTES_MAX: usize = 4096 - 16;
+pub(crate) const CHUNK_BYTES_MAX: usize = REDB_PAGE_BYTES as usize - 16;
+/// A clean close compacts the file when at least this share of it (in percent) is
+/// estimated unused. redb grows a file by doubling it (up to its 4 GiB regions) and leaves
+/// the pages a run freed where they are, so a file closed as it is holds anywhere from none
+/// to about half free pages (docs/benchmarks.md, "Disk per record"). A compaction costs
+/// close time in proportion to the pages it moves; below 5 % the gain is small, and a file
+/// at most 5 % unused keeps the default engine's records within their disk budget of
+/// 1.5 × (key + response) (a compacted file holds them at 0.94 × that budget and less).
+pub(crate) const COMPACT_UNUSED_PERCENT_MIN: u64 = 5;
+/// ... and when at least this many bytes are: a compaction reads every page of the file
+/// and makes a few durable commits (two fsyncs each) whatever it moves, not worth it at
+/// every close of a small file for less than a mebibyte.
+pub(crate) const COMPACT_UNUSED_BYTES_MIN: u64 = 1 << 20;
 /// Size of the commit log file, written in full when it is created so that appends never
 /// change its size or block map (a durable write flushes data only). A batch whose frame no
 /// longer fits is committed as a checkpoint, which starts the log again: at ~150 bytes per

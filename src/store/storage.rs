@@ -20,8 +20,8 @@ use crate::store::batch::Batch;
 use crate::store::chunk::{self, Packer};
 use crate::store::config::StoreConfig;
 use crate::store::constants::{
-    CHUNK_BYTES_MAX, CREATE_ATTEMPTS_MAX, FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES,
-    REDB_CACHE_BYTES,
+    CHUNK_BYTES_MAX, COMPACT_UNUSED_BYTES_MIN, COMPACT_UNUSED_PERCENT_MIN, CREATE_ATTEMPTS_MAX,
+    FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES, REDB_CACHE_BYTES, REDB_PAGE_BYTES,
 };
 use crate::store::log_state::LogState;
 use redb::backends::FileBackend;
@@ -144,6 +144,47 @@ pub(crate) struct Marked {
     pub(crate) row: Option<MarkerRecord>,
 }
 
+/// The pages the chunks table's leaves take, counted as redb allocates them ([`value_pages`]:
+/// a chunk of one page or less takes a page, a larger one the power of two of pages that
+/// holds it), so that a close can tell the file's unused share without reading its records.
+/// Known exactly from an open that found no chunk, or from the open's scan of every chunk
+/// on; every commit after that adds what it changed.
+#[derive(Debug, Default)]
+struct ChunkPages {
+    /// What the open's scans counted (the chunks whose keys their ranges hold).
+    scanned: Option<u64>,
+    /// The chunks' pages as of the last commit, once known.
+    known: Option<u64>,
+}
+
+impl ChunkPages {
+    /// A scan of the open counted `pages`. Scans end before the open's first commit after
+    /// them, and a count already known (from an empty table) stays as it is.
+    fn scanned(&mut self, pages: u64) {
+        if self.known.is_none() {
+            self.scanned = Some(self.scanned.unwrap_or(0).saturating_add(pages));
+        }
+    }
+
+    /// A commit changed the chunks' pages by `delta`.
+    fn committed(&mut self, delta: i64) {
+        self.known = self
+            .known
+            .or(self.scanned)
+            .map(|pages| pages.saturating_add_signed(delta));
+    }
+}
+
+/// The pages a redb leaf holding one chunk of `bytes` takes: one for a chunk of at most
+/// `CHUNK_BYTES_MAX`, else the power of two of pages that holds the chunk and the leaf's 16
+/// bytes of framing (redb allocates pages in powers of two). A smaller chunk may share a
+/// leaf with another: counted as a page of its own, which errs towards a fuller file.
+fn value_pages(bytes: usize) -> u64 {
+    let framing = REDB_PAGE_BYTES - CHUNK_BYTES_MAX as u64;
+    let framed = (bytes as u64).saturating_add(framing);
+    framed.div_ceil(REDB_PAGE_BYTES).max(1).next_power_of_two()
+}
+
 pub(crate) struct Store {
     /// A read transaction on the last commit, replaced by every commit before the writer
     /// publishes anything of it: replays read through it instead of starting a read
@@ -152,6 +193,10 @@ pub(crate) struct Store {
     snapshot: RwLock<Option<Arc<ReadTransaction>>>,
     db: Database,
     path: PathBuf,
+    /// A custom backend's storage, for its length at close (a file's is read at `path`).
+    storage: Option<Arc<dyn Storage>>,
+    /// The pages the chunks take, for a close to tell how much of the file is unused.
+    chunk_pages: Mutex<ChunkPages>,
     /// Test-only sabotage, armed on the builder: commits leave the token mark out.
     #[cfg(idemkv_sabotage)]
     skip_token_hwm: bool,
@@ -185,6 +230,64 @@ impl Drop for Closing {
     }
 }
 
+/// What a clean close did about the file's unused pages ([`Closing::close`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Compaction {
+    /// The file's pages were moved down into its free ones and its end cut off.
+    Done { before_bytes: u64, after_bytes: u64 },
+    /// Less of the file was unused than a compaction is worth
+    /// (`COMPACT_UNUSED_PERCENT_MIN`, `COMPACT_UNUSED_BYTES_MIN`).
+    NotNeeded { file_bytes: u64, unused_bytes: u64 },
+    /// A read transaction was live (a reader of the live file, a snapshot still held):
+    /// redb compacts only a file nobody reads.
+    Refused { file_bytes: u64 },
+    /// An I/O error (a full disk) or a panic inside redb: the file keeps what its last
+    /// commit holds, and the next open repairs redb's allocator state if it must.
+    Failed { why: String },
+}
+
+impl fmt::Display for Compaction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Compaction::Done {
+                before_bytes,
+                after_bytes,
+            } => write!(f, "compacted from {before_bytes} to {after_bytes} bytes"),
+            Compaction::NotNeeded {
+                file_bytes,
+                unused_bytes,
+            } => write!(
+                f,
+                "not compacted: about {unused_bytes} of {file_bytes} bytes unused"
+            ),
+            Compaction::Refused { file_bytes } => write!(
+                f,
+                "not compacted ({file_bytes} bytes): a read transaction was live"
+            ),
+            Compaction::Failed { why } => write!(f, "compaction failed: {why}"),
+        }
+    }
+}
+
+impl Closing {
+    /// Closes the file after a clean close, first compacting it when enough of it is unused
+    /// ([`Store::compact`]). Everything acknowledged is in the file's last commit already:
+    /// a compaction moves pages without changing what they hold, in redb's own commits, so
+    /// a crash or a failed I/O during it leaves the file as of its last commit, compacted or
+    /// not. A failure is reported, not returned: the close has already succeeded.
+    pub(crate) fn close(mut self) -> Compaction {
+        let Some(mut store) = self.0.take() else {
+            return Compaction::Failed {
+                why: "the store was already closed".into(),
+            };
+        };
+        let outcome = contain("compaction", || store.compact())
+            .unwrap_or_else(|why| Compaction::Failed { why });
+        let _ = contain("close", move || drop(store));
+        outcome
+    }
+}
+
 impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store").field("path", &self.path).finish()
@@ -195,7 +298,7 @@ impl fmt::Debug for Store {
 /// exclusive-writer mode asks for nothing else); any other range is unsupported, which redb
 /// answers by falling back to a whole-storage lock.
 #[derive(Debug)]
-struct Adapter(Box<dyn Storage>);
+struct Adapter(Arc<dyn Storage>);
 
 /// Whether a lock range covers the whole storage, as redb's whole-storage fallback asks.
 fn whole(start: Bound<u64>, end: Bound<u64>) -> bool {
@@ -614,7 +717,8 @@ impl Store {
         backend: Box<dyn Storage>,
         path: PathBuf,
     ) -> Result<Closing, OpenError> {
-        let backend = Adapter(backend);
+        let storage: Arc<dyn Storage> = Arc::from(backend);
+        let backend = Adapter(storage.clone());
         let head = contain("open", || inspect(&backend, &path)).map_err(panicked)??;
         if let Head::CutShort = refuse(head, &path)? {
             backend.set_len(0).map_err(OpenError::Io)?;
@@ -625,7 +729,11 @@ impl Store {
         let db = contain("open", || builder.create_with_backend(backend))
             .map_err(panicked)?
             .map_err(|e| open_error(&path, e))?;
-        Self::finish(b, db, path)
+        let mut store = Self::finish(b, db, path)?;
+        if let Some(s) = store.0.as_mut() {
+            s.storage = Some(storage);
+        }
+        Ok(store)
     }
 
     /// Checks the format of a freshly opened database, committing the format marker into a
@@ -637,10 +745,16 @@ impl Store {
             snapshot: RwLock::new(None),
             db,
             path,
+            storage: None,
+            chunk_pages: Mutex::new(ChunkPages::default()),
             #[cfg(idemkv_sabotage)]
             skip_token_hwm: b.sabotage == crate::base::sabotage::Sabotage::SkipTokenHwm as u8,
         });
         contain("format check", || store.check_format()).map_err(panicked)??;
+        // A file without chunks: every page they take from now on is counted by the commits.
+        if contain("open", || store.chunks_empty()).map_err(panicked)?? {
+            store.chunk_pages.lock().known = Some(0);
+        }
         Ok(store)
     }
 
@@ -1028,7 +1142,22 @@ impl Store {
         range: std::ops::Range<u64>,
         f: impl FnMut(u64, &[u8]) -> Result<(), E>,
     ) -> Result<Result<u64, E>, OpenError> {
-        scan_chunks(&self.begin_read()?, &self.path, range, f)
+        let mut pages = 0;
+        let scanned = scan_chunks(&self.begin_read()?, &self.path, range, f, &mut pages)?;
+        if scanned.is_ok() {
+            self.chunk_pages.lock().scanned(pages);
+        }
+        Ok(scanned)
+    }
+
+    /// Whether the file holds no chunk.
+    fn chunks_empty(&self) -> Result<bool, OpenError> {
+        let txn = self.begin_read()?;
+        match missing_is_empty(txn.open_table(CHUNKS)) {
+            Ok(Some(chunks)) => chunks.is_empty().map_err(|e| open_error(&self.path, e)),
+            Ok(None) => Ok(true),
+            Err(detail) => Err(OpenError::Corrupted { detail }),
+        }
     }
 
     /// The first and last token stored, if any.
@@ -1125,7 +1254,7 @@ impl Store {
         // by other processes while the engine runs (redb's single-writer mode).
         txn.set_durability(redb::Durability::Immediate)?;
         write_log_state(&txn, how)?;
-        apply_writes(&txn, writes, marked)?;
+        let pages = apply_writes(&txn, writes, marked)?;
         // Test-only sabotage: the mark never reaches the file, so that the checks can show
         // they catch tokens reissued after a crash.
         #[cfg(idemkv_sabotage)]
@@ -1136,6 +1265,7 @@ impl Store {
         }
         apply_tables(&txn, tables)?;
         txn.commit()?;
+        self.chunk_pages.lock().committed(pages);
         // (A failed commit returned above and left the previous snapshot, which holds every
         // record published so far whose response is not in memory: the writer poisons the
         // engine before it publishes more, and a completion published at its commit-log
@@ -1144,6 +1274,94 @@ impl Store {
         let fresh = self.db.begin_read().ok().map(Arc::new);
         *self.snapshot.write() = fresh;
         Ok(())
+    }
+}
+
+impl Store {
+    /// Compacts the file when enough of it is unused: redb moves the highest pages down into
+    /// free ones and cuts the file's end, in durable commits of its own. Called once, at a
+    /// clean close, after the engine's last commit.
+    ///
+    /// How much is unused is estimated without reading the records: the chunks' leaves are
+    /// counted as the open's scan and each commit since found them ([`ChunkPages`]); the
+    /// other tables, small beside them, are measured. The estimate leaves out the chunks'
+    /// branch pages (under 1 % of their leaves) and redb's own trees.
+    fn compact(&mut self) -> Compaction {
+        // The engine's own read transaction would keep redb from compacting.
+        *self.snapshot.write() = None;
+        let measured = self
+            .file_bytes()
+            .and_then(|file_bytes| Ok((file_bytes, self.pages_in_use()?)));
+        let (before_bytes, pages) = match measured {
+            Ok(measured) => measured,
+            Err(why) => return Compaction::Failed { why },
+        };
+        let unused_bytes = before_bytes.saturating_sub(pages.saturating_mul(REDB_PAGE_BYTES));
+        if unused_bytes < COMPACT_UNUSED_BYTES_MIN
+            || unused_bytes.saturating_mul(100)
+                < before_bytes.saturating_mul(COMPACT_UNUSED_PERCENT_MIN)
+        {
+            return Compaction::NotNeeded {
+                file_bytes: before_bytes,
+                unused_bytes,
+            };
+        }
+        match self.db.compact() {
+            Ok(_) => match self.file_bytes() {
+                Ok(after_bytes) => Compaction::Done {
+                    before_bytes,
+                    after_bytes,
+                },
+                Err(why) => Compaction::Failed { why },
+            },
+            Err(redb::CompactionError::TransactionInProgress) => Compaction::Refused {
+                file_bytes: before_bytes,
+            },
+            Err(e) => Compaction::Failed { why: e.to_string() },
+        }
+    }
+
+    /// The length of the file (or of a custom backend's storage).
+    fn file_bytes(&self) -> Result<u64, String> {
+        let len = match &self.storage {
+            Some(storage) => storage.len(),
+            None => std::fs::metadata(&self.path).map(|m| m.len()),
+        };
+        len.map_err(|e| format!("the file's length: {e}"))
+    }
+
+    /// About how many pages the file's tables take (see [`Store::compact`]).
+    fn pages_in_use(&self) -> Result<u64, String> {
+        fn pages<K: redb::Key + 'static, V: redb::Value + 'static>(
+            txn: &ReadTransaction,
+            table: TableDefinition<K, V>,
+        ) -> Result<u64, String> {
+            let Some(table) = missing_is_empty(txn.open_table(table))? else {
+                return Ok(0);
+            };
+            let stats = table.stats().map_err(|e| e.to_string())?;
+            Ok(stats.leaf_pages().saturating_add(stats.branch_pages()))
+        }
+        let txn = self.db.begin_read().map_err(|e| e.to_string())?;
+        let known = {
+            let counted = self.chunk_pages.lock();
+            // The scans' count stands until a commit changes it.
+            counted.known.or(counted.scanned)
+        };
+        let chunks = match (known, missing_is_empty(txn.open_table(CHUNKS))?) {
+            (Some(pages), _) => pages,
+            // Not counted (a scan cut short cannot have opened an engine): a page a chunk.
+            (None, Some(chunks)) => chunks.len().map_err(|e| e.to_string())?,
+            (None, None) => 0,
+        };
+        let others = [
+            pages(&txn, META)?,
+            pages(&txn, MARKERS)?,
+            pages(&txn, TABLES)?,
+            pages(&txn, OUTBOX)?,
+            pages(&txn, RECORDS)?,
+        ];
+        Ok(others.iter().fold(chunks, |sum, n| sum.saturating_add(*n)))
     }
 }
 
@@ -1169,12 +1387,13 @@ fn write_log_state(txn: &WriteTransaction, how: Durable) -> Result<(), redb::Err
 }
 
 /// Applies the record and marker writes of a commit: the records change in the chunks they
-/// belong in, which are then written back repacked ([`ChunkSet`]).
+/// belong in, which are then written back repacked ([`ChunkSet`]). Returns by how many pages
+/// the chunks changed ([`ChunkPages`]).
 fn apply_writes(
     txn: &WriteTransaction,
     writes: &[Write],
     marked: &mut Vec<Marked>,
-) -> Result<(), redb::Error> {
+) -> Result<i64, redb::Error> {
     let mut table = txn.open_table(CHUNKS)?;
     let mut set = ChunkSet::default();
     // Opened (and so created) only by a batch that touches a marker.
@@ -1226,7 +1445,7 @@ fn apply_writes(
             }
         }
     }
-    let delta = set.write(&mut table)?;
+    let (delta, pages) = set.write(&mut table)?;
     if delta != 0 {
         let count = {
             let meta = txn.open_table(META)?;
@@ -1237,7 +1456,7 @@ fn apply_writes(
         };
         set_record_count(txn, count.wrapping_add_signed(delta))?;
     }
-    Ok(())
+    Ok(pages)
 }
 
 fn set_record_count(txn: &WriteTransaction, count: u64) -> Result<(), redb::Error> {
@@ -1302,6 +1521,8 @@ struct ChunkSet {
     loaded: BTreeMap<u64, Entries>,
     /// The records the loaded chunks held in the file.
     stored: u64,
+    /// The pages the loaded chunks took in the file ([`value_pages`]).
+    stored_pages: u64,
 }
 
 impl ChunkSet {
@@ -1313,7 +1534,10 @@ impl ChunkSet {
     ) -> Result<&mut Entries, redb::Error> {
         if !self.loaded.contains_key(&key) {
             let entries = match table.get(key)? {
-                Some(v) => chunk::decode(key, v.value()).map_err(chunk_damage)?,
+                Some(v) => {
+                    self.stored_pages += value_pages(v.value().len());
+                    chunk::decode(key, v.value()).map_err(chunk_damage)?
+                }
                 None => Vec::new(),
             };
             self.stored += entries.len() as u64;
@@ -1410,7 +1634,7 @@ impl ChunkSet {
     /// under half full merges with a neighbour ([`ChunkSet::add_merges`]), and a chunk left
     /// empty is removed. Every chunk is stored under its first token. Returns the change in
     /// the number of records the file holds.
-    fn write(mut self, table: &mut Table<u64, &'static [u8]>) -> Result<i64, redb::Error> {
+    fn write(mut self, table: &mut Table<u64, &'static [u8]>) -> Result<(i64, i64), redb::Error> {
         self.add_merges(table)?;
         let mut runs: Vec<Vec<u64>> = Vec::new();
         let mut prev: Option<u64> = None;
@@ -1426,6 +1650,7 @@ impl ChunkSet {
             prev = Some(key);
         }
         let mut written = 0u64;
+        let mut written_pages = 0u64;
         for run in runs {
             let mut packer = Packer::default();
             let mut packed = Vec::new();
@@ -1439,11 +1664,16 @@ impl ChunkSet {
             for entries in packed {
                 if let Some(&(first, _)) = entries.first() {
                     written += entries.len() as u64;
-                    table.insert(first, chunk::encode(&entries).as_slice())?;
+                    let value = chunk::encode(&entries);
+                    written_pages += value_pages(value.len());
+                    table.insert(first, value.as_slice())?;
                 }
             }
         }
-        Ok(written.wrapping_sub(self.stored) as i64)
+        Ok((
+            written.wrapping_sub(self.stored) as i64,
+            written_pages.wrapping_sub(self.stored_pages) as i64,
+        ))
     }
 }
 
@@ -1622,11 +1852,14 @@ fn scan_records<E>(
 
 /// See [`Store::scan`]: the records of the chunks table. A chunk whose key is not above the
 /// last token of the chunk before it means a damaged tree: `Corrupted`.
+/// Also adds to `pages` the pages of the chunks whose keys `range` holds ([`value_pages`]),
+/// so that scans of disjoint ranges count each chunk once.
 fn scan_chunks<E>(
     txn: &ReadTransaction,
     path: &Path,
     range: std::ops::Range<u64>,
     mut f: impl FnMut(u64, &[u8]) -> Result<(), E>,
+    pages: &mut u64,
 ) -> Result<Result<u64, E>, OpenError> {
     let err = |e: redb::Error| open_error(path, e);
     let table = txn.open_table(CHUNKS).map_err(|e| err(e.into()))?;
@@ -1649,6 +1882,9 @@ fn scan_chunks<E>(
             return Err(OpenError::Corrupted {
                 detail: format!("chunk keys out of order at token {key}"),
             });
+        }
+        if key >= range.start {
+            *pages = pages.saturating_add(value_pages(v.value().len()));
         }
         chunk::for_each(key, v.value(), |token, bytes| {
             last = Some(token);
@@ -2015,7 +2251,7 @@ impl ReadOnlyStore {
     ) -> Result<Result<u64, E>, OpenError> {
         contain("scan", || match check_tables(txn, &self.path)? {
             Layout::Records => scan_records(txn, &self.path, 0..u64::MAX, f),
-            Layout::Chunks => scan_chunks(txn, &self.path, 0..u64::MAX, f),
+            Layout::Chunks => scan_chunks(txn, &self.path, 0..u64::MAX, f, &mut 0),
         })
         .map_err(panicked)?
     }
@@ -2264,6 +2500,84 @@ mod tests {
         let count = count.map_or(0, |v| u64::from_le_bytes(v.try_into().expect("8 bytes")));
         assert_eq!(count, want.len() as u64);
         sizes
+    }
+
+    /// A leaf takes a page up to a full chunk, then a power of two of pages.
+    #[test]
+    fn a_chunk_takes_the_pages_redb_allocates_for_its_leaf() {
+        assert_eq!(value_pages(0), 1);
+        assert_eq!(value_pages(CHUNK_BYTES_MAX), 1);
+        assert_eq!(value_pages(CHUNK_BYTES_MAX + 1), 2);
+        assert_eq!(value_pages(2 * 4096 - 16), 2);
+        assert_eq!(value_pages(2 * 4096 - 15), 4);
+        assert_eq!(value_pages(100_000), 32);
+    }
+
+    /// The pages the commits count as they change the chunks are the pages of the chunks
+    /// they leave, through appends, records larger than a chunk, growth in place and
+    /// deletions; an open's count starts from its scans, and commits before them are not
+    /// counted.
+    #[test]
+    fn commits_keep_the_count_of_the_chunks_pages() {
+        let db = db();
+        let mut counted = ChunkPages {
+            known: Some(0),
+            ..ChunkPages::default()
+        };
+        let mut commit = |writes: &[Write]| {
+            let txn = db.begin_write().expect("a write transaction");
+            let pages = apply_writes(&txn, writes, &mut Vec::new()).expect("the writes apply");
+            txn.commit().expect("the commit");
+            counted.committed(pages);
+        };
+        let values: Vec<Vec<u8>> = (0..400u64)
+            .map(|t| value(t, if t % 50 == 7 { 9_000 } else { 120 }))
+            .collect();
+        for (batch, chunk) in values.chunks(9).enumerate() {
+            let writes: Vec<Write> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, v)| Write::Put {
+                    token: (batch * 9 + i) as u64,
+                    old: None,
+                    value: v,
+                })
+                .collect();
+            commit(&writes);
+        }
+        let grown: Vec<Vec<u8>> = (100..140u64).map(|t| value(t, 700)).collect();
+        let writes: Vec<Write> = grown
+            .iter()
+            .zip(100u64..)
+            .map(|(v, t)| Write::Put {
+                token: t,
+                old: Some(t),
+                value: v,
+            })
+            .collect();
+        commit(&writes);
+        let deletes: Vec<Write> = (0..250u64).map(|token| Write::Delete { token }).collect();
+        commit(&deletes);
+        let txn = db.begin_read().expect("a read transaction");
+        let table = txn.open_table(CHUNKS).expect("the chunks table");
+        let mut pages = 0;
+        for entry in table.iter().expect("iterates") {
+            pages += value_pages(entry.expect("an entry").1.value().len());
+        }
+        assert!(pages > 10, "{pages}");
+        assert_eq!(counted.known, Some(pages));
+        // An open: commits before its scans are not counted, the scans add up, and the
+        // commits after them count on from there.
+        let mut open = ChunkPages::default();
+        open.committed(5);
+        assert_eq!(open.known, None);
+        open.scanned(30);
+        open.scanned(12);
+        open.committed(-2);
+        assert_eq!(open.known, Some(40));
+        open.scanned(7);
+        open.committed(1);
+        assert_eq!(open.known, Some(41));
     }
 
     fn value(token: u64, len: usize) -> Vec<u8> {
