@@ -77,9 +77,6 @@ struct Waiters {
     /// Publications so far: threads that expect the next one to reach their number sleep
     /// on `durable_changed[published % 2]`, the others on the other one.
     published: u64,
-    /// The highest number in the batch the writer is committing, once it said so
-    /// ([`Progress::announce`]); `None` between its publication and the next announcement.
-    in_flight: Option<u64>,
     /// Threads asleep on `Progress::applied_changed`.
     applied_sleepers: usize,
 }
@@ -91,7 +88,6 @@ impl Default for Waiters {
             sleepers: [0; 2],
             lowest: [u64::MAX; 2],
             published: 0,
-            in_flight: None,
             applied_sleepers: 0,
         }
     }
@@ -99,12 +95,14 @@ impl Default for Waiters {
 
 impl Waiters {
     /// The durability condition variable a thread waiting for `seq` sleeps on: the next
-    /// publication's, unless the batch in flight does not hold `seq`.
-    fn slot_for(&self, seq: u64) -> usize {
+    /// publication's, unless the batch in flight (its highest number `in_flight`, 0: none
+    /// announced) does not hold `seq`.
+    fn slot_for(&self, seq: u64, in_flight: u64) -> usize {
         let next = usize::from(self.published % 2 == 1);
-        match self.in_flight {
-            Some(highest) if seq > highest => 1 - next,
-            _ => next,
+        if in_flight > 0 && seq > in_flight {
+            1 - next
+        } else {
+            next
         }
     }
 }
@@ -127,6 +125,10 @@ pub(crate) struct Progress {
     /// Numbers handed out whose operation never entered the queue.
     voided: Mutex<Vec<u64>>,
     waiters: Mutex<Waiters>,
+    /// The highest number in the batch the writer is committing, once it said so
+    /// ([`Progress::announce`]); 0 between its publication and the next announcement. Not
+    /// under the waiter lock: the writer does not wait for callers to announce a batch.
+    in_flight: AtomicU64,
     /// Threads waiting for durability, in two groups (see [`Waiters::slot_for`]).
     durable_changed: [Condvar; 2],
     /// Threads waiting for the file ([`Progress::wait_applied`]).
@@ -143,6 +145,7 @@ impl Progress {
             marks: crate::base::sync::Arc::new(Marks::new()),
             voided: Mutex::new(Vec::new()),
             waiters: Mutex::new(Waiters::default()),
+            in_flight: AtomicU64::new(0),
             durable_changed: [Condvar::new(), Condvar::new()],
             applied_changed: Condvar::new(),
             #[cfg(test)]
@@ -203,7 +206,7 @@ impl Progress {
     /// for a number above it sleep apart from the batch's, so its publication does not
     /// wake them. Only a hint: a publication wakes every sleeper it satisfies.
     pub(crate) fn announce(&self, highest: u64) {
-        self.waiters.lock().in_flight = Some(highest);
+        self.in_flight.store(highest, Ordering::Relaxed);
     }
 
     /// Publishes a new watermark and wakes whoever it satisfies: the sleeping threads of
@@ -216,7 +219,7 @@ impl Progress {
             let mut w = self.waiters.lock();
             // The batch in flight ended either way: sleepers go back to expecting the next.
             w.published += 1;
-            w.in_flight = None;
+            self.in_flight.store(0, Ordering::Relaxed);
             if watermark <= before {
                 return;
             }
@@ -314,7 +317,7 @@ impl Progress {
         }
         match mark {
             Mark::Durable => {
-                let i = w.slot_for(seq);
+                let i = w.slot_for(seq, self.in_flight.load(Ordering::Relaxed));
                 w.sleepers[i] += 1;
                 w.lowest[i] = w.lowest[i].min(seq);
                 self.durable_changed[i].wait_for(&mut w, timeout);
