@@ -46,8 +46,7 @@ pub(crate) const APPLY_JOBS_MAX: usize = 64;
 /// state this much behind, at most.
 pub(crate) const APPLY_INTERVAL: Duration = Duration::from_millis(10);
 /// Backstop for the writer waiting for the applier, and the applier for its next batch:
-/// every apply, stop and hand-over that changes when the applier acts notifies, so this
-/// timeout only bounds the cost of a bug.
+/// every hand-over, apply and stop notifies, so this timeout only bounds the cost of a bug.
 pub(crate) const APPLIER_POLL: Duration = Duration::from_millis(100);
 /// A kept-alive lease is renewed when this fraction of it has passed (every third), so a
 /// renewal delayed by a full queue or a busy machine still lands before the lease ends.

@@ -166,11 +166,6 @@ impl Writer {
     /// whether the batch was handed to the applier (acknowledged on its frame's sync).
     fn commit(&mut self, batch: &mut Vec<Queued>, closing: bool) -> bool {
         fault_hook!(self.shared.faults().writer_may_panic(););
-        // Callers of later operations sleep apart from this batch's, so that its
-        // publication wakes only the callers it made durable.
-        if let Some(highest) = batch.iter().map(|q| q.seq).max().filter(|&s| s > 0) {
-            self.shared.progress().announce(highest);
-        }
         // Test-only sabotages: acknowledge or publish before the commit returns, so that the
         // durability checks can show they catch a writer that breaks this order.
         let ack_early = fault_point!(self.shared.faults(), AckBeforeCommit);
