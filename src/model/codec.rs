@@ -706,6 +706,25 @@ mod v4 {
         from.wrapping_add(delta as u64)
     }
 
+    /// An InFlight state's instants from its deltas: the attempt's start is relative to the
+    /// first claim, the lease deadline to the attempt's start (as `R4` writes them).
+    /// Returns `(attempt_started_wall_ms, lease_deadline_wall_ms)`.
+    fn attempt_instants(first: u64, started_delta_ms: i64, deadline_delta_ms: i64) -> (u64, u64) {
+        let started = after(first, started_delta_ms);
+        (started, after(started, deadline_delta_ms))
+    }
+
+    /// A completion's instants from its deltas: the completion is relative to the first
+    /// claim, the expiry to the completion. Returns `(completed_wall_ms, expires_wall_ms)`.
+    fn completion_instants(
+        first: u64,
+        completed_delta_ms: i64,
+        expires_delta_ms: i64,
+    ) -> (u64, u64) {
+        let completed = after(first, completed_delta_ms);
+        (completed, after(completed, expires_delta_ms))
+    }
+
     #[derive(Serialize)]
     pub(super) struct R4<'a> {
         key: &'a RecordKey,
@@ -849,9 +868,10 @@ mod v4 {
                     lease_ms,
                     claim_id,
                 } => {
-                    let started = after(first, attempt_started_delta_ms);
+                    let (started, deadline) =
+                        attempt_instants(first, attempt_started_delta_ms, lease_deadline_delta_ms);
                     RecordState::InFlight {
-                        lease_deadline_wall_ms: after(started, lease_deadline_delta_ms),
+                        lease_deadline_wall_ms: deadline,
                         attempt,
                         attempt_started_wall_ms: started,
                         failed,
@@ -866,11 +886,12 @@ mod v4 {
                     expires_delta_ms,
                     response,
                 } => {
-                    let completed = after(first, completed_delta_ms);
+                    let (completed, expires) =
+                        completion_instants(first, completed_delta_ms, expires_delta_ms);
                     RecordState::Completed {
                         attempt,
                         completed_wall_ms: completed,
-                        expires_wall_ms: after(completed, expires_delta_ms),
+                        expires_wall_ms: expires,
                         response,
                     }
                 }
@@ -898,9 +919,10 @@ mod v4 {
                     lease_ms,
                     claim_id,
                 } => {
-                    let started = after(first, attempt_started_delta_ms);
+                    let (started, deadline) =
+                        attempt_instants(first, attempt_started_delta_ms, lease_deadline_delta_ms);
                     HeadState::InFlight {
-                        lease_deadline_wall_ms: after(started, lease_deadline_delta_ms),
+                        lease_deadline_wall_ms: deadline,
                         attempt,
                         attempt_started_wall_ms: started,
                         failed,
@@ -914,11 +936,12 @@ mod v4 {
                     completed_delta_ms,
                     expires_delta_ms,
                 } => {
-                    let completed = after(first, completed_delta_ms);
+                    let (completed, expires) =
+                        completion_instants(first, completed_delta_ms, expires_delta_ms);
                     HeadState::Completed {
                         attempt,
                         completed_wall_ms: completed,
-                        expires_wall_ms: after(completed, expires_delta_ms),
+                        expires_wall_ms: expires,
                     }
                 }
             };
