@@ -37,7 +37,7 @@ pub(crate) const WAIT_SLICE_MAX: Duration = Duration::from_millis(250);
 pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
 /// Test-only (`AckBeforeCommit` with the commit log): how long the sabotaged writer waits
 /// between acknowledging a batch and writing its frame, about a commit to the file on a
-/// disk, so that a kill lands in that window about one time in four or more.
+/// disk, so that a kill lands in that window about one time in three.
 #[cfg(all(idemkv_sabotage, not(shuttle)))]
 pub(crate) const ACK_EARLY_HOLD: Duration = Duration::from_millis(2);
 /// Most acknowledged batches waiting for the applier (with the commit log): the applier
