@@ -108,7 +108,11 @@ impl Applier {
         }
         slot.jobs.push_back(job);
         slot.busy = true;
-        self.handoff.changed.notify_all();
+        // The applier sleeps until its next commit is due once it holds jobs: only the
+        // first job (it slept without a deadline) and a full room change when it acts.
+        if slot.jobs.len() == 1 || slot.jobs.len() >= APPLY_JOBS_MAX || untimed() {
+            self.handoff.changed.notify_all();
+        }
         spare
     }
 

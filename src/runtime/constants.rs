@@ -35,6 +35,11 @@ pub(crate) const WAIT_SLICE_MAX: Duration = Duration::from_millis(250);
 /// Backstop for a thread waiting for durability: every change it waits for (a new watermark,
 /// poison, the writer stopping) wakes it, so this timeout only bounds the cost of a bug.
 pub(crate) const ACK_POLL: Duration = Duration::from_millis(100);
+/// Test-only (`AckBeforeCommit` with the commit log): how long the sabotaged writer waits
+/// between acknowledging a batch and writing its frame, about a commit to the file on a
+/// disk, so that a kill lands in that window about one time in three.
+#[cfg(all(idemkv_sabotage, not(shuttle)))]
+pub(crate) const ACK_EARLY_HOLD: Duration = Duration::from_millis(2);
 /// Most acknowledged batches waiting for the applier (with the commit log): the applier
 /// takes all of them into its next durable commit, and the writer waits for room beyond
 /// this, which bounds the responses kept in memory until the file holds them.
@@ -46,7 +51,8 @@ pub(crate) const APPLY_JOBS_MAX: usize = 64;
 /// state this much behind, at most.
 pub(crate) const APPLY_INTERVAL: Duration = Duration::from_millis(10);
 /// Backstop for the writer waiting for the applier, and the applier for its next batch:
-/// every hand-over, apply and stop notifies, so this timeout only bounds the cost of a bug.
+/// every apply, stop and hand-over that changes when the applier acts notifies, so this
+/// timeout only bounds the cost of a bug.
 pub(crate) const APPLIER_POLL: Duration = Duration::from_millis(100);
 /// A kept-alive lease is renewed when this fraction of it has passed (every third), so a
 /// renewal delayed by a full queue or a busy machine still lands before the lease ends.

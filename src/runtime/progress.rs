@@ -16,6 +16,13 @@
 //! Architecture invariant: waiters check the watermark, poison and writer stop under the
 //! waiter lock, and the writer (or `poison`, or `close`) changes them before taking that
 //! lock to wake: no wake-up is lost.
+//! Architecture invariant: a thread waiting for durability sleeps on one of two condition
+//! variables, each with the smallest number any of its sleepers waits for; a new
+//! watermark notifies exactly those whose smallest number it reached. Which of the two a
+//! sleeper picks only decides who else it wakes with, never whether it wakes: a sleeper
+//! whose number is above the batch the writer announced sleeps on the other one, so the
+//! batch's commit wakes only the callers it made durable (the others would wake for
+//! nothing, look, and sleep again: one context switch each per commit).
 
 use crate::base::sync::{AtomicU64, Condvar, Mutex, Ordering};
 use crate::index::publication::Marks;
@@ -59,12 +66,45 @@ impl Ord for Pending {
     }
 }
 
-#[derive(Default)]
 struct Waiters {
     /// Futures by the number they wait for, smallest first.
     wakers: BinaryHeap<Reverse<Pending>>,
-    /// Threads asleep on the condition variable.
-    sleepers: usize,
+    /// Threads asleep on each of `Progress::durable_changed` (they may have timed out).
+    sleepers: [usize; 2],
+    /// The smallest number a thread asleep on each durability condition variable waits
+    /// for since it was last notified (`u64::MAX`: none).
+    lowest: [u64; 2],
+    /// Publications so far: threads that expect the next one to reach their number sleep
+    /// on `durable_changed[published % 2]`, the others on the other one.
+    published: u64,
+    /// Threads asleep on `Progress::applied_changed`.
+    applied_sleepers: usize,
+}
+
+impl Default for Waiters {
+    fn default() -> Self {
+        Self {
+            wakers: BinaryHeap::new(),
+            sleepers: [0; 2],
+            lowest: [u64::MAX; 2],
+            published: 0,
+            applied_sleepers: 0,
+        }
+    }
+}
+
+impl Waiters {
+    /// The durability condition variable a thread waiting for `seq` sleeps on: the next
+    /// publication's, unless the batch in flight (its highest number `in_flight`, 0: none
+    /// announced) does not hold `seq`.
+    fn slot_for(&self, seq: u64, in_flight: u64) -> usize {
+        let next = usize::from(self.published % 2 == 1);
+        if in_flight > 0 && seq > in_flight {
+            1 - next
+        } else {
+            next
+        }
+    }
 }
 
 /// The watermark a blocked caller waits for.
@@ -85,7 +125,17 @@ pub(crate) struct Progress {
     /// Numbers handed out whose operation never entered the queue.
     voided: Mutex<Vec<u64>>,
     waiters: Mutex<Waiters>,
-    changed: Condvar,
+    /// The highest number in the batch the writer is committing, once it said so
+    /// ([`Progress::announce`]); 0 between its publication and the next announcement. Not
+    /// under the waiter lock: the writer does not wait for callers to announce a batch.
+    in_flight: AtomicU64,
+    /// Threads waiting for durability, in two groups (see [`Waiters::slot_for`]).
+    durable_changed: [Condvar; 2],
+    /// Threads waiting for the file ([`Progress::wait_applied`]).
+    applied_changed: Condvar,
+    /// Threads a publication woke (or handed to the waiter lock to wake), for the tests.
+    #[cfg(test)]
+    woken: std::sync::atomic::AtomicUsize,
 }
 
 impl Progress {
@@ -95,7 +145,11 @@ impl Progress {
             marks: crate::base::sync::Arc::new(Marks::new()),
             voided: Mutex::new(Vec::new()),
             waiters: Mutex::new(Waiters::default()),
-            changed: Condvar::new(),
+            in_flight: AtomicU64::new(0),
+            durable_changed: [Condvar::new(), Condvar::new()],
+            applied_changed: Condvar::new(),
+            #[cfg(test)]
+            woken: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -133,11 +187,11 @@ impl Progress {
     /// [`Progress::publish`]).
     pub(crate) fn applied(&self, watermark: u64) {
         self.marks.raise_applied(watermark);
-        // Wakes the threads waiting for the file ([`Progress::wait_applied`]); sleepers
-        // waiting for durability look again and sleep on.
+        // Wakes the threads waiting for the file ([`Progress::wait_applied`]) only: the
+        // durable watermark did not move.
         let w = self.waiters.lock();
-        if w.sleepers > 0 {
-            self.changed.notify_all();
+        if w.applied_sleepers > 0 {
+            self.applied_changed.notify_all();
         }
     }
 
@@ -148,18 +202,37 @@ impl Progress {
         self.block_until(Mark::Applied, seq, engine)
     }
 
-    /// Publishes a new watermark and wakes whoever it satisfies: every sleeping thread with
-    /// one notification, and the futures registered at or below it.
+    /// The writer is committing a batch whose highest number is `highest`: threads waiting
+    /// for a number above it sleep apart from the batch's, so its publication does not
+    /// wake them. Only a hint: a publication wakes every sleeper it satisfies.
+    pub(crate) fn announce(&self, highest: u64) {
+        self.in_flight.store(highest, Ordering::Relaxed);
+    }
+
+    /// Publishes a new watermark and wakes whoever it satisfies: the sleeping threads of
+    /// each condition variable whose smallest number it reached (one notification each),
+    /// and the futures registered at or below it.
     pub(crate) fn publish(&self, watermark: u64) {
         let before = self.marks.raise_durable(watermark);
-        if watermark <= before {
-            return;
-        }
         let mut due = Vec::new();
         {
             let mut w = self.waiters.lock();
-            if w.sleepers > 0 {
-                self.changed.notify_all();
+            // The batch in flight ended either way: sleepers go back to expecting the next.
+            w.published += 1;
+            self.in_flight.store(0, Ordering::Relaxed);
+            if watermark <= before {
+                return;
+            }
+            for (i, changed) in self.durable_changed.iter().enumerate() {
+                if w.lowest[i] <= watermark {
+                    w.lowest[i] = u64::MAX;
+                    if w.sleepers[i] > 0 {
+                        let _woken = changed.notify_all();
+                        #[cfg(test)]
+                        self.woken
+                            .fetch_add(_woken, std::sync::atomic::Ordering::SeqCst);
+                    }
+                }
             }
             while w.wakers.peek().is_some_and(|p| p.0.seq <= watermark) {
                 if let Some(Reverse(p)) = w.wakers.pop() {
@@ -174,7 +247,10 @@ impl Progress {
     pub(crate) fn wake_all(&self) {
         let due: Vec<Waker> = {
             let mut w = self.waiters.lock();
-            self.changed.notify_all();
+            self.durable_changed.iter().for_each(|c| {
+                c.notify_all();
+            });
+            self.applied_changed.notify_all();
             w.wakers.drain().map(|Reverse(p)| p.waker).collect()
         };
         due.into_iter().for_each(Waker::wake);
@@ -223,7 +299,7 @@ impl Progress {
     }
 
     /// Sleeps until operation `seq` is durable, the engine stops, or `timeout` passes; the
-    /// caller looks at what it waits for again either way (a commit wakes every sleeper).
+    /// caller looks at what it waits for again either way.
     pub(crate) fn sleep(&self, seq: u64, engine: &impl Stopped, timeout: Duration) {
         self.sleep_on(Mark::Durable, seq, engine, timeout);
     }
@@ -239,9 +315,20 @@ impl Progress {
         if self.reached(mark, seq, engine).is_some() {
             return;
         }
-        w.sleepers += 1;
-        self.changed.wait_for(&mut w, timeout);
-        w.sleepers -= 1;
+        match mark {
+            Mark::Durable => {
+                let i = w.slot_for(seq, self.in_flight.load(Ordering::Relaxed));
+                w.sleepers[i] += 1;
+                w.lowest[i] = w.lowest[i].min(seq);
+                self.durable_changed[i].wait_for(&mut w, timeout);
+                w.sleepers[i] -= 1;
+            }
+            Mark::Applied => {
+                w.applied_sleepers += 1;
+                self.applied_changed.wait_for(&mut w, timeout);
+                w.applied_sleepers -= 1;
+            }
+        }
     }
 
     /// The async form of [`Progress::wait`]: registers `cx`'s waker until `seq` is durable.
@@ -357,6 +444,66 @@ mod tests {
         let stopped = Running(Some(Arc::from("disk full")));
         assert!(p.wait(a, &stopped).is_ok());
         assert_eq!(p.wait(b, &stopped).err().as_deref(), Some("disk full"));
+    }
+
+    /// Spawns a thread waiting for `seq`, and returns once it sleeps on the progress.
+    fn sleeping_waiter(p: &Arc<Progress>, seq: u64) -> std::thread::JoinHandle<Result<(), Failed>> {
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || p.wait(seq, &Running(None)))
+        };
+        while p.waiters.lock().sleepers.iter().sum::<usize>() == 0 {
+            std::thread::yield_now();
+        }
+        waiter
+    }
+
+    fn woken(p: &Progress) -> usize {
+        p.woken.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_waiter_for_a_later_number_is_not_woken_by_an_earlier_commit() {
+        let p = Arc::new(Progress::new());
+        let (a, b) = (p.issue(), p.issue());
+        // The writer commits `a` alone; `b` waits for the next batch.
+        p.announce(a);
+        let waiter = sleeping_waiter(&p, b);
+        p.publish(a);
+        assert_eq!(
+            woken(&p),
+            0,
+            "the commit of `a` made nothing `b` waits for durable"
+        );
+        p.publish(b);
+        assert_eq!(woken(&p), 1);
+        assert!(waiter.join().unwrap().is_ok());
+    }
+
+    #[test]
+    fn a_waiter_is_woken_by_the_commit_that_reaches_it_whatever_was_announced() {
+        let p = Arc::new(Progress::new());
+        let (a, b) = (p.issue(), p.issue());
+        // `b` sleeps apart from the batch holding `a`, whose commit then publishes up to
+        // `b` (committed earlier above a gap that `a` fills, or voided).
+        p.announce(a);
+        let waiter = sleeping_waiter(&p, b);
+        p.publish(b);
+        assert_eq!(woken(&p), 1);
+        assert!(waiter.join().unwrap().is_ok());
+    }
+
+    #[test]
+    fn applying_wakes_no_thread_waiting_for_durability() {
+        let p = Arc::new(Progress::new());
+        let (a, b) = (p.issue(), p.issue());
+        p.publish(a);
+        let waiter = sleeping_waiter(&p, b);
+        p.applied(a);
+        assert_eq!(woken(&p), 0);
+        p.publish(b);
+        assert_eq!(woken(&p), 1);
+        assert!(waiter.join().unwrap().is_ok());
     }
 
     #[test]

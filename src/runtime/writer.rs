@@ -166,11 +166,17 @@ impl Writer {
     /// whether the batch was handed to the applier (acknowledged on its frame's sync).
     fn commit(&mut self, batch: &mut Vec<Queued>, closing: bool) -> bool {
         fault_hook!(self.shared.faults().writer_may_panic(););
+        // Callers of later operations sleep apart from this batch's, so that its
+        // publication wakes only the callers it made durable.
+        if let Some(highest) = batch.iter().map(|q| q.seq).max().filter(|&s| s > 0) {
+            self.shared.progress().announce(highest);
+        }
         // Test-only sabotages: acknowledge or publish before the commit returns, so that the
         // durability checks can show they catch a writer that breaks this order.
         let ack_early = fault_point!(self.shared.faults(), AckBeforeCommit);
         if ack_early {
             self.advance(batch, false);
+            fault_hook!(self.hold_early_ack(););
         }
         fault_hook! {
             if fault_point!(self.shared.faults(), PublishBeforeCommit) {
@@ -251,6 +257,23 @@ impl Writer {
                 ..
             })
         )
+    }
+
+    /// Test-only, for the `AckBeforeCommit` sabotage: with the commit log, holds the writer
+    /// for `ACK_EARLY_HOLD` between the early acknowledgement and the batch's frame. The
+    /// frame is the commit (a kill after its write loses nothing), and it follows the
+    /// publication by microseconds: a caller the publication woke could report its
+    /// acknowledgement before the write only if it was already running, which depended on
+    /// wake-ups that had nothing to do with this batch (an apply that woke every waiter just
+    /// before). The hold gives the acknowledged callers a commit's time to go on whoever wakes
+    /// them and however they are scheduled, so a kill can catch the sabotage. Not under
+    /// shuttle, whose schedules find the window without it.
+    #[cfg(idemkv_sabotage)]
+    fn hold_early_ack(&self) {
+        #[cfg(not(shuttle))]
+        if self.log.is_some() {
+            std::thread::sleep(crate::runtime::constants::ACK_EARLY_HOLD);
+        }
     }
 
     /// Records how long the batch's oldest `Buffered` operation waited for its fsync.

@@ -553,9 +553,13 @@ fn crash_rounds(seed: u64) {
 // Teeth: the same rounds against a sabotaged build must fail a check within `TEETH_ROUNDS`
 // kills.
 // The kill moment is real time, so which round catches the bug varies: a kill catches
-// acknowledging before the commit when it lands inside the commit of an acknowledged write
-// (about one kill in two here, so 24 rounds miss it with odds below one in a million), and
-// a missing token mark when a claim's token was issued but not yet written (every kill).
+// acknowledging before the commit when it lands after an acknowledgement and before the
+// write of its batch's frame to the commit log (a kill after that write loses nothing). The
+// sabotaged writer holds that window open for about a file commit's time, whatever wakes
+// the acknowledged callers (`ACK_EARLY_HOLD`): about one kill in three here (the first
+// catch came in rounds 0 to 5 of ten runs), so 24 rounds miss it with odds below one in
+// ten thousand. A missing token mark is caught when a claim's token was issued but not yet
+// written (every kill).
 // ---------------------------------------------------------------------------------------
 
 /// Runs rounds with `bug` armed until a check fails; returns the round that caught it.
