@@ -1435,14 +1435,13 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
     }
 }
 
-/// A batch's one insert takes the keys without a row; the keys it meets a row for go
-/// through the claim function in the same statement, each with a lone claim's answer: an
-/// InFlight row whose lease is over is taken over (attempt 2, a greater token, checkpoint
-/// kept), a live holder with another payload is a fingerprint mismatch, a live holder with
-/// the same payload is in progress, a completion is replayed, and a key inserted by another
-/// session while the batch ran is answered from its committed row.
+/// Every key of a batch gets a lone claim's answer, whatever its row: a new key is
+/// acquired, an InFlight row whose lease is over is taken over (attempt 2, a greater token,
+/// checkpoint kept), a live holder with another payload is a fingerprint mismatch, a live
+/// holder with the same payload is in progress, a completion is replayed, and a key
+/// inserted by another session while the batch ran is answered from its committed row.
 #[test]
-fn a_batch_inserts_the_new_keys_at_once_and_answers_existing_rows_through_the_function() {
+fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
     let p = prefix("setbatch");
     let e = engine(&p);
     let other = engine(&p);

@@ -395,58 +395,20 @@ $claim$"
 fn claims(n: &Names) -> (String, String) {
     let claim_fn = &n.claim_fn;
     let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)");
-    (claim, claim_batch(n))
-}
-
-// Claims in a batch ($1 keys, sorted; $2 fingerprints; $3 legacy fingerprints; $4 leases
-// µs; $5 own retentions µs or NULL; $6 the engine's retention µs; $7 claim identities or
-// NULL; $8 whether the engine keeps markers; $9 whether each claim reruns a forgotten
-// key), in one transaction; `n` numbers the keys from 1. First one insert of every key, in
-// the arrays' order, that does nothing on a conflict: what the claim function's first
-// pass does for a key it finds no row for, without a function call per key. The keys it
-// did not insert then go through the claim function, in the same order, each call
-// reading with a fresh snapshot (a key whose conflict was another caller's insert, which
-// the insert waited for, is answered from the committed row). The function's calls come
-// after the insert: they read only keys the insert went past (`fresh` is read to its end
-// for a key it did not insert). A key whose row the insert's read shows is not inserted,
-// so it draws no token (a claim answered by a row draws none); the read is a scalar
-// subquery, run per key on the key's index, which a plan cannot turn into a join that
-// scans the table.
-fn claim_batch(n: &Names) -> String {
-    let Names {
-        keys,
-        seq_lit,
-        claim_fn,
-        ..
-    } = n;
-    format!(
-        "WITH ask AS (
-    SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[],
-                         $7::bytea[], $9::boolean[])
-        WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, rerun, n)
-),
-fresh AS (
-    INSERT INTO {keys} AS k (key, state, token, attempt, fingerprint, lease_until, reap_at,
-                             first_claimed_at, attempt_started_at, retention_us, claim_id)
-    SELECT a.key, 'i', nextval('{seq_lit}'), 1, a.fp, clock_timestamp() + a.lease_us {US},
-           clock_timestamp() + (a.lease_us + coalesce(a.own_us, $6::bigint)) {US},
-           clock_timestamp(), clock_timestamp(), a.own_us, a.claim_id
-    FROM ask a WHERE (SELECT 1 FROM {keys} r WHERE r.key = a.key) IS NULL
-    ORDER BY a.n
-    ON CONFLICT (key) DO NOTHING
-    RETURNING k.key, k.token, k.attempt
-)
-SELECT a.n, 'a'::text AS kind, f.token, f.attempt, NULL::bigint AS checkpoint_phase,
-       NULL::bytea AS checkpoint, NULL::bytea AS response, NULL::bytea AS fingerprint,
-       NULL::bigint AS remaining_us, NULL::bigint AS completed_ms
-FROM ask a JOIN fresh f ON f.key = a.key
-UNION ALL
-SELECT r.n, c.*
-FROM (SELECT * FROM ask a WHERE NOT EXISTS (SELECT 1 FROM fresh f WHERE f.key = a.key)
-      OFFSET 0) r,
-     LATERAL {claim_fn}(r.key, r.fp, r.fp_legacy, r.lease_us, $6, r.own_us, r.claim_id,
-                        $8, r.rerun) c"
-    )
+    // The same function for each key of a batch, in the arrays' order (the keys come
+    // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
+    // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
+    // none), $6 the engine's retention µs, $7 claim identities (NULL: none), $8 whether
+    // the engine keeps markers, $9 whether each claim reruns a forgotten key.
+    let claim_batch = format!(
+        "SELECT a.n, c.*
+FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $7::bytea[],
+            $9::boolean[])
+     WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, rerun, n),
+     LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us, a.claim_id,
+                        $8, a.rerun) c"
+    );
+    (claim, claim_batch)
 }
 
 // The writes of a set, applied only when its statement wrote the row (`done`; a
@@ -706,7 +668,8 @@ forgot AS (
 gone AS (
     DELETE FROM {keys} k USING due
     WHERE k.key = ANY(ARRAY(SELECT key FROM due)) AND k.key = due.key
-      AND k.reap_at <= clock_timestamp() AND NOT (k.state = 'c' AND coalesce(k.marker_until > clock_timestamp(), false))
+      AND k.reap_at <= clock_timestamp()
+      AND NOT (k.state = 'c' AND coalesce(k.marker_until > clock_timestamp(), false))
     RETURNING k.state = 'c' AND k.marker_until IS NOT NULL AS marker
 )
 SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT marker)"
