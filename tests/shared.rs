@@ -1435,6 +1435,107 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
     }
 }
 
+/// Every key of a batch gets a lone claim's answer, whatever its row: a new key is
+/// acquired, an InFlight row whose lease is over is taken over (attempt 2, a greater token,
+/// checkpoint kept), a live holder with another payload is a fingerprint mismatch, a live
+/// holder with the same payload is in progress, a completion is replayed, and a key
+/// inserted by another session while the batch ran is answered from its committed row.
+#[test]
+fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
+    let p = prefix("setbatch");
+    let e = engine(&p);
+    let other = engine(&p);
+    let payload = |b: &[u8]| ClaimOptions::default().payload(b);
+    let acquire = |key: &[u8], opts: &ClaimOptions| match other.claim(key, opts) {
+        Ok(Claim::Acquired(lease)) => lease,
+        got => panic!("{got:?}"),
+    };
+    let done = acquire(b"done", &payload(b"d"));
+    done.complete(b"the done bytes").expect("complete");
+    let mut over = acquire(b"over", &payload(b"o"));
+    over.set_checkpoint(7, b"halfway").expect("checkpoint");
+    let over_token = over.token();
+    drop(over);
+    psql(&format!(
+        "UPDATE \"{p}keys\" SET lease_until = now() - interval '1 hour' WHERE key = '\\x{}'",
+        hex(b"over")
+    ));
+    let _held = acquire(b"held", &payload(b"h"));
+    let _theirs = acquire(b"theirs", &payload(b"t"));
+
+    let lock = RowLock::insert_live(&p, b"blocked");
+    let claim_on = |key: &[u8], opts: ClaimOptions| {
+        let (e, key) = (e.clone(), key.to_vec());
+        std::thread::spawn(move || (e.claim(&key, &opts), key))
+    };
+    let lane = claim_on(b"blocked", ClaimOptions::default());
+    wait_blocked_connection(&p);
+    let batched = e.stats().db_claims_batched;
+    // A session inserts "late" and holds it uncommitted: the batch's insert waits for it.
+    let late = RowLock::insert_live(&p, b"late");
+    let asks = [
+        (&b"done"[..], payload(b"d")),
+        (b"fresh-1", payload(b"f1")),
+        (b"held", payload(b"h")),
+        (b"late", payload(b"l")),
+        (b"over", payload(b"o")),
+        (b"theirs", payload(b"not theirs")),
+        (b"zz-fresh-2", ClaimOptions::default()),
+    ];
+    let queued: Vec<_> = asks.into_iter().map(|(k, o)| claim_on(k, o)).collect();
+    wait_until(|| e.stats().db_claims_batched == batched + 7);
+    let before = e.stats().db_round_trips;
+    lock.commit();
+    assert!(matches!(
+        lane.join().expect("no panic").0,
+        Ok(Claim::InProgress(_))
+    ));
+    late.commit();
+    let mut fresh = Vec::new();
+    for q in queued {
+        let (claim, key) = q.join().expect("no panic");
+        match (&key[..], claim) {
+            (b"done", Ok(Claim::Completed(c))) => assert_eq!(c.response(), b"the done bytes"),
+            (b"held" | b"late", Ok(Claim::InProgress(busy))) => assert_eq!(busy.attempt(), 1),
+            (b"over", Ok(Claim::Acquired(lease))) => {
+                assert_eq!(lease.attempt(), 2);
+                assert!(lease.token() > over_token);
+                assert_eq!(lease.checkpoint().map(|c| c.phase()), Some(7));
+                fresh.push(lease);
+            }
+            (b"theirs", Err(ClaimError::FingerprintMismatch)) => {}
+            (k, Ok(Claim::Acquired(lease))) if k.ends_with(b"fresh-1") || k.ends_with(b"2") => {
+                assert_eq!(lease.attempt(), 1);
+                fresh.push(lease);
+            }
+            (k, other) => panic!("{}: {other:?}", String::from_utf8_lossy(k)),
+        }
+    }
+    assert_eq!(
+        e.stats().db_round_trips - before,
+        1,
+        "the seven queued claims in one statement"
+    );
+    let mut tokens: Vec<u64> = fresh.iter().map(|l| l.token()).collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(
+        tokens.len(),
+        3,
+        "two fresh keys and a takeover, three tokens"
+    );
+    for lease in fresh {
+        lease.complete(b"ours").expect("complete");
+    }
+    assert_eq!(
+        psql(&format!(
+            "SELECT count(*) FROM \"{p}keys\" WHERE state = 'c'"
+        ))
+        .trim(),
+        "4"
+    );
+}
+
 /// Polls a state of the engine (not the passing of time) until `done`, for up to 20 s.
 fn wait_until(done: impl Fn() -> bool) {
     let end = Instant::now() + Duration::from_secs(20);

@@ -16,7 +16,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 /// How a call failed.
@@ -376,6 +376,41 @@ impl Db {
         }
     }
 
+    /// Runs one statement unprepared, as the protocol's unnamed statement with its
+    /// parameters' types given, so that the server plans it for these parameters and the
+    /// table as it is now, in the same round trip; returns its rows. For a statement whose
+    /// plan depends on the table's size: a prepared one keeps the plan made when it was
+    /// prepared, and one made while the table was nearly empty scans it whole once it has
+    /// grown. `counted` as for [`Db::query`].
+    pub(crate) async fn query_planned(
+        &self,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+        counted: bool,
+    ) -> Result<Vec<Row>, Fail> {
+        // A pooled connection the server has closed meanwhile is replaced once, before
+        // anything is sent on it.
+        let mut conn = self.conn().await?;
+        if conn.is_closed() {
+            drop(Object::take(conn));
+            conn = self.conn().await?;
+        }
+        if counted {
+            self.round_trips.fetch_add(1, Ordering::Relaxed);
+        }
+        match tokio::time::timeout(self.call_timeout, conn.query_typed(sql, params)).await {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => Err(self.failed(conn, e, true)),
+            Err(_) => {
+                drop(Object::take(conn));
+                Err(Fail::Unknown(Arc::from(format!(
+                    "no answer from the database within {:?}",
+                    self.call_timeout
+                ))))
+            }
+        }
+    }
+
     /// Creates the schema if this database does not have it yet, or upgrades it from the
     /// version before, under an advisory lock so that engines opening at once do it once;
     /// refuses a schema of another version.
@@ -656,17 +691,19 @@ impl Db {
         let own_us: Vec<Option<i64>> = order.iter().map(|&i| asks[i].own_us).collect();
         let stripes: Vec<i32> = order.iter().map(|&i| asks[i].stripe).collect();
         let marker_us = self.markers.map(micros);
+        // Planned for each batch (`query_planned`): its join of the asks with the table
+        // would keep a plan made while the table was empty, a scan of every row.
         let rows = self
-            .query(
+            .query_planned(
                 &self.sql.complete_batch,
                 &[
-                    &keys,
-                    &tokens,
-                    &responses,
-                    &own_us,
-                    &stripes,
-                    &retention_us,
-                    &marker_us,
+                    (&keys, Type::BYTEA_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&responses, Type::BYTEA_ARRAY),
+                    (&own_us, Type::INT8_ARRAY),
+                    (&stripes, Type::INT4_ARRAY),
+                    (&retention_us, Type::INT8),
+                    (&marker_us, Type::INT8),
                 ],
                 true,
             )
@@ -968,25 +1005,18 @@ impl Db {
     }
 
     /// One bounded sweep batch: the rows it deleted.
+    /// Planned for each pass (`query_planned`): its joins of the chosen keys with the
+    /// table would keep a plan made while the table was empty, a scan of every row.
     pub(crate) async fn sweep(&self) -> Result<u64, Fail> {
-        let conn = self.conn().await?;
-        let stmt = match conn.prepare_cached(&self.sql.sweep).await {
-            Ok(stmt) => stmt,
-            Err(e) => return Err(self.failed(conn, e, false)),
-        };
-        match tokio::time::timeout(self.call_timeout, conn.query_one(&stmt, &[&PG_SWEEP_BATCH]))
-            .await
-        {
-            Ok(Ok(row)) => {
-                let n: i64 = row.try_get(0).map_err(undecodable)?;
-                Ok(n.max(0).unsigned_abs())
-            }
-            Ok(Err(e)) => Err(self.failed(conn, e, true)),
-            Err(_) => {
-                drop(Object::take(conn));
-                Err(Fail::Unknown(Arc::from("the sweep got no answer in time")))
-            }
-        }
+        let rows = self
+            .query_planned(&self.sql.sweep, &[(&PG_SWEEP_BATCH, Type::INT8)], false)
+            .await?;
+        let n: i64 = rows
+            .first()
+            .ok_or_else(|| Fail::Unknown(Arc::from("the sweep answered no row")))?
+            .try_get(0)
+            .map_err(undecodable)?;
+        Ok(n.max(0).unsigned_abs())
     }
 
     /// Claims that waited for a lane (`Stats::db_claims_batched`).

@@ -489,7 +489,8 @@ WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_tim
 // Complete, batched: the same update per row of the asks ($1 keys, $2 tokens, $3
 // responses, $4 own retention µs or NULL, $5 wake-up stripes; $6 and $7 as the lone
 // completion's $4 and $7), each fenced by its own token; a row per ask that wrote or
-// repeats, named by its ordinal `n` (no row: the token no longer holds the key).
+// repeats, named by its ordinal `n` (no row: the token no longer holds the key). Sent
+// unprepared, planned for each batch (`Db::query_planned`).
 fn complete_batch(n: &Names) -> String {
     let Names {
         keys, wake_class, ..
@@ -646,21 +647,28 @@ WHERE key = $1 AND (state = 'i' OR expires_at > clock_timestamp())"
     // A completion whose marker outlives it (`marker_until`, set by a completion of an
     // engine with markers) loses its response and is reaped at the marker's end; every
     // other row is deleted. Returns how many keys it removed: a marker's end is not
-    // counted (the key went when its response did), as on a file.
+    // counted (the key went when its response did), as on a file. The instant it compares
+    // `reap_at` with is read once, by a subquery, so that the index on `reap_at` stops at
+    // it (a volatile function in the condition would be a filter: the scan would read
+    // every row of the index whenever fewer than `$1` are due); the keys it chose are
+    // also given as an array, which keeps the update and the delete on the key's index
+    // in a plan made while the table was empty.
     let sweep = format!(
         "WITH due AS (
-    SELECT key FROM {keys} WHERE reap_at <= clock_timestamp()
+    SELECT key FROM {keys} WHERE reap_at <= (SELECT clock_timestamp())
     ORDER BY reap_at LIMIT $1 FOR UPDATE SKIP LOCKED
 ),
 forgot AS (
     UPDATE {keys} k SET response = NULL, reap_at = k.marker_until
-    FROM due WHERE k.key = due.key AND k.reap_at <= clock_timestamp()
+    FROM due WHERE k.key = ANY(ARRAY(SELECT key FROM due)) AND k.key = due.key
+      AND k.reap_at <= clock_timestamp()
       AND k.state = 'c' AND k.marker_until > clock_timestamp()
     RETURNING 1
 ),
 gone AS (
     DELETE FROM {keys} k USING due
-    WHERE k.key = due.key AND k.reap_at <= clock_timestamp()
+    WHERE k.key = ANY(ARRAY(SELECT key FROM due)) AND k.key = due.key
+      AND k.reap_at <= clock_timestamp()
       AND NOT (k.state = 'c' AND coalesce(k.marker_until > clock_timestamp(), false))
     RETURNING k.state = 'c' AND k.marker_until IS NOT NULL AS marker
 )
