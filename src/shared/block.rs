@@ -19,8 +19,9 @@ impl Wake for Unpark {
     }
 }
 
-/// Runs `f` to completion on the calling thread, parking it between polls. Only used on
-/// futures whose work runs on the backend's runtime (a oneshot receiver), so it works
+/// Runs `f` to completion on the calling thread, parking it between polls. Used on
+/// futures whose I/O runs on the backend's runtime (a oneshot receiver, or a call driven
+/// in the runtime's context, whose connections' tasks stay on the runtime), so it works
 /// from any thread, inside another runtime's thread too.
 pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
@@ -34,11 +35,15 @@ pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// What runs once no call runs (`Running::when_idle`).
+type Then = Box<dyn FnOnce() + Send>;
+
 /// Counts the calls running on the backend's runtime, so that `close` can let them finish.
 #[derive(Default)]
 pub(crate) struct Running {
     count: Mutex<usize>,
     idle: Condvar,
+    then: Mutex<Option<Then>>,
 }
 
 /// One running call; dropped when it ends.
@@ -61,14 +66,61 @@ impl Running {
         }
         true
     }
+
+    /// Runs `f` now if no call runs, else when the last running call ends.
+    pub(crate) fn when_idle(&self, f: Then) {
+        let count = self.count.lock();
+        if *count > 0 {
+            *self.then.lock() = Some(f);
+            return;
+        }
+        drop(count);
+        f();
+    }
 }
 
 impl Drop for RunningGuard {
     fn drop(&mut self) {
         let mut count = self.0.count.lock();
         *count -= 1;
-        if *count == 0 {
-            self.0.idle.notify_all();
+        if *count > 0 {
+            return;
         }
+        self.0.idle.notify_all();
+        let then = self.0.then.lock().take();
+        drop(count);
+        if let Some(f) = then {
+            f();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Running;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn when_idle_waits_for_the_last_running_call() {
+        let running = Arc::new(Running::default());
+        let ran = Arc::new(AtomicBool::new(false));
+        let first = running.enter();
+        let second = running.enter();
+        let r = ran.clone();
+        running.when_idle(Box::new(move || r.store(true, Ordering::SeqCst)));
+        drop(first);
+        assert!(!ran.load(Ordering::SeqCst));
+        drop(second);
+        assert!(ran.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn when_idle_runs_at_once_when_nothing_runs() {
+        let running = Running::default();
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        running.when_idle(Box::new(move || r.store(true, Ordering::SeqCst)));
+        assert!(ran.load(Ordering::SeqCst));
     }
 }

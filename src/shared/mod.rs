@@ -77,6 +77,9 @@ pub(crate) struct Backend {
     runtime: Mutex<Rt>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     running: Arc<Running>,
+    /// The blocking calls driven on their callers' threads (`Backend::drive`): the runtime
+    /// stops once none runs, since they use its timers.
+    driving: Arc<Running>,
     lease: Duration,
 }
 
@@ -184,6 +187,7 @@ fn connect(cfg: &PostgresConfig, settings: &RemoteSettings) -> Result<Arc<Backen
         runtime: Mutex::new(runtime),
         tasks: Mutex::new(tasks),
         running: Arc::default(),
+        driving: Arc::default(),
         lease: settings.lease,
     }))
 }
@@ -227,22 +231,14 @@ impl Backend {
     ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
         let (tx, rx) = oneshot::channel();
         let hash = crate::base::hash::key_hash(key);
-        let asked = ask.fingerprint;
-        let claim_id = ask.claim_id;
-        // A claim presenting an identity may resume a lease of this process: the database
-        // decides.
-        let local = match claim_id {
-            None => self
-                .core
-                .claim_locally(key, hash, asked, ask.wait.is_some()),
-            Some(_) => None,
-        };
-        if let Some(answer) = local {
+        if let Some(answer) = self.claim_locally(key, hash, ask) {
             let _ = tx.send(answer);
             return rx;
         }
         let core = self.core.clone();
         let key = Arc::clone(key);
+        let asked = ask.fingerprint;
+        let claim_id = ask.claim_id;
         let lease = ask.lease.unwrap_or(self.lease);
         let retention = own_retention(ask.retention_ms);
         let wait = ask.wait;
@@ -259,6 +255,60 @@ impl Backend {
             }
         });
         rx
+    }
+
+    /// The answer the local front gives `key` on the caller's thread, if any
+    /// (`Core::claim_locally`). A claim presenting an identity may resume a lease of this
+    /// process: the database decides.
+    fn claim_locally(
+        &self,
+        key: &[u8],
+        hash: u64,
+        ask: &RemoteAsk,
+    ) -> Option<Result<Answer, ClaimError>> {
+        match ask.claim_id {
+            None => self
+                .core
+                .claim_locally(key, hash, ask.fingerprint, ask.wait.is_some()),
+            Some(_) => None,
+        }
+    }
+
+    /// A blocking claim. Any claim the local front cannot answer runs on the caller's own
+    /// thread, in the runtime's context (its timers, and the pool's connections, whose
+    /// tasks stay on the runtime): the statement's answer wakes this thread, and the key's
+    /// local waiters, directly, with no task of the runtime in between.
+    fn claim_here(&self, key: &Arc<[u8]>, ask: &RemoteAsk) -> Result<Answer, ClaimError> {
+        let hash = crate::base::hash::key_hash(key);
+        if let Some(answer) = self.claim_locally(key, hash, ask) {
+            return answer;
+        }
+        let claim = self.core.claim(
+            key,
+            hash,
+            ask.fingerprint,
+            ask.claim_id,
+            ask.lease.unwrap_or(self.lease),
+            own_retention(ask.retention_ms),
+            ask.wait,
+            ask.rerun_forgotten,
+        );
+        self.drive(claim).unwrap_or(Err(ClaimError::Closed))
+    }
+
+    /// Runs `f` on the caller's thread in the runtime's context (its timers, and the
+    /// pool's connections, whose tasks stay on the runtime); `None` when the backend is
+    /// closed.
+    fn drive<T>(&self, f: impl Future<Output = T>) -> Option<T> {
+        let _running = self.running.enter();
+        // Entered before the check: a closing backend stops its runtime only once no
+        // caller drives a call (its timers would fail under it).
+        let _driving = self.driving.enter();
+        if self.core.is_closed() {
+            return None;
+        }
+        let _entered = self.handle.enter();
+        Some(block_on(f))
     }
 
     fn start_complete(
@@ -315,12 +365,13 @@ impl Backend {
     }
 }
 
-/// The blocking calls wait for the runtime's answer on the caller's thread (`block.rs`);
-/// an async call sends its statement when its future is first polled, and dropping the
+/// A blocking claim or completion runs on the caller's thread, in the runtime's context
+/// (`Backend::drive`); the other blocking calls wait for the runtime's answer on the
+/// caller's thread (`block.rs`); an async call sends its statement when its future is first polled, and dropping the
 /// future after that leaves the statement to run.
 impl Remote for Backend {
     fn claim(&self, key: &Arc<[u8]>, ask: &RemoteAsk) -> Result<Answer, ClaimError> {
-        block_on(self.start_claim(key, ask)).unwrap_or(Err(ClaimError::Closed))
+        self.claim_here(key, ask)
     }
 
     fn claim_async<'a>(
@@ -362,8 +413,9 @@ impl Remote for Backend {
         writes: Option<&WriteSet>,
     ) -> Result<u64, LeaseError> {
         let writes = writes_of(writes);
-        block_on(self.start_complete(key, token, response, retention_ms, writes))
-            .unwrap_or(Err(LeaseError::Closed))
+        let own = own_retention(retention_ms);
+        let complete = self.core.complete(key, token, response, own, writes);
+        self.drive(complete).unwrap_or(Err(LeaseError::Closed))
     }
 
     fn complete_async<'a>(
@@ -539,7 +591,8 @@ impl Remote for Backend {
         }
         self.core.db.close();
         if let Some(rt) = self.runtime.lock().0.take() {
-            rt.shutdown_background();
+            self.driving
+                .when_idle(Box::new(move || rt.shutdown_background()));
         }
     }
 }
