@@ -363,7 +363,19 @@ impl Db {
         if counted {
             self.round_trips.fetch_add(1, Ordering::Relaxed);
         }
-        match tokio::time::timeout(self.call_timeout, conn.query(&stmt, params)).await {
+        let answer = tokio::time::timeout(self.call_timeout, conn.query(&stmt, params)).await;
+        self.rows(conn, answer)
+    }
+
+    /// The rows a statement sent on `conn` answered, or why not: its error, or no answer
+    /// within the call timeout (the connection is dropped, and the statement's outcome is
+    /// unknown).
+    fn rows(
+        &self,
+        conn: Object,
+        answer: Result<Result<Vec<Row>, tokio_postgres::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<Vec<Row>, Fail> {
+        match answer {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => Err(self.failed(conn, e, true)),
             Err(_) => {
@@ -398,17 +410,8 @@ impl Db {
         if counted {
             self.round_trips.fetch_add(1, Ordering::Relaxed);
         }
-        match tokio::time::timeout(self.call_timeout, conn.query_typed(sql, params)).await {
-            Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(e)) => Err(self.failed(conn, e, true)),
-            Err(_) => {
-                drop(Object::take(conn));
-                Err(Fail::Unknown(Arc::from(format!(
-                    "no answer from the database within {:?}",
-                    self.call_timeout
-                ))))
-            }
-        }
+        let answer = tokio::time::timeout(self.call_timeout, conn.query_typed(sql, params)).await;
+        self.rows(conn, answer)
     }
 
     /// Creates the schema if this database does not have it yet, or upgrades it from the
