@@ -62,6 +62,15 @@ fn fill(engine: &Engine, clock: &MockClock) {
     clock.advance(Duration::from_secs(30));
 }
 
+/// [`fill`], then deletes the expired old batch and makes it durable, leaving its pages
+/// unused in the live file; returns how many records the sweep deleted.
+fn fill_and_sweep(engine: &Engine, clock: &MockClock) -> u64 {
+    fill(engine, clock);
+    let swept = engine.admin().sweep_now().unwrap();
+    engine.flush().unwrap();
+    swept
+}
+
 fn new_keys() -> BTreeSet<Vec<u8>> {
     (0..NEW).map(|i| key("new", i)).collect()
 }
@@ -92,9 +101,7 @@ fn a_clean_close_compacts_a_file_with_unused_pages_and_keeps_every_record() {
     let path = dir.path().join("compaction.redb");
     let clock = MockClock::new();
     let engine = builder(&clock).path(&path).open().unwrap();
-    fill(&engine, &clock);
-    assert_eq!(engine.admin().sweep_now().unwrap(), OLD as u64);
-    engine.flush().unwrap();
+    assert_eq!(fill_and_sweep(&engine, &clock), OLD as u64);
     let live = std::fs::metadata(&path).unwrap().len();
     engine.close().unwrap();
     let at_rest = std::fs::metadata(&path).unwrap().len();
@@ -135,9 +142,7 @@ fn a_live_read_transaction_keeps_the_close_from_compacting_and_the_close_succeed
     let path = dir.path().join("compaction.redb");
     let clock = MockClock::new();
     let engine = builder(&clock).path(&path).open().unwrap();
-    fill(&engine, &clock);
-    engine.admin().sweep_now().unwrap();
-    engine.flush().unwrap();
+    fill_and_sweep(&engine, &clock);
     let reader = redb::Database::builder()
         .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
         .open_read_only(&path)
