@@ -1523,6 +1523,14 @@ struct ChunkSet {
     stored: u64,
     /// The pages the loaded chunks took in the file ([`value_pages`]).
     stored_pages: u64,
+    /// The token ranges located so far, by first token: the range's end (exclusive) and
+    /// the chunk its tokens belong in. A commit's writes mostly land in a few chunks (new
+    /// tokens in the last ones, completions just behind, expiries in the oldest), so most
+    /// writes find their chunk here instead of in a search of the file's tree (a third of
+    /// an apply's CPU before). Valid while the set of chunk keys stays the same, which it
+    /// does from a commit's first write to [`ChunkSet::write`], except when a write starts
+    /// the first chunk of an empty table ([`ChunkSet::load`] then clears it).
+    located: BTreeMap<u64, (u64, u64)>,
 }
 
 impl ChunkSet {
@@ -1538,7 +1546,12 @@ impl ChunkSet {
                     self.stored_pages += value_pages(v.value().len());
                     chunk::decode(key, v.value()).map_err(chunk_damage)?
                 }
-                None => Vec::new(),
+                None => {
+                    // A chunk key the file does not hold: the ranges located may now end
+                    // at it.
+                    self.located.clear();
+                    Vec::new()
+                }
             };
             self.stored += entries.len() as u64;
             self.loaded.insert(key, entries.into_iter().collect());
@@ -1546,8 +1559,42 @@ impl ChunkSet {
         Ok(self.loaded.entry(key).or_default())
     }
 
-    /// The key of the chunk `token` belongs in; `None` if there is no chunk at all.
+    /// The key of the chunk `token` belongs in; `None` if there is no chunk at all. Asks
+    /// the file's tree only for a token outside every range located before, and then
+    /// remembers the range of tokens that share its answer: from its chunk's key (from 0
+    /// below the first chunk) to the next chunk's key.
     fn locate(
+        &mut self,
+        table: &impl ReadableTable<u64, &'static [u8]>,
+        token: u64,
+    ) -> Result<Option<u64>, redb::Error> {
+        if let Some((_, &(end, key))) = self.located.range(..=token).next_back() {
+            if token < end {
+                debug_assert_eq!(self.search(table, token).ok(), Some(Some(key)));
+                return Ok(Some(key));
+            }
+        }
+        let Some(key) = self.search(table, token)? else {
+            return Ok(None);
+        };
+        let after = (Bound::Excluded(key), Bound::Unbounded);
+        let next_stored = match table.range::<u64>(after)?.next() {
+            Some(entry) => Some(entry?.0.value()),
+            None => None,
+        };
+        let next_started = self.loaded.range(after).next().map(|(k, _)| *k);
+        let end = match (next_stored, next_started) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(u64::MAX),
+        };
+        let start = if key <= token { key } else { 0 };
+        self.located.insert(start, (end, key));
+        Ok(Some(key))
+    }
+
+    /// [`ChunkSet::locate`] without the ranges: the last chunk whose key is at or below
+    /// `token`, else the first chunk, in the file or started by this commit.
+    fn search(
         &self,
         table: &impl ReadableTable<u64, &'static [u8]>,
         token: u64,
@@ -2638,6 +2685,71 @@ mod tests {
         want.insert(5000, big);
         let sizes = chunks(&db, &want);
         assert_eq!(sizes.last().map(|s| s.0), Some(5000));
+    }
+
+    /// Writes in any order within a commit (new tokens, completions behind them, removals
+    /// of old ones, tokens below every chunk, an empty table's first chunk) find the chunk
+    /// a search of the tree would: each located range is checked against the search in
+    /// debug builds, and the file against a model after every commit.
+    #[test]
+    fn located_ranges_answer_as_the_search_does() {
+        let db = db();
+        let mut want: BTreeMap<u64, Vec<u8>> = BTreeMap::new();
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut top = 1_000u64;
+        for _ in 0..120 {
+            let mut puts: BTreeMap<u64, (Option<u64>, Vec<u8>)> = BTreeMap::new();
+            let mut deletes = Vec::new();
+            for _ in 0..next(80) {
+                let token = match next(6) {
+                    // A new claim, or a completion of a recent one (grown in place).
+                    0..=2 => {
+                        top += 1 + next(3);
+                        top
+                    }
+                    3 => top.saturating_sub(next(200)),
+                    // Below everything so far, or anywhere.
+                    4 => next(1_000),
+                    _ => next(top + 1),
+                };
+                if next(4) == 0 && want.contains_key(&token) && !puts.contains_key(&token) {
+                    deletes.push(token);
+                } else if !deletes.contains(&token) {
+                    let old = want.contains_key(&token).then_some(token);
+                    puts.insert(token, (old, value(token, 20 + next(150) as usize)));
+                }
+            }
+            // Interleaved: the puts in a shuffled order, the deletes among them.
+            let mut writes: Vec<Write> = puts
+                .iter()
+                .map(|(t, (old, v))| Write::Put {
+                    token: *t,
+                    old: *old,
+                    value: v,
+                })
+                .chain(deletes.iter().map(|&token| Write::Delete { token }))
+                .collect();
+            for i in (1..writes.len()).rev() {
+                writes.swap(i, next(i as u64 + 1) as usize);
+            }
+            commit(&db, &writes);
+            for t in &deletes {
+                want.remove(t);
+            }
+            want.extend(puts.into_iter().map(|(t, (_, v))| (t, v)));
+            chunks(&db, &want);
+        }
+        assert!(
+            want.len() > 500,
+            "the test fills many chunks: {}",
+            want.len()
+        );
     }
 
     /// Deletions from the left edge remove emptied chunks; a chunk left under half full
