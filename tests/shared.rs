@@ -617,8 +617,9 @@ fn a_connection_killed_mid_call_gives_outcome_unknown_and_loses_nothing() {
     a.complete(b"k", token, b"result").expect("repeat");
 }
 
-/// A claim that meets another process's insert still in flight waits for its commit and
-/// answers from the committed row in the same call: one round trip, not a second ask.
+/// A claim that meets an insert made without the claim lock, still in flight, waits for its
+/// commit and answers from the committed row in the same call: one round trip, not a
+/// second ask.
 #[test]
 fn a_claim_meeting_an_insert_in_flight_answers_in_one_round_trip() {
     let p = prefix("inflight");
@@ -634,6 +635,73 @@ fn a_claim_meeting_an_insert_in_flight_answers_in_one_round_trip() {
         other => panic!("{other:?}"),
     }
     assert_eq!(e.stats().db_round_trips - before, 1);
+}
+
+/// Another process's claim that inserted the key and has not committed holds the key's
+/// claim lock: a claim of the key answers at once that the key is held (it would time out
+/// waiting for that commit), in one round trip; once that claim rolled back, the next
+/// claim acquires the key.
+#[test]
+fn a_claim_meeting_another_claims_insert_in_flight_answers_at_once() {
+    let p = prefix("claimlock");
+    let e = Engine::builder()
+        .postgres(config(&p).statement_timeout(Duration::from_secs(2)))
+        .open()
+        .expect("open");
+    let lock = RowLock::hold(&format!(
+        "SELECT kind FROM \"{p}claim\"('\\x{}', NULL, NULL, 60000000, 86400000000, NULL, \
+         NULL, false, false)",
+        hex(b"k")
+    ));
+    let before = e.stats().db_round_trips;
+    let lease = Duration::from_secs(7);
+    match e.claim(b"k", &ClaimOptions::default().lease(lease)) {
+        Ok(Claim::InProgress(busy)) => {
+            assert_eq!(busy.attempt(), 1);
+            assert!(busy.retry_after() <= lease, "{:?}", busy.retry_after());
+        }
+        other => panic!("expected the key held, got {other:?}"),
+    }
+    assert_eq!(e.stats().db_round_trips - before, 1);
+    drop(lock);
+    match e.claim(b"k", &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+        other => panic!("expected the key free after the rollback, got {other:?}"),
+    }
+}
+
+/// A database of schema version 5 (its claim function did not take the claim lock) is
+/// upgraded in place to the function that does.
+#[test]
+fn a_database_of_schema_version_5_is_upgraded_once() {
+    let p = prefix("upgrade5");
+    drop(engine(&p));
+    psql(&format!(
+        "DO $$ BEGIN EXECUTE replace(pg_get_functiondef('\"{p}claim\"'::regproc), \
+         'pg_try_advisory_xact_lock(', 'pg_try_advisory_xact_lock_shared('); END $$;
+         UPDATE \"{p}meta\" SET value = 5 WHERE name = 'schema_version'"
+    ));
+    assert_eq!(claim_fn_takes_the_claim_lock(&p), "f");
+    let e = engine(&p);
+    assert_eq!(
+        psql(&format!(
+            "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
+        )),
+        "6"
+    );
+    assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
+    let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    lease.complete(b"ok").expect("complete");
+}
+
+/// Whether the claim function of the tables of `p` takes the key's claim lock ("t"/"f").
+fn claim_fn_takes_the_claim_lock(p: &str) -> String {
+    psql(&format!(
+        "SELECT bool_and(prosrc LIKE '%pg_try_advisory_xact_lock(%') FROM pg_proc \
+         WHERE proname = '{p}claim'"
+    ))
 }
 
 #[test]
@@ -714,7 +782,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=5"
+        "schema_version=6"
     );
     let again = engine(&p);
     assert!(matches!(
@@ -1169,8 +1237,9 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         psql(&format!(
             "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
         )),
-        "5"
+        "6"
     );
+    assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
     assert_eq!(
         psql(&format!(
             "SELECT string_agg(pronargs::text, ',') FROM pg_proc WHERE proname = '{p}claim'"

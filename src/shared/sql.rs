@@ -48,12 +48,13 @@ pub(crate) struct Sql {
     pub(crate) create_schema: Option<String>,
     /// The schema's DDL, run under the advisory lock by the first open of a database.
     pub(crate) create: Vec<String>,
-    /// From schema version 1, 2 or 3 to the current one (4), run under the same lock;
-    /// each statement is idempotent and the last writes the version row.
+    /// From schema version 1 to 5 to the current one (6), run under the same lock; each
+    /// statement is idempotent and the last writes the version row.
     pub(crate) upgrade_from_1: Vec<String>,
     pub(crate) upgrade_from_2: Vec<String>,
     pub(crate) upgrade_from_3: Vec<String>,
     pub(crate) upgrade_from_4: Vec<String>,
+    pub(crate) upgrade_from_5: Vec<String>,
 }
 
 /// The class of the wake-up stripes' advisory locks (the two-key form, a space of its own),
@@ -62,6 +63,13 @@ pub(crate) struct Sql {
 fn wake_class(keys: &str) -> i32 {
     let low = crate::model::codec::fnv1a64(keys.as_bytes()) as u32;
     i32::from_ne_bytes(low.to_ne_bytes())
+}
+
+/// The class of the claims' advisory locks (the two-key form, a space of its own), apart
+/// from the wake-up stripes' class and from other tables': the low 32 bits of the FNV-1a
+/// hash of the keys table's qualified name followed by `#claim`.
+fn claim_class(keys: &str) -> i32 {
+    wake_class(&format!("{keys}#claim"))
 }
 
 /// `n` microseconds as an interval.
@@ -81,6 +89,7 @@ struct Names {
     channel: String,
     idx: String,
     wake_class: i32,
+    claim_class: i32,
 }
 
 impl Names {
@@ -106,6 +115,7 @@ impl Names {
             },
             idx: format!("\"{prefix}keys_reap_at\""),
             wake_class: wake_class(&keys),
+            claim_class: claim_class(&keys),
             keys,
         }
     }
@@ -120,7 +130,8 @@ impl Sql {
         let (extend, checkpoint, checkpoint_with, fail) = lease_updates(&n);
         let (table_get, table_scan, outbox_take, outbox_sent) = app_reads(&n);
         let (get, sweep, version) = key_reads(&n);
-        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4] = upgrades(&n);
+        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4, upgrade_from_5] =
+            upgrades(&n);
         Sql {
             create_schema: schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\"")),
             create: create(&n),
@@ -151,6 +162,7 @@ impl Sql {
             upgrade_from_2,
             upgrade_from_3,
             upgrade_from_4,
+            upgrade_from_5,
         }
     }
 
@@ -161,6 +173,7 @@ impl Sql {
             2 => Some(&self.upgrade_from_2),
             3 => Some(&self.upgrade_from_3),
             4 => Some(&self.upgrade_from_4),
+            5 => Some(&self.upgrade_from_5),
             _ => None,
         }
     }
@@ -277,15 +290,20 @@ fn resume(r: &str) -> String {
 // Claim: one call of a function the backend installs (`claim_fn`). Inside, each
 // pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
 // statement of a volatile function its own) and then does at most one conditional
-// write: with no row, an insert that does nothing on a conflict; with a row the
+// write: with no row, the key's claim lock (a transaction advisory lock, taken only
+// if free) and an insert that does nothing on a conflict; with a row the
 // claim may take over (a completion past its retention: a fresh claim; an InFlight
 // row whose lease is over and whose fingerprint matches: attempt + 1, checkpoint
 // kept), an update whose condition is re-checked on the row's newest version once
 // locked. A write that did nothing (another caller inserted or took over first)
 // starts the next pass, whose snapshot shows that caller's commit; otherwise the
 // row read is the answer. So a claim answered by a live row is one read, writes
-// nothing and commits without a WAL flush, and a claim that meets an insert in
-// flight waits for it and answers from it in the same call. A token is drawn from
+// nothing and commits without a WAL flush. A claim that finds no row while another
+// claim holds the key's lock (its insert not yet committed, in a batch that may
+// wait for others) answers at once as a holder with this claim's lease ('i'), and
+// never waits for that commit: batches of different processes never queue behind
+// each other's inserts, each holding its own. A claim that meets an insert made
+// without the lock waits for it and answers from it in the same call. A token is drawn from
 // the sequence only by a writing statement, after the snapshot that showed the row
 // it replaces (or none), so a key's tokens only increase. After `PG_CLAIM_ASKS_MAX`
 // passes that each lost a race it returns no row, and the caller asks again.
@@ -301,6 +319,7 @@ fn claim_fn_ddl(n: &Names) -> String {
         keys,
         seq_lit,
         claim_fn,
+        claim_class,
         ..
     } = n;
     let asks = crate::shared::constants::PG_CLAIM_ASKS_MAX;
@@ -324,7 +343,12 @@ DECLARE
 BEGIN
     FOR pass IN 1..{asks} LOOP
         SELECT * INTO seen FROM {keys} r WHERE r.key = p_key;
-        IF NOT FOUND THEN
+        IF NOT FOUND AND NOT pg_try_advisory_xact_lock({claim_class},
+                                                       hashtext(encode(p_key, 'hex'))) THEN
+            RETURN QUERY
+            SELECT 'i'::text, 0::bigint, 1, NULL::bigint, NULL::bytea, NULL::bytea,
+                   NULL::bytea, p_lease_us, NULL::bigint;
+        ELSIF NOT FOUND THEN
             RETURN QUERY
             INSERT INTO {keys} AS k (key, state, token, attempt, fingerprint, lease_until,
                                      reap_at, first_claimed_at, attempt_started_at,
@@ -683,9 +707,9 @@ SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT mark
 // claimed before) and the key's own retention. Version 2 to 3: the claim function.
 // Version 3 to 4: the claim identity (NULL for rows claimed before, which no claim
 // resumes), and the claim function that takes it in place of the one that did not
-// (a function is named by its arguments: the old one is dropped). Then the version
-// row. Each statement is idempotent.
-fn upgrades(n: &Names) -> [Vec<String>; 4] {
+// (a function is named by its arguments: the old one is dropped). Version 4 to 5 and
+// 5 to 6 below. Then the version row. Each statement is idempotent.
+fn upgrades(n: &Names) -> [Vec<String>; 5] {
     let Names {
         keys,
         meta,
@@ -717,8 +741,8 @@ fn upgrades(n: &Names) -> [Vec<String>; 4] {
                 format!(
                     "DROP FUNCTION IF EXISTS {claim_fn}(bytea, bytea, bytea, bigint, bigint, bigint, bytea)"
                 ),
-                claim_fn_ddl,
-                version_row,
+                claim_fn_ddl.clone(),
+                version_row.clone(),
             ],
         ]
         .concat();
@@ -726,11 +750,15 @@ fn upgrades(n: &Names) -> [Vec<String>; 4] {
     let upgrade_from_2 = [to_v4.clone(), to_v5.clone()].concat();
     let upgrade_from_3 = [to_v4, to_v5.clone()].concat();
     let upgrade_from_4 = to_v5;
+    // Version 5 to 6: the claim function that takes the key's claim lock before it
+    // inserts (same arguments, so replaced in place; the upgrades above install it too).
+    let upgrade_from_5 = vec![claim_fn_ddl.clone(), version_row.clone()];
     [
         upgrade_from_1,
         upgrade_from_2,
         upgrade_from_3,
         upgrade_from_4,
+        upgrade_from_5,
     ]
 }
 
@@ -772,7 +800,13 @@ mod tests {
         // The page writes the lock class as `WAKE_CLASS`, and gives its value once.
         let class = super::wake_class(&sql.keys).to_string();
         assert!(doc.contains(&format!("`WAKE_CLASS` is {class}")));
-        for stmt in all.iter().map(|s| s.replace(&class, "WAKE_CLASS")) {
+        let claims = super::claim_class(&sql.keys).to_string();
+        assert!(doc.contains(&format!("`CLAIM_CLASS` is {claims}")));
+        let named = |s: &String| {
+            s.replace(&class, "WAKE_CLASS")
+                .replace(&claims, "CLAIM_CLASS")
+        };
+        for stmt in all.iter().map(named) {
             assert!(doc.contains(&stmt), "docs/shared.md lacks:\n{stmt}");
         }
         assert!(doc.contains(&format!("LISTEN \"{}\"", sql.channel)));
