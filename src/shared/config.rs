@@ -124,7 +124,7 @@ impl PostgresConfig {
         self
     }
 
-    /// Completion statements this engine has in flight at once (default 2; at least 1, and
+    /// Completion statements this engine has in flight at once (default 1; at least 1, and
     /// never more than the pool size). Completions without writes asked while every lane
     /// is busy wait, and go together in the next statement: one transaction and one WAL
     /// flush for all of them, each still fenced by its own token and answered on its own
