@@ -41,6 +41,14 @@ fn engine(prefix: &str) -> Engine {
         .expect("open a shared engine")
 }
 
+/// An engine whose statements the server cancels after `after` (`statement_timeout`).
+fn engine_timing_out(prefix: &str, after: Duration) -> Engine {
+    Engine::builder()
+        .postgres(config(prefix).statement_timeout(after))
+        .open()
+        .expect("open a shared engine")
+}
+
 fn trips(e: &Engine) -> u64 {
     e.stats().db_round_trips
 }
@@ -644,10 +652,7 @@ fn a_claim_meeting_an_insert_in_flight_answers_in_one_round_trip() {
 #[test]
 fn a_claim_meeting_another_claims_insert_in_flight_answers_at_once() {
     let p = prefix("claimlock");
-    let e = Engine::builder()
-        .postgres(config(&p).statement_timeout(Duration::from_secs(2)))
-        .open()
-        .expect("open");
+    let e = engine_timing_out(&p, Duration::from_secs(2));
     let lock = RowLock::hold(&format!(
         "SELECT kind FROM \"{p}claim\"('\\x{}', NULL, NULL, 60000000, 86400000000, NULL, \
          NULL, false, false)",
@@ -707,10 +712,7 @@ fn claim_fn_takes_the_claim_lock(p: &str) -> String {
 #[test]
 fn a_statement_cancelled_at_its_timeout_is_a_typed_refusal() {
     let p = prefix("timeout");
-    let a = Engine::builder()
-        .postgres(config(&p).statement_timeout(Duration::from_millis(300)))
-        .open()
-        .expect("open");
+    let a = engine_timing_out(&p, Duration::from_millis(300));
     let Claim::Acquired(lease) = a.claim(b"k", &ClaimOptions::default()).expect("claim") else {
         panic!("acquired");
     };
@@ -735,10 +737,7 @@ fn a_statement_cancelled_at_its_timeout_is_a_typed_refusal() {
 fn a_claim_answered_by_a_live_row_does_not_wait_for_its_lock() {
     let p = prefix("nolock");
     let a = engine(&p);
-    let b = Engine::builder()
-        .postgres(config(&p).statement_timeout(Duration::from_millis(300)))
-        .open()
-        .expect("open");
+    let b = engine_timing_out(&p, Duration::from_millis(300));
     let Claim::Acquired(held) = a.claim(b"held", &ClaimOptions::default()).expect("claim") else {
         panic!("acquired");
     };

@@ -458,17 +458,31 @@ mod tests {
         waiter
     }
 
+    /// Two numbers issued, the writer committing the first alone, and a thread asleep
+    /// waiting for the second.
+    type Announced = (
+        Arc<Progress>,
+        u64,
+        u64,
+        std::thread::JoinHandle<Result<(), Failed>>,
+    );
+
+    fn first_announced_second_waiting() -> Announced {
+        let p = Arc::new(Progress::new());
+        let (a, b) = (p.issue(), p.issue());
+        p.announce(a);
+        let waiter = sleeping_waiter(&p, b);
+        (p, a, b, waiter)
+    }
+
     fn woken(p: &Progress) -> usize {
         p.woken.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     #[test]
     fn a_waiter_for_a_later_number_is_not_woken_by_an_earlier_commit() {
-        let p = Arc::new(Progress::new());
-        let (a, b) = (p.issue(), p.issue());
-        // The writer commits `a` alone; `b` waits for the next batch.
-        p.announce(a);
-        let waiter = sleeping_waiter(&p, b);
+        // `b` waits for the batch after the one holding `a`.
+        let (p, a, b, waiter) = first_announced_second_waiting();
         p.publish(a);
         assert_eq!(
             woken(&p),
@@ -482,12 +496,9 @@ mod tests {
 
     #[test]
     fn a_waiter_is_woken_by_the_commit_that_reaches_it_whatever_was_announced() {
-        let p = Arc::new(Progress::new());
-        let (a, b) = (p.issue(), p.issue());
         // `b` sleeps apart from the batch holding `a`, whose commit then publishes up to
         // `b` (committed earlier above a gap that `a` fills, or voided).
-        p.announce(a);
-        let waiter = sleeping_waiter(&p, b);
+        let (p, _, b, waiter) = first_announced_second_waiting();
         p.publish(b);
         assert_eq!(woken(&p), 1);
         assert!(waiter.join().unwrap().is_ok());

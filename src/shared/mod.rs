@@ -235,20 +235,12 @@ impl Backend {
             let _ = tx.send(answer);
             return rx;
         }
-        let core = self.core.clone();
-        let key = Arc::clone(key);
-        let asked = ask.fingerprint;
-        let claim_id = ask.claim_id;
-        let lease = ask.lease.unwrap_or(self.lease);
-        let retention = own_retention(ask.retention_ms);
-        let wait = ask.wait;
-        let rerun = ask.rerun_forgotten;
+        let claim = self.ask_database(key, hash, ask);
+        let (core, key) = (self.core.clone(), Arc::clone(key));
         let running = self.running.enter();
         self.handle.spawn(async move {
             let _running = running;
-            let answer = core
-                .claim(&key, hash, asked, claim_id, lease, retention, wait, rerun)
-                .await;
+            let answer = claim.await;
             if let Err(Ok(Answer::Acquired { token, .. })) = tx.send(answer) {
                 bump(&core.counters.claims_cancelled);
                 let _ = core.release(&key, token).await;
@@ -274,6 +266,26 @@ impl Backend {
         }
     }
 
+    /// The claim of `key` as `ask` says, asked of the database (one the local front could
+    /// not answer): the blocking claim drives it on its caller's thread, the async one on
+    /// the runtime.
+    fn ask_database(
+        &self,
+        key: &Arc<[u8]>,
+        hash: u64,
+        ask: &RemoteAsk,
+    ) -> impl Future<Output = Result<Answer, ClaimError>> + Send + 'static {
+        let (core, key) = (self.core.clone(), Arc::clone(key));
+        let (asked, claim_id, wait, rerun) =
+            (ask.fingerprint, ask.claim_id, ask.wait, ask.rerun_forgotten);
+        let lease = ask.lease.unwrap_or(self.lease);
+        let retention = own_retention(ask.retention_ms);
+        async move {
+            core.claim(&key, hash, asked, claim_id, lease, retention, wait, rerun)
+                .await
+        }
+    }
+
     /// A blocking claim. Any claim the local front cannot answer runs on the caller's own
     /// thread, in the runtime's context (its timers, and the pool's connections, whose
     /// tasks stay on the runtime): the statement's answer wakes this thread, and the key's
@@ -283,17 +295,8 @@ impl Backend {
         if let Some(answer) = self.claim_locally(key, hash, ask) {
             return answer;
         }
-        let claim = self.core.claim(
-            key,
-            hash,
-            ask.fingerprint,
-            ask.claim_id,
-            ask.lease.unwrap_or(self.lease),
-            own_retention(ask.retention_ms),
-            ask.wait,
-            ask.rerun_forgotten,
-        );
-        self.drive(claim).unwrap_or(Err(ClaimError::Closed))
+        self.drive(self.ask_database(key, hash, ask))
+            .unwrap_or(Err(ClaimError::Closed))
     }
 
     /// Runs `f` on the caller's thread in the runtime's context (its timers, and the
