@@ -554,3 +554,55 @@ fn a_log_that_finds_no_room_is_done_without() {
         "with room, the log is written again"
     );
 }
+
+/// A thread's nice value, field 19 of its `/proc` `stat` (its name, field 2, may hold spaces
+/// and parentheses: the fields are counted after its last parenthesis).
+#[cfg(target_os = "linux")]
+fn nice_of(stat: &str) -> Option<i32> {
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(16)?
+        .parse()
+        .ok()
+}
+
+/// The nice value of each of this process's threads named `name`, from `/proc`.
+#[cfg(target_os = "linux")]
+fn nice_of_threads(name: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc/self/task")
+        .expect("tasks")
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+            if comm.trim_end() != name {
+                return None;
+            }
+            nice_of(&std::fs::read_to_string(dir.join("stat")).ok()?)
+        })
+        .collect()
+}
+
+/// The applier's commits are CPU that no caller waits for: its thread runs below the
+/// priority of the threads that open and call the engine (docs/design.md, "The applier").
+#[cfg(target_os = "linux")]
+#[test]
+fn the_applier_runs_below_the_callers_priority() {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
+    let own = nice_of(&stat).expect("the caller's nice");
+    let (file, log) = (FaultyStorage::memory(), FaultyStorage::memory());
+    let engine = open(&file, &log).expect("open");
+    let appliers = nice_of_threads("idemkv-applier");
+    assert!(
+        !appliers.is_empty(),
+        "an engine with a commit log has an applier"
+    );
+    for nice in appliers {
+        assert!(
+            nice > own || own == 19,
+            "an applier at nice {nice}, its caller at {own}"
+        );
+    }
+    complete(&engine, "k", b"r");
+    engine.close().expect("close");
+}

@@ -41,6 +41,63 @@ where
     std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
+/// Starts a named thread that no caller waits for while it works (the applier), at a lower
+/// scheduling priority (see [`lower_priority`]), set before this returns.
+#[cfg(not(shuttle))]
+pub(crate) fn spawn_background<F, T>(name: &str, nice: i32, f: F) -> std::io::Result<JoinHandle<T>>
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let (f, lowered) = lowering(nice, f);
+    let thread = spawn(name, f)?;
+    // An error means the thread ended before it said so: its join reports why.
+    let _ = lowered.recv();
+    Ok(thread)
+}
+
+/// `f`, run after lowering the thread's priority by `nice`, and the receiver it tells when
+/// it has.
+fn lowering<F, T>(
+    nice: i32,
+    f: F,
+) -> (
+    impl FnOnce() -> T + Send + 'static,
+    std::sync::mpsc::Receiver<()>,
+)
+where
+    F: FnOnce() -> T + Send + 'static,
+    T: Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let f = move || {
+        lower_priority(nice);
+        // The spawner waits for this; a send fails only if it is gone.
+        let _ = tx.send(());
+        f()
+    };
+    (f, rx)
+}
+
+/// Raises the calling thread's nice value by `by` (at most to 19, the lowest priority), so
+/// that on busy cores the threads that callers wait for (the writer, the callers
+/// themselves) run first. Best effort: returns whether the priority changed. Linux only,
+/// where a nice value belongs to one thread; elsewhere the thread keeps its priority.
+#[cfg(target_os = "linux")]
+pub(crate) fn lower_priority(by: i32) -> bool {
+    use rustix::process::{getpriority_process, setpriority_process};
+    let me = Some(rustix::thread::gettid());
+    getpriority_process(me)
+        .and_then(|nice| setpriority_process(me, nice.saturating_add(by).min(19)))
+        .is_ok()
+}
+
+/// See the Linux version: elsewhere a nice value may belong to the whole process.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn lower_priority(_by: i32) -> bool {
+    false
+}
+
 #[cfg(not(shuttle))]
 pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 
@@ -61,8 +118,8 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
 pub(crate) use self::model::AtomicU8;
 #[cfg(shuttle)]
 pub(crate) use self::model::{
-    channel, in_shuttle, spawn, AtomicBool, AtomicU64, Condvar, JoinHandle, Mutex, MutexGuard,
-    RwLock,
+    channel, in_shuttle, spawn, spawn_background, AtomicBool, AtomicU64, Condvar, JoinHandle,
+    Mutex, MutexGuard, RwLock,
 };
 
 #[cfg(shuttle)]
@@ -557,6 +614,27 @@ mod model {
         }
     }
 
+    /// Starts a background thread: a shuttle task inside a shuttle execution (which
+    /// schedules it as any other), a thread of lower priority elsewhere.
+    pub(crate) fn spawn_background<F, T>(
+        name: &str,
+        nice: i32,
+        f: F,
+    ) -> std::io::Result<JoinHandle<T>>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        if in_shuttle() {
+            spawn(name, f)
+        } else {
+            let (f, lowered) = super::lowering(nice, f);
+            let thread = spawn(name, f)?;
+            let _ = lowered.recv();
+            Ok(thread)
+        }
+    }
+
     /// Bounded channels that are shuttle's inside a shuttle execution, crossbeam's elsewhere,
     /// with the part of crossbeam's API the engine uses. Shuttle does not model time: a
     /// receive with a timeout waits for a message (or every sender gone), and one with a
@@ -713,5 +791,53 @@ mod model {
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, target_os = "linux", not(shuttle)))]
+mod tests {
+    /// The calling thread's nice value, from `/proc` (field 19 of its `stat`).
+    fn own_nice() -> i32 {
+        let stat = std::fs::read_to_string("/proc/thread-self/stat").expect("stat");
+        let after_name = stat.rsplit_once(')').expect("the name's parenthesis").1;
+        after_name
+            .split_whitespace()
+            .nth(16)
+            .and_then(|n| n.parse().ok())
+            .expect("nice")
+    }
+
+    #[test]
+    fn lowering_a_threads_priority_leaves_its_spawners_alone() {
+        let before = own_nice();
+        let lowered = std::thread::spawn(move || {
+            let changed = super::lower_priority(3);
+            (changed, own_nice())
+        })
+        .join()
+        .expect("join");
+        assert_eq!(lowered, (true, (before + 3).min(19)));
+        assert_eq!(
+            own_nice(),
+            before,
+            "the nice value is the thread's, not the process's"
+        );
+        let clamped = std::thread::spawn(|| {
+            super::lower_priority(100);
+            own_nice()
+        })
+        .join()
+        .expect("join");
+        assert_eq!(clamped, 19, "at most the lowest priority");
+    }
+
+    #[test]
+    fn a_background_thread_runs_at_its_priority_from_its_first_instruction() {
+        let before = own_nice();
+        let seen = super::spawn_background("lowered", 2, own_nice)
+            .expect("spawn")
+            .join()
+            .expect("join");
+        assert_eq!(seen, (before + 2).min(19));
     }
 }

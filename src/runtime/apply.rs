@@ -31,7 +31,7 @@
 
 use crate::base::sabotage::fault_point;
 use crate::base::sync::{Arc, Condvar, JoinHandle, Mutex};
-use crate::runtime::constants::{APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
+use crate::runtime::constants::{APPLIER_NICE, APPLIER_POLL, APPLY_INTERVAL, APPLY_JOBS_MAX};
 use crate::runtime::queue::{writes_of, Queued};
 use crate::runtime::shared::Shared;
 use crate::store::storage::{Closing, Durable};
@@ -85,7 +85,9 @@ impl Applier {
         });
         let theirs = handoff.clone();
         let thread =
-            crate::base::sync::spawn("idemkv-applier", move || run(&shared, &store, &theirs))?;
+            crate::base::sync::spawn_background("idemkv-applier", APPLIER_NICE, move || {
+                run(&shared, &store, &theirs)
+            })?;
         Ok(Applier {
             handoff,
             thread: Some(thread),
