@@ -41,10 +41,11 @@ where
     std::thread::Builder::new().name(name.into()).spawn(f)
 }
 
-/// Starts a named thread that no caller waits for while it works (the applier), at a lower
-/// scheduling priority (see [`lower_priority`]), set before this returns.
+/// Starts a named thread whose work no acknowledgement waits for (the applier), at a lower
+/// scheduling priority (see [`lower_priority`]), set before this returns. Threads it starts
+/// inherit that priority.
 #[cfg(not(shuttle))]
-pub(crate) fn spawn_background<F, T>(name: &str, nice: i32, f: F) -> std::io::Result<JoinHandle<T>>
+pub(crate) fn spawn_background<F, T>(name: &str, nice: u8, f: F) -> std::io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
@@ -59,7 +60,7 @@ where
 /// `f`, run after lowering the thread's priority by `nice`, and the receiver it tells when
 /// it has.
 fn lowering<F, T>(
-    nice: i32,
+    nice: u8,
     f: F,
 ) -> (
     impl FnOnce() -> T + Send + 'static,
@@ -81,20 +82,22 @@ where
 
 /// Raises the calling thread's nice value by `by` (at most to 19, the lowest priority), so
 /// that on busy cores the threads that callers wait for (the writer, the callers
-/// themselves) run first. Best effort: returns whether the priority changed. Linux only,
-/// where a nice value belongs to one thread; elsewhere the thread keeps its priority.
+/// themselves) run first. `by` is unsigned: this never raises a priority, which an
+/// unprivileged thread could not undo. Best effort (`getpriority` and `setpriority` may be
+/// refused, by a sandbox for one): returns whether both calls succeeded. Linux only, where
+/// a nice value belongs to one thread; elsewhere the thread keeps its priority.
 #[cfg(target_os = "linux")]
-pub(crate) fn lower_priority(by: i32) -> bool {
+pub(crate) fn lower_priority(by: u8) -> bool {
     use rustix::process::{getpriority_process, setpriority_process};
     let me = Some(rustix::thread::gettid());
     getpriority_process(me)
-        .and_then(|nice| setpriority_process(me, nice.saturating_add(by).min(19)))
+        .and_then(|nice| setpriority_process(me, nice.saturating_add(i32::from(by)).min(19)))
         .is_ok()
 }
 
 /// See the Linux version: elsewhere a nice value may belong to the whole process.
 #[cfg(not(target_os = "linux"))]
-pub(crate) fn lower_priority(_by: i32) -> bool {
+pub(crate) fn lower_priority(_by: u8) -> bool {
     false
 }
 
@@ -618,7 +621,7 @@ mod model {
     /// schedules it as any other), a thread of lower priority elsewhere.
     pub(crate) fn spawn_background<F, T>(
         name: &str,
-        nice: i32,
+        nice: u8,
         f: F,
     ) -> std::io::Result<JoinHandle<T>>
     where

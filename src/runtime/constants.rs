@@ -50,14 +50,17 @@ pub(crate) const APPLY_JOBS_MAX: usize = 64;
 /// writes from queueing behind them, while a reader of the live file sees the engine's
 /// state this much behind, at most.
 pub(crate) const APPLY_INTERVAL: Duration = Duration::from_millis(10);
-/// How much the applier lowers its thread's priority (a nice increment; Linux). No caller
-/// waits for an apply while it runs, but each of its commits is milliseconds of CPU that
-/// otherwise delay the writer and the callers woken by its syncs. Measured with 64 blocking
-/// threads on 2 cores (docs/benchmarks.md): 0 gave 76–85 k claim+complete/s, 10 gave
+/// How much the applier lowers its thread's priority (a nice increment; Linux). No
+/// acknowledgement waits for an apply (a flush, a checkpoint, the outbox's `pending` and
+/// `close` do, and take longer on busy cores), but each of its commits is two device flushes
+/// and milliseconds of CPU under load (every batch of the last `APPLY_INTERVAL`, 2–3 µs per
+/// operation), which otherwise delay the writer and the callers
+/// woken by its syncs. Measured with 64 blocking threads on 2 cores (docs/benchmarks.md,
+/// "Why 64 blocking threads stop short of 100 k"): 0 gave 76–85 k claim+complete/s, 10 gave
 /// 87–93 k, 19 gave 98–100 k; with two CPU-bound processes beside the engine, 0 and 10 gave
 /// 21–23 k and 19 gave 6 k (the applier, starved inside its commit, holds the writer back
 /// once `APPLY_JOBS_MAX` jobs wait). 10 keeps most of the gain without that cliff.
-pub(crate) const APPLIER_NICE: i32 = 10;
+pub(crate) const APPLIER_NICE: u8 = 10;
 /// Backstop for the writer waiting for the applier, and the applier for its next batch:
 /// every apply, stop and hand-over that changes when the applier acts notifies, so this
 /// timeout only bounds the cost of a bug.
