@@ -43,41 +43,26 @@ where
 
 /// Starts a named thread whose work no acknowledgement waits for (the applier), at a lower
 /// scheduling priority (see [`lower_priority`]), set before this returns. Threads it starts
-/// inherit that priority.
-#[cfg(not(shuttle))]
+/// inherit that priority. Inside a shuttle execution it is a task like any other.
 pub(crate) fn spawn_background<F, T>(name: &str, nice: u8, f: F) -> std::io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let (f, lowered) = lowering(nice, f);
-    let thread = spawn(name, f)?;
-    // An error means the thread ended before it said so: its join reports why.
-    let _ = lowered.recv();
-    Ok(thread)
-}
-
-/// `f`, run after lowering the thread's priority by `nice`, and the receiver it tells when
-/// it has.
-fn lowering<F, T>(
-    nice: u8,
-    f: F,
-) -> (
-    impl FnOnce() -> T + Send + 'static,
-    std::sync::mpsc::Receiver<()>,
-)
-where
-    F: FnOnce() -> T + Send + 'static,
-    T: Send + 'static,
-{
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let f = move || {
+    #[cfg(shuttle)]
+    if in_shuttle() {
+        return spawn(name, f);
+    }
+    let (lowered, wait) = std::sync::mpsc::sync_channel(1);
+    let thread = spawn(name, move || {
         lower_priority(nice);
         // The spawner waits for this; a send fails only if it is gone.
-        let _ = tx.send(());
+        let _ = lowered.send(());
         f()
-    };
-    (f, rx)
+    })?;
+    // An error means the thread ended before it said so: its join reports why.
+    let _ = wait.recv();
+    Ok(thread)
 }
 
 /// Raises the calling thread's nice value by `by` (at most to 19, the lowest priority), so
@@ -121,8 +106,8 @@ pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
 pub(crate) use self::model::AtomicU8;
 #[cfg(shuttle)]
 pub(crate) use self::model::{
-    channel, in_shuttle, spawn, spawn_background, AtomicBool, AtomicU64, Condvar, JoinHandle,
-    Mutex, MutexGuard, RwLock,
+    channel, in_shuttle, spawn, AtomicBool, AtomicU64, Condvar, JoinHandle, Mutex, MutexGuard,
+    RwLock,
 };
 
 #[cfg(shuttle)]
@@ -614,27 +599,6 @@ mod model {
                 .name(name.into())
                 .spawn(f)
                 .map(JoinHandle::Real)
-        }
-    }
-
-    /// Starts a background thread: a shuttle task inside a shuttle execution (which
-    /// schedules it as any other), a thread of lower priority elsewhere.
-    pub(crate) fn spawn_background<F, T>(
-        name: &str,
-        nice: u8,
-        f: F,
-    ) -> std::io::Result<JoinHandle<T>>
-    where
-        F: FnOnce() -> T + Send + 'static,
-        T: Send + 'static,
-    {
-        if in_shuttle() {
-            spawn(name, f)
-        } else {
-            let (f, lowered) = super::lowering(nice, f);
-            let thread = spawn(name, f)?;
-            let _ = lowered.recv();
-            Ok(thread)
         }
     }
 
