@@ -847,6 +847,184 @@ fn a_role_without_privileges_gets_typed_permission_errors() {
 /// The server refusing for want of resources (SQLSTATE class 53: disk, memory or
 /// connections) is a typed refusal: here a role whose connection limit is reached (53300),
 /// the one such refusal a test can cause on demand.
+/// `url()` with the connections' `application_name` set, so that the server's view of an
+/// engine's connections can be found.
+fn url_named(app: &str) -> String {
+    let base = url();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    format!("{base}{sep}application_name={app}")
+}
+
+/// Connections the server has open for `app`.
+fn connections_of(app: &str) -> u64 {
+    let n = psql(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{app}'"
+    ));
+    n.parse().expect("a count")
+}
+
+/// Waits (bounded) until the server has no connection of `app` left: a terminated backend
+/// stays listed until it has exited.
+fn wait_no_connections(app: &str) {
+    let end = Instant::now() + Duration::from_secs(20);
+    // Polls a state of the server (its list of backends), not the passing of time.
+    while connections_of(app) != 0 {
+        assert!(Instant::now() < end, "the backends of {app} did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A blocking claim's and completion's statements run on a connection that the caller's
+/// thread drives, beside the pool's (which the open used); async calls keep the pool. An
+/// engine's connections, both kinds together, stay within its `pool_size` (and the
+/// listener's one more).
+#[test]
+fn blocking_calls_use_a_connection_of_their_own_within_the_pool_size() {
+    let p = prefix("direct");
+    let app = format!("idemkv_{p}");
+    let e = Engine::builder()
+        .postgres(
+            PostgresConfig::new(url_named(&app))
+                .table_prefix(&p)
+                .pool_size(3),
+        )
+        .open()
+        .expect("open");
+    assert_eq!(
+        connections_of(&app),
+        2,
+        "the pool's (the open's migration used it) and the listener's"
+    );
+    let Claim::Acquired(lease) = e.claim(b"one", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    lease.complete(b"r").expect("complete");
+    assert_eq!(
+        connections_of(&app),
+        3,
+        "the blocking claim and completion ran on one more connection, not the pool's"
+    );
+
+    // Blocking threads and async tasks at once, on distinct keys: the pool (one connection
+    // here) and the two direct connections are all the engine opens.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let start = Arc::new(Barrier::new(9));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let (e, start) = (e.clone(), start.clone());
+            std::thread::spawn(move || {
+                start.wait();
+                for i in 0..40 {
+                    let key = format!("t{t}-{i}");
+                    match e.claim(key.as_bytes(), &ClaimOptions::default()) {
+                        Ok(Claim::Acquired(l)) => l.complete(b"r").expect("complete"),
+                        other => panic!("{other:?}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    start.wait();
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..8)
+            .map(|t| {
+                let e = e.clone();
+                tokio::spawn(async move {
+                    for i in 0..40 {
+                        let key = format!("a{t}-{i}");
+                        match e
+                            .claim_async(key.as_bytes(), &ClaimOptions::default())
+                            .await
+                        {
+                            Ok(Claim::Acquired(l)) => {
+                                l.complete_async(b"r").await.expect("complete")
+                            }
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("task");
+        }
+    });
+    for t in threads {
+        t.join().expect("thread");
+    }
+    let open = connections_of(&app);
+    assert!(
+        (3..=4).contains(&open),
+        "{open} connections: at most the pool_size of 3 and the listener"
+    );
+}
+
+/// A blocking call made on a thread of the application's own runtime (inside its
+/// `block_on`, where no runtime may be started) keeps the pool's connections: it is
+/// answered, and does not panic.
+#[test]
+fn blocking_calls_inside_another_runtime_are_answered() {
+    let p = prefix("nested");
+    let e = engine(&p);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let token = rt.block_on(async {
+        let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+            panic!("acquired");
+        };
+        let token = lease.token();
+        lease.complete(b"r").expect("complete");
+        token
+    });
+    match e.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"r"[..], token)),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The server ends a direct connection while it sits idle (as a restart would): the next
+/// blocking claim notices before it sends anything, on a new connection, and is answered,
+/// not made `OutcomeUnknown`; so is the completion.
+#[test]
+fn a_connection_ended_while_idle_is_replaced_before_the_next_statement() {
+    let p = prefix("idle_end");
+    let app = format!("idemkv_{p}");
+    let e = Engine::builder()
+        .postgres(PostgresConfig::new(url_named(&app)).table_prefix(&p))
+        .open()
+        .expect("open");
+    for round in 0..3 {
+        let key = format!("k{round}");
+        let Claim::Acquired(lease) = e
+            .claim(key.as_bytes(), &ClaimOptions::default())
+            .expect("claim")
+        else {
+            panic!("acquired");
+        };
+        lease.complete(b"r").expect("complete");
+        let ended = psql(&format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = '{app}'"
+        ));
+        assert_ne!(ended, "0", "the engine's connections were found");
+        wait_no_connections(&app);
+    }
+    let Claim::Acquired(lease) = e.claim(b"last", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    lease.complete(b"r").expect("complete");
+    match e.claim(b"last", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!(s.response(), &b"r"[..]),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[test]
 fn a_server_out_of_connections_gives_a_typed_refusal() {
     let p = prefix("full");

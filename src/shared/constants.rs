@@ -73,6 +73,11 @@ pub(crate) const PG_RUNTIME_THREADS: usize = 2;
 /// sent by a dropped lease) before it stops the runtime.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// After a direct connection (`shared/direct.rs`) failed to open, blocking calls use the
+/// pool alone for this long: a server that refuses or does not answer then costs each call
+/// one connection attempt, not two.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_DIRECT_OPEN_RETRY: Duration = Duration::from_secs(1);
 /// Default number of pooled connections of one shared engine (the listener is one more).
 #[cfg(feature = "postgres")]
 pub(crate) const PG_POOL_SIZE_DEFAULT: usize = 8;

@@ -2,6 +2,7 @@
 //! failures, the schema's creation, and the typed answer of each statement.
 
 use super::batch::{Batcher, Keyed};
+use super::direct::{Direct, Ran, Stmt};
 use super::error::{DatabaseError, DatabaseErrorKind};
 use super::sql::Sql;
 use super::PostgresConfig;
@@ -118,6 +119,8 @@ pub(crate) struct Db {
     completions: Batcher<CompleteAsk, CompleteRow>,
     /// How long a completion's marker is kept after its retention (`None`: no markers).
     markers: Option<Duration>,
+    /// Connections that the caller's thread drives, for blocking calls (`direct.rs`).
+    direct: Direct,
 }
 
 /// A write set as the statements take it: each row's final value (the set's operations
@@ -260,8 +263,10 @@ impl Db {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
+        // One direct connection per lane, out of the pool's budget, which keeps at least one.
+        let direct = (cfg.batch_lanes + cfg.complete_lanes).min(cfg.pool_size - 1);
         let pool = Pool::builder(manager)
-            .max_size(cfg.pool_size)
+            .max_size(cfg.pool_size - direct)
             .runtime(deadpool_postgres::Runtime::Tokio1)
             .wait_timeout(Some(cfg.connect_timeout))
             .create_timeout(Some(cfg.connect_timeout))
@@ -275,6 +280,7 @@ impl Db {
             })?;
         // A queued claim waits for a lane at most as long as a call waits for its answer.
         let call_timeout = cfg.statement_timeout + cfg.connect_timeout;
+        let direct = Direct::new(direct, client.clone(), tls.clone());
         Ok(Db {
             pool,
             client,
@@ -285,6 +291,7 @@ impl Db {
             claims: Batcher::new(cfg.batch_lanes, call_timeout),
             completions: Batcher::new(cfg.complete_lanes.min(cfg.pool_size), call_timeout),
             markers,
+            direct,
         })
     }
 
@@ -308,21 +315,11 @@ impl Db {
     /// else discards the connection, and after the statement was sent its outcome is
     /// unknown.
     fn failed(&self, conn: Object, e: tokio_postgres::Error, sent: bool) -> Fail {
-        let server_answered = e.as_db_error().is_some_and(|db| {
-            let code = db.code().code();
-            !(code.starts_with("08") || code.starts_with("57P"))
-        });
-        if server_answered {
-            return Fail::Refused(DatabaseError::from_client(e, "the statement failed"));
+        let (fail, usable) = sort_failure(e, sent);
+        if !usable {
+            drop(Object::take(conn));
         }
-        drop(Object::take(conn));
-        if sent {
-            Fail::Unknown(Arc::from(format!(
-                "the connection failed before the database answered: {e}"
-            )))
-        } else {
-            Fail::Refused(DatabaseError::from_client(e, "the connection failed"))
-        }
+        fail
     }
 
     /// Runs one statement (prepared once per connection) and returns its rows. `counted`:
@@ -333,6 +330,13 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
         counted: bool,
     ) -> Result<Vec<Row>, Fail> {
+        let count = || self.count_trip(counted);
+        if let Some(ran) = self
+            .direct
+            .run(Stmt::Prepared(sql, params), self.call_timeout, &count)
+        {
+            return self.direct_rows(ran);
+        }
         // A pooled connection the server has closed meanwhile is noticed before anything is
         // sent on it, and replaced once.
         let mut tries = 0;
@@ -360,9 +364,7 @@ impl Db {
                 }
             }
         };
-        if counted {
-            self.round_trips.fetch_add(1, Ordering::Relaxed);
-        }
+        self.count_trip(counted);
         let answer = tokio::time::timeout(self.call_timeout, conn.query(&stmt, params)).await;
         self.rows(conn, answer)
     }
@@ -388,6 +390,30 @@ impl Db {
         }
     }
 
+    /// Counts a caller's round trip (`Stats::db_round_trips`) as its statement is sent.
+    fn count_trip(&self, counted: bool) {
+        if counted {
+            self.round_trips.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The rows a statement run on a direct connection answered, or why not, sorted as a
+    /// pooled connection's failures are.
+    fn direct_rows(&self, ran: Ran) -> Result<Vec<Row>, Fail> {
+        match ran {
+            Ran::Rows(rows) => Ok(rows),
+            Ran::NotSent(e) => Err(sort_failure(e, false).0),
+            Ran::Failed(e) => Err(sort_failure(e, true).0),
+            Ran::Ended => Err(Fail::Unknown(Arc::from(
+                "the connection ended before the database answered",
+            ))),
+            Ran::TimedOut => Err(Fail::Unknown(Arc::from(format!(
+                "no answer from the database within {:?}",
+                self.call_timeout
+            )))),
+        }
+    }
+
     /// Runs one statement unprepared, as the protocol's unnamed statement with its
     /// parameters' types given, so that the server plans it for these parameters and the
     /// table as it is now, in the same round trip; returns its rows. For a statement whose
@@ -400,6 +426,13 @@ impl Db {
         params: &[(&(dyn ToSql + Sync), Type)],
         counted: bool,
     ) -> Result<Vec<Row>, Fail> {
+        let count = || self.count_trip(counted);
+        if let Some(ran) = self
+            .direct
+            .run(Stmt::Typed(sql, params), self.call_timeout, &count)
+        {
+            return self.direct_rows(ran);
+        }
         // A pooled connection the server has closed meanwhile is replaced once, before
         // anything is sent on it.
         let mut conn = self.conn().await?;
@@ -407,9 +440,7 @@ impl Db {
             drop(Object::take(conn));
             conn = self.conn().await?;
         }
-        if counted {
-            self.round_trips.fetch_add(1, Ordering::Relaxed);
-        }
+        self.count_trip(counted);
         let answer = tokio::time::timeout(self.call_timeout, conn.query_typed(sql, params)).await;
         self.rows(conn, answer)
     }
@@ -1034,7 +1065,33 @@ impl Db {
 
     pub(crate) fn close(&self) {
         self.pool.close();
+        self.direct.close();
     }
+}
+
+/// What a client error means for the call, and whether its connection stays usable: an
+/// error the server answered with (other than a connection it ended) changed nothing and
+/// leaves the connection usable; after anything else the connection is discarded, and a
+/// statement already sent has an unknown outcome.
+fn sort_failure(e: tokio_postgres::Error, sent: bool) -> (Fail, bool) {
+    let server_answered = e.as_db_error().is_some_and(|db| {
+        let code = db.code().code();
+        !(code.starts_with("08") || code.starts_with("57P"))
+    });
+    if server_answered {
+        return (
+            Fail::Refused(DatabaseError::from_client(e, "the statement failed")),
+            true,
+        );
+    }
+    let fail = if sent {
+        Fail::Unknown(Arc::from(format!(
+            "the connection failed before the database answered: {e}"
+        )))
+    } else {
+        Fail::Refused(DatabaseError::from_client(e, "the connection failed"))
+    };
+    (fail, false)
 }
 
 /// How a completion with the application's own statements failed.

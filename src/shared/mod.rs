@@ -28,6 +28,7 @@ mod config;
 mod constants;
 mod core;
 mod db;
+mod direct;
 use crate::model::database_error as error;
 mod front;
 mod lease;
@@ -310,7 +311,12 @@ impl Backend {
         if self.core.is_closed() {
             return None;
         }
+        // Outside any runtime's context, its statements may run on a direct connection
+        // that this thread drives (`direct.rs`); a thread of another runtime must not start
+        // one, so there they keep the pool.
+        let outside = tokio::runtime::Handle::try_current().is_err();
         let _entered = self.handle.enter();
+        let _here = outside.then(direct::Driving::here);
         Some(block_on(f))
     }
 

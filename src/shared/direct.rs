@@ -1,0 +1,278 @@
+//! Connections driven by the thread that runs their statement.
+//!
+//! A blocking claim or completion runs on its caller's thread (`Backend::drive`). On one of
+//! the pool's connections, whose tasks live on the backend's runtime, its statement still
+//! crossed threads twice: a runtime thread woke to write it, and one woke again to read the
+//! answer and hand it back. On a busy 2-core machine each of those wake-ups waited about
+//! 0.3 ms for a core (docs/shared.md, "Where a one-process statement's time goes"). A
+//! direct connection has a single-threaded runtime of its own, which only the thread
+//! running a statement on it drives: that thread writes the statement, waits for the
+//! answer in its own `epoll_wait`, and reads it. No other thread of the process takes part.
+//!
+//! Architecture invariants:
+//! - Only a thread that drives a blocking call ([`Driving`]) uses a direct connection.
+//!   Async calls keep the pool: their futures may be dropped mid-statement, and a runtime
+//!   task finishes the statement's connection work for them.
+//! - A direct connection serves one statement at a time, under its slot's lock, and a
+//!   caller never waits for a slot: one that finds every slot busy uses the pool.
+//! - The slots come out of `pool_size`: an engine's connections stay within it.
+//! - Before a statement is sent, the connection reads what arrived while it sat idle: one
+//!   the server closed meanwhile (a restart, `pg_terminate_backend`) is replaced first, so
+//!   that the statement's outcome is not made unknown by a connection that was already
+//!   gone.
+
+use super::tls::Connector;
+use crate::shared::constants::PG_DIRECT_OPEN_RETRY;
+use parking_lot::Mutex;
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, Row, Statement};
+
+thread_local! {
+    /// This thread drives a blocking call of a shared engine (`Backend::drive`).
+    static DRIVING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as driving a blocking call until dropped.
+pub(crate) struct Driving(bool);
+
+impl Driving {
+    pub(crate) fn here() -> Self {
+        Driving(DRIVING.with(|d| d.replace(true)))
+    }
+
+    /// Whether the current thread drives a blocking call.
+    pub(crate) fn now() -> bool {
+        DRIVING.with(Cell::get)
+    }
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        DRIVING.with(|d| d.set(self.0));
+    }
+}
+
+/// A statement as the pool's connections take it too.
+pub(crate) enum Stmt<'a> {
+    /// Prepared once per connection, then executed.
+    Prepared(&'a str, &'a [&'a (dyn ToSql + Sync)]),
+    /// Sent unprepared with its parameters' types, planned for each execution.
+    Typed(&'a str, &'a [(&'a (dyn ToSql + Sync), Type)]),
+}
+
+/// What became of a statement on a direct connection.
+pub(crate) enum Ran {
+    Rows(Vec<Row>),
+    /// Failed before the statement was sent (its preparation failed): nothing changed.
+    NotSent(tokio_postgres::Error),
+    /// Failed after it was sent: the server's error, or the connection's.
+    Failed(tokio_postgres::Error),
+    /// The connection ended before the answer came.
+    Ended,
+    /// No answer within the call timeout.
+    TimedOut,
+}
+
+type Io = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
+
+/// One open direct connection.
+struct Conn {
+    client: Option<Client>,
+    /// The connection's I/O future (`tokio_postgres::Connection`), polled only while a
+    /// statement runs.
+    io: Option<Io>,
+    prepared: HashMap<Box<str>, Statement>,
+    /// The connection's own runtime; its socket is registered with this runtime's driver.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            // The socket leaves its driver before the driver goes.
+            let entered = runtime.enter();
+            self.client.take();
+            self.io.take();
+            drop(entered);
+            // Never waits: a connection may be dropped inside another runtime's task.
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// An engine's direct connections, opened when first needed.
+pub(crate) struct Direct {
+    slots: Box<[Mutex<Option<Conn>>]>,
+    client: tokio_postgres::Config,
+    tls: Connector,
+    closed: AtomicBool,
+    /// No connection is opened before this instant: one failed to open, and a caller
+    /// should not wait for a second attempt before the pool's.
+    quiet_until: Mutex<Option<Instant>>,
+}
+
+impl Direct {
+    /// `n` slots (none: every statement goes to the pool).
+    pub(crate) fn new(n: usize, client: tokio_postgres::Config, tls: Connector) -> Self {
+        Direct {
+            slots: (0..n).map(|_| Mutex::new(None)).collect(),
+            client,
+            tls,
+            closed: AtomicBool::new(false),
+            quiet_until: Mutex::new(None),
+        }
+    }
+
+    /// Runs `stmt` on a free direct connection, on this thread, within `timeout`; `sending`
+    /// is called as the statement is sent (after its preparation). `None`:
+    /// this thread drives no blocking call, every slot is busy, the engine is closed, or
+    /// no connection could be opened (the pool then opens one, and reports why not).
+    pub(crate) fn run(&self, stmt: Stmt<'_>, timeout: Duration, sending: &dyn Fn()) -> Option<Ran> {
+        if !Driving::now() || self.closed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut slot = self.slots.iter().find_map(|s| s.try_lock())?;
+        if slot.as_mut().is_some_and(|c| !c.alive()) {
+            *slot = None;
+        }
+        if slot.is_none() {
+            *slot = Some(self.open()?);
+        }
+        let conn = slot.as_mut()?;
+        let ran = conn.run(stmt, timeout, sending);
+        // The connection failed before anything was sent: the pool, which opens another,
+        // takes the statement.
+        if matches!(&ran, Ran::NotSent(e) if e.as_db_error().is_none()) {
+            *slot = None;
+            return None;
+        }
+        // A connection that failed is not trusted again; a server's refusal leaves it as
+        // it was.
+        let keep = match &ran {
+            Ran::Rows(_) => true,
+            Ran::NotSent(e) | Ran::Failed(e) => e.as_db_error().is_some(),
+            Ran::Ended | Ran::TimedOut => false,
+        };
+        if !keep || self.closed.load(Ordering::Acquire) {
+            *slot = None;
+        }
+        Some(ran)
+    }
+
+    /// Drops every idle connection; a connection in use is dropped after its statement.
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        for slot in self.slots.iter() {
+            if let Some(mut conn) = slot.try_lock() {
+                conn.take();
+            }
+        }
+    }
+
+    fn open(&self) -> Option<Conn> {
+        if self.quiet_until.lock().is_some_and(|t| Instant::now() < t) {
+            return None;
+        }
+        let conn = self.connect();
+        if conn.is_none() {
+            *self.quiet_until.lock() = Some(Instant::now() + PG_DIRECT_OPEN_RETRY);
+        }
+        conn
+    }
+
+    fn connect(&self) -> Option<Conn> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .ok()?;
+        // The client's `connect_timeout` bounds the connection's opening.
+        let (client, io) = runtime
+            .block_on(self.client.connect(self.tls.clone()))
+            .ok()?;
+        Some(Conn {
+            client: Some(client),
+            io: Some(Box::pin(io)),
+            prepared: HashMap::new(),
+            runtime: Some(runtime),
+        })
+    }
+}
+
+impl Conn {
+    /// Reads what the server sent while the connection sat idle; `false` once it ended.
+    fn alive(&mut self) -> bool {
+        let (Some(runtime), Some(io), Some(client)) = (&self.runtime, &mut self.io, &self.client)
+        else {
+            return false;
+        };
+        let ended = runtime.block_on(async {
+            // One turn of the driver first: a socket's state is known to the runtime only
+            // once its driver has read the events of the idle time.
+            tokio::task::yield_now().await;
+            poll_fn(|cx| Poll::Ready(io.as_mut().poll(cx).is_ready())).await
+        });
+        !ended && !client.is_closed()
+    }
+
+    fn run(&mut self, stmt: Stmt<'_>, timeout: Duration, sending: &dyn Fn()) -> Ran {
+        let Conn {
+            client: Some(client),
+            io: Some(io),
+            prepared,
+            runtime: Some(runtime),
+        } = self
+        else {
+            return Ran::Ended;
+        };
+        runtime.block_on(async {
+            let work = async {
+                match stmt {
+                    Stmt::Typed(sql, params) => {
+                        sending();
+                        match client.query_typed(sql, params).await {
+                            Ok(rows) => Ran::Rows(rows),
+                            Err(e) => Ran::Failed(e),
+                        }
+                    }
+                    Stmt::Prepared(sql, params) => {
+                        let statement = match prepared.get(sql) {
+                            Some(s) => s.clone(),
+                            None => match client.prepare(sql).await {
+                                Ok(s) => {
+                                    prepared.insert(Box::from(sql), s.clone());
+                                    s
+                                }
+                                Err(e) => return Ran::NotSent(e),
+                            },
+                        };
+                        sending();
+                        match client.query(&statement, params).await {
+                            Ok(rows) => Ran::Rows(rows),
+                            Err(e) => Ran::Failed(e),
+                        }
+                    }
+                }
+            };
+            let mut work = std::pin::pin!(tokio::time::timeout(timeout, work));
+            // The statement and the connection's I/O, polled together on this thread.
+            poll_fn(|cx| {
+                if let Poll::Ready(done) = work.as_mut().poll(cx) {
+                    return Poll::Ready(done.unwrap_or(Ran::TimedOut));
+                }
+                if io.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Ran::Ended);
+                }
+                Poll::Pending
+            })
+            .await
+        })
+    }
+}
