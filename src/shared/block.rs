@@ -21,8 +21,9 @@ impl Wake for Unpark {
 
 /// Runs `f` to completion on the calling thread, parking it between polls. Used on
 /// futures whose I/O runs on the backend's runtime (a oneshot receiver, or a call driven
-/// in the runtime's context, whose connections' tasks stay on the runtime), so it works
-/// from any thread, inside another runtime's thread too.
+/// in the runtime's context on the pool's connections) or on a direct connection this
+/// thread drives itself (`direct.rs`, never inside another runtime), so it works from any
+/// thread, inside another runtime's thread too.
 pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
     let mut cx = Context::from_waker(&waker);

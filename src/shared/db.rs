@@ -2,7 +2,7 @@
 //! failures, the schema's creation, and the typed answer of each statement.
 
 use super::batch::{Batcher, Keyed};
-use super::direct::{Direct, Ran, Stmt};
+use super::direct::{usable_after, Direct, Ran, Stmt};
 use super::error::{DatabaseError, DatabaseErrorKind};
 use super::sql::Sql;
 use super::PostgresConfig;
@@ -263,8 +263,8 @@ impl Db {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        // One direct connection per lane, out of the pool's budget, which keeps at least one.
-        let direct = (cfg.batch_lanes + cfg.complete_lanes).min(cfg.pool_size - 1);
+        // Direct connections come out of the pool's budget (`direct.rs`).
+        let direct = super::direct::slots_for(cfg.pool_size, cfg.batch_lanes + cfg.complete_lanes);
         let pool = Pool::builder(manager)
             .max_size(cfg.pool_size - direct)
             .runtime(deadpool_postgres::Runtime::Tokio1)
@@ -280,7 +280,7 @@ impl Db {
             })?;
         // A queued claim waits for a lane at most as long as a call waits for its answer.
         let call_timeout = cfg.statement_timeout + cfg.connect_timeout;
-        let direct = Direct::new(direct, client.clone(), tls.clone());
+        let direct = Direct::new(direct, client.clone(), tls.clone(), cfg.connect_timeout);
         Ok(Db {
             pool,
             client,
@@ -330,12 +330,8 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
         counted: bool,
     ) -> Result<Vec<Row>, Fail> {
-        let count = || self.count_trip(counted);
-        if let Some(ran) = self
-            .direct
-            .run(Stmt::Prepared(sql, params), self.call_timeout, &count)
-        {
-            return self.direct_rows(ran);
+        if let Some(answer) = self.direct(Stmt::Prepared(sql, params), counted) {
+            return answer;
         }
         // A pooled connection the server has closed meanwhile is noticed before anything is
         // sent on it, and replaced once.
@@ -382,12 +378,17 @@ impl Db {
             Ok(Err(e)) => Err(self.failed(conn, e, true)),
             Err(_) => {
                 drop(Object::take(conn));
-                Err(Fail::Unknown(Arc::from(format!(
-                    "no answer from the database within {:?}",
-                    self.call_timeout
-                ))))
+                Err(self.no_answer())
             }
         }
+    }
+
+    /// A statement sent and not answered within the call timeout: its outcome is unknown.
+    fn no_answer(&self) -> Fail {
+        Fail::Unknown(Arc::from(format!(
+            "no answer from the database within {:?}",
+            self.call_timeout
+        )))
     }
 
     /// Counts a caller's round trip (`Stats::db_round_trips`) as its statement is sent.
@@ -397,21 +398,21 @@ impl Db {
         }
     }
 
-    /// The rows a statement run on a direct connection answered, or why not, sorted as a
-    /// pooled connection's failures are.
-    fn direct_rows(&self, ran: Ran) -> Result<Vec<Row>, Fail> {
-        match ran {
+    /// `stmt` on a direct connection of this thread (`direct.rs`), answered or failed as
+    /// on a pooled one; `None` leaves it to the pool. `counted` as for [`Db::query`].
+    fn direct(&self, stmt: Stmt<'_>, counted: bool) -> Option<Result<Vec<Row>, Fail>> {
+        let ran = self
+            .direct
+            .run(stmt, self.call_timeout, &|| self.count_trip(counted))?;
+        Some(match ran {
             Ran::Rows(rows) => Ok(rows),
             Ran::NotSent(e) => Err(sort_failure(e, false).0),
             Ran::Failed(e) => Err(sort_failure(e, true).0),
             Ran::Ended => Err(Fail::Unknown(Arc::from(
                 "the connection ended before the database answered",
             ))),
-            Ran::TimedOut => Err(Fail::Unknown(Arc::from(format!(
-                "no answer from the database within {:?}",
-                self.call_timeout
-            )))),
-        }
+            Ran::TimedOut => Err(self.no_answer()),
+        })
     }
 
     /// Runs one statement unprepared, as the protocol's unnamed statement with its
@@ -426,12 +427,8 @@ impl Db {
         params: &[(&(dyn ToSql + Sync), Type)],
         counted: bool,
     ) -> Result<Vec<Row>, Fail> {
-        let count = || self.count_trip(counted);
-        if let Some(ran) = self
-            .direct
-            .run(Stmt::Typed(sql, params), self.call_timeout, &count)
-        {
-            return self.direct_rows(ran);
+        if let Some(answer) = self.direct(Stmt::Typed(sql, params), counted) {
+            return answer;
         }
         // A pooled connection the server has closed meanwhile is replaced once, before
         // anything is sent on it.
@@ -1074,11 +1071,7 @@ impl Db {
 /// leaves the connection usable; after anything else the connection is discarded, and a
 /// statement already sent has an unknown outcome.
 fn sort_failure(e: tokio_postgres::Error, sent: bool) -> (Fail, bool) {
-    let server_answered = e.as_db_error().is_some_and(|db| {
-        let code = db.code().code();
-        !(code.starts_with("08") || code.starts_with("57P"))
-    });
-    if server_answered {
+    if usable_after(&e) {
         return (
             Fail::Refused(DatabaseError::from_client(e, "the statement failed")),
             true,

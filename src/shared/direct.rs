@@ -15,7 +15,9 @@
 //!   task finishes the statement's connection work for them.
 //! - A direct connection serves one statement at a time, under its slot's lock, and a
 //!   caller never waits for a slot: one that finds every slot busy uses the pool.
-//! - The slots come out of `pool_size`: an engine's connections stay within it.
+//! - The slots come out of `pool_size`, and only where the pool keeps a connection for
+//!   each lane and one more (`slots_for`): an engine's connections stay within its
+//!   `pool_size`, and its async calls keep connections enough for its lanes.
 //! - Before a statement is sent, the connection reads what arrived while it sat idle: one
 //!   the server closed meanwhile (a restart, `pg_terminate_backend`) is replaced first, so
 //!   that the statement's outcome is not made unknown by a connection that was already
@@ -70,14 +72,31 @@ pub(crate) enum Stmt<'a> {
 /// What became of a statement on a direct connection.
 pub(crate) enum Ran {
     Rows(Vec<Row>),
-    /// Failed before the statement was sent (its preparation failed): nothing changed.
+    /// Refused by the server before the statement was executed (its preparation failed):
+    /// nothing changed, and the connection is usable.
     NotSent(tokio_postgres::Error),
     /// Failed after it was sent: the server's error, or the connection's.
     Failed(tokio_postgres::Error),
-    /// The connection ended before the answer came.
+    /// The connection ended after the statement was sent, before the answer came.
     Ended,
-    /// No answer within the call timeout.
+    /// No answer within the call timeout, after the statement was sent.
     TimedOut,
+}
+
+/// Whether a connection stays usable after `e`: the server answered with an error of the
+/// statement, not one that ends the connection (class 08, connection exceptions, and 57P,
+/// operator intervention such as a shutdown or `pg_terminate_backend`).
+pub(crate) fn usable_after(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error().is_some_and(|db| {
+        let code = db.code().code();
+        !(code.starts_with("08") || code.starts_with("57P"))
+    })
+}
+
+/// How many direct connections an engine of `pool_size` with `lanes` claim and completion
+/// lanes has: one per lane, where the pool still keeps one per lane and one more.
+pub(crate) fn slots_for(pool_size: usize, lanes: usize) -> usize {
+    lanes.min(pool_size.saturating_sub(lanes + 1))
 }
 
 type Io = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
@@ -95,12 +114,10 @@ struct Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        // The socket leaves its driver (through the handle it keeps) before the driver goes.
+        self.client.take();
+        self.io.take();
         if let Some(runtime) = self.runtime.take() {
-            // The socket leaves its driver before the driver goes.
-            let entered = runtime.enter();
-            self.client.take();
-            self.io.take();
-            drop(entered);
             // Never waits: a connection may be dropped inside another runtime's task.
             runtime.shutdown_background();
         }
@@ -112,6 +129,9 @@ pub(crate) struct Direct {
     slots: Box<[Mutex<Option<Conn>>]>,
     client: tokio_postgres::Config,
     tls: Connector,
+    /// Bounds a connection's opening whole (the client's own `connect_timeout` bounds only
+    /// the socket's connect, not the TLS handshake or the startup exchange).
+    connect_timeout: Duration,
     closed: AtomicBool,
     /// No connection is opened before this instant: one failed to open, and a caller
     /// should not wait for a second attempt before the pool's.
@@ -120,48 +140,64 @@ pub(crate) struct Direct {
 
 impl Direct {
     /// `n` slots (none: every statement goes to the pool).
-    pub(crate) fn new(n: usize, client: tokio_postgres::Config, tls: Connector) -> Self {
+    pub(crate) fn new(
+        n: usize,
+        client: tokio_postgres::Config,
+        tls: Connector,
+        connect_timeout: Duration,
+    ) -> Self {
         Direct {
             slots: (0..n).map(|_| Mutex::new(None)).collect(),
             client,
             tls,
+            connect_timeout,
             closed: AtomicBool::new(false),
             quiet_until: Mutex::new(None),
         }
     }
 
     /// Runs `stmt` on a free direct connection, on this thread, within `timeout`; `sending`
-    /// is called as the statement is sent (after its preparation). `None`:
-    /// this thread drives no blocking call, every slot is busy, the engine is closed, or
-    /// no connection could be opened (the pool then opens one, and reports why not).
+    /// is called as the statement is sent (after its preparation). `None` leaves the
+    /// statement to the pool: this thread drives no blocking call, every slot is busy, the
+    /// engine is closed, no connection could be opened, or the connection failed before
+    /// the statement was executed (the pool then opens another, and reports why not).
     pub(crate) fn run(&self, stmt: Stmt<'_>, timeout: Duration, sending: &dyn Fn()) -> Option<Ran> {
         if !Driving::now() || self.closed.load(Ordering::Acquire) {
             return None;
         }
-        let mut slot = self.slots.iter().find_map(|s| s.try_lock())?;
-        if slot.as_mut().is_some_and(|c| !c.alive()) {
-            *slot = None;
-        }
-        if slot.is_none() {
-            *slot = Some(self.open()?);
-        }
-        let conn = slot.as_mut()?;
-        let ran = conn.run(stmt, timeout, sending);
-        // The connection failed before anything was sent: the pool, which opens another,
-        // takes the statement.
-        if matches!(&ran, Ran::NotSent(e) if e.as_db_error().is_none()) {
-            *slot = None;
-            return None;
-        }
-        // A connection that failed is not trusted again; a server's refusal leaves it as
-        // it was.
-        let keep = match &ran {
-            Ran::Rows(_) => true,
-            Ran::NotSent(e) | Ran::Failed(e) => e.as_db_error().is_some(),
-            Ran::Ended | Ran::TimedOut => false,
+        let ran = {
+            let mut slot = self.slots.iter().find_map(|s| s.try_lock())?;
+            if self.closed.load(Ordering::Acquire) {
+                return None;
+            }
+            if slot.as_mut().is_some_and(|c| !c.alive()) {
+                *slot = None;
+            }
+            if slot.is_none() {
+                *slot = Some(self.open()?);
+            }
+            let conn = slot.as_mut()?;
+            let sent = Cell::new(false);
+            let ran = conn.run(stmt, timeout, &|| {
+                sent.set(true);
+                sending();
+            });
+            let usable = match &ran {
+                Ran::Rows(_) => true,
+                Ran::NotSent(e) | Ran::Failed(e) => usable_after(e),
+                Ran::Ended | Ran::TimedOut => false,
+            };
+            if !usable {
+                *slot = None;
+                if !sent.get() {
+                    return None;
+                }
+            }
+            ran
         };
-        if !keep || self.closed.load(Ordering::Acquire) {
-            *slot = None;
+        // A close that found this slot in use left its connection to this caller.
+        if self.closed.load(Ordering::Acquire) {
+            self.close();
         }
         Some(ran)
     }
@@ -193,16 +229,23 @@ impl Direct {
             .enable_time()
             .build()
             .ok()?;
-        // The client's `connect_timeout` bounds the connection's opening.
-        let (client, io) = runtime
-            .block_on(self.client.connect(self.tls.clone()))
-            .ok()?;
-        Some(Conn {
-            client: Some(client),
-            io: Some(Box::pin(io)),
-            prepared: HashMap::new(),
-            runtime: Some(runtime),
-        })
+        let opened = runtime.block_on(tokio::time::timeout(
+            self.connect_timeout,
+            self.client.connect(self.tls.clone()),
+        ));
+        match opened {
+            Ok(Ok((client, io))) => Some(Conn {
+                client: Some(client),
+                io: Some(Box::pin(io)),
+                prepared: HashMap::new(),
+                runtime: Some(runtime),
+            }),
+            _ => {
+                // A host name's lookup may still run on the runtime's blocking thread.
+                runtime.shutdown_background();
+                None
+            }
+        }
     }
 }
 
@@ -222,6 +265,9 @@ impl Conn {
         !ended && !client.is_closed()
     }
 
+    /// Runs `stmt`, preparing it first if this connection has not yet. A failure of the
+    /// preparation is `NotSent` when the server answered it, and `Ended` or `TimedOut`
+    /// otherwise (`sending` has not been called then).
     fn run(&mut self, stmt: Stmt<'_>, timeout: Duration, sending: &dyn Fn()) -> Ran {
         let Conn {
             client: Some(client),
@@ -234,13 +280,10 @@ impl Conn {
         };
         runtime.block_on(async {
             let work = async {
-                match stmt {
+                let answer = match stmt {
                     Stmt::Typed(sql, params) => {
                         sending();
-                        match client.query_typed(sql, params).await {
-                            Ok(rows) => Ran::Rows(rows),
-                            Err(e) => Ran::Failed(e),
-                        }
+                        client.query_typed(sql, params).await
                     }
                     Stmt::Prepared(sql, params) => {
                         let statement = match prepared.get(sql) {
@@ -250,15 +293,17 @@ impl Conn {
                                     prepared.insert(Box::from(sql), s.clone());
                                     s
                                 }
-                                Err(e) => return Ran::NotSent(e),
+                                Err(e) if e.as_db_error().is_some() => return Ran::NotSent(e),
+                                Err(_) => return Ran::Ended,
                             },
                         };
                         sending();
-                        match client.query(&statement, params).await {
-                            Ok(rows) => Ran::Rows(rows),
-                            Err(e) => Ran::Failed(e),
-                        }
+                        client.query(&statement, params).await
                     }
+                };
+                match answer {
+                    Ok(rows) => Ran::Rows(rows),
+                    Err(e) => Ran::Failed(e),
                 }
             };
             let mut work = std::pin::pin!(tokio::time::timeout(timeout, work));

@@ -288,9 +288,10 @@ impl Backend {
     }
 
     /// A blocking claim. Any claim the local front cannot answer runs on the caller's own
-    /// thread, in the runtime's context (its timers, and the pool's connections, whose
-    /// tasks stay on the runtime): the statement's answer wakes this thread, and the key's
-    /// local waiters, directly, with no task of the runtime in between.
+    /// thread, in the runtime's context (its timers), its statement on a direct connection
+    /// this thread drives (`direct.rs`) or else on the pool's: the statement's answer wakes
+    /// this thread, and the key's local waiters, directly, with no task of the runtime in
+    /// between.
     fn claim_here(&self, key: &Arc<[u8]>, ask: &RemoteAsk) -> Result<Answer, ClaimError> {
         let hash = crate::base::hash::key_hash(key);
         if let Some(answer) = self.claim_locally(key, hash, ask) {
@@ -301,8 +302,8 @@ impl Backend {
     }
 
     /// Runs `f` on the caller's thread in the runtime's context (its timers, and the
-    /// pool's connections, whose tasks stay on the runtime); `None` when the backend is
-    /// closed.
+    /// pool's connections, whose tasks stay on the runtime), its statements on direct
+    /// connections when this thread may drive them; `None` when the backend is closed.
     fn drive<T>(&self, f: impl Future<Output = T>) -> Option<T> {
         let _running = self.running.enter();
         // Entered before the check: a closing backend stops its runtime only once no
