@@ -988,6 +988,50 @@ fn blocking_calls_use_a_connection_of_their_own_within_the_pool_size() {
     );
 }
 
+/// An async claim is polled in its caller's task. Dropped while its statement waits on the
+/// server, it goes on without its caller: the claim acquires once the key's other insert
+/// rolls back, and the lease is released at once (`Stats::claims_cancelled`), so another
+/// engine acquires the key instead of finding it held.
+#[test]
+fn an_async_claim_dropped_in_flight_releases_the_lease_it_acquires() {
+    let p = prefix("dropped");
+    let (e, other) = (engine(&p), engine(&p));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let lock = RowLock::insert(&p, b"k");
+    let claiming = {
+        let e = e.clone();
+        rt.spawn(async move { e.claim_async(b"k", &ClaimOptions::default()).await })
+    };
+    // The task runs (sending the statement) while this thread waits for the server to show
+    // the claim blocked on the uncommitted insert.
+    let server = std::thread::spawn({
+        let p = p.clone();
+        move || wait_blocked_connection(&p)
+    });
+    rt.block_on(async {
+        while !server.is_finished() {
+            tokio::task::yield_now().await;
+        }
+    });
+    server.join().expect("the claim reached the server");
+    claiming.abort();
+    let aborted = rt.block_on(claiming);
+    assert!(
+        aborted.is_err_and(|e| e.is_cancelled()),
+        "dropped before it ended"
+    );
+    assert_eq!(e.stats().claims_cancelled, 0);
+    drop(lock);
+    wait_until(|| e.stats().claims_cancelled == 1);
+    match other.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
+        other => panic!("the dropped claim's lease was released: {other:?}"),
+    }
+}
+
 /// A blocking call made on a thread of the application's own runtime (inside its
 /// `block_on`, where no runtime may be started) keeps the pool's connections: it is
 /// answered, and does not panic.
