@@ -11,8 +11,8 @@
 //!
 //! Architecture invariants:
 //! - Only a thread that drives a blocking call ([`Driving`]) uses a direct connection.
-//!   Async calls keep the pool: their futures may be dropped mid-statement, and a runtime
-//!   task finishes the statement's connection work for them.
+//!   Async calls keep the pool: a direct connection's socket needs the thread that waits
+//!   for it to drive its runtime, which a future cannot ask of its executor.
 //! - A direct connection serves one statement at a time, under its slot's lock, and a
 //!   caller never waits for a slot: one that finds every slot busy uses the pool.
 //! - The slots come out of `pool_size`, and only where the pool keeps a connection for
