@@ -988,10 +988,10 @@ fn blocking_calls_use_a_connection_of_their_own_within_the_pool_size() {
     );
 }
 
-/// An async claim is polled in its caller's task. Dropped while its statement waits on the
-/// server, it goes on without its caller: the claim acquires once the key's other insert
-/// rolls back, and the lease is released at once (`Stats::claims_cancelled`), so another
-/// engine acquires the key instead of finding it held.
+/// An async claim dropped while its statement waits on the server goes on without its
+/// caller: the claim acquires once the key's other insert rolls back, and the lease is
+/// released at once (`Stats::claims_cancelled`), so another engine acquires the key instead
+/// of finding it held.
 #[test]
 fn an_async_claim_dropped_in_flight_releases_the_lease_it_acquires() {
     let p = prefix("dropped");
@@ -1013,7 +1013,7 @@ fn an_async_claim_dropped_in_flight_releases_the_lease_it_acquires() {
     });
     rt.block_on(async {
         while !server.is_finished() {
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
     server.join().expect("the claim reached the server");
@@ -1025,7 +1025,9 @@ fn an_async_claim_dropped_in_flight_releases_the_lease_it_acquires() {
     );
     assert_eq!(e.stats().claims_cancelled, 0);
     drop(lock);
+    // Counted before the release is sent: the release is seen in the row.
     wait_until(|| e.stats().claims_cancelled == 1);
+    wait_until(|| !matches!(other.get(b"k"), Ok(Some(KeyState::InFlight { .. }))));
     match other.claim(b"k", &ClaimOptions::default()).expect("claim") {
         Claim::Acquired(lease) => lease.complete(b"r").expect("complete"),
         other => panic!("the dropped claim's lease was released: {other:?}"),

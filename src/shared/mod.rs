@@ -31,7 +31,6 @@ mod db;
 mod direct;
 use crate::model::database_error as error;
 mod front;
-mod in_task;
 mod lease;
 mod listen;
 mod sql;
@@ -44,7 +43,6 @@ pub use lease::PostgresLease;
 
 use self::block::{block_on, Running};
 use self::core::{bump, Answer, Core};
-use self::in_task::{Host, InTask, Orphan};
 pub(crate) use crate::api::remote::Hook;
 use crate::api::remote::{Remote, RemoteAsk, RemoteFuture, RemoteOpener, RemoteSettings};
 use crate::model::answer::KeyState;
@@ -83,8 +81,6 @@ pub(crate) struct Backend {
     /// The blocking calls driven on their callers' threads (`Backend::drive`): the runtime
     /// stops once none runs, since they use its timers.
     driving: Arc<Running>,
-    /// What async calls polled in their callers' tasks use (`in_task.rs`).
-    host: Arc<Host>,
     lease: Duration,
 }
 
@@ -186,21 +182,13 @@ fn connect(cfg: &PostgresConfig, settings: &RemoteSettings) -> Result<Arc<Backen
             }
         }));
     }
-    let (running, driving) = (Arc::<Running>::default(), Arc::<Running>::default());
-    let host = Arc::new(Host {
-        handle: handle.clone(),
-        core: core.clone(),
-        running: running.clone(),
-        driving: driving.clone(),
-    });
     Ok(Arc::new(Backend {
         core,
         handle,
         runtime: Mutex::new(runtime),
         tasks: Mutex::new(tasks),
-        running,
-        driving,
-        host,
+        running: Arc::default(),
+        driving: Arc::default(),
         lease: settings.lease,
     }))
 }
@@ -232,33 +220,34 @@ impl Backend {
         rx
     }
 
-    /// An async claim of the scoped key `key` (`scope.rs`: two scopes' equal keys are two
-    /// rows). One the local front can answer is answered at once, without the runtime
-    /// (`Core::claim_locally`); any other is polled in its caller's task (`in_task.rs`). If
-    /// its future is dropped before the claim ends and the claim acquired, the lease is
-    /// released and counted in `Stats::claims_cancelled`.
-    fn claim_in_task(
+    /// Starts a claim on the scoped key `key` (`scope.rs`: two scopes' equal keys are two
+    /// rows). One the local front can answer is answered here, on the caller's thread,
+    /// without the runtime (`Core::claim_locally`). If its caller is gone by the time it
+    /// acquired (a dropped future), the lease is released and counted in
+    /// `Stats::claims_cancelled`.
+    fn start_claim(
         &self,
         key: &Arc<[u8]>,
         ask: &RemoteAsk,
-    ) -> RemoteFuture<'static, Result<Answer, ClaimError>> {
+    ) -> oneshot::Receiver<Result<Answer, ClaimError>> {
+        let (tx, rx) = oneshot::channel();
         let hash = crate::base::hash::key_hash(key);
         if let Some(answer) = self.claim_locally(key, hash, ask) {
-            return Box::pin(std::future::ready(answer));
+            let _ = tx.send(answer);
+            return rx;
         }
         let claim = self.ask_database(key, hash, ask);
         let (core, key) = (self.core.clone(), Arc::clone(key));
-        let orphan: Orphan<Result<Answer, ClaimError>> = Box::new(move |answer| {
-            Box::pin(async move {
-                if let Ok(Answer::Acquired { token, .. }) = answer {
-                    bump(&core.counters.claims_cancelled);
-                    let _ = core.release(&key, token).await;
-                }
-            })
+        let running = self.running.enter();
+        self.handle.spawn(async move {
+            let _running = running;
+            let answer = claim.await;
+            if let Err(Ok(Answer::Acquired { token, .. })) = tx.send(answer) {
+                bump(&core.counters.claims_cancelled);
+                let _ = core.release(&key, token).await;
+            }
         });
-        Box::pin(InTask::new(&self.host, claim, Some(orphan), || {
-            Err(ClaimError::Closed)
-        }))
+        rx
     }
 
     /// The answer the local front gives `key` on the caller's thread, if any
@@ -332,6 +321,20 @@ impl Backend {
         Some(block_on(f))
     }
 
+    fn start_complete(
+        &self,
+        key: &[u8],
+        token: u64,
+        response: Arc<[u8]>,
+        retention_ms: Option<u64>,
+        writes: Option<db::Writes>,
+    ) -> oneshot::Receiver<Result<u64, LeaseError>> {
+        let core = self.core.clone();
+        let key: Arc<[u8]> = Arc::from(key);
+        let own = own_retention(retention_ms);
+        self.call(async move { core.complete(&key, token, response, own, writes).await })
+    }
+
     fn start_release(&self, key: &[u8], token: u64) -> oneshot::Receiver<Result<bool, LeaseError>> {
         let core = self.core.clone();
         let key: Arc<[u8]> = Arc::from(key);
@@ -386,7 +389,11 @@ impl Remote for Backend {
         key: &'a Arc<[u8]>,
         ask: &'a RemoteAsk,
     ) -> RemoteFuture<'a, Result<Answer, ClaimError>> {
-        self.claim_in_task(key, ask)
+        Box::pin(async move {
+            self.start_claim(key, ask)
+                .await
+                .unwrap_or(Err(ClaimError::Closed))
+        })
     }
 
     fn complete_in(
@@ -429,13 +436,12 @@ impl Remote for Backend {
         retention_ms: Option<u64>,
         writes: Option<&'a WriteSet>,
     ) -> RemoteFuture<'a, Result<u64, LeaseError>> {
-        let writes = writes_of(writes);
-        let own = own_retention(retention_ms);
-        let (core, key): (Arc<Core>, Arc<[u8]>) = (self.core.clone(), Arc::from(key));
-        let complete = async move { core.complete(&key, token, response, own, writes).await };
-        Box::pin(InTask::new(&self.host, complete, None, || {
-            Err(LeaseError::Closed)
-        }))
+        Box::pin(async move {
+            let writes = writes_of(writes);
+            self.start_complete(key, token, response, retention_ms, writes)
+                .await
+                .unwrap_or(Err(LeaseError::Closed))
+        })
     }
 
     fn release(&self, key: &[u8], token: u64) -> Result<bool, LeaseError> {
