@@ -36,6 +36,19 @@ pub(crate) fn block_on<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// A runtime stopped without waiting when dropped: it may be dropped on one of its own
+/// threads or inside another runtime, where a blocking shutdown is not allowed (nor a wait
+/// for a host name's lookup still running on its blocking thread).
+pub(crate) struct Rt(pub(crate) Option<tokio::runtime::Runtime>);
+
+impl Drop for Rt {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// What runs once no call runs (`Running::when_idle`).
 type Then = Box<dyn FnOnce() + Send>;
 

@@ -23,6 +23,7 @@
 //!   that the statement's outcome is not made unknown by a connection that was already
 //!   gone.
 
+use super::block::Rt;
 use super::tls::Connector;
 use crate::shared::constants::PG_DIRECT_OPEN_RETRY;
 use parking_lot::Mutex;
@@ -101,27 +102,17 @@ pub(crate) fn slots_for(pool_size: usize, lanes: usize) -> usize {
 
 type Io = Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send>>;
 
-/// One open direct connection.
+/// One open direct connection. Its fields drop in order: the client and the socket leave
+/// the runtime's driver before the runtime stops.
 struct Conn {
-    client: Option<Client>,
+    client: Client,
     /// The connection's I/O future (`tokio_postgres::Connection`), polled only while a
     /// statement runs.
-    io: Option<Io>,
+    io: Io,
     prepared: HashMap<Box<str>, Statement>,
     /// The connection's own runtime; its socket is registered with this runtime's driver.
-    runtime: Option<tokio::runtime::Runtime>,
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        // The socket leaves its driver (through the handle it keeps) before the driver goes.
-        self.client.take();
-        self.io.take();
-        if let Some(runtime) = self.runtime.take() {
-            // Never waits: a connection may be dropped inside another runtime's task.
-            runtime.shutdown_background();
-        }
-    }
+    /// Never `None` while the connection lives.
+    runtime: Rt,
 }
 
 /// An engine's direct connections, opened when first needed.
@@ -233,27 +224,29 @@ impl Direct {
             self.connect_timeout,
             self.client.connect(self.tls.clone()),
         ));
-        match opened {
-            Ok(Ok((client, io))) => Some(Conn {
-                client: Some(client),
-                io: Some(Box::pin(io)),
-                prepared: HashMap::new(),
-                runtime: Some(runtime),
-            }),
-            _ => {
-                // A host name's lookup may still run on the runtime's blocking thread.
-                runtime.shutdown_background();
-                None
-            }
-        }
+        // On failure the runtime is dropped as an `Rt` too: a host name's lookup may still
+        // run on its blocking thread.
+        let runtime = Rt(Some(runtime));
+        let (client, io) = opened.ok()?.ok()?;
+        Some(Conn {
+            client,
+            io: Box::pin(io),
+            prepared: HashMap::new(),
+            runtime,
+        })
     }
 }
 
 impl Conn {
     /// Reads what the server sent while the connection sat idle; `false` once it ended.
     fn alive(&mut self) -> bool {
-        let (Some(runtime), Some(io), Some(client)) = (&self.runtime, &mut self.io, &self.client)
-        else {
+        let Conn {
+            client,
+            io,
+            runtime,
+            ..
+        } = self;
+        let Some(runtime) = &runtime.0 else {
             return false;
         };
         let ended = runtime.block_on(async {
@@ -270,12 +263,12 @@ impl Conn {
     /// otherwise (`sending` has not been called then).
     fn run(&mut self, stmt: Stmt<'_>, timeout: Duration, sending: &dyn Fn()) -> Ran {
         let Conn {
-            client: Some(client),
-            io: Some(io),
+            client,
+            io,
             prepared,
-            runtime: Some(runtime),
-        } = self
-        else {
+            runtime,
+        } = self;
+        let Some(runtime) = &runtime.0 else {
             return Ran::Ended;
         };
         runtime.block_on(async {

@@ -41,7 +41,7 @@ pub use config::PostgresConfig;
 pub use error::{DatabaseError, DatabaseErrorKind};
 pub use lease::PostgresLease;
 
-use self::block::{block_on, Running};
+use self::block::{block_on, Rt, Running};
 use self::core::{bump, Answer, Core};
 pub(crate) use crate::api::remote::Hook;
 use crate::api::remote::{Remote, RemoteAsk, RemoteFuture, RemoteOpener, RemoteSettings};
@@ -58,18 +58,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-
-/// The runtime, stopped without waiting when dropped: it may be dropped on one of its own
-/// threads or inside another runtime, where a blocking shutdown is not allowed.
-struct Rt(Option<tokio::runtime::Runtime>);
-
-impl Drop for Rt {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
-}
 
 /// A shared engine's backend: the operations' state and the runtime that drives them.
 pub(crate) struct Backend {
