@@ -155,8 +155,9 @@ case "${1:-}" in
         # A server that was already running is left running.
         if [ "$STARTED" = 1 ]; then trap stop EXIT; fi
         cd "$ROOT"
-        # The statement texts that docs/shared.md reproduces, then the suite.
-        cargo test -q -p idemkv --features postgres --lib -- shared::
+        # The statement texts that docs/shared.md reproduces and the plans the server keeps
+        # for them, then the suite.
+        IDEMKV_PG_URL=$URL cargo test -q -p idemkv --features postgres --lib -- shared::
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared "$@"
         # The same seeded histories on the file engine and on this server, compared.
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared_differential "$@"

@@ -424,13 +424,18 @@ fn claims(n: &Names) -> (String, String) {
     // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
     // none), $6 the engine's retention µs, $7 claim identities (NULL: none), $8 whether
     // the engine keeps markers, $9 whether each claim reruns a forgotten key.
+    //
+    // The keys are numbered by `generate_subscripts`, not taken by `unnest`: the planner
+    // knows how many rows `unnest` of a known array gives, so every plan made with the
+    // batch's values came out cheaper than the plan made without them, and the server
+    // planned the statement again for every batch. `generate_subscripts` gives the same
+    // estimate either way, so the prepared statement keeps one plan.
     let claim_batch = format!(
-        "SELECT a.n, c.*
-FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[], $5::bigint[], $7::bytea[],
-            $9::boolean[])
-     WITH ORDINALITY AS a(key, fp, fp_legacy, lease_us, own_us, claim_id, rerun, n),
-     LATERAL {claim_fn}(a.key, a.fp, a.fp_legacy, a.lease_us, $6, a.own_us, a.claim_id,
-                        $8, a.rerun) c"
+        "SELECT i::bigint AS n, c.*
+FROM generate_subscripts($1::bytea[], 1) AS i,
+     LATERAL {claim_fn}(($1::bytea[])[i], ($2::bytea[])[i], ($3::bytea[])[i],
+                        ($4::bigint[])[i], $6, ($5::bigint[])[i], ($7::bytea[])[i], $8,
+                        ($9::boolean[])[i]) c"
     );
     (claim, claim_batch)
 }
@@ -853,5 +858,92 @@ mod tests {
             reads += lower.matches("clock_timestamp()").count();
         }
         assert!(reads > 0);
+    }
+
+    /// The batch of claims keeps one plan on a connection. A statement whose plans made with
+    /// its values look cheaper than the plan made without them is planned again at every
+    /// execution, as the batch was when it took its keys with `unnest`. Needs the server of
+    /// `scripts/pg.sh test` (PostgreSQL 14 or later counts the plans).
+    #[test]
+    fn a_batch_of_claims_keeps_one_plan_on_a_connection() {
+        let url = std::env::var("IDEMKV_PG_URL").unwrap_or_else(|_| {
+            panic!("IDEMKV_PG_URL is not set: this test needs the server of `scripts/pg.sh test`")
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            let io = tokio::spawn(conn);
+            let prefix = format!("t{:08x}_plans_", fastrand::u32(..));
+            let sql = Sql::new(None, &prefix);
+            client
+                .batch_execute(&sql.create_meta())
+                .await
+                .expect("meta");
+            // The last statement writes the version row; the batch needs the rest.
+            for ddl in &sql.create[..sql.create.len() - 1] {
+                client.batch_execute(ddl).await.expect("schema");
+            }
+            let batch = client.prepare(&sql.claim_batch).await.expect("prepare");
+            const EXECUTIONS: usize = 12;
+            for round in 0..EXECUTIONS {
+                let keys: Vec<Vec<u8>> = (0..2)
+                    .map(|k| format!("k{round}-{k}").into_bytes())
+                    .collect();
+                let none_bytes: Vec<Option<&[u8]>> = vec![None; keys.len()];
+                let none_us: Vec<Option<i64>> = vec![None; keys.len()];
+                let leases: Vec<i64> = vec![60_000_000; keys.len()];
+                let reruns: Vec<bool> = vec![false; keys.len()];
+                let rows = client
+                    .query(
+                        &batch,
+                        &[
+                            &keys,
+                            &none_bytes,
+                            &none_bytes,
+                            &leases,
+                            &none_us,
+                            &86_400_000_000i64,
+                            &none_bytes,
+                            &false,
+                            &reruns,
+                        ],
+                    )
+                    .await
+                    .expect("claims");
+                // Each fresh key is acquired, in the arrays' order.
+                let answers: Vec<(i64, String)> = rows
+                    .iter()
+                    .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1)))
+                    .collect();
+                assert_eq!(answers, vec![(1, "a".to_string()), (2, "a".to_string())]);
+            }
+            let plans = client
+                .query_one(
+                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+                     WHERE statement = $1",
+                    &[&sql.claim_batch],
+                )
+                .await
+                .expect("pg_prepared_statements");
+            let (generic, custom): (i64, i64) = (plans.get(0), plans.get(1));
+            // PostgreSQL makes custom plans for the first five executions, then keeps the
+            // generic plan unless those looked cheaper.
+            assert!(
+                custom <= 5 && generic + custom == EXECUTIONS as i64,
+                "{custom} custom and {generic} generic plans for {EXECUTIONS} executions"
+            );
+            let keys_table = sql.keys.clone();
+            client
+                .batch_execute(&format!("DROP TABLE {keys_table}, {} CASCADE", sql.meta))
+                .await
+                .expect("drop");
+            drop(client);
+            let _ = io.await;
+        });
     }
 }
