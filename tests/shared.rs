@@ -692,13 +692,74 @@ fn a_database_of_schema_version_5_is_upgraded_once() {
         psql(&format!(
             "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
         )),
-        "6"
+        "7"
     );
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
+    assert_eq!(complete_fn_count(&p), "1");
     let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
         panic!("acquired");
     };
     lease.complete(b"ok").expect("complete");
+}
+
+/// A database of schema version 6 (no completion function) is upgraded in place to 7: the
+/// function is installed, and completions queued behind a busy lane, which call it,
+/// complete.
+#[test]
+fn a_database_of_schema_version_6_is_upgraded_once() {
+    let p = prefix("upgrade6");
+    drop(engine(&p));
+    psql(&format!(
+        "DROP FUNCTION \"{p}complete\"; \
+         UPDATE \"{p}meta\" SET value = 6 WHERE name = 'schema_version'"
+    ));
+    assert_eq!(complete_fn_count(&p), "0");
+    let e = Engine::builder()
+        .postgres(config(&p).complete_lanes(1))
+        .open()
+        .expect("open");
+    assert_eq!(
+        psql(&format!(
+            "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
+        )),
+        "7"
+    );
+    assert_eq!(complete_fn_count(&p), "1");
+    // Two completions queued behind one held by a row lock go as one batch.
+    let blocked = acquire(&e, b"blocked");
+    let queued: Vec<idemkv::Lease> = [&b"c-1"[..], b"c-2"]
+        .into_iter()
+        .map(|k| acquire(&e, k))
+        .collect();
+    let lock = RowLock::take(&p, b"blocked");
+    let lane = std::thread::spawn(move || blocked.complete(b"blocked bytes"));
+    wait_blocked_connection(&p);
+    let batched = e.stats().db_completions_batched;
+    let threads: Vec<_> = queued
+        .into_iter()
+        .map(|lease| std::thread::spawn(move || lease.complete(b"ok")))
+        .collect();
+    wait_until(|| e.stats().db_completions_batched == batched + 2);
+    drop(lock);
+    lane.join()
+        .expect("no panic")
+        .expect("the lane's completion");
+    for t in threads {
+        t.join().expect("no panic").expect("a batched completion");
+    }
+    for key in [&b"c-1"[..], b"c-2"] {
+        match e.claim(key, &ClaimOptions::default()).expect("claim") {
+            Claim::Completed(c) => assert_eq!(c.response(), b"ok"),
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+/// How many completion functions the tables of `p` have ("0" or "1").
+fn complete_fn_count(p: &str) -> String {
+    psql(&format!(
+        "SELECT count(*) FROM pg_proc WHERE proname = '{p}complete'"
+    ))
 }
 
 /// Whether the claim function of the tables of `p` takes the key's claim lock ("t"/"f").
@@ -781,7 +842,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=6"
+        "schema_version=7"
     );
     let again = engine(&p);
     assert!(matches!(
@@ -1478,9 +1539,10 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         psql(&format!(
             "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
         )),
-        "6"
+        "7"
     );
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
+    assert_eq!(complete_fn_count(&p), "1");
     assert_eq!(
         psql(&format!(
             "SELECT string_agg(pronargs::text, ',') FROM pg_proc WHERE proname = '{p}claim'"

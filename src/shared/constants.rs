@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// The schema version this build creates and reads (the version row of the meta table).
 #[cfg(feature = "postgres")]
-pub(crate) const PG_SCHEMA_VERSION: i64 = 6;
+pub(crate) const PG_SCHEMA_VERSION: i64 = 7;
 /// Longest lease or retention sent to the database (about 100 years): the interval and
 /// the timestamp it is added to stay far inside PostgreSQL's ranges, and the microsecond
 /// count stays exact in a double.

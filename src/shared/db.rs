@@ -722,19 +722,17 @@ impl Db {
         let own_us: Vec<Option<i64>> = order.iter().map(|&i| asks[i].own_us).collect();
         let stripes: Vec<i32> = order.iter().map(|&i| asks[i].stripe).collect();
         let marker_us = self.markers.map(micros);
-        // Planned for each batch (`query_planned`): its join of the asks with the table
-        // would keep a plan made while the table was empty, a scan of every row.
         let rows = self
-            .query_planned(
+            .query(
                 &self.sql.complete_batch,
                 &[
-                    (&keys, Type::BYTEA_ARRAY),
-                    (&tokens, Type::INT8_ARRAY),
-                    (&responses, Type::BYTEA_ARRAY),
-                    (&own_us, Type::INT8_ARRAY),
-                    (&stripes, Type::INT4_ARRAY),
-                    (&retention_us, Type::INT8),
-                    (&marker_us, Type::INT8),
+                    &keys,
+                    &tokens,
+                    &responses,
+                    &own_us,
+                    &stripes,
+                    &retention_us,
+                    &marker_us,
                 ],
                 true,
             )

@@ -48,13 +48,14 @@ pub(crate) struct Sql {
     pub(crate) create_schema: Option<String>,
     /// The schema's DDL, run under the advisory lock by the first open of a database.
     pub(crate) create: Vec<String>,
-    /// From schema version 1 to 5 to the current one (6), run under the same lock; each
+    /// From schema version 1 to 6 to the current one (7), run under the same lock; each
     /// statement is idempotent and the last writes the version row.
     pub(crate) upgrade_from_1: Vec<String>,
     pub(crate) upgrade_from_2: Vec<String>,
     pub(crate) upgrade_from_3: Vec<String>,
     pub(crate) upgrade_from_4: Vec<String>,
     pub(crate) upgrade_from_5: Vec<String>,
+    pub(crate) upgrade_from_6: Vec<String>,
 }
 
 /// The class of the wake-up stripes' advisory locks (the two-key form, a space of its own),
@@ -86,6 +87,7 @@ struct Names {
     seq: String,
     seq_lit: String,
     claim_fn: String,
+    complete_fn: String,
     channel: String,
     idx: String,
     wake_class: i32,
@@ -109,6 +111,7 @@ impl Names {
             seq_lit: seq.replace('\'', "''"),
             seq,
             claim_fn: q("claim"),
+            complete_fn: q("complete"),
             channel: match schema {
                 Some(s) => format!("{s}_{prefix}wake"),
                 None => format!("{prefix}wake"),
@@ -130,7 +133,7 @@ impl Sql {
         let (extend, checkpoint, checkpoint_with, fail) = lease_updates(&n);
         let (table_get, table_scan, outbox_take, outbox_sent) = app_reads(&n);
         let (get, sweep, version) = key_reads(&n);
-        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4, upgrade_from_5] =
+        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4, upgrade_from_5, upgrade_from_6] =
             upgrades(&n);
         Sql {
             create_schema: schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\"")),
@@ -163,6 +166,7 @@ impl Sql {
             upgrade_from_3,
             upgrade_from_4,
             upgrade_from_5,
+            upgrade_from_6,
         }
     }
 
@@ -174,6 +178,7 @@ impl Sql {
             3 => Some(&self.upgrade_from_3),
             4 => Some(&self.upgrade_from_4),
             5 => Some(&self.upgrade_from_5),
+            6 => Some(&self.upgrade_from_6),
             _ => None,
         }
     }
@@ -230,6 +235,7 @@ fn create(n: &Names) -> Vec<String> {
     // The claim function comes after the table (its row type is the table's); the
     // version row is written last.
     create.push(claim_fn_ddl(n));
+    create.push(complete_fn_ddl(n));
     create.push(format!(
         "INSERT INTO {meta} (name, value) VALUES ('schema_version', $1) \
              ON CONFLICT (name) DO NOTHING"
@@ -515,41 +521,64 @@ WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_tim
     (complete, complete_with)
 }
 
-// Complete, batched: the same update per row of the asks ($1 keys, $2 tokens, $3
-// responses, $4 own retention µs or NULL, $5 wake-up stripes; $6 and $7 as the lone
-// completion's $4 and $7), each fenced by its own token; a row per ask that wrote or
-// repeats, named by its ordinal `n` (no row: the token no longer holds the key). Sent
-// unprepared, planned for each batch (`Db::query_planned`).
-fn complete_batch(n: &Names) -> String {
+// Complete, without writes, as one call of a function the backend installs
+// (`complete_fn`), so that its plan (an update by the primary key) is made once per
+// connection. The batch's statement calls it for each ask, in the arrays' order (the keys
+// come sorted), and keeps one plan too (see `claims` on `generate_subscripts`). A join of
+// the asks with the table, the earlier form, was planned for each batch: a plan kept from
+// when the table was nearly empty scans the whole table. The function updates the row
+// under the lone completion's conditions and answers `done`, or reads a repeat; no row:
+// the token no longer holds the key.
+fn complete_fn_ddl(n: &Names) -> String {
     let Names {
-        keys, wake_class, ..
+        keys,
+        complete_fn,
+        wake_class,
+        ..
     } = n;
     format!(
-        "WITH ask AS (
-    SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::bytea[], $4::bigint[], $5::integer[])
-        WITH ORDINALITY AS a(key, token, response, own_us, stripe, n)
-),
-done AS (
-    UPDATE {keys} k SET state = 'c', response = a.response, completed_at = clock_timestamp(),
-        expires_at = clock_timestamp() + coalesce(a.own_us, k.retention_us, $6::bigint) {US},
-        reap_at = clock_timestamp() + coalesce(a.own_us, k.retention_us, $6::bigint) {US},
+        "CREATE OR REPLACE FUNCTION {complete_fn}(p_key bytea, p_token bigint, p_response bytea,
+    p_own_us bigint, p_stripe integer, p_retention_us bigint, p_marker_us bigint)
+RETURNS TABLE (kind text, attempt integer, fingerprint bytea, remaining_us bigint,
+               heard boolean)
+LANGUAGE plpgsql VOLATILE AS $complete$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE {keys} k SET state = 'c', response = p_response, completed_at = clock_timestamp(),
+        expires_at = clock_timestamp() + coalesce(p_own_us, k.retention_us, p_retention_us) {US},
+        reap_at = clock_timestamp() + coalesce(p_own_us, k.retention_us, p_retention_us) {US},
         marker_until = clock_timestamp()
-            + (coalesce(a.own_us, k.retention_us, $6::bigint) + $7::bigint) {US},
+            + (coalesce(p_own_us, k.retention_us, p_retention_us) + p_marker_us) {US},
         lease_until = NULL, checkpoint_phase = NULL, checkpoint = NULL
-    FROM ask a
-    WHERE k.key = a.key AND k.token = a.token AND k.state = 'i'
-    RETURNING a.n, a.stripe, k.attempt, k.fingerprint, k.expires_at
-)
-SELECT d.n, 'done'::text AS kind, d.attempt, d.fingerprint,
-       (extract(epoch FROM d.expires_at - clock_timestamp()) * 1000000)::bigint AS remaining_us,
-       NOT pg_try_advisory_xact_lock({wake_class}, d.stripe) AS heard
-FROM done d
-UNION ALL
-SELECT a.n, 'repeat', k.attempt, k.fingerprint,
-       (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
-FROM ask a JOIN {keys} k ON k.key = a.key AND k.token = a.token
-WHERE k.state = 'c' AND k.expires_at > clock_timestamp()
-  AND NOT EXISTS (SELECT 1 FROM done d WHERE d.n = a.n)"
+    WHERE k.key = p_key AND k.token = p_token AND k.state = 'i'
+    RETURNING 'done'::text, k.attempt, k.fingerprint,
+              (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint,
+              NOT pg_try_advisory_xact_lock({wake_class}, p_stripe);
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT 'repeat'::text, k.attempt, k.fingerprint,
+           (extract(epoch FROM k.expires_at - clock_timestamp()) * 1000000)::bigint, true
+    FROM {keys} k
+    WHERE k.key = p_key AND k.token = p_token AND k.state = 'c'
+      AND k.expires_at > clock_timestamp();
+END
+$complete$"
+    )
+}
+
+// Complete, batched ($1 keys, $2 tokens, $3 responses, $4 own retention µs or NULL, $5
+// wake-up stripes; $6 and $7 as the lone completion's $4 and $7): a row per ask that wrote
+// or repeats, named by its ordinal `n`.
+fn complete_batch(n: &Names) -> String {
+    let complete_fn = &n.complete_fn;
+    format!(
+        "SELECT i::bigint AS n, c.*
+FROM generate_subscripts($1::bytea[], 1) AS i,
+     LATERAL {complete_fn}(($1::bytea[])[i], ($2::bigint[])[i], ($3::bytea[])[i],
+                           ($4::bigint[])[i], ($5::integer[])[i], $6::bigint, $7::bigint) c"
     )
 }
 
@@ -714,7 +743,7 @@ SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT mark
 // resumes), and the claim function that takes it in place of the one that did not
 // (a function is named by its arguments: the old one is dropped). Version 4 to 5 and
 // 5 to 6 below. Then the version row. Each statement is idempotent.
-fn upgrades(n: &Names) -> [Vec<String>; 5] {
+fn upgrades(n: &Names) -> [Vec<String>; 6] {
     let Names {
         keys,
         meta,
@@ -758,13 +787,22 @@ fn upgrades(n: &Names) -> [Vec<String>; 5] {
     // Version 5 to 6: the claim function that takes the key's claim lock before it
     // inserts (same arguments, so replaced in place; the upgrades above install it too).
     let upgrade_from_5 = vec![claim_fn_ddl.clone(), version_row.clone()];
-    [
+    // Version 6 to 7: the completion function (the batch of completions calls it). Every
+    // upgrade installs it before its version row.
+    let complete_fn_ddl = complete_fn_ddl(n);
+    let upgrade_from_6 = vec![complete_fn_ddl.clone(), version_row];
+    let mut all = [
         upgrade_from_1,
         upgrade_from_2,
         upgrade_from_3,
         upgrade_from_4,
         upgrade_from_5,
-    ]
+        upgrade_from_6,
+    ];
+    for steps in &mut all[..5] {
+        steps.insert(steps.len() - 1, complete_fn_ddl.clone());
+    }
+    all
 }
 
 #[cfg(test)]
@@ -860,12 +898,15 @@ mod tests {
         assert!(reads > 0);
     }
 
-    /// The batch of claims keeps one plan on a connection. A statement whose plans made with
-    /// its values look cheaper than the plan made without them is planned again at every
-    /// execution, as the batch was when it took its keys with `unnest`. Needs the server of
-    /// `scripts/pg.sh test` (PostgreSQL 14 or later counts the plans).
+    /// The batches of claims and of completions each keep one plan on a connection. A
+    /// statement whose plans made with its values look cheaper than the plan made without
+    /// them is planned again at every execution, as the claims' batch was when it took its
+    /// keys with `unnest`; the completions' batch was sent unprepared, planned every time.
+    /// The completions answer `done`, then `repeat` for the same tokens, and nothing for a
+    /// token that does not hold its key. Needs the server of `scripts/pg.sh test`
+    /// (PostgreSQL 14 or later counts the plans).
     #[test]
-    fn a_batch_of_claims_keeps_one_plan_on_a_connection() {
+    fn the_batches_keep_one_plan_on_a_connection() {
         let url = std::env::var("IDEMKV_PG_URL").unwrap_or_else(|_| {
             panic!("IDEMKV_PG_URL is not set: this test needs the server of `scripts/pg.sh test`")
         });
@@ -878,72 +919,127 @@ mod tests {
                 .await
                 .expect("connect");
             let io = tokio::spawn(conn);
-            let prefix = format!("t{:08x}_plans_", fastrand::u32(..));
-            let sql = Sql::new(None, &prefix);
+            let sql = Sql::new(None, &format!("t{:08x}_plans_", fastrand::u32(..)));
             client
                 .batch_execute(&sql.create_meta())
                 .await
                 .expect("meta");
-            // The last statement writes the version row; the batch needs the rest.
+            // The last statement writes the version row; the batches need the rest.
             for ddl in &sql.create[..sql.create.len() - 1] {
                 client.batch_execute(ddl).await.expect("schema");
             }
-            let batch = client.prepare(&sql.claim_batch).await.expect("prepare");
+            let batches = Batches {
+                client: &client,
+                claims: client.prepare(&sql.claim_batch).await.expect("prepare"),
+                completions: client.prepare(&sql.complete_batch).await.expect("prepare"),
+            };
             const EXECUTIONS: usize = 12;
+            let answered = |kind: &str| vec![(1, kind.to_string()), (2, kind.to_string())];
             for round in 0..EXECUTIONS {
                 let keys: Vec<Vec<u8>> = (0..2)
                     .map(|k| format!("k{round}-{k}").into_bytes())
                     .collect();
-                let none_bytes: Vec<Option<&[u8]>> = vec![None; keys.len()];
-                let none_us: Vec<Option<i64>> = vec![None; keys.len()];
-                let leases: Vec<i64> = vec![60_000_000; keys.len()];
-                let reruns: Vec<bool> = vec![false; keys.len()];
-                let rows = client
-                    .query(
-                        &batch,
-                        &[
-                            &keys,
-                            &none_bytes,
-                            &none_bytes,
-                            &leases,
-                            &none_us,
-                            &86_400_000_000i64,
-                            &none_bytes,
-                            &false,
-                            &reruns,
-                        ],
+                let tokens = batches.claim(&keys).await;
+                assert_eq!(batches.complete(&keys, &tokens).await, answered("done"));
+                if round == 0 {
+                    assert_eq!(batches.complete(&keys, &tokens).await, answered("repeat"));
+                    let others: Vec<i64> = tokens.iter().map(|t| t + 1000).collect();
+                    assert_eq!(batches.complete(&keys, &others).await, vec![]);
+                }
+            }
+            // The completions' batch ran twice more in the first round.
+            for (statement, executions) in [
+                (&sql.claim_batch, EXECUTIONS),
+                (&sql.complete_batch, EXECUTIONS + 2),
+            ] {
+                let plans = client
+                    .query_one(
+                        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+                         WHERE statement = $1",
+                        &[statement],
                     )
                     .await
-                    .expect("claims");
-                // Each fresh key is acquired, in the arrays' order.
-                let answers: Vec<(i64, String)> = rows
-                    .iter()
-                    .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1)))
-                    .collect();
-                assert_eq!(answers, vec![(1, "a".to_string()), (2, "a".to_string())]);
+                    .expect("pg_prepared_statements");
+                let (generic, custom): (i64, i64) = (plans.get(0), plans.get(1));
+                // PostgreSQL makes custom plans for the first five executions, then keeps
+                // the generic plan unless those looked cheaper.
+                assert!(
+                    custom <= 5 && generic + custom == executions as i64,
+                    "{custom} custom and {generic} generic plans for {executions} executions \
+                     of:\n{statement}"
+                );
             }
-            let plans = client
-                .query_one(
-                    "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
-                     WHERE statement = $1",
-                    &[&sql.claim_batch],
-                )
-                .await
-                .expect("pg_prepared_statements");
-            let (generic, custom): (i64, i64) = (plans.get(0), plans.get(1));
-            // PostgreSQL makes custom plans for the first five executions, then keeps the
-            // generic plan unless those looked cheaper.
-            assert!(
-                custom <= 5 && generic + custom == EXECUTIONS as i64,
-                "{custom} custom and {generic} generic plans for {EXECUTIONS} executions"
-            );
-            let keys_table = sql.keys.clone();
             client
-                .batch_execute(&format!("DROP TABLE {keys_table}, {} CASCADE", sql.meta))
+                .batch_execute(&format!("DROP TABLE {}, {} CASCADE", sql.keys, sql.meta))
                 .await
                 .expect("drop");
+            drop(batches);
             drop(client);
             let _ = io.await;
         });
+    }
+
+    /// The two batch statements prepared on one connection, sent as the engine sends them.
+    struct Batches<'a> {
+        client: &'a tokio_postgres::Client,
+        claims: tokio_postgres::Statement,
+        completions: tokio_postgres::Statement,
+    }
+
+    impl Batches<'_> {
+        /// Claims fresh `keys` (each must be acquired, in order); returns their tokens.
+        async fn claim(&self, keys: &[Vec<u8>]) -> Vec<i64> {
+            let none_bytes: Vec<Option<&[u8]>> = vec![None; keys.len()];
+            let none_us: Vec<Option<i64>> = vec![None; keys.len()];
+            let leases: Vec<i64> = vec![60_000_000; keys.len()];
+            let reruns: Vec<bool> = vec![false; keys.len()];
+            let rows = self
+                .client
+                .query(
+                    &self.claims,
+                    &[
+                        &keys,
+                        &none_bytes,
+                        &none_bytes,
+                        &leases,
+                        &none_us,
+                        &86_400_000_000i64,
+                        &none_bytes,
+                        &false,
+                        &reruns,
+                    ],
+                )
+                .await
+                .expect("claims");
+            let kinds: Vec<(i64, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+            let expected: Vec<(i64, String)> =
+                (1..=keys.len() as i64).map(|n| (n, "a".into())).collect();
+            assert_eq!(kinds, expected);
+            rows.iter().map(|r| r.get::<_, i64>(2)).collect()
+        }
+
+        /// Completes `keys` under `tokens`; returns each row's position and kind.
+        async fn complete(&self, keys: &[Vec<u8>], tokens: &[i64]) -> Vec<(i64, String)> {
+            let responses: Vec<&[u8]> = vec![b"ok"; keys.len()];
+            let none_us: Vec<Option<i64>> = vec![None; keys.len()];
+            let stripes: Vec<i32> = vec![0; keys.len()];
+            let rows = self
+                .client
+                .query(
+                    &self.completions,
+                    &[
+                        &keys,
+                        &tokens,
+                        &responses,
+                        &none_us,
+                        &stripes,
+                        &86_400_000_000i64,
+                        &None::<i64>,
+                    ],
+                )
+                .await
+                .expect("completions");
+            rows.iter().map(|r| (r.get(0), r.get(1))).collect()
+        }
     }
 }
