@@ -703,17 +703,25 @@ fn a_database_of_schema_version_5_is_upgraded_once() {
 }
 
 /// A database of schema version 6 (no completion function) is upgraded in place to 7: the
-/// function is installed, and completions queued behind a busy lane, which call it,
-/// complete.
+/// claim function is replaced, the completion function installed, and completions queued
+/// behind a busy lane, which call it, complete.
 #[test]
 fn a_database_of_schema_version_6_is_upgraded_once() {
     let p = prefix("upgrade6");
     drop(engine(&p));
+    // Version 6's claim function stands in as the current one, marked.
     psql(&format!(
         "DROP FUNCTION \"{p}complete\"; \
+         DO $$ BEGIN EXECUTE replace(pg_get_functiondef('\"{p}claim\"'::regproc), \
+         'BEGIN', 'BEGIN -- version 6'); END $$; \
          UPDATE \"{p}meta\" SET value = 6 WHERE name = 'schema_version'"
     ));
     assert_eq!(complete_fn_count(&p), "0");
+    let marked = format!(
+        "SELECT count(*) FROM pg_proc WHERE proname = '{p}claim' \
+         AND prosrc LIKE '%-- version 6%'"
+    );
+    assert_eq!(psql(&marked), "1");
     let e = Engine::builder()
         .postgres(config(&p).complete_lanes(1))
         .open()
@@ -725,6 +733,7 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
         "7"
     );
     assert_eq!(complete_fn_count(&p), "1");
+    assert_eq!(psql(&marked), "0", "the claim function is replaced");
     // Two completions queued behind one held by a row lock go as one batch.
     let blocked = acquire(&e, b"blocked");
     let queued: Vec<idemkv::Lease> = [&b"c-1"[..], b"c-2"]

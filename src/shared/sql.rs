@@ -293,6 +293,26 @@ fn resume(r: &str) -> String {
     )
 }
 
+/// The claim function's answer for a key it does not write, assigned from the row it read
+/// (`seen`): no second statement, and one reading of the clock.
+const CLAIM_ANSWER: &str = "            now_at := clock_timestamp();
+            kind := CASE WHEN p_markers AND seen.state = 'c' AND seen.expires_at <= now_at
+                         THEN 'm' ELSE seen.state END;
+            token := seen.token;
+            attempt := seen.attempt;
+            response := CASE WHEN seen.state = 'c' AND seen.expires_at > now_at
+                             THEN seen.response END;
+            fingerprint := seen.fingerprint;
+            remaining_us := (extract(epoch FROM CASE WHEN seen.state = 'i' THEN seen.lease_until
+                                                     WHEN seen.expires_at > now_at
+                                                     THEN seen.expires_at
+                                                     WHEN p_markers THEN seen.marker_until
+                                                     ELSE seen.expires_at END
+                                                - now_at) * 1000000)::bigint;
+            completed_ms := (extract(epoch FROM seen.completed_at) * 1000)::bigint;
+            RETURN NEXT;
+            RETURN;";
+
 // Claim: one call of a function the backend installs (`claim_fn`). Inside, each
 // pass reads the key's row with a fresh snapshot (READ COMMITTED gives every
 // statement of a volatile function its own) and then does at most one conditional
@@ -346,14 +366,18 @@ LANGUAGE plpgsql VOLATILE AS $claim$
 #variable_conflict use_column
 DECLARE
     seen {keys}%ROWTYPE;
+    now_at timestamptz;
 BEGIN
     FOR pass IN 1..{asks} LOOP
         SELECT * INTO seen FROM {keys} r WHERE r.key = p_key;
         IF NOT FOUND AND NOT pg_try_advisory_xact_lock({claim_class},
                                                        hashtext(encode(p_key, 'hex'))) THEN
-            RETURN QUERY
-            SELECT 'i'::text, 0::bigint, 1, NULL::bigint, NULL::bytea, NULL::bytea,
-                   NULL::bytea, p_lease_us, NULL::bigint;
+            kind := 'i';
+            token := 0;
+            attempt := 1;
+            remaining_us := p_lease_us;
+            RETURN NEXT;
+            RETURN;
         ELSIF NOT FOUND THEN
             RETURN QUERY
             INSERT INTO {keys} AS k (key, state, token, attempt, fingerprint, lease_until,
@@ -396,21 +420,7 @@ BEGIN
             WHERE k.key = p_key AND ({take_over_locked})
             {acquired};
         ELSE
-            RETURN QUERY
-            SELECT CASE WHEN p_markers AND seen.state = 'c'
-                             AND seen.expires_at <= clock_timestamp() THEN 'm'
-                        ELSE seen.state END,
-                   seen.token, seen.attempt, NULL::bigint, NULL::bytea,
-                   CASE WHEN seen.state = 'c' AND seen.expires_at > clock_timestamp()
-                        THEN seen.response END,
-                   seen.fingerprint,
-                   (extract(epoch FROM CASE WHEN seen.state = 'i' THEN seen.lease_until
-                                            WHEN seen.expires_at > clock_timestamp()
-                                            THEN seen.expires_at
-                                            WHEN p_markers THEN seen.marker_until
-                                            ELSE seen.expires_at END
-                                       - clock_timestamp()) * 1000000)::bigint,
-                   (extract(epoch FROM seen.completed_at) * 1000)::bigint;
+{CLAIM_ANSWER}
         END IF;
         IF FOUND THEN
             RETURN;
@@ -787,10 +797,12 @@ fn upgrades(n: &Names) -> [Vec<String>; 6] {
     // Version 5 to 6: the claim function that takes the key's claim lock before it
     // inserts (same arguments, so replaced in place; the upgrades above install it too).
     let upgrade_from_5 = vec![claim_fn_ddl.clone(), version_row.clone()];
-    // Version 6 to 7: the completion function (the batch of completions calls it). Every
-    // upgrade installs it before its version row.
+    // Version 6 to 7: the completion function (the batch of completions calls it), and
+    // the claim function that answers from the row it read without another statement
+    // (same arguments, replaced in place). Every upgrade installs the completion function
+    // before its version row.
     let complete_fn_ddl = complete_fn_ddl(n);
-    let upgrade_from_6 = vec![complete_fn_ddl.clone(), version_row];
+    let upgrade_from_6 = vec![claim_fn_ddl, complete_fn_ddl.clone(), version_row];
     let mut all = [
         upgrade_from_1,
         upgrade_from_2,
