@@ -740,25 +740,16 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
         .into_iter()
         .map(|k| acquire(&e, k))
         .collect();
-    let lock = RowLock::take(&p, b"blocked");
-    let lane = std::thread::spawn(move || blocked.complete(b"blocked bytes"));
-    wait_blocked_connection(&p);
-    let batched = e.stats().db_completions_batched;
-    let threads: Vec<_> = queued
-        .into_iter()
-        .map(|lease| std::thread::spawn(move || lease.complete(b"ok")))
-        .collect();
-    wait_until(|| e.stats().db_completions_batched == batched + 2);
+    let (lane, threads, lock) = complete_behind_a_busy_lane(&e, &p, blocked, queued);
     drop(lock);
     lane.join()
         .expect("no panic")
         .expect("the lane's completion");
     for t in threads {
-        t.join().expect("no panic").expect("a batched completion");
-    }
-    for key in [&b"c-1"[..], b"c-2"] {
-        match e.claim(key, &ClaimOptions::default()).expect("claim") {
-            Claim::Completed(c) => assert_eq!(c.response(), b"ok"),
+        let (answer, key) = t.join().expect("no panic");
+        answer.expect("a batched completion");
+        match e.claim(&key, &ClaimOptions::default()).expect("claim") {
+            Claim::Completed(c) => assert_eq!(c.response(), key),
             other => panic!("{other:?}"),
         }
     }
@@ -2751,6 +2742,39 @@ fn pg_lease(lease: idemkv::Lease) -> idemkv::postgres::PostgresLease {
     lease.into_postgres().expect("a shared engine's lease")
 }
 
+/// Keeps the one completion lane of `e` busy (`blocked` completes on a thread while another
+/// transaction holds its row), completes each of `queued` on a thread of its own, and
+/// returns once all of them queued behind the lane: the lane's thread, the queued threads
+/// (each answers its completion and its key) and the row lock, whose drop frees the lane.
+#[allow(clippy::type_complexity)]
+fn complete_behind_a_busy_lane(
+    e: &Engine,
+    p: &str,
+    blocked: idemkv::Lease,
+    queued: Vec<idemkv::Lease>,
+) -> (
+    std::thread::JoinHandle<Result<(), LeaseError>>,
+    Vec<std::thread::JoinHandle<(Result<(), LeaseError>, Vec<u8>)>>,
+    RowLock,
+) {
+    let lock = RowLock::take(p, b"blocked");
+    let lane = std::thread::spawn(move || blocked.complete(b"blocked bytes"));
+    wait_blocked_connection(p);
+    let batched = e.stats().db_completions_batched;
+    let n = queued.len() as u64;
+    let threads: Vec<_> = queued
+        .into_iter()
+        .map(|lease| {
+            std::thread::spawn(move || {
+                let key = lease.key().to_vec();
+                (lease.complete(&key), key)
+            })
+        })
+        .collect();
+    wait_until(|| e.stats().db_completions_batched == batched + n);
+    (lane, threads, lock)
+}
+
 /// While the completion lane of a process is busy (a completion waits on a row lock), the
 /// completions asked meanwhile queue, and go together in one statement, one commit, once
 /// the lane is free; each is fenced by its own token: a completion whose token no longer
@@ -2774,20 +2798,7 @@ fn completions_queued_behind_a_busy_lane_share_a_commit_and_a_fenced_one_is_refu
         hex(b"fenced")
     ));
 
-    let lock = RowLock::take(&p, b"blocked");
-    let lane = std::thread::spawn(move || blocked.complete(b"blocked bytes"));
-    wait_blocked_connection(&p);
-    let batched = e.stats().db_completions_batched;
-    let threads: Vec<_> = queued
-        .into_iter()
-        .map(|lease| {
-            std::thread::spawn(move || {
-                let key = lease.key().to_vec();
-                (lease.complete(&key), key)
-            })
-        })
-        .collect();
-    wait_until(|| e.stats().db_completions_batched == batched + 3);
+    let (lane, threads, lock) = complete_behind_a_busy_lane(&e, &p, blocked, queued);
     let before = e.stats().db_round_trips;
     drop(lock);
     lane.join()
