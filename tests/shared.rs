@@ -726,6 +726,7 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
         .postgres(config(&p).complete_lanes(1))
         .open()
         .expect("open");
+    let other = engine(&p);
     assert_eq!(
         psql(&format!(
             "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
@@ -745,12 +746,13 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
     lane.join()
         .expect("no panic")
         .expect("the lane's completion");
+    // Another engine reads what the batch stored (the first one's front caches it).
     for t in threads {
         let (answer, key) = t.join().expect("no panic");
         answer.expect("a batched completion");
-        match e.claim(&key, &ClaimOptions::default()).expect("claim") {
+        match other.claim(&key, &ClaimOptions::default()).expect("claim") {
             Claim::Completed(c) => assert_eq!(c.response(), key),
-            other => panic!("{other:?}"),
+            answer => panic!("{answer:?}"),
         }
     }
 }

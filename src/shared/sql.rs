@@ -931,7 +931,14 @@ mod tests {
                 .await
                 .expect("connect");
             let io = tokio::spawn(conn);
-            let sql = Sql::new(None, &format!("t{:08x}_plans_", fastrand::u32(..)));
+            // A schema of its own, dropped with everything in it at the end.
+            let schema = format!("t{:08x}_plans", fastrand::u32(..));
+            let sql = Sql::new(Some(&schema), "p_");
+            let create = sql
+                .create_schema
+                .as_deref()
+                .expect("a schema is configured");
+            client.batch_execute(create).await.expect("schema");
             client
                 .batch_execute(&sql.create_meta())
                 .await
@@ -982,7 +989,7 @@ mod tests {
                 );
             }
             client
-                .batch_execute(&format!("DROP TABLE {}, {} CASCADE", sql.keys, sql.meta))
+                .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
                 .await
                 .expect("drop");
             drop(batches);
