@@ -625,6 +625,34 @@ fn a_connection_killed_mid_call_gives_outcome_unknown_and_loses_nothing() {
     a.complete(b"k", token, b"result").expect("repeat");
 }
 
+/// Two completions under the same token that wait for the same row (a retry racing the
+/// statement it retries, from two processes) both succeed: the one that writes, and the
+/// other as a repeat once it reads the committed row, never `LeaseLost`.
+#[test]
+fn a_same_token_completion_committed_meanwhile_is_a_repeat() {
+    let p = prefix("samecomplete");
+    let (a, b) = (engine(&p), engine(&p));
+    let Claim::Acquired(lease) = a.claim(b"k", &ClaimOptions::default()).expect("claim") else {
+        panic!("acquired");
+    };
+    let token = lease.token();
+    let lock = RowLock::take(&p, b"k");
+    let racers: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|e| std::thread::spawn(move || e.complete(b"k", token, b"result")))
+        .collect();
+    wait_blocked_connections(&p, 2);
+    drop(lock);
+    for r in racers {
+        r.join().expect("no panic").expect("written, or a repeat");
+    }
+    drop(lease);
+    match b.claim(b"k", &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"result"[..], token)),
+        other => panic!("{other:?}"),
+    }
+}
+
 /// A claim that meets an insert made without the claim lock, still in flight, waits for its
 /// commit and answers from the committed row in the same call: one round trip, not a
 /// second ask.

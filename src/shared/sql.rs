@@ -492,9 +492,11 @@ fn completes(n: &Names) -> (String, String) {
     let Names {
         keys, wake_class, ..
     } = n;
-    // Complete: fenced by the token and the InFlight state. It does not notify: a
-    // notifying transaction holds the database-wide notify lock through its commit,
-    // which serializes such commits; `notify` follows once it answered, when `heard`:
+    // Complete, as the completing part of a completion with writes (without writes,
+    // the completion function makes the same update): fenced by the token and the
+    // InFlight state. It does not notify: a notifying transaction holds the
+    // database-wide notify lock through its commit, which serializes such commits;
+    // `notify` follows once it answered, when `heard`:
     // the key's wake-up stripe is locked, shared, by a listening connection (a waiting
     // claim's). The try-lock is held to the commit, so a listener that starts to listen
     // meanwhile waits for the commit and then reads it. When nothing was written, a
@@ -526,15 +528,22 @@ FROM {keys} k
 WHERE k.key = $1 AND k.token = $2 AND k.state = 'c' AND k.expires_at > clock_timestamp()
   AND NOT EXISTS (SELECT 1 FROM done)"
     );
-    let complete = format!("WITH {done}\n{complete_tail}");
+    // Without writes: one call of the completion function, as in a batch.
+    let complete = format!(
+        "SELECT * FROM {}($1, $2, $3, $5, $6, $4, $7)",
+        n.complete_fn
+    );
     let complete_with = format!("WITH {done},\n{writes}\n{complete_tail}");
     (complete, complete_with)
 }
 
 // Complete, without writes, as one call of a function the backend installs
 // (`complete_fn`), so that its plan (an update by the primary key) is made once per
-// connection. The batch's statement calls it for each ask, in the arrays' order (the keys
-// come sorted), and keeps one plan too (see `claims` on `generate_subscripts`). A join of
+// connection. A lone completion calls it once; the batch's statement calls it for each
+// ask, in the arrays' order (the keys come sorted), and keeps one plan too (see `claims`
+// on `generate_subscripts`). Its repeat check reads with a snapshot of its own: a
+// completion under the same token committed while the update waited for the row is a
+// repeat. A join of
 // the asks with the table, the earlier form, was planned for each batch: a plan kept from
 // when the table was nearly empty scans the whole table. The function updates the row
 // under the lone completion's conditions and answers `done`, or reads a repeat; no row:
