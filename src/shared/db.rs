@@ -1253,3 +1253,101 @@ mod writes_tests {
         assert_eq!(got.messages, vec![b"m1".to_vec(), b"m2".to_vec()]);
     }
 }
+
+#[cfg(test)]
+mod plan_tests {
+    use super::{ClaimAsk, ClaimRow, CompleteAsk, CompleteRow, Db};
+    use crate::shared::PostgresConfig;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    /// The engine sends the batches of claims and of completions as prepared statements
+    /// that keep one plan: on a pool of one connection (so that every statement runs in
+    /// one session), twelve batches of each leave at most five custom plans of each in
+    /// `pg_prepared_statements`. A batch sent unprepared is not in that view at all, and
+    /// one planned for every execution counts only custom plans. Needs the server of
+    /// `scripts/pg.sh test`.
+    #[test]
+    fn the_engine_sends_its_batches_prepared_with_one_plan() {
+        let url = std::env::var("IDEMKV_PG_URL").unwrap_or_else(|_| {
+            panic!("IDEMKV_PG_URL is not set: this test needs the server of `scripts/pg.sh test`")
+        });
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            // A schema of its own, dropped with everything in it at the end.
+            let schema = format!("t{:08x}_dbplans", fastrand::u32(..));
+            let cfg = PostgresConfig::new(url).schema(&schema).pool_size(1);
+            let db = Db::new(&cfg, None).expect("db");
+            db.migrate().await.expect("schema");
+            let (lease, retention) = (Duration::from_secs(60), Duration::from_secs(3600));
+            const EXECUTIONS: usize = 12;
+            for round in 0..EXECUTIONS {
+                let keys: Vec<Vec<u8>> = (0..2)
+                    .map(|k| format!("k{round}-{k}").into_bytes())
+                    .collect();
+                let claims: Vec<ClaimAsk> = keys
+                    .iter()
+                    .map(|k| ClaimAsk {
+                        key: Box::from(&k[..]),
+                        fingerprint: None,
+                        lease,
+                        own_retention: None,
+                        claim_id: None,
+                        rerun: false,
+                    })
+                    .collect();
+                let asks: Vec<&ClaimAsk> = claims.iter().collect();
+                let mut tokens = Vec::new();
+                for answer in db.claim_batch(&asks, retention).await {
+                    match answer {
+                        Ok(ClaimRow::Acquired { token, .. }) => tokens.push(token),
+                        _ => panic!("a fresh key is acquired"),
+                    }
+                }
+                let completions: Vec<CompleteAsk> = keys
+                    .iter()
+                    .zip(&tokens)
+                    .map(|(k, &token)| CompleteAsk {
+                        key: Box::from(&k[..]),
+                        token: super::token_param(token),
+                        response: Arc::from(&b"ok"[..]),
+                        own_us: None,
+                        stripe: 0,
+                    })
+                    .collect();
+                let asks: Vec<&CompleteAsk> = completions.iter().collect();
+                let micros = super::micros(retention);
+                for answer in db.complete_batch(&asks, micros).await {
+                    assert!(
+                        matches!(answer, Ok(CompleteRow::Done { repeat: false, .. })),
+                        "a held key is completed"
+                    );
+                }
+            }
+            for statement in [&db.sql.claim_batch, &db.sql.complete_batch] {
+                let rows = db
+                    .query(
+                        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+                         WHERE statement = $1",
+                        &[statement],
+                        false,
+                    )
+                    .await
+                    .expect("pg_prepared_statements");
+                let plans: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+                assert!(
+                    matches!(plans[..], [(generic, custom)]
+                        if custom <= 5 && generic + custom == EXECUTIONS as i64),
+                    "plans (generic, custom) of:\n{statement}\n{plans:?}"
+                );
+            }
+            db.query(&format!("DROP SCHEMA \"{schema}\" CASCADE"), &[], false)
+                .await
+                .expect("drop");
+        });
+    }
+}
