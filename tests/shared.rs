@@ -632,9 +632,7 @@ fn a_connection_killed_mid_call_gives_outcome_unknown_and_loses_nothing() {
 fn a_same_token_completion_committed_meanwhile_is_a_repeat() {
     let p = prefix("samecomplete");
     let (a, b) = (engine(&p), engine(&p));
-    let Claim::Acquired(lease) = a.claim(b"k", &ClaimOptions::default()).expect("claim") else {
-        panic!("acquired");
-    };
+    let lease = acquire(&a, b"k");
     let token = lease.token();
     let lock = RowLock::take(&p, b"k");
     let racers: Vec<_> = [a.clone(), b.clone()]
@@ -647,10 +645,7 @@ fn a_same_token_completion_committed_meanwhile_is_a_repeat() {
         r.join().expect("no panic").expect("written, or a repeat");
     }
     drop(lease);
-    match b.claim(b"k", &ClaimOptions::default()).expect("claim") {
-        Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"result"[..], token)),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(completed(&b, b"k"), (b"result".to_vec(), token));
 }
 
 /// A claim that meets an insert made without the claim lock, still in flight, waits for its
@@ -778,10 +773,7 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
     for t in threads {
         let (answer, key) = t.join().expect("no panic");
         answer.expect("a batched completion");
-        match other.claim(&key, &ClaimOptions::default()).expect("claim") {
-            Claim::Completed(c) => assert_eq!(c.response(), key),
-            answer => panic!("{answer:?}"),
-        }
+        assert_eq!(completed(&other, &key).0, key);
     }
 }
 
@@ -993,10 +985,7 @@ fn blocking_calls_use_a_connection_of_their_own_within_the_pool_size() {
         2,
         "the pool's (the open's migration used it) and the listener's"
     );
-    let Claim::Acquired(lease) = e.claim(b"one", &ClaimOptions::default()).expect("claim") else {
-        panic!("acquired");
-    };
-    lease.complete(b"r").expect("complete");
+    acquire(&e, b"one").complete(b"r").expect("complete");
     assert_eq!(
         connections_of(&app),
         3,
@@ -1131,17 +1120,12 @@ fn blocking_calls_inside_another_runtime_are_answered() {
         .build()
         .expect("runtime");
     let token = rt.block_on(async {
-        let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
-            panic!("acquired");
-        };
+        let lease = acquire(&e, b"k");
         let token = lease.token();
         lease.complete(b"r").expect("complete");
         token
     });
-    match e.claim(b"k", &ClaimOptions::default()).expect("claim") {
-        Claim::Completed(s) => assert_eq!((s.response(), s.token()), (&b"r"[..], token)),
-        other => panic!("{other:?}"),
-    }
+    assert_eq!(completed(&e, b"k"), (b"r".to_vec(), token));
 }
 
 /// The server ends a direct connection while it sits idle (as a restart would): the next
@@ -1157,24 +1141,14 @@ fn a_connection_ended_while_idle_is_replaced_before_the_next_statement() {
         .expect("open");
     for round in 0..3 {
         let key = format!("k{round}");
-        let Claim::Acquired(lease) = e
-            .claim(key.as_bytes(), &ClaimOptions::default())
-            .expect("claim")
-        else {
-            panic!("acquired");
-        };
-        lease.complete(b"r").expect("complete");
+        acquire(&e, key.as_bytes())
+            .complete(b"r")
+            .expect("complete");
         // The direct one at least (the pool's and the listener's, when open).
         assert!(end_connections(&app) >= 1, "round {round}");
     }
-    let Claim::Acquired(lease) = e.claim(b"last", &ClaimOptions::default()).expect("claim") else {
-        panic!("acquired");
-    };
-    lease.complete(b"r").expect("complete");
-    match e.claim(b"last", &ClaimOptions::default()).expect("claim") {
-        Claim::Completed(s) => assert_eq!(s.response(), &b"r"[..]),
-        other => panic!("{other:?}"),
-    }
+    acquire(&e, b"last").complete(b"r").expect("complete");
+    assert_eq!(completed(&e, b"last").0, b"r");
 }
 
 /// The server refusing for want of resources (SQLSTATE class 53: disk, memory or
@@ -2395,6 +2369,14 @@ fn acquire(e: &Engine, key: &[u8]) -> idemkv::Lease {
     match e.claim(key, &ClaimOptions::default()).expect("claim") {
         Claim::Acquired(lease) => lease,
         other => panic!("{key:?}: expected to acquire, got {other:?}"),
+    }
+}
+
+/// The stored response and token a claim of the completed `key` answers with.
+fn completed(e: &Engine, key: &[u8]) -> (Vec<u8>, u64) {
+    match e.claim(key, &ClaimOptions::default()).expect("claim") {
+        Claim::Completed(s) => (s.response().to_vec(), s.token()),
+        other => panic!("{key:?}: expected a completion, got {other:?}"),
     }
 }
 

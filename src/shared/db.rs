@@ -2,7 +2,7 @@
 //! failures, the schema's creation, and the typed answer of each statement.
 
 use super::batch::{Batcher, Keyed};
-use super::direct::{usable_after, Direct, Ran, Stmt};
+use super::direct::{usable_after, Direct, Ran};
 use super::error::{DatabaseError, DatabaseErrorKind};
 use super::sql::Sql;
 use super::PostgresConfig;
@@ -330,7 +330,7 @@ impl Db {
         params: &[&(dyn ToSql + Sync)],
         counted: bool,
     ) -> Result<Vec<Row>, Fail> {
-        if let Some(answer) = self.direct(Stmt::Prepared(sql, params), counted) {
+        if let Some(answer) = self.direct(sql, params, counted) {
             return answer;
         }
         // A pooled connection the server has closed meanwhile is noticed before anything is
@@ -400,10 +400,15 @@ impl Db {
 
     /// `stmt` on a direct connection of this thread (`direct.rs`), answered or failed as
     /// on a pooled one; `None` leaves it to the pool. `counted` as for [`Db::query`].
-    fn direct(&self, stmt: Stmt<'_>, counted: bool) -> Option<Result<Vec<Row>, Fail>> {
+    fn direct(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        counted: bool,
+    ) -> Option<Result<Vec<Row>, Fail>> {
         let ran = self
             .direct
-            .run(stmt, self.call_timeout, &|| self.count_trip(counted))?;
+            .run(sql, params, self.call_timeout, &|| self.count_trip(counted))?;
         Some(match ran {
             Ran::Rows(rows) => Ok(rows),
             Ran::NotSent(e) => Err(sort_failure(e, false).0),
@@ -420,16 +425,15 @@ impl Db {
     /// table as it is now, in the same round trip; returns its rows. For a statement whose
     /// plan depends on the table's size: a prepared one keeps the plan made when it was
     /// prepared, and one made while the table was nearly empty scans it whole once it has
-    /// grown. `counted` as for [`Db::query`].
+    /// grown. Only the sweeper sends such a statement, from the backend's runtime, so it
+    /// always goes through the pool (a direct connection serves a blocking call's
+    /// thread). `counted` as for [`Db::query`].
     pub(crate) async fn query_planned(
         &self,
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
         counted: bool,
     ) -> Result<Vec<Row>, Fail> {
-        if let Some(answer) = self.direct(Stmt::Typed(sql, params), counted) {
-            return answer;
-        }
         // A pooled connection the server has closed meanwhile is replaced once, before
         // anything is sent on it.
         let mut conn = self.conn().await?;

@@ -34,7 +34,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 
 thread_local! {
@@ -60,14 +60,6 @@ impl Drop for Driving {
     fn drop(&mut self) {
         DRIVING.with(|d| d.set(self.0));
     }
-}
-
-/// A statement as the pool's connections take it too.
-pub(crate) enum Stmt<'a> {
-    /// Prepared once per connection, then executed.
-    Prepared(&'a str, &'a [&'a (dyn ToSql + Sync)]),
-    /// Sent unprepared with its parameters' types, planned for each execution.
-    Typed(&'a str, &'a [(&'a (dyn ToSql + Sync), Type)]),
 }
 
 /// What became of a statement on a direct connection.
@@ -147,12 +139,19 @@ impl Direct {
         }
     }
 
-    /// Runs `stmt` on a free direct connection, on this thread, within `timeout`; `sending`
+    /// Runs the statement `sql` (prepared once per connection) with `params` on a free
+    /// direct connection, on this thread, within `timeout`; `sending`
     /// is called as the statement is sent (after its preparation). `None` leaves the
     /// statement to the pool: this thread drives no blocking call, every slot is busy, the
     /// engine is closed, no connection could be opened, or the connection failed before
     /// the statement was executed (the pool then opens another, and reports why not).
-    pub(crate) fn run(&self, stmt: Stmt<'_>, timeout: Duration, sending: &dyn Fn()) -> Option<Ran> {
+    pub(crate) fn run(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        timeout: Duration,
+        sending: &dyn Fn(),
+    ) -> Option<Ran> {
         if !Driving::now() || self.closed.load(Ordering::Acquire) {
             return None;
         }
@@ -169,7 +168,7 @@ impl Direct {
             }
             let conn = slot.as_mut()?;
             let sent = Cell::new(false);
-            let ran = conn.run(stmt, timeout, &|| {
+            let ran = conn.run(sql, params, timeout, &|| {
                 sent.set(true);
                 sending();
             });
@@ -258,10 +257,16 @@ impl Conn {
         !ended && !client.is_closed()
     }
 
-    /// Runs `stmt`, preparing it first if this connection has not yet. A failure of the
+    /// Runs `sql` with `params`, preparing it first if this connection has not yet. A failure of the
     /// preparation is `NotSent` when the server answered it, and `Ended` or `TimedOut`
     /// otherwise (`sending` has not been called then).
-    fn run(&mut self, stmt: Stmt<'_>, timeout: Duration, sending: &dyn Fn()) -> Ran {
+    fn run(
+        &mut self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        timeout: Duration,
+        sending: &dyn Fn(),
+    ) -> Ran {
         let Conn {
             client,
             io,
@@ -273,27 +278,19 @@ impl Conn {
         };
         runtime.block_on(async {
             let work = async {
-                let answer = match stmt {
-                    Stmt::Typed(sql, params) => {
-                        sending();
-                        client.query_typed(sql, params).await
-                    }
-                    Stmt::Prepared(sql, params) => {
-                        let statement = match prepared.get(sql) {
-                            Some(s) => s.clone(),
-                            None => match client.prepare(sql).await {
-                                Ok(s) => {
-                                    prepared.insert(Box::from(sql), s.clone());
-                                    s
-                                }
-                                Err(e) if e.as_db_error().is_some() => return Ran::NotSent(e),
-                                Err(_) => return Ran::Ended,
-                            },
-                        };
-                        sending();
-                        client.query(&statement, params).await
-                    }
+                let statement = match prepared.get(sql) {
+                    Some(s) => s.clone(),
+                    None => match client.prepare(sql).await {
+                        Ok(s) => {
+                            prepared.insert(Box::from(sql), s.clone());
+                            s
+                        }
+                        Err(e) if e.as_db_error().is_some() => return Ran::NotSent(e),
+                        Err(_) => return Ran::Ended,
+                    },
                 };
+                sending();
+                let answer = client.query(&statement, params).await;
                 match answer {
                     Ok(rows) => Ran::Rows(rows),
                     Err(e) => Ran::Failed(e),
