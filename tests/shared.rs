@@ -711,12 +711,7 @@ fn a_database_of_schema_version_5_is_upgraded_once() {
     ));
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "f");
     let e = engine(&p);
-    assert_eq!(
-        psql(&format!(
-            "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
-        )),
-        "7"
-    );
+    assert_eq!(schema_version(&p), "7");
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
     assert_eq!(complete_fn_count(&p), "1");
     let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
@@ -750,12 +745,7 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
         .open()
         .expect("open");
     let other = engine(&p);
-    assert_eq!(
-        psql(&format!(
-            "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
-        )),
-        "7"
-    );
+    assert_eq!(schema_version(&p), "7");
     assert_eq!(complete_fn_count(&p), "1");
     assert_eq!(psql(&marked), "0", "the claim function is replaced");
     // Two completions queued behind one held by a row lock go as one batch.
@@ -775,6 +765,13 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
         answer.expect("a batched completion");
         assert_eq!(completed(&other, &key).0, key);
     }
+}
+
+/// The schema version the meta table of the tables of `p` holds.
+fn schema_version(p: &str) -> String {
+    psql(&format!(
+        "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
+    ))
 }
 
 /// How many completion functions the tables of `p` have ("0" or "1").
@@ -1539,12 +1536,7 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         .into_iter()
         .map(|h| h.join().expect("no panic").expect("every open succeeds"))
         .collect();
-    assert_eq!(
-        psql(&format!(
-            "SELECT value FROM \"{p}meta\" WHERE name = 'schema_version'"
-        )),
-        "7"
-    );
+    assert_eq!(schema_version(&p), "7");
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
     assert_eq!(complete_fn_count(&p), "1");
     assert_eq!(
