@@ -53,6 +53,12 @@ fn trips(e: &Engine) -> u64 {
     e.stats().db_round_trips
 }
 
+/// Statements sent other than the flushes that make acquisitions durable.
+fn trips_but_flushes(e: &Engine) -> u64 {
+    let s = e.stats();
+    s.db_round_trips - s.db_flushes
+}
+
 /// Runs SQL through psql and returns its unaligned output.
 fn psql(sql: &str) -> String {
     pg::psql(&url(), sql)
@@ -224,8 +230,9 @@ fn concurrent_local_duplicates_make_one_round_trip() {
     let engine = engine(&p);
     let n = 8;
 
-    // Waiting duplicates: one claim and one completion reach the database.
+    // Waiting duplicates: one claim (and its flush) and one completion reach the database.
     let before = trips(&engine);
+    let flushes = engine.stats().db_flushes;
     let runs = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
@@ -249,14 +256,15 @@ fn concurrent_local_duplicates_make_one_round_trip() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(outcomes.iter().all(|o| o.response() == b"once"));
     assert_eq!(outcomes.iter().filter(|o| o.replayed()).count(), n - 1);
+    assert_eq!(engine.stats().db_flushes - flushes, 1, "one acquisition");
     assert_eq!(
         trips(&engine) - before,
-        2,
-        "{n} concurrent local duplicates: one claim and one completion statement"
+        3,
+        "{n} concurrent local duplicates: one claim, its flush and one completion statement"
     );
 
     // Non-waiting duplicates: one claim statement, one lease, the rest InProgress.
-    let before = trips(&engine);
+    let before = trips_but_flushes(&engine);
     let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
         .map(|_| {
@@ -277,7 +285,7 @@ fn concurrent_local_duplicates_make_one_round_trip() {
         .collect();
     assert_eq!(won.len(), 1, "one duplicate acquires");
     assert_eq!(
-        trips(&engine) - before,
+        trips_but_flushes(&engine) - before,
         1,
         "one claim statement for {n} duplicates"
     );
@@ -922,6 +930,87 @@ fn a_role_without_privileges_gets_typed_permission_errors() {
     psql(&format!(
         "REVOKE ALL ON \"{p}meta\" FROM \"{role}\"; DROP ROLE \"{role}\""
     ));
+}
+
+/// Gives `EXECUTE` on the flush's function back to everyone when dropped, even if the test
+/// that took it away fails.
+struct FlushRevoked;
+
+const EMIT: &str = "pg_logical_emit_message(boolean, text, text)";
+
+impl FlushRevoked {
+    fn now() -> FlushRevoked {
+        psql(&format!("REVOKE EXECUTE ON FUNCTION {EMIT} FROM PUBLIC"));
+        FlushRevoked
+    }
+}
+
+impl Drop for FlushRevoked {
+    fn drop(&mut self) {
+        psql(&format!("GRANT EXECUTE ON FUNCTION {EMIT} TO PUBLIC"));
+    }
+}
+
+/// Claims commit without waiting for the disk, and an acquisition is given out only after
+/// a flush: when the flush fails, the claim (committed, its durability unknown) answers
+/// `OutcomeUnknown`, and the key stays held by that unknown lease. A role that may not
+/// force the flush at open gets claims that commit as any statement does, and no flush.
+/// (Superusers, which every other test connects as, are not affected by the revoke.)
+#[test]
+fn an_acquisition_is_given_out_only_after_its_flush() {
+    let p = prefix("flush");
+    let owner = engine(&p);
+    let role = format!("{p}role");
+    psql(&format!(
+        "CREATE ROLE \"{role}\" LOGIN; \
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO \"{role}\"; \
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO \"{role}\""
+    ));
+    let as_role = || {
+        Engine::builder()
+            .postgres(
+                PostgresConfig::new(url().replace("://postgres@", &format!("://{role}@")))
+                    .table_prefix(&p),
+            )
+            .open()
+            .expect("the role opens")
+    };
+    let early = as_role();
+    match early.claim(b"before", &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(early.stats().db_flushes, 1, "the acquisition was flushed");
+    {
+        let _revoked = FlushRevoked::now();
+        match early.claim(b"k", &ClaimOptions::default()) {
+            Err(ClaimError::OutcomeUnknown(why)) => assert!(why.contains("flush"), "{why}"),
+            other => panic!("an unflushed acquisition must not be given out: {other:?}"),
+        }
+        let state = psql(&format!(
+            "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}'",
+            hex(b"k")
+        ));
+        assert_eq!(state.trim(), "i", "the claim itself committed");
+        match early.claim(b"k", &ClaimOptions::default()) {
+            Ok(Claim::InProgress(busy)) => assert_eq!(busy.attempt(), 1),
+            other => panic!("the unknown lease holds the key: {other:?}"),
+        }
+        // Opened while it may not flush: its claims commit as any statement does.
+        let plain = as_role();
+        match plain.claim(b"k2", &ClaimOptions::default()) {
+            Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(plain.stats().db_flushes, 0);
+        // A superuser may always flush.
+        assert!(matches!(
+            owner.claim(b"k3", &ClaimOptions::default()),
+            Ok(Claim::Acquired(_))
+        ));
+    }
+    drop(early);
+    psql(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""));
 }
 
 /// `url()` with the connections' `application_name` set, so that the server's view of an
@@ -1771,7 +1860,7 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
         .map(claim_on)
         .collect();
     wait_until(|| e.stats().db_claims_batched == batched + 5);
-    let before = e.stats().db_round_trips;
+    let before = trips_but_flushes(&e);
     lock.commit();
     match lane.join().expect("no panic") {
         (Ok(Claim::InProgress(busy)), _) => assert_eq!(busy.attempt(), 1),
@@ -1788,7 +1877,7 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
         }
     }
     assert_eq!(
-        e.stats().db_round_trips - before,
+        trips_but_flushes(&e) - before,
         1,
         "the five queued claims in one"
     );
@@ -1852,7 +1941,7 @@ fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
     ];
     let queued: Vec<_> = asks.into_iter().map(|(k, o)| claim_on(k, o)).collect();
     wait_until(|| e.stats().db_claims_batched == batched + 7);
-    let before = e.stats().db_round_trips;
+    let before = trips_but_flushes(&e);
     lock.commit();
     assert!(matches!(
         lane.join().expect("no panic").0,
@@ -1880,7 +1969,7 @@ fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
         }
     }
     assert_eq!(
-        e.stats().db_round_trips - before,
+        trips_but_flushes(&e) - before,
         1,
         "the seven queued claims in one statement"
     );

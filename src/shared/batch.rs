@@ -150,7 +150,7 @@ impl<A: Keyed, R> Batcher<A, R> {
                 Err((id, waiting))
             }
         };
-        let (ask, _lane) = match start {
+        let (ask, lane) = match start {
             Err((id, mut waiting)) => {
                 let turn = match tokio::time::timeout(self.queued_max, &mut waiting).await {
                     Ok(turn) => turn,
@@ -188,6 +188,10 @@ impl<A: Keyed, R> Batcher<A, R> {
         asks.push(&ask);
         asks.extend(followers.iter().map(|q| &q.ask));
         let mut answers = send(&asks).await.into_iter();
+        // The lane goes on before the answers: the next batch's leader is woken first, so
+        // that it is not queued for a core behind the callers this batch answers, and the
+        // next statement is sent while they run.
+        drop(lane);
         let abandoned = || {
             Err(Fail::Unknown(Arc::from(
                 "the batch's statement gave no answer for this call",

@@ -14,7 +14,7 @@ use crate::shared::constants::{
     PG_SWEEP_BATCH, PG_WAKE_STRIPES,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
@@ -121,6 +121,15 @@ pub(crate) struct Db {
     markers: Option<Duration>,
     /// Connections that the caller's thread drives, for blocking calls (`direct.rs`).
     direct: Direct,
+    /// Claims commit without waiting for the WAL flush, which an acquiring claim then
+    /// forces (`Sql::claim_early`); set at open where the session can force it.
+    early: AtomicBool,
+    /// Acquiring claims waiting for a flush, and the lane that sends it.
+    flushes: Batcher<FlushAsk, ()>,
+    /// Numbers the flush asks: each is its own key in the batch.
+    flush_asks: AtomicU64,
+    /// Flush statements sent (`Stats::db_flushes`).
+    flushes_sent: AtomicU64,
 }
 
 /// A write set as the statements take it: each row's final value (the set's operations
@@ -182,6 +191,15 @@ pub(crate) struct CompleteAsk {
 impl Keyed for CompleteAsk {
     fn key(&self) -> &[u8] {
         &self.key
+    }
+}
+
+/// One acquiring claim's wait for the flush; the number makes every ask its own key.
+pub(crate) struct FlushAsk([u8; 8]);
+
+impl Keyed for FlushAsk {
+    fn key(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -292,7 +310,59 @@ impl Db {
             completions: Batcher::new(cfg.complete_lanes.min(cfg.pool_size), call_timeout),
             markers,
             direct,
+            early: AtomicBool::new(false),
+            flushes: Batcher::new(1, call_timeout),
+            flush_asks: AtomicU64::new(0),
+            flushes_sent: AtomicU64::new(0),
         })
+    }
+
+    /// Whether this session can force the WAL flush (`Sql::can_flush`): if so, claims
+    /// commit early from now on; if not, or if the question fails, they commit as any
+    /// statement does.
+    pub(crate) async fn probe_flush(&self) {
+        let can = match self.query(&self.sql.can_flush, &[], false).await {
+            Ok(rows) => rows
+                .first()
+                .and_then(|r| r.try_get(0).ok())
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        self.early.store(can, Ordering::Relaxed);
+    }
+
+    /// A claim statement: committed early where the session can force the flush.
+    fn claim_sql(&self, batch: bool) -> &str {
+        match (self.early.load(Ordering::Relaxed), batch) {
+            (true, false) => &self.sql.claim_early,
+            (true, true) => &self.sql.claim_batch_early,
+            (false, false) => &self.sql.claim,
+            (false, true) => &self.sql.claim_batch,
+        }
+    }
+
+    /// Whether claims commit early (`Sql::claim_early`): an acquisition is then given out
+    /// only after [`Db::flush`]. Decided once, at open, before any claim.
+    pub(crate) fn commits_early(&self) -> bool {
+        self.early.load(Ordering::Relaxed)
+    }
+
+    /// Returns once every claim committed before the call is durable (`Sql::flush`): the
+    /// flush's commit is on disk only after every WAL record before it. Callers that ask
+    /// while a flush is in flight share the next one (`batch.rs`).
+    pub(crate) async fn flush(&self) -> Result<(), Fail> {
+        let ask = FlushAsk(
+            self.flush_asks
+                .fetch_add(1, Ordering::Relaxed)
+                .to_ne_bytes(),
+        );
+        self.flushes
+            .ask(ask, async |asks: &[&FlushAsk]| {
+                self.flushes_sent.fetch_add(1, Ordering::Relaxed);
+                let done = self.query(&self.sql.flush, &[], true).await.map(|_| ());
+                asks.iter().map(|_| done.clone()).collect()
+            })
+            .await
     }
 
     /// A connection from the pool (opened if needed). Nothing is sent on failure.
@@ -560,7 +630,7 @@ impl Db {
         let markers = self.markers.is_some();
         let rows = self
             .query(
-                &self.sql.claim,
+                self.claim_sql(false),
                 &[
                     &&*ask.key,
                     &fp,
@@ -608,7 +678,7 @@ impl Db {
         let markers = self.markers.is_some();
         let rows = self
             .query(
-                &self.sql.claim_batch,
+                self.claim_sql(true),
                 &[
                     &keys,
                     &fp,
@@ -1053,6 +1123,10 @@ impl Db {
     }
 
     /// Claims that waited for a lane (`Stats::db_claims_batched`).
+    pub(crate) fn flushes(&self) -> u64 {
+        self.flushes_sent.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn claims_batched(&self) -> u64 {
         self.claims.queued()
     }
