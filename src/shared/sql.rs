@@ -490,8 +490,8 @@ fn commits_early(claim: &str) -> String {
 const FLUSH: &str = "SELECT pg_logical_emit_message(true, 'idemkv', '')";
 
 /// See [`Sql::can_flush`]; `NULL` (no such function) is `false`.
-const CAN_FLUSH: &str = "SELECT coalesce(has_function_privilege(
-    to_regprocedure('pg_catalog.pg_logical_emit_message(boolean,text,text)'), 'EXECUTE'), false)";
+const CAN_FLUSH: &str = "SELECT coalesce(has_function_privilege(to_regprocedure(\
+    'pg_catalog.pg_logical_emit_message(boolean,text,text)'), 'EXECUTE'), false)";
 
 // The writes of a set, applied only when its statement wrote the row (`done`; a
 // repeat applies nothing again): its final value of each row ($8 keys, $9 values),
@@ -877,6 +877,10 @@ mod tests {
             sql.claim.clone(),
             sql.claim_batch.clone(),
             sql.complete.clone(),
+            sql.claim_early.clone(),
+            sql.claim_batch_early.clone(),
+            sql.flush.clone(),
+            sql.can_flush.clone(),
             sql.complete_with.clone(),
             sql.complete_batch.clone(),
             sql.release.clone(),
