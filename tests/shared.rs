@@ -2930,6 +2930,58 @@ fn completions_queued_behind_a_busy_lane_share_a_commit_and_a_fenced_one_is_refu
     ));
 }
 
+/// An acquisition waits for its flush in the completions' queue: queued behind a busy
+/// completion lane, it rides on the next batch of completions, whose commit is the flush
+/// when it stores a response; when none of the batch's completions stores one (each was
+/// fenced out), a flush statement is sent for it. Either way the claim is answered only
+/// after the batch.
+#[test]
+fn an_acquisition_queued_behind_the_completions_is_flushed_by_their_batch() {
+    for (queued_key, fenced, flushes) in [(&b"c-1"[..], false, 0), (b"fenced", true, 1)] {
+        let p = prefix("flushq");
+        let e = Engine::builder()
+            .postgres(config(&p).complete_lanes(1))
+            .open()
+            .expect("open");
+        let blocked = acquire(&e, b"blocked");
+        let queued = acquire(&e, queued_key);
+        if fenced {
+            psql(&format!(
+                "UPDATE \"{p}keys\" SET token = token + 1000 WHERE key = '\\x{}'",
+                hex(queued_key)
+            ));
+        }
+        let (lane, threads, lock) = complete_behind_a_busy_lane(&e, &p, blocked, vec![queued]);
+        let (before, batched) = (e.stats().db_flushes, e.stats().db_completions_batched);
+        let fresh_key = [queued_key, b"-fresh"].concat();
+        let claiming = {
+            let (e, key) = (e.clone(), fresh_key.clone());
+            std::thread::spawn(move || e.claim(&key, &ClaimOptions::default()))
+        };
+        wait_until(|| e.stats().db_completions_batched == batched + 1);
+        assert!(
+            !claiming.is_finished(),
+            "the acquisition waits for its flush"
+        );
+        drop(lock);
+        lane.join()
+            .expect("no panic")
+            .expect("the lane's completion");
+        for t in threads {
+            match t.join().expect("no panic") {
+                (Err(LeaseError::LeaseLost), _) => assert!(fenced),
+                (Ok(()), _) => assert!(!fenced),
+                (other, key) => panic!("{}: {other:?}", String::from_utf8_lossy(&key)),
+            }
+        }
+        match claiming.join().expect("no panic") {
+            Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(e.stats().db_flushes - before, flushes, "fenced: {fenced}");
+    }
+}
+
 /// A completion batch whose connection dies mid-statement (as in a server restart) reports
 /// an unknown outcome to every completion of the batch, never a success, and commits
 /// nothing: each holder completes again.

@@ -223,7 +223,7 @@ impl Core {
             // and this process's duplicates are answered from it as theirs are.
             self.front.publish(key, hash, sent, found);
             if let Some(token) = flushes {
-                if let Err(f) = self.db.flush().await {
+                if let Err(f) = self.db.flush(self.retention).await {
                     self.front.forget_held(key, hash, token);
                     return Err(claim_failed(unflushed(f)));
                 }

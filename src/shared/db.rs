@@ -80,6 +80,13 @@ pub(crate) enum CompleteRow {
     Lost,
 }
 
+/// An answer of the completions' queue.
+enum Settled {
+    Row(CompleteRow),
+    /// A flush ask's answer (`Db::flush`): every commit before it is durable.
+    Flushed,
+}
+
 /// A key's row as `get` reads it.
 #[derive(Debug)]
 pub(crate) enum GetRow {
@@ -116,7 +123,7 @@ pub(crate) struct Db {
     /// Claims waiting for a statement, and the lanes that send them (`batch.rs`).
     claims: Batcher<ClaimAsk, ClaimRow>,
     /// Completions without writes waiting for a statement, and their lanes (`batch.rs`).
-    completions: Batcher<CompleteAsk, CompleteRow>,
+    completions: Batcher<CompleteAsk, Settled>,
     /// How long a completion's marker is kept after its retention (`None`: no markers).
     markers: Option<Duration>,
     /// Connections that the caller's thread drives, for blocking calls (`direct.rs`).
@@ -124,9 +131,7 @@ pub(crate) struct Db {
     /// Claims commit without waiting for the WAL flush, which an acquiring claim then
     /// forces (`Sql::claim_early`); set at open where the session can force it.
     early: AtomicBool,
-    /// Acquiring claims waiting for a flush, and the lane that sends it.
-    flushes: Batcher<FlushAsk, ()>,
-    /// Numbers the flush asks: each is its own key in the batch.
+    /// Numbers the flush asks: each is its own key in a batch of completions.
     flush_asks: AtomicU64,
     /// Flush statements sent (`Stats::db_flushes`).
     flushes_sent: AtomicU64,
@@ -186,20 +191,13 @@ pub(crate) struct CompleteAsk {
     response: Arc<[u8]>,
     own_us: Option<i64>,
     stripe: i32,
+    /// Not a completion: an acquisition waiting for the WAL flush (`Db::flush`).
+    flush: bool,
 }
 
 impl Keyed for CompleteAsk {
     fn key(&self) -> &[u8] {
         &self.key
-    }
-}
-
-/// One acquiring claim's wait for the flush; the number makes every ask its own key.
-pub(crate) struct FlushAsk([u8; 8]);
-
-impl Keyed for FlushAsk {
-    fn key(&self) -> &[u8] {
-        &self.0
     }
 }
 
@@ -311,7 +309,6 @@ impl Db {
             markers,
             direct,
             early: AtomicBool::new(false),
-            flushes: Batcher::new(1, call_timeout),
             flush_asks: AtomicU64::new(0),
             flushes_sent: AtomicU64::new(0),
         })
@@ -347,22 +344,82 @@ impl Db {
         self.early.load(Ordering::Relaxed)
     }
 
-    /// Returns once every claim committed before the call is durable (`Sql::flush`): the
-    /// flush's commit is on disk only after every WAL record before it. Callers that ask
-    /// while a flush is in flight share the next one (`batch.rs`).
-    pub(crate) async fn flush(&self) -> Result<(), Fail> {
-        let ask = FlushAsk(
-            self.flush_asks
-                .fetch_add(1, Ordering::Relaxed)
-                .to_ne_bytes(),
-        );
-        self.flushes
-            .ask(ask, async |asks: &[&FlushAsk]| {
-                self.flushes_sent.fetch_add(1, Ordering::Relaxed);
-                let done = self.query(&self.sql.flush, &[], true).await.map(|_| ());
-                asks.iter().map(|_| done.clone()).collect()
+    /// Returns once every claim committed before the call is durable. It asks in the
+    /// completions' queue (`batch.rs`): a batch of completions that stores a response
+    /// commits with the WAL flush, which covers every claim committed before it was
+    /// sent; a batch that stores none, or holds only flush asks, sends `Sql::flush`.
+    pub(crate) async fn flush(&self, retention: Duration) -> Result<(), Fail> {
+        let n = self.flush_asks.fetch_add(1, Ordering::Relaxed);
+        let ask = CompleteAsk {
+            key: Box::from(n.to_ne_bytes()),
+            token: 0,
+            response: Arc::from(&[][..]),
+            own_us: None,
+            stripe: 0,
+            flush: true,
+        };
+        match self.settle(ask, micros(retention)).await {
+            Ok(Settled::Flushed) => Ok(()),
+            Ok(Settled::Row(_)) => Err(Fail::Unknown(Arc::from(
+                "a flush was answered as a completion",
+            ))),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// An ask of the completions' queue: a completion without writes or a flush.
+    async fn settle(&self, ask: CompleteAsk, retention_us: i64) -> Result<Settled, Fail> {
+        self.completions
+            .ask(ask, async |asks: &[&CompleteAsk]| {
+                self.settle_batch(asks, retention_us).await
             })
             .await
+    }
+
+    /// One batch of the completions' queue: its completions in one statement (or alone),
+    /// then, for its flush asks, a flush statement unless a completion stored a response
+    /// (its commit was the flush).
+    async fn settle_batch(
+        &self,
+        asks: &[&CompleteAsk],
+        retention_us: i64,
+    ) -> Vec<Result<Settled, Fail>> {
+        let completes: Vec<&CompleteAsk> = asks.iter().copied().filter(|a| !a.flush).collect();
+        let mut done = match &completes[..] {
+            [] => Vec::new(),
+            [one] => vec![self.complete_one(one, retention_us, None).await],
+            many => self.complete_batch(many, retention_us).await,
+        }
+        .into_iter();
+        let stored = |a: &Result<Settled, Fail>| {
+            matches!(a, Ok(Settled::Row(CompleteRow::Done { repeat: false, .. })))
+        };
+        let mut answers: Vec<Result<Settled, Fail>> = Vec::with_capacity(asks.len());
+        for ask in asks {
+            let answer = match ask.flush {
+                true => Ok(Settled::Flushed),
+                false => done.next().map_or_else(
+                    || {
+                        Err(Fail::Unknown(Arc::from(
+                            "the batch gave no answer for this call",
+                        )))
+                    },
+                    |a| a.map(Settled::Row),
+                ),
+            };
+            answers.push(answer);
+        }
+        if asks.iter().any(|a| a.flush) && !answers.iter().any(stored) {
+            self.flushes_sent.fetch_add(1, Ordering::Relaxed);
+            if let Err(f) = self.query(&self.sql.flush, &[], true).await {
+                for (a, ask) in answers.iter_mut().zip(asks) {
+                    if ask.flush {
+                        *a = Err(f.clone());
+                    }
+                }
+            }
+        }
+        answers
     }
 
     /// A connection from the pool (opened if needed). Nothing is sent on failure.
@@ -733,17 +790,19 @@ impl Db {
             response: response.clone(),
             own_us: own_retention.map(micros),
             stripe: wake_stripe(hash),
+            flush: false,
         };
         let retention_us = micros(retention);
         if writes.is_some() {
             return self.complete_one(&ask, retention_us, writes).await;
         }
-        self.completions
-            .ask(ask, async |asks: &[&CompleteAsk]| match asks {
-                [one] => vec![self.complete_one(one, retention_us, None).await],
-                many => self.complete_batch(many, retention_us).await,
-            })
-            .await
+        match self.settle(ask, retention_us).await {
+            Ok(Settled::Row(row)) => Ok(row),
+            Ok(Settled::Flushed) => Err(Fail::Unknown(Arc::from(
+                "a completion was answered as a flush",
+            ))),
+            Err(f) => Err(f),
+        }
     }
 
     /// One completion's statement (see `Sql::complete`).
@@ -1395,6 +1454,7 @@ mod plan_tests {
                         response: Arc::from(&b"ok"[..]),
                         own_us: None,
                         stripe: 0,
+                        flush: false,
                     })
                     .collect();
                 let asks: Vec<&CompleteAsk> = completions.iter().collect();
