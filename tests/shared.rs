@@ -53,12 +53,6 @@ fn trips(e: &Engine) -> u64 {
     e.stats().db_round_trips
 }
 
-/// Statements sent other than the flushes that make acquisitions durable.
-fn trips_but_flushes(e: &Engine) -> u64 {
-    let s = e.stats();
-    s.db_round_trips - s.db_flushes
-}
-
 /// Runs SQL through psql and returns its unaligned output.
 fn psql(sql: &str) -> String {
     pg::psql(&url(), sql)
@@ -230,9 +224,8 @@ fn concurrent_local_duplicates_make_one_round_trip() {
     let engine = engine(&p);
     let n = 8;
 
-    // Waiting duplicates: one claim (and its flush) and one completion reach the database.
+    // Waiting duplicates: one claim and one completion reach the database.
     let before = trips(&engine);
-    let flushes = engine.stats().db_flushes;
     let runs = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
@@ -256,15 +249,14 @@ fn concurrent_local_duplicates_make_one_round_trip() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(outcomes.iter().all(|o| o.response() == b"once"));
     assert_eq!(outcomes.iter().filter(|o| o.replayed()).count(), n - 1);
-    assert_eq!(engine.stats().db_flushes - flushes, 1, "one acquisition");
     assert_eq!(
         trips(&engine) - before,
-        3,
-        "{n} concurrent local duplicates: one claim, its flush and one completion statement"
+        2,
+        "{n} concurrent local duplicates: one claim and one completion statement"
     );
 
     // Non-waiting duplicates: one claim statement, one lease, the rest InProgress.
-    let before = trips_but_flushes(&engine);
+    let before = trips(&engine);
     let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
         .map(|_| {
@@ -285,7 +277,7 @@ fn concurrent_local_duplicates_make_one_round_trip() {
         .collect();
     assert_eq!(won.len(), 1, "one duplicate acquires");
     assert_eq!(
-        trips_but_flushes(&engine) - before,
+        trips(&engine) - before,
         1,
         "one claim statement for {n} duplicates"
     );
@@ -930,87 +922,6 @@ fn a_role_without_privileges_gets_typed_permission_errors() {
     psql(&format!(
         "REVOKE ALL ON \"{p}meta\" FROM \"{role}\"; DROP ROLE \"{role}\""
     ));
-}
-
-/// Gives `EXECUTE` on the flush's function back to everyone when dropped, even if the test
-/// that took it away fails.
-struct FlushRevoked;
-
-const EMIT: &str = "pg_logical_emit_message(boolean, text, text)";
-
-impl FlushRevoked {
-    fn now() -> FlushRevoked {
-        psql(&format!("REVOKE EXECUTE ON FUNCTION {EMIT} FROM PUBLIC"));
-        FlushRevoked
-    }
-}
-
-impl Drop for FlushRevoked {
-    fn drop(&mut self) {
-        psql(&format!("GRANT EXECUTE ON FUNCTION {EMIT} TO PUBLIC"));
-    }
-}
-
-/// Claims commit without waiting for the disk, and an acquisition is given out only after
-/// a flush: when the flush fails, the claim (committed, its durability unknown) answers
-/// `OutcomeUnknown`, and the key stays held by that unknown lease. A role that may not
-/// force the flush at open gets claims that commit as any statement does, and no flush.
-/// (Superusers, which every other test connects as, are not affected by the revoke.)
-#[test]
-fn an_acquisition_is_given_out_only_after_its_flush() {
-    let p = prefix("flush");
-    let owner = engine(&p);
-    let role = format!("{p}role");
-    psql(&format!(
-        "CREATE ROLE \"{role}\" LOGIN; \
-         GRANT ALL ON ALL TABLES IN SCHEMA public TO \"{role}\"; \
-         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO \"{role}\""
-    ));
-    let as_role = || {
-        Engine::builder()
-            .postgres(
-                PostgresConfig::new(url().replace("://postgres@", &format!("://{role}@")))
-                    .table_prefix(&p),
-            )
-            .open()
-            .expect("the role opens")
-    };
-    let early = as_role();
-    match early.claim(b"before", &ClaimOptions::default()) {
-        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(early.stats().db_flushes, 1, "the acquisition was flushed");
-    {
-        let _revoked = FlushRevoked::now();
-        match early.claim(b"k", &ClaimOptions::default()) {
-            Err(ClaimError::OutcomeUnknown(why)) => assert!(why.contains("flush"), "{why}"),
-            other => panic!("an unflushed acquisition must not be given out: {other:?}"),
-        }
-        let state = psql(&format!(
-            "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}'",
-            hex(b"k")
-        ));
-        assert_eq!(state.trim(), "i", "the claim itself committed");
-        match early.claim(b"k", &ClaimOptions::default()) {
-            Ok(Claim::InProgress(busy)) => assert_eq!(busy.attempt(), 1),
-            other => panic!("the unknown lease holds the key: {other:?}"),
-        }
-        // Opened while it may not flush: its claims commit as any statement does.
-        let plain = as_role();
-        match plain.claim(b"k2", &ClaimOptions::default()) {
-            Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(plain.stats().db_flushes, 0);
-        // A superuser may always flush.
-        assert!(matches!(
-            owner.claim(b"k3", &ClaimOptions::default()),
-            Ok(Claim::Acquired(_))
-        ));
-    }
-    drop(early);
-    psql(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""));
 }
 
 /// `url()` with the connections' `application_name` set, so that the server's view of an
@@ -1860,7 +1771,7 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
         .map(claim_on)
         .collect();
     wait_until(|| e.stats().db_claims_batched == batched + 5);
-    let before = trips_but_flushes(&e);
+    let before = e.stats().db_round_trips;
     lock.commit();
     match lane.join().expect("no panic") {
         (Ok(Claim::InProgress(busy)), _) => assert_eq!(busy.attempt(), 1),
@@ -1877,7 +1788,7 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
         }
     }
     assert_eq!(
-        trips_but_flushes(&e) - before,
+        e.stats().db_round_trips - before,
         1,
         "the five queued claims in one"
     );
@@ -1941,7 +1852,7 @@ fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
     ];
     let queued: Vec<_> = asks.into_iter().map(|(k, o)| claim_on(k, o)).collect();
     wait_until(|| e.stats().db_claims_batched == batched + 7);
-    let before = trips_but_flushes(&e);
+    let before = e.stats().db_round_trips;
     lock.commit();
     assert!(matches!(
         lane.join().expect("no panic").0,
@@ -1969,7 +1880,7 @@ fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
         }
     }
     assert_eq!(
-        trips_but_flushes(&e) - before,
+        e.stats().db_round_trips - before,
         1,
         "the seven queued claims in one statement"
     );
@@ -2928,58 +2839,6 @@ fn completions_queued_behind_a_busy_lane_share_a_commit_and_a_fenced_one_is_refu
             .expect("claim"),
         Claim::InProgress(_)
     ));
-}
-
-/// An acquisition waits for its flush in the completions' queue: queued behind a busy
-/// completion lane, it rides on the next batch of completions, whose commit is the flush
-/// when it stores a response; when none of the batch's completions stores one (each was
-/// fenced out), a flush statement is sent for it. Either way the claim is answered only
-/// after the batch.
-#[test]
-fn an_acquisition_queued_behind_the_completions_is_flushed_by_their_batch() {
-    for (queued_key, fenced, flushes) in [(&b"c-1"[..], false, 0), (b"fenced", true, 1)] {
-        let p = prefix("flushq");
-        let e = Engine::builder()
-            .postgres(config(&p).complete_lanes(1))
-            .open()
-            .expect("open");
-        let blocked = acquire(&e, b"blocked");
-        let queued = acquire(&e, queued_key);
-        if fenced {
-            psql(&format!(
-                "UPDATE \"{p}keys\" SET token = token + 1000 WHERE key = '\\x{}'",
-                hex(queued_key)
-            ));
-        }
-        let (lane, threads, lock) = complete_behind_a_busy_lane(&e, &p, blocked, vec![queued]);
-        let (before, batched) = (e.stats().db_flushes, e.stats().db_completions_batched);
-        let fresh_key = [queued_key, b"-fresh"].concat();
-        let claiming = {
-            let (e, key) = (e.clone(), fresh_key.clone());
-            std::thread::spawn(move || e.claim(&key, &ClaimOptions::default()))
-        };
-        wait_until(|| e.stats().db_completions_batched == batched + 1);
-        assert!(
-            !claiming.is_finished(),
-            "the acquisition waits for its flush"
-        );
-        drop(lock);
-        lane.join()
-            .expect("no panic")
-            .expect("the lane's completion");
-        for t in threads {
-            match t.join().expect("no panic") {
-                (Err(LeaseError::LeaseLost), _) => assert!(fenced),
-                (Ok(()), _) => assert!(!fenced),
-                (other, key) => panic!("{}: {other:?}", String::from_utf8_lossy(&key)),
-            }
-        }
-        match claiming.join().expect("no panic") {
-            Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(e.stats().db_flushes - before, flushes, "fenced: {fenced}");
-    }
 }
 
 /// A completion batch whose connection dies mid-statement (as in a server restart) reports

@@ -14,7 +14,7 @@ use crate::shared::constants::{
     PG_SWEEP_BATCH, PG_WAKE_STRIPES,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
@@ -80,13 +80,6 @@ pub(crate) enum CompleteRow {
     Lost,
 }
 
-/// An answer of the completions' queue.
-enum Settled {
-    Row(CompleteRow),
-    /// A flush ask's answer (`Db::flush`): every commit before it is durable.
-    Flushed,
-}
-
 /// A key's row as `get` reads it.
 #[derive(Debug)]
 pub(crate) enum GetRow {
@@ -123,18 +116,11 @@ pub(crate) struct Db {
     /// Claims waiting for a statement, and the lanes that send them (`batch.rs`).
     claims: Batcher<ClaimAsk, ClaimRow>,
     /// Completions without writes waiting for a statement, and their lanes (`batch.rs`).
-    completions: Batcher<CompleteAsk, Settled>,
+    completions: Batcher<CompleteAsk, CompleteRow>,
     /// How long a completion's marker is kept after its retention (`None`: no markers).
     markers: Option<Duration>,
     /// Connections that the caller's thread drives, for blocking calls (`direct.rs`).
     direct: Direct,
-    /// Claims commit without waiting for the WAL flush, which an acquiring claim then
-    /// forces (`Sql::claim_early`); set at open where the session can force it.
-    early: AtomicBool,
-    /// Numbers the flush asks: each is its own key in a batch of completions.
-    flush_asks: AtomicU64,
-    /// Flush statements sent (`Stats::db_flushes`).
-    flushes_sent: AtomicU64,
 }
 
 /// A write set as the statements take it: each row's final value (the set's operations
@@ -191,8 +177,6 @@ pub(crate) struct CompleteAsk {
     response: Arc<[u8]>,
     own_us: Option<i64>,
     stripe: i32,
-    /// Not a completion: an acquisition waiting for the WAL flush (`Db::flush`).
-    flush: bool,
 }
 
 impl Keyed for CompleteAsk {
@@ -308,118 +292,7 @@ impl Db {
             completions: Batcher::new(cfg.complete_lanes.min(cfg.pool_size), call_timeout),
             markers,
             direct,
-            early: AtomicBool::new(false),
-            flush_asks: AtomicU64::new(0),
-            flushes_sent: AtomicU64::new(0),
         })
-    }
-
-    /// Whether this session can force the WAL flush (`Sql::can_flush`): if so, claims
-    /// commit early from now on; if not, or if the question fails, they commit as any
-    /// statement does.
-    pub(crate) async fn probe_flush(&self) {
-        let can = match self.query(&self.sql.can_flush, &[], false).await {
-            Ok(rows) => rows
-                .first()
-                .and_then(|r| r.try_get(0).ok())
-                .unwrap_or(false),
-            Err(_) => false,
-        };
-        self.early.store(can, Ordering::Relaxed);
-    }
-
-    /// A claim statement: committed early where the session can force the flush.
-    fn claim_sql(&self, batch: bool) -> &str {
-        match (self.early.load(Ordering::Relaxed), batch) {
-            (true, false) => &self.sql.claim_early,
-            (true, true) => &self.sql.claim_batch_early,
-            (false, false) => &self.sql.claim,
-            (false, true) => &self.sql.claim_batch,
-        }
-    }
-
-    /// Whether claims commit early (`Sql::claim_early`): an acquisition is then given out
-    /// only after [`Db::flush`]. Decided once, at open, before any claim.
-    pub(crate) fn commits_early(&self) -> bool {
-        self.early.load(Ordering::Relaxed)
-    }
-
-    /// Returns once every claim committed before the call is durable. It asks in the
-    /// completions' queue (`batch.rs`): a batch of completions that stores a response
-    /// commits with the WAL flush, which covers every claim committed before it was
-    /// sent; a batch that stores none, or holds only flush asks, sends `Sql::flush`.
-    pub(crate) async fn flush(&self, retention: Duration) -> Result<(), Fail> {
-        let n = self.flush_asks.fetch_add(1, Ordering::Relaxed);
-        let ask = CompleteAsk {
-            key: Box::from(n.to_ne_bytes()),
-            token: 0,
-            response: Arc::from(&[][..]),
-            own_us: None,
-            stripe: 0,
-            flush: true,
-        };
-        match self.settle(ask, micros(retention)).await {
-            Ok(Settled::Flushed) => Ok(()),
-            Ok(Settled::Row(_)) => Err(Fail::Unknown(Arc::from(
-                "a flush was answered as a completion",
-            ))),
-            Err(f) => Err(f),
-        }
-    }
-
-    /// An ask of the completions' queue: a completion without writes or a flush.
-    async fn settle(&self, ask: CompleteAsk, retention_us: i64) -> Result<Settled, Fail> {
-        self.completions
-            .ask(ask, async |asks: &[&CompleteAsk]| {
-                self.settle_batch(asks, retention_us).await
-            })
-            .await
-    }
-
-    /// One batch of the completions' queue: its completions in one statement (or alone),
-    /// then, for its flush asks, a flush statement unless a completion stored a response
-    /// (its commit was the flush).
-    async fn settle_batch(
-        &self,
-        asks: &[&CompleteAsk],
-        retention_us: i64,
-    ) -> Vec<Result<Settled, Fail>> {
-        let completes: Vec<&CompleteAsk> = asks.iter().copied().filter(|a| !a.flush).collect();
-        let mut done = match &completes[..] {
-            [] => Vec::new(),
-            [one] => vec![self.complete_one(one, retention_us, None).await],
-            many => self.complete_batch(many, retention_us).await,
-        }
-        .into_iter();
-        let stored = |a: &Result<Settled, Fail>| {
-            matches!(a, Ok(Settled::Row(CompleteRow::Done { repeat: false, .. })))
-        };
-        let mut answers: Vec<Result<Settled, Fail>> = Vec::with_capacity(asks.len());
-        for ask in asks {
-            let answer = match ask.flush {
-                true => Ok(Settled::Flushed),
-                false => done.next().map_or_else(
-                    || {
-                        Err(Fail::Unknown(Arc::from(
-                            "the batch gave no answer for this call",
-                        )))
-                    },
-                    |a| a.map(Settled::Row),
-                ),
-            };
-            answers.push(answer);
-        }
-        if asks.iter().any(|a| a.flush) && !answers.iter().any(stored) {
-            self.flushes_sent.fetch_add(1, Ordering::Relaxed);
-            if let Err(f) = self.query(&self.sql.flush, &[], true).await {
-                for (a, ask) in answers.iter_mut().zip(asks) {
-                    if ask.flush {
-                        *a = Err(f.clone());
-                    }
-                }
-            }
-        }
-        answers
     }
 
     /// A connection from the pool (opened if needed). Nothing is sent on failure.
@@ -687,7 +560,7 @@ impl Db {
         let markers = self.markers.is_some();
         let rows = self
             .query(
-                self.claim_sql(false),
+                &self.sql.claim,
                 &[
                     &&*ask.key,
                     &fp,
@@ -735,7 +608,7 @@ impl Db {
         let markers = self.markers.is_some();
         let rows = self
             .query(
-                self.claim_sql(true),
+                &self.sql.claim_batch,
                 &[
                     &keys,
                     &fp,
@@ -790,19 +663,17 @@ impl Db {
             response: response.clone(),
             own_us: own_retention.map(micros),
             stripe: wake_stripe(hash),
-            flush: false,
         };
         let retention_us = micros(retention);
         if writes.is_some() {
             return self.complete_one(&ask, retention_us, writes).await;
         }
-        match self.settle(ask, retention_us).await {
-            Ok(Settled::Row(row)) => Ok(row),
-            Ok(Settled::Flushed) => Err(Fail::Unknown(Arc::from(
-                "a completion was answered as a flush",
-            ))),
-            Err(f) => Err(f),
-        }
+        self.completions
+            .ask(ask, async |asks: &[&CompleteAsk]| match asks {
+                [one] => vec![self.complete_one(one, retention_us, None).await],
+                many => self.complete_batch(many, retention_us).await,
+            })
+            .await
     }
 
     /// One completion's statement (see `Sql::complete`).
@@ -1182,10 +1053,6 @@ impl Db {
     }
 
     /// Claims that waited for a lane (`Stats::db_claims_batched`).
-    pub(crate) fn flushes(&self) -> u64 {
-        self.flushes_sent.load(Ordering::Relaxed)
-    }
-
     pub(crate) fn claims_batched(&self) -> u64 {
         self.claims.queued()
     }
@@ -1454,7 +1321,6 @@ mod plan_tests {
                         response: Arc::from(&b"ok"[..]),
                         own_us: None,
                         stripe: 0,
-                        flush: false,
                     })
                     .collect();
                 let asks: Vec<&CompleteAsk> = completions.iter().collect();

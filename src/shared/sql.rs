@@ -16,19 +16,6 @@ pub(crate) struct Sql {
     pub(crate) claim: String,
     /// Claims of several keys, sorted, in one statement (`batch.rs`).
     pub(crate) claim_batch: String,
-    /// The same two statements committed without waiting for the WAL flush, for a
-    /// database that can force the flush afterwards ([`Sql::flush`]): a claim's row and
-    /// its lock are given up to other callers as soon as it commits, and only an
-    /// acquiring caller waits for the flush (docs/shared.md, "Claims commit early").
-    pub(crate) claim_early: String,
-    pub(crate) claim_batch_early: String,
-    /// A transaction that writes a WAL record (a transactional logical-decoding message)
-    /// and commits with the session's `synchronous_commit`: its commit is durable only
-    /// once every record before it is, the early claims' commits included.
-    pub(crate) flush: String,
-    /// Whether this session can run [`Sql::flush`]: the function exists and it may
-    /// execute it.
-    pub(crate) can_flush: String,
     pub(crate) complete: String,
     /// A completion with writes to the application's tables and messages for the outbox,
     /// all in the completing statement.
@@ -141,7 +128,6 @@ impl Sql {
     pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Sql {
         let n = Names::new(schema, prefix);
         let (claim, claim_batch) = claims(&n);
-        let (claim_early, claim_batch_early) = (commits_early(&claim), commits_early(&claim_batch));
         let (complete, complete_with) = completes(&n);
         let (release, notify, hear, unhear) = settles(&n);
         let (extend, checkpoint, checkpoint_with, fail) = lease_updates(&n);
@@ -158,10 +144,6 @@ impl Sql {
             channel: n.channel,
             claim,
             claim_batch,
-            claim_early,
-            claim_batch_early,
-            flush: FLUSH.to_owned(),
-            can_flush: CAN_FLUSH.to_owned(),
             complete,
             complete_with,
             release,
@@ -452,7 +434,7 @@ $claim$"
 /// A lone claim, and the claims of a batch.
 fn claims(n: &Names) -> (String, String) {
     let claim_fn = &n.claim_fn;
-    let claim = format!("SELECT c.* FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
+    let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)");
     // The same function for each key of a batch, in the arrays' order (the keys come
     // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
     // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
@@ -473,25 +455,6 @@ FROM generate_subscripts($1::bytea[], 1) AS i,
     );
     (claim, claim_batch)
 }
-
-/// `claim` (a lone claim or a batch, each `SELECT … FROM …`) with its transaction's
-/// `synchronous_commit` set to `off`: the setting is local to the statement's own
-/// transaction and read at its commit. The one-row subquery is evaluated once, whichever
-/// side of the join the planner puts it on.
-fn commits_early(claim: &str) -> String {
-    let (select, from) = claim.split_once("FROM ").unwrap_or((claim, ""));
-    format!(
-        "{select}FROM (SELECT set_config('synchronous_commit', 'off', true)) AS early,\n     {from}"
-    )
-}
-
-/// Forces the WAL flush of the early claims before them (see [`Sql::flush`]). The message
-/// is empty; a logical decoding consumer sees it under the prefix `idemkv`.
-const FLUSH: &str = "SELECT pg_logical_emit_message(true, 'idemkv', '')";
-
-/// See [`Sql::can_flush`]; `NULL` (no such function) is `false`.
-const CAN_FLUSH: &str = "SELECT coalesce(has_function_privilege(to_regprocedure(\
-    'pg_catalog.pg_logical_emit_message(boolean,text,text)'), 'EXECUTE'), false)";
 
 // The writes of a set, applied only when its statement wrote the row (`done`; a
 // repeat applies nothing again): its final value of each row ($8 keys, $9 values),
@@ -877,10 +840,6 @@ mod tests {
             sql.claim.clone(),
             sql.claim_batch.clone(),
             sql.complete.clone(),
-            sql.claim_early.clone(),
-            sql.claim_batch_early.clone(),
-            sql.flush.clone(),
-            sql.can_flush.clone(),
             sql.complete_with.clone(),
             sql.complete_batch.clone(),
             sql.release.clone(),
