@@ -75,6 +75,11 @@ const KEEP_ALIVE_MAX: Duration = Duration::from_secs(120);
 /// a service's back-off while the server restarts, not a wait for time to pass (every
 /// retry asks the database again).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+/// How far a relay's measure of its hold (this process's monotonic clock, from before the
+/// take) may fall short of the server's (`clock_timestamp()`, the host's wall clock, from
+/// the take's execution): a virtual machine's wall clock is slewed and stepped by its time
+/// sync, so a mark within this much of the hold's end may already be past it.
+const RELAY_CLOCK_SLACK: Duration = Duration::from_millis(250);
 /// A child reports its progress every this many deliveries.
 const PROGRESS_EVERY: usize = 500;
 /// The parent gives up on a run whose children say nothing for this long.
@@ -438,8 +443,9 @@ fn table_retryable(e: &TableError) -> bool {
 /// A relay: takes pending messages, "publishes" each (a line in `out`, fsynced), then
 /// marks them sent, until `stop` is set and the outbox had nothing to offer. A failed
 /// `mark_sent` is logged (`X id`) and retried. Once marked, each message is logged with
-/// whether its take and its mark were further apart than `hold`, the engine's lease
-/// (`L id 1`, else `L id 0`): only then may another relay have been handed it meanwhile.
+/// whether its take and its mark were further apart than `hold`, the engine's lease, less
+/// `RELAY_CLOCK_SLACK` (`L id 1`, else `L id 0`): only then may another relay have been
+/// handed it meanwhile.
 fn relay(
     engine: &Engine,
     out: &mut BufWriter<File>,
@@ -476,7 +482,7 @@ fn relay(
             match outbox.mark_sent(&ids) {
                 Ok(()) => {
                     // After the mark: the message was deleted at an earlier instant.
-                    let outlasted = u8::from(taking.elapsed() >= hold);
+                    let outlasted = u8::from(taking.elapsed() + RELAY_CLOCK_SLACK >= hold);
                     for id in &ids {
                         writeln!(out, "L {id} {outlasted}").expect("write the relay log");
                     }
