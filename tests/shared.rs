@@ -1294,8 +1294,10 @@ fn get_reads_a_key_of_the_longest_length_in_a_scope() {
 
 /// A waiter in one engine is woken by another engine's completion (its notification is
 /// sent after the completing statement committed, in a transaction of its own) and reads
-/// the completion: one claim, one re-ask, no polling in between. A raw listener receives
-/// the notification, and the row it announces is committed.
+/// the completion: one claim and one re-ask, plus at most one ask per bounded poll (1 s)
+/// that fell before the completion committed (a loaded machine can take that long between
+/// the wait and the commit). A raw listener receives the notification, and the row it
+/// announces is committed.
 #[test]
 fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion() {
     let p = prefix("wake");
@@ -1307,6 +1309,8 @@ fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion(
         panic!("a fresh key is acquired");
     };
     let before = trips(&b);
+    let heard_before = b.stats().db_notifications;
+    let spawned = Instant::now();
     let waiter = {
         let b = b.clone();
         std::thread::spawn(move || {
@@ -1321,16 +1325,21 @@ fn a_waiter_in_another_engine_is_woken_after_the_commit_and_sees_the_completion(
     }
     let token = lease.token();
     lease.complete(b"the winner's bytes").expect("complete");
+    // The waiter's bounded poll (1 s) may have asked again while the completion was still
+    // on its way; each poll that fits in this span is one ask more, and no other ask is.
+    let polls = spawned.elapsed().as_secs();
     let Ok(Claim::Completed(stored)) = waiter.join().expect("no panic") else {
         panic!("the woken waiter reads the completion");
     };
     assert_eq!(stored.response(), b"the winner's bytes");
     assert_eq!(stored.token(), token);
-    assert_eq!(
-        trips(&b) - before,
-        2,
-        "one claim and one re-ask after the wake-up"
+    let asks = trips(&b) - before;
+    assert!(
+        (2..=2 + polls).contains(&asks),
+        "one claim, one re-ask after the wake-up and at most {polls} polls: {asks} asks"
     );
+    // The notification follows the commit, so a poll may have read the row first.
+    wait_until(|| b.stats().db_notifications > heard_before);
 
     // The listener's notification names a key hash; the row it announces is committed.
     let seen = listener.run(&format!(

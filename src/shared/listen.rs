@@ -171,12 +171,15 @@ async fn toggle(core: Arc<Core>, client: Client) {
                 return;
             }
             on = true;
-            l.listening();
             // What this process read before the stripes were held may have been completed
             // since without a notification (no listener held them): every waiter, and every
             // ask in flight (which a waiting claim may have joined), asks again. This is what
-            // makes "listen, then read" hold for a claim that read before this point.
+            // makes "listen, then read" hold for a claim that read before this point. It
+            // comes before `listening`, which releases the claims waiting to register: their
+            // first asks follow the `LISTEN`, so marking them to ask again would only cost a
+            // round trip each.
             core.front.notified_all();
+            l.listening();
             continue;
         }
         if on {
