@@ -10,6 +10,8 @@
 #                         # (a server already running is reused and left running)
 #   scripts/pg.sh stop    # stop it and remove its directory
 #   scripts/pg.sh restart # restart the running server (pg_ctl restart -m fast)
+#   scripts/pg.sh crash   # crash and start it again (pg_ctl restart -m immediate: crash
+#                         # recovery; commits not yet flushed are lost)
 #
 # The server listens on 127.0.0.1:$PG_PORT (54339) only, trusts local connections, runs as
 # the `postgres` user when started by root, and keeps its data under $PG_DIR
@@ -149,6 +151,11 @@ case "${1:-}" in
         install_pg
         as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m fast -w restart >/dev/null
         ;;
+    crash)
+        # An immediate stop flushes nothing; the start that follows runs crash recovery.
+        install_pg
+        as_pg "$PG_BIN/pg_ctl" -D "$PG_DIR/data" -m immediate -w restart >/dev/null
+        ;;
     test)
         shift
         start
@@ -168,7 +175,7 @@ case "${1:-}" in
         IDEMKV_PG_URL=$URL cargo test -p idemkv --features postgres --test shared_processes "$@"
         ;;
     *)
-        echo "usage: scripts/pg.sh start|stop|env|restart|test [cargo test args]" >&2
+        echo "usage: scripts/pg.sh start|stop|env|restart|crash|test [cargo test args]" >&2
         exit 2
         ;;
 esac

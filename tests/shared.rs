@@ -53,6 +53,12 @@ fn trips(e: &Engine) -> u64 {
     e.stats().db_round_trips
 }
 
+/// Statements sent other than the flushes that make acquisitions durable.
+fn trips_but_flushes(e: &Engine) -> u64 {
+    let s = e.stats();
+    s.db_round_trips - s.db_flushes
+}
+
 /// Runs SQL through psql and returns its unaligned output.
 fn psql(sql: &str) -> String {
     pg::psql(&url(), sql)
@@ -224,8 +230,9 @@ fn concurrent_local_duplicates_make_one_round_trip() {
     let engine = engine(&p);
     let n = 8;
 
-    // Waiting duplicates: one claim and one completion reach the database.
+    // Waiting duplicates: one claim (and its flush) and one completion reach the database.
     let before = trips(&engine);
+    let flushes = engine.stats().db_flushes;
     let runs = Arc::new(AtomicUsize::new(0));
     let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
@@ -249,14 +256,15 @@ fn concurrent_local_duplicates_make_one_round_trip() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert!(outcomes.iter().all(|o| o.response() == b"once"));
     assert_eq!(outcomes.iter().filter(|o| o.replayed()).count(), n - 1);
+    assert_eq!(engine.stats().db_flushes - flushes, 1, "one acquisition");
     assert_eq!(
         trips(&engine) - before,
-        2,
-        "{n} concurrent local duplicates: one claim and one completion statement"
+        3,
+        "{n} concurrent local duplicates: one claim, its flush and one completion statement"
     );
 
     // Non-waiting duplicates: one claim statement, one lease, the rest InProgress.
-    let before = trips(&engine);
+    let before = trips_but_flushes(&engine);
     let barrier = Arc::new(Barrier::new(n));
     let handles: Vec<_> = (0..n)
         .map(|_| {
@@ -277,7 +285,7 @@ fn concurrent_local_duplicates_make_one_round_trip() {
         .collect();
     assert_eq!(won.len(), 1, "one duplicate acquires");
     assert_eq!(
-        trips(&engine) - before,
+        trips_but_flushes(&engine) - before,
         1,
         "one claim statement for {n} duplicates"
     );
@@ -711,7 +719,7 @@ fn a_database_of_schema_version_5_is_upgraded_once() {
     ));
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "f");
     let e = engine(&p);
-    assert_eq!(schema_version(&p), "7");
+    assert_eq!(schema_version(&p), "8");
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
     assert_eq!(complete_fn_count(&p), "1");
     let Claim::Acquired(lease) = e.claim(b"k", &ClaimOptions::default()).expect("claim") else {
@@ -745,7 +753,7 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
         .open()
         .expect("open");
     let other = engine(&p);
-    assert_eq!(schema_version(&p), "7");
+    assert_eq!(schema_version(&p), "8");
     assert_eq!(complete_fn_count(&p), "1");
     assert_eq!(psql(&marked), "0", "the claim function is replaced");
     // Two completions queued behind one held by a row lock go as one batch.
@@ -765,6 +773,32 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
         answer.expect("a batched completion");
         assert_eq!(completed(&other, &key).0, key);
     }
+}
+
+/// A database of schema version 7 (no lifetime token's table) is upgraded in place to 8:
+/// the table is created unlogged, and an engine opened on it commits its claims early.
+#[test]
+fn a_database_of_schema_version_7_is_upgraded_once() {
+    let p = prefix("upgrade7");
+    drop(engine(&p));
+    psql(&format!(
+        "DROP TABLE \"{p}life\"; \
+         UPDATE \"{p}meta\" SET value = 7 WHERE name = 'schema_version'"
+    ));
+    let e = engine(&p);
+    assert_eq!(schema_version(&p), "8");
+    assert_eq!(
+        psql(&format!(
+            "SELECT relpersistence FROM pg_class WHERE oid = '\"{p}life\"'::regclass"
+        )),
+        "u",
+        "unlogged"
+    );
+    match e.claim(b"k", &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(e.stats().db_flushes, 1, "the acquisition was flushed");
 }
 
 /// The schema version the meta table of the tables of `p` holds.
@@ -861,7 +895,7 @@ fn engines_opening_at_once_create_the_schema_once() {
         .collect();
     assert_eq!(
         psql(&format!("SELECT name || '=' || value FROM \"{p}meta\"")),
-        "schema_version=7"
+        "schema_version=8"
     );
     let again = engine(&p);
     assert!(matches!(
@@ -922,6 +956,152 @@ fn a_role_without_privileges_gets_typed_permission_errors() {
     psql(&format!(
         "REVOKE ALL ON \"{p}meta\" FROM \"{role}\"; DROP ROLE \"{role}\""
     ));
+}
+
+/// Gives `EXECUTE` on the flush's function back to everyone when dropped, even if the test
+/// that took it away fails.
+struct FlushRevoked;
+
+/// `REVOKE` or `GRANT` of every form of the flush's function (PostgreSQL 17 added one).
+fn emit_privilege(change: &str) -> String {
+    format!(
+        "DO $$ DECLARE f regprocedure; BEGIN \
+         FOR f IN SELECT oid::regprocedure FROM pg_proc \
+                  WHERE proname = 'pg_logical_emit_message' LOOP \
+             EXECUTE format('{change}', f); \
+         END LOOP; END $$"
+    )
+}
+
+impl FlushRevoked {
+    fn now() -> FlushRevoked {
+        psql(&emit_privilege("REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC"));
+        FlushRevoked
+    }
+}
+
+impl Drop for FlushRevoked {
+    fn drop(&mut self) {
+        psql(&emit_privilege("GRANT EXECUTE ON FUNCTION %s TO PUBLIC"));
+    }
+}
+
+/// The lifetime token of the tables of `p` (empty: no row).
+fn life_token(p: &str) -> String {
+    psql(&format!("SELECT token FROM \"{p}life\" WHERE id = 1"))
+}
+
+/// A claim commits early under the server's lifetime token, an unlogged row that crash
+/// recovery empties; its flush proves it durable only if it still reads that token. Here
+/// the row is deleted while the flush waits for the table's lock, as a crash-restart
+/// between the claim's commit and the flush would empty it (the flush then runs on a new
+/// connection and succeeds): the acquisition is `OutcomeUnknown`, the key stays held by
+/// the unknown lease, and the engine's next acquisitions go under a new token.
+#[test]
+fn an_acquisition_whose_flush_finds_a_new_server_lifetime_is_unknown() {
+    let p = prefix("life");
+    let e = engine(&p);
+    match e.claim(b"first", &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+        other => panic!("{other:?}"),
+    }
+    let old = life_token(&p);
+    assert!(!old.is_empty(), "the open wrote the lifetime token");
+    let lock = RowLock::hold(&format!(
+        "LOCK TABLE \"{p}life\" IN ACCESS EXCLUSIVE MODE; DELETE FROM \"{p}life\""
+    ));
+    let claiming = {
+        let e = e.clone();
+        std::thread::spawn(move || e.claim(b"k", &ClaimOptions::default()))
+    };
+    wait_blocked_connection(&format!("{p}life"));
+    let state = psql(&format!(
+        "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}'",
+        hex(b"k")
+    ));
+    assert_eq!(state, "i", "the claim committed before its flush");
+    lock.commit();
+    match claiming.join().expect("no panic") {
+        Err(ClaimError::OutcomeUnknown(why)) => assert!(why.contains("restarted"), "{why}"),
+        other => panic!("a claim the server may have lost must not be given out: {other:?}"),
+    }
+    match engine(&p).claim(b"k", &ClaimOptions::default()) {
+        Ok(Claim::InProgress(busy)) => assert_eq!(busy.attempt(), 1),
+        other => panic!("the unknown lease holds the key: {other:?}"),
+    }
+    let new = life_token(&p);
+    assert!(
+        !new.is_empty() && new != old,
+        "a new token: {old} then {new}"
+    );
+    let flushes = e.stats().db_flushes;
+    match e.claim(b"after", &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+        other => panic!("acquisitions under the new token are given out: {other:?}"),
+    }
+    assert_eq!(e.stats().db_flushes - flushes, 1);
+}
+
+/// Claims commit without waiting for the disk, and an acquisition is given out only after
+/// a flush: when the flush fails, the claim (committed, its durability unknown) answers
+/// `OutcomeUnknown`, and the key stays held by that unknown lease. A role that may not
+/// force the flush at open gets claims that commit as any statement does, and no flush.
+/// (Superusers, which every other test connects as, are not affected by the revoke.)
+#[test]
+fn an_acquisition_is_given_out_only_after_its_flush() {
+    let p = prefix("flush");
+    let owner = engine(&p);
+    let role = format!("{p}role");
+    psql(&format!(
+        "CREATE ROLE \"{role}\" LOGIN; \
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO \"{role}\"; \
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO \"{role}\""
+    ));
+    let as_role = || {
+        Engine::builder()
+            .postgres(
+                PostgresConfig::new(url().replace("://postgres@", &format!("://{role}@")))
+                    .table_prefix(&p),
+            )
+            .open()
+            .expect("the role opens")
+    };
+    let early = as_role();
+    match early.claim(b"before", &ClaimOptions::default()) {
+        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(early.stats().db_flushes, 1, "the acquisition was flushed");
+    {
+        let _revoked = FlushRevoked::now();
+        match early.claim(b"k", &ClaimOptions::default()) {
+            Err(ClaimError::OutcomeUnknown(why)) => assert!(why.contains("flush"), "{why}"),
+            other => panic!("an unflushed acquisition must not be given out: {other:?}"),
+        }
+        let state = psql(&format!(
+            "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}'",
+            hex(b"k")
+        ));
+        assert_eq!(state.trim(), "i", "the claim itself committed");
+        match early.claim(b"k", &ClaimOptions::default()) {
+            Ok(Claim::InProgress(busy)) => assert_eq!(busy.attempt(), 1),
+            other => panic!("the unknown lease holds the key: {other:?}"),
+        }
+        // Opened while it may not flush: its claims commit as any statement does.
+        let plain = as_role();
+        match plain.claim(b"k2", &ClaimOptions::default()) {
+            Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(plain.stats().db_flushes, 0);
+        // A superuser may always flush.
+        assert!(matches!(
+            owner.claim(b"k3", &ClaimOptions::default()),
+            Ok(Claim::Acquired(_))
+        ));
+    }
+    drop(early);
+    psql(&format!("DROP OWNED BY \"{role}\"; DROP ROLE \"{role}\""));
 }
 
 /// `url()` with the connections' `application_name` set, so that the server's view of an
@@ -1545,7 +1725,7 @@ VALUES ('\\x{}', 'i', nextval('\"{p}tokens\"'), 1, now() + interval '1 hour',
         .into_iter()
         .map(|h| h.join().expect("no panic").expect("every open succeeds"))
         .collect();
-    assert_eq!(schema_version(&p), "7");
+    assert_eq!(schema_version(&p), "8");
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "t");
     assert_eq!(complete_fn_count(&p), "1");
     assert_eq!(
@@ -1780,7 +1960,7 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
         .map(claim_on)
         .collect();
     wait_until(|| e.stats().db_claims_batched == batched + 5);
-    let before = e.stats().db_round_trips;
+    let before = trips_but_flushes(&e);
     lock.commit();
     match lane.join().expect("no panic") {
         (Ok(Claim::InProgress(busy)), _) => assert_eq!(busy.attempt(), 1),
@@ -1797,7 +1977,7 @@ fn claims_queued_behind_a_busy_lane_share_a_statement_and_each_gets_its_answer()
         }
     }
     assert_eq!(
-        e.stats().db_round_trips - before,
+        trips_but_flushes(&e) - before,
         1,
         "the five queued claims in one"
     );
@@ -1861,7 +2041,7 @@ fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
     ];
     let queued: Vec<_> = asks.into_iter().map(|(k, o)| claim_on(k, o)).collect();
     wait_until(|| e.stats().db_claims_batched == batched + 7);
-    let before = e.stats().db_round_trips;
+    let before = trips_but_flushes(&e);
     lock.commit();
     assert!(matches!(
         lane.join().expect("no panic").0,
@@ -1889,7 +2069,7 @@ fn a_batch_answers_each_key_as_a_lone_claim_would_whatever_its_row() {
         }
     }
     assert_eq!(
-        e.stats().db_round_trips - before,
+        trips_but_flushes(&e) - before,
         1,
         "the seven queued claims in one statement"
     );
@@ -2848,6 +3028,69 @@ fn completions_queued_behind_a_busy_lane_share_a_commit_and_a_fenced_one_is_refu
             .expect("claim"),
         Claim::InProgress(_)
     ));
+}
+
+/// An acquisition waits for its flush in the completions' queue: queued behind a busy
+/// completion lane, it rides on the next batch of completions, whose commit is the flush
+/// when it stores a response; when none of the batch's completions stores one (each was
+/// fenced out), a flush statement is sent for it. Either way the claim is answered only
+/// after the batch. A batch that stores a response but no longer reads the claim's
+/// lifetime token (deleted here, as a crash-restart would) does not stand for its flush:
+/// the flush statement finds no token either, and the acquisition is `OutcomeUnknown`.
+#[test]
+fn an_acquisition_queued_behind_the_completions_is_flushed_by_their_batch() {
+    let cases = [
+        (&b"c-1"[..], false, false, 0),
+        (b"fenced", true, false, 1),
+        (b"c-2", false, true, 1),
+    ];
+    for (queued_key, fenced, life_gone, flushes) in cases {
+        let p = prefix("flushq");
+        let e = Engine::builder()
+            .postgres(config(&p).complete_lanes(1))
+            .open()
+            .expect("open");
+        let blocked = acquire(&e, b"blocked");
+        let queued = acquire(&e, queued_key);
+        if fenced {
+            psql(&format!(
+                "UPDATE \"{p}keys\" SET token = token + 1000 WHERE key = '\\x{}'",
+                hex(queued_key)
+            ));
+        }
+        let (lane, threads, lock) = complete_behind_a_busy_lane(&e, &p, blocked, vec![queued]);
+        let (before, batched) = (e.stats().db_flushes, e.stats().db_completions_batched);
+        let fresh_key = [queued_key, b"-fresh"].concat();
+        let claiming = {
+            let (e, key) = (e.clone(), fresh_key.clone());
+            std::thread::spawn(move || e.claim(&key, &ClaimOptions::default()))
+        };
+        wait_until(|| e.stats().db_completions_batched == batched + 1);
+        assert!(
+            !claiming.is_finished(),
+            "the acquisition waits for its flush"
+        );
+        if life_gone {
+            psql(&format!("DELETE FROM \"{p}life\""));
+        }
+        drop(lock);
+        lane.join()
+            .expect("no panic")
+            .expect("the lane's completion");
+        for t in threads {
+            match t.join().expect("no panic") {
+                (Err(LeaseError::LeaseLost), _) => assert!(fenced),
+                (Ok(()), _) => assert!(!fenced),
+                (other, key) => panic!("{}: {other:?}", String::from_utf8_lossy(&key)),
+            }
+        }
+        match claiming.join().expect("no panic") {
+            Ok(Claim::Acquired(lease)) if !life_gone => lease.complete(b"ok").expect("complete"),
+            Err(ClaimError::OutcomeUnknown(_)) if life_gone => {}
+            other => panic!("life gone: {life_gone}: {other:?}"),
+        }
+        assert_eq!(e.stats().db_flushes - before, flushes, "fenced: {fenced}");
+    }
 }
 
 /// A completion batch whose connection dies mid-statement (as in a server restart) reports

@@ -97,6 +97,11 @@ enum Mode {
     Kill,
     /// The server restarts once about a third of the deliveries are done.
     Restart,
+    /// The server crashes (`pg_ctl stop -m immediate`, no WAL flush, no checkpoint) once
+    /// about a third of the deliveries are done and starts again through crash recovery,
+    /// which loses commits not yet flushed (claims commit early) and empties unlogged
+    /// tables.
+    Crash,
 }
 
 impl Mode {
@@ -105,7 +110,13 @@ impl Mode {
             Mode::Clean => "clean",
             Mode::Kill => "kill",
             Mode::Restart => "restart",
+            Mode::Crash => "crash",
         }
+    }
+
+    /// The server goes away mid-run: callers retry what failed, as a service would.
+    fn restarts(self) -> bool {
+        matches!(self, Mode::Restart | Mode::Crash)
     }
 
     fn parse(s: &str) -> Mode {
@@ -113,6 +124,7 @@ impl Mode {
             "clean" => Mode::Clean,
             "kill" => Mode::Kill,
             "restart" => Mode::Restart,
+            "crash" => Mode::Crash,
             other => panic!("unknown mode {other}"),
         }
     }
@@ -124,7 +136,7 @@ impl Mode {
         match self {
             Mode::Clean => Duration::from_secs(300),
             Mode::Kill => Duration::from_secs(2),
-            Mode::Restart => Duration::from_secs(10),
+            Mode::Restart | Mode::Crash => Duration::from_secs(10),
         }
     }
 }
@@ -389,7 +401,7 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                             drop(renewals);
                             break;
                         }
-                        Err(ref e) if ctx.plan.mode == Mode::Restart && lease_retryable(ctx, e) => {
+                        Err(ref e) if ctx.plan.mode.restarts() && lease_retryable(ctx, e) => {
                             if matches!(e, LeaseError::OutcomeUnknown(_)) {
                                 log.line(format_args!("U {key}"));
                             }
@@ -411,7 +423,7 @@ fn deliver(ctx: &Ctx, log: &mut Log, k: usize, victim_park: &AtomicUsize) {
                     }
                 }
             }
-            Err(ref e) if ctx.plan.mode == Mode::Restart && claim_retryable(ctx, e) => {
+            Err(ref e) if ctx.plan.mode.restarts() && claim_retryable(ctx, e) => {
                 if matches!(e, ClaimError::OutcomeUnknown(_)) {
                     log.line(format_args!("U {key}"));
                 }
@@ -649,17 +661,22 @@ impl Running {
     }
 }
 
-fn restart_server() -> Duration {
+/// `scripts/pg.sh restart` (a clean restart) or `scripts/pg.sh crash`.
+fn restart_server(mode: Mode) -> Duration {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg.sh");
+    let how = match mode {
+        Mode::Crash => "crash",
+        _ => "restart",
+    };
     let t = Instant::now();
     let out = Command::new(&script)
-        .arg("restart")
+        .arg(how)
         .output()
-        .expect("run scripts/pg.sh restart");
+        .expect("run scripts/pg.sh");
     assert!(
         out.status.success(),
-        "scripts/pg.sh restart failed (the restart test needs the server scripts/pg.sh \
-         started, with the same PG_PORT and PG_DIR): {}",
+        "scripts/pg.sh {how} failed (the test needs the server scripts/pg.sh started, with \
+         the same PG_PORT and PG_DIR): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     t.elapsed()
@@ -673,6 +690,7 @@ fn run_children(mode: Mode, keys: usize, prefix: &str, dir: &Path) -> Observed {
         Mode::Clean => "four_processes_run_each_key_once_and_every_delivery_gets_the_winners_bytes",
         Mode::Kill => "a_killed_process_keys_are_taken_over_and_nothing_acknowledged_is_lost",
         Mode::Restart => "a_server_restart_mid_run_loses_nothing_acknowledged",
+        Mode::Crash => "a_server_crash_mid_run_loses_nothing_acknowledged",
     };
     let mut running = Running {
         children: Vec::new(),
@@ -753,11 +771,8 @@ fn run_children(mode: Mode, keys: usize, prefix: &str, dir: &Path) -> Observed {
             "progress" => {
                 progress[p] = rest.parse().expect("progress");
                 let sum: u64 = progress.iter().sum();
-                if mode == Mode::Restart
-                    && observed.restart.is_none()
-                    && sum as usize >= total * 3 / 10
-                {
-                    observed.restart = Some(restart_server());
+                if mode.restarts() && observed.restart.is_none() && sum as usize >= total * 3 / 10 {
+                    observed.restart = Some(restart_server(mode));
                 }
             }
             "parked" => {
@@ -1397,7 +1412,22 @@ fn a_server_restart_mid_run_loses_nothing_acknowledged() {
     if let Ok(plan) = std::env::var(CHILD_ENV) {
         child(Plan::decode(&plan));
     }
-    let c = run(Mode::Restart);
+    restarted_server_lost_nothing(&run(Mode::Restart), Mode::Restart);
+}
+
+/// As the restart, with the server crashed: what crash recovery loses (claims committed
+/// without waiting for the disk and not yet flushed) was never given out, so nothing
+/// acknowledged is lost and no side effect runs twice.
+#[test]
+fn a_server_crash_mid_run_loses_nothing_acknowledged() {
+    if let Ok(plan) = std::env::var(CHILD_ENV) {
+        child(Plan::decode(&plan));
+    }
+    restarted_server_lost_nothing(&run(Mode::Crash), Mode::Crash);
+}
+
+/// The checks of a run whose server went away mid-run (`Mode::restarts`).
+fn restarted_server_lost_nothing(c: &Checked, mode: Mode) {
     assert!(c.observed.restart.is_some(), "the server was restarted");
     let failed: u64 = c
         .observed
@@ -1430,21 +1460,22 @@ fn a_server_restart_mid_run_loses_nothing_acknowledged() {
         "no holder lost its lease: {:?}",
         c.logs.lost
     );
-    every_delivery_got_the_winners_bytes(&c, &[0, 1, 2, 3]);
-    nothing_acknowledged_lost(&c, 0);
+    every_delivery_got_the_winners_bytes(c, &[0, 1, 2, 3]);
+    nothing_acknowledged_lost(c, 0);
     let taken_over = c.finals.iter().filter(|f| f.attempt >= 2).count();
     eprintln!(
-        "[restart] {} keys saw an unknown outcome; {taken_over} keys taken over (a claim \
+        "[{}] {} keys saw an unknown outcome; {taken_over} keys taken over (a claim \
          whose answer was lost had acquired them)",
+        mode.name(),
         c.logs.unknown.len()
     );
     // Keys a lost answer touched, or taken over after a lease, are left out (the spec has
     // neither unknown outcomes nor the database's clock); the rest are checked.
-    let checked = linearizable(&c, Mode::Restart, |key| {
+    let checked = linearizable(c, mode, |key| {
         !c.logs.unknown.contains(key) && c.finals[key_index(key)].attempt == 1
     });
     assert!(checked * 2 >= c.keys, "most keys are checked ({checked})");
-    outbox_once(&c, &[]);
+    outbox_once(c, &[]);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -474,6 +474,7 @@ impl Engine {
             poisoned: s.poison_reason().is_some(),
             db_round_trips: 0,
             db_claims_batched: 0,
+            db_flushes: 0,
             db_completions_batched: 0,
             db_notifications: 0,
         }

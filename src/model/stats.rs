@@ -94,6 +94,13 @@ pub struct Stats {
     /// (`PostgresConfig::batch_lanes`); such a claim goes in the statement the next leader
     /// sends, or leads it. Zero for a file engine.
     pub db_claims_batched: u64,
+    /// A shared engine: statements sent only to make acquisitions durable (counted in
+    /// `db_round_trips` too). Its claims commit without waiting for the disk, and an
+    /// acquiring claim is answered once a commit of the same server lifetime flushed the
+    /// WAL past it: a batch of completions that stores a response, or else one of these.
+    /// Zero for a file engine, and for a shared engine whose role may not force the flush
+    /// (its claims then commit as any statement does).
+    pub db_flushes: u64,
     /// A shared engine: completions that queued behind its busy completion lanes
     /// (`PostgresConfig::complete_lanes`); such a completion commits in the statement the
     /// next leader sends, or leads it. Zero for a file engine.

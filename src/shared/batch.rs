@@ -17,7 +17,8 @@
 //!
 //! The queue is generic over the ask: completions without writes use it too, with lanes of
 //! their own (`PG_COMPLETE_LANES`), so concurrent completions of a process share one commit
-//! and its WAL flush (docs/shared.md, "Batches").
+//! and its WAL flush (docs/shared.md, "Batches"); so do acquisitions waiting for the WAL
+//! flush past their early commit, which a batch's commit gives them (`Db::flush`).
 //!
 //! Architecture Invariant: a batch changes how many claims share a statement, never what one
 //! claim decides: each key's claim is the same function call as a lone claim's.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 /// The schema version this build creates and reads (the version row of the meta table).
 #[cfg(feature = "postgres")]
-pub(crate) const PG_SCHEMA_VERSION: i64 = 7;
+pub(crate) const PG_SCHEMA_VERSION: i64 = 8;
 /// Longest lease or retention sent to the database (about 100 years): the interval and
 /// the timestamp it is added to stay far inside PostgreSQL's ranges, and the microsecond
 /// count stays exact in a double.
@@ -29,6 +29,10 @@ pub(crate) const PG_CLAIM_ASKS_MAX: u32 = 16;
 /// connection): the poll is bounded, and never faster than a lease's end.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_WAIT_POLL_MAX: Duration = Duration::from_secs(1);
+/// Reads of the server's lifetime token before giving up: a read misses only a token
+/// another session wrote meanwhile, which the next read sees.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_LIFE_READS_MAX: usize = 3;
 /// Shortest sleep of a waiter before asking again, so that a tiny remaining lease never
 /// turns into a loop of statements.
 #[cfg(feature = "postgres")]

@@ -57,6 +57,19 @@ fn claim_failed(f: Fail) -> ClaimError {
     }
 }
 
+/// An acquisition whose flush failed: committed, but whether it is durable is unknown, so
+/// it is not given out.
+fn unflushed(f: Fail) -> Fail {
+    let why = match f {
+        Fail::Refused(e) => e.to_string(),
+        Fail::Unknown(why) => why.to_string(),
+    };
+    Fail::Unknown(Arc::from(format!(
+        "the claim committed, but its flush to disk failed, so whether it survives a crash \
+         is unknown: {why}"
+    )))
+}
+
 fn lease_failed(f: Fail) -> LeaseError {
     match f {
         Fail::Refused(e) => LeaseError::Database(e),
@@ -189,6 +202,9 @@ impl Core {
             }
             joined = false;
             let sent = Instant::now();
+            // Read before the claim is sent, so that a flush that still reads it proves
+            // no crash came between the claim's commit and the flush's.
+            let life = self.db.life();
             let row = self
                 .db
                 .claim(
@@ -202,7 +218,19 @@ impl Core {
                 )
                 .await;
             let (found, answer) = self.decided(row, asked, lease, sent, deadline, &mut asks);
+            let flushes = match found {
+                Found::Acquired { token, .. } if self.db.commits_early() => Some(token),
+                _ => None,
+            };
+            // Published before the flush: the row is visible to other processes already,
+            // and this process's duplicates are answered from it as theirs are.
             self.front.publish(key, hash, sent, found);
+            if let Some(token) = flushes {
+                if let Err(f) = self.db.flush(self.retention, life).await {
+                    self.front.forget_held(key, hash, token);
+                    return Err(claim_failed(unflushed(f)));
+                }
+            }
             if let Some(answer) = answer {
                 return answer;
             }

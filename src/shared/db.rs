@@ -10,11 +10,11 @@ use crate::api::lease::Stored;
 use crate::model::codec::Checkpoint;
 use crate::model::error::OpenError;
 use crate::shared::constants::{
-    PG_DEADLOCK_DETECTED, PG_INTERVAL_MAX, PG_SCHEMA_VERSION, PG_SERIALIZATION_FAILURE,
-    PG_SWEEP_BATCH, PG_WAKE_STRIPES,
+    PG_DEADLOCK_DETECTED, PG_INTERVAL_MAX, PG_LIFE_READS_MAX, PG_SCHEMA_VERSION,
+    PG_SERIALIZATION_FAILURE, PG_SWEEP_BATCH, PG_WAKE_STRIPES,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
@@ -80,6 +80,13 @@ pub(crate) enum CompleteRow {
     Lost,
 }
 
+/// An answer of the completions' queue.
+enum Settled {
+    Row(CompleteRow),
+    /// A flush ask's answer (`Db::flush`): every commit before it is durable.
+    Flushed,
+}
+
 /// A key's row as `get` reads it.
 #[derive(Debug)]
 pub(crate) enum GetRow {
@@ -116,11 +123,22 @@ pub(crate) struct Db {
     /// Claims waiting for a statement, and the lanes that send them (`batch.rs`).
     claims: Batcher<ClaimAsk, ClaimRow>,
     /// Completions without writes waiting for a statement, and their lanes (`batch.rs`).
-    completions: Batcher<CompleteAsk, CompleteRow>,
+    completions: Batcher<CompleteAsk, Settled>,
     /// How long a completion's marker is kept after its retention (`None`: no markers).
     markers: Option<Duration>,
     /// Connections that the caller's thread drives, for blocking calls (`direct.rs`).
     direct: Direct,
+    /// Claims commit without waiting for the WAL flush, which an acquiring claim then
+    /// forces (`Sql::claim_early`); set at open where the session can force it.
+    early: AtomicBool,
+    /// The server's lifetime token as last read (`Sql::life`); 0: none read yet. A claim
+    /// that commits early carries the token read before it was sent, and its flush
+    /// proves it durable only where the flushing statement still reads that token.
+    life: AtomicI64,
+    /// Numbers the flush asks: each is its own key in a batch of completions.
+    flush_asks: AtomicU64,
+    /// Flush statements sent (`Stats::db_flushes`).
+    flushes_sent: AtomicU64,
 }
 
 /// A write set as the statements take it: each row's final value (the set's operations
@@ -177,6 +195,9 @@ pub(crate) struct CompleteAsk {
     response: Arc<[u8]>,
     own_us: Option<i64>,
     stripe: i32,
+    /// Not a completion: an acquisition waiting for the WAL flush (`Db::flush`), with
+    /// the lifetime token read before its claim was sent.
+    flush: Option<i64>,
 }
 
 impl Keyed for CompleteAsk {
@@ -292,7 +313,181 @@ impl Db {
             completions: Batcher::new(cfg.complete_lanes.min(cfg.pool_size), call_timeout),
             markers,
             direct,
+            early: AtomicBool::new(false),
+            life: AtomicI64::new(0),
+            flush_asks: AtomicU64::new(0),
+            flushes_sent: AtomicU64::new(0),
         })
+    }
+
+    /// Whether this session can force the WAL flush (`Sql::can_flush`) and read the
+    /// server's lifetime token: if so, claims commit early from now on; if not, or if a
+    /// question fails, they commit as any statement does.
+    pub(crate) async fn probe_flush(&self) {
+        let can = match self.query(&self.sql.can_flush, &[], false).await {
+            Ok(rows) => rows
+                .first()
+                .and_then(|r| r.try_get(0).ok())
+                .unwrap_or(false),
+            Err(_) => false,
+        };
+        let early = can && self.read_life().await.is_ok();
+        self.early.store(early, Ordering::Relaxed);
+    }
+
+    /// The lifetime token to send an early claim under: a flush proves the claim durable
+    /// only if it still reads this token.
+    pub(crate) fn life(&self) -> i64 {
+        self.life.load(Ordering::Relaxed)
+    }
+
+    /// Reads the server's lifetime token (writing a new one where crash recovery, or a
+    /// failover, left none) and keeps it for the claims sent from now on.
+    async fn read_life(&self) -> Result<i64, Fail> {
+        // A row written by another session meanwhile is missed by this statement's
+        // snapshot, never by the next one's.
+        for _ in 0..PG_LIFE_READS_MAX {
+            let rows = self.query(&self.sql.life, &[], false).await?;
+            if let Some(row) = rows.first() {
+                let token: i64 = row.try_get(0).map_err(undecodable)?;
+                self.life.store(token, Ordering::Relaxed);
+                return Ok(token);
+            }
+        }
+        Err(Fail::Unknown(Arc::from(
+            "the server's lifetime token could not be read",
+        )))
+    }
+
+    /// A claim statement: committed early where the session can force the flush.
+    fn claim_sql(&self, batch: bool) -> &str {
+        match (self.early.load(Ordering::Relaxed), batch) {
+            (true, false) => &self.sql.claim_early,
+            (true, true) => &self.sql.claim_batch_early,
+            (false, false) => &self.sql.claim,
+            (false, true) => &self.sql.claim_batch,
+        }
+    }
+
+    /// Whether claims commit early (`Sql::claim_early`): an acquisition is then given out
+    /// only after [`Db::flush`]. Decided once, at open, before any claim.
+    pub(crate) fn commits_early(&self) -> bool {
+        self.early.load(Ordering::Relaxed)
+    }
+
+    /// Returns once every claim committed before the call is durable. It asks in the
+    /// completions' queue (`batch.rs`): a batch of completions that stores a response
+    /// commits with the WAL flush, which covers every claim committed before it was
+    /// sent; a batch that stores none, or holds only flush asks, sends `Sql::flush`.
+    ///
+    /// `life` is the lifetime token read before the claim was sent ([`Db::life`]): a
+    /// flushing commit proves the claim durable only if its statement still read it. A
+    /// crash-restart (or a failover) in between empties the token's table, and the claim
+    /// may have been lost although a later commit, on a new connection, succeeds: the
+    /// answer is then unknown.
+    pub(crate) async fn flush(&self, retention: Duration, life: i64) -> Result<(), Fail> {
+        let n = self.flush_asks.fetch_add(1, Ordering::Relaxed);
+        let ask = CompleteAsk {
+            key: Box::from(n.to_ne_bytes()),
+            token: 0,
+            response: Arc::from(&[][..]),
+            own_us: None,
+            stripe: 0,
+            flush: Some(life),
+        };
+        match self.settle(ask, micros(retention)).await {
+            Ok(Settled::Flushed) => Ok(()),
+            Ok(Settled::Row(_)) => Err(Fail::Unknown(Arc::from(
+                "a flush was answered as a completion",
+            ))),
+            Err(f) => Err(f),
+        }
+    }
+
+    /// An ask of the completions' queue: a completion without writes or a flush.
+    async fn settle(&self, ask: CompleteAsk, retention_us: i64) -> Result<Settled, Fail> {
+        self.completions
+            .ask(ask, async |asks: &[&CompleteAsk]| {
+                self.settle_batch(asks, retention_us).await
+            })
+            .await
+    }
+
+    /// One batch of the completions' queue: its completions in one statement (or alone),
+    /// then, for its flush asks, a flush statement unless a completion stored a response
+    /// under the same lifetime token (its commit was the flush).
+    async fn settle_batch(
+        &self,
+        asks: &[&CompleteAsk],
+        retention_us: i64,
+    ) -> Vec<Result<Settled, Fail>> {
+        let completes: Vec<&CompleteAsk> =
+            asks.iter().copied().filter(|a| a.flush.is_none()).collect();
+        let flushes = asks.len() - completes.len();
+        // With flush asks, even a lone completion goes as a batch: its row names the
+        // lifetime token its commit stands under.
+        let (done, batch_life) = match &completes[..] {
+            [] => (Vec::new(), None),
+            [one] if flushes == 0 => (vec![self.complete_one(one, retention_us, None).await], None),
+            many => self.complete_batch(many, retention_us).await,
+        };
+        let stored = done
+            .iter()
+            .any(|a| matches!(a, Ok(CompleteRow::Done { repeat: false, .. })));
+        let mut done = done.into_iter();
+        // Flush asks that the batch's commit does not stand for: the flush statement's.
+        let pending = |ask: &CompleteAsk| match ask.flush {
+            Some(life) => !(stored && batch_life == Some(life)),
+            None => false,
+        };
+        let mut answers: Vec<Result<Settled, Fail>> = Vec::with_capacity(asks.len());
+        let found = match asks.iter().any(|a| pending(a)) {
+            true => {
+                self.flushes_sent.fetch_add(1, Ordering::Relaxed);
+                Some(self.flush_statement().await)
+            }
+            false => None,
+        };
+        for ask in asks {
+            let answer = match (ask.flush, &found) {
+                (Some(life), Some(found)) if pending(ask) => match found {
+                    Ok(Some(now)) if *now == life => Ok(Settled::Flushed),
+                    Ok(_) => Err(restarted()),
+                    Err(f) => Err(f.clone()),
+                },
+                (Some(_), _) => Ok(Settled::Flushed),
+                (None, _) => done.next().map_or_else(
+                    || {
+                        Err(Fail::Unknown(Arc::from(
+                            "the batch gave no answer for this call",
+                        )))
+                    },
+                    |a| a.map(Settled::Row),
+                ),
+            };
+            answers.push(answer);
+        }
+        if let Some(found) = found {
+            // A token other than this engine's: claims from now on go under the new one.
+            match found {
+                Ok(Some(life)) => self.life.store(life, Ordering::Relaxed),
+                Ok(None) => {
+                    let _ = self.read_life().await;
+                }
+                Err(_) => {}
+            }
+        }
+        answers
+    }
+
+    /// The flush statement: the lifetime token it read (`None`: the row is gone, and it
+    /// wrote nothing), once its commit is durable.
+    async fn flush_statement(&self) -> Result<Option<i64>, Fail> {
+        let rows = self.query(&self.sql.flush, &[], true).await?;
+        match rows.first() {
+            Some(row) => Ok(Some(row.try_get(0).map_err(undecodable)?)),
+            None => Ok(None),
+        }
     }
 
     /// A connection from the pool (opened if needed). Nothing is sent on failure.
@@ -560,7 +755,7 @@ impl Db {
         let markers = self.markers.is_some();
         let rows = self
             .query(
-                &self.sql.claim,
+                self.claim_sql(false),
                 &[
                     &&*ask.key,
                     &fp,
@@ -608,7 +803,7 @@ impl Db {
         let markers = self.markers.is_some();
         let rows = self
             .query(
-                &self.sql.claim_batch,
+                self.claim_sql(true),
                 &[
                     &keys,
                     &fp,
@@ -663,17 +858,19 @@ impl Db {
             response: response.clone(),
             own_us: own_retention.map(micros),
             stripe: wake_stripe(hash),
+            flush: None,
         };
         let retention_us = micros(retention);
         if writes.is_some() {
             return self.complete_one(&ask, retention_us, writes).await;
         }
-        self.completions
-            .ask(ask, async |asks: &[&CompleteAsk]| match asks {
-                [one] => vec![self.complete_one(one, retention_us, None).await],
-                many => self.complete_batch(many, retention_us).await,
-            })
-            .await
+        match self.settle(ask, retention_us).await {
+            Ok(Settled::Row(row)) => Ok(row),
+            Ok(Settled::Flushed) => Err(Fail::Unknown(Arc::from(
+                "a completion was answered as a flush",
+            ))),
+            Err(f) => Err(f),
+        }
     }
 
     /// One completion's statement (see `Sql::complete`).
@@ -714,11 +911,13 @@ impl Db {
     /// `Sql::complete_batch`): one answer per ask, in the asks' order. A batch the server
     /// rolled back (a deadlock with another transaction) changed nothing: each completion
     /// is then sent alone.
+    /// Also answers the lifetime token the statement read (`None`: none, or no row came
+    /// back).
     async fn complete_batch(
         &self,
         asks: &[&CompleteAsk],
         retention_us: i64,
-    ) -> Vec<Result<CompleteRow, Fail>> {
+    ) -> (Vec<Result<CompleteRow, Fail>>, Option<i64>) {
         let order = sorted(asks);
         let keys: Vec<&[u8]> = order.iter().map(|&i| &*asks[i].key).collect();
         let tokens: Vec<i64> = order.iter().map(|&i| asks[i].token).collect();
@@ -747,9 +946,13 @@ impl Db {
         match rows {
             Ok(rows) => {
                 if let Err(f) = fill(&mut answers, &order, &rows, |row| done_row(row, 1)) {
-                    return asks.iter().map(|_| Err(f.clone())).collect();
+                    return (asks.iter().map(|_| Err(f.clone())).collect(), None);
                 }
-                answers
+                let life = rows
+                    .first()
+                    .and_then(|r| r.try_get::<_, Option<i64>>("life").ok())
+                    .flatten();
+                (answers, life)
             }
             Err(Fail::Refused(e))
                 if matches!(
@@ -761,9 +964,9 @@ impl Db {
                 for ask in asks {
                     answers.push(self.complete_one(ask, retention_us, None).await);
                 }
-                answers
+                (answers, None)
             }
-            Err(f) => asks.iter().map(|_| Err(f.clone())).collect(),
+            Err(f) => (asks.iter().map(|_| Err(f.clone())).collect(), None),
         }
     }
 
@@ -1052,6 +1255,11 @@ impl Db {
         Ok(n.max(0).unsigned_abs())
     }
 
+    /// Flush statements sent (`Stats::db_flushes`).
+    pub(crate) fn flushes(&self) -> u64 {
+        self.flushes_sent.load(Ordering::Relaxed)
+    }
+
     /// Claims that waited for a lane (`Stats::db_claims_batched`).
     pub(crate) fn claims_batched(&self) -> u64 {
         self.claims.queued()
@@ -1106,6 +1314,16 @@ fn complete_row(rows: &[Row], at: usize) -> Result<CompleteRow, Fail> {
 }
 
 /// A row of a completing statement, its columns from `at` on.
+/// A flush that found another lifetime token than its claim's, or none: the server
+/// crash-restarted (or another took over) after the claim was sent, so the claim may be
+/// lost although this commit succeeded.
+fn restarted() -> Fail {
+    Fail::Unknown(Arc::from(
+        "the server restarted after a crash, or another server took over, since the claim \
+         was sent: whether its commit survived is unknown",
+    ))
+}
+
 fn done_row(row: &Row, at: usize) -> Result<CompleteRow, Fail> {
     let kind: &str = row.try_get(at).map_err(undecodable)?;
     Ok(CompleteRow::Done {
@@ -1321,11 +1539,12 @@ mod plan_tests {
                         response: Arc::from(&b"ok"[..]),
                         own_us: None,
                         stripe: 0,
+                        flush: None,
                     })
                     .collect();
                 let asks: Vec<&CompleteAsk> = completions.iter().collect();
                 let micros = super::micros(retention);
-                for answer in db.complete_batch(&asks, micros).await {
+                for answer in db.complete_batch(&asks, micros).await.0 {
                     assert!(
                         matches!(answer, Ok(CompleteRow::Done { repeat: false, .. })),
                         "a held key is completed"

@@ -139,7 +139,11 @@ fn connect(cfg: &PostgresConfig, settings: &RemoteSettings) -> Result<Arc<Backen
     });
     let migrate = {
         let core = core.clone();
-        handle.spawn(async move { core.db.migrate().await })
+        handle.spawn(async move {
+            core.db.migrate().await?;
+            core.db.probe_flush().await;
+            Ok(())
+        })
     };
     match block_on(migrate) {
         Ok(Ok(())) => {}
@@ -567,6 +571,7 @@ impl Remote for Backend {
             waits: read(&c.waits),
             db_round_trips: read(&self.core.db.round_trips),
             db_claims_batched: self.core.db.claims_batched(),
+            db_flushes: self.core.db.flushes(),
             db_completions_batched: self.core.db.completions_batched(),
             db_notifications: read(&self.core.listening.received),
             ..Stats::default()

@@ -16,6 +16,25 @@ pub(crate) struct Sql {
     pub(crate) claim: String,
     /// Claims of several keys, sorted, in one statement (`batch.rs`).
     pub(crate) claim_batch: String,
+    /// The same two statements committed without waiting for the WAL flush, for a
+    /// database that can force the flush afterwards ([`Sql::flush`]): a claim's row and
+    /// its lock are given up to other callers as soon as it commits, and only an
+    /// acquiring caller waits for the flush (docs/shared.md, "Claims commit early").
+    pub(crate) claim_early: String,
+    pub(crate) claim_batch_early: String,
+    /// A transaction that writes a WAL record (a transactional logical-decoding message)
+    /// and commits with the session's `synchronous_commit`: its commit is durable only
+    /// once every record before it is, the early claims' commits included. It reads the
+    /// server's lifetime token ([`Sql::life`]) and writes nothing when the row is gone.
+    pub(crate) flush: String,
+    /// Whether this session can run [`Sql::flush`]: the function exists and it may
+    /// execute it.
+    pub(crate) can_flush: String,
+    /// Reads the lifetime token, and writes a random one first where the row is missing:
+    /// the row lives in an unlogged table, which crash recovery empties (and a standby
+    /// never has), so a token still found proves no crash or failover since it was read
+    /// (docs/shared.md, "Claims commit early").
+    pub(crate) life: String,
     pub(crate) complete: String,
     /// A completion with writes to the application's tables and messages for the outbox,
     /// all in the completing statement.
@@ -48,7 +67,7 @@ pub(crate) struct Sql {
     pub(crate) create_schema: Option<String>,
     /// The schema's DDL, run under the advisory lock by the first open of a database.
     pub(crate) create: Vec<String>,
-    /// From schema version 1 to 6 to the current one (7), run under the same lock; each
+    /// From schema version 1 to 7 to the current one (8), run under the same lock; each
     /// statement is idempotent and the last writes the version row.
     pub(crate) upgrade_from_1: Vec<String>,
     pub(crate) upgrade_from_2: Vec<String>,
@@ -56,6 +75,7 @@ pub(crate) struct Sql {
     pub(crate) upgrade_from_4: Vec<String>,
     pub(crate) upgrade_from_5: Vec<String>,
     pub(crate) upgrade_from_6: Vec<String>,
+    pub(crate) upgrade_from_7: Vec<String>,
 }
 
 /// The class of the wake-up stripes' advisory locks (the two-key form, a space of its own),
@@ -88,6 +108,8 @@ struct Names {
     seq_lit: String,
     claim_fn: String,
     complete_fn: String,
+    /// The unlogged table of the server's lifetime token.
+    life: String,
     channel: String,
     idx: String,
     wake_class: i32,
@@ -112,6 +134,7 @@ impl Names {
             seq,
             claim_fn: q("claim"),
             complete_fn: q("complete"),
+            life: q("life"),
             channel: match schema {
                 Some(s) => format!("{s}_{prefix}wake"),
                 None => format!("{prefix}wake"),
@@ -128,22 +151,28 @@ impl Sql {
     pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Sql {
         let n = Names::new(schema, prefix);
         let (claim, claim_batch) = claims(&n);
+        let (claim_early, claim_batch_early) = (commits_early(&claim), commits_early(&claim_batch));
         let (complete, complete_with) = completes(&n);
         let (release, notify, hear, unhear) = settles(&n);
         let (extend, checkpoint, checkpoint_with, fail) = lease_updates(&n);
         let (table_get, table_scan, outbox_take, outbox_sent) = app_reads(&n);
         let (get, sweep, version) = key_reads(&n);
-        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4, upgrade_from_5, upgrade_from_6] =
+        let [upgrade_from_1, upgrade_from_2, upgrade_from_3, upgrade_from_4, upgrade_from_5, upgrade_from_6, upgrade_from_7] =
             upgrades(&n);
         Sql {
             create_schema: schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\"")),
             create: create(&n),
             complete_batch: complete_batch(&n),
+            flush: flush(&n),
+            life: life(&n),
             keys: n.keys,
             meta: n.meta,
             channel: n.channel,
             claim,
             claim_batch,
+            claim_early,
+            claim_batch_early,
+            can_flush: CAN_FLUSH.to_owned(),
             complete,
             complete_with,
             release,
@@ -167,6 +196,7 @@ impl Sql {
             upgrade_from_4,
             upgrade_from_5,
             upgrade_from_6,
+            upgrade_from_7,
         }
     }
 
@@ -179,6 +209,7 @@ impl Sql {
             4 => Some(&self.upgrade_from_4),
             5 => Some(&self.upgrade_from_5),
             6 => Some(&self.upgrade_from_6),
+            7 => Some(&self.upgrade_from_7),
             _ => None,
         }
     }
@@ -232,6 +263,7 @@ fn create(n: &Names) -> Vec<String> {
         "CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE"
     ));
     create.extend(app_tables(n));
+    create.push(life_ddl(n));
     // The claim function comes after the table (its row type is the table's); the
     // version row is written last.
     create.push(claim_fn_ddl(n));
@@ -266,6 +298,13 @@ fn app_tables(n: &Names) -> Vec<String> {
 )"
         ),
     ]
+}
+
+/// The lifetime token's table (see [`Sql::life`]): unlogged, so that crash recovery
+/// empties it; one row, `id = 1`.
+fn life_ddl(n: &Names) -> String {
+    let life = &n.life;
+    format!("CREATE UNLOGGED TABLE IF NOT EXISTS {life} (id integer PRIMARY KEY, token bigint NOT NULL)")
 }
 
 /// Whether a claim may take over the row `r` (see `claim_fn_ddl`).
@@ -434,7 +473,7 @@ $claim$"
 /// A lone claim, and the claims of a batch.
 fn claims(n: &Names) -> (String, String) {
     let claim_fn = &n.claim_fn;
-    let claim = format!("SELECT * FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9)");
+    let claim = format!("SELECT c.* FROM {claim_fn}($1, $2, $3, $4, $5, $6, $7, $8, $9) c");
     // The same function for each key of a batch, in the arrays' order (the keys come
     // sorted), in one transaction; `n` numbers the keys from 1. $1 keys, $2
     // fingerprints, $3 legacy fingerprints, $4 leases µs, $5 own retentions µs (NULL:
@@ -455,6 +494,52 @@ FROM generate_subscripts($1::bytea[], 1) AS i,
     );
     (claim, claim_batch)
 }
+
+/// `claim` (a lone claim or a batch, each `SELECT … FROM …`) with its transaction's
+/// `synchronous_commit` set to `off`: the setting is local to the statement's own
+/// transaction and read at its commit. The one-row subquery is evaluated once, whichever
+/// side of the join the planner puts it on.
+fn commits_early(claim: &str) -> String {
+    let (select, from) = claim.split_once("FROM ").unwrap_or((claim, ""));
+    format!(
+        "{select}FROM (SELECT set_config('synchronous_commit', 'off', true)) AS early,\n     {from}"
+    )
+}
+
+/// Forces the WAL flush of the early claims before it (see [`Sql::flush`]), and answers
+/// the lifetime token it found; no row: the token is gone, and nothing is written. The
+/// message is empty; a logical decoding consumer sees it under the prefix `idemkv`.
+fn flush(n: &Names) -> String {
+    let life = &n.life;
+    format!("SELECT token, pg_logical_emit_message(true, 'idemkv', '') FROM {life} WHERE id = 1")
+}
+
+/// See [`Sql::life`]. An insert that meets another session's row waits for it and writes
+/// nothing; the outer read's snapshot may then predate that row, and no row comes back
+/// (the caller asks again). `random()` gives 52 random bits: a new token repeats an old
+/// one with a chance of 2^-52.
+fn life(n: &Names) -> String {
+    let life = &n.life;
+    format!(
+        "WITH made AS (
+    INSERT INTO {life} (id, token) VALUES (1, floor(random() * 4.5e15)::bigint + 1)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING token
+)
+SELECT token FROM made
+UNION ALL
+SELECT token FROM {life} WHERE id = 1"
+    )
+}
+
+/// See [`Sql::can_flush`]: any `pg_logical_emit_message` of `pg_catalog` that takes text
+/// as its third argument (PostgreSQL 17 added a fourth, with a default), executable by
+/// this role; none: `false`.
+const CAN_FLUSH: &str = "SELECT coalesce(bool_or(has_function_privilege(p.oid, 'EXECUTE')), false)
+FROM pg_proc p
+WHERE p.proname = 'pg_logical_emit_message'
+  AND p.pronamespace = 'pg_catalog'::regnamespace
+  AND p.proargtypes[2] = 'text'::regtype";
 
 // The writes of a set, applied only when its statement wrote the row (`done`; a
 // repeat applies nothing again): its final value of each row ($8 keys, $9 values),
@@ -590,11 +675,14 @@ $complete$"
 
 // Complete, batched ($1 keys, $2 tokens, $3 responses, $4 own retention µs or NULL, $5
 // wake-up stripes; $6 and $7 as the lone completion's $4 and $7): a row per ask that wrote
-// or repeats, named by its ordinal `n`.
+// or repeats, named by its ordinal `n`, with the lifetime token its snapshot read (NULL:
+// none), so that the batch's commit can stand for the flush of early claims.
 fn complete_batch(n: &Names) -> String {
-    let complete_fn = &n.complete_fn;
+    let Names {
+        complete_fn, life, ..
+    } = n;
     format!(
-        "SELECT i::bigint AS n, c.*
+        "SELECT i::bigint AS n, c.*, (SELECT token FROM {life} WHERE id = 1) AS life
 FROM generate_subscripts($1::bytea[], 1) AS i,
      LATERAL {complete_fn}(($1::bytea[])[i], ($2::bigint[])[i], ($3::bytea[])[i],
                            ($4::bigint[])[i], ($5::integer[])[i], $6::bigint, $7::bigint) c"
@@ -762,7 +850,7 @@ SELECT (SELECT count(*) FROM forgot) + (SELECT count(*) FROM gone WHERE NOT mark
 // resumes), and the claim function that takes it in place of the one that did not
 // (a function is named by its arguments: the old one is dropped). Version 4 to 5 and
 // 5 to 6 below. Then the version row. Each statement is idempotent.
-fn upgrades(n: &Names) -> [Vec<String>; 6] {
+fn upgrades(n: &Names) -> [Vec<String>; 7] {
     let Names {
         keys,
         meta,
@@ -811,7 +899,10 @@ fn upgrades(n: &Names) -> [Vec<String>; 6] {
     // (same arguments, replaced in place). Every upgrade installs the completion function
     // before its version row.
     let complete_fn_ddl = complete_fn_ddl(n);
-    let upgrade_from_6 = vec![claim_fn_ddl, complete_fn_ddl.clone(), version_row];
+    let upgrade_from_6 = vec![claim_fn_ddl, complete_fn_ddl.clone(), version_row.clone()];
+    // Version 7 to 8: the lifetime token's unlogged table (claims commit early).
+    let life_ddl = life_ddl(n);
+    let upgrade_from_7 = vec![life_ddl.clone(), version_row];
     let mut all = [
         upgrade_from_1,
         upgrade_from_2,
@@ -819,9 +910,13 @@ fn upgrades(n: &Names) -> [Vec<String>; 6] {
         upgrade_from_4,
         upgrade_from_5,
         upgrade_from_6,
+        upgrade_from_7,
     ];
     for steps in &mut all[..5] {
         steps.insert(steps.len() - 1, complete_fn_ddl.clone());
+    }
+    for steps in &mut all[..6] {
+        steps.insert(steps.len() - 1, life_ddl.clone());
     }
     all
 }
@@ -840,6 +935,11 @@ mod tests {
             sql.claim.clone(),
             sql.claim_batch.clone(),
             sql.complete.clone(),
+            sql.claim_early.clone(),
+            sql.claim_batch_early.clone(),
+            sql.flush.clone(),
+            sql.can_flush.clone(),
+            sql.life.clone(),
             sql.complete_with.clone(),
             sql.complete_batch.clone(),
             sql.release.clone(),
