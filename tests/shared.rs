@@ -991,36 +991,44 @@ fn life_token(p: &str) -> String {
     psql(&format!("SELECT token FROM \"{p}life\" WHERE id = 1"))
 }
 
-/// A claim commits early under the server's lifetime token, an unlogged row that crash
-/// recovery empties; its flush proves it durable only if it still reads that token. Here
-/// the row is deleted while the flush waits for the table's lock, as a crash-restart
-/// between the claim's commit and the flush would empty it (the flush then runs on a new
-/// connection and succeeds): the acquisition is `OutcomeUnknown`, the key stays held by
-/// the unknown lease, and the engine's next acquisitions go under a new token.
+/// A claim commits early and reads the server's lifetime token (an unlogged row that
+/// crash recovery empties, and that another server has its own of) in its own statement;
+/// its flush proves it durable only if it still reads that token. Here the acquisition's
+/// flush waits behind a busy completion lane while the token is replaced, as a failover
+/// to another server, or a crash-restart and a new token, between the claim's commit and
+/// the flush would do (the flush then succeeds on its new connection): the acquisition is
+/// `OutcomeUnknown` and the key stays held by the unknown lease. A claim that reads no
+/// token at all (the first after a crash) is `OutcomeUnknown` at once, and the engine
+/// writes a new token, under which the next acquisitions are given out.
 #[test]
 fn an_acquisition_whose_flush_finds_a_new_server_lifetime_is_unknown() {
     let p = prefix("life");
-    let e = engine(&p);
-    match e.claim(b"first", &ClaimOptions::default()) {
-        Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
-        other => panic!("{other:?}"),
-    }
+    let e = Engine::builder()
+        .postgres(config(&p).complete_lanes(1))
+        .open()
+        .expect("open");
     let old = life_token(&p);
     assert!(!old.is_empty(), "the open wrote the lifetime token");
-    let lock = RowLock::hold(&format!(
-        "LOCK TABLE \"{p}life\" IN ACCESS EXCLUSIVE MODE; DELETE FROM \"{p}life\""
-    ));
+    let blocked = acquire(&e, b"blocked");
+    let (lane, threads, lock) = complete_behind_a_busy_lane(&e, &p, blocked, Vec::new());
+    let batched = e.stats().db_completions_batched;
     let claiming = {
         let e = e.clone();
         std::thread::spawn(move || e.claim(b"k", &ClaimOptions::default()))
     };
-    wait_blocked_connection(&format!("{p}life"));
+    // The claim committed, and its flush queued behind the busy lane.
+    wait_until(|| e.stats().db_completions_batched == batched + 1);
     let state = psql(&format!(
         "SELECT state FROM \"{p}keys\" WHERE key = '\\x{}'",
         hex(b"k")
     ));
     assert_eq!(state, "i", "the claim committed before its flush");
-    lock.commit();
+    psql(&format!("UPDATE \"{p}life\" SET token = token + 1"));
+    drop(lock);
+    lane.join()
+        .expect("no panic")
+        .expect("the lane's completion");
+    assert!(threads.is_empty());
     match claiming.join().expect("no panic") {
         Err(ClaimError::OutcomeUnknown(why)) => assert!(why.contains("restarted"), "{why}"),
         other => panic!("a claim the server may have lost must not be given out: {other:?}"),
@@ -1029,12 +1037,20 @@ fn an_acquisition_whose_flush_finds_a_new_server_lifetime_is_unknown() {
         Ok(Claim::InProgress(busy)) => assert_eq!(busy.attempt(), 1),
         other => panic!("the unknown lease holds the key: {other:?}"),
     }
+
+    // No token: the claim reads none, and is unknown without a flush.
+    psql(&format!("DELETE FROM \"{p}life\""));
+    let flushes = e.stats().db_flushes;
+    match e.claim(b"k2", &ClaimOptions::default()) {
+        Err(ClaimError::OutcomeUnknown(why)) => assert!(why.contains("restarted"), "{why}"),
+        other => panic!("a claim that read no token must not be given out: {other:?}"),
+    }
+    assert_eq!(e.stats().db_flushes, flushes, "nothing to flush against");
     let new = life_token(&p);
     assert!(
         !new.is_empty() && new != old,
         "a new token: {old} then {new}"
     );
-    let flushes = e.stats().db_flushes;
     match e.claim(b"after", &ClaimOptions::default()) {
         Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
         other => panic!("acquisitions under the new token are given out: {other:?}"),
@@ -1044,9 +1060,11 @@ fn an_acquisition_whose_flush_finds_a_new_server_lifetime_is_unknown() {
 
 /// Claims commit without waiting for the disk, and an acquisition is given out only after
 /// a flush: when the flush fails, the claim (committed, its durability unknown) answers
-/// `OutcomeUnknown`, and the key stays held by that unknown lease. A role that may not
-/// force the flush at open gets claims that commit as any statement does, and no flush.
-/// (Superusers, which every other test connects as, are not affected by the revoke.)
+/// `OutcomeUnknown`, and the key stays held by that unknown lease; a flush refused for want
+/// of the privilege also makes the engine's later claims commit as any statement does. A
+/// role that may not force the flush at open gets such claims from the start, and no
+/// flush. (Superusers, which every other test connects as, are not affected by the
+/// revoke.)
 #[test]
 fn an_acquisition_is_given_out_only_after_its_flush() {
     let p = prefix("flush");
@@ -1087,6 +1105,12 @@ fn an_acquisition_is_given_out_only_after_its_flush() {
             Ok(Claim::InProgress(busy)) => assert_eq!(busy.attempt(), 1),
             other => panic!("the unknown lease holds the key: {other:?}"),
         }
+        // The refusal turned its early commits off: no flush is asked any more.
+        match early.claim(b"k4", &ClaimOptions::default()) {
+            Ok(Claim::Acquired(lease)) => lease.complete(b"ok").expect("complete"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(early.stats().db_flushes, 2, "only the refused flush since");
         // Opened while it may not flush: its claims commit as any statement does.
         let plain = as_role();
         match plain.claim(b"k2", &ClaimOptions::default()) {

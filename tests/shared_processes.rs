@@ -97,7 +97,7 @@ enum Mode {
     Kill,
     /// The server restarts once about a third of the deliveries are done.
     Restart,
-    /// The server crashes (`pg_ctl stop -m immediate`, no WAL flush, no checkpoint) once
+    /// The server crashes (`pg_ctl restart -m immediate`: no WAL flush, no checkpoint) once
     /// about a third of the deliveries are done and starts again through crash recovery,
     /// which loses commits not yet flushed (claims commit early) and empties unlogged
     /// tables.
@@ -625,6 +625,8 @@ struct Observed {
     /// The key (and token) the victim parked on before it was killed.
     parked: Option<(String, u64)>,
     restart: Option<Duration>,
+    /// The server's lifetime token just before the restart, and just after the run.
+    life: Option<(String, String)>,
     wall: Duration,
 }
 
@@ -662,6 +664,14 @@ impl Running {
 }
 
 /// `scripts/pg.sh restart` (a clean restart) or `scripts/pg.sh crash`.
+/// The lifetime token of the tables of `prefix` (empty: none).
+fn life_token(prefix: &str) -> String {
+    pg::psql(
+        &url(),
+        &format!("SELECT token FROM \"{prefix}life\" WHERE id = 1"),
+    )
+}
+
 fn restart_server(mode: Mode) -> Duration {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/pg.sh");
     let how = match mode {
@@ -761,6 +771,7 @@ fn run_children(mode: Mode, keys: usize, prefix: &str, dir: &Path) -> Observed {
         done: vec![None; PROCESSES],
         parked: None,
         restart: None,
+        life: None,
         wall: Duration::ZERO,
     };
     let mut ended = [false; PROCESSES];
@@ -772,7 +783,9 @@ fn run_children(mode: Mode, keys: usize, prefix: &str, dir: &Path) -> Observed {
                 progress[p] = rest.parse().expect("progress");
                 let sum: u64 = progress.iter().sum();
                 if mode.restarts() && observed.restart.is_none() && sum as usize >= total * 3 / 10 {
+                    let before = life_token(prefix);
                     observed.restart = Some(restart_server(mode));
+                    observed.life = Some((before, String::new()));
                 }
             }
             "parked" => {
@@ -1179,7 +1192,10 @@ fn run(mode: Mode) -> Checked {
     let keys = keys_wanted();
     let prefix = format!("mp{:08x}_{}_", fastrand::u32(..), mode.name());
     let dir = tempfile::tempdir().expect("temporary directory");
-    let observed = run_children(mode, keys, &prefix, dir.path());
+    let mut observed = run_children(mode, keys, &prefix, dir.path());
+    if let Some((_, after)) = observed.life.as_mut() {
+        *after = life_token(&prefix);
+    }
     report(mode, keys, &observed);
     let logs = read_logs(dir.path());
     assert!(
@@ -1429,6 +1445,17 @@ fn a_server_crash_mid_run_loses_nothing_acknowledged() {
 /// The checks of a run whose server went away mid-run (`Mode::restarts`).
 fn restarted_server_lost_nothing(c: &Checked, mode: Mode) {
     assert!(c.observed.restart.is_some(), "the server was restarted");
+    // Crash recovery emptied the lifetime table, and an engine wrote a new token; a clean
+    // restart keeps it (nothing was lost).
+    let (before, after) = c.observed.life.clone().expect("the token was read");
+    assert!(!before.is_empty(), "a token before the restart");
+    match mode {
+        Mode::Crash => assert!(
+            !after.is_empty() && after != before,
+            "a new lifetime token after the crash: {before} then {after}"
+        ),
+        _ => assert_eq!(after, before, "the token survives a clean restart"),
+    }
     let failed: u64 = c
         .observed
         .done

@@ -19,6 +19,12 @@ pub(crate) const PG_DEADLOCK_DETECTED: &str = "40P01";
 /// SQLSTATE `serialization_failure`: the server rolled the transaction back.
 #[cfg(feature = "postgres")]
 pub(crate) const PG_SERIALIZATION_FAILURE: &str = "40001";
+/// SQLSTATE `insufficient_privilege`.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_INSUFFICIENT_PRIVILEGE: &str = "42501";
+/// SQLSTATE `undefined_function`.
+#[cfg(feature = "postgres")]
+pub(crate) const PG_UNDEFINED_FUNCTION: &str = "42883";
 /// Times one claim asks the database again after a statement that could not decide from
 /// its snapshot (a row committed or changed between the statement's snapshot and its
 /// conflict check). Each re-ask follows a commit by another caller.

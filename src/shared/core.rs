@@ -202,9 +202,6 @@ impl Core {
             }
             joined = false;
             let sent = Instant::now();
-            // Read before the claim is sent, so that a flush that still reads it proves
-            // no crash came between the claim's commit and the flush's.
-            let life = self.db.life();
             let row = self
                 .db
                 .claim(
@@ -217,6 +214,11 @@ impl Core {
                     rerun,
                 )
                 .await;
+            // The lifetime token the claim's statement read: its flush must still read it.
+            let life = match &row {
+                Ok(ClaimRow::Acquired { life, .. }) => *life,
+                _ => None,
+            };
             let (found, answer) = self.decided(row, asked, lease, sent, deadline, &mut asks);
             let flushes = match found {
                 Found::Acquired { token, .. } if self.db.commits_early() => Some(token),
@@ -255,6 +257,7 @@ impl Core {
                 attempt,
                 checkpoint,
                 resumed,
+                ..
             }) => self.acquired(token, attempt, checkpoint, resumed, asked, lease),
             Ok(ClaimRow::Completed {
                 stored,

@@ -10,11 +10,12 @@ use crate::api::lease::Stored;
 use crate::model::codec::Checkpoint;
 use crate::model::error::OpenError;
 use crate::shared::constants::{
-    PG_DEADLOCK_DETECTED, PG_INTERVAL_MAX, PG_LIFE_READS_MAX, PG_SCHEMA_VERSION,
-    PG_SERIALIZATION_FAILURE, PG_SWEEP_BATCH, PG_WAKE_STRIPES,
+    PG_DEADLOCK_DETECTED, PG_INSUFFICIENT_PRIVILEGE, PG_INTERVAL_MAX, PG_LIFE_READS_MAX,
+    PG_SCHEMA_VERSION, PG_SERIALIZATION_FAILURE, PG_SWEEP_BATCH, PG_UNDEFINED_FUNCTION,
+    PG_WAKE_STRIPES,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::{ToSql, Type};
@@ -39,6 +40,9 @@ pub(crate) enum ClaimRow {
         checkpoint: Option<Checkpoint>,
         /// The claim presented its holder's identity and resumed the lease.
         resumed: bool,
+        /// The server's lifetime token as the claim's own statement read it (an early
+        /// claim; `None`: none, or a claim that commits with the flush).
+        life: Option<i64>,
     },
     /// The key is InFlight under another holder, `remaining` left on its lease (zero: the
     /// lease is over, but the row was not taken over: see `Db::claim`).
@@ -131,10 +135,6 @@ pub(crate) struct Db {
     /// Claims commit without waiting for the WAL flush, which an acquiring claim then
     /// forces (`Sql::claim_early`); set at open where the session can force it.
     early: AtomicBool,
-    /// The server's lifetime token as last read (`Sql::life`); 0: none read yet. A claim
-    /// that commits early carries the token read before it was sent, and its flush
-    /// proves it durable only where the flushing statement still reads that token.
-    life: AtomicI64,
     /// Numbers the flush asks: each is its own key in a batch of completions.
     flush_asks: AtomicU64,
     /// Flush statements sent (`Stats::db_flushes`).
@@ -314,15 +314,14 @@ impl Db {
             markers,
             direct,
             early: AtomicBool::new(false),
-            life: AtomicI64::new(0),
             flush_asks: AtomicU64::new(0),
             flushes_sent: AtomicU64::new(0),
         })
     }
 
-    /// Whether this session can force the WAL flush (`Sql::can_flush`) and read the
-    /// server's lifetime token: if so, claims commit early from now on; if not, or if a
-    /// question fails, they commit as any statement does.
+    /// Whether this session can force the WAL flush and keep the server's lifetime token
+    /// (`Sql::can_flush`), and has a token to read: if so, claims commit early from now
+    /// on; if not, or if a question fails, they commit as any statement does.
     pub(crate) async fn probe_flush(&self) {
         let can = match self.query(&self.sql.can_flush, &[], false).await {
             Ok(rows) => rows
@@ -335,28 +334,30 @@ impl Db {
         self.early.store(early, Ordering::Relaxed);
     }
 
-    /// The lifetime token to send an early claim under: a flush proves the claim durable
-    /// only if it still reads this token.
-    pub(crate) fn life(&self) -> i64 {
-        self.life.load(Ordering::Relaxed)
-    }
-
-    /// Reads the server's lifetime token (writing a new one where crash recovery, or a
-    /// failover, left none) and keeps it for the claims sent from now on.
+    /// Reads the server's lifetime token, writing a new one where crash recovery (or a
+    /// promotion) left none, so that the claims sent from now on read one.
     async fn read_life(&self) -> Result<i64, Fail> {
-        // A row written by another session meanwhile is missed by this statement's
-        // snapshot, never by the next one's.
+        let mut last = None;
         for _ in 0..PG_LIFE_READS_MAX {
-            let rows = self.query(&self.sql.life, &[], false).await?;
-            if let Some(row) = rows.first() {
-                let token: i64 = row.try_get(0).map_err(undecodable)?;
-                self.life.store(token, Ordering::Relaxed);
-                return Ok(token);
+            match self.query(&self.sql.life, &[], false).await {
+                Ok(rows) => {
+                    // A row another session wrote meanwhile is missed by this statement's
+                    // snapshot, never by the next one's.
+                    if let Some(row) = rows.first() {
+                        return row.try_get(0).map_err(undecodable);
+                    }
+                }
+                // Under REPEATABLE READ or SERIALIZABLE, the insert that meets a row
+                // committed after its snapshot is a serialization failure: read again.
+                Err(Fail::Refused(e)) if e.code.as_deref() == Some(PG_SERIALIZATION_FAILURE) => {
+                    last = Some(Fail::Refused(e));
+                }
+                Err(f) => return Err(f),
             }
         }
-        Err(Fail::Unknown(Arc::from(
-            "the server's lifetime token could not be read",
-        )))
+        Err(last.unwrap_or_else(|| {
+            Fail::Unknown(Arc::from("the server's lifetime token could not be read"))
+        }))
     }
 
     /// A claim statement: committed early where the session can force the flush.
@@ -380,12 +381,18 @@ impl Db {
     /// commits with the WAL flush, which covers every claim committed before it was
     /// sent; a batch that stores none, or holds only flush asks, sends `Sql::flush`.
     ///
-    /// `life` is the lifetime token read before the claim was sent ([`Db::life`]): a
-    /// flushing commit proves the claim durable only if its statement still read it. A
-    /// crash-restart (or a failover) in between empties the token's table, and the claim
-    /// may have been lost although a later commit, on a new connection, succeeds: the
-    /// answer is then unknown.
-    pub(crate) async fn flush(&self, retention: Duration, life: i64) -> Result<(), Fail> {
+    /// `life` is the lifetime token the claim's own statement read (`ClaimRow::Acquired`):
+    /// a flushing commit proves the claim durable only if its statement still reads it. A
+    /// crash-restart in between empties the token's table, and the claim may have been
+    /// lost although a later commit, on a new connection, succeeds; another server (a
+    /// promoted standby) has a token of its own: the answer is then unknown. A claim that
+    /// read no token (the first after a crash) is unknown at once, and a new token is
+    /// written for the claims that follow.
+    pub(crate) async fn flush(&self, retention: Duration, life: Option<i64>) -> Result<(), Fail> {
+        let Some(life) = life else {
+            let _ = self.read_life().await;
+            return Err(restarted());
+        };
         let n = self.flush_asks.fetch_add(1, Ordering::Relaxed);
         let ask = CompleteAsk {
             key: Box::from(n.to_ne_bytes()),
@@ -429,7 +436,7 @@ impl Db {
         let (done, batch_life) = match &completes[..] {
             [] => (Vec::new(), None),
             [one] if flushes == 0 => (vec![self.complete_one(one, retention_us, None).await], None),
-            many => self.complete_batch(many, retention_us).await,
+            many => self.complete_batch(many, retention_us, flushes > 0).await,
         };
         let stored = done
             .iter()
@@ -467,15 +474,22 @@ impl Db {
             };
             answers.push(answer);
         }
-        if let Some(found) = found {
-            // A token other than this engine's: claims from now on go under the new one.
-            match found {
-                Ok(Some(life)) => self.life.store(life, Ordering::Relaxed),
-                Ok(None) => {
-                    let _ = self.read_life().await;
-                }
-                Err(_) => {}
+        match found {
+            // The token is gone: a new one, for the claims that follow.
+            Some(Ok(None)) => {
+                let _ = self.read_life().await;
             }
+            // The role may no longer force the flush (a revoke after the open): claims
+            // commit with the flush again from now on, rather than each be unknown.
+            Some(Err(Fail::Refused(e)))
+                if matches!(
+                    e.code.as_deref(),
+                    Some(PG_INSUFFICIENT_PRIVILEGE | PG_UNDEFINED_FUNCTION)
+                ) =>
+            {
+                self.early.store(false, Ordering::Relaxed);
+            }
+            _ => {}
         }
         answers
     }
@@ -911,12 +925,13 @@ impl Db {
     /// `Sql::complete_batch`): one answer per ask, in the asks' order. A batch the server
     /// rolled back (a deadlock with another transaction) changed nothing: each completion
     /// is then sent alone.
-    /// Also answers the lifetime token the statement read (`None`: none, or no row came
-    /// back).
+    /// With `life`, the statement also reads the lifetime token, and answers it (`None`:
+    /// none, or no row came back); a role that may not read it never asks.
     async fn complete_batch(
         &self,
         asks: &[&CompleteAsk],
         retention_us: i64,
+        life: bool,
     ) -> (Vec<Result<CompleteRow, Fail>>, Option<i64>) {
         let order = sorted(asks);
         let keys: Vec<&[u8]> = order.iter().map(|&i| &*asks[i].key).collect();
@@ -927,7 +942,10 @@ impl Db {
         let marker_us = self.markers.map(micros);
         let rows = self
             .query(
-                &self.sql.complete_batch,
+                match life {
+                    true => &self.sql.complete_batch_life,
+                    false => &self.sql.complete_batch,
+                },
                 &[
                     &keys,
                     &tokens,
@@ -1349,6 +1367,8 @@ fn claim_row(row: &Row, at: usize) -> Result<ClaimRow, Fail> {
                 row.try_get(at + 4).map_err(undecodable)?,
             ),
             resumed: kind == "r",
+            // Only the early claim statements have the column.
+            life: row.try_get::<_, Option<i64>>("life").ok().flatten(),
         },
         state => {
             let response: Option<Vec<u8>> = row.try_get(at + 5).map_err(undecodable)?;
@@ -1544,7 +1564,7 @@ mod plan_tests {
                     .collect();
                 let asks: Vec<&CompleteAsk> = completions.iter().collect();
                 let micros = super::micros(retention);
-                for answer in db.complete_batch(&asks, micros).await.0 {
+                for answer in db.complete_batch(&asks, micros, false).await.0 {
                     assert!(
                         matches!(answer, Ok(CompleteRow::Done { repeat: false, .. })),
                         "a held key is completed"

@@ -42,6 +42,10 @@ pub(crate) struct Sql {
     /// Completions without writes of several keys in one statement and one commit
     /// (`batch.rs`), each fenced by its own token.
     pub(crate) complete_batch: String,
+    /// The same, reading the lifetime token too, for a batch that carries acquisitions
+    /// waiting for their flush: its commit stands for their flush where it read their
+    /// claims' token.
+    pub(crate) complete_batch_life: String,
     pub(crate) release: String,
     /// Wakes other processes' waiters: one autocommit statement after the settling one.
     pub(crate) notify: String,
@@ -151,7 +155,8 @@ impl Sql {
     pub(crate) fn new(schema: Option<&str>, prefix: &str) -> Sql {
         let n = Names::new(schema, prefix);
         let (claim, claim_batch) = claims(&n);
-        let (claim_early, claim_batch_early) = (commits_early(&claim), commits_early(&claim_batch));
+        let (claim_early, claim_batch_early) =
+            (commits_early(&n, &claim), commits_early(&n, &claim_batch));
         let (complete, complete_with) = completes(&n);
         let (release, notify, hear, unhear) = settles(&n);
         let (extend, checkpoint, checkpoint_with, fail) = lease_updates(&n);
@@ -162,7 +167,9 @@ impl Sql {
         Sql {
             create_schema: schema.map(|s| format!("CREATE SCHEMA IF NOT EXISTS \"{s}\"")),
             create: create(&n),
-            complete_batch: complete_batch(&n),
+            can_flush: can_flush(&n),
+            complete_batch: complete_batch(&n, false),
+            complete_batch_life: complete_batch(&n, true),
             flush: flush(&n),
             life: life(&n),
             keys: n.keys,
@@ -172,7 +179,6 @@ impl Sql {
             claim_batch,
             claim_early,
             claim_batch_early,
-            can_flush: CAN_FLUSH.to_owned(),
             complete,
             complete_with,
             release,
@@ -498,11 +504,15 @@ FROM generate_subscripts($1::bytea[], 1) AS i,
 /// `claim` (a lone claim or a batch, each `SELECT … FROM …`) with its transaction's
 /// `synchronous_commit` set to `off`: the setting is local to the statement's own
 /// transaction and read at its commit. The one-row subquery is evaluated once, whichever
-/// side of the join the planner puts it on.
-fn commits_early(claim: &str) -> String {
+/// side of the join the planner puts it on. Each row also carries the server's lifetime
+/// token as the statement's snapshot read it, before the commit: the claim's flush must
+/// find the same token on the server it reaches.
+fn commits_early(n: &Names, claim: &str) -> String {
     let (select, from) = claim.split_once("FROM ").unwrap_or((claim, ""));
+    let life = life_read(n);
     format!(
-        "{select}FROM (SELECT set_config('synchronous_commit', 'off', true)) AS early,\n     {from}"
+        "{select}, {life} AS life\nFROM (SELECT set_config('synchronous_commit', 'off', true)) AS early,\n     {from}",
+        select = select.trim_end()
     )
 }
 
@@ -534,12 +544,25 @@ SELECT token FROM {life} WHERE id = 1"
 
 /// See [`Sql::can_flush`]: any `pg_logical_emit_message` of `pg_catalog` that takes text
 /// as its third argument (PostgreSQL 17 added a fourth, with a default), executable by
-/// this role; none: `false`.
-const CAN_FLUSH: &str = "SELECT coalesce(bool_or(has_function_privilege(p.oid, 'EXECUTE')), false)
+/// this role; none: `false`. The lifetime table must be unlogged (a table of that name
+/// made otherwise survives a crash, and proves nothing) and readable and writable by it.
+fn can_flush(n: &Names) -> String {
+    let life = n.life.replace('\'', "''");
+    format!(
+        "SELECT coalesce(bool_or(has_function_privilege(p.oid, 'EXECUTE')), false)
+       AND coalesce((SELECT relpersistence = 'u' FROM pg_class WHERE oid = to_regclass('{life}')), false)
+       AND has_table_privilege('{life}', 'SELECT, INSERT')
 FROM pg_proc p
 WHERE p.proname = 'pg_logical_emit_message'
   AND p.pronamespace = 'pg_catalog'::regnamespace
-  AND p.proargtypes[2] = 'text'::regtype";
+  AND p.proargtypes[2] = 'text'::regtype"
+    )
+}
+
+/// The scalar subquery that reads the lifetime token (NULL: none).
+fn life_read(n: &Names) -> String {
+    format!("(SELECT token FROM {} WHERE id = 1)", n.life)
+}
 
 // The writes of a set, applied only when its statement wrote the row (`done`; a
 // repeat applies nothing again): its final value of each row ($8 keys, $9 values),
@@ -675,14 +698,16 @@ $complete$"
 
 // Complete, batched ($1 keys, $2 tokens, $3 responses, $4 own retention µs or NULL, $5
 // wake-up stripes; $6 and $7 as the lone completion's $4 and $7): a row per ask that wrote
-// or repeats, named by its ordinal `n`, with the lifetime token its snapshot read (NULL:
-// none), so that the batch's commit can stand for the flush of early claims.
-fn complete_batch(n: &Names) -> String {
-    let Names {
-        complete_fn, life, ..
-    } = n;
+// or repeats, named by its ordinal `n`; with `life`, also the lifetime token its snapshot
+// read (NULL: none), so that the batch's commit can stand for the flush of early claims.
+fn complete_batch(n: &Names, life: bool) -> String {
+    let complete_fn = &n.complete_fn;
+    let life = match life {
+        true => format!(", {} AS life", life_read(n)),
+        false => String::new(),
+    };
     format!(
-        "SELECT i::bigint AS n, c.*, (SELECT token FROM {life} WHERE id = 1) AS life
+        "SELECT i::bigint AS n, c.*{life}
 FROM generate_subscripts($1::bytea[], 1) AS i,
      LATERAL {complete_fn}(($1::bytea[])[i], ($2::bigint[])[i], ($3::bytea[])[i],
                            ($4::bigint[])[i], ($5::integer[])[i], $6::bigint, $7::bigint) c"
@@ -942,6 +967,7 @@ mod tests {
             sql.life.clone(),
             sql.complete_with.clone(),
             sql.complete_batch.clone(),
+            sql.complete_batch_life.clone(),
             sql.release.clone(),
             sql.notify.clone(),
             sql.hear.clone(),
@@ -1056,30 +1082,40 @@ mod tests {
             for ddl in &sql.create[..sql.create.len() - 1] {
                 client.batch_execute(ddl).await.expect("schema");
             }
-            let batches = Batches {
-                client: &client,
-                claims: client.prepare(&sql.claim_batch).await.expect("prepare"),
-                completions: client.prepare(&sql.complete_batch).await.expect("prepare"),
-            };
             const EXECUTIONS: usize = 12;
             let answered = |kind: &str| vec![(1, kind.to_string()), (2, kind.to_string())];
-            for round in 0..EXECUTIONS {
-                let keys: Vec<Vec<u8>> = (0..2)
-                    .map(|k| format!("k{round}-{k}").into_bytes())
-                    .collect();
-                let tokens = batches.claim(&keys).await;
-                assert_eq!(batches.complete(&keys, &tokens).await, answered("done"));
-                if round == 0 {
-                    assert_eq!(batches.complete(&keys, &tokens).await, answered("repeat"));
-                    let others: Vec<i64> = tokens.iter().map(|t| t + 1000).collect();
-                    assert_eq!(batches.complete(&keys, &others).await, vec![]);
+            // As sent by claims that commit with the flush, then by early ones.
+            let pairs = [
+                (&sql.claim_batch, &sql.complete_batch),
+                (&sql.claim_batch_early, &sql.complete_batch_life),
+            ];
+            // Kept to the count: a statement dropped is deallocated.
+            let mut prepared = Vec::new();
+            for (variant, (claims, completions)) in pairs.iter().enumerate() {
+                let batches = Batches {
+                    client: &client,
+                    claims: client.prepare(claims).await.expect("prepare"),
+                    completions: client.prepare(completions).await.expect("prepare"),
+                };
+                for round in 0..EXECUTIONS {
+                    let keys: Vec<Vec<u8>> = (0..2)
+                        .map(|k| format!("k{variant}-{round}-{k}").into_bytes())
+                        .collect();
+                    let tokens = batches.claim(&keys).await;
+                    assert_eq!(batches.complete(&keys, &tokens).await, answered("done"));
+                    if round == 0 {
+                        assert_eq!(batches.complete(&keys, &tokens).await, answered("repeat"));
+                        let others: Vec<i64> = tokens.iter().map(|t| t + 1000).collect();
+                        assert_eq!(batches.complete(&keys, &others).await, vec![]);
+                    }
                 }
+                prepared.push(batches);
             }
-            // The completions' batch ran twice more in the first round.
-            for (statement, executions) in [
-                (&sql.claim_batch, EXECUTIONS),
-                (&sql.complete_batch, EXECUTIONS + 2),
-            ] {
+            // The completions' batches ran twice more in the first round.
+            let counted = pairs
+                .iter()
+                .flat_map(|(c, d)| [(*c, EXECUTIONS), (*d, EXECUTIONS + 2)]);
+            for (statement, executions) in counted {
                 let plans = client
                     .query_one(
                         "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
@@ -1101,7 +1137,7 @@ mod tests {
                 .batch_execute(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
                 .await
                 .expect("drop");
-            drop(batches);
+            drop(prepared);
             drop(client);
             let _ = io.await;
         });
