@@ -1527,51 +1527,70 @@ mod plan_tests {
             db.migrate().await.expect("schema");
             let (lease, retention) = (Duration::from_secs(60), Duration::from_secs(3600));
             const EXECUTIONS: usize = 12;
-            for round in 0..EXECUTIONS {
-                let keys: Vec<Vec<u8>> = (0..2)
-                    .map(|k| format!("k{round}-{k}").into_bytes())
-                    .collect();
-                let claims: Vec<ClaimAsk> = keys
-                    .iter()
-                    .map(|k| ClaimAsk {
-                        key: Box::from(&k[..]),
-                        fingerprint: None,
-                        lease,
-                        own_retention: None,
-                        claim_id: None,
-                        rerun: false,
-                    })
-                    .collect();
-                let asks: Vec<&ClaimAsk> = claims.iter().collect();
-                let mut tokens = Vec::new();
-                for answer in db.claim_batch(&asks, retention).await {
-                    match answer {
-                        Ok(ClaimRow::Acquired { token, .. }) => tokens.push(token),
-                        _ => panic!("a fresh key is acquired"),
+            // First as sent by claims that commit with the flush, then, once the open's
+            // check turned them on, by early claims whose completions read the token.
+            for early in [false, true] {
+                if early {
+                    db.probe_flush().await;
+                    assert!(db.commits_early(), "a superuser may force the flush");
+                }
+                for round in 0..EXECUTIONS {
+                    let keys: Vec<Vec<u8>> = (0..2)
+                        .map(|k| format!("k{early}-{round}-{k}").into_bytes())
+                        .collect();
+                    let claims: Vec<ClaimAsk> = keys
+                        .iter()
+                        .map(|k| ClaimAsk {
+                            key: Box::from(&k[..]),
+                            fingerprint: None,
+                            lease,
+                            own_retention: None,
+                            claim_id: None,
+                            rerun: false,
+                        })
+                        .collect();
+                    let asks: Vec<&ClaimAsk> = claims.iter().collect();
+                    let mut tokens = Vec::new();
+                    for answer in db.claim_batch(&asks, retention).await {
+                        match answer {
+                            Ok(ClaimRow::Acquired { token, life, .. }) => {
+                                assert_eq!(life.is_some(), early, "an early claim reads the token");
+                                tokens.push(token);
+                            }
+                            _ => panic!("a fresh key is acquired"),
+                        }
+                    }
+                    let completions: Vec<CompleteAsk> = keys
+                        .iter()
+                        .zip(&tokens)
+                        .map(|(k, &token)| CompleteAsk {
+                            key: Box::from(&k[..]),
+                            token: super::token_param(token),
+                            response: Arc::from(&b"ok"[..]),
+                            own_us: None,
+                            stripe: 0,
+                            flush: None,
+                        })
+                        .collect();
+                    let asks: Vec<&CompleteAsk> = completions.iter().collect();
+                    let micros = super::micros(retention);
+                    let (answers, life) = db.complete_batch(&asks, micros, early).await;
+                    assert_eq!(life.is_some(), early, "the batch read the token");
+                    for answer in answers {
+                        assert!(
+                            matches!(answer, Ok(CompleteRow::Done { repeat: false, .. })),
+                            "a held key is completed"
+                        );
                     }
                 }
-                let completions: Vec<CompleteAsk> = keys
-                    .iter()
-                    .zip(&tokens)
-                    .map(|(k, &token)| CompleteAsk {
-                        key: Box::from(&k[..]),
-                        token: super::token_param(token),
-                        response: Arc::from(&b"ok"[..]),
-                        own_us: None,
-                        stripe: 0,
-                        flush: None,
-                    })
-                    .collect();
-                let asks: Vec<&CompleteAsk> = completions.iter().collect();
-                let micros = super::micros(retention);
-                for answer in db.complete_batch(&asks, micros, false).await.0 {
-                    assert!(
-                        matches!(answer, Ok(CompleteRow::Done { repeat: false, .. })),
-                        "a held key is completed"
-                    );
-                }
             }
-            for statement in [&db.sql.claim_batch, &db.sql.complete_batch] {
+            let sql = &db.sql;
+            for statement in [
+                &sql.claim_batch,
+                &sql.complete_batch,
+                &sql.claim_batch_early,
+                &sql.complete_batch_life,
+            ] {
                 let rows = db
                     .query(
                         "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
@@ -1584,7 +1603,7 @@ mod plan_tests {
                 let plans: Vec<(i64, i64)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
                 assert!(
                     matches!(plans[..], [(generic, custom)]
-                        if custom <= 5 && generic + custom == EXECUTIONS as i64),
+                        if crate::shared::sql::kept_one_plan(generic, custom, EXECUTIONS)),
                     "plans (generic, custom) of:\n{statement}\n{plans:?}"
                 );
             }
