@@ -711,12 +711,14 @@ fn a_claim_meeting_another_claims_insert_in_flight_answers_at_once() {
 #[test]
 fn a_database_of_schema_version_5_is_upgraded_once() {
     let p = prefix("upgrade5");
-    drop(engine(&p));
-    psql(&format!(
-        "DO $$ BEGIN EXECUTE replace(pg_get_functiondef('\"{p}claim\"'::regproc), \
-         'pg_try_advisory_xact_lock(', 'pg_try_advisory_xact_lock_shared('); END $$;
-         UPDATE \"{p}meta\" SET value = 5 WHERE name = 'schema_version'"
-    ));
+    as_version(
+        &p,
+        5,
+        &format!(
+            "DO $$ BEGIN EXECUTE replace(pg_get_functiondef('\"{p}claim\"'::regproc), \
+             'pg_try_advisory_xact_lock(', 'pg_try_advisory_xact_lock_shared('); END $$;"
+        ),
+    );
     assert_eq!(claim_fn_takes_the_claim_lock(&p), "f");
     let e = engine(&p);
     assert_eq!(schema_version(&p), "8");
@@ -728,30 +730,29 @@ fn a_database_of_schema_version_5_is_upgraded_once() {
     lease.complete(b"ok").expect("complete");
 }
 
-/// A database of schema version 6 (no completion function) is upgraded in place to 7: the
-/// claim function is replaced, the completion function installed, and completions queued
-/// behind a busy lane, which call it, complete.
+/// A database of schema version 6 (no completion function) is upgraded in place to the
+/// current version: the claim function is replaced, the completion function installed,
+/// and completions queued behind a busy lane, which call it, complete.
 #[test]
 fn a_database_of_schema_version_6_is_upgraded_once() {
     let p = prefix("upgrade6");
-    drop(engine(&p));
     // Version 6's claim function stands in as the current one, marked.
-    psql(&format!(
-        "DROP FUNCTION \"{p}complete\"; \
-         DO $$ BEGIN EXECUTE replace(pg_get_functiondef('\"{p}claim\"'::regproc), \
-         'BEGIN', 'BEGIN -- version 6'); END $$; \
-         UPDATE \"{p}meta\" SET value = 6 WHERE name = 'schema_version'"
-    ));
+    as_version(
+        &p,
+        6,
+        &format!(
+            "DROP FUNCTION \"{p}complete\"; \
+             DO $$ BEGIN EXECUTE replace(pg_get_functiondef('\"{p}claim\"'::regproc), \
+             'BEGIN', 'BEGIN -- version 6'); END $$;"
+        ),
+    );
     assert_eq!(complete_fn_count(&p), "0");
     let marked = format!(
         "SELECT count(*) FROM pg_proc WHERE proname = '{p}claim' \
          AND prosrc LIKE '%-- version 6%'"
     );
     assert_eq!(psql(&marked), "1");
-    let e = Engine::builder()
-        .postgres(config(&p).complete_lanes(1))
-        .open()
-        .expect("open");
+    let e = one_lane_engine(&p);
     let other = engine(&p);
     assert_eq!(schema_version(&p), "8");
     assert_eq!(complete_fn_count(&p), "1");
@@ -780,11 +781,7 @@ fn a_database_of_schema_version_6_is_upgraded_once() {
 #[test]
 fn a_database_of_schema_version_7_is_upgraded_once() {
     let p = prefix("upgrade7");
-    drop(engine(&p));
-    psql(&format!(
-        "DROP TABLE \"{p}life\"; \
-         UPDATE \"{p}meta\" SET value = 7 WHERE name = 'schema_version'"
-    ));
+    as_version(&p, 7, &format!("DROP TABLE \"{p}life\";"));
     let e = engine(&p);
     assert_eq!(schema_version(&p), "8");
     assert_eq!(
@@ -799,6 +796,15 @@ fn a_database_of_schema_version_7_is_upgraded_once() {
         other => panic!("{other:?}"),
     }
     assert_eq!(e.stats().db_flushes, 1, "the acquisition was flushed");
+}
+
+/// Creates the tables of `p` at the current version, runs `sql` (which takes away what
+/// the versions after `version` added) and writes `version` in the version row.
+fn as_version(p: &str, version: u32, sql: &str) {
+    drop(engine(p));
+    psql(&format!(
+        "{sql} UPDATE \"{p}meta\" SET value = {version} WHERE name = 'schema_version'"
+    ));
 }
 
 /// The schema version the meta table of the tables of `p` holds.
@@ -1003,10 +1009,7 @@ fn life_token(p: &str) -> String {
 #[test]
 fn an_acquisition_whose_flush_finds_a_new_server_lifetime_is_unknown() {
     let p = prefix("life");
-    let e = Engine::builder()
-        .postgres(config(&p).complete_lanes(1))
-        .open()
-        .expect("open");
+    let e = one_lane_engine(&p);
     let old = life_token(&p);
     assert!(!old.is_empty(), "the open wrote the lifetime token");
     let blocked = acquire(&e, b"blocked");
@@ -2959,6 +2962,14 @@ fn pg_lease(lease: idemkv::Lease) -> idemkv::postgres::PostgresLease {
     lease.into_postgres().expect("a shared engine's lease")
 }
 
+/// An engine of the tables of `p` with one completion lane, which a test can keep busy.
+fn one_lane_engine(p: &str) -> Engine {
+    Engine::builder()
+        .postgres(config(p).complete_lanes(1))
+        .open()
+        .expect("open")
+}
+
 /// Keeps the one completion lane of `e` busy (`blocked` completes on a thread while another
 /// transaction holds its row), completes each of `queued` on a thread of its own, and
 /// returns once all of them queued behind the lane: the lane's thread, the queued threads
@@ -2999,10 +3010,7 @@ fn complete_behind_a_busy_lane(
 #[test]
 fn completions_queued_behind_a_busy_lane_share_a_commit_and_a_fenced_one_is_refused() {
     let p = prefix("cbatch");
-    let e = Engine::builder()
-        .postgres(config(&p).complete_lanes(1))
-        .open()
-        .expect("open");
+    let e = one_lane_engine(&p);
     let other = engine(&p);
     let blocked = acquire(&e, b"blocked");
     let queued: Vec<idemkv::Lease> = [&b"fenced"[..], b"c-1", b"c-2"]
@@ -3070,10 +3078,7 @@ fn an_acquisition_queued_behind_the_completions_is_flushed_by_their_batch() {
     ];
     for (queued_key, fenced, life_gone, flushes) in cases {
         let p = prefix("flushq");
-        let e = Engine::builder()
-            .postgres(config(&p).complete_lanes(1))
-            .open()
-            .expect("open");
+        let e = one_lane_engine(&p);
         let blocked = acquire(&e, b"blocked");
         let queued = acquire(&e, queued_key);
         if fenced {
@@ -3123,10 +3128,7 @@ fn an_acquisition_queued_behind_the_completions_is_flushed_by_their_batch() {
 #[test]
 fn a_completion_batch_cut_off_mid_statement_is_unknown_and_commits_nothing() {
     let p = prefix("cbatchcut");
-    let e = Engine::builder()
-        .postgres(config(&p).complete_lanes(1))
-        .open()
-        .expect("open");
+    let e = one_lane_engine(&p);
     let other = engine(&p);
     let blocked = acquire(&e, b"blocked");
     let (c1, c2) = (acquire(&e, b"c-1"), acquire(&e, b"c-2"));
