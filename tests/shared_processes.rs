@@ -20,10 +20,11 @@
 //!   any process was told had succeeded is replayed with its bytes, and a side effect ran
 //!   twice only for a key whose holder was killed between its side effect and its
 //!   completion, the retry being an attempt ≥ 2;
-//! - the server restarted mid-run: calls in flight answer `OutcomeUnknown` or a typed
-//!   `Database` error, callers retry as a service would (the same key; a completion with
-//!   the same token), and every key still completed exactly once with one response for
-//!   all its deliveries.
+//! - the server restarted mid-run, cleanly or by a crash (an immediate stop, then crash
+//!   recovery, which loses claims committed early and not yet flushed): calls in flight
+//!   answer `OutcomeUnknown` or a typed `Database` error, callers retry as a service would
+//!   (the same key; a completion with the same token), and every key still completed
+//!   exactly once with one response for all its deliveries.
 //!
 //! Every completion also emits its response as an outbox message, committed with it, and
 //! every process runs a relay that takes pending messages (several relays share the outbox
@@ -37,8 +38,8 @@
 //! Timestamps come from `CLOCK_MONOTONIC`, which is one clock for every process of a
 //! machine (a `std::time::Instant` cannot be handed to another process).
 //!
-//! Run with `scripts/pg.sh test` (it sets `IDEMKV_PG_URL`; the restart test restarts the
-//! server with `scripts/pg.sh restart`). `IDEMKV_MP_KEYS` changes the number of keys.
+//! Run with `scripts/pg.sh test` (it sets `IDEMKV_PG_URL`; the restart and crash tests
+//! restart the server with `scripts/pg.sh restart` and `scripts/pg.sh crash`). `IDEMKV_MP_KEYS` changes the number of keys.
 #![cfg(all(feature = "postgres", target_os = "linux", target_pointer_width = "64"))]
 
 mod pg;
