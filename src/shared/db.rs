@@ -196,7 +196,7 @@ pub(crate) struct CompleteAsk {
     own_us: Option<i64>,
     stripe: i32,
     /// Not a completion: an acquisition waiting for the WAL flush (`Db::flush`), with
-    /// the lifetime token read before its claim was sent.
+    /// the lifetime token its claim's statement read.
     flush: Option<i64>,
 }
 
@@ -925,6 +925,7 @@ impl Db {
     /// `Sql::complete_batch`): one answer per ask, in the asks' order. A batch the server
     /// rolled back (a deadlock with another transaction) changed nothing: each completion
     /// is then sent alone.
+    ///
     /// With `life`, the statement also reads the lifetime token, and answers it (`None`:
     /// none, or no row came back); a role that may not read it never asks.
     async fn complete_batch(
@@ -966,10 +967,7 @@ impl Db {
                 if let Err(f) = fill(&mut answers, &order, &rows, |row| done_row(row, 1)) {
                     return (asks.iter().map(|_| Err(f.clone())).collect(), None);
                 }
-                let life = rows
-                    .first()
-                    .and_then(|r| r.try_get::<_, Option<i64>>("life").ok())
-                    .flatten();
+                let life = rows.first().and_then(life_column);
                 (answers, life)
             }
             Err(Fail::Refused(e))
@@ -1331,7 +1329,6 @@ fn complete_row(rows: &[Row], at: usize) -> Result<CompleteRow, Fail> {
     }
 }
 
-/// A row of a completing statement, its columns from `at` on.
 /// A flush that found another lifetime token than its claim's, or none: the server
 /// crash-restarted (or another took over) after the claim was sent, so the claim may be
 /// lost although this commit succeeded.
@@ -1342,6 +1339,14 @@ fn restarted() -> Fail {
     ))
 }
 
+/// The `life` column of a row (the lifetime token a statement read), where the statement
+/// has one: looked up by name without building an error for the statements that do not.
+fn life_column(row: &Row) -> Option<i64> {
+    let at = row.columns().iter().position(|c| c.name() == "life")?;
+    row.try_get::<_, Option<i64>>(at).ok().flatten()
+}
+
+/// A row of a completing statement, its columns from `at` on.
 fn done_row(row: &Row, at: usize) -> Result<CompleteRow, Fail> {
     let kind: &str = row.try_get(at).map_err(undecodable)?;
     Ok(CompleteRow::Done {
@@ -1368,7 +1373,7 @@ fn claim_row(row: &Row, at: usize) -> Result<ClaimRow, Fail> {
             ),
             resumed: kind == "r",
             // Only the early claim statements have the column.
-            life: row.try_get::<_, Option<i64>>("life").ok().flatten(),
+            life: life_column(row),
         },
         state => {
             let response: Option<Vec<u8>> = row.try_get(at + 5).map_err(undecodable)?;

@@ -27,8 +27,8 @@ pub(crate) struct Sql {
     /// once every record before it is, the early claims' commits included. It reads the
     /// server's lifetime token ([`Sql::life`]) and writes nothing when the row is gone.
     pub(crate) flush: String,
-    /// Whether this session can run [`Sql::flush`]: the function exists and it may
-    /// execute it.
+    /// Whether this session can commit claims early: it may execute the function
+    /// [`Sql::flush`] calls, and read and write the lifetime table, which is unlogged.
     pub(crate) can_flush: String,
     /// Reads the lifetime token, and writes a random one first where the row is missing:
     /// the row lives in an unlogged table, which crash recovery empties (and a standby
@@ -526,8 +526,8 @@ fn flush(n: &Names) -> String {
 
 /// See [`Sql::life`]. An insert that meets another session's row waits for it and writes
 /// nothing; the outer read's snapshot may then predate that row, and no row comes back
-/// (the caller asks again). `random()` gives 52 random bits: a new token repeats an old
-/// one with a chance of 2^-52.
+/// (the caller asks again). `random()` gives 52 random bits (48 before PostgreSQL 15): a
+/// new token repeats a given old one with a chance of 2^-52.
 fn life(n: &Names) -> String {
     let life = &n.life;
     format!(
