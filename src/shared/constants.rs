@@ -127,6 +127,6 @@ pub(crate) const PG_BATCH_LANES_DEFAULT: usize = 1;
 /// (`shared/batch.rs`; docs/shared.md, "Batches"). One measured best on the peers
 /// workload once the batch was planned per execution (a batch takes about 0.16 ms on the
 /// server): more completions share each commit, and a completion's wait behind the batch
-/// in flight costs less than the WAL flushes it saves ("Throughput across processes").
+/// in flight costs less than the WAL flushes it saves (docs/shared-throughput.md).
 #[cfg(feature = "postgres")]
 pub(crate) const PG_COMPLETE_LANES_DEFAULT: usize = 1;
