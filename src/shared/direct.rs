@@ -4,9 +4,9 @@
 //! the pool's connections, whose tasks live on the backend's runtime, its statement still
 //! crossed threads twice: a runtime thread woke to write it, and one woke again to read the
 //! answer and hand it back. On a busy 2-core machine each of those wake-ups waited about
-//! 0.3 ms for a core (docs/shared-throughput.md, "Where a one-process statement's time goes"). A
-//! direct connection has a single-threaded runtime of its own, which only the thread
-//! running a statement on it drives: that thread writes the statement, waits for the
+//! 0.3 ms for a core (docs/shared-throughput.md, "Where a one-process statement's time
+//! goes"). A direct connection has a single-threaded runtime of its own, which only the
+//! thread running a statement on it drives: that thread writes the statement, waits for the
 //! answer in its own `epoll_wait`, and reads it. No other thread of the process takes part.
 //!
 //! Architecture invariants:
