@@ -55,8 +55,8 @@ pub(crate) const APPLY_INTERVAL: Duration = Duration::from_millis(10);
 /// `close` do, and take longer on busy cores), but each of its commits is two device flushes
 /// and milliseconds of CPU under load (every batch of the last `APPLY_INTERVAL`, 2–3 µs per
 /// operation), which otherwise delay the writer and the callers
-/// woken by its syncs. Measured with 64 blocking threads on 2 cores (docs/benchmarks.md,
-/// "Why 64 blocking threads stop short of 100 k"): 0 gave 76–85 k claim+complete/s, 10 gave
+/// woken by its syncs. Measured with 64 blocking threads on 2 cores (docs/experiments.md,
+/// "`Immediate` with 64 blocking threads"): 0 gave 76–85 k claim+complete/s, 10 gave
 /// 87–93 k, 19 gave 98–100 k; with two CPU-bound processes beside the engine, 0 and 10 gave
 /// 21–23 k and 19 gave 6 k (the applier, starved inside its commit, holds the writer back
 /// once `APPLY_JOBS_MAX` jobs wait). 10 keeps most of the gain without that cliff.
