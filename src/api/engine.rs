@@ -253,7 +253,7 @@ impl EngineBuilder {
         counters: &Counters,
     ) -> Result<(Tokens, u64), OpenError> {
         // A damaged file can make redb panic mid-scan: contain it as corruption.
-        let next = crate::store::storage::contain("recovery", || {
+        let next = crate::store::redb_io::contain("recovery", || {
             crate::runtime::recovery::recover(
                 store,
                 &self.recovery_settings(),

@@ -6,7 +6,7 @@ use crate::base::clock::wall_time;
 use crate::model::codec::{self, RecordState};
 use crate::model::error::OpenError;
 use crate::store::commit_log::check_beside;
-use crate::store::storage::ReadOnlyStore;
+use crate::store::read_only::ReadOnlyStore;
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 

@@ -6,7 +6,7 @@ use crate::base::sync::Arc;
 use crate::model::error::TableError;
 use crate::model::write_set::{row_key, RowWrite, Span, TableRow};
 use crate::runtime::tables::check_limit;
-use crate::store::storage::Snapshot;
+use crate::store::snapshot::Snapshot;
 
 impl Engine {
     /// The value of `key` in the application table `table`, or `None`.

@@ -1,6 +1,6 @@
 //! The storage the engine keeps a file or a commit log in when it is not a file at a path:
 //! a resizable byte array with a durability barrier. The store adapts it to redb
-//! (`storage.rs`); the commit log's own file implements it too (`log_file.rs`). It is
+//! (`redb_io.rs`); the commit log's own file implements it too (`log_file.rs`). It is
 //! crate-private: the one custom storage a user can give the builder is the fault-injecting
 //! `FaultyStorage` (`faulty.rs`).
 

@@ -6,7 +6,7 @@
 use crate::base::sync::plain::{Condvar, Mutex, MutexGuard};
 use crate::base::sync::{Arc, Ordering};
 use crate::store::faulty_state::{read_whole, Fault, Inner, Medium, State};
-use crate::store::storage::FileStorage;
+use crate::store::redb_io::FileStorage;
 use std::fmt;
 use std::io;
 use std::path::Path;

@@ -13,7 +13,7 @@
 use crate::base::sync::plain::{AtomicBool, Condvar, Mutex};
 use crate::base::sync::{Arc, Ordering};
 use crate::store::backend::Storage;
-use crate::store::storage::FileStorage;
+use crate::store::redb_io::FileStorage;
 use std::io;
 
 /// When and how a [`crate::fault::FaultyStorage`] fails at a given I/O

@@ -82,7 +82,7 @@ impl LogFile {
             true => Direct::open(path, &file),
             false => None,
         };
-        let file = crate::store::storage::file_backend(file, path)?;
+        let file = crate::store::redb_io::file_backend(file, path)?;
         Ok(Some(LogFile {
             file,
             direct,

@@ -15,60 +15,33 @@ use crate::base::limits::HASH_SECRET_LEN;
 use crate::base::sync::{Arc, Mutex, RwLock};
 use crate::model::codec::{self, DecodeError, MarkerRecord, Record};
 use crate::model::error::OpenError;
-use crate::store::backend::{LockKind, Storage};
+use crate::store::backend::Storage;
 use crate::store::batch::Batch;
 use crate::store::chunk::{self, Packer};
+use crate::store::chunk_set::{chunk_get, damaged_chunk, value_pages, ChunkSet};
 use crate::store::config::StoreConfig;
 use crate::store::constants::{
-    CHUNK_BYTES_MAX, COMPACT_UNUSED_BYTES_MIN, COMPACT_UNUSED_PERCENT_MIN, CREATE_ATTEMPTS_MAX,
-    FORMAT_MAGIC, FORMAT_MAGICS_OLD, READER_CACHE_BYTES, REDB_CACHE_BYTES, REDB_PAGE_BYTES,
+    COMPACT_UNUSED_BYTES_MIN, COMPACT_UNUSED_PERCENT_MIN, CREATE_ATTEMPTS_MAX, FORMAT_MAGIC,
+    FORMAT_MAGICS_OLD, REDB_CACHE_BYTES, REDB_PAGE_BYTES,
 };
+use crate::store::head::{inspect, refuse, Head};
 use crate::store::log_state::LogState;
+use crate::store::redb_io::{backend_io, contain, file_backend, open_error, panicked, Adapter};
+use crate::store::snapshot::{missing_is_empty, Snapshot};
+use crate::store::tables::{
+    CHUNKS, MARKERS, META, META_FORMAT, META_HASH_SECRET, META_LOG_STATE, META_OUTBOX_NEXT,
+    META_RECORD_COUNT, META_TOKEN_HWM, OUTBOX, RECORDS, TABLES,
+};
 use redb::backends::FileBackend;
 use redb::{
-    BackendError, ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase,
-    ReadableTable, ReadableTableMetadata, StorageBackend, Table, TableDefinition, TableHandle,
-    WriteTransaction,
+    BackendError, ConcurrencyMode, Database, ReadTransaction, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata, StorageBackend, TableDefinition, TableHandle, WriteTransaction,
 };
-use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::fs::File;
 use std::io;
 use std::ops::Bound;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-
-/// The records of a file of a format before 5, one per row under its token: read in place
-/// by a read-only open, converted into chunks by a writable one.
-pub(crate) const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_records");
-/// The records, packed into chunks stored under their first token (`chunk.rs`).
-pub(crate) const CHUNKS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_chunks");
-pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("idemkv_meta");
-/// Every application table's rows, each under its table's prefix (`write_set.rs`).
-const TABLES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemkv_tables");
-/// The outbox: messages by id, until a relay marks them sent.
-const OUTBOX: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_outbox");
-/// Marker rows by the key's keyed hash. Created by the first commit that stores one, so a
-/// file that never held a marker has the same tables as before markers existed.
-pub(crate) const MARKERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemkv_markers");
-const META_FORMAT: &str = "format";
-const META_TOKEN_HWM: &str = "token_hwm";
-/// The number of records the chunks hold (u64 LE), kept by every commit that changes it: it
-/// sizes the index before recovery's scan, and a scan that finds fewer (a damaged key can end
-/// a range scan early without any checksum failing) refuses the file.
-const META_RECORD_COUNT: &str = "record_count";
-/// The next outbox id: ids are never reused, also after every message was marked sent.
-const META_OUTBOX_NEXT: &str = "outbox_next";
-/// The secret that keys the index's hashes (`index::KeyHasher`), drawn when the file is
-/// first opened for writing and never changed: markers name keys by these hashes.
-const META_HASH_SECRET: &str = "hash_secret";
-/// The commit log's state as the file last recorded it (`commit_log.rs`): its epoch, the
-/// number of that epoch's frames the file holds, and whether an engine was writing the log
-/// (1) or closed it with a checkpoint (0). 17 bytes; absent: no log was ever used.
-const META_LOG_STATE: &str = "log_state";
-
-/// redb's file magic, to tell a foreign file from a damaged redb file.
-const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
 /// One change to the records table, in queue order.
 #[derive(Debug)]
@@ -122,7 +95,7 @@ pub(crate) enum Durable {
 }
 
 /// Reads the commit log's state from a meta table.
-fn read_log_state(
+pub(crate) fn read_log_state(
     meta: &impl ReadableTable<&'static str, &'static [u8]>,
     path: &Path,
 ) -> Result<LogState, OpenError> {
@@ -173,16 +146,6 @@ impl ChunkPages {
             .or(self.scanned)
             .map(|pages| pages.saturating_add_signed(delta));
     }
-}
-
-/// The pages a redb leaf holding one chunk of `bytes` takes: one for a chunk of at most
-/// `CHUNK_BYTES_MAX`, else the power of two of pages that holds the chunk and the leaf's 16
-/// bytes of framing (redb allocates pages in powers of two). A smaller chunk may share a
-/// leaf with another: counted as a page of its own, which errs towards a fuller file.
-fn value_pages(bytes: usize) -> u64 {
-    let framing = REDB_PAGE_BYTES - CHUNK_BYTES_MAX as u64;
-    let framed = (bytes as u64).saturating_add(framing);
-    framed.div_ceil(REDB_PAGE_BYTES).max(1).next_power_of_two()
 }
 
 pub(crate) struct Store {
@@ -294,310 +257,13 @@ impl fmt::Debug for Store {
     }
 }
 
-/// Adapts a user's [`Storage`] to redb. Only whole-storage locks are offered (redb's
-/// exclusive-writer mode asks for nothing else); any other range is unsupported, which redb
-/// answers by falling back to a whole-storage lock.
-#[derive(Debug)]
-struct Adapter(Arc<dyn Storage>);
-
-/// Whether a lock range covers the whole storage, as redb's whole-storage fallback asks.
-fn whole(start: Bound<u64>, end: Bound<u64>) -> bool {
-    matches!(
-        (start, end),
-        (Bound::Unbounded | Bound::Included(0), Bound::Unbounded)
-    )
-}
-
-impl Adapter {
-    fn try_lock(&self, s: Bound<u64>, e: Bound<u64>, kind: LockKind) -> Result<bool, BackendError> {
-        if !whole(s, e) {
-            return Err(BackendError::Unsupported);
-        }
-        self.0.try_lock(kind).map_err(BackendError::Io)
-    }
-}
-
-impl StorageBackend for Adapter {
-    fn len(&self) -> Result<u64, std::io::Error> {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
-        self.0.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
-        self.0.set_len(len)
-    }
-    fn sync_data(&self) -> Result<(), std::io::Error> {
-        self.0.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
-        self.0.write(offset, data)
-    }
-    fn close(&self) -> Result<(), std::io::Error> {
-        self.0.close()
-    }
-    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
-        self.try_lock(s, e, LockKind::Exclusive)
-    }
-    fn try_lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
-        self.try_lock(s, e, LockKind::Shared)
-    }
-    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
-        if !whole(s, e) {
-            return Err(BackendError::Unsupported);
-        }
-        self.0.unlock().map_err(BackendError::Io)
-    }
-}
-
-/// Runs `f`, turning a panic inside redb (possible on a damaged file) into an error.
-pub(crate) fn contain<T>(what: &str, f: impl FnOnce() -> T) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
-        let msg = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".to_string());
-        format!("{what}: redb panicked: {msg}")
-    })
-}
-
-/// A panic inside redb while it read the file: the file is damaged.
-fn panicked(detail: String) -> OpenError {
-    OpenError::Corrupted { detail }
-}
-
-/// An I/O error as an open reports it. A read past the end means the file's own pointers
-/// are damaged; every other error is the operating system's, reported as it is.
-fn io_open_error(io: io::Error) -> OpenError {
-    if io.kind() == io::ErrorKind::UnexpectedEof {
-        OpenError::Corrupted {
-            detail: format!("the file points past its end ({io})"),
-        }
-    } else {
-        OpenError::Io(io)
-    }
-}
-
-fn backend_io(e: BackendError) -> io::Error {
-    match e {
-        BackendError::Io(io) => io,
-        BackendError::Other(other) => io::Error::other(other),
-        BackendError::Unsupported => io::Error::new(
-            io::ErrorKind::Unsupported,
-            "the storage backend does not support this operation",
-        ),
-        other => io::Error::other(other.to_string()),
-    }
-}
-
-/// Maps any redb error met while opening or reading the file: I/O stays I/O (with the
-/// `io::Error` as its source), a lock held elsewhere is `AlreadyOpen`, and only what redb
-/// found wrong in the file itself is `Corrupted`.
-pub(crate) fn open_error(path: &Path, e: impl Into<redb::Error>) -> OpenError {
-    match e.into() {
-        redb::Error::DatabaseAlreadyOpen | redb::Error::LockProtocolMismatch => {
-            OpenError::AlreadyOpen {
-                path: path.to_path_buf(),
-            }
-        }
-        redb::Error::UpgradeRequired(v) => OpenError::Foreign {
-            detail: format!("redb file format {v} needs an upgrade this build cannot do"),
-        },
-        // redb refuses a file without its magic this way; the checks before it make that a
-        // file that changed under the open.
-        redb::Error::Io(io) if io.kind() == io::ErrorKind::InvalidData => OpenError::Foreign {
-            detail: format!("{}: {io}", path.display()),
-        },
-        redb::Error::Io(io) => io_open_error(io),
-        redb::Error::PreviousIo => OpenError::Io(io::Error::other(
-            "an earlier I/O error on this file stopped redb",
-        )),
-        redb::Error::Backend(other) => OpenError::Io(io::Error::other(other)),
-        redb::Error::Unsupported => OpenError::Io(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "the storage backend does not support an operation redb needs",
-        )),
-        e @ (redb::Error::TableTypeMismatch { .. }
-        | redb::Error::TableIsMultimap(_)
-        | redb::Error::TableIsNotMultimap(_)
-        | redb::Error::TypeDefinitionChanged { .. }
-        | redb::Error::TableDoesNotExist(_)) => OpenError::Corrupted {
-            detail: format!("a table definition of the file does not decode: {e}"),
-        },
-        other => OpenError::Corrupted {
-            detail: other.to_string(),
-        },
-    }
-}
-
-/// What the first bytes of a file say about it.
-#[derive(Debug)]
-enum Head {
-    /// Nothing in it.
-    Empty,
-    /// redb's magic: for redb to open.
-    Redb,
-    /// A creation that a crash or an I/O error cut short before redb wrote its magic. It
-    /// provably never held a commit (see [`creation_cut_short`]).
-    CutShort,
-    /// Not openable, but not provably a creation cut short: it may have held commits.
-    Damaged(String),
-    /// Not a redb file.
-    Foreign(String),
-}
-
-/// redb's header: the magic, a god byte, padding, then the page size (u32 LE) at 12; the
-/// two commit slots end at byte 320.
-const REDB_HEADER_LEN: u64 = 320;
-const REDB_PAGE_SIZE_OFFSET: usize = 12;
-const REDB_PAGE_SIZE: u32 = 4096;
-
-/// Reads the head of the storage and classifies it. Reads the whole storage only when it is
-/// small enough to be a creation cut short.
-fn inspect(backend: &dyn StorageBackend, what: &Path) -> Result<Head, OpenError> {
-    let len = backend.len().map_err(OpenError::Io)?;
-    if len == 0 {
-        return Ok(Head::Empty);
-    }
-    let mut head = vec![0u8; len.min(REDB_HEADER_LEN) as usize];
-    backend.read(0, &mut head).map_err(io_open_error)?;
-    if head.starts_with(&REDB_MAGIC) {
-        return Ok(Head::Redb);
-    }
-    let magic = &head[..head.len().min(REDB_MAGIC.len())];
-    if magic.iter().all(|&b| b == 0) {
-        let reference = reference_creation()?;
-        if len <= reference.len() as u64 {
-            let mut image = vec![0u8; len as usize];
-            backend.read(0, &mut image).map_err(io_open_error)?;
-            if creation_cut_short(&image, &reference) {
-                return Ok(Head::CutShort);
-            }
-            return Ok(Head::Damaged(format!(
-                "redb's magic (bytes 0..9) is zero, and the file ({len} bytes) holds bytes that \
-                 redb's creation never writes before its magic: it held data"
-            )));
-        }
-        return Ok(Head::Damaged(format!(
-            "redb's magic (bytes 0..9) is zero, and the file ({len} bytes) is longer than any \
-             creation cut short leaves ({} bytes): it held data",
-            reference.len()
-        )));
-    }
-    let page_size = head
-        .get(REDB_PAGE_SIZE_OFFSET..REDB_PAGE_SIZE_OFFSET + 4)
-        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-    if page_size == Some(REDB_PAGE_SIZE) {
-        return Ok(Head::Damaged(format!(
-            "redb's magic is damaged (found {magic:02x?}) in a header that is otherwise \
-             redb's ({len} bytes)"
-        )));
-    }
-    Ok(Head::Foreign(format!(
-        "{} is not a redb file",
-        what.display()
-    )))
-}
-
-/// The proof that a storage never held a commit. redb creates a database in this order
-/// (redb 4.6, `TransactionalMemory::new`): size the storage to its initial layout (zeros),
-/// write the 320-byte header *without* the magic, sync, then write the header again *with*
-/// the magic, sync; only after that can anything be committed, and every commit writes the
-/// header with its magic. So a storage whose magic is zero and which equals a prefix of the
-/// image redb leaves at its first sync (or is all zeros, no longer than it) was cut short
-/// before redb finished its creation: it never held a commit. `reference` is that image,
-/// made by running redb's own creation in memory (so the proof follows the linked redb).
-fn creation_cut_short(image: &[u8], reference: &[u8]) -> bool {
-    image.len() <= reference.len()
-        && image.iter().take(REDB_MAGIC.len()).all(|&b| b == 0)
-        && (image.iter().all(|&b| b == 0) || image == &reference[..image.len()])
-}
-
-/// Runs redb's creation on an in-memory backend and returns the image as of its first sync:
-/// the initial layout with the header not yet carrying the magic.
-fn reference_creation() -> Result<Vec<u8>, OpenError> {
-    let recorder = Recorder::default();
-    let mut builder = Database::builder();
-    builder.set_cache_size(READER_CACHE_BYTES);
-    let created = contain("reference creation", || {
-        builder.create_with_backend(recorder.clone()).map(drop)
-    })
-    .map_err(panicked)?;
-    created.map_err(|e| open_error(Path::new("<memory>"), e))?;
-    let first = recorder.0.lock().first_sync.take();
-    first.ok_or_else(|| OpenError::Corrupted {
-        detail: "redb's creation did not sync before writing its magic".into(),
-    })
-}
-
-#[derive(Debug, Default)]
-struct RecorderState {
-    image: Vec<u8>,
-    first_sync: Option<Vec<u8>>,
-}
-
-/// An in-memory backend that keeps its image as of the first `sync_data`.
-#[derive(Debug, Default, Clone)]
-struct Recorder(Arc<Mutex<RecorderState>>);
-
-impl StorageBackend for Recorder {
-    fn len(&self) -> Result<u64, io::Error> {
-        Ok(self.0.lock().image.len() as u64)
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        let s = self.0.lock();
-        let start = usize::try_from(offset).map_err(io::Error::other)?;
-        let src = s
-            .image
-            .get(start..start.saturating_add(out.len()))
-            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "read past the end"))?;
-        out.copy_from_slice(src);
-        Ok(())
-    }
-    fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        let len = usize::try_from(len).map_err(io::Error::other)?;
-        self.0.lock().image.resize(len, 0);
-        Ok(())
-    }
-    fn sync_data(&self) -> Result<(), io::Error> {
-        let mut s = self.0.lock();
-        if s.first_sync.is_none() {
-            s.first_sync = Some(s.image.clone());
-        }
-        Ok(())
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        let mut s = self.0.lock();
-        let start = usize::try_from(offset).map_err(io::Error::other)?;
-        let end = start.saturating_add(data.len());
-        if s.image.len() < end {
-            s.image.resize(end, 0);
-        }
-        s.image[start..end].copy_from_slice(data);
-        Ok(())
-    }
-}
-
-/// The error for a head that is not redb's, or `Ok` for one the open may go on with.
-fn refuse(head: Head, path: &Path) -> Result<Head, OpenError> {
-    match head {
-        Head::Damaged(detail) => Err(OpenError::HeaderDamaged {
-            path: path.to_path_buf(),
-            detail,
-        }),
-        Head::Foreign(detail) => Err(OpenError::Foreign { detail }),
-        other => Ok(other),
-    }
-}
-
 /// The concurrency mode of the engine's own handle on a file at a path. `SingleWriter`
 /// lets read-only handles of other processes (the operator commands) follow the live file;
 /// it needs byte-range locks and two-phase commit (with one-phase commit a reader could
 /// follow a commit whose pages are not yet flushed), so elsewhere the file is locked whole.
 /// It allows no non-durable commit, and the engine makes none (the commit log's batches
 /// reach the file in durable commits too).
-fn writer_mode() -> ConcurrencyMode {
+pub(crate) fn writer_mode() -> ConcurrencyMode {
     if cfg!(any(target_os = "linux", target_vendor = "apple", windows)) {
         ConcurrencyMode::SingleWriter
     } else {
@@ -605,7 +271,7 @@ fn writer_mode() -> ConcurrencyMode {
     }
 }
 
-fn redb_builder(mode: ConcurrencyMode) -> redb::Builder {
+pub(crate) fn redb_builder(mode: ConcurrencyMode) -> redb::Builder {
     let mut builder = Database::builder();
     builder.set_cache_size(REDB_CACHE_BYTES);
     // Every page checksum is verified before the engine's first commit. A commit walks
@@ -618,77 +284,8 @@ fn redb_builder(mode: ConcurrencyMode) -> redb::Builder {
     builder
 }
 
-pub(crate) fn file_backend(file: File, path: &Path) -> Result<FileBackend, OpenError> {
-    #[allow(clippy::useless_conversion)]
-    FileBackend::new(file).map_err(|e| open_error(path, e))
-}
-
-/// A file at a path through redb's file backend, with its locks: the medium of
-/// `FaultyStorage::file`. The whole-storage lock is redb's lock of the whole range, so it
-/// conflicts with an engine that opened the same path itself.
-#[derive(Debug)]
-pub(crate) struct FileStorage(FileBackend);
-
-impl FileStorage {
-    /// Opens the file at `path` for reading and writing, created if missing.
-    pub(crate) fn open(path: &Path) -> io::Result<FileStorage> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
-        #[allow(clippy::useless_conversion)]
-        FileBackend::new(file)
-            .map(FileStorage)
-            .map_err(|e| io::Error::other(e.to_string()))
-    }
-}
-
-impl Storage for FileStorage {
-    fn len(&self) -> io::Result<u64> {
-        self.0.len()
-    }
-    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        self.0.read(offset, out)
-    }
-    fn set_len(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
-    }
-    fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
-    }
-    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.0.write(offset, data)
-    }
-    fn close(&self) -> io::Result<()> {
-        self.0.close()
-    }
-    fn try_lock(&self, kind: LockKind) -> io::Result<bool> {
-        let (a, b) = (Bound::Unbounded, Bound::Unbounded);
-        match kind {
-            LockKind::Shared => self.0.try_lock_shared_range(a, b),
-            LockKind::Exclusive => self.0.try_lock_range(a, b),
-        }
-        .map_err(lock_io)
-    }
-    fn unlock(&self) -> io::Result<()> {
-        let (a, b) = (Bound::Unbounded, Bound::Unbounded);
-        self.0.unlock_range(a, b).map_err(lock_io)
-    }
-}
-
-/// A lock error of redb's file backend as the I/O error [`Storage`] reports.
-fn lock_io(e: BackendError) -> io::Error {
-    match e {
-        BackendError::Io(io) => io,
-        BackendError::Unsupported => io::Error::from(io::ErrorKind::Unsupported),
-        other => io::Error::other(other.to_string()),
-    }
-}
-
 /// Refuses a path that is a directory, before anything is created beside it.
-fn not_a_directory(path: &Path) -> OpenError {
+pub(crate) fn not_a_directory(path: &Path) -> OpenError {
     OpenError::Io(io::Error::new(
         io::ErrorKind::IsADirectory,
         format!("{} is a directory, not a file", path.display()),
@@ -1496,263 +1093,6 @@ fn apply_tables(txn: &WriteTransaction, tables: &[&Batch]) -> Result<(), redb::E
     Ok(())
 }
 
-/// A chunk's records by token.
-type Entries = BTreeMap<u64, Vec<u8>>;
-
-/// A damaged chunk met inside a commit: the commit fails (and the engine is poisoned), as
-/// for any page redb finds damaged.
-fn chunk_damage(e: chunk::ChunkError) -> redb::Error {
-    redb::StorageError::Corrupted(e.to_string()).into()
-}
-
-/// A damaged chunk met by an open or a scan.
-fn damaged_chunk(e: chunk::ChunkError) -> OpenError {
-    OpenError::Corrupted {
-        detail: e.to_string(),
-    }
-}
-
-/// The chunks one commit changes, decoded, by the key each is stored under in the file (a
-/// chunk the commit starts: under its first token). Chunk boundaries stay where they are
-/// until [`ChunkSet::write`], so every write of the commit finds a token's chunk the same
-/// way: the last chunk whose key is at or below the token, else the first chunk.
-#[derive(Default)]
-struct ChunkSet {
-    loaded: BTreeMap<u64, Entries>,
-    /// The records the loaded chunks held in the file.
-    stored: u64,
-    /// The pages the loaded chunks took in the file ([`value_pages`]).
-    stored_pages: u64,
-    /// The token ranges located so far, by first token: the range's end (exclusive) and
-    /// the chunk its tokens belong in. A commit's writes mostly land in a few chunks (new
-    /// tokens in the last ones, completions just behind, expiries in the oldest), so most
-    /// writes find their chunk here instead of in a search of the file's tree (a third of
-    /// an apply's CPU before). Valid while the set of chunk keys stays the same, which it
-    /// does from a commit's first write to [`ChunkSet::write`], except when a write starts
-    /// the first chunk of an empty table ([`ChunkSet::load`] then clears it).
-    located: BTreeMap<u64, (u64, u64)>,
-}
-
-impl ChunkSet {
-    /// The chunk stored under `key` (empty if none is: a chunk this commit starts).
-    fn load(
-        &mut self,
-        table: &impl ReadableTable<u64, &'static [u8]>,
-        key: u64,
-    ) -> Result<&mut Entries, redb::Error> {
-        if !self.loaded.contains_key(&key) {
-            let entries = match table.get(key)? {
-                Some(v) => {
-                    self.stored_pages += value_pages(v.value().len());
-                    chunk::decode(key, v.value()).map_err(chunk_damage)?
-                }
-                None => {
-                    // A chunk key the file does not hold: the ranges located may now end
-                    // at it.
-                    self.located.clear();
-                    Vec::new()
-                }
-            };
-            self.stored += entries.len() as u64;
-            self.loaded.insert(key, entries.into_iter().collect());
-        }
-        Ok(self.loaded.entry(key).or_default())
-    }
-
-    /// The key of the chunk `token` belongs in; `None` if there is no chunk at all. Asks
-    /// the file's tree only for a token outside every range located before, and then
-    /// remembers the range of tokens that share its answer: from its chunk's key (from 0
-    /// below the first chunk) to the next chunk's key.
-    fn locate(
-        &mut self,
-        table: &impl ReadableTable<u64, &'static [u8]>,
-        token: u64,
-    ) -> Result<Option<u64>, redb::Error> {
-        if let Some((_, &(end, key))) = self.located.range(..=token).next_back() {
-            if token < end {
-                debug_assert_eq!(self.search(table, token).ok(), Some(Some(key)));
-                return Ok(Some(key));
-            }
-        }
-        let Some(key) = self.search(table, token)? else {
-            return Ok(None);
-        };
-        let after = (Bound::Excluded(key), Bound::Unbounded);
-        let next_stored = match table.range::<u64>(after)?.next() {
-            Some(entry) => Some(entry?.0.value()),
-            None => None,
-        };
-        let next_started = self.loaded.range(after).next().map(|(k, _)| *k);
-        let end = match (next_stored, next_started) {
-            (Some(a), Some(b)) => a.min(b),
-            (a, b) => a.or(b).unwrap_or(u64::MAX),
-        };
-        let start = if key <= token { key } else { 0 };
-        self.located.insert(start, (end, key));
-        Ok(Some(key))
-    }
-
-    /// [`ChunkSet::locate`] without the ranges: the last chunk whose key is at or below
-    /// `token`, else the first chunk, in the file or started by this commit.
-    fn search(
-        &self,
-        table: &impl ReadableTable<u64, &'static [u8]>,
-        token: u64,
-    ) -> Result<Option<u64>, redb::Error> {
-        let stored = match table.range(..=token)?.next_back() {
-            Some(entry) => Some(entry?.0.value()),
-            None => None,
-        };
-        let started = self.loaded.range(..=token).next_back().map(|(k, _)| *k);
-        if let Some(key) = stored.max(started) {
-            return Ok(Some(key));
-        }
-        // Below every chunk: the first one (repacked under its new first token).
-        let stored = table.first()?.map(|(k, _)| k.value());
-        let started = self.loaded.keys().next().copied();
-        Ok(match (stored, started) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        })
-    }
-
-    fn remove(
-        &mut self,
-        table: &impl ReadableTable<u64, &'static [u8]>,
-        token: u64,
-    ) -> Result<Option<Vec<u8>>, redb::Error> {
-        let Some(key) = self.locate(table, token)? else {
-            return Ok(None);
-        };
-        Ok(self.load(table, key)?.remove(&token))
-    }
-
-    fn insert(
-        &mut self,
-        table: &impl ReadableTable<u64, &'static [u8]>,
-        token: u64,
-        record: &[u8],
-    ) -> Result<(), redb::Error> {
-        let key = self.locate(table, token)?.unwrap_or(token);
-        self.load(table, key)?.insert(token, record.to_vec());
-        Ok(())
-    }
-
-    /// Adds to the set, for [`ChunkSet::write`] to merge, the stored neighbour of each
-    /// changed chunk left under half full (the right-hand one, else the left-hand one) when
-    /// both fit in one chunk.
-    fn add_merges(
-        &mut self,
-        table: &impl ReadableTable<u64, &'static [u8]>,
-    ) -> Result<(), redb::Error> {
-        let small: Vec<(u64, usize)> = self
-            .loaded
-            .iter()
-            .filter(|(_, entries)| !entries.is_empty())
-            .map(|(key, entries)| (*key, encoded_bytes(entries)))
-            .filter(|(_, bytes)| *bytes < CHUNK_BYTES_MAX / 2)
-            .collect();
-        for (key, bytes) in small {
-            let right = match table.range(key.saturating_add(1)..)?.next() {
-                Some(entry) => Some(entry?),
-                None => None,
-            };
-            let left = match table.range(..key)?.next_back() {
-                Some(entry) => Some(entry?),
-                None => None,
-            };
-            let fits = |(k, v): &(redb::AccessGuard<u64>, redb::AccessGuard<&[u8]>)| {
-                (bytes + v.value().len() <= CHUNK_BYTES_MAX).then_some(k.value())
-            };
-            let neighbour = right
-                .as_ref()
-                .and_then(fits)
-                .or(left.as_ref().and_then(fits));
-            if let Some(neighbour) = neighbour {
-                self.load(table, neighbour)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the changed chunks back. Each run of changed chunks with no unchanged stored
-    /// chunk between them is repacked greedily ([`Packer`]): every chunk of a run but its
-    /// last is full, a chunk that outgrew its budget spills into the next, a chunk left
-    /// under half full merges with a neighbour ([`ChunkSet::add_merges`]), and a chunk left
-    /// empty is removed. Every chunk is stored under its first token. Returns the change in
-    /// the number of records the file holds.
-    fn write(mut self, table: &mut Table<u64, &'static [u8]>) -> Result<(i64, i64), redb::Error> {
-        self.add_merges(table)?;
-        let mut runs: Vec<Vec<u64>> = Vec::new();
-        let mut prev: Option<u64> = None;
-        for &key in self.loaded.keys() {
-            let joins = match prev {
-                Some(p) => table.range(p.saturating_add(1)..key)?.next().is_none(),
-                None => false,
-            };
-            match runs.last_mut() {
-                Some(run) if joins => run.push(key),
-                _ => runs.push(vec![key]),
-            }
-            prev = Some(key);
-        }
-        let mut written = 0u64;
-        let mut written_pages = 0u64;
-        for run in runs {
-            let mut packer = Packer::default();
-            let mut packed = Vec::new();
-            for key in run {
-                table.remove(key)?;
-                for (token, record) in self.loaded.remove(&key).unwrap_or_default() {
-                    packed.extend(packer.push(token, record));
-                }
-            }
-            packed.extend(packer.finish());
-            for entries in packed {
-                if let Some(&(first, _)) = entries.first() {
-                    written += entries.len() as u64;
-                    let value = chunk::encode(&entries);
-                    written_pages += value_pages(value.len());
-                    table.insert(first, value.as_slice())?;
-                }
-            }
-        }
-        Ok((
-            written.wrapping_sub(self.stored) as i64,
-            written_pages.wrapping_sub(self.stored_pages) as i64,
-        ))
-    }
-}
-
-/// The bytes the chunk of `entries` takes once encoded.
-fn encoded_bytes(entries: &Entries) -> usize {
-    let mut prev = entries.keys().next().copied().unwrap_or(0);
-    let mut total = chunk::CHUNK_OVERHEAD_BYTES;
-    for (token, record) in entries {
-        total += chunk::entry_bytes(token - prev, record.len());
-        prev = *token;
-    }
-    total
-}
-
-/// Calls `f` with the record under `token` in the chunks `table`: `None` if no chunk holds
-/// it, `Some(Err)` if its chunk is damaged.
-fn chunk_get<T>(
-    table: &impl ReadableTable<u64, &'static [u8]>,
-    token: u64,
-    f: impl FnOnce(&[u8]) -> Result<T, DecodeError>,
-) -> Result<Option<Result<T, DecodeError>>, redb::StorageError> {
-    let Some(entry) = table.range(..=token)?.next_back() else {
-        return Ok(None);
-    };
-    let (key, value) = entry?;
-    match chunk::find(key.value(), value.value(), token) {
-        Ok(Some(bytes)) => Ok(Some(f(bytes))),
-        Ok(None) => Ok(None),
-        Err(e) => Ok(Some(Err(DecodeError::Body(e.to_string())))),
-    }
-}
-
 /// Converts the records table of a file of an older format into chunks, in the open's
 /// transaction `txn`, and removes it: the file changes only if that commit does (a crash
 /// before it leaves the old file as it was). Every record is verified first, so a damaged
@@ -1793,73 +1133,8 @@ fn migrate(txn: &WriteTransaction, path: &Path) -> Result<u64, OpenError> {
     Ok(count)
 }
 
-/// A read transaction on one commit, for the application tables and the outbox. Cheap to
-/// clone; its reads never change.
-#[derive(Clone)]
-pub(crate) struct Snapshot(Arc<ReadTransaction>);
-
-/// A table this snapshot predates reads as empty.
-fn missing_is_empty<T>(opened: Result<T, redb::TableError>) -> Result<Option<T>, String> {
-    match opened {
-        Ok(table) => Ok(Some(table)),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-impl Snapshot {
-    /// The value stored under the row key `row`. `Err`: redb failed (the caller poisons).
-    pub(crate) fn row(&self, row: &[u8]) -> Result<Option<Vec<u8>>, String> {
-        contain("read", || {
-            let Some(table) = missing_is_empty(self.0.open_table(TABLES))? else {
-                return Ok(None);
-            };
-            let value = table.get(row).map_err(|e| e.to_string())?;
-            Ok(value.map(|v| v.value().to_vec()))
-        })?
-    }
-
-    /// Calls `f` with each row whose key is in `[lo, hi)`, in key order, while it returns
-    /// true.
-    pub(crate) fn rows(
-        &self,
-        lo: &[u8],
-        hi: &[u8],
-        mut f: impl FnMut(&[u8], &[u8]) -> bool,
-    ) -> Result<(), String> {
-        contain("scan", || {
-            let Some(table) = missing_is_empty(self.0.open_table(TABLES))? else {
-                return Ok(());
-            };
-            for entry in table.range(lo..hi).map_err(|e| e.to_string())? {
-                let (k, v) = entry.map_err(|e| e.to_string())?;
-                if !f(k.value(), v.value()) {
-                    break;
-                }
-            }
-            Ok(())
-        })?
-    }
-
-    /// Calls `f` with each outbox message, in id order, while it returns true.
-    pub(crate) fn messages(&self, mut f: impl FnMut(u64, &[u8]) -> bool) -> Result<(), String> {
-        contain("scan", || {
-            let Some(table) = missing_is_empty(self.0.open_table(OUTBOX))? else {
-                return Ok(());
-            };
-            for entry in table.iter().map_err(|e| e.to_string())? {
-                let (k, v) = entry.map_err(|e| e.to_string())?;
-                if !f(k.value(), v.value()) {
-                    break;
-                }
-            }
-            Ok(())
-        })?
-    }
-}
-
 /// The durable token high-water mark in `txn`'s snapshot (0 if none was ever written).
-fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenError> {
+pub(crate) fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenError> {
     let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
     let Some(v) = meta.get(META_TOKEN_HWM).map_err(|e| open_error(path, e))? else {
         return Ok(0);
@@ -1871,7 +1146,7 @@ fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenError> {
 }
 
 /// See [`Store::scan`]: the records of a file of a format before 5, one per row.
-fn scan_records<E>(
+pub(crate) fn scan_records<E>(
     txn: &ReadTransaction,
     path: &Path,
     range: std::ops::Range<u64>,
@@ -1901,7 +1176,7 @@ fn scan_records<E>(
 /// last token of the chunk before it means a damaged tree: `Corrupted`.
 /// Also adds to `pages` the pages of the chunks whose keys `range` holds ([`value_pages`]),
 /// so that scans of disjoint ranges count each chunk once.
-fn scan_chunks<E>(
+pub(crate) fn scan_chunks<E>(
     txn: &ReadTransaction,
     path: &Path,
     range: std::ops::Range<u64>,
@@ -1961,7 +1236,7 @@ fn scan_chunks<E>(
 /// How a file holds its records: one per row (formats before 5, read in place by a
 /// read-only open), or packed into chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
+pub(crate) enum Layout {
     Records,
     Chunks,
 }
@@ -1978,7 +1253,7 @@ fn layout_of(marker: &[u8]) -> Option<Layout> {
 }
 
 /// The names of the tables a file holds, refused as `Foreign` if any is not idemkv's.
-fn our_tables(
+pub(crate) fn our_tables(
     tables: impl Iterator<Item = redb::UntypedTableHandle>,
 ) -> Result<Vec<String>, OpenError> {
     let names: Vec<String> = tables.map(|t| t.name().to_string()).collect();
@@ -2001,7 +1276,7 @@ fn our_tables(
 /// Opens the meta and records tables in `txn` and reads through their definitions: the
 /// format marker, the mark, the record (or chunk) count and both ends of the records tree
 /// (and both end chunks' framing). Returns the file's layout.
-fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<Layout, OpenError> {
+pub(crate) fn check_tables(txn: &ReadTransaction, path: &Path) -> Result<Layout, OpenError> {
     let damaged = |e: redb::Error| match open_error(path, e) {
         OpenError::Corrupted { detail } => OpenError::Corrupted {
             detail: format!("the table definitions do not decode: {detail}"),
@@ -2101,350 +1376,6 @@ fn remove_leftover(tmp: &Path) {
     }
 }
 
-/// A read-only handle on an idemkv file, for the operator commands: nothing it does changes
-/// a byte of the file (or its modification time).
-///
-/// - When no writer has the file open, it is opened through [`Overlay`]: redb works as a
-///   writer would, so it can recover a file that was not closed cleanly and verify every
-///   page checksum, but its writes stay in memory. Its locks are shared: a service cannot
-///   start while the handle is open, and other readers can.
-/// - When a writer has it open (in `SingleWriter` mode), it is opened as a redb read-only
-///   handle that follows the writer's commits: it sees the last committed transaction.
-pub(crate) struct ReadOnlyStore {
-    /// Present until dropped.
-    db: Option<ReadDb>,
-    path: PathBuf,
-    verified: bool,
-}
-
-enum ReadDb {
-    Snapshot(Database),
-    Live(ReadOnlyDatabase),
-}
-
-impl fmt::Debug for ReadOnlyStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadOnlyStore")
-            .field("path", &self.path)
-            .field("live", &self.is_live())
-            .finish()
-    }
-}
-
-impl Drop for ReadOnlyStore {
-    fn drop(&mut self) {
-        // A redb panic on a damaged page leaves its locks poisoned: contain the close.
-        let db = self.db.take();
-        let _ = contain("close", move || drop(db));
-    }
-}
-
-/// The check of a commit log beside a file opened read-only (`commit_log::check_beside`).
-/// The reader passes it in: the store knows the log's state row, not the log.
-pub(crate) type LogCheck = fn(&Path, &[u8; HASH_SECRET_LEN], LogState) -> Result<(), OpenError>;
-
-impl ReadOnlyStore {
-    /// Opens the file at `path` read-only. `verify`: check every redb page checksum (only
-    /// possible when no writer has the file open; see [`ReadOnlyStore::verified`]).
-    pub(crate) fn open(
-        path: &Path,
-        verify: bool,
-        check_log: LogCheck,
-    ) -> Result<ReadOnlyStore, OpenError> {
-        // A writer can close between the two attempts below; a second round then finds it
-        // gone.
-        let mut last = None;
-        for _ in 0..2 {
-            match Self::open_snapshot(path, verify, check_log) {
-                Err(OpenError::AlreadyOpen { .. }) => {}
-                other => return other,
-            }
-            match Self::open_live(path) {
-                Err(e @ OpenError::Corrupted { .. }) => last = Some(e),
-                other => return other,
-            }
-        }
-        Err(last.unwrap_or_else(|| OpenError::AlreadyOpen {
-            path: path.to_path_buf(),
-        }))
-    }
-
-    fn open_file(path: &Path) -> Result<FileBackend, OpenError> {
-        match std::fs::metadata(path) {
-            Ok(m) if m.is_dir() => return Err(not_a_directory(path)),
-            _ => {}
-        }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .open(path)
-            .map_err(OpenError::Io)?;
-        let backend = file_backend(file, path)?;
-        match contain("open", || inspect(&backend, path)).map_err(panicked)?? {
-            Head::Redb => Ok(backend),
-            Head::Empty => Err(OpenError::Foreign {
-                detail: format!("{} is empty", path.display()),
-            }),
-            Head::CutShort => Err(OpenError::HeaderDamaged {
-                path: path.to_path_buf(),
-                detail: "redb's magic is zero; the rest is what a creation cut short leaves: \
-                         the file holds no records"
-                    .into(),
-            }),
-            head => refuse(head, path).map(|_| backend),
-        }
-    }
-
-    fn open_snapshot(
-        path: &Path,
-        verify: bool,
-        check_log: LogCheck,
-    ) -> Result<ReadOnlyStore, OpenError> {
-        let overlay = Overlay::new(Self::open_file(path)?)?;
-        let mut builder = Database::builder();
-        builder.set_cache_size(READER_CACHE_BYTES);
-        builder.set_check_integrity_on_open(verify);
-        let db = contain("open", || builder.create_with_backend(overlay))
-            .map_err(panicked)?
-            .map_err(|e| open_error(path, e))?;
-        let store = Self::checked(ReadDb::Snapshot(db), path, verify)?;
-        store.refuse_unapplied_log(check_log)?;
-        Ok(store)
-    }
-
-    /// With no engine running, a commit log beside the file that holds commits of the
-    /// file's current epoch means the file alone misses acknowledged commits.
-    fn refuse_unapplied_log(&self, check_log: LogCheck) -> Result<(), OpenError> {
-        let path = &self.path;
-        let (secret, state) = contain("read", || {
-            let txn = self.begin_read()?;
-            let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
-            let secret = meta
-                .get(META_HASH_SECRET)
-                .map_err(|e| open_error(path, e))?
-                .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.value()).ok());
-            Ok::<_, OpenError>((secret, read_log_state(&meta, path)?))
-        })
-        .map_err(panicked)??;
-        // A file without a secret was never opened by an engine that logs.
-        let Some(secret) = secret else {
-            return Ok(());
-        };
-        check_log(path, &secret, state)
-    }
-
-    fn open_live(path: &Path) -> Result<ReadOnlyStore, OpenError> {
-        let backend = Self::open_file(path)?;
-        let mut builder = Database::builder();
-        builder.set_cache_size(READER_CACHE_BYTES);
-        builder.set_concurrency_mode(ConcurrencyMode::SingleWriter);
-        let db = contain("open", || builder.open_read_only_with_backend(backend))
-            .map_err(panicked)?
-            .map_err(|e| open_error(path, e))?;
-        Self::checked(ReadDb::Live(db), path, false)
-    }
-
-    fn checked(db: ReadDb, path: &Path, verified: bool) -> Result<ReadOnlyStore, OpenError> {
-        let store = ReadOnlyStore {
-            db: Some(db),
-            path: path.to_path_buf(),
-            verified,
-        };
-        contain("format check", || {
-            let txn = store.begin_read()?;
-            let names = our_tables(txn.list_tables().map_err(|e| open_error(path, e))?)?;
-            if !names.iter().any(|n| n == META.name()) {
-                return Err(OpenError::Foreign {
-                    detail: format!("{} holds no idemkv tables", path.display()),
-                });
-            }
-            check_tables(&txn, path).map(drop)
-        })
-        .map_err(panicked)??;
-        Ok(store)
-    }
-
-    /// Whether a writer has the file open: what this handle reads is the writer's last
-    /// commit at the time of each read.
-    pub(crate) fn is_live(&self) -> bool {
-        matches!(self.db, Some(ReadDb::Live(_)))
-    }
-
-    /// Whether every redb page checksum was verified on open.
-    pub(crate) fn verified(&self) -> bool {
-        self.verified
-    }
-
-    /// A read transaction: one consistent snapshot of the file.
-    pub(crate) fn begin_read(&self) -> Result<ReadTransaction, OpenError> {
-        let txn = match &self.db {
-            Some(ReadDb::Snapshot(db)) => db.begin_read(),
-            Some(ReadDb::Live(db)) => db.begin_read(),
-            None => unreachable!("a ReadOnlyStore holds its database until dropped"),
-        };
-        txn.map_err(|e| open_error(&self.path, e))
-    }
-
-    /// The token mark in `txn`.
-    pub(crate) fn token_hwm(&self, txn: &ReadTransaction) -> Result<u64, OpenError> {
-        token_hwm(txn, &self.path)
-    }
-
-    /// Calls `f` with every record in `txn`, in token order (see [`Store::scan`]), in the
-    /// layout the snapshot's format marker names: a file of an older format is read in place.
-    pub(crate) fn scan<E>(
-        &self,
-        txn: &ReadTransaction,
-        f: impl FnMut(u64, &[u8]) -> Result<(), E>,
-    ) -> Result<Result<u64, E>, OpenError> {
-        contain("scan", || match check_tables(txn, &self.path)? {
-            Layout::Records => scan_records(txn, &self.path, 0..u64::MAX, f),
-            Layout::Chunks => scan_chunks(txn, &self.path, 0..u64::MAX, f, &mut 0),
-        })
-        .map_err(panicked)?
-    }
-}
-
-/// Size of the pages [`Overlay`] keeps its writes in.
-const OVERLAY_PAGE_BYTES: u64 = 4096;
-
-#[derive(Debug)]
-struct OverlayState {
-    len: u64,
-    /// Bytes of the file still visible under the overlay (a shrink hides the rest).
-    base_len: u64,
-    pages: HashMap<u64, Box<[u8]>>,
-}
-
-/// A copy-on-write view of a file: reads see the file under every write made through the
-/// view, writes stay in memory, syncs do nothing. Lock requests become shared locks on the
-/// file, so the view excludes writers and admits other readers. redb can then recover and
-/// verify a file as a writer does without changing a byte of it.
-#[derive(Debug)]
-struct Overlay {
-    base: FileBackend,
-    state: Mutex<OverlayState>,
-}
-
-impl Overlay {
-    fn new(base: FileBackend) -> Result<Self, OpenError> {
-        let len = base.len().map_err(OpenError::Io)?;
-        Ok(Overlay {
-            base,
-            state: Mutex::new(OverlayState {
-                len,
-                base_len: len,
-                pages: HashMap::new(),
-            }),
-        })
-    }
-
-    /// The file's bytes at `offset` as far as they are visible, zeros past that.
-    fn read_base(&self, s: &OverlayState, offset: u64, out: &mut [u8]) -> io::Result<()> {
-        let visible = s.base_len.saturating_sub(offset).min(out.len() as u64) as usize;
-        if visible > 0 {
-            self.base.read(offset, &mut out[..visible])?;
-        }
-        out[visible..].fill(0);
-        Ok(())
-    }
-}
-
-impl StorageBackend for Overlay {
-    fn len(&self) -> Result<u64, io::Error> {
-        Ok(self.state.lock().len)
-    }
-
-    fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), io::Error> {
-        let s = self.state.lock();
-        let end = offset.saturating_add(out.len() as u64);
-        if end > s.len {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "read past the end",
-            ));
-        }
-        self.read_base(&s, offset, out)?;
-        if out.is_empty() {
-            return Ok(());
-        }
-        for page in offset / OVERLAY_PAGE_BYTES..=(end - 1) / OVERLAY_PAGE_BYTES {
-            let Some(data) = s.pages.get(&page) else {
-                continue;
-            };
-            let page_start = page * OVERLAY_PAGE_BYTES;
-            let from = offset.max(page_start);
-            let to = end.min(page_start + OVERLAY_PAGE_BYTES);
-            out[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&data[(from - page_start) as usize..(to - page_start) as usize]);
-        }
-        Ok(())
-    }
-
-    fn set_len(&self, len: u64) -> Result<(), io::Error> {
-        let mut s = self.state.lock();
-        if len < s.len {
-            s.pages.retain(|&p, _| p * OVERLAY_PAGE_BYTES < len);
-            let cut = (len % OVERLAY_PAGE_BYTES) as usize;
-            if let Some(page) = s.pages.get_mut(&(len / OVERLAY_PAGE_BYTES)) {
-                page[cut..].fill(0);
-            }
-            s.base_len = s.base_len.min(len);
-        }
-        s.len = len;
-        Ok(())
-    }
-
-    fn sync_data(&self) -> Result<(), io::Error> {
-        Ok(())
-    }
-
-    fn write(&self, offset: u64, data: &[u8]) -> Result<(), io::Error> {
-        let mut s = self.state.lock();
-        let end = offset.saturating_add(data.len() as u64);
-        if data.is_empty() {
-            return Ok(());
-        }
-        for page in offset / OVERLAY_PAGE_BYTES..=(end - 1) / OVERLAY_PAGE_BYTES {
-            let page_start = page * OVERLAY_PAGE_BYTES;
-            if !s.pages.contains_key(&page) {
-                let mut fresh = vec![0u8; OVERLAY_PAGE_BYTES as usize].into_boxed_slice();
-                self.read_base(&s, page_start, &mut fresh)?;
-                s.pages.insert(page, fresh);
-            }
-            let from = offset.max(page_start);
-            let to = end.min(page_start + OVERLAY_PAGE_BYTES);
-            if let Some(target) = s.pages.get_mut(&page) {
-                target[(from - page_start) as usize..(to - page_start) as usize]
-                    .copy_from_slice(&data[(from - offset) as usize..(to - offset) as usize]);
-            }
-        }
-        s.len = s.len.max(end);
-        Ok(())
-    }
-
-    fn close(&self) -> Result<(), io::Error> {
-        self.base.close()
-    }
-    fn try_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
-        self.base.try_lock_shared_range(s, e)
-    }
-    fn try_lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
-        self.base.try_lock_shared_range(s, e)
-    }
-    fn lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
-        self.base.lock_shared_range(s, e)
-    }
-    fn lock_shared_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
-        self.base.lock_shared_range(s, e)
-    }
-    fn unlock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<(), BackendError> {
-        self.base.unlock_range(s, e)
-    }
-    fn query_lock_range(&self, s: Bound<u64>, e: Bound<u64>) -> Result<bool, BackendError> {
-        self.base.query_lock_range(s, e)
-    }
-}
-
 /// Raw access to stored values, for the sabotage build only: a replay that skips the
 /// checksum (a sabotage) and damage to a stored value that bypasses the encoder (bit rot).
 #[cfg(idemkv_sabotage)]
@@ -2508,6 +1439,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::constants::CHUNK_BYTES_MAX;
+    use std::collections::BTreeMap;
 
     fn db() -> Database {
         Database::builder()
