@@ -23,8 +23,8 @@
 //! Architecture Invariant: a batch changes how many claims share a statement, never what one
 //! claim decides: each key's claim is the same function call as a lone claim's.
 
-use super::db::Fail;
 use super::error::{DatabaseError, DatabaseErrorKind};
+use super::rows::Fail;
 use crate::shared::constants::PG_BATCH_MAX;
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -251,8 +251,8 @@ impl<A: Keyed, R> Batcher<A, R> {
 #[cfg(test)]
 mod tests {
     use super::{Batcher, Keyed};
-    use crate::shared::db::Fail;
     use crate::shared::error::DatabaseErrorKind;
+    use crate::shared::rows::Fail;
     use std::sync::Arc;
     use std::time::Duration;
     use tokio::sync::{oneshot, Mutex};

@@ -2,8 +2,9 @@
 //! local front before it, and what a lease holder does. Each database transition is one
 //! statement (`sql.rs`); the front only spares round trips and never decides a transition.
 
-use super::db::{ClaimRow, CompleteRow, Db, Fail, GetRow, HookFail, TableRow, Writes};
+use super::db::{Db, Writes};
 use super::front::{Cached, Found, Front, Look};
+use super::rows::{ClaimRow, CompleteRow, Fail, GetRow, HookFail, TableRow};
 pub(crate) use crate::api::remote::RemoteAnswer as Answer;
 use crate::model::answer::{Busy, Forgotten, KeyState, Stored};
 use crate::model::codec::Checkpoint;

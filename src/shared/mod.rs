@@ -33,6 +33,7 @@ use crate::model::database_error as error;
 mod front;
 mod lease;
 mod listen;
+mod rows;
 mod sql;
 mod tls;
 mod wake;
