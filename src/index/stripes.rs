@@ -580,7 +580,11 @@ impl Shard {
         };
         self.heap_bytes = (self.heap_bytes + added).saturating_sub(freed);
         match old {
-            Some(old) if old.same_place(&slot) => {}
+            Some(old) if old.same_place(&slot) => {
+                if let (Some(reap_ns), true) = (reap_ns, slot.is_inflight()) {
+                    self.set_reap(hash, &old, reap_ns);
+                }
+            }
             _ => {
                 if let Some(old) = old {
                     self.leave(hash, &old);
@@ -590,6 +594,30 @@ impl Shard {
                 self.refresh_due();
             }
         }
+    }
+
+    /// Gives the InFlight slot `old`, which keeps its place, the reap instant `reap_ns`: its
+    /// entry is rewritten where it is (`ended` if the lease is abandoned, else `leases`) and
+    /// that heap rebuilt. Only an extension that leaves the deadline where it was asks this
+    /// (rare), so the linear rebuild costs nothing on the common paths.
+    fn set_reap(&mut self, hash: u64, old: &Slot, reap_ns: u64) {
+        let is_old = |e: &LeaseEntry| {
+            e.hash == hash && e.token == old.token && e.deadline_ns == old.deadline_ns
+        };
+        if old.is_abandoned() {
+            let mut entries = std::mem::take(&mut self.ended).into_vec();
+            for e in entries.iter_mut().filter(|e| is_old(&e.0)) {
+                e.0.reap_ns = reap_ns;
+            }
+            self.ended = BinaryHeap::from(entries);
+        } else {
+            let mut entries = std::mem::take(&mut self.leases).into_vec();
+            for e in entries.iter_mut().filter(|e| is_old(&e.0)) {
+                e.0.reap_ns = reap_ns;
+            }
+            self.leases = BinaryHeap::from(entries);
+        }
+        self.refresh_due();
     }
 
     /// The slot stops being what it was: its queue entry goes stale. An abandoned lease
@@ -2506,6 +2534,33 @@ mod tests {
         f.shard.end_leases(0, usize::MAX);
         assert_eq!(f.reclaim_all(4), vec![]);
         assert_eq!(f.reclaim_all(5), vec![(Reclaimed::Reaped, 7)]);
+    }
+
+    #[test]
+    fn a_slot_that_keeps_its_place_takes_the_reap_instant_it_is_given() {
+        // Abandoned: the entry in `ended` moves from 50 to 20.
+        let mut f = fixture();
+        f.gauges.inflight.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot::inflight(7, 0, 1);
+        f.shard
+            .put_reaped_at(f.shard.key(b"r"), slot, Extra::default(), 50);
+        f.shard.end_leases(0, usize::MAX);
+        f.shard
+            .put_reaped_at(f.shard.key(b"r"), slot, Extra::default(), 20);
+        assert_eq!(f.reclaim_all(19), vec![]);
+        assert_eq!(f.reclaim_all(20), vec![(Reclaimed::Reaped, 7)]);
+
+        // Live: the entry in `leases` carries the new instant into `ended` when it ends.
+        let mut f = fixture();
+        f.gauges.inflight.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot::inflight(8, 10, 1);
+        f.shard
+            .put_reaped_at(f.shard.key(b"s"), slot, Extra::default(), 90);
+        f.shard
+            .put_reaped_at(f.shard.key(b"s"), slot, Extra::default(), 40);
+        f.shard.end_leases(10, usize::MAX);
+        assert_eq!(f.reclaim_all(39), vec![]);
+        assert_eq!(f.reclaim_all(40), vec![(Reclaimed::Reaped, 8)]);
     }
 
     #[test]

@@ -737,12 +737,23 @@ pub(crate) fn hold(
             let Some(mut slot) = held.filter(|slot| slot.is_inflight() && !failed) else {
                 return lost();
             };
+            let unmoved = slot.deadline_ns;
             slot.deadline_ns = now.mono_ns.saturating_add(duration_ns(lease));
             let mut extra = view.extra.cloned().unwrap_or_default();
             // A live lease again: its end is its deadline, and its length the one given now.
             extra.ended_wall_ms = 0;
             extra.lease_ms = Some(lease_ms(lease));
-            update(key, slot, extra, now, rules)
+            let reap_ns = reap_after(slot.deadline_ns, &extra, rules);
+            let mut step = update(key, slot, extra, now, rules);
+            // An extension that leaves the deadline where it was keeps the slot's place in
+            // the expiry order, but not its reap instant: one loaded from a record (reaped
+            // `retention` after the recorded end) is reaped after this end from now on.
+            if slot.deadline_ns == unmoved {
+                if let Change::Put { reap_ns: r, .. } = &mut step.change {
+                    *r = Some(reap_ns);
+                }
+            }
+            step
         }
         Holder::Fail => {
             let Some(mut slot) = held.filter(Slot::is_inflight) else {
@@ -836,6 +847,17 @@ fn complete(
 /// `extend` or `checkpoint`: the InFlight slot changes and its record is rewritten with the
 /// lease's own end, also when it is already over (a holder may act until someone takes
 /// over), so that recovery reaps the claim `retention` after it, as the sweeper would have.
+/// The instant an InFlight slot ending at `deadline_ns` is reaped if abandoned: the key's
+/// own retention after its end, or the engine's.
+fn reap_after(deadline_ns: u64, extra: &Extra, rules: &Rules) -> u64 {
+    let retention_ns = extra
+        .retention_ms
+        .map_or(duration_ns(rules.retention), |ms| {
+            ms.saturating_mul(1_000_000)
+        });
+    deadline_ns.saturating_add(retention_ns)
+}
+
 fn update(
     key: KeyRef<'_>,
     slot: Slot,
@@ -2681,6 +2703,34 @@ mod tests {
     }
 
     // --- extend and checkpoint ---------------------------------------------------------------
+
+    #[test]
+    fn an_extension_that_leaves_the_deadline_in_place_gives_the_reap_instant() {
+        // A lease of zero from its own deadline: the slot keeps its place in the expiry
+        // order, and the index is told the reap instant that follows from this end (one
+        // loaded from a record may have another).
+        let st = states();
+        let v = view(st.lease, &st.lease_extra);
+        let op = Holder::Extend {
+            lease: Duration::ZERO,
+        };
+        let step = hold(v, K, 5, op, at(END), &durable());
+        assert_eq!(step.answer, HolderAnswer::Done);
+        let retention_ns = duration_ns(durable().retention);
+        match step.change {
+            Change::Put { slot, reap_ns, .. } => {
+                assert_eq!(slot.deadline_ns, END);
+                assert_eq!(reap_ns, Some(END + retention_ns));
+            }
+            other => panic!("an extension puts the slot: {other:?}"),
+        }
+        // One that moves the deadline leaves the reap instant to the new end.
+        let op = Holder::Extend {
+            lease: Duration::from_millis(1),
+        };
+        let step = hold(v, K, 5, op, at(END), &durable());
+        assert!(matches!(step.change, Change::Put { reap_ns: None, .. }));
+    }
 
     #[test]
     fn extend_by_the_holder_moves_the_lease_end_live_or_over() {
