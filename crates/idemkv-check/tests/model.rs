@@ -188,6 +188,46 @@ fn fingerprint_mismatch_is_refused_while_a_completion_is_not_yet_durable() {
     );
 }
 
+/// A fixed finding (docs/testing.md): a claim taken over by a restart and then extended by
+/// zero at the restart's instant kept the reap instant of its recorded lease end, instead of
+/// being reaped `retention` after its new end. In every mode with a file: the model checks
+/// the records after the flush that follows the new reap instant.
+#[test]
+fn an_extension_by_zero_at_a_takeover_restart_reaps_after_the_new_end() {
+    use idemkv_check::ops::{AdvanceSel, FpSel, KeySel, LeaseSel, Op, TokenSel};
+    let key = KeySel(0);
+    let case = OpsCase {
+        ops: vec![
+            // "k0", a 20 ms lease: recorded to end at 20 ms, so reaped at 120 ms by the
+            // record, and at 100 ms once its lease ends at 0 ms.
+            Op::Claim {
+                key,
+                fingerprint: FpSel(206),
+                lease: LeaseSel(252),
+                wait: true,
+            },
+            Op::Restart { power_loss: true },
+            Op::Extend {
+                key,
+                token: TokenSel(105),
+                lease: LeaseSel(105),
+            },
+            Op::Advance { by: AdvanceSel(11) },
+            Op::Flush,
+        ],
+    };
+    for mode in [
+        Durability::Immediate,
+        Durability::Buffered {
+            max_delay: Duration::from_millis(1),
+        },
+    ] {
+        if let Err(e) = ops::run_case(mode, &case) {
+            panic!("{e}");
+        }
+    }
+}
+
 /// The records of an engine holding one completion (`k` → `r`) that is not yet durable: a
 /// `Buffered` engine whose writer waits an hour before it commits.
 fn records_with_an_unpublished_completion() -> Vec<idemkv::admin::RecordInfo> {
