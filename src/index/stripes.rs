@@ -268,6 +268,21 @@ fn lease_matches(slot: &Slot, e: &LeaseEntry, abandoned: bool) -> bool {
         && slot.is_abandoned() == abandoned
 }
 
+/// Sets `reap_ns` on the entries of `heap` that `is_old` picks, and rebuilds the heap (its
+/// order may depend on the reap instant).
+fn rewrite<T: Ord>(
+    heap: &mut BinaryHeap<T>,
+    entry: impl Fn(&mut T) -> &mut LeaseEntry,
+    is_old: impl Fn(&LeaseEntry) -> bool,
+    reap_ns: u64,
+) {
+    let mut entries = std::mem::take(heap).into_vec();
+    for e in entries.iter_mut().map(&entry).filter(|e| is_old(e)) {
+        e.reap_ns = reap_ns;
+    }
+    *heap = BinaryHeap::from(entries);
+}
+
 /// Whether `(key, slot)` is the completion `e` stands for.
 fn done_matches(slot: &Slot, e: &DoneEntry) -> bool {
     !slot.is_inflight() && slot.deadline_ns == e.deadline_ns && slot.table_hash() == e.hash
@@ -605,17 +620,9 @@ impl Shard {
             e.hash == hash && e.token == old.token && e.deadline_ns == old.deadline_ns
         };
         if old.is_abandoned() {
-            let mut entries = std::mem::take(&mut self.ended).into_vec();
-            for e in entries.iter_mut().filter(|e| is_old(&e.0)) {
-                e.0.reap_ns = reap_ns;
-            }
-            self.ended = BinaryHeap::from(entries);
+            rewrite(&mut self.ended, |e| &mut e.0, is_old, reap_ns);
         } else {
-            let mut entries = std::mem::take(&mut self.leases).into_vec();
-            for e in entries.iter_mut().filter(|e| is_old(&e.0)) {
-                e.0.reap_ns = reap_ns;
-            }
-            self.leases = BinaryHeap::from(entries);
+            rewrite(&mut self.leases, |e| &mut e.0, is_old, reap_ns);
         }
         self.refresh_due();
     }

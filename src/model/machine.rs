@@ -794,10 +794,7 @@ fn complete(
 ) -> Step<HolderAnswer> {
     let fingerprint = view.fingerprint();
     let own_ms = retention_ms.or(view.extra.and_then(|e| e.retention_ms));
-    let keep_ns = match own_ms {
-        Some(ms) => ms.saturating_mul(1_000_000),
-        None => duration_ns(rules.retention),
-    };
+    let keep_ns = keep_ns(own_ms, rules);
     let (expires_wall_ms, expires_ns) = now.end_on_wall_grid(keep_ns);
     let first_claimed_wall_ms = view.extra.map_or(0, |e| e.first_claimed_wall_ms);
     let write = rules.durable.then(|| Write::Put {
@@ -844,20 +841,23 @@ fn complete(
     }
 }
 
-/// `extend` or `checkpoint`: the InFlight slot changes and its record is rewritten with the
-/// lease's own end, also when it is already over (a holder may act until someone takes
-/// over), so that recovery reaps the claim `retention` after it, as the sweeper would have.
+/// How long the key is kept: its own retention (ms), or the engine's.
+fn keep_ns(own_ms: Option<u64>, rules: &Rules) -> u64 {
+    match own_ms {
+        Some(ms) => ms.saturating_mul(1_000_000),
+        None => duration_ns(rules.retention),
+    }
+}
+
 /// The instant an InFlight slot ending at `deadline_ns` is reaped if abandoned: the key's
 /// own retention after its end, or the engine's.
 fn reap_after(deadline_ns: u64, extra: &Extra, rules: &Rules) -> u64 {
-    let retention_ns = extra
-        .retention_ms
-        .map_or(duration_ns(rules.retention), |ms| {
-            ms.saturating_mul(1_000_000)
-        });
-    deadline_ns.saturating_add(retention_ns)
+    deadline_ns.saturating_add(keep_ns(extra.retention_ms, rules))
 }
 
+/// `extend` or `checkpoint`: the InFlight slot changes and its record is rewritten with the
+/// lease's own end, also when it is already over (a holder may act until someone takes
+/// over), so that recovery reaps the claim `retention` after it, as the sweeper would have.
 fn update(
     key: KeyRef<'_>,
     slot: Slot,
