@@ -1,6 +1,6 @@
 //! Claims: the atomic check-and-write at the heart of idemkv, waiting losers, and `run`.
 //!
-//! Every decision is taken by the state machine (`machine.rs`), applied by `claim_step`
+//! Every decision is taken by the state machine (`model/machine/`), applied by `claim_step`
 //! under the key's stripe lock in one step: look at the slot, decide, queue the write
 //! (non-blocking), change the slot. Waiting for
 //! durability and reading a stored response from the file happen after the lock is dropped.

@@ -1,6 +1,6 @@
 //! The engine handle, opening and closing (its shared state is `runtime/shared.rs`).
 //!
-//! The state machine's decisions are in `machine.rs`; `claim.rs` (claims and waits),
+//! The state machine's decisions are in `model/machine/`; `claim.rs` (claims and waits),
 //! `holder.rs` (what a lease holder does), `admin.rs`, `sweep.rs` (reclaiming expired keys)
 //! and `recovery.rs` (rebuilding the index) apply them under the stripe lock.
 

@@ -1,4 +1,4 @@
-//! One key driven through the pure state machine (`machine.rs`) alone, transition by
+//! One key driven through the pure state machine (`machine/`) alone, transition by
 //! transition, so that a checker can compare each answer and each state with an independent
 //! specification. Compiled only with `--cfg idemkv_sabotage`; hidden from the documentation.
 //!

@@ -1,4 +1,4 @@
-//! The engine's pure state machine (`src/model/machine.rs`), driven one key at a time through the
+//! The engine's pure state machine (`src/model/machine/`), driven one key at a time through the
 //! hidden probe (`idemkv::machine_probe`), against the sequential spec (`spec.rs`): random
 //! operation sequences from fixed seeds, and after every operation the spec must accept the
 //! machine's answer and both must hold the same state (token, attempt, fingerprint,
