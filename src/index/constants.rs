@@ -1,6 +1,6 @@
 //! Tuning constants of the in-memory index.
 
-/// Side-data boxes a stripe keeps for reuse (`stripes.rs`). A claim allocates one for its
+/// Side-data boxes a stripe keeps for reuse (`shard/`). A claim allocates one for its
 /// InFlight slot and the completion's publication frees it, usually on another thread:
 /// both sides pay glibc's paths under the stripe lock. Kept boxes are counted in the
 /// stripe's memory (about 1.5 KB per stripe at most).

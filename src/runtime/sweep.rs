@@ -9,8 +9,8 @@
 //! the key is Absent.
 //!
 //! Nothing here walks a stripe: each stripe keeps its slots in the order they fall due
-//! (`index/stripes.rs`), so a pass costs O(1) per stripe with nothing due and O(1) amortized per
-//! key removed. The sweeper works in bounded steps: at most `SWEEP_STRIPE_BATCH` entries per
+//! (`index/expiry.rs`), so a pass costs O(1) per stripe with nothing due and O(1) amortized
+//! per key removed. The sweeper works in bounded steps: at most `SWEEP_STRIPE_BATCH` entries per
 //! stripe-lock hold, earliest first, and a pause after each `SWEEP_STEP_BUDGET` of work.
 //! Deletions go through the group-commit writer, and the sweeper backs off while the writer
 //! queue is more than half full.
@@ -18,8 +18,8 @@
 //! holds their stripe lock, so a live lease or an unexpired completion is never evicted.
 
 use crate::base::sync::{Arc, MutexGuard};
+use crate::index::shard::{Reclaimed, Shard};
 use crate::index::stats::{bump, Events};
-use crate::index::stripes::{Reclaimed, Shard};
 use crate::model::machine::Step;
 use crate::model::marker::MarkerEnded;
 use crate::runtime::constants::{SWEEP_PAUSE, SWEEP_STEP_BUDGET, SWEEP_STRIPE_BATCH};
