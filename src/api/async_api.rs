@@ -42,7 +42,7 @@ use std::future::{poll_fn, Future};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::api::claim::{flush_to_claim, Again, Prepared, Step};
+use crate::api::claim_step::{flush_to_claim, Again, Prepared, Step};
 
 impl Engine {
     /// The async form of [`Engine::claim`]: the same decision, taken at once; under

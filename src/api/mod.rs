@@ -3,6 +3,7 @@
 pub(crate) mod admin;
 pub(crate) mod async_api;
 pub(crate) mod claim;
+pub(crate) mod claim_step;
 pub(crate) mod constants;
 pub(crate) mod engine;
 pub mod fault;
