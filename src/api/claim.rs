@@ -18,7 +18,7 @@ use crate::api::remote::{Remote, RemoteAnswer, RemoteAsk};
 use crate::base::clock::{duration_ns, wall_time};
 use crate::base::sync::Arc;
 use crate::index::stats::bump;
-use crate::model::codec::{self};
+use crate::model::codec;
 #[cfg(idemkv_sabotage)]
 use crate::model::error::FlushError;
 use crate::model::error::{ClaimError, LeaseError, NotStoredReason, RunError};

@@ -586,7 +586,7 @@ impl Engine {
 
     /// [`Engine::finish`], counting the looks: `None` means look again, and a call that has
     /// looked `CLAIM_LOOKS_MAX` times gets the answer its last reason calls for.
-    pub(crate) fn settle(
+    pub(super) fn settle(
         &self,
         key: &Arc<[u8]>,
         opts: &ClaimOptions,

@@ -1,8 +1,9 @@
 //! The engine handle, opening and closing (its shared state is `runtime/shared.rs`).
 //!
-//! The state machine's decisions are in `model/machine/`; `claim.rs` (claims and waits),
-//! `holder.rs` (what a lease holder does), `admin.rs`, `sweep.rs` (reclaiming expired keys)
-//! and `recovery.rs` (rebuilding the index) apply them under the stripe lock.
+//! The state machine's decisions are in `model/machine/`; `claim_step.rs` (claims and
+//! waits, for the calls of `claim.rs`), `holder.rs` (what a lease holder does), `admin.rs`,
+//! `sweep.rs` (reclaiming expired keys) and `recovery.rs` (rebuilding the index) apply them
+//! under the stripe lock.
 
 use crate::api::constants::QUEUE_CLAIM_HEADROOM_DIVISOR;
 use crate::api::options::{Durability, EngineBuilder};

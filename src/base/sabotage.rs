@@ -84,7 +84,7 @@ pub enum Sabotage {
 #[cfg(idemkv_sabotage)]
 thread_local! {
     /// For the calling thread only: a lease entry matches its slot by token alone, so an
-    /// extended lease's old entry ends it at its old deadline (`index::stripes`' teeth).
+    /// extended lease's old entry ends it at its old deadline (the teeth of `index::shard`'s tests).
     pub(crate) static TOKEN_ONLY_LEASE_ENTRIES: std::cell::Cell<bool> =
         const { std::cell::Cell::new(false) };
 }

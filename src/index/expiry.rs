@@ -1,5 +1,7 @@
 //! A stripe's expiry order: beside its table, each stripe keeps the order in which its
-//! slots fall due, so that no caller walks the table to find work.
+//! slots fall due, so that no caller walks the table to find work. The queues are fields of
+//! the stripe's shard (`shard/`, which keeps them up to date); this module has their
+//! entries, the min-heap of `kept`, and the rules that match an entry to its slot.
 //!
 //! - `done`: the completed slots kept for the engine's retention, by end of retention. Their
 //!   deadline is `now + retention`, read under the stripe lock, so they arrive in deadline
@@ -17,20 +19,29 @@
 //! entry is recognised as stale when it comes up (no slot matches it any more) and dropped.
 //! A queue is compacted when its stale entries outnumber its live ones by
 //! `EXPIRY_COMPACT_SLACK` (`done` and `kept` count together, as they hold one kind of
-//! slot), so every stale entry costs O(1) amortized. Per-stripe counts and the boards of
-//! `stripes.rs` say what is due without a walk.
+//! slot), so every stale entry costs O(1) amortized. Per-stripe counts and the boards (kept
+//! in `shard::Common`, read by `stripes.rs`) say what is due without a walk.
 
 use crate::base::sabotage::fault_point;
 use crate::model::slot::Slot;
 use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, VecDeque};
 
+/// What only the expiry order asks of a slot.
+impl Slot {
+    /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
+    pub(super) fn same_place(&self, other: &Slot) -> bool {
+        self.token == other.token
+            && self.is_inflight() == other.is_inflight()
+            && self.deadline_ns == other.deadline_ns
+    }
+}
+
 /// A completed slot's place in `done` or `kept`: its retention deadline and its key's table
-/// hash (the
-/// key itself is not copied; the slot is found by hash and deadline, and its tag rules out
-/// most neighbours in the same probe sequence: one with the same tag and the same deadline
-/// to the nanosecond is due at the same instant, so removing it first is as right, and the
-/// entry of the other then finds the other).
+/// hash (the key itself is not copied; the slot is found by hash and deadline, and its tag
+/// rules out most neighbours in the same probe sequence: one with the same tag and the same
+/// deadline to the nanosecond is due at the same instant, so removing it first is as right,
+/// and the entry of the other then finds the other).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct DoneEntry {
     pub(super) deadline_ns: u64,

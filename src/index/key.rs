@@ -5,7 +5,7 @@
 use crate::base::hash::KeyHasher;
 use crate::model::slot::Slot;
 
-/// What only the index asks of a slot: its place in the table and the expiry order.
+/// What only the index asks of a slot: its place in the table.
 impl Slot {
     /// The hash the table files this slot under (see [`Key`]).
     pub(super) fn table_hash(&self) -> u64 {
@@ -14,15 +14,8 @@ impl Slot {
     }
 
     /// Whether this slot's key has the table tag `tag` (see [`Key::is`]).
-    pub(super) fn has_tag(&self, tag: u32) -> bool {
+    fn has_tag(&self, tag: u32) -> bool {
         self.tag == tag_bytes(tag)
-    }
-
-    /// Same token, same kind, same deadline: the slot keeps its place in the expiry order.
-    pub(super) fn same_place(&self, other: &Slot) -> bool {
-        self.token == other.token
-            && self.is_inflight() == other.is_inflight()
-            && self.deadline_ns == other.deadline_ns
     }
 }
 

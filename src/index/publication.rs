@@ -56,12 +56,12 @@ impl Marks {
 
     /// Raises the applied watermark. Only the thread that applied the batch calls this
     /// (the writer, or with the commit log the applier), after the apply.
-    /// Sequentially consistent: see `index::Shard::await_watermark`.
+    /// Sequentially consistent: see `index::shard::Shard::await_watermark`.
     pub(crate) fn raise_applied(&self, watermark: u64) {
         self.applied.fetch_max(watermark, Ordering::SeqCst);
     }
 
-    /// The applied watermark, read sequentially consistent (`index::Shard::await_watermark`).
+    /// The applied watermark, read sequentially consistent (`index::shard::Shard::await_watermark`).
     pub(crate) fn applied_now(&self) -> u64 {
         self.applied.load(Ordering::SeqCst)
     }

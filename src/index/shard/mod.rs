@@ -112,7 +112,7 @@ pub(crate) struct Shard {
     /// entries (all of them already due: a completion leaves before its deadline only
     /// through recovery's deduplication, which compacts).
     done: VecDeque<DoneEntry>,
-    /// Every other completed slot (see the module docs), and stale entries (all due, as in
+    /// Every other completed slot (see `expiry.rs`), and stale entries (all due, as in
     /// `done`). Every completed slot is in exactly one of `done` and `kept`.
     kept: DueHeap,
     /// Every InFlight slot not yet seen to end, and stale entries.

@@ -1,4 +1,5 @@
-//! The on-disk record format: the only module that knows bincode.
+//! The on-disk record format: with its version files (`v1.rs`, `v2.rs`, `v4.rs`), the only
+//! module that knows bincode.
 //!
 //! A stored value is `version | bincode body | crc32c (u32 LE)`. The checksum covers the
 //! record's token (its redb key) too, so a value copied under another key is caught. Format 4

@@ -20,16 +20,18 @@
 //! A claim whose fingerprint differs from the stored one gets `FingerprintMismatch` in every
 //! state that has one. A failed key is "InFlight, over" for every call but `extend`, which is
 //! `LeaseLost` (a failed attempt is never revived): the next claim takes it over at once
-//! (attempt + 1, checkpoint and fingerprint kept). Beside the table: [`import()`] (an operator adds a record), [`expire`]
-//! and [`reap`] (the sweeper removes a completion past its retention, an abandoned claim past
-//! its lease end plus retention), [`recover()`] and [`load`] (recovery classifies a record of
-//! the file and loads it over what an earlier record left).
+//! (attempt + 1, checkpoint and fingerprint kept). Beside the table: [`import()`] (an
+//! operator adds a record), [`expire`] and [`reap`] (the sweeper removes a completion past
+//! its retention, an abandoned claim past its lease end plus retention), [`recover()`] and
+//! [`load`] (recovery classifies a record of the file and loads it over what an earlier
+//! record left).
 //!
 //! What is not here, and why: admission (the key budget and the in-flight limit, which
 //! reserve a place on a shared counter and may sweep), issuing tokens (a shared counter
 //! backed by the file), the expiry order of each stripe (`index/expiry.rs`; the shard
-//! asks [`expire`] and [`reap`] before removing anything), and publishing a completion once the writer's
-//! watermark passes it (`publication.rs`, applied when its stripe is locked).
+//! asks [`expire`] and [`reap`] before removing anything), and publishing a completion
+//! once the writer's watermark passes it (`publication.rs`, applied when its stripe is
+//! locked).
 
 use crate::base::clock::duration_ns;
 use crate::model::codec::Record;
