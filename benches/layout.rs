@@ -1,4 +1,4 @@
-//! The measurement behind idemkv's table layout (src/store/storage.rs): records keyed by fencing
+//! The measurement behind idemkv's table layout (src/store/storage/): records keyed by fencing
 //! token (`u64`, issued in time order) versus records keyed by the client's key (random
 //! 32-byte strings), in redb.
 //!

@@ -7,7 +7,7 @@ use std::hash::BuildHasher;
 
 /// The index's keyed hashes: SipHash-1-3 under a secret of two 128-bit keys, one for the
 /// hash that picks a key's stripe and table bucket (and names its marker), one for the
-/// markers' second hash. A durable engine keeps the secret in its file (`storage.rs`), so a
+/// markers' second hash. A durable engine keeps the secret in its file (`store/storage/`), so a
 /// key hashes the same after a restart and a marker, which holds no key bytes, finds its
 /// key again; a memory-only engine draws one at open. Clients choose keys: without the
 /// secret they can neither aim keys at one stripe nor make a key collide with a marker.
