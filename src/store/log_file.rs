@@ -1,4 +1,4 @@
-//! The commit log's own file (`<path>-log`, `commit_log.rs` says what it holds).
+//! The commit log's own file (`<path>-log`, `commit_log/` says what it holds).
 //!
 //! Reads, and every write on a platform or file system without direct I/O, go through
 //! redb's file backend, the same positioned reads and writes as the database file, made

@@ -1,6 +1,6 @@
 //! What the file records of its commit log (the meta row `log_state`): the epoch, how many
 //! of its frames the file holds, whether an engine was appending. The store reads and writes
-//! it; the commit log (`commit_log.rs`) decides what it means.
+//! it; the commit log (`commit_log/`) decides what it means.
 
 /// The commit log's state as the file records it (the meta row `log_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -28,7 +28,7 @@ pub(crate) const META_OUTBOX_NEXT: &str = "outbox_next";
 /// The secret that keys the index's hashes (`index::KeyHasher`), drawn when the file is
 /// first opened for writing and never changed: markers name keys by these hashes.
 pub(crate) const META_HASH_SECRET: &str = "hash_secret";
-/// The commit log's state as the file last recorded it (`commit_log.rs`): its epoch, the
+/// The commit log's state as the file last recorded it (`commit_log/`): its epoch, the
 /// number of that epoch's frames the file holds, and whether an engine was writing the log
 /// (1) or closed it with a checkpoint (0). 17 bytes; absent: no log was ever used.
 pub(crate) const META_LOG_STATE: &str = "log_state";
