@@ -3,8 +3,9 @@
 //!
 //! - `config.rs`: [`PostgresConfig`], and `EngineBuilder::postgres`, which stores it in
 //!   the builder as the opener `EngineBuilder::open` calls (implemented here).
-//! - `sql.rs`: every statement, one per transition; `db.rs`: the pool, the calls with their
-//!   timeouts, the sorting of failures into refusals and unknown outcomes, the schema.
+//! - `sql.rs`: every statement, one per transition; `db/`: the pool, the calls with their
+//!   timeouts, the sorting of failures into refusals and unknown outcomes, the schema, and
+//!   each statement's call.
 //! - `front.rs`: the local front (coalescing, cached completions, local waiters).
 //! - `core.rs`: the operations, as futures on the backend's private runtime.
 //! - `listen.rs`: the `LISTEN` connection that wakes local waiters.
