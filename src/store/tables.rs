@@ -1,5 +1,5 @@
 //! The file's redb tables and its meta table's keys: one place that names them, for the
-//! commits (`storage/commit.rs`), the reads of one commit (`snapshot.rs`) and the conversion of
+//! store (`storage/`), the reads of one commit (`snapshot.rs`) and the conversion of
 //! old files.
 
 use redb::TableDefinition;

@@ -1,7 +1,8 @@
 //! Completions: with writes, a statement of their own (the writes commit with them); without,
 //! alone or in a batch of the completions' queue, which also carries the flushes that make
 //! early-committed acquisitions durable (with the server's lifetime token they check); a
-//! completion with the application's own statements in its transaction.
+//! completion with the application's own statements in its transaction; a checkpoint with
+//! writes (`Writes`, a write set as the statements take it).
 
 use super::{fill, micros, sorted, token_param, wake_stripe, Db};
 use crate::shared::batch::Keyed;

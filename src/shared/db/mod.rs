@@ -1,8 +1,8 @@
 //! The database side: the pool, one call with its timeouts and the sorting of its
 //! failures, the schema's creation, and each statement's call (its answer's types and
 //! decoding are in `rows.rs`). Here: the pool, the call and the schema; the claims'
-//! statements are `claims.rs`, the completions' (and the flushes their queue carries)
-//! `completions.rs`, every other statement `ops.rs`.
+//! statements are `claims.rs`; the completions', the checkpoints with writes and the
+//! flushes the completions' queue carries `completions.rs`; every other statement `ops.rs`.
 
 use super::batch::{Batcher, Keyed};
 use super::direct::{usable_after, Direct, Ran};

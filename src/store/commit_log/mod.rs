@@ -15,7 +15,7 @@
 //!   number, MAC) and the payload (the batch's writes, table writes and token mark),
 //!   followed by zeros up to a multiple of the log's block when it has one (the log file's
 //!   direct writes take whole blocks); a replay finds the next frame at either place.
-//! - The file's meta row `log_state` ([`LogState`]) holds the epoch, how many of its frames
+//! - The file's meta row `log_state` (`LogState`) holds the epoch, how many of its frames
 //!   the file holds, and whether an engine is appending to the log.
 //!
 //! Invariants:

@@ -117,7 +117,7 @@ fn write_log_state(txn: &WriteTransaction, how: Durable) -> Result<(), redb::Err
 
 /// Applies the record and marker writes of a commit: the records change in the chunks they
 /// belong in, which are then written back repacked ([`ChunkSet`]). Returns by how many pages
-/// the chunks changed ([`ChunkPages`]).
+/// the chunks changed (`ChunkPages`).
 pub(super) fn apply_writes(
     txn: &WriteTransaction,
     writes: &[Write],

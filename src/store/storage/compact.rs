@@ -35,7 +35,7 @@ impl Store {
     /// clean close, after the engine's last commit.
     ///
     /// How much is unused is estimated without reading the records: the chunks' leaves are
-    /// counted as the open's scan and each commit since found them ([`ChunkPages`]); the
+    /// counted as the open's scan and each commit since found them (`ChunkPages`); the
     /// other tables, small beside them, are measured. The estimate leaves out the chunks'
     /// branch pages (under 1 % of their leaves) and redb's own trees.
     fn compact(&mut self) -> Compaction {

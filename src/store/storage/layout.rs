@@ -66,7 +66,7 @@ pub(crate) fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenE
     Ok(u64::from_le_bytes(bytes))
 }
 
-/// See [`Store::scan`]: the records of a file of a format before 5, one per row.
+/// See `Store::scan`: the records of a file of a format before 5, one per row.
 pub(crate) fn scan_records<E>(
     txn: &ReadTransaction,
     path: &Path,
@@ -93,7 +93,7 @@ pub(crate) fn scan_records<E>(
     Ok(Ok(seen))
 }
 
-/// See [`Store::scan`]: the records of the chunks table. A chunk whose key is not above the
+/// See `Store::scan`: the records of the chunks table. A chunk whose key is not above the
 /// last token of the chunk before it means a damaged tree: `Corrupted`.
 /// Also adds to `pages` the pages of the chunks whose keys `range` holds ([`value_pages`]),
 /// so that scans of disjoint ranges count each chunk once.

@@ -1,5 +1,5 @@
-//! The redb file: opening, recovery scans and group commits. Only the writer thread and
-//! `Engine::open` call into this module.
+//! The redb file: opening, recovery scans and group commits, for the engine's open and
+//! recovery, its writer and applier, the commit log and the read-only tools.
 //!
 //! Layout: one table of chunks keyed by the first fencing token (`u64`) of each, each chunk
 //! holding the latest records of consecutive tokens (`chunk.rs`), a small meta table (format
@@ -11,8 +11,9 @@
 //! before 5 hold one record per row of a records table: a writable open converts them
 //! (`layout.rs`), a read-only one reads them in place.
 //!
-//! Here: `Store` and its reads. Opening and creating a file is `open.rs`, a group commit
-//! `commit.rs`, the close's compaction `compact.rs`.
+//! Here: `Store` and its reads. Opening and creating a file is `open.rs`, how each format
+//! holds its records (the scans, the conversion) `layout.rs`, a group commit `commit.rs`,
+//! the close's compaction `compact.rs`.
 
 use crate::base::limits::HASH_SECRET_LEN;
 use crate::base::sync::{Arc, Mutex, RwLock};
@@ -116,7 +117,7 @@ pub(crate) struct Marked {
     pub(crate) row: Option<MarkerRecord>,
 }
 
-/// The pages the chunks table's leaves take, counted as redb allocates them ([`value_pages`]:
+/// The pages the chunks table's leaves take, counted as redb allocates them (`value_pages`:
 /// a chunk of one page or less takes a page, a larger one the power of two of pages that
 /// holds it), so that a close can tell the file's unused share without reading its records.
 /// Known exactly from an open that found no chunk, or from the open's scan of every chunk

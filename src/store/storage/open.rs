@@ -67,7 +67,7 @@ impl Store {
     /// only once redb has created it and the format marker is committed, so a file at the
     /// path has always finished its creation: one without redb's magic is damaged and is
     /// refused. A custom backend cannot be renamed: its storage is started afresh only when
-    /// its content proves a creation cut short ([`creation_cut_short`]).
+    /// its content proves a creation cut short (`creation_cut_short`).
     pub(crate) fn open(b: &StoreConfig) -> Result<Closing, OpenError> {
         let path = b.path.clone().unwrap_or_else(|| PathBuf::from("<backend>"));
         let backend = b.backend.as_ref().map(|slot| slot.take()).transpose()?;
