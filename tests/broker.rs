@@ -98,7 +98,11 @@ fn idemkv_consumers_run_each_message_once_and_ack_every_entry() {
     cfg.messages = 300;
     cfg.consumers = 4;
     cfg.work_ms = (1, 10);
-    cfg.slow_ms = (150, 250);
+    // The slow work outlasts the lease, so it is redelivered while it runs and the lease
+    // is kept alive. The lease is long enough that the renewals (every third of it) keep
+    // it on a loaded 2-core machine, whose scheduler has held a thread back for 70 ms.
+    cfg.lease = Duration::from_millis(500);
+    cfg.slow_ms = (600, 800);
     let r = run_idemkv(&cfg);
     assert!(r.done, "not every entry acknowledged before the deadline");
     assert_eq!(r.messages, 300);
@@ -116,9 +120,10 @@ fn idemkv_consumers_run_each_message_once_and_ack_every_entry() {
     assert!(r.exactly_once());
 }
 
-/// Work of 300 ms under a 100 ms lease and a 100 ms min-idle: the message is redelivered
+/// Work of 1.5 s under a 500 ms lease and a 500 ms min-idle: the message is redelivered
 /// while its first consumer works, and the lease is kept alive, so the work is neither
-/// taken over nor run twice, and every message is done within a few deliveries.
+/// taken over nor run twice, and every message is done within a few deliveries. (The
+/// lease leaves the renewals, every third of it, room for a loaded machine's scheduler.)
 #[test]
 fn lease_shorter_than_slow_work_finishes_without_livelock() {
     let Some((redis, _server)) = redis() else {
@@ -130,8 +135,9 @@ fn lease_shorter_than_slow_work_finishes_without_livelock() {
     cfg.duplicate_pct = 0;
     cfg.slow_pct = 20;
     cfg.work_ms = (1, 5);
-    cfg.slow_ms = (300, 300);
-    cfg.lease = Duration::from_millis(100);
+    cfg.slow_ms = (1500, 1500);
+    cfg.lease = Duration::from_millis(500);
+    cfg.min_idle = Duration::from_millis(500);
     let r = run_idemkv(&cfg);
     assert!(r.done, "not every entry acknowledged before the deadline");
     assert_eq!(
