@@ -22,12 +22,12 @@ fn inflight_state(slot: &Slot, extra: Option<&Extra>, now: Now) -> RecordInfoSta
     RecordInfoState::InFlight {
         lease_deadline: wall_time(machine::lease_end_wall_ms(slot, extra, now)),
         checkpoint: extra
-            .and_then(|e| e.checkpoint.as_ref())
+            .and_then(|e| e.checkpoint())
             .map(|c| (c.phase(), c.data().to_vec())),
         attempt_started_at: known_time(extra.map_or(0, |e| e.attempt_started_wall_ms)),
         failed: extra.is_some_and(|e| e.failed),
         lease: extra.and_then(|e| e.lease_ms).map(Duration::from_millis),
-        claim_id: extra.and_then(|e| e.claim_id),
+        claim_id: extra.and_then(|e| e.claim_id()),
     }
 }
 
@@ -285,7 +285,7 @@ impl Admin<'_> {
                     key: key.to_vec(),
                     scope: scope.to_vec(),
                     token: slot.token,
-                    fingerprint: extra.and_then(|e| e.fingerprint),
+                    fingerprint: extra.and_then(|e| e.fingerprint()),
                     attempt: slot.attempt,
                     state,
                     first_claimed_at: known_time(extra.map_or(0, |e| e.first_claimed_wall_ms)),
@@ -368,12 +368,12 @@ impl Admin<'_> {
                     scope: scope.to_vec(),
                     token: slot.token,
                     attempt: slot.attempt,
-                    fingerprint: extra.and_then(|e| e.fingerprint),
+                    fingerprint: extra.and_then(|e| e.fingerprint()),
                     first_claimed_at: known_time(first_ms),
                     attempt_started_at: known_time(extra.map_or(0, |e| e.attempt_started_wall_ms)),
                     lease_ended_at: wall_time(ended_ms),
                     failed: extra.is_some_and(|e| e.failed),
-                    checkpoint: extra.and_then(|e| e.checkpoint.clone()),
+                    checkpoint: extra.and_then(|e| e.checkpoint().cloned()),
                 });
             }
             // Bounded while walking: at most `limit` kept beyond one stripe's finds.
@@ -411,7 +411,7 @@ impl Admin<'_> {
                 key: key.to_vec(),
                 scope: scope.to_vec(),
                 token: slot.token,
-                fingerprint: extra.and_then(|e| e.fingerprint),
+                fingerprint: extra.and_then(|e| e.fingerprint()),
                 attempt: slot.attempt,
                 state: inflight_state(&slot, extra, s.now()),
                 first_claimed_at: known_time(extra.map_or(0, |e| e.first_claimed_wall_ms)),

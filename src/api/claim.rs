@@ -339,7 +339,7 @@ impl Engine {
                         token: slot.token,
                         attempt: slot.attempt,
                         lease_remaining: Duration::from_nanos(slot.deadline_ns.saturating_sub(now)),
-                        checkpoint: extra.and_then(|e| e.checkpoint.clone()),
+                        checkpoint: extra.and_then(|e| e.checkpoint().cloned()),
                         first_claimed_at: known_time(extra.map_or(0, |e| e.first_claimed_wall_ms)),
                         attempt_started_at: known_time(
                             extra.map_or(0, |e| e.attempt_started_wall_ms),

@@ -688,8 +688,8 @@ impl Probe {
                 attempt: slot.attempt,
                 deadline_ns: slot.deadline_ns,
                 reap_ns: self.reap_ns,
-                fingerprint: narrow(extra.fingerprint),
-                checkpoint: extra.checkpoint.map(|c| (c.phase(), c.data().to_vec())),
+                fingerprint: narrow(extra.fingerprint()),
+                checkpoint: extra.checkpoint().map(|c| (c.phase(), c.data().to_vec())),
                 lease_wall_ms,
                 retention_ms,
                 failed: extra.failed,
@@ -699,7 +699,7 @@ impl Probe {
         // Until it is published the completion's data sits beside the slot; after, in the
         // record (a memory-only probe keeps it beside the slot throughout).
         let (fingerprint, response, expires_wall_ms) = match (&extra.response, record) {
-            (Some(response), _) => (extra.fingerprint, response.to_vec(), extra.expires_wall_ms),
+            (Some(response), _) => (extra.fingerprint(), response.to_vec(), extra.expires_wall_ms),
             (
                 None,
                 Some(Record {
@@ -713,7 +713,7 @@ impl Probe {
                     ..
                 }),
             ) => (*fingerprint, response.0.to_vec(), *expires_wall_ms),
-            (None, _) => (extra.fingerprint, Vec::new(), extra.expires_wall_ms),
+            (None, _) => (extra.fingerprint(), Vec::new(), extra.expires_wall_ms),
         };
         ProbeState::Completed {
             token: slot.token,

@@ -153,12 +153,12 @@ fn marking() -> Fixture {
 fn complete_with(f: &mut Fixture, key: &str, token: u64, expires: u64, fingerprint: u128) {
     f.claim(key, token, 1);
     let extra = Extra {
-        fingerprint: Some(fingerprint),
         response: Some(Arc::from(&b"r"[..])),
         expires_wall_ms: 77,
         completed_wall_ms: 66,
         ..Extra::default()
-    };
+    }
+    .with_fingerprint(Some(fingerprint));
     f.shard.put(
         f.shard.key(key.as_bytes()),
         Slot::completed(token, expires, 1, true),
@@ -411,10 +411,7 @@ fn a_queued_completion_is_shown_by_the_durable_watermark_and_settled_by_the_appl
 fn side_data_follows_the_token() {
     let mut f = fixture();
     let shard = &mut f.shard;
-    let extra = Extra {
-        fingerprint: Some(1),
-        ..Extra::default()
-    };
+    let extra = Extra::default().with_fingerprint(Some(1));
     shard.put(shard.key(b"k"), Slot::inflight(1, 10, 1), extra.clone());
     let slot = shard.get(shard.key(b"k")).unwrap();
     assert_eq!(shard.extra(&slot), Some(&extra));
@@ -943,10 +940,7 @@ fn an_abandoned_lease_settled_by_its_holder_counts_as_live_for_its_bookkeeping()
     assert_eq!(f.gauges(), (0, 1));
     // A checkpoint keeps it abandoned (same lease).
     let slot = f.shard.get(f.shard.key(b"a")).unwrap();
-    let extra = Extra {
-        checkpoint: Some(Checkpoint::new(1, b"half")),
-        ..Extra::default()
-    };
+    let extra = Extra::default().with_checkpoint(Some(Checkpoint::new(1, b"half")));
     f.shard.put(f.shard.key(b"a"), slot, extra);
     assert!(f.shard.get(f.shard.key(b"a")).unwrap().is_abandoned());
     assert_eq!(f.gauges(), (0, 1));

@@ -147,7 +147,7 @@ pub(crate) fn claim(
             None => Step::answer(ClaimAnswer::ReplayFromFile { token: slot.token }, NONE),
         };
     }
-    let holder = view.extra.filter(|e| !e.failed).and_then(|e| e.claim_id);
+    let holder = view.extra.filter(|e| !e.failed).and_then(|e| e.claim_id());
     if claim_id.is_some() && holder == claim_id {
         return Step::answer(ClaimAnswer::Resume { token: slot.token }, NONE);
     }
@@ -160,7 +160,7 @@ pub(crate) fn claim(
         old: Some(slot.token),
         attempt: slot.attempt.saturating_add(1),
         fingerprint: fingerprint.or(stored_fp),
-        checkpoint: view.extra.and_then(|e| e.checkpoint.clone()),
+        checkpoint: view.extra.and_then(|e| e.checkpoint().cloned()),
         reserve: adopt,
         adopt,
         retention_ms: view.extra.and_then(|e| e.retention_ms),
@@ -183,7 +183,7 @@ pub(crate) fn resume(
     rules: &Rules,
 ) -> Option<Step<Acquired>> {
     let slot = view.slot.filter(|s| s.token == token && s.is_inflight())?;
-    let checkpoint = view.extra.and_then(|e| e.checkpoint.clone());
+    let checkpoint = view.extra.and_then(|e| e.checkpoint().cloned());
     let step = hold(view, key, token, Holder::Extend { lease }, now, rules);
     if step.answer != HolderAnswer::Done {
         return None;
@@ -225,15 +225,15 @@ pub(crate) fn acquire(
         "a key's tokens only increase"
     );
     let extra = Extra {
-        fingerprint: plan.fingerprint,
-        checkpoint: plan.checkpoint.clone(),
         first_claimed_wall_ms: plan.first_claimed_wall_ms.unwrap_or(now.wall_ms),
         attempt_started_wall_ms: now.wall_ms,
         retention_ms: plan.retention_ms,
         lease_ms: Some(lease_ms(lease)),
-        claim_id: plan.claim_id,
         ..Extra::default()
-    };
+    }
+    .with_fingerprint(plan.fingerprint)
+    .with_checkpoint(plan.checkpoint.clone())
+    .with_claim_id(plan.claim_id);
     let write = rules.durable.then(|| Write::Put {
         token,
         old: plan.old,

@@ -104,7 +104,7 @@ pub(crate) fn hold(
             slot.deadline_ns = now.mono_ns.saturating_add(duration_ns(lease));
             let mut extra = view.extra.cloned().unwrap_or_default();
             // A live lease again: its end is its deadline, and its length the one given now.
-            extra.ended_wall_ms = 0;
+            extra.set_ended_wall_ms(0);
             extra.lease_ms = Some(lease_ms(lease));
             let reap_ns = reap_after(slot.deadline_ns, &extra, rules);
             let mut step = update(key, slot, extra, now, rules);
@@ -135,7 +135,7 @@ pub(crate) fn hold(
                 return lost();
             };
             let mut extra = view.extra.cloned().unwrap_or_default();
-            extra.checkpoint = Some(checkpoint);
+            extra.set_checkpoint(Some(checkpoint));
             update(key, slot, extra, now, rules)
         }
     }
@@ -177,14 +177,14 @@ fn complete(
         },
     });
     let extra = Extra {
-        fingerprint,
         response: Some(response),
         expires_wall_ms,
         retention_ms: own_ms,
         first_claimed_wall_ms,
         completed_wall_ms: now.wall_ms,
         ..Extra::default()
-    };
+    }
+    .with_fingerprint(fingerprint);
     let deltas = Deltas {
         inflight: -1,
         completed: 1,
@@ -236,9 +236,9 @@ fn update(
             ..with_progress(
                 inflight_record(
                     key,
-                    extra.fingerprint,
+                    extra.fingerprint(),
                     slot.attempt,
-                    extra.checkpoint.clone(),
+                    extra.checkpoint().cloned(),
                     // Rounded up: the stored end is never before the real one.
                     now.wall_ms_ceil_at(slot.deadline_ns),
                 ),

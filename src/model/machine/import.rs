@@ -154,16 +154,16 @@ fn restore_inflight(
     }
     let over = held.failed || deadline_ms <= now.wall_ms;
     let extra = Extra {
-        fingerprint: record.fingerprint,
-        checkpoint: held.checkpoint.clone(),
         first_claimed_wall_ms: record.first_claimed_at.map_or(0, wall_ms),
         attempt_started_wall_ms: held.attempt_started_wall_ms,
         failed: held.failed,
-        ended_wall_ms: if over { deadline_ms } else { 0 },
         lease_ms: held.lease_ms,
-        claim_id: held.claim_id,
         ..Extra::default()
-    };
+    }
+    .with_fingerprint(record.fingerprint)
+    .with_checkpoint(held.checkpoint.clone())
+    .with_ended_wall_ms(if over { deadline_ms } else { 0 })
+    .with_claim_id(held.claim_id);
     let state = RecordState::InFlight {
         lease_deadline_wall_ms: deadline_ms,
         attempt: record.attempt,
@@ -219,13 +219,13 @@ fn restore_completed(
     // fingerprint is checked and a replay answered from here (with the commit log, a
     // batch is published before it reaches the file).
     let extra = Extra {
-        fingerprint: record.fingerprint,
         response: Some(response.clone()),
         expires_wall_ms: expires_at_ms,
         first_claimed_wall_ms: record.first_claimed_at.map_or(0, wall_ms),
         completed_wall_ms: now.wall_ms,
         ..Extra::default()
-    };
+    }
+    .with_fingerprint(record.fingerprint);
     let state = RecordState::Completed {
         attempt: record.attempt,
         completed_wall_ms: now.wall_ms,

@@ -55,7 +55,7 @@ pub(crate) fn forget(
             id,
             slot.token,
             slot.attempt,
-            extra.and_then(|e| e.fingerprint),
+            extra.and_then(|e| e.fingerprint()),
             extra.map_or(0, |e| e.completed_wall_ms),
             end_ns,
         )

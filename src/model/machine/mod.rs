@@ -171,7 +171,7 @@ impl View<'_> {
     };
 
     fn fingerprint(&self) -> Option<u128> {
-        self.extra.and_then(|e| e.fingerprint)
+        self.extra.and_then(|e| e.fingerprint())
     }
 }
 

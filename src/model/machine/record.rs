@@ -65,7 +65,7 @@ pub(super) fn with_progress(mut record: Record, extra: &Extra, rules: &Rules) ->
         *attempt_started_wall_ms = extra.attempt_started_wall_ms;
         *failed = extra.failed;
         *lease_ms = Some(holder_lease_ms(extra, rules));
-        *claim_id = extra.claim_id;
+        *claim_id = extra.claim_id();
     }
     record
 }
@@ -75,7 +75,7 @@ pub(super) fn with_progress(mut record: Record, extra: &Extra, rules: &Rules) ->
 /// that file recorded. A live lease's end is rounded up (never before the real end); a
 /// lease that is over reports an end no later than now, so that it reads as over.
 pub(crate) fn lease_end_wall_ms(slot: &Slot, extra: Option<&Extra>, now: Now) -> u64 {
-    match extra.map_or(0, |e| e.ended_wall_ms) {
+    match extra.map_or(0, |e| e.ended_wall_ms()) {
         ended if ended != 0 && slot.deadline_ns <= now.mono_ns => ended,
         _ if slot.deadline_ns <= now.mono_ns => {
             now.wall_ms_ceil_at(slot.deadline_ns).min(now.wall_ms)

@@ -113,17 +113,17 @@ pub(crate) fn recover(
             let over =
                 deadline_ns <= now.mono_ns && (failed || lease_deadline_wall_ms <= now.wall_ms);
             let extra = Extra {
-                fingerprint,
-                checkpoint,
                 retention_ms: own_retention_ms,
                 first_claimed_wall_ms,
                 attempt_started_wall_ms,
                 failed,
-                ended_wall_ms: if over { lease_deadline_wall_ms } else { 0 },
                 lease_ms,
-                claim_id,
                 ..Extra::default()
-            };
+            }
+            .with_fingerprint(fingerprint)
+            .with_checkpoint(checkpoint)
+            .with_ended_wall_ms(if over { lease_deadline_wall_ms } else { 0 })
+            .with_claim_id(claim_id);
             Recovered::Load {
                 slot: Slot::inflight(token, deadline_ns, attempt),
                 extra,

@@ -56,10 +56,7 @@ fn ask(fingerprint: u64) -> Option<AskedFingerprint> {
 }
 
 fn fp(fingerprint: u64) -> Extra {
-    Extra {
-        fingerprint: Some(u128::from(fingerprint)),
-        ..Extra::default()
-    }
+    Extra::default().with_fingerprint(Some(u128::from(fingerprint)))
 }
 
 /// The states of the table's columns, each with its side data (fingerprint 7, and a
@@ -76,20 +73,20 @@ fn states() -> States {
     States {
         lease: Slot::inflight(5, END, 2),
         lease_extra: Extra {
-            fingerprint: Some(7),
-            checkpoint: Some(Checkpoint::new(3, b"half")),
             first_claimed_wall_ms: FIRST_CLAIMED,
             attempt_started_wall_ms: WALL0,
             ..Extra::default()
-        },
+        }
+        .with_fingerprint(Some(7))
+        .with_checkpoint(Some(Checkpoint::new(3, b"half"))),
         done: Slot::completed(5, EXPIRES, 2, true),
         done_unpublished: Slot::completed(5, EXPIRES, 2, false),
         done_extra: Extra {
-            fingerprint: Some(7),
             response: Some(Arc::from(&b"resp"[..])),
             expires_wall_ms: WALL0 + 10_000,
             ..Extra::default()
-        },
+        }
+        .with_fingerprint(Some(7)),
     }
 }
 
@@ -271,7 +268,7 @@ fn claim_of_a_lease_that_is_over_takes_it_over_keeping_checkpoint_and_fingerprin
             old: Some(5),
             attempt: 3,
             fingerprint: Some(7),
-            checkpoint: st.lease_extra.checkpoint.clone(),
+            checkpoint: st.lease_extra.checkpoint().cloned(),
             // It still holds its place in the live count: inherited.
             reserve: false,
             adopt: false,
@@ -280,16 +277,16 @@ fn claim_of_a_lease_that_is_over_takes_it_over_keeping_checkpoint_and_fingerprin
         }
     );
     let step = acquire(plan, K, 20, LEASE, at(END), &durable());
-    let cp = st.lease_extra.checkpoint.clone();
+    let cp = st.lease_extra.checkpoint().cloned();
     // The first claim is kept; the new attempt starts now.
     let extra = Extra {
-        fingerprint: Some(7),
-        checkpoint: cp.clone(),
         first_claimed_wall_ms: FIRST_CLAIMED,
         attempt_started_wall_ms: at(END).wall_ms,
         lease_ms: Some(LEASE.as_millis() as u64),
         ..Extra::default()
-    };
+    }
+    .with_fingerprint(Some(7))
+    .with_checkpoint(cp.clone());
     assert_eq!(
         step.change,
         Change::Put {
@@ -500,13 +497,13 @@ fn complete_by_the_holder_completes_live_or_over_and_another_token_is_lease_lost
                 slot: Slot::completed(5, now + RETENTION.as_nanos() as u64, 2, false),
                 // The first claim is kept with the completion (the record has it).
                 extra: Extra {
-                    fingerprint: Some(7),
                     response: Some(Arc::from(&b"out"[..])),
                     expires_wall_ms,
                     first_claimed_wall_ms: FIRST_CLAIMED,
                     completed_wall_ms: at(now).wall_ms,
                     ..Extra::default()
-                },
+                }
+                .with_fingerprint(Some(7)),
                 reap_ns: None,
                 adopt: false,
             }
@@ -654,7 +651,7 @@ fn fail_by_the_holder_ends_a_live_lease_now_and_keeps_the_record() {
             K,
             Some(7),
             2,
-            st.lease_extra.checkpoint.clone(),
+            st.lease_extra.checkpoint().cloned(),
             at(LIVE).wall_ms,
         ),
         &extra,
@@ -756,7 +753,12 @@ fn a_failed_key_is_taken_over_at_once_with_its_progress_and_guarded_by_its_finge
     let plan = plan_of(claim(view(slot, &failed), ask(7), None, LIVE));
     assert_eq!(
         (plan.kind, plan.attempt, &plan.checkpoint, plan.fingerprint),
-        (Acquiring::Takeover, 3, &failed.checkpoint, Some(7))
+        (
+            Acquiring::Takeover,
+            3,
+            &failed.checkpoint().cloned(),
+            Some(7)
+        )
     );
     assert_eq!(plan.first_claimed_wall_ms, Some(FIRST_CLAIMED));
     let step = acquire(plan, K, 9, LEASE, at(LIVE + MS), &durable());
@@ -800,9 +802,9 @@ fn a_failed_lease_is_never_extended_but_its_holder_may_still_settle_it() {
     }
     // An extend of a lease loaded already over forgets the recorded end.
     let loaded = Extra {
-        ended_wall_ms: WALL0,
         ..st.lease_extra.clone()
-    };
+    }
+    .with_ended_wall_ms(WALL0);
     let v = view(Slot::inflight(5, LIVE, 2), &loaded);
     let step = hold(
         v,
@@ -815,7 +817,7 @@ fn a_failed_lease_is_never_extended_but_its_holder_may_still_settle_it() {
     let Change::Put { extra, .. } = &step.change else {
         panic!("expected Put");
     };
-    assert_eq!(extra.ended_wall_ms, 0);
+    assert_eq!(extra.ended_wall_ms(), 0);
 }
 
 #[test]
@@ -832,9 +834,9 @@ fn the_lease_end_reported_is_when_it_ended() {
     );
     // Loaded already over: the end the file recorded.
     let loaded = Extra {
-        ended_wall_ms: WALL0 - 9_000,
         ..st.lease_extra.clone()
-    };
+    }
+    .with_ended_wall_ms(WALL0 - 9_000);
     let at_open = Slot::inflight(5, LIVE, 2);
     assert_eq!(
         lease_end_wall_ms(&at_open, Some(&loaded), at(LIVE + MS)),
@@ -883,7 +885,7 @@ fn recovery_takes_a_failed_record_over_at_once_in_both_modes() {
             (
                 extra.first_claimed_wall_ms,
                 extra.attempt_started_wall_ms,
-                extra.ended_wall_ms
+                extra.ended_wall_ms()
             ),
             (FIRST_CLAIMED, failed_at - 100, failed_at)
         );
@@ -936,7 +938,7 @@ fn import_of_a_failed_record_keeps_it_failed_and_over() {
             extra.failed,
             extra.first_claimed_wall_ms,
             extra.attempt_started_wall_ms,
-            extra.ended_wall_ms
+            extra.ended_wall_ms()
         ),
         (true, FIRST_CLAIMED, now.wall_ms - 50, now.wall_ms - 3)
     );
@@ -954,10 +956,10 @@ fn a_claim_presenting_its_holders_identity_resumes_the_lease_live_or_over() {
     let st = states();
     let id = Some(0xC1A1_u128 << 64 | 1);
     let extra = Extra {
-        claim_id: id,
         lease_ms: Some(600_000),
         ..st.lease_extra.clone()
-    };
+    }
+    .with_claim_id(id);
     let v = view(st.lease, &extra);
     for now in [LIVE, END + 7 * MS] {
         // The same identity (and a matching fingerprint, or none): the holder's lease.
@@ -987,14 +989,14 @@ fn a_claim_presenting_its_holders_identity_resumes_the_lease_live_or_over() {
             Acquired {
                 token: 5,
                 attempt: 2,
-                checkpoint: st.lease_extra.checkpoint.clone(),
+                checkpoint: st.lease_extra.checkpoint().cloned(),
             }
         );
         let Change::Put { slot, extra: e, .. } = &step.change else {
             panic!("{:?}", step.change);
         };
         assert_eq!(*slot, Slot::inflight(5, now + 40_000 * MS, 2));
-        assert_eq!((e.lease_ms, e.claim_id), (Some(40_000), id));
+        assert_eq!((e.lease_ms, e.claim_id()), (Some(40_000), id));
         assert!(matches!(
             &step.write,
             Some(Write::Put { token: 5, record, .. }) if matches!(record.state,
@@ -1020,7 +1022,7 @@ fn a_claim_presenting_its_holders_identity_resumes_the_lease_live_or_over() {
     let Change::Put { extra: e, .. } = &step.change else {
         panic!("{:?}", step.change);
     };
-    assert_eq!(e.claim_id, Some(3));
+    assert_eq!(e.claim_id(), Some(3));
 }
 
 impl Step<ClaimAnswer> {
@@ -1121,7 +1123,10 @@ fn an_honoured_lease_is_capped_by_its_own_length() {
     };
     let deadline = |h| match recover(5, h, None, None, now, &honour, 0) {
         Recovered::Load { slot, extra, .. } => {
-            assert_eq!((extra.lease_ms.is_some(), extra.claim_id), (true, Some(9)));
+            assert_eq!(
+                (extra.lease_ms.is_some(), extra.claim_id()),
+                (true, Some(9))
+            );
             slot.deadline_ns
         }
         other => panic!("{other:?}"),
@@ -1205,7 +1210,7 @@ fn extend_by_the_holder_moves_the_lease_end_live_or_over() {
                         K,
                         Some(7),
                         2,
-                        st.lease_extra.checkpoint.clone(),
+                        st.lease_extra.checkpoint().cloned(),
                         at(now).wall_ms + 5_000
                     ),
                     &extra,
@@ -1228,9 +1233,9 @@ fn checkpoint_by_the_holder_persists_the_lease_s_own_end_even_when_over() {
         let step = hold(v, K, 5, op.clone(), at(now), &durable());
         assert_eq!(step.answer, HolderAnswer::Done);
         let extra = Extra {
-            checkpoint: Some(cp.clone()),
             ..st.lease_extra.clone()
-        };
+        }
+        .with_checkpoint(Some(cp.clone()));
         assert_eq!(
             step.change,
             Change::Put {
@@ -1391,9 +1396,9 @@ fn recovery_reaps_a_claim_by_its_own_retention() {
             extra: Extra {
                 retention_ms: Some(3_000),
                 // Over when the file recorded it: its end is kept for reports.
-                ended_wall_ms: ended,
                 ..Extra::default()
-            },
+            }
+            .with_ended_wall_ms(ended),
             reap_ns: Some(LIVE + 1_000 * MS),
         }
     );
@@ -1613,12 +1618,12 @@ fn recovery_reaps_abandoned_claims_and_readies_the_others_for_takeover() {
     let end_wall = now.wall_ms - 1;
     // The instants are loaded, and the lease's recorded end is kept for reports.
     let extra = Extra {
-        fingerprint: Some(7),
-        checkpoint: cp.clone(),
         first_claimed_wall_ms: FIRST_CLAIMED,
-        ended_wall_ms: end_wall,
         ..Extra::default()
-    };
+    }
+    .with_fingerprint(Some(7))
+    .with_checkpoint(cp.clone())
+    .with_ended_wall_ms(end_wall);
     assert_eq!(
         recover(5, head(end_wall), Some(7), None, now, &take, FIRST_CLAIMED),
         Recovered::Load {
