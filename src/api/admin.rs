@@ -472,7 +472,7 @@ impl Admin<'_> {
             )));
         }
         let key =
-            crate::model::scope::scoped_shared(&record.scope, &record.key).ok_or_else(|| {
+            crate::model::scope::ScopedKey::new(&record.scope, &record.key).ok_or_else(|| {
                 ImportError::Invalid(format!(
                     "scope length {} over {}",
                     record.scope.len(),

@@ -34,6 +34,7 @@ use crate::index::stats::bump;
 use crate::model::codec::Checkpoint;
 use crate::model::error::{ClaimError, FlushError, LeaseError, Limit, RunError};
 use crate::model::machine::Holder;
+use crate::model::scope::ScopedKey;
 use crate::model::write_set::{merged, stage, StagedState, WriteSet};
 use crate::runtime::constants::WAIT_SLICE_MIN;
 use crate::runtime::progress::Failed;
@@ -145,7 +146,7 @@ impl Engine {
     /// busy and the wait has time left) a registration for the next change and a timer.
     fn poll_claim(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
         looking: &mut Looking,
         cx: &mut Context<'_>,
@@ -210,7 +211,7 @@ impl Engine {
     /// The async driver of `prepare` (see `Engine::settle`).
     async fn settle_async(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
         step: Step,
         looks: &mut u32,
@@ -578,7 +579,7 @@ impl Lease {
     pub fn handle(&self) -> LeaseHandle {
         LeaseHandle {
             engine: self.engine.clone(),
-            key: Arc::clone(&self.key),
+            key: self.key.clone(),
             token: self.token,
             attempt: self.attempt,
             checkpoint: self.checkpoint.clone(),
@@ -599,7 +600,7 @@ impl Lease {
 pub struct LeaseHandle {
     engine: Engine,
     /// The scoped key (`scope.rs`).
-    key: Arc<[u8]>,
+    key: ScopedKey,
     token: u64,
     attempt: u32,
     checkpoint: Option<Checkpoint>,

@@ -430,7 +430,8 @@ impl Engine {
     ) -> Result<(Arc<[u8]>, RemoteAsk), ClaimError> {
         self.check_key(key)?;
         let retention_ms = opts.retention_ms()?;
-        let scoped = self.scoped_key(&opts.scope, key)?;
+        // Shared: the backend's batches keep the key beyond the call.
+        let scoped = self.scoped_key(&opts.scope, key)?.shared();
         self.check_open()?;
         let ask = RemoteAsk {
             fingerprint: opts.fingerprint,
@@ -453,7 +454,7 @@ impl Engine {
                 lease,
             } => Claim::Acquired(Lease {
                 engine: self.clone(),
-                key,
+                key: crate::model::scope::ScopedKey::Shared(key),
                 token,
                 attempt,
                 checkpoint,

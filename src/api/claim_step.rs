@@ -15,6 +15,7 @@ use crate::index::stats::{bump, Events};
 use crate::model::codec::{Checkpoint, RecordState};
 use crate::model::error::{ClaimError, FlushError, Limit};
 use crate::model::machine::{self, Acquired, Acquiring, ClaimAnswer, KeyRef, MarkerAnswer, Now};
+use crate::model::scope::ScopedKey;
 use crate::model::token::Shortage;
 use crate::runtime::constants::SWEEP_STRIPE_BATCH;
 use crate::runtime::queue::SendRefused;
@@ -136,7 +137,7 @@ impl Engine {
         &self,
         shard: &mut MutexGuard<'_, Shard>,
         k: Key<'_>,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
     ) -> Result<Step, ClaimError> {
         debug_assert_eq!(
@@ -274,7 +275,7 @@ impl Engine {
         &self,
         shard: &mut MutexGuard<'_, Shard>,
         k: Key<'_>,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
         token: u64,
     ) -> Result<Step, ClaimError> {
@@ -388,7 +389,7 @@ impl Engine {
     /// counted at its first look.
     pub(crate) fn look(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
         first: bool,
     ) -> Result<Step, ClaimError> {
@@ -433,7 +434,7 @@ impl Engine {
     /// The blocking (`finish`) and async drivers only add the wait.
     pub(crate) fn prepare(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
         step: Step,
     ) -> Result<Prepared, ClaimError> {
@@ -449,7 +450,8 @@ impl Engine {
                 let lease = Lease {
                     engine: self.clone(),
                     // The call's scoped key, shared: no copy per lease.
-                    key: Arc::clone(key),
+                    // The call's scoped key: inline bytes copied, or its allocation shared.
+                    key: key.clone(),
                     token,
                     attempt,
                     checkpoint,
@@ -502,7 +504,7 @@ impl Engine {
     /// The blocking driver of [`Engine::prepare`].
     fn finish(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
         step: Step,
     ) -> Result<Result<Claim, Again>, ClaimError> {
@@ -588,7 +590,7 @@ impl Engine {
     /// looked `CLAIM_LOOKS_MAX` times gets the answer its last reason calls for.
     pub(super) fn settle(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         opts: &ClaimOptions,
         step: Step,
         looks: &mut u32,

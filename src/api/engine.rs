@@ -17,6 +17,7 @@ use crate::index::stripes::{Index, Keying};
 use crate::model::constants::{SCOPE_LEN_MAX, TOKEN_RESERVE};
 use crate::model::error::{ClaimError, FlushError, LeaseError, OpenError};
 use crate::model::machine::MarkerRules;
+use crate::model::scope::ScopedKey;
 use crate::model::token::Tokens;
 use crate::runtime::progress::Progress;
 use crate::runtime::shared::{Config, Parts, Shared};
@@ -374,8 +375,8 @@ impl Engine {
 
     /// The scoped key (`scope.rs`) of `key` within `scope`, the form every internal call
     /// takes; a scope past its limit is refused.
-    pub(crate) fn scoped_key(&self, scope: &[u8], key: &[u8]) -> Result<Arc<[u8]>, ClaimError> {
-        crate::model::scope::scoped_shared(scope, key).ok_or(ClaimError::ScopeTooLong {
+    pub(crate) fn scoped_key(&self, scope: &[u8], key: &[u8]) -> Result<ScopedKey, ClaimError> {
+        ScopedKey::new(scope, key).ok_or(ClaimError::ScopeTooLong {
             len: scope.len(),
             max: SCOPE_LEN_MAX,
         })

@@ -15,6 +15,7 @@ use crate::index::stats::bump;
 use crate::model::codec::Checkpoint;
 use crate::model::error::{FlushError, LeaseError, Limit};
 use crate::model::machine::{self, Holder, HolderAnswer, KeyRef};
+use crate::model::scope::ScopedKey;
 use crate::model::write_set::WriteSet;
 use crate::runtime::queue::SendRefused;
 use std::time::Duration;
@@ -75,8 +76,8 @@ impl Engine {
     }
 
     /// The scoped key of a holder's call by key and token.
-    fn lease_key(&self, scope: &[u8], key: &[u8]) -> Result<Arc<[u8]>, LeaseError> {
-        crate::model::scope::scoped_shared(scope, key).ok_or(LeaseError::ScopeTooLong {
+    fn lease_key(&self, scope: &[u8], key: &[u8]) -> Result<ScopedKey, LeaseError> {
+        ScopedKey::new(scope, key).ok_or(LeaseError::ScopeTooLong {
             len: scope.len(),
             max: crate::model::constants::SCOPE_LEN_MAX,
         })
@@ -85,7 +86,7 @@ impl Engine {
     /// Completes the scoped key `key` (`scope.rs`); every holder's call below takes one.
     pub(crate) fn complete_arc(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         token: u64,
         response: Arc<[u8]>,
         writes: Option<&WriteSet>,
@@ -98,7 +99,7 @@ impl Engine {
     /// chose one); returns the wall-clock end of the stored response's retention, in ms.
     pub(crate) fn complete_kept(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         token: u64,
         response: Arc<[u8]>,
         retention_ms: Option<u64>,
@@ -212,7 +213,7 @@ impl Engine {
     /// response's retention (ms).
     pub(crate) fn try_complete_kept(
         &self,
-        key: &Arc<[u8]>,
+        key: &ScopedKey,
         token: u64,
         response: Arc<[u8]>,
         retention_ms: Option<u64>,

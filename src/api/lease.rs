@@ -8,6 +8,7 @@ use crate::base::clock::wall_time;
 pub(crate) use crate::model::answer::{Busy, Forgotten, KeyState, Stored};
 use crate::model::codec::Checkpoint;
 use crate::model::error::LeaseError;
+use crate::model::scope::ScopedKey;
 use crate::model::write_set::{merged, Staged, WriteSet};
 use std::fmt;
 use std::sync::Arc;
@@ -55,7 +56,7 @@ pub enum Claim {
 pub struct Lease {
     pub(crate) engine: Engine,
     /// The scoped key (`scope.rs`).
-    pub(crate) key: Arc<[u8]>,
+    pub(crate) key: ScopedKey,
     pub(crate) token: u64,
     pub(crate) attempt: u32,
     pub(crate) checkpoint: Option<Checkpoint>,
@@ -257,7 +258,7 @@ impl Lease {
         self.settled = true;
         self.staged.settle();
         Detached {
-            key: Arc::clone(&self.key),
+            key: self.key.clone(),
             token: self.token,
             attempt: self.attempt,
         }
@@ -357,7 +358,7 @@ impl Drop for Lease {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Detached {
     /// The scoped key (`scope.rs`).
-    key: Arc<[u8]>,
+    key: ScopedKey,
     token: u64,
     attempt: u32,
 }

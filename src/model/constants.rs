@@ -11,6 +11,10 @@ pub(crate) const SCOPE_LEN_MAX: usize = 255;
 /// key (an id, a UUID, a hash in hex), cheap to clear on every call. A longer one is built
 /// on the heap, then copied into its shared allocation: one allocation more.
 pub(crate) const SCOPED_STACK_LEN: usize = 128;
+/// Longest scoped key a call keeps inline (`scope::ScopedKey`), without an allocation: a
+/// UUID in text with a short scope fits. A call builds one on every claim, and most claims
+/// (replays, copies that find the key in progress) hand out no lease to share it with.
+pub(crate) const SCOPED_INLINE_LEN: usize = 62;
 /// Largest encoded record a queued operation carries inline (`codec::Encoded`); a larger one
 /// goes on the heap. A record allocated by the caller and freed by the writer costs both
 /// threads glibc's slow paths (measured: the writer's frees of record buffers took a fifth

@@ -699,7 +699,11 @@ impl Probe {
         // Until it is published the completion's data sits beside the slot; after, in the
         // record (a memory-only probe keeps it beside the slot throughout).
         let (fingerprint, response, expires_wall_ms) = match (&extra.response, record) {
-            (Some(response), _) => (extra.fingerprint(), response.to_vec(), extra.expires_wall_ms),
+            (Some(response), _) => (
+                extra.fingerprint(),
+                response.to_vec(),
+                extra.expires_wall_ms,
+            ),
             (
                 None,
                 Some(Record {

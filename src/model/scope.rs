@@ -10,10 +10,112 @@
 //! them. Only the public calls take a scope and a key.
 
 use crate::base::sync::Arc;
-use crate::model::constants::{SCOPED_STACK_LEN, SCOPE_LEN_MAX};
+use crate::model::constants::{SCOPED_INLINE_LEN, SCOPED_STACK_LEN, SCOPE_LEN_MAX};
 
 // The length prefix is one byte.
 const _: () = assert!(SCOPE_LEN_MAX <= u8::MAX as usize);
+
+/// A call's scoped key, owned: inline up to `SCOPED_INLINE_LEN` bytes, else shared. A claim
+/// answered without a lease (a replay, a copy that finds the key in progress) then costs no
+/// allocation; one that hands out a lease shares the key with it ([`ScopedKey::shared`]).
+#[derive(Clone)]
+pub(crate) enum ScopedKey {
+    Inline {
+        len: u8,
+        bytes: [u8; SCOPED_INLINE_LEN],
+    },
+    Shared(Arc<[u8]>),
+}
+
+// An inline key's length fits its byte.
+const _: () = assert!(SCOPED_INLINE_LEN <= u8::MAX as usize);
+
+impl ScopedKey {
+    /// The scoped key of `key` within `scope`; `None` for a scope past `SCOPE_LEN_MAX`.
+    pub(crate) fn new(scope: &[u8], key: &[u8]) -> Option<Self> {
+        let len = prefix(scope)?;
+        let (scope_end, end) = (1 + scope.len(), 1 + scope.len() + key.len());
+        if end > SCOPED_INLINE_LEN {
+            return scoped_shared(scope, key).map(Self::Shared);
+        }
+        let mut bytes = [0u8; SCOPED_INLINE_LEN];
+        bytes[0] = len;
+        bytes[1..scope_end].copy_from_slice(scope);
+        bytes[scope_end..end].copy_from_slice(key);
+        // `end` is at most SCOPED_INLINE_LEN, which fits a byte (asserted above).
+        #[allow(clippy::cast_possible_truncation)]
+        let len = end as u8;
+        Some(Self::Inline { len, bytes })
+    }
+
+    /// `key` without a scope: the key behind a zero byte, which is always within the limit.
+    pub(crate) fn unscoped(key: &[u8]) -> Self {
+        if 1 + key.len() > SCOPED_INLINE_LEN {
+            return Self::Shared(unscoped_shared(key));
+        }
+        let mut bytes = [0u8; SCOPED_INLINE_LEN];
+        bytes[1..=key.len()].copy_from_slice(key);
+        // At most SCOPED_INLINE_LEN, which fits a byte (asserted above).
+        #[allow(clippy::cast_possible_truncation)]
+        let len = (1 + key.len()) as u8;
+        Self::Inline { len, bytes }
+    }
+
+    /// A copy of `scoped`, bytes that are already a scoped key.
+    pub(crate) fn copied(scoped: &[u8]) -> Self {
+        if scoped.len() > SCOPED_INLINE_LEN {
+            return Self::Shared(Arc::from(scoped));
+        }
+        let mut bytes = [0u8; SCOPED_INLINE_LEN];
+        bytes[..scoped.len()].copy_from_slice(scoped);
+        // At most SCOPED_INLINE_LEN, which fits a byte (asserted above).
+        #[allow(clippy::cast_possible_truncation)]
+        let len = scoped.len() as u8;
+        Self::Inline { len, bytes }
+    }
+
+    /// The key in a shared allocation, for a remote backend to keep beyond the call: a copy
+    /// of an inline key, the same allocation for a shared one.
+    #[cfg_attr(not(any(test, feature = "postgres")), allow(dead_code))]
+    pub(crate) fn shared(&self) -> Arc<[u8]> {
+        match self {
+            Self::Inline { .. } => Arc::from(&**self),
+            Self::Shared(shared) => Arc::clone(shared),
+        }
+    }
+}
+
+/// Equal when the bytes are, inline or shared.
+impl PartialEq for ScopedKey {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for ScopedKey {}
+
+impl std::hash::Hash for ScopedKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
+    }
+}
+
+impl std::fmt::Debug for ScopedKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl std::ops::Deref for ScopedKey {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Shared(shared) => shared,
+        }
+    }
+}
 
 /// The scoped key of `key` within `scope`, or `None` if the scope is longer than
 /// `SCOPE_LEN_MAX` (no key lives there).
@@ -123,6 +225,21 @@ mod tests {
             );
         }
         assert!(scoped_shared(&[0; SCOPE_LEN_MAX + 1], b"k").is_none());
+        // So is a call's owned form, inline or shared, on either side of its inline size.
+        let inline_edges = [
+            (&b""[..], &long[..SCOPED_INLINE_LEN - 1]),
+            (&b""[..], &long[..SCOPED_INLINE_LEN]),
+            (&b"s"[..], &long[..SCOPED_INLINE_LEN - 2]),
+            (&b"s"[..], &long[..SCOPED_INLINE_LEN - 1]),
+        ];
+        for (scope, key) in pairs.iter().copied().chain(edges).chain(inline_edges) {
+            let owned = ScopedKey::new(scope, key).unwrap();
+            let inline = matches!(owned, ScopedKey::Inline { .. });
+            assert_eq!(inline, 1 + scope.len() + key.len() <= SCOPED_INLINE_LEN);
+            assert_eq!(Some(&*owned), scoped(scope, key).as_deref());
+            assert_eq!(&*owned.shared(), &*owned);
+        }
+        assert!(ScopedKey::new(&[0; SCOPE_LEN_MAX + 1], b"k").is_none());
         // Bytes the engine never makes: no length byte, or one past the end.
         assert!(!is_scoped(b""));
         assert!(!is_scoped(b"k"));

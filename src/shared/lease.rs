@@ -34,6 +34,10 @@ impl Lease {
     /// # Errors
     ///
     /// `Err(self)` when the engine is not shared.
+    #[expect(
+        clippy::result_large_err,
+        reason = "the lease comes back as it went in; boxing it would allocate for the refusal"
+    )]
     pub fn into_postgres(self) -> Result<PostgresLease, Lease> {
         if self.engine.remote().is_some() {
             Ok(PostgresLease(self))

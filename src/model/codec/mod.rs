@@ -15,6 +15,7 @@ use crate::model::constants::{
     FORMAT_VERSION, FORMAT_VERSION_FIXED_MAX, FORMAT_VERSION_READ_MIN, MARKER_FORMAT_VERSION,
     RECORD_INLINE_BYTES,
 };
+use crate::model::scope::ScopedKey;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
@@ -179,11 +180,12 @@ pub(crate) enum HeadState {
     },
 }
 
-/// A record's key and scope, held as the engine's scoped key (`scope.rs`): a claim's
-/// records share the one allocation its call and its lease hold. On disk it is the key, then
-/// the scope: two byte blobs, as formats 2 and 3 lay them out (a tuple adds no bytes).
+/// A record's key and scope, held as the engine's scoped key (`scope.rs`): inline when it
+/// is short, so a claim's record costs no allocation for its key, else sharing the one
+/// allocation its call and its lease hold. On disk it is the key, then the scope: two byte
+/// blobs, as formats 2 and 3 lay them out (a tuple adds no bytes).
 #[derive(Clone)]
-pub(crate) struct RecordKey(Arc<[u8]>);
+pub(crate) struct RecordKey(ScopedKey);
 
 /// Two record keys are equal when their scopes and keys are, what the file holds of them:
 /// the scoped encoding is injective, so that is when their scoped keys' bytes are.
@@ -196,13 +198,14 @@ impl PartialEq for RecordKey {
 impl Eq for RecordKey {}
 
 impl RecordKey {
-    /// Shares `scoped`, a scoped key the engine built (`scope::scoped_shared`).
-    pub(crate) fn shared(scoped: &Arc<[u8]>) -> Self {
+    /// `scoped`, a scoped key the engine built: a copy of its inline bytes, or another
+    /// reference to its allocation.
+    pub(crate) fn shared(scoped: &ScopedKey) -> Self {
         debug_assert!(
             crate::model::scope::is_scoped(scoped),
             "a record key is a scoped key"
         );
-        Self(Arc::clone(scoped))
+        Self(scoped.clone())
     }
 
     /// A copy of `scoped`, a scoped key.
@@ -211,17 +214,17 @@ impl RecordKey {
             crate::model::scope::is_scoped(scoped),
             "a record key is a scoped key"
         );
-        Self(Arc::from(scoped))
+        Self(ScopedKey::copied(scoped))
     }
 
     /// `key` without a scope (a format-1 record's).
     fn unscoped(key: &[u8]) -> Self {
-        Self(crate::model::scope::unscoped_shared(key))
+        Self(ScopedKey::unscoped(key))
     }
 
     /// The key `key` within `scope`; `None` for a scope past `SCOPE_LEN_MAX`.
     pub(crate) fn from_parts(scope: &[u8], key: &[u8]) -> Option<Self> {
-        crate::model::scope::scoped_shared(scope, key).map(Self)
+        ScopedKey::new(scope, key).map(Self)
     }
 
     pub(crate) fn key(&self) -> &[u8] {

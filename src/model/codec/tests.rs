@@ -131,12 +131,17 @@ fn as_v2(r: &Record) -> Record {
 fn a_record_key_is_written_as_the_key_then_the_scope() {
     let long_key = vec![b'k'; 300];
     let long_scope = vec![b's'; crate::model::constants::SCOPE_LEN_MAX];
+    // The longest scoped key kept inline, and the shortest one that is not.
+    let inline_max = &long_key[..crate::model::constants::SCOPED_INLINE_LEN - 1];
+    let shared_min = &long_key[..crate::model::constants::SCOPED_INLINE_LEN];
     for (scope, key) in [
         (&b""[..], &b"order-42"[..]),
         (b"tenant-7", b"order-42"),
         (b"t", b""),
         (&long_scope[..], b"k"),
         (b"tenant-7", &long_key[..]),
+        (b"", inline_max),
+        (b"", shared_min),
     ] {
         let rk = RecordKey::from_parts(scope, key).expect("a scope within the limit");
         assert_eq!((rk.scope(), rk.key()), (scope, key));

@@ -223,6 +223,11 @@ pub(crate) enum Change {
 
 /// A write for the writer's queue (the caller adds the acknowledgement channel).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a write lives for one transition, on the stack, and is encoded before it is \
+              queued: boxing the record (its key inline) would allocate on every claim"
+)]
 pub(crate) enum Write {
     /// Store `record` under `token`, removing the key's previous record at `old`. (A
     /// completion's record is published when the writer's watermark passes it: see

@@ -3,14 +3,14 @@
 
 use super::{holder_lease_ms, Now, Rules};
 use crate::model::codec::{Checkpoint, Record, RecordKey, RecordState};
+use crate::model::scope::ScopedKey;
 use crate::model::slot::{Extra, Slot};
-use std::sync::Arc;
-/// The scoped key (`scope.rs`) a transition may write a record for: the call's shared
-/// allocation when it has one (the record then holds another reference, not a copy), or
-/// bytes that a record copies.
+/// The scoped key (`scope.rs`) a transition may write a record for: the call's own (the
+/// record copies its inline bytes or takes another reference to its allocation), or bytes
+/// that a record copies.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum KeyRef<'a> {
-    Shared(&'a Arc<[u8]>),
+    Shared(&'a ScopedKey),
     Bytes(&'a [u8]),
 }
 
