@@ -34,44 +34,30 @@ impl ScopedKey {
     /// The scoped key of `key` within `scope`; `None` for a scope past `SCOPE_LEN_MAX`.
     pub(crate) fn new(scope: &[u8], key: &[u8]) -> Option<Self> {
         let len = prefix(scope)?;
-        let (scope_end, end) = (1 + scope.len(), 1 + scope.len() + key.len());
-        if end > SCOPED_INLINE_LEN {
-            return scoped_shared(scope, key).map(Self::Shared);
+        match Self::inline(&[&[len], scope, key]) {
+            Some(inline) => Some(inline),
+            None => scoped_shared(scope, key).map(Self::Shared),
         }
-        let mut bytes = [0u8; SCOPED_INLINE_LEN];
-        bytes[0] = len;
-        bytes[1..scope_end].copy_from_slice(scope);
-        bytes[scope_end..end].copy_from_slice(key);
-        // `end` is at most SCOPED_INLINE_LEN, which fits a byte (asserted above).
-        #[allow(clippy::cast_possible_truncation)]
-        let len = end as u8;
-        Some(Self::Inline { len, bytes })
     }
 
     /// `key` without a scope: the key behind a zero byte, which is always within the limit.
     pub(crate) fn unscoped(key: &[u8]) -> Self {
-        if 1 + key.len() > SCOPED_INLINE_LEN {
-            return Self::Shared(unscoped_shared(key));
-        }
-        let mut bytes = [0u8; SCOPED_INLINE_LEN];
-        bytes[1..=key.len()].copy_from_slice(key);
-        // At most SCOPED_INLINE_LEN, which fits a byte (asserted above).
-        #[allow(clippy::cast_possible_truncation)]
-        let len = (1 + key.len()) as u8;
-        Self::Inline { len, bytes }
+        Self::inline(&[&[0], key]).unwrap_or_else(|| Self::Shared(unscoped_shared(key)))
     }
 
     /// A copy of `scoped`, bytes that are already a scoped key.
     pub(crate) fn copied(scoped: &[u8]) -> Self {
-        if scoped.len() > SCOPED_INLINE_LEN {
-            return Self::Shared(Arc::from(scoped));
-        }
+        Self::inline(&[scoped]).unwrap_or_else(|| Self::Shared(Arc::from(scoped)))
+    }
+
+    /// `parts`, one after the other, inline; `None` if they are longer than it holds.
+    fn inline(parts: &[&[u8]]) -> Option<Self> {
         let mut bytes = [0u8; SCOPED_INLINE_LEN];
-        bytes[..scoped.len()].copy_from_slice(scoped);
+        let end = gather(&mut bytes, parts)?;
         // At most SCOPED_INLINE_LEN, which fits a byte (asserted above).
         #[allow(clippy::cast_possible_truncation)]
-        let len = scoped.len() as u8;
-        Self::Inline { len, bytes }
+        let len = end as u8;
+        Some(Self::Inline { len, bytes })
     }
 
     /// The key in a shared allocation, for a remote backend to keep beyond the call: a copy
@@ -131,15 +117,26 @@ pub(crate) fn scoped(scope: &[u8], key: &[u8]) -> Option<Box<[u8]>> {
 /// in alternating one-core runs of the memory-only bench it was the slower in three of four.
 pub(crate) fn scoped_shared(scope: &[u8], key: &[u8]) -> Option<Arc<[u8]>> {
     let len = prefix(scope)?;
-    let (scope_end, end) = (1 + scope.len(), 1 + scope.len() + key.len());
-    if end > SCOPED_STACK_LEN {
-        return scoped(scope, key).map(Arc::from);
-    }
     let mut buf = [0u8; SCOPED_STACK_LEN];
-    buf[0] = len;
-    buf[1..scope_end].copy_from_slice(scope);
-    buf[scope_end..end].copy_from_slice(key);
-    Some(Arc::from(&buf[..end]))
+    match gather(&mut buf, &[&[len], scope, key]) {
+        Some(end) => Some(Arc::from(&buf[..end])),
+        None => scoped(scope, key).map(Arc::from),
+    }
+}
+
+/// Copies `parts` one after the other to the start of `buf` and returns their length;
+/// `None`, with nothing copied, if they do not fit.
+fn gather(buf: &mut [u8], parts: &[&[u8]]) -> Option<usize> {
+    let end: usize = parts.iter().map(|p| p.len()).sum();
+    if end > buf.len() {
+        return None;
+    }
+    let mut at = 0;
+    for part in parts {
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    Some(end)
 }
 
 /// [`scoped_shared`] of `key` without a scope, which is always within the limit.
