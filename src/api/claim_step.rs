@@ -449,7 +449,6 @@ impl Engine {
                 // (a dropped future) never received it, and `Won` releases the claim.
                 let lease = Lease {
                     engine: self.clone(),
-                    // The call's scoped key, shared: no copy per lease.
                     // The call's scoped key: inline bytes copied, or its allocation shared.
                     key: key.clone(),
                     token,

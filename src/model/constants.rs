@@ -7,9 +7,9 @@ use std::time::Duration;
 /// name, or a hash of one. Inside the engine a scoped key is the scope's length (one byte),
 /// the scope and the key, so the ceiling is a byte's.
 pub(crate) const SCOPE_LEN_MAX: usize = 255;
-/// Stack buffer for building a scoped key: two cache lines, enough for the usual scope and
-/// key (an id, a UUID, a hash in hex), cheap to clear on every call. A longer one is built
-/// on the heap, then copied into its shared allocation: one allocation more.
+/// Stack buffer for building a shared scoped key (`scope::scoped_shared`: one longer than
+/// `SCOPED_INLINE_LEN`, or a remote backend's): two cache lines, cheap to clear. A longer
+/// one is built on the heap, then copied into its shared allocation: one allocation more.
 pub(crate) const SCOPED_STACK_LEN: usize = 128;
 /// Longest scoped key a call keeps inline (`scope::ScopedKey`), without an allocation: a
 /// UUID in text with a short scope fits. A call builds one on every claim, and most claims

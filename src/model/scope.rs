@@ -110,8 +110,8 @@ pub(crate) fn scoped(scope: &[u8], key: &[u8]) -> Option<Box<[u8]>> {
     write_scoped(&mut out, scope, key).then(|| out.into_boxed_slice())
 }
 
-/// [`scoped`] in one shared allocation: the form a call and the lease it hands out share.
-/// Built on the stack first, so the shared slice is allocated once, at its size, and filled
+/// [`scoped`] in one shared allocation: the form of a key too long for [`ScopedKey`]'s
+/// inline bytes, and the one a remote backend keeps. Built on the stack first, so the shared slice is allocated once, at its size, and filled
 /// by one copy (one longer than `SCOPED_STACK_LEN` takes a second allocation). Collecting
 /// the three parts as one exact-size iterator also allocates once, but copies byte by byte:
 /// in alternating one-core runs of the memory-only bench it was the slower in three of four.
@@ -172,8 +172,8 @@ pub(crate) fn is_scoped(bytes: &[u8]) -> bool {
         .is_some_and(|(&len, rest)| rest.len() >= usize::from(len))
 }
 
-/// The scope and the key of a scoped key. Every scoped key is built by [`scoped`] or
-/// [`scoped_shared`]; bytes that are not one (which the engine never makes) read as an
+/// The scope and the key of a scoped key. Every scoped key is built by [`scoped`],
+/// [`scoped_shared`] or a [`ScopedKey`] constructor; bytes that are not one (which the engine never makes) read as an
 /// unscoped key.
 pub(crate) fn split(scoped: &[u8]) -> (&[u8], &[u8]) {
     let parts = scoped

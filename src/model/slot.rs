@@ -100,15 +100,16 @@ impl Slot {
         self
     }
 }
-/// The rare parts of a slot, kept beside it in the key's table entry.
+/// A slot's side data: what a slot's 24 bytes do not hold, kept in a box its table entry
+/// points to.
 ///
 /// Every InFlight key has one (its instants and lease length), and so has a completed key
 /// of a memory-only engine (its response and instants), so its size is memory per key: the
-/// parts a claim or completion sets every time are inline, and the parts only some
+/// parts a claim or completion sets every time are inline, and the rare parts only some
 /// callers use (a checkpoint, a claim identity, a recovered lease's end) sit in a second
-/// box, allocated when one is set. The fingerprint is inline because the HTTP layer and
-/// typed calls set one on every key; it is stored as two words and a flag so that the
-/// struct needs no 16-byte alignment (an `Option<u128>` takes 32 bytes).
+/// allocation ([`RareParts`]), made when one is set. The fingerprint is inline because the
+/// HTTP layer and typed calls set one on every key; it is stored as two words and a flag
+/// so that the struct needs no 16-byte alignment (an `Option<u128>` takes 32 bytes).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Extra {
     /// The request fingerprint (read and set by the methods).
@@ -150,9 +151,11 @@ pub(crate) struct PackedFingerprint {
     set: bool,
 }
 
-/// The parts of [`Extra`] only some keys have: `None` while all of them are unset.
+/// The parts of [`Extra`] only some keys have: `None` while all of them are unset. Shared,
+/// so that the copy of the side data every holder's update starts from (an extension, a
+/// renewal, a checkpoint) costs a count, not an allocation; a change copies them first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct RareParts(Option<Box<Rare>>);
+pub(crate) struct RareParts(Option<Arc<Rare>>);
 
 /// The parts of [`Extra`] only some keys have.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -249,14 +252,14 @@ impl Extra {
         self.change_rare(ended_wall_ms != 0, |r| r.ended_wall_ms = ended_wall_ms);
     }
 
-    /// Applies `change` to the rare parts. Their box is allocated only if `sets` (the
-    /// change sets a part) and dropped once no part is set, so an `Extra` whose rare parts
-    /// are all unset owns no second box.
+    /// Applies `change` to the rare parts (to a copy of them if another `Extra` shares
+    /// them). Their allocation is made only if `sets` (the change sets a part) and dropped
+    /// once no part is set, so an `Extra` whose rare parts are all unset owns none.
     fn change_rare(&mut self, sets: bool, change: impl FnOnce(&mut Rare)) {
         if self.rare.0.is_none() && !sets {
             return;
         }
-        let rare = self.rare.0.get_or_insert_with(Box::default);
+        let rare = Arc::make_mut(self.rare.0.get_or_insert_with(Arc::default));
         change(rare);
         if rare.is_empty() {
             self.rare.0 = None;
@@ -276,7 +279,7 @@ impl Extra {
             && self.lease_ms.is_none()
     }
 
-    /// Heap bytes beyond the `Extra` itself: the rare parts' box, the checkpoint's and the
+    /// Heap bytes beyond the `Extra` itself: the rare parts, the checkpoint's and the
     /// response's bytes.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.rare.0.as_ref().map_or(0, |r| {
@@ -329,7 +332,13 @@ mod tests {
         assert_eq!(extra.heap_bytes(), std::mem::size_of::<Rare>() + 4);
         assert!(!extra.is_empty());
 
-        // Each part unset on its own; the box goes with the last one.
+        // A copy shares the rare parts until one side changes them.
+        let copy = extra.clone();
+        assert!(Arc::ptr_eq(
+            copy.rare.0.as_ref().expect("set"),
+            extra.rare.0.as_ref().expect("set")
+        ));
+        // Each part unset on its own; the allocation goes with the last one.
         extra.set_checkpoint(None);
         extra.set_ended_wall_ms(0);
         assert!(extra.rare.0.is_some());
@@ -338,5 +347,8 @@ mod tests {
         assert!(extra.rare.0.is_none());
         assert!(extra.is_empty());
         assert_eq!(extra, Extra::default());
+        // The copy kept every part.
+        assert_eq!(copy.checkpoint(), Some(&cp));
+        assert_eq!((copy.claim_id(), copy.ended_wall_ms()), (Some(7), 40));
     }
 }

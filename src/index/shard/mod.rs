@@ -3,9 +3,9 @@
 //!
 //! Memory: a key costs one table entry (its boxed bytes, a 24-byte [`Slot`] and a pointer to
 //! its side data) and one entry in its stripe's expiry order (16 bytes for a completion). The
-//! rare parts — a fingerprint or checkpoint of an InFlight key, the wall-clock instants and
-//! response of a memory-only engine's key — live in a box beside the slot in the same
-//! entry, so a completed key in a durable engine carries nothing else once the file holds
+//! side data — the instants, lease length, fingerprint and checkpoint of an InFlight key,
+//! the wall-clock instants and response of a memory-only engine's key — lives in a box
+//! beside the slot in the same entry, so a completed key in a durable engine carries nothing else once the file holds
 //! it (`publication.rs`): its response stays in the file. A transition reads and replaces
 //! the side data through the entry it looks up anyway (no second table, no second miss);
 //! replacing side data reuses its box, and a stripe keeps a few emptied boxes for the next
