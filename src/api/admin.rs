@@ -482,7 +482,7 @@ impl Admin<'_> {
         let (mut shard, changed, k) = s.index().lock(&key);
         let step = machine::import(
             shard.view(k),
-            machine::KeyRef::Shared(&key),
+            machine::KeyRef::Scoped(&key),
             record,
             s.tokens().next(),
             s.now(),

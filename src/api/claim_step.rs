@@ -201,7 +201,7 @@ impl Engine {
         }
         let lease = opts.lease.unwrap_or(s.cfg().lease);
         let plan = plan.asking_retention(retention_ms);
-        let step = machine::acquire(plan, KeyRef::Shared(key), token, lease, now, &rules);
+        let step = machine::acquire(plan, KeyRef::Scoped(key), token, lease, now, &rules);
         let seq = match s.queue_dropping(step.write, drop_marker, true) {
             Ok(seq) => seq,
             Err(refused) => {
@@ -285,7 +285,7 @@ impl Engine {
         let rules = s.rules();
         let step = machine::resume(
             shard.view(k),
-            KeyRef::Shared(key),
+            KeyRef::Scoped(key),
             token,
             lease,
             now,

@@ -242,7 +242,7 @@ impl Engine {
             retention_ms,
         };
         let now = s.now();
-        let step = machine::hold(view, KeyRef::Shared(key), token, op, now, &rules);
+        let step = machine::hold(view, KeyRef::Scoped(key), token, op, now, &rules);
         let expires_wall_ms = match (&step.change, view.slot) {
             (machine::Change::Put { extra, .. }, _) => extra.expires_wall_ms,
             // A repeat: the first completion's end, from its side data while it has any,

@@ -200,7 +200,7 @@ impl Eq for RecordKey {}
 impl RecordKey {
     /// `scoped`, a scoped key the engine built: a copy of its inline bytes, or another
     /// reference to its allocation.
-    pub(crate) fn shared(scoped: &ScopedKey) -> Self {
+    pub(crate) fn from_scoped(scoped: &ScopedKey) -> Self {
         debug_assert!(
             crate::model::scope::is_scoped(scoped),
             "a record key is a scoped key"

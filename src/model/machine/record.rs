@@ -10,14 +10,14 @@ use crate::model::slot::{Extra, Slot};
 /// that a record copies.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum KeyRef<'a> {
-    Shared(&'a ScopedKey),
+    Scoped(&'a ScopedKey),
     Bytes(&'a [u8]),
 }
 
 impl KeyRef<'_> {
     pub(super) fn record_key(self) -> RecordKey {
         match self {
-            KeyRef::Shared(key) => RecordKey::shared(key),
+            KeyRef::Scoped(key) => RecordKey::from_scoped(key),
             KeyRef::Bytes(key) => RecordKey::copied(key),
         }
     }
