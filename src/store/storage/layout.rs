@@ -56,14 +56,25 @@ pub(super) fn migrate(txn: &WriteTransaction, path: &Path) -> Result<u64, OpenEr
 
 /// The durable token high-water mark in `txn`'s snapshot (0 if none was ever written).
 pub(crate) fn token_hwm(txn: &ReadTransaction, path: &Path) -> Result<u64, OpenError> {
-    let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
-    let Some(v) = meta.get(META_TOKEN_HWM).map_err(|e| open_error(path, e))? else {
+    let Some(v) = meta_value(txn, path, META_TOKEN_HWM)? else {
         return Ok(0);
     };
-    let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
+    let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| OpenError::Corrupted {
         detail: "token high-water mark is not 8 bytes".into(),
     })?;
     Ok(u64::from_le_bytes(bytes))
+}
+
+/// The meta table's value under `key` in `txn`'s snapshot, if it has one. Read at open and
+/// by the operator tools, never on a call's path, so the copy costs nothing that matters.
+pub(super) fn meta_value(
+    txn: &ReadTransaction,
+    path: &Path,
+    key: &str,
+) -> Result<Option<Vec<u8>>, OpenError> {
+    let meta = txn.open_table(META).map_err(|e| open_error(path, e))?;
+    let value = meta.get(key).map_err(|e| open_error(path, e))?;
+    Ok(value.map(|v| v.value().to_vec()))
 }
 
 /// See `Store::scan`: the records of a file of a format before 5, one per row.

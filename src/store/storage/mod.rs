@@ -40,6 +40,7 @@ mod open;
 #[cfg(test)]
 mod tests;
 
+use layout::meta_value;
 pub(crate) use layout::{check_tables, our_tables, scan_chunks, scan_records, token_hwm, Layout};
 pub(crate) use open::{not_a_directory, sync_dir};
 
@@ -243,10 +244,9 @@ impl Store {
     pub(crate) fn outbox_next(&self) -> Result<u64, OpenError> {
         let err = |e: redb::Error| open_error(&self.path, e);
         let txn = self.begin_read()?;
-        let meta = txn.open_table(META).map_err(|e| err(e.into()))?;
-        let marked = match meta.get(META_OUTBOX_NEXT).map_err(|e| err(e.into()))? {
+        let marked = match meta_value(&txn, &self.path, META_OUTBOX_NEXT)? {
             Some(v) => {
-                let bytes: [u8; 8] = v.value().try_into().map_err(|_| OpenError::Corrupted {
+                let bytes: [u8; 8] = v.as_slice().try_into().map_err(|_| OpenError::Corrupted {
                     detail: "the next outbox id is not 8 bytes".into(),
                 })?;
                 u64::from_le_bytes(bytes)
@@ -273,15 +273,8 @@ impl Store {
 
     /// The secret that keys the index's hashes (written by the open's format check).
     pub(crate) fn hash_secret(&self) -> Result<[u8; HASH_SECRET_LEN], OpenError> {
-        let txn = self.begin_read()?;
-        let meta = txn
-            .open_table(META)
-            .map_err(|e| open_error(&self.path, e))?;
-        let value = meta
-            .get(META_HASH_SECRET)
-            .map_err(|e| open_error(&self.path, e))?;
-        value
-            .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.value()).ok())
+        meta_value(&self.begin_read()?, &self.path, META_HASH_SECRET)?
+            .and_then(|v| <[u8; HASH_SECRET_LEN]>::try_from(v.as_slice()).ok())
             .ok_or_else(|| OpenError::Corrupted {
                 detail: format!("the hash secret is missing or not {HASH_SECRET_LEN} bytes"),
             })
@@ -356,15 +349,8 @@ impl Store {
     /// Number of records in the file (for sizing the index before a scan, and for the scan
     /// to be checked against), as the meta table counts them.
     pub(crate) fn len(&self) -> Result<u64, OpenError> {
-        let txn = self.begin_read()?;
-        let meta = txn
-            .open_table(META)
-            .map_err(|e| open_error(&self.path, e))?;
-        let count = meta
-            .get(META_RECORD_COUNT)
-            .map_err(|e| open_error(&self.path, e))?;
-        count
-            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        meta_value(&self.begin_read()?, &self.path, META_RECORD_COUNT)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
             .map(u64::from_le_bytes)
             .ok_or_else(|| OpenError::Corrupted {
                 detail: "the record count is missing or not 8 bytes".into(),

@@ -126,6 +126,18 @@ fn value(token: u64, len: usize) -> Vec<u8> {
     vec![token as u8; len]
 }
 
+/// The writes that store each `(token, value)`, replacing the record under `old(token)`.
+fn puts(values: &[(u64, Vec<u8>)], old: impl Fn(u64) -> Option<u64>) -> Vec<Write<'_>> {
+    values
+        .iter()
+        .map(|(t, v)| Write::Put {
+            token: *t,
+            old: old(*t),
+            value: v,
+        })
+        .collect()
+}
+
 /// Appends fill each chunk before the next; a record that grows in the middle spills
 /// into the next chunk; a record larger than a chunk gets one of its own.
 #[test]
@@ -136,15 +148,7 @@ fn appends_fill_chunks_and_growth_spills() {
         let values: Vec<(u64, Vec<u8>)> = (1..=7)
             .map(|i| (batch * 7 + i, value(batch * 7 + i, 100)))
             .collect();
-        let writes: Vec<Write> = values
-            .iter()
-            .map(|(t, v)| Write::Put {
-                token: *t,
-                old: None,
-                value: v,
-            })
-            .collect();
-        commit(&db, &writes);
+        commit(&db, &puts(&values, |_| None));
         want.extend(values);
     }
     let sizes = chunks(&db, &want);
@@ -155,15 +159,7 @@ fn appends_fill_chunks_and_growth_spills() {
     );
     // InFlight records completed in place, in the middle: they grow.
     let grown: Vec<(u64, Vec<u8>)> = (500..540).map(|t| (t, value(t, 300))).collect();
-    let writes: Vec<Write> = grown
-        .iter()
-        .map(|(t, v)| Write::Put {
-            token: *t,
-            old: Some(*t),
-            value: v,
-        })
-        .collect();
-    commit(&db, &writes);
+    commit(&db, &puts(&grown, Some));
     want.extend(grown);
     chunks(&db, &want);
     // A record larger than a chunk.
@@ -256,15 +252,7 @@ fn deletions_remove_and_merge_chunks() {
     let mut want = BTreeMap::new();
     let values: Vec<(u64, Vec<u8>)> = (10..2010).map(|t| (t, value(t, 60))).collect();
     for part in values.chunks(50) {
-        let writes: Vec<Write> = part
-            .iter()
-            .map(|(t, v)| Write::Put {
-                token: *t,
-                old: None,
-                value: v,
-            })
-            .collect();
-        commit(&db, &writes);
+        commit(&db, &puts(part, |_| None));
     }
     want.extend(values);
     let before = chunks(&db, &want).len();
